@@ -1,0 +1,373 @@
+"""The `orch` command: parse, call one library function, format, choose the exit code (in `main`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import OrchError, UsageError
+from .hosts import LOCAL, Inventory
+from .lifecycle import ACTIVE, Status
+from .store import Store, run_document
+from .workspace import Workspace
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run and watch large-model experiments.")
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class State:
+    hosts_file: Optional[Path] = None
+
+
+@app.callback()
+def _global(hosts: Optional[Path] = typer.Option(None, "--hosts", help="inventory file (default hosts.toml)")) -> None:
+    State.hosts_file = hosts
+
+
+def workspace() -> Workspace:
+    return Workspace.find(State.hosts_file)
+
+
+def open_store(ws: Workspace) -> Store:
+    return Store(ws.db_path)
+
+
+def inventory(ws: Workspace) -> Inventory:
+    return Inventory.load(ws.hosts_file, ws.root)
+
+
+def emit_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+def parse_run_id(text: str) -> int:
+    if not text.isdigit():
+        raise UsageError(f"not a run id: {text!r}")
+    return int(text)
+
+
+# run / watch ----------------------------------------------------------------------------------
+@app.command()
+def run(
+    playbook: str = typer.Argument(..., help="command | extract-hidden-states"),
+    host: str = typer.Option(LOCAL, "--host", "-H"),
+    file: Optional[Path] = typer.Option(None, "--file", "-f", help="spec TOML"),
+    sets: list[str] = typer.Option([], "--set", help="key=value (value parsed as a TOML literal)"),
+    detach: bool = typer.Option(False, "--detach", help="return right after a good launch"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the remote commands instead"),
+    until_ready: bool = typer.Option(False, "--until-ready", help="return once the job is ready"),
+) -> None:
+    """Run a playbook on a host and watch it to the end."""
+    import playbooks
+
+    from . import playbook as pbmod
+    from . import spec as specmod
+
+    ws = workspace()
+    pb = playbooks.get(playbook)
+    spec = specmod.load(pb.Spec, file, sets)
+    target = inventory(ws).get(host)
+    store = open_store(ws)
+    if dry_run:
+        pbmod.dry_run(ws, store, pb, spec, target, out.print)
+        return
+    ctx = pbmod.start(ws, store, pb, spec, target)
+    err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, pid {store.get_run(ctx.run_id)['pid']} "
+              f"in {ctx.paths.root}")
+    if detach:
+        out.print(ctx.run_id)
+        return
+    _follow(ctx, pb, until_ready)
+
+
+@app.command()
+def watch(run_id: str = typer.Argument(...), until_ready: bool = typer.Option(False, "--until-ready")) -> None:
+    """Resume watching a run (after a detach, Ctrl-C or a dead controller)."""
+    import playbooks
+
+    from . import playbook as pbmod
+
+    ws = workspace()
+    store = open_store(ws)
+    row = store.get_run(parse_run_id(run_id))
+    pb = playbooks.get(row["playbook"])
+    ctx = pbmod.context_for(ws, store, pb, row, inventory(ws).get(row["host"]))
+    if Status(row["status"]).terminal:
+        pbmod.after_end(pb, ctx)
+        _finish(store.get_run(ctx.run_id))
+    if not row["pid"]:
+        raise OrchError(f"run {row['id']} never launched ({row['status']})")
+    _follow(ctx, pb, until_ready)
+
+
+def _follow(ctx: Any, pb: Any, until_ready: bool) -> None:
+    from rich.live import Live
+
+    from . import playbook as pbmod
+
+    live = Live(console=err, transient=True, refresh_per_second=4)
+    seen = len(ctx.store.events(ctx.run_id))
+
+    def show(w: Any) -> None:
+        nonlocal seen
+        events = ctx.store.events(ctx.run_id)
+        for e in events[seen:]:
+            if e["kind"] != "status" or e["message"].split(":")[0] in ("running",):
+                live.console.print(f"[dim]{time.strftime('%H:%M:%S', time.localtime(e['ts']))}[/] {e['kind']}: {e['message']}")
+        seen = len(events)
+        live.update(_progress_line(w.run))
+
+    try:
+        with live:
+            final = pbmod.watch(ctx, pb, until_ready=until_ready, on_update=show)
+    except KeyboardInterrupt:
+        ctx.event("detached", "watch interrupted; the job keeps running")
+        err.print(f"detached; run {ctx.run_id} keeps running — `orch watch {ctx.run_id}` resumes")
+        raise typer.Exit(0)
+    _finish(final)
+
+
+def _progress_line(run: dict[str, Any]) -> str:
+    p = run.get("progress") or {}
+    phase = run.get("phase") or "?"
+    if not p:
+        return f"[bold]{phase}[/]"
+    total = p.get("total")
+    frac = (p["done"] / total) if total else None
+    bar = ""
+    if frac is not None:
+        filled = int(30 * min(max(frac, 0), 1))
+        bar = "[green]" + "█" * filled + "[/]" + "░" * (30 - filled) + f" {100 * frac:5.1f}% "
+    eta = f" eta {p['eta_s']:.0f}s" if p.get("eta_s") is not None else ""
+    rate = f" {p['rate_per_s']:.2f}/s" if p.get("rate_per_s") else ""
+    done = f"{p['done']:g}/{total:g}" if total else f"{p['done']:g}"
+    return f"[bold]{phase}[/] {p.get('label') or ''} {bar}{done}{rate}{eta}"
+
+
+def _finish(run: dict[str, Any]) -> None:
+    status = run["status"]
+    line = f"run {run['id']} {status}"
+    if run.get("reason") and status != "succeeded":
+        line += f": {run['reason']}"
+    err.print(line)
+    raise typer.Exit(0 if status in ("succeeded", "running") else 1)
+
+
+# status / logs / cancel -----------------------------------------------------------------------
+@app.command()
+def status(
+    run_id: Optional[str] = typer.Argument(None),
+    as_json: bool = typer.Option(False, "--json"),
+    refresh: bool = typer.Option(False, "--refresh", help="poll the host of every active run once"),
+    limit: int = typer.Option(50, "--limit", "-n"),
+) -> None:
+    """Show runs, newest first, or one run in full."""
+    ws = workspace()
+    store = open_store(ws)
+    if refresh:
+        _refresh(ws, store, [parse_run_id(run_id)] if run_id else None)
+    if run_id is not None:
+        doc = run_document(store, store.get_run(parse_run_id(run_id)))
+        if as_json:
+            emit_json(doc)
+        else:
+            _print_run(doc)
+        return
+    runs = store.list_runs(limit=limit)
+    if as_json:
+        emit_json([run_document(store, r, with_events=False) for r in runs])
+        return
+    table = Table("id", "playbook", "host", "status", "phase", "progress", "metrics", "age", box=None)
+    now = time.time()
+    for r in runs:
+        doc = run_document(store, r, with_events=False)
+        p = doc["progress"]
+        prog = f"{p['label'] or ''} {p['done']:g}/{p['total']:g}" if p and p.get("total") else ""
+        metrics = " ".join(f"{k}={v:g}" for k, v in list(doc["metrics"].items())[:3])
+        status_text = doc["status"] + (" [yellow](stalled)[/]" if doc["stalled"] else "")
+        table.add_row(str(r["id"]), r["playbook"], r["host"], status_text, r["phase"] or "", prog, metrics,
+                      _age(now - r["created_at"]))
+    out.print(table)
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _print_run(doc: dict[str, Any]) -> None:
+    out.print(f"[bold]run {doc['id']}[/] {doc['playbook']} on {doc['host']}: {doc['status']} ({doc['phase']})")
+    for key in ("reason", "exit_code", "pid", "remote_dir"):
+        if doc.get(key) is not None:
+            out.print(f"  {key}: {doc[key]}")
+    if doc["progress"]:
+        out.print("  progress: " + _progress_line({"progress": doc["progress"], "phase": doc["phase"]}))
+    if doc["error"]:
+        e = doc["error"]
+        out.print(f"  error: {e['kind']}: {e['exception'] or ''} {e['message']}")
+    for k, v in doc["metrics"].items():
+        out.print(f"  {k} = {v:g}")
+    out.print("  spec: " + json.dumps(doc["spec"]))
+    for e in doc["events"]:
+        out.print(f"  [dim]{time.strftime('%m-%d %H:%M:%S', time.localtime(e['ts']))}[/] {e['kind']}: {e['message']}")
+
+
+def _refresh(ws: Workspace, store: Store, ids: list[int] | None) -> None:
+    """Poll every active run's host once; hosts in parallel, each with its own store connection."""
+    import playbooks
+
+    from . import playbook as pbmod
+
+    runs = [store.get_run(i) for i in ids] if ids else store.list_runs(limit=10_000, statuses=[s.value for s in ACTIVE])
+    runs = [r for r in runs if r["pid"] and not Status(r["status"]).terminal]
+    inv = inventory(ws)
+    by_host: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        by_host.setdefault(r["host"], []).append(r)
+
+    def poll_host(name: str) -> None:
+        local_store = open_store(ws)
+        for r in by_host[name]:
+            try:
+                pb = playbooks.get(r["playbook"])
+                ctx = pbmod.context_for(ws, local_store, pb, r, inv.get(name))
+                w = pbmod.Watcher(local_store, r["id"], ctx.transport, pbmod.watch_options(pb, ctx.spec, ctx.host))
+                if w.poll_once() and Status(w.run["status"]).terminal:
+                    pbmod.after_end(pb, ctx)
+            except OrchError as exc:
+                err.print(f"run {r['id']} on {name}: {exc}")
+        local_store.close()
+
+    with ThreadPoolExecutor(max_workers=min(16, len(by_host) or 1)) as pool:
+        list(pool.map(poll_host, by_host))
+
+
+@app.command()
+def logs(
+    run_id: str = typer.Argument(...),
+    lines: int = typer.Option(40, "-n", "--lines"),
+    follow: bool = typer.Option(False, "-f", "--follow"),
+) -> None:
+    """Print the last lines of a run's log (from the host)."""
+    from . import launch
+    from .remote import connect
+
+    ws = workspace()
+    store = open_store(ws)
+    row = store.get_run(parse_run_id(run_id))
+    if not row["remote_dir"]:
+        raise OrchError(f"run {row['id']} has no log ({row['status']})")
+    host = inventory(ws).get(row["host"])
+    transport = connect(host)
+    paths = launch.RunPaths(row["remote_dir"])
+    sys.stdout.write(transport.run(launch.tail_command(paths, lines)).stdout)
+    sys.stdout.flush()
+    if not follow or not row["pid"]:
+        return
+    offset = int(transport.run(f"stat -c %s {launch.quote(paths.log)} 2>/dev/null || echo 0").stdout.strip() or 0)
+    interval = host.default_poll[0]
+    while True:
+        state = launch.read_state(transport, paths, row["pid"], row["pid_start"], offset)
+        sys.stdout.buffer.write(state.data)
+        sys.stdout.flush()
+        offset = state.offset + len(state.data)
+        if not state.alive and offset >= state.size:
+            return
+        time.sleep(interval)
+
+
+@app.command()
+def cancel(run_id: str = typer.Argument(...), grace: float = typer.Option(10.0, help="seconds between SIGTERM and SIGKILL")) -> None:
+    """Kill a run's process group; its status becomes cancelled."""
+    import playbooks
+
+    from . import playbook as pbmod
+    from .watch import stop
+
+    ws = workspace()
+    store = open_store(ws)
+    row = store.get_run(parse_run_id(run_id))
+    pb = playbooks.get(row["playbook"])
+    ctx = pbmod.context_for(ws, store, pb, row, inventory(ws).get(row["host"]))
+    outcome = stop(store, row["id"], ctx.transport, "cancelled by user", grace)
+    pbmod.after_end(pb, ctx)
+    err.print(f"run {row['id']} cancelled ({outcome})")
+
+
+# hosts -----------------------------------------------------------------------------------------
+@app.command()
+def hosts(
+    check: bool = typer.Option(False, "--check", help="connect to every host (in parallel)"),
+    as_json: bool = typer.Option(False, "--json"),
+    timeout: float = typer.Option(15.0, help="seconds per host for --check"),
+) -> None:
+    """List the inventory; --check connects to each host."""
+    ws = workspace()
+    inv = inventory(ws)
+    rows = [{"name": h.name, "address": h.address or h.name, "user": h.user, "port": h.port, "gpus": h.gpus,
+             "tags": h.tags, "workdir": h.workdir} for h in inv.hosts.values()]
+    if check:
+        from .remote import probe
+
+        def one(name: str) -> dict[str, Any]:
+            t0 = time.monotonic()
+            try:
+                return {"ok": True, "uname": probe(inv.get(name), timeout), "seconds": round(time.monotonic() - t0, 3)}
+            except OrchError as exc:
+                return {"ok": False, "error": str(exc), "seconds": round(time.monotonic() - t0, 3)}
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            for row, res in zip(rows, pool.map(one, [r["name"] for r in rows])):
+                row.update(res)
+    if as_json:
+        emit_json(rows)
+    else:
+        cols = ["name", "address", "gpus", "tags"] + (["ok", "uname", "error"] if check else [])
+        table = Table(*cols, box=None)
+        for r in rows:
+            table.add_row(*[str(r.get(c, "")) if r.get(c) is not None else "" for c in cols])
+        out.print(table)
+    if check and not all(r["ok"] for r in rows):
+        raise typer.Exit(1)
+
+
+# entry point -----------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> None:
+    """Exit codes in one place: 0 ok, 1 the run failed or an operation failed, 2 bad input."""
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="orch", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
+    except click.exceptions.Abort:
+        err.print("aborted")
+        sys.exit(1)
+    except OrchError as exc:
+        first, *rest = str(exc).splitlines() or [type(exc).__name__]
+        err.print(f"orch: {first}", markup=False)
+        for line in rest:
+            err.print(f"  {line}", markup=False)
+        sys.exit(exc.exit_code)
+    finally:
+        from .remote import close_all
+
+        close_all()
+    sys.exit(0)
+
+
+__all__ = ["app", "main"]

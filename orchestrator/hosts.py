@@ -1,0 +1,110 @@
+"""The inventory: hosts.toml plus the built-in `local` host."""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import HostError, UsageError
+
+LOCAL = "local"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+
+
+class Host(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=NAME_PATTERN)
+    address: str | None = None  # defaults to the name, so an ~/.ssh/config alias works
+    user: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    identity_file: str | None = None
+    known_hosts: str | None = None  # checked in addition to ~/.ssh/known_hosts
+    gpus: int = Field(default=0, ge=0)
+    workdir: str = "~/orch"
+    python: str = "python3"
+    env: dict[str, str] = {}
+    tags: list[str] = []
+    accept_new_host_key: bool = False
+    poll_min: float | None = Field(default=None, gt=0)
+    poll_max: float | None = Field(default=None, gt=0)
+    connect_timeout: float = Field(default=10, gt=0)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for key in env:
+            if not key.isidentifier():
+                raise ValueError(f"not an environment variable name: {key!r}")
+        return env
+
+    @property
+    def is_local(self) -> bool:
+        return self.name == LOCAL
+
+    @property
+    def default_poll(self) -> tuple[float, float]:
+        """SSH hosts are polled 30 s → 600 s; the local host 1 s → 10 s, since a poll costs nothing there."""
+        lo, hi = (1.0, 10.0) if self.is_local else (30.0, 600.0)
+        return (self.poll_min or lo, self.poll_max or hi)
+
+
+def local_host(workspace_root: Path, overrides: dict[str, Any] | None = None) -> Host:
+    fields: dict[str, Any] = {"workdir": str(workspace_root), "python": sys.executable}
+    fields.update(overrides or {})
+    fields["name"] = LOCAL
+    return Host(**fields)
+
+
+class Inventory:
+    def __init__(self, hosts: dict[str, Host]):
+        self.hosts = hosts
+
+    @classmethod
+    def load(cls, path: Path, workspace_root: Path) -> "Inventory":
+        raw: dict[str, Any] = {}
+        if path.exists():
+            try:
+                raw = tomllib.loads(path.read_text()).get("hosts", {})
+            except tomllib.TOMLDecodeError as exc:
+                raise UsageError(f"{path}: invalid TOML: {exc}") from None
+        elif path.name != "hosts.toml":
+            raise UsageError(f"hosts file not found: {path}")
+        hosts: dict[str, Host] = {}
+        problems: list[str] = []
+        for name, fields in raw.items():
+            if not isinstance(fields, dict):
+                problems.append(f"hosts.{name}: expected a table")
+                continue
+            try:
+                if name == LOCAL:
+                    hosts[name] = local_host(workspace_root, fields)
+                else:
+                    hosts[name] = Host(name=name, **fields)
+            except ValidationError as exc:
+                problems += [
+                    f"hosts.{name}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()
+                ]
+        if problems:
+            raise UsageError(f"{path}: " + "; ".join(problems))
+        hosts.setdefault(LOCAL, local_host(workspace_root))
+        return cls(hosts)
+
+    def get(self, name: str) -> Host:
+        try:
+            return self.hosts[name]
+        except KeyError:
+            known = ", ".join(sorted(self.hosts))
+            raise HostError(f"unknown host {name!r} (known: {known})") from None
+
+    def select(self, names: list[str] | None = None, tags: list[str] | None = None) -> list[Host]:
+        if names:
+            return [self.get(n) for n in names]
+        hosts = [h for h in self.hosts.values() if not h.is_local]
+        if tags:
+            hosts = [h for h in hosts if set(tags) & set(h.tags)]
+        return hosts

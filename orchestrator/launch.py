@@ -1,0 +1,142 @@
+"""Start a job under `setsid nohup` in its remote run dir, read its state, and stop its process group.
+
+The wrapper records `pid start_time` (start time in clock ticks from /proc, so a reused pid is never
+taken for the job), writes the combined stdout+stderr to `log`, and the exit code to `exit_code`.
+"""
+
+from __future__ import annotations
+
+import base64
+import posixpath
+from dataclasses import dataclass
+
+from .errors import OrchError
+from .remote import Transport, env_exports, quote
+
+# Field 22 of /proc/PID/stat; the command name (field 2) may hold spaces, so cut after its ")".
+_START_TIME = "sed 's/.*) //' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f20"
+# The same, empty for a zombie: where nothing reaps orphans (containers without an init) a dead
+# wrapper lingers as a zombie with its pid and start time intact.
+_LIVE_START = "sed -n 's/.*) [^Z] //p' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f19"
+# Whether any process of the group is alive, zombies excluded.
+_GROUP_ALIVE = "ps -eo pgid=,stat= | awk -v g={pid} '$1 == g && $2 !~ /^Z/ {{f = 1}} END {{exit !f}}'"
+
+# Runs in the run dir as the session leader, so its pid is also the job's process group id.
+WRAPPER = """\
+echo "$$ $(%s)" > pid.tmp && mv pid.tmp pid
+bash ./job.sh > log 2>&1 < /dev/null
+echo $? > exit_code.tmp && mv exit_code.tmp exit_code
+""" % _START_TIME.format(pid="$$")
+
+POLL_MARK = "orch-poll"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Every remote path of a run derives from here."""
+
+    root: str
+
+    @classmethod
+    def for_run(cls, workdir: str, run_id: int) -> "RunPaths":
+        return cls(posixpath.join(workdir, "runs", str(run_id)))
+
+    def __getattr__(self, name: str) -> str:
+        if name in {"log", "pid", "exit_code", "job", "wrapper"}:
+            return posixpath.join(self.root, {"job": "job.sh", "wrapper": "wrapper.sh"}.get(name, name))
+        raise AttributeError(name)
+
+
+def job_script(body: str, env: dict[str, str], cwd: str | None = None) -> str:
+    """The script the wrapper runs: environment, working directory, then the job's own command lines."""
+    head = "export PYTHONUNBUFFERED=1\n" + env_exports(env)
+    if cwd:
+        head += f"cd {quote(cwd)} || exit 97\n"
+    return head + body.rstrip("\n") + "\n"
+
+
+def launch_command(paths: RunPaths, script: str) -> str:
+    """One remote call: create the run dir, write the scripts, start the wrapper detached, print the pid.
+
+    Idempotent, so a retry after a dropped connection never starts the job twice.
+    """
+    root = quote(paths.root)
+    job_b64 = base64.b64encode(script.encode()).decode()
+    wrapper_b64 = base64.b64encode(WRAPPER.encode()).decode()
+    return (
+        f"mkdir -p {root} && cd {root} || exit 96\n"
+        "if [ -s pid ]; then cat pid; exit 0; fi\n"
+        f"printf %s {job_b64} | base64 -d > job.sh\n"
+        f"printf %s {wrapper_b64} | base64 -d > wrapper.sh\n"
+        "setsid nohup bash ./wrapper.sh > /dev/null 2>&1 < /dev/null &\n"
+        "for _ in $(seq 200); do [ -s pid ] && break; sleep 0.05; done\n"
+        "cat pid\n"
+    )
+
+
+def launch(transport: Transport, paths: RunPaths, script: str) -> tuple[int, str]:
+    out = transport.run(launch_command(paths, script), timeout=60).stdout.split()
+    if len(out) != 2 or not out[0].isdigit():
+        raise OrchError(f"{transport.host.name}: the job did not start (wrapper wrote {out!r})")
+    return int(out[0]), out[1]
+
+
+@dataclass
+class JobState:
+    alive: bool
+    exit_code: int | None
+    size: int  # log size in bytes
+    offset: int  # where `data` starts (0 again after the log was truncated)
+    data: bytes
+
+
+def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: int) -> str:
+    """One remote call that answers: is the job alive, its exit code, and the new bytes of its log.
+
+    Liveness is read before the exit code, and both before the log, so a job seen dead has its last
+    bytes in this same answer.
+    """
+    return (
+        f"cd {quote(paths.root)} || exit 95\n"
+        f'if [ "$({_LIVE_START.format(pid=int(pid))})" = {quote(start)} ]; then alive=1; else alive=0; fi\n'
+        "ec=none; [ -s exit_code ] && ec=$(cat exit_code)\n"
+        "size=$(stat -c %s log 2>/dev/null || echo 0)\n"
+        f"off={int(offset)}; [ \"$size\" -lt \"$off\" ] && off=0\n"
+        f'echo "{POLL_MARK} $alive $ec $size $off"\n'
+        f'tail -c +$((off + 1)) log 2>/dev/null | head -c {int(max_bytes)} | base64 -w0\n'
+    )
+
+
+def read_state(transport: Transport, paths: RunPaths, pid: int, start: str, offset: int,
+               max_bytes: int = 4 << 20) -> JobState:
+    out = transport.run(poll_command(paths, pid, start, offset, max_bytes), timeout=120).stdout
+    head, _, body = out.partition("\n")
+    fields = head.split()
+    if len(fields) != 5 or fields[0] != POLL_MARK:
+        raise OrchError(f"{transport.host.name}: unexpected answer while polling: {head[:200]!r}")
+    _, alive, ec, size, off = fields
+    exit_code = int(ec) if ec.lstrip("-").isdigit() else None
+    return JobState(alive == "1", exit_code, int(size), int(off), base64.b64decode(body.strip() or b""))
+
+
+def kill_command(pid: int, start: str, grace_s: float) -> str:
+    steps = max(1, int(grace_s * 10))
+    return (
+        f'if [ "$({_START_TIME.format(pid=int(pid))})" != {quote(start)} ]; then echo gone; exit 0; fi\n'
+        f"{_GROUP_ALIVE.format(pid=int(pid))} || {{ echo gone; exit 0; }}\n"
+        f"kill -TERM -- -{int(pid)} 2>/dev/null\n"
+        f"for _ in $(seq {steps}); do sleep 0.1; {_GROUP_ALIVE.format(pid=int(pid))} || {{ echo stopped; exit 0; }}; done\n"
+        f"kill -KILL -- -{int(pid)} 2>/dev/null; echo killed\n"
+    )
+
+
+def kill(transport: Transport, pid: int, start: str, grace_s: float = 10.0) -> str:
+    """Stop the job's whole process group: SIGTERM, a grace period, then SIGKILL. Returns what happened."""
+    return transport.run(kill_command(pid, start, grace_s), timeout=grace_s + 30).stdout.strip()
+
+
+def tail_command(paths: RunPaths, lines: int) -> str:
+    return f"tail -n {int(lines)} {quote(paths.log)} 2>/dev/null || true"
+
+
+__all__ = ["RunPaths", "job_script", "launch", "read_state", "kill"]

@@ -1,0 +1,59 @@
+"""The run state machine, in one place: statuses, allowed transitions, and `transition()`."""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Any
+
+from .errors import TransitionError
+from .store import Store
+
+
+class Status(StrEnum):
+    PENDING = "pending"
+    PREPARING = "preparing"
+    LAUNCHING = "launching"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"  # the host says the process is gone and no exit code was written (e.g. a reboot)
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST})
+ACTIVE = frozenset(Status) - TERMINAL
+
+_ENDINGS = {Status.FAILED, Status.CANCELLED}
+ALLOWED: dict[Status, frozenset[Status]] = {
+    Status.PENDING: frozenset({Status.PREPARING} | _ENDINGS),
+    Status.PREPARING: frozenset({Status.LAUNCHING} | _ENDINGS),
+    Status.LAUNCHING: frozenset({Status.RUNNING, Status.LOST} | _ENDINGS),
+    Status.RUNNING: frozenset({Status.SUCCEEDED, Status.LOST} | _ENDINGS),
+    **{s: frozenset() for s in TERMINAL},
+}
+
+
+def transition(store: Store, run_id: int, to: Status, message: str = "", **fields: Any) -> None:
+    """Move a run to `to`, writing the status, extra run fields and a status event in one transaction."""
+    now = time.time()
+    with store.tx() as c:
+        row = c.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise TransitionError(f"no run {run_id}")
+        current = Status(row[0])
+        if to not in ALLOWED[current]:
+            raise TransitionError(f"run {run_id} cannot go from {current} to {to}")
+        if to is Status.RUNNING:
+            fields.setdefault("started_at", now)
+        if to.terminal:
+            fields.setdefault("ended_at", now)
+        if message and to.terminal and "reason" not in fields:
+            fields["reason"] = message
+        c.execute("UPDATE runs SET status = ? WHERE id = ?", (to.value, run_id))
+        store.update_run(run_id, **fields)
+        store.add_event(run_id, "status", f"{to.value}: {message}" if message else to.value, ts=now)

@@ -1,0 +1,196 @@
+"""How a playbook runs: cleanup → patch → prepare → launch under nohup → watch → finish.
+
+A playbook supplies its Spec class and three small steps (`prepare`, `command`, `finish`); this module
+owns the order, the lifecycle transitions and what is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+from . import launch
+from .errors import OrchError
+from .hosts import Host
+from .launch import RunPaths
+from .lifecycle import Status, transition
+from .remote import Result, Transport, connect
+from .spec import RunSpec
+from .store import Store
+from .watch import Watcher, WatchOptions
+from .workspace import Workspace
+
+
+@dataclass
+class RunContext:
+    ws: Workspace
+    store: Store
+    host: Host
+    transport: Transport
+    run_id: int
+    spec: RunSpec
+    paths: RunPaths
+    env: dict[str, str] = field(default_factory=dict)  # added by steps, e.g. CUDA_VISIBLE_DEVICES
+    launch_args: list[str] = field(default_factory=list)  # added by steps, e.g. flags a patch requires
+
+    @property
+    def python(self) -> str:
+        return self.spec.python or self.host.python
+
+    def event(self, kind: str, message: str, data: Any = None) -> None:
+        self.store.add_event(self.run_id, kind, message, data)
+
+
+class Playbook:
+    name: ClassVar[str]
+    Spec: ClassVar[type[RunSpec]]
+    engine: ClassVar[str | None] = None  # log format hint for the watcher
+
+    def prepare(self, ctx: RunContext) -> None:
+        """Upload what the job needs into its run dir."""
+
+    def command(self, ctx: RunContext) -> str:
+        """The job's shell command lines (values quoted)."""
+        raise NotImplementedError
+
+    def cwd(self, ctx: RunContext) -> str | None:
+        return None
+
+    def ready_pattern(self, spec: RunSpec) -> str | None:
+        return getattr(spec, "ready_pattern", None)
+
+    def finish(self, ctx: RunContext, run: dict[str, Any]) -> None:
+        """Collect outputs and metrics after the job ended."""
+
+
+class DryRunTransport(Transport):
+    """Prints each remote command instead of running it."""
+
+    def __init__(self, host: Host, echo: Callable[[str], None]):
+        self.host, self.echo = host, echo
+        self._home = "$HOME" if not host.is_local else connect(host).home()
+
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result:
+        self.echo(f"# on {self.host.name}:\n{command.rstrip()}\n")
+        return Result(self.host.name, command, 0, "", "")
+
+    def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
+        self.echo(f"# upload {len(data)} bytes to {self.host.name}:{path}\n")
+
+
+def watch_options(playbook: Playbook, spec: RunSpec, host: Host, until_ready: bool = False) -> WatchOptions:
+    lo, hi = host.default_poll
+    lo = spec.poll_min or lo
+    hi = max(spec.poll_max or hi, lo)
+    return WatchOptions(
+        poll_min=lo,
+        poll_max=hi,
+        until_ready=until_ready,
+        ready_pattern=playbook.ready_pattern(spec),
+        engine=playbook.engine,
+        stall_factor=spec.stall_factor,
+    )
+
+
+def _steps_before_launch(pb: Playbook, ctx: RunContext) -> str:
+    if ctx.spec.cleanup:
+        from . import gpu
+
+        gpu.cleanup_step(ctx)
+    if ctx.spec.patches:
+        apply_patches(ctx)
+    pb.prepare(ctx)
+    env = {**ctx.host.env, **ctx.spec.env, **ctx.env}
+    return launch.job_script(pb.command(ctx), env, pb.cwd(ctx))
+
+
+def dry_run(ws: Workspace, store: Store, pb: Playbook, spec: RunSpec, host: Host,
+            echo: Callable[[str], None]) -> None:
+    transport = DryRunTransport(host, echo)
+    next_id = (store.conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM runs").fetchone()[0])
+    paths = RunPaths.for_run(transport.expand(host.workdir), next_id)
+    ctx = RunContext(ws, store, host, transport, next_id, spec, paths)
+    pb.prepare(ctx)
+    env = {**host.env, **spec.env}
+    script = launch.job_script(pb.command(ctx), env, pb.cwd(ctx))
+    echo(f"# job.sh for run {next_id}:\n{script}")
+    transport.run(launch.launch_command(paths, script))
+
+
+def start(ws: Workspace, store: Store, pb: Playbook, spec: RunSpec, host: Host) -> RunContext:
+    """Create the run and take it to `running`; on any failure the run ends `failed` with the reason."""
+    run_id = store.create_run(pb.name, host.name, spec.model_dump(mode="json"))
+    (ws.run_dir(run_id) / "spec.json").write_text(
+        json.dumps({"playbook": pb.name, "host": host.name, "spec": spec.model_dump(mode="json")}, indent=2)
+    )
+    transition(store, run_id, Status.PREPARING)
+    ctx: RunContext | None = None
+    try:
+        transport = connect(host)
+        paths = RunPaths.for_run(transport.expand(host.workdir), run_id)
+        store.update_run(run_id, remote_dir=paths.root)
+        ctx = RunContext(ws, store, host, transport, run_id, spec, paths)
+        script = _steps_before_launch(pb, ctx)
+        transition(store, run_id, Status.LAUNCHING)
+        pid, pid_start = launch.launch(transport, paths, script)
+    except OrchError as exc:
+        transition(store, run_id, Status.FAILED, f"before launch: {exc}")
+        if ctx is not None:
+            after_end(pb, ctx)
+        raise
+    transition(store, run_id, Status.RUNNING, f"pid {pid} on {host.name}", pid=pid, pid_start=pid_start)
+    return ctx
+
+
+def context_for(ws: Workspace, store: Store, pb: Playbook, run: dict[str, Any], host: Host) -> RunContext:
+    spec = pb.Spec.model_validate(run["spec"])
+    return RunContext(ws, store, host, connect(host), run["id"], spec, RunPaths(run["remote_dir"] or ""))
+
+
+def watch(ctx: RunContext, pb: Playbook, *, until_ready: bool = False,
+          on_update: Callable[[Watcher], None] | None = None,
+          sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    opts = watch_options(pb, ctx.spec, ctx.host, until_ready)
+    watcher = Watcher(ctx.store, ctx.run_id, ctx.transport, opts, on_update=on_update, sleep=sleep)
+    run = watcher.run_until_done()
+    if Status(run["status"]).terminal:
+        after_end(pb, ctx)
+        run = ctx.store.get_run(ctx.run_id)
+    return run
+
+
+def after_end(pb: Playbook, ctx: RunContext) -> None:
+    """What happens once whatever the end: outputs, the log tail, reverting patches. Never raises."""
+    done = {e["message"] for e in ctx.store.events(ctx.run_id) if e["kind"] == "finished"}
+    steps: list[tuple[str, Callable[[], None]]] = [
+        ("outputs", lambda: pb.finish(ctx, ctx.store.get_run(ctx.run_id))),
+        ("log tail", lambda: fetch_log_tail(ctx)),
+        ("patch revert", lambda: revert_patches(ctx)),
+    ]
+    for name, step in steps:
+        if name in done:
+            continue
+        try:
+            step()
+            ctx.event("finished", name)
+        except OrchError as exc:
+            ctx.event("warning", f"{name}: {exc}")
+
+
+def fetch_log_tail(ctx: RunContext, lines: int = 200) -> None:
+    if not ctx.paths.root:
+        return
+    text = ctx.transport.run(launch.tail_command(ctx.paths, lines)).stdout
+    (ctx.ws.run_dir(ctx.run_id) / "log.tail").write_text(text)
+
+
+def apply_patches(ctx: RunContext) -> None:
+    raise NotImplementedError
+
+
+def revert_patches(ctx: RunContext) -> None:
+    if not ctx.spec.patches:
+        return
+    raise NotImplementedError

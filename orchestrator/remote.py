@@ -1,0 +1,311 @@
+"""One transport interface for running commands on a host: over SSH (Fabric) or on this machine.
+
+Every value placed into a command goes through `quote`. Transient SSH failures are retried by the
+named policy `ssh_retry`; one connection per host is kept and reused.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shlex
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import tenacity
+
+from .errors import HostKeyError, RemoteError, Unreachable
+from .hosts import Host
+
+quote = shlex.quote
+
+
+@dataclass
+class Result:
+    host: str
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def check(self) -> "Result":
+        if not self.ok:
+            raise RemoteError(self.host, self.command, self.exit_code, self.stdout + self.stderr)
+        return self
+
+
+def env_exports(env: dict[str, str]) -> str:
+    """`export K=V` lines; names are validated identifiers, values are quoted."""
+    for key in env:
+        if not key.isidentifier():
+            raise ValueError(f"not an environment variable name: {key!r}")
+    return "".join(f"export {k}={quote(str(v))}\n" for k, v in env.items())
+
+
+class Transport:
+    """Runs shell commands on one host. Subclasses: LocalTransport, SSHTransport."""
+
+    host: Host
+
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result:
+        raise NotImplementedError
+
+    def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def home(self) -> str:
+        if not hasattr(self, "_home"):
+            self._home = self.run('printf %s "$HOME"').stdout
+        return self._home
+
+    def expand(self, path: str) -> str:
+        """Expand a leading ~ on the host, since quoting stops the remote shell from doing it."""
+        if path == "~" or path.startswith("~/"):
+            return self.home() + path[1:]
+        return path
+
+
+class LocalTransport(Transport):
+    def __init__(self, host: Host):
+        self.host = host
+
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result:
+        try:
+            proc = subprocess.run(
+                ["bash", "-c", command], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL
+            )
+        except subprocess.TimeoutExpired:
+            raise RemoteError(self.host.name, command, None, "", reason=f"timed out after {timeout} s")
+        result = Result(
+            self.host.name,
+            command,
+            proc.returncode,
+            proc.stdout.decode(errors="replace"),
+            proc.stderr.decode(errors="replace"),
+        )
+        return result.check() if check else result
+
+    def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
+        target = Path(self.expand(path))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_bytes(data)
+        tmp.chmod(mode)
+        tmp.replace(target)
+
+
+class _ConnectionLost(Unreachable):
+    """The connection dropped while a command ran. Not retried: the command may have had effects."""
+
+
+def _is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, Unreachable) and not isinstance(exc, (HostKeyError, _ConnectionLost))
+
+
+def ssh_retry(sleep: Callable[[float], None] = time.sleep, attempts: int = 4) -> tenacity.Retrying:
+    """The retry policy for SSH calls: a few quick reconnects for refused/reset/timed-out connections."""
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(_is_transient),
+        stop=tenacity.stop_after_attempt(attempts),
+        wait=tenacity.wait_exponential(multiplier=0.5, max=8),
+        sleep=sleep,
+        reraise=True,
+    )
+
+
+class _SaveNewKeyPolicy:
+    """Accept an unknown (never a changed) host key and remember it, as `StrictHostKeyChecking=accept-new`."""
+
+    def __init__(self, known_hosts: str):
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        path = Path(self.known_hosts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a+b") as f:
+            # a last line without its newline would otherwise swallow the new entry
+            f.seek(0, os.SEEK_END)
+            sep = b""
+            if f.tell():
+                f.seek(-1, os.SEEK_END)
+                sep = b"" if f.read(1) == b"\n" else b"\n"
+            f.write(sep + f"{hostname} {key.get_name()} {key.get_base64()}\n".encode())
+
+
+class SSHTransport(Transport):
+    retry_sleep: Callable[[float], None] = staticmethod(time.sleep)  # type: ignore[assignment]
+
+    def __init__(self, host: Host):
+        self.host = host
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    def _connect(self) -> Any:
+        import paramiko
+        from fabric import Config, Connection
+
+        host = self.host
+        kwargs: dict[str, Any] = {}
+        if host.identity_file:
+            kwargs["key_filename"] = os.path.expanduser(host.identity_file)
+        conn = Connection(
+            host.address or host.name,
+            user=host.user,
+            port=host.port,
+            connect_timeout=int(host.connect_timeout),
+            connect_kwargs=kwargs,
+            config=Config(overrides={"run": {"hide": True, "warn": True, "in_stream": False}}),
+        )
+        hop: Any = conn
+        while isinstance(hop, Connection):  # harden every hop of a ProxyJump chain
+            self._check_host_keys(hop.client, paramiko)
+            hop = hop.gateway
+        try:
+            conn.open()
+        except paramiko.BadHostKeyException as exc:
+            raise HostKeyError(host.name, f"host key changed for {exc.hostname}; refusing to connect") from None
+        except paramiko.AuthenticationException as exc:
+            # a wrong key or user does not heal on retry
+            raise HostKeyError(
+                host.name, f"authentication failed for user {conn.user!r}: {str(exc) or type(exc).__name__}"
+            ) from None
+        except paramiko.SSHException as exc:
+            if "not found in known_hosts" in str(exc) or "Server" in str(exc) and "not found" in str(exc):
+                raise HostKeyError(
+                    host.name,
+                    f"unknown host key ({exc}); add it to known_hosts or set accept_new_host_key = true",
+                ) from None
+            raise Unreachable(host.name, str(exc) or type(exc).__name__) from None
+        except (OSError, EOFError) as exc:
+            raise Unreachable(host.name, str(exc) or type(exc).__name__) from None
+        return conn
+
+    def _check_host_keys(self, client: Any, paramiko: Any) -> None:
+        client.load_system_host_keys()
+        extra = os.path.expanduser(self.host.known_hosts) if self.host.known_hosts else None
+        if extra and os.path.exists(extra):
+            client.load_host_keys(extra)
+        if self.host.accept_new_host_key:
+            client.set_missing_host_key_policy(
+                _SaveNewKeyPolicy(extra or os.path.expanduser("~/.ssh/known_hosts"))
+            )
+        else:
+            client.set_missing_host_key_policy(paramiko.RejectPolicy())
+
+    def _connection(self) -> Any:
+        if self._conn is None or not self._conn.is_connected:
+            self._drop()
+            self._conn = self._connect()
+        return self._conn
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # a dead connection may fail to close; it is discarded either way
+                pass
+            self._conn = None
+
+    def _call(self, fn: Callable[[Any], Any]) -> Any:
+        """Run fn(connection) with reconnects on transient failures."""
+        import paramiko
+
+        for attempt in ssh_retry(sleep=self.retry_sleep):
+            with attempt:
+                with self._lock:
+                    try:
+                        return fn(self._connection())
+                    except _ConnectionLost:
+                        self._drop()
+                        raise
+                    except (OSError, EOFError, paramiko.SSHException) as exc:
+                        self._drop()
+                        if isinstance(exc, paramiko.AuthenticationException):
+                            raise HostKeyError(self.host.name, f"authentication failed: {exc}") from None
+                        raise Unreachable(self.host.name, str(exc) or type(exc).__name__) from None
+        raise AssertionError("unreachable")  # tenacity reraises
+
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result:
+        from invoke.exceptions import CommandTimedOut
+
+        def go(conn: Any) -> Result:
+            try:
+                r = conn.run(command, timeout=timeout)
+            except CommandTimedOut:
+                raise RemoteError(self.host.name, command, None, "", reason=f"timed out after {timeout} s")
+            if r.exited == -1 and self._lost(conn):
+                raise _ConnectionLost(
+                    self.host.name, "connection lost while the command ran; it may or may not have finished"
+                )
+            return Result(self.host.name, command, r.exited, r.stdout, r.stderr)
+
+        result = self._call(go)
+        return result.check() if check else result
+
+    def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
+        target = self.expand(path)
+        self.run(f"mkdir -p {quote(os.path.dirname(target) or '.')}")
+
+        def go(conn: Any) -> None:
+            sftp = conn.sftp()
+            tmp = target + ".tmp"
+            sftp.putfo(io.BytesIO(data), tmp)
+            sftp.chmod(tmp, mode)
+            sftp.posix_rename(tmp, target)
+
+        self._call(go)
+
+    @staticmethod
+    def _lost(conn: Any, grace: float = 0.5) -> bool:
+        """Whether the connection is gone. Exit status -1 means none came back: the command died of a
+        signal, or the connection dropped; paramiko closes the channel just before it marks the
+        transport inactive, hence the short grace."""
+        deadline = time.monotonic() + grace
+        while conn.is_connected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return not conn.is_connected
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+
+_pool: dict[str, Transport] = {}
+_pool_lock = threading.Lock()
+
+
+def connect(host: Host) -> Transport:
+    """The one transport per host for this process."""
+    with _pool_lock:
+        transport = _pool.get(host.name)
+        if transport is None or transport.host != host:
+            transport = LocalTransport(host) if host.is_local else SSHTransport(host)
+            _pool[host.name] = transport
+        return transport
+
+
+def close_all() -> None:
+    with _pool_lock:
+        for transport in _pool.values():
+            transport.close()
+        _pool.clear()
+
+
+def probe(host: Host, timeout: float = 10) -> str:
+    """One round trip: the host's uname, or raises."""
+    return connect(host).run("uname -srm", timeout=timeout).stdout.strip()
+
+
+__all__ = ["Result", "Transport", "LocalTransport", "SSHTransport", "connect", "quote"]

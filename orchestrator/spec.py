@@ -1,0 +1,106 @@
+"""Run specs: the Pydantic base every playbook's spec extends, and loading from TOML and `--set`."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import SpecError
+
+
+class RunSpec(BaseModel):
+    """Fields every playbook understands."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for the job")
+    poll_min: float | None = Field(default=None, gt=0, description="first poll interval, s (host default)")
+    poll_max: float | None = Field(default=None, gt=0, description="longest poll interval, s (host default)")
+    stall_factor: float = Field(default=5.0, gt=1)
+    cleanup: bool = True
+    gpus: list[int] | None = Field(default=None, description="GPU indices the run needs (default: all)")
+    kill_foreign: bool = False
+    patches: list[str] = Field(default_factory=list)
+    python: str | None = Field(default=None, description="interpreter on the host (default: the host's)")
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in env if not k.isidentifier()]
+        if bad:
+            raise ValueError(f"not environment variable names: {', '.join(map(repr, bad))}")
+        return env
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpu_indices(cls, gpus: list[int] | None) -> list[int] | None:
+        if gpus is not None and (len(set(gpus)) != len(gpus) or any(g < 0 for g in gpus)):
+            raise ValueError("GPU indices must be distinct and >= 0")
+        return gpus
+
+
+def check_regex(pattern: str | None) -> str | None:
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression: {exc}") from None
+    return pattern
+
+
+def parse_value(text: str) -> Any:
+    """A `--set` value: a TOML literal when it parses as one (`[2,30]`, `true`, `4`), else the raw string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def merge_sets(values: dict[str, Any], sets: list[str]) -> dict[str, Any]:
+    """Apply `key=value` (dotted keys reach into tables, e.g. `env.NCCL_DEBUG=INFO`)."""
+    merged = dict(values)
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise SpecError(f"--set expects key=value, got {item!r}")
+        *parents, leaf = key.split(".")
+        table = merged
+        for part in parents:
+            child = table.get(part)
+            table[part] = child = dict(child) if isinstance(child, dict) else {}
+            table = child
+        table[leaf] = parse_value(raw)
+    return merged
+
+
+S = TypeVar("S", bound=BaseModel)
+
+
+def build(spec_cls: type[S], values: dict[str, Any], source: str = "spec") -> S:
+    """Validate; every invalid field is reported in one message."""
+    try:
+        return spec_cls.model_validate(values)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "spec"
+            msg = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{where}: {msg}")
+        raise SpecError(f"invalid {source}: " + "; ".join(problems)) from None
+
+
+def load(spec_cls: type[S], file: Path | None = None, sets: list[str] | None = None) -> S:
+    values: dict[str, Any] = {}
+    if file is not None:
+        try:
+            values = tomllib.loads(Path(file).read_text())
+        except FileNotFoundError:
+            raise SpecError(f"spec file not found: {file}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise SpecError(f"{file}: invalid TOML: {exc}") from None
+    return build(spec_cls, merge_sets(values, sets or []))

@@ -1,0 +1,192 @@
+"""The SQLite store: runs, an append-only event log, metric time series, patch records.
+
+WAL and a busy timeout let a cron sweep and a user's `orch` write at the same time; every write that
+belongs together happens in one `BEGIN IMMEDIATE` transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from sqlite_utils import Database
+
+from .errors import NotFound
+from .migrations import migrations
+
+JSON_FIELDS = ("spec", "parser_state", "progress", "error")
+
+
+def _dump(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, sort_keys=True)
+
+
+class Store:
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(self.path), timeout=60, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout = 60000")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        self.db = Database(conn)
+        self.conn = conn
+        self.migrate()
+
+    def migrate(self, stop_before: str | None = None) -> None:
+        with self.tx():
+            migrations.apply(self.db, stop_before=stop_before)
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction; nested calls join the outer one."""
+        if self.conn.in_transaction:
+            yield self.conn
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        else:
+            self.conn.execute("COMMIT")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # runs -------------------------------------------------------------------------------------
+    def create_run(self, playbook: str, host: str, spec: dict[str, Any]) -> int:
+        now = time.time()
+        with self.tx() as c:
+            cur = c.execute(
+                "INSERT INTO runs (playbook, host, status, phase, spec, created_at, log_offset)"
+                " VALUES (?, ?, 'pending', 'starting', ?, ?, 0)",
+                (playbook, host, _dump(spec), now),
+            )
+            run_id = int(cur.lastrowid or 0)
+            self.add_event(run_id, "status", "pending", ts=now)
+        return run_id
+
+    def get_run(self, run_id: int) -> dict[str, Any]:
+        row = self.conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no run {run_id}")
+        return self._decode(row)
+
+    def _decode(self, row: sqlite3.Row | tuple) -> dict[str, Any]:
+        cols = self._run_columns()
+        run = dict(zip(cols, row))
+        for key in JSON_FIELDS:
+            if run.get(key) is not None:
+                run[key] = json.loads(run[key])
+        return run
+
+    def _run_columns(self) -> list[str]:
+        if not hasattr(self, "_cols"):
+            self._cols = [r[1] for r in self.conn.execute("PRAGMA table_info(runs)")]
+        return self._cols
+
+    def list_runs(self, *, limit: int = 50, statuses: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        sql, args = "SELECT * FROM runs", []
+        if statuses is not None:
+            statuses = list(statuses)
+            sql += f" WHERE status IN ({','.join('?' * len(statuses))})"
+            args += statuses
+        sql += " ORDER BY id DESC LIMIT ?"
+        args.append(limit)
+        return [self._decode(r) for r in self.conn.execute(sql, args)]
+
+    def update_run(self, run_id: int, **fields: Any) -> None:
+        if not fields:
+            return
+        if "status" in fields:
+            raise ValueError("status changes go through lifecycle.transition")
+        values = [_dump(v) if k in JSON_FIELDS else v for k, v in fields.items()]
+        with self.tx() as c:
+            c.execute(
+                f"UPDATE runs SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?", [*values, run_id]
+            )
+
+    # events and metrics -----------------------------------------------------------------------
+    def add_event(
+        self, run_id: int, kind: str, message: str = "", data: Any = None, ts: float | None = None
+    ) -> None:
+        with self.tx() as c:
+            c.execute(
+                "INSERT INTO events (run_id, ts, kind, message, data) VALUES (?, ?, ?, ?, ?)",
+                (run_id, ts or time.time(), kind, message, _dump(data)),
+            )
+
+    def events(self, run_id: int) -> list[dict[str, Any]]:
+        rows = self.conn.execute(
+            "SELECT ts, kind, message, data FROM events WHERE run_id = ? ORDER BY id", (run_id,)
+        )
+        return [
+            {"ts": ts, "kind": kind, "message": msg, "data": json.loads(data) if data else None}
+            for ts, kind, msg, data in rows
+        ]
+
+    def add_metrics(self, run_id: int, samples: Iterable[tuple[str, float, int | None]], ts: float) -> None:
+        with self.tx() as c:
+            c.executemany(
+                "INSERT INTO metrics (run_id, name, value, ts, step) VALUES (?, ?, ?, ?, ?)",
+                [(run_id, name, float(value), ts, step) for name, value, step in samples],
+            )
+
+    def latest_metrics(self, run_id: int) -> dict[str, float]:
+        rows = self.conn.execute(
+            "SELECT name, value FROM metrics WHERE id IN"
+            " (SELECT MAX(id) FROM metrics WHERE run_id = ? GROUP BY name) ORDER BY name",
+            (run_id,),
+        )
+        return dict(rows.fetchall())
+
+    def metric_series(self, run_id: int, name: str) -> list[tuple[float, float, int | None]]:
+        rows = self.conn.execute(
+            "SELECT ts, value, step FROM metrics WHERE run_id = ? AND name = ? ORDER BY id", (run_id, name)
+        )
+        return rows.fetchall()
+
+    # patches ----------------------------------------------------------------------------------
+    def record_patches(self, records: Iterable[dict[str, Any]]) -> None:
+        now = time.time()
+        with self.tx():
+            self.db["patch_records"].insert_all([{"ts": now, **r} for r in records])
+
+    def patch_records(self, host: str) -> list[dict[str, Any]]:
+        return list(self.db["patch_records"].rows_where("host = ?", [host], order_by="id"))
+
+
+def run_document(store: Store, run: dict[str, Any], with_events: bool = True) -> dict[str, Any]:
+    """The JSON shape of a run that `orch status --json` prints."""
+    progress = run.get("progress")
+    error = run.get("error")
+    doc = {
+        "id": run["id"],
+        "playbook": run["playbook"],
+        "host": run["host"],
+        "status": run["status"],
+        "phase": run["phase"],
+        "stalled": bool(run.get("stalled")),
+        "progress": {k: progress.get(k) for k in ("label", "done", "total", "rate_per_s", "eta_s")}
+        if progress
+        else None,
+        "error": {k: error.get(k) for k in ("kind", "exception", "message")} if error else None,
+        "reason": run.get("reason"),
+        "metrics": store.latest_metrics(run["id"]),
+        "exit_code": run["exit_code"],
+        "pid": run["pid"],
+        "remote_dir": run["remote_dir"],
+        "created_at": run["created_at"],
+        "started_at": run["started_at"],
+        "ended_at": run["ended_at"],
+        "spec": run["spec"],
+    }
+    if with_events:
+        doc["events"] = [{k: e[k] for k in ("ts", "kind", "message")} for e in store.events(run["id"])]
+    return doc

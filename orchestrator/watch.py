@@ -1,0 +1,248 @@
+"""The poll loop: read only the new bytes of a job's log, understand them, record them, back off.
+
+Backoff is exponential from poll_min to poll_max, reset whenever progress advances or the phase
+changes, and never sleeps past the predicted finish (the progress bar's ETA) by more than poll_min.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import tenacity
+
+from . import launch
+from .errors import OrchError, TransitionError, Unreachable
+from .launch import RunPaths
+from .lifecycle import Status, transition
+from .logparse import LogParser
+from .remote import Transport
+from .store import Store
+
+MAX_CHUNK = 4 << 20  # bytes read per poll; a longer backlog is read by immediate re-polls
+
+
+@dataclass
+class WatchOptions:
+    poll_min: float
+    poll_max: float
+    until_ready: bool = False
+    ready_pattern: str | None = None
+    engine: str | None = None
+    stall_factor: float = 5.0
+    kill_grace_s: float = 10.0
+
+
+class PollWait(tenacity.wait.wait_base):
+    """Tenacity wait strategy with a streak that resets on progress and a cap at the predicted finish."""
+
+    def __init__(self, lo: float, hi: float, clock: Callable[[], float]):
+        self.lo, self.hi, self.clock = lo, hi, clock
+        self.streak = 0
+        self.finish_at: float | None = None  # epoch seconds the job is predicted to finish
+        self.immediate = False
+
+    def reset(self) -> None:
+        self.streak = 0
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        if self.immediate:
+            return 0.0
+        interval = min(self.hi, self.lo * 2**self.streak)
+        self.streak += 1
+        if self.finish_at is not None:
+            interval = min(interval, max(0.0, self.finish_at - self.clock()) + self.lo)
+        return max(interval, 0.0)
+
+
+class _Conflict(Exception):
+    """Another watcher recorded this run's log first."""
+
+
+def describe_exit(code: int) -> str:
+    if code > 128:
+        try:
+            return f"exit code {code} (killed by {signal.Signals(code - 128).name})"
+        except ValueError:
+            pass
+    return f"exit code {code}"
+
+
+class Watcher:
+    def __init__(
+        self,
+        store: Store,
+        run_id: int,
+        transport: Transport,
+        opts: WatchOptions,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.time,
+        on_update: Callable[["Watcher"], None] | None = None,
+    ):
+        self.store, self.run_id, self.transport, self.opts = store, run_id, transport, opts
+        self.sleep, self.clock, self.on_update = sleep, clock, on_update
+        self.wait = PollWait(opts.poll_min, opts.poll_max, clock)
+        self.polls = 0
+        self.unreachable_since: float | None = None
+        self._load()
+
+    def _load(self) -> None:
+        run = self.store.get_run(self.run_id)
+        self.run = run
+        self.paths = RunPaths(run["remote_dir"])
+        self.offset = run["log_offset"] or 0
+        state = run.get("parser_state")
+        self.parser = (
+            LogParser.from_dict(state)
+            if state
+            else LogParser(engine=self.opts.engine, ready_pattern=self.opts.ready_pattern)
+        )
+
+    @property
+    def status(self) -> Status:
+        return Status(self.run["status"])
+
+    def run_until_done(self) -> dict[str, Any]:
+        if self.status.terminal:
+            return self.run
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_result(lambda done: not done),
+            wait=self.wait,
+            stop=tenacity.stop_never,
+            sleep=self.sleep,
+            reraise=True,
+        )
+        retrying(self.poll_once)
+        return self.store.get_run(self.run_id)
+
+    # one poll -------------------------------------------------------------------------------
+    def poll_once(self) -> bool:
+        """Poll the host once and record what changed. True when the wait is over."""
+        self.polls += 1
+        self.wait.immediate = False
+        try:
+            state = launch.read_state(
+                self.transport, self.paths, self.run["pid"], self.run["pid_start"], self.offset, MAX_CHUNK
+            )
+        except Unreachable as exc:
+            self._note_unreachable(exc)
+            return False
+        if self.unreachable_since is not None:
+            self.store.add_event(self.run_id, "reconnected", f"host answered again after "
+                                 f"{self.clock() - self.unreachable_since:.0f} s")
+            self.unreachable_since = None
+        try:
+            done = self._record(state)
+        except _Conflict:
+            self._load()
+            return self.status.terminal
+        if self.on_update:
+            self.on_update(self)
+        return done
+
+    def _note_unreachable(self, exc: Unreachable) -> None:
+        if self.unreachable_since is None:
+            self.unreachable_since = self.clock()
+            self.store.add_event(self.run_id, "unreachable", exc.reason)
+
+    def _record(self, state: launch.JobState) -> bool:
+        p = self.parser
+        before = (p.phase, p.progress.done if p.progress else None, p.error)
+        events: list[tuple[str, str, Any]] = []
+        if state.offset < self.offset:
+            events.append(("log", f"log truncated (size {state.size} < offset {self.offset}); reading from 0", None))
+        new_offset = state.offset + len(state.data)
+        more = new_offset < state.size
+        samples = p.feed(state.data)
+        ended = state.exit_code is not None or not state.alive
+        if ended and not more:
+            samples += p.finish()
+        now = self.clock()
+
+        after = (p.phase, p.progress.done if p.progress else None, p.error)
+        if after[0] != before[0]:
+            events.append(("phase", p.phase, None))
+        if p.error is not None and p.error != before[2]:
+            events.append(("error", _error_text(p.error), p.error.to_dict()))
+        if after[:2] != before[:2]:
+            self.wait.reset()
+        self.wait.finish_at = now + p.progress.eta_s if p.progress and p.progress.eta_s is not None else None
+        self.wait.immediate = more
+
+        end: tuple[Status, str, dict[str, Any]] | None = None
+        if not more:
+            end = self._judge(state)
+        self._save(new_offset, samples, events, now, end)
+        if end and end[0] is Status.FAILED and p.error is not None and state.alive:
+            # A fatal line while processes linger: stop them so the GPUs are freed.
+            launch.kill(self.transport, self.run["pid"], self.run["pid_start"], self.opts.kill_grace_s)
+        self.offset = new_offset
+        self.run = self.store.get_run(self.run_id)
+        if end:
+            return True
+        return self.opts.until_ready and p.phase == "ready"
+
+    def _judge(self, state: launch.JobState) -> tuple[Status, str, dict[str, Any]] | None:
+        err = self.parser.error
+        if state.exit_code is not None:
+            fields = {"exit_code": state.exit_code}
+            if state.exit_code == 0:
+                return Status.SUCCEEDED, "exit code 0", fields
+            why = describe_exit(state.exit_code)
+            return Status.FAILED, f"{why}: {_error_text(err)}" if err else why, fields
+        if not state.alive:
+            why = "the process is gone and wrote no exit code (killed with its wrapper, OOM killer or reboot)"
+            return Status.LOST, why, {}
+        if err is not None and err.fatal:
+            return Status.FAILED, f"fatal error in log: {_error_text(err)}", {}
+        return None
+
+    def _save(self, new_offset: int, samples: list[Any], events: list[tuple[str, str, Any]], now: float,
+              end: tuple[Status, str, dict[str, Any]] | None) -> None:
+        p = self.parser
+        with self.store.tx() as c:
+            row = c.execute("SELECT log_offset, status FROM runs WHERE id = ?", (self.run_id,)).fetchone()
+            if row[0] != self.offset or Status(row[1]).terminal:
+                raise _Conflict()
+            for kind, message, data in events:
+                self.store.add_event(self.run_id, kind, message, data, ts=now)
+            if samples:
+                self.store.add_metrics(self.run_id, [(m.name, m.value, m.line) for m in samples], now)
+            self.store.update_run(
+                self.run_id,
+                log_offset=new_offset,
+                parser_state=p.to_dict(),
+                phase=p.phase,
+                progress=p.progress.to_dict() if p.progress else None,
+                error=p.error.to_dict() if p.error else None,
+                watcher=f"{socket.gethostname()}:{os.getpid()}",
+                heartbeat=now,
+            )
+            if end:
+                status, message, fields = end
+                try:
+                    transition(self.store, self.run_id, status, message, **fields)
+                except TransitionError:
+                    raise _Conflict() from None
+
+
+def _error_text(err: Any) -> str:
+    head = err.exception or err.kind
+    return f"{err.kind}: {head}: {err.message}" if err.message else f"{err.kind}: {head}"
+
+
+def stop(store: Store, run_id: int, transport: Transport, reason: str, grace_s: float = 10.0) -> str:
+    """Kill a run's process group and mark it cancelled."""
+    run = store.get_run(run_id)
+    if Status(run["status"]).terminal:
+        raise OrchError(f"run {run_id} already ended ({run['status']})")
+    outcome = "never started"
+    if run.get("pid"):
+        outcome = launch.kill(transport, run["pid"], run["pid_start"], grace_s)
+    transition(store, run_id, Status.CANCELLED, f"{reason} (process group: {outcome})")
+    return outcome

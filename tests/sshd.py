@@ -1,0 +1,377 @@
+"""Real OpenSSH servers on loopback for the tests.
+
+`SSHServer` runs one `/usr/sbin/sshd -D` on 127.0.0.N and a free port, with its own ed25519 host key,
+PidFile, config and log. `SSHFleet` starts several that share one client key pair and one known_hosts
+file listing every server's host key, so strict host-key checking is exercised the way it is in
+production.
+
+Nothing here depends on pytest; tests/conftest.py wraps it in fixtures. Every server that was started
+is killed at interpreter exit (by its process handle and by its PidFile) if nobody stopped it before.
+"""
+
+from __future__ import annotations
+
+import atexit
+import getpass
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+SSHD = "/usr/sbin/sshd"
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"
+SSH_KEYGEN = "ssh-keygen"
+PRIVSEP_DIR = Path("/run/sshd")
+
+_live: set["SSHServer"] = set()
+_live_lock = threading.Lock()
+
+
+def keygen(path: Path, comment: str = "orch-tests") -> Path:
+    """An ed25519 key pair without passphrase at path / path.pub."""
+    if not path.exists():
+        subprocess.run(
+            [SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+            check=True,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+        )
+    return path
+
+
+def public_key(path: Path) -> str:
+    """`ssh-ed25519 AAAA...` of the key pair at path (no comment)."""
+    kind, blob = Path(str(path) + ".pub").read_text().split()[:2]
+    return f"{kind} {blob}"
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    """The name OpenSSH and paramiko look up in known_hosts: bare for port 22, else `[host]:port`."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def free_port(address: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # the command name is in parentheses and may itself contain spaces or parentheses
+        fields = stat[stat.rindex(")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of pid, parents before children."""
+    tree = _children_map()
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in tree.get(todo.pop(0), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+class SSHServer:
+    """One real sshd on `address:port`. The host key, port and files survive stop/start."""
+
+    def __init__(self, root: Path, address: str, authorized_keys: Path, port: int | None = None):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.address = address
+        self.port = port or free_port(address)
+        self.authorized_keys = Path(authorized_keys)
+        self.host_key = keygen(self.root / "ssh_host_ed25519_key", comment=f"sshd@{address}")
+        self.config = self.root / "sshd_config"
+        self.pid_file = self.root / "sshd.pid"
+        self.log_file = self.root / "sshd.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._write_config()
+
+    # -- identity -------------------------------------------------------------------------------------
+
+    @property
+    def known_hosts_name(self) -> str:
+        return known_hosts_name(self.address, self.port)
+
+    @property
+    def host_public_key(self) -> str:
+        return public_key(self.host_key)
+
+    @property
+    def host_key_line(self) -> str:
+        """This server's line for a known_hosts file: `[127.0.0.N]:PORT ssh-ed25519 AAAA...`."""
+        return f"{self.known_hosts_name} {self.host_public_key}"
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    def _write_config(self) -> None:
+        lines = [
+            f"ListenAddress {self.address}:{self.port}",
+            f"HostKey {self.host_key}",
+            f"PidFile {self.pid_file}",
+            f"AuthorizedKeysFile {self.authorized_keys}",
+            f"Subsystem sftp {SFTP_SERVER}",
+            "UsePAM no",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "PubkeyAuthentication yes",
+            "PermitRootLogin prohibit-password",
+            "StrictModes no",
+            "PrintMotd no",
+            "PrintLastLog no",
+            "UseDNS no",
+            "X11Forwarding no",
+            "LogLevel ERROR",
+            "MaxSessions 50",
+            "MaxStartups 100",
+            "MaxAuthTries 10",
+        ]
+        self.config.write_text("\n".join(lines) + "\n")
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, timeout: float = 15) -> "SSHServer":
+        """Start sshd and return once it sends its SSH banner on the port."""
+        if self.running:
+            return self
+        PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
+        self.pid_file.unlink(missing_ok=True)
+        with self.log_file.open("ab") as log:
+            self._proc = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(self.config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        with _live_lock:
+            _live.add(self)
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"sshd on {self.address}:{self.port} exited with {self._proc.returncode}: "
+                    f"{self.log_tail()}"
+                )
+            try:
+                with socket.create_connection((self.address, self.port), timeout=1) as s:
+                    banner = s.recv(256)
+                    s.sendall(b"SSH-2.0-orch_tests_probe\r\n")  # so sshd logs no protocol error
+                if banner.startswith(b"SSH-2.0-"):
+                    return
+                last = RuntimeError(f"unexpected banner {banner!r}")
+            except OSError as exc:
+                last = exc
+            time.sleep(0.02)
+        raise RuntimeError(f"sshd on {self.address}:{self.port} not ready after {timeout} s: {last}")
+
+    def stop(self, timeout: float = 10) -> None:
+        """Stop sshd, and drop every open session the way a host outage does; the port then refuses."""
+        proc, self._proc = self._proc, None
+        pid = proc.pid if proc is not None else self._pid_from_file()
+        if pid is not None:
+            # Sessions are children of the listener in their own sessions (sshd calls setsid), so they
+            # are found through the process tree rather than a process group.
+            for _ in range(5):
+                rest = descendants(pid)
+                if not rest:
+                    break
+                for child in rest:
+                    _kill(child, signal.SIGKILL)
+                time.sleep(0.01)
+            _kill(pid, signal.SIGTERM)
+            if proc is not None:
+                try:
+                    proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout)
+            else:
+                deadline = time.monotonic() + timeout
+                while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                _kill(pid, signal.SIGKILL)
+        self.pid_file.unlink(missing_ok=True)
+        with _live_lock:
+            _live.discard(self)
+
+    def restart(self) -> "SSHServer":
+        """Stop and start again on the same address, port and host key."""
+        self.stop()
+        return self.start()
+
+    def _pid_from_file(self) -> int | None:
+        """The PidFile's pid, if that process is still this server's sshd."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            return None
+        return pid if str(self.config).encode() in cmdline else None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<SSHServer {self.address}:{self.port} {state}>"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (str, Path)):
+        # a JSON string is a valid TOML basic string (\uXXXX escapes included)
+        return json.dumps(str(value))
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+class SSHFleet:
+    """n sshd servers (named test1, test2, ...) sharing one client key and one known_hosts file.
+
+    Server i (counting from 1, as in the names) listens on 127.0.0.(i+1).
+    """
+
+    def __init__(self, n: int = 2, root: Path | None = None, first_address: int = 2):
+        self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="orch-sshd-"))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.user = getpass.getuser()
+        self.client_key = keygen(self.root / "id_ed25519", comment=f"{self.user}@orch-tests")
+        self.authorized_keys = self.root / "authorized_keys"
+        self.authorized_keys.write_text(public_key(self.client_key) + "\n")
+        self.known_hosts = self.root / "known_hosts"
+        self.servers = [
+            SSHServer(self.root / f"test{i}", f"127.0.0.{first_address + i - 1}", self.authorized_keys)
+            for i in range(1, n + 1)
+        ]
+        self.known_hosts.write_text("".join(s.host_key_line + "\n" for s in self.servers))
+
+    def start(self) -> "SSHFleet":
+        try:
+            for server in self.servers:
+                server.start()
+        except BaseException:
+            self.stop_all()
+            raise
+        return self
+
+    def stop_all(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def server(self, i: int) -> SSHServer:
+        """Server i, counting from 1."""
+        if not 1 <= i <= len(self.servers):
+            raise IndexError(f"no server {i} in a fleet of {len(self.servers)}")
+        return self.servers[i - 1]
+
+    def name(self, i: int) -> str:
+        self.server(i)
+        return f"test{i}"
+
+    def workdir(self, i: int) -> Path:
+        path = self.root / "work" / self.name(i)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def host_entry(self, i: int, **overrides: Any) -> dict[str, Any]:
+        """The hosts.toml fields for server i (from 1): address, port, user, keys, workdir, python."""
+        server = self.server(i)
+        entry: dict[str, Any] = {
+            "address": server.address,
+            "port": server.port,
+            "user": self.user,
+            "identity_file": str(self.client_key),
+            "known_hosts": str(self.known_hosts),
+            "workdir": str(self.workdir(i)),
+            "python": sys.executable,
+        }
+        entry.update(overrides)
+        return entry
+
+    def hosts_toml(self, **per_host_overrides: dict[str, Any]) -> str:
+        """`[hosts.testN]` tables for every server; keyword `testN={...}` overrides that host's fields."""
+        unknown = set(per_host_overrides) - {self.name(i) for i in range(1, len(self.servers) + 1)}
+        if unknown:
+            raise KeyError(f"not in the fleet: {sorted(unknown)}")
+        out: list[str] = []
+        for i in range(1, len(self.servers) + 1):
+            name = self.name(i)
+            out.append(f"[hosts.{name}]")
+            for key, value in self.host_entry(i, **per_host_overrides.get(name, {})).items():
+                if value is not None:
+                    out.append(f"{_toml_key(key)} = {_toml_value(value)}")
+            out.append("")
+        return "\n".join(out)
+
+    def __enter__(self) -> "SSHFleet":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
+    def __repr__(self) -> str:
+        return f"<SSHFleet {self.servers!r}>"
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    with _live_lock:
+        left = list(_live)
+    for server in left:
+        try:
+            server.stop(timeout=5)
+        except Exception:  # best effort at exit
+            pass
