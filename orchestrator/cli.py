@@ -343,12 +343,34 @@ def hosts(
         raise typer.Exit(1)
 
 
+@app.command()
+def gpus(
+    host: list[str] = typer.Option([], "--host", "-H", help="hosts to ask (default: local)"),
+    all_hosts: bool = typer.Option(False, "--all", help="every host of the inventory"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """GPU memory, utilisation and processes per host, with the orch run holding each."""
+    from . import gpu
+
+    ws = workspace()
+    inv = inventory(ws)
+    targets = inv.select(None) if all_hosts else [inv.get(h) for h in (host or [LOCAL])]
+    found = gpu.snapshots(targets, open_store(ws))
+    if as_json:
+        emit_json({name: str(s) if isinstance(s, Exception) else gpu.snapshot_to_dict(s) for name, s in found.items()})
+    else:
+        out.print(gpu.render_table(found))
+    if any(isinstance(s, Exception) for s in found.values()):
+        raise typer.Exit(1)
+
+
 # entry point -----------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
     """Exit codes in one place: 0 ok, 1 the run failed or an operation failed, 2 bad input."""
     command = typer.main.get_command(app)
     try:
-        command.main(args=argv, prog_name="orch", standalone_mode=False)
+        # standalone_mode=False hands back the code of a raised typer.Exit instead of exiting
+        code = command.main(args=argv, prog_name="orch", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
@@ -367,7 +389,7 @@ def main(argv: list[str] | None = None) -> None:
         from .remote import close_all
 
         close_all()
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 __all__ = ["app", "main"]

@@ -55,17 +55,20 @@ def job_script(body: str, env: dict[str, str], cwd: str | None = None) -> str:
     return head + body.rstrip("\n") + "\n"
 
 
-def launch_command(paths: RunPaths, script: str) -> str:
+def launch_command(paths: RunPaths, script: str, token: str) -> str:
     """One remote call: create the run dir, write the scripts, start the wrapper detached, print the pid.
 
-    Idempotent, so a retry after a dropped connection never starts the job twice.
+    Idempotent for the same token, so a retry after a dropped connection never starts the job twice;
+    a run dir left by another workspace's run of the same id is refused, never reused.
     """
     root = quote(paths.root)
     job_b64 = base64.b64encode(script.encode()).decode()
     wrapper_b64 = base64.b64encode(WRAPPER.encode()).decode()
     return (
         f"mkdir -p {root} && cd {root} || exit 96\n"
-        "if [ -s pid ]; then cat pid; exit 0; fi\n"
+        f"if [ -e token ]; then [ \"$(cat token)\" = {quote(token)} ] && [ -s pid ] && cat pid && exit 0; "
+        "echo \"run dir in use by another run: $(pwd)\" >&2; exit 94; fi\n"
+        f"printf '%s' {quote(token)} > token\n"
         f"printf %s {job_b64} | base64 -d > job.sh\n"
         f"printf %s {wrapper_b64} | base64 -d > wrapper.sh\n"
         "setsid nohup bash ./wrapper.sh > /dev/null 2>&1 < /dev/null &\n"
@@ -74,8 +77,8 @@ def launch_command(paths: RunPaths, script: str) -> str:
     )
 
 
-def launch(transport: Transport, paths: RunPaths, script: str) -> tuple[int, str]:
-    out = transport.run(launch_command(paths, script), timeout=60).stdout.split()
+def launch(transport: Transport, paths: RunPaths, script: str, token: str) -> tuple[int, str]:
+    out = transport.run(launch_command(paths, script, token), timeout=60).stdout.split()
     if len(out) != 2 or not out[0].isdigit():
         raise OrchError(f"{transport.host.name}: the job did not start (wrapper wrote {out!r})")
     return int(out[0]), out[1]

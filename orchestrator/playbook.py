@@ -7,6 +7,7 @@ owns the order, the lifecycle transitions and what is recorded.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
@@ -116,7 +117,13 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook, spec: RunSpec, host: Host
     env = {**host.env, **spec.env}
     script = launch.job_script(pb.command(ctx), env, pb.cwd(ctx))
     echo(f"# job.sh for run {next_id}:\n{script}")
-    transport.run(launch.launch_command(paths, script))
+    transport.run(launch.launch_command(paths, script, run_token(ws, store, next_id)))
+
+
+def run_token(ws: Workspace, store: Store, run_id: int) -> str:
+    """Names this run of this workspace in its remote dir, so another workspace's run N is not taken for it."""
+    created = store.conn.execute("SELECT created_at FROM runs WHERE id = ?", (run_id,)).fetchone()
+    return f"{socket.gethostname()}:{ws.db_path}:{run_id}:{created[0] if created else 0}"
 
 
 def start(ws: Workspace, store: Store, pb: Playbook, spec: RunSpec, host: Host) -> RunContext:
@@ -134,7 +141,7 @@ def start(ws: Workspace, store: Store, pb: Playbook, spec: RunSpec, host: Host) 
         ctx = RunContext(ws, store, host, transport, run_id, spec, paths)
         script = _steps_before_launch(pb, ctx)
         transition(store, run_id, Status.LAUNCHING)
-        pid, pid_start = launch.launch(transport, paths, script)
+        pid, pid_start = launch.launch(transport, paths, script, run_token(ws, store, run_id))
     except OrchError as exc:
         transition(store, run_id, Status.FAILED, f"before launch: {exc}")
         if ctx is not None:

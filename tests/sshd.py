@@ -6,7 +6,8 @@ file listing every server's host key, so strict host-key checking is exercised t
 production.
 
 Nothing here depends on pytest; tests/conftest.py wraps it in fixtures. Every server that was started
-is killed at interpreter exit (by its process handle and by its PidFile) if nobody stopped it before.
+is stopped at interpreter exit (by its process handle or its PidFile) if nobody stopped it before, and
+a server started from the main thread also gets SIGTERM if the test process is killed outright.
 """
 
 from __future__ import annotations
@@ -91,6 +92,60 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the test process dies, even by SIGKILL (no atexit)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def alive(pid: int) -> bool:
+    """Whether pid is a live process (a zombie has already died)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _is_sshd(pid: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/exe") == SSHD
+    except OSError:
+        return False
+
+
+def _end_sessions(listener: int, grace: float = 1.0) -> None:
+    """Drop every session of the sshd listener, like a host going away.
+
+    Sessions are children of the listener in sessions of their own (sshd calls setsid), so they are
+    found through the process tree. The sshd processes are killed first, which cuts the connections
+    at once; the commands still running in them get SIGTERM and a moment to run their exit traps (a
+    shell startup file holding a lock must not leave it behind), then SIGKILL. Jobs that detached
+    (setsid, reparented to init) are no longer descendants and keep running, as on a real host.
+    """
+    tree = descendants(listener)
+    sshd = [pid for pid in tree if _is_sshd(pid)]
+    rest = [pid for pid in tree if pid not in sshd]
+    for pid in sshd:
+        _kill(pid, signal.SIGKILL)
+    for pid in rest:
+        _kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(alive(pid) for pid in rest) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for pid in rest:
+        _kill(pid, signal.SIGKILL)
+    for _ in range(5):  # anything forked meanwhile
+        late = descendants(listener)
+        if not late:
+            break
+        for pid in late:
+            _kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+
+
 def _kill(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
@@ -112,6 +167,7 @@ class SSHServer:
         self.pid_file = self.root / "sshd.pid"
         self.log_file = self.root / "sshd.log"
         self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.RLock()  # a test may stop the server from another thread
         self._write_config()
 
     # -- identity -------------------------------------------------------------------------------------
@@ -152,6 +208,12 @@ class SSHServer:
             "MaxSessions 50",
             "MaxStartups 100",
             "MaxAuthTries 10",
+            # bash reads ~/.bashrc for a command sent over SSH only as a top-level shell (SHLVL < 2).
+            # The test user's ~/.bashrc is no part of orch, and where it runs `pyenv init` every command
+            # pays for a rehash and a session killed mid-rehash leaves pyenv's lock behind (later shells
+            # then wait for it, or print an error into stderr). So the shells here skip it, and give up
+            # on the lock at once should something else still rehash.
+            "SetEnv SHLVL=1 PYENV_REHASH_TIMEOUT=0",
         ]
         self.config.write_text("\n".join(lines) + "\n")
 
@@ -161,6 +223,10 @@ class SSHServer:
 
     def start(self, timeout: float = 15) -> "SSHServer":
         """Start sshd and return once it sends its SSH banner on the port."""
+        with self._lock:
+            return self._start(timeout)
+
+    def _start(self, timeout: float) -> "SSHServer":
         if self.running:
             return self
         PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -172,13 +238,15 @@ class SSHServer:
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
+                # The death signal follows the forking thread, so only a main-thread start can use it.
+                preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
             )
         with _live_lock:
             _live.add(self)
         try:
             self._wait_ready(timeout)
         except BaseException:
-            self.stop()
+            self._stop(10)
             raise
         return self
 
@@ -206,19 +274,17 @@ class SSHServer:
 
     def stop(self, timeout: float = 10) -> None:
         """Stop sshd, and drop every open session the way a host outage does; the port then refuses."""
-        proc, self._proc = self._proc, None
+        with self._lock:
+            self._stop(timeout)
+
+    def _stop(self, timeout: float) -> None:
+        proc = self._proc
         pid = proc.pid if proc is not None else self._pid_from_file()
         if pid is not None:
-            # Sessions are children of the listener in their own sessions (sshd calls setsid), so they
-            # are found through the process tree rather than a process group.
-            for _ in range(5):
-                rest = descendants(pid)
-                if not rest:
-                    break
-                for child in rest:
-                    _kill(child, signal.SIGKILL)
-                time.sleep(0.01)
+            _kill(pid, signal.SIGSTOP)  # accepts nothing new while its sessions are ended
+            _end_sessions(pid)
             _kill(pid, signal.SIGTERM)
+            _kill(pid, signal.SIGCONT)
             if proc is not None:
                 try:
                     proc.wait(timeout)
@@ -227,17 +293,19 @@ class SSHServer:
                     proc.wait(timeout)
             else:
                 deadline = time.monotonic() + timeout
-                while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                while alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.02)
                 _kill(pid, signal.SIGKILL)
+        self._proc = None
         self.pid_file.unlink(missing_ok=True)
         with _live_lock:
             _live.discard(self)
 
     def restart(self) -> "SSHServer":
         """Stop and start again on the same address, port and host key."""
-        self.stop()
-        return self.start()
+        with self._lock:
+            self._stop(10)
+            return self._start(15)
 
     def _pid_from_file(self) -> int | None:
         """The PidFile's pid, if that process is still this server's sshd."""

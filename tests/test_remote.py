@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from sshd import SSHFleet, descendants, keygen, public_key
+from sshd import SSHFleet, alive, descendants, keygen, public_key
 
 from orchestrator.errors import HostKeyError, RemoteError, Unreachable
 from orchestrator.hosts import Host, Inventory, local_host
@@ -254,9 +254,11 @@ def test_connection_lost_during_a_command(ssh_fleet_restarts: SSHFleet, ssh_host
     t, sleeps = ssh_transport(ssh_host)
     try:
         t.run("true")
-        threading.Timer(0.3, server.stop).start()
+        stopper = threading.Timer(0.3, server.stop)
+        stopper.start()
         with pytest.raises(Unreachable, match="connection lost") as info:
             t.run("sleep 5; echo done", check=False)
+        stopper.join()
         assert not isinstance(info.value, HostKeyError)
         assert sleeps == []
         server.start()
@@ -438,14 +440,6 @@ def test_hosts_toml_loads_into_the_inventory(ssh_fleet: SSHFleet, tmp_path: Path
         ssh_fleet.hosts_toml(test9={})
 
 
-def _alive(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return status[status.rindex(")") + 2] != "Z"  # a zombie is already dead
-
-
 def test_a_fleet_leaves_no_sshd_behind(tmp_path: Path) -> None:
     with SSHFleet(1, root=tmp_path / "fleet", first_address=9) as fleet:
         server = fleet.server(1)
@@ -453,8 +447,8 @@ def test_a_fleet_leaves_no_sshd_behind(tmp_path: Path) -> None:
         t, sleeps = ssh_transport(Host(name="test1", **fleet.host_entry(1)))
         t.run("true")  # leave a session open
         sessions = descendants(pid)
-        assert sessions and _alive(pid)
-    assert not _alive(pid) and not any(_alive(p) for p in sessions)
+        assert sessions and alive(pid)
+    assert not alive(pid) and not any(alive(p) for p in sessions)
     for entry in os.listdir("/proc"):
         try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()

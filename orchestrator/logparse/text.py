@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 MAX_LINE_BYTES = 64 * 1024  # the rest of a longer line is dropped: a log line never needs more
 
@@ -19,15 +19,17 @@ _VLLM_LEVEL = re.compile(
 )
 # torchrun/TP workers prefix every line of their stderr with '[rank3]: '.
 _RANK = re.compile(r"^\[rank(?P<rank>\d+)\]: ?")
-# Levels of other formats: Python's '%(asctime)s - %(name)s - LEVEL - ', 'LEVEL:name:' and uvicorn's 'INFO:  '.
-_OTHER_LEVEL = re.compile(r"^(?:[^\s]+ [^\s]+ - [^\s]+ - (?P<a>[A-Z]+) - |(?P<b>DEBUG|INFO|WARNING|ERROR|CRITICAL):)")
+# Levels of other formats: Python's '%(asctime)s - %(name)s - LEVEL - ', 'LEVEL:name:', uvicorn's 'INFO:  '.
+_OTHER_LEVEL = re.compile(
+    r"^(?:[^\s]+ [^\s]+ - [^\s]+ - (?P<a>[A-Z]+) - |(?P<b>DEBUG|INFO|WARNING|ERROR|CRITICAL):)"
+)
 
 
 def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text) if "\x1b" in text else text
 
 
-@dataclass
+@dataclass(slots=True)
 class Line:
     """One logical line, with what was peeled off its front."""
 
@@ -65,14 +67,20 @@ def clean(decoded: str) -> Line:
 
 
 class LineSplitter:
-    """Incremental splitter on '\\r', '\\n' and '\\r\\n' that gives the same lines however the bytes are chunked."""
+    """Incremental splitter on '\\r', '\\n' and '\\r\\n': the same lines however the bytes are chunked."""
 
     def __init__(self) -> None:
         self.buf = b""
         self.pending_cr = False  # data ended in '\r': whether a '\n' follows is not known yet
 
-    def feed(self, data: bytes) -> Iterator[tuple[bytes, bool]]:
-        """Yield (line bytes, ended by a lone '\\r') for each line completed by `data`."""
+    def feed(
+        self, data: bytes, skip: Callable[[bytes, int, int], int] | None = None
+    ) -> Iterator[tuple[bytes, bool]]:
+        """Yield (line bytes, ended by a lone '\\r') for each line completed by `data`.
+
+        `skip(data, start, end)` may consume whole lines itself from the start of a line: it returns where
+        the lines it took end (`start` when it took none).
+        """
         if not data:
             return
         if self.pending_cr:
@@ -80,7 +88,12 @@ class LineSplitter:
         self.pending_cr = data[-1:] == b"\r"
         end = len(data) - 1 if self.pending_cr else len(data)
         pos = 0
-        for m in _BREAK.finditer(data, 0, end):
+        while True:
+            if skip is not None and not self.buf and pos < end:
+                pos = skip(data, pos, end)
+            m = _BREAK.search(data, pos, end)
+            if m is None:
+                break
             yield self._take(data[pos:m.start()]), m.group() == b"\r"
             pos = m.end()
         room = MAX_LINE_BYTES - len(self.buf)

@@ -1,4 +1,4 @@
-"""tqdm progress bars as printed by tqdm's format_meter (default, ncols=0, SGLang's '% Completed |', no total)."""
+"""tqdm progress bars as tqdm's format_meter prints them (default, ncols=0, SGLang's layout, no total)."""
 
 from __future__ import annotations
 
@@ -17,14 +17,16 @@ _TIME = r"(?:\d+:)?\d+:\d\d"
 _RATE = rf"\s*(?:(?P<rate>\?|{_NUM})(?P<unit>[^\s,\]/]*)/s|(?P<inv>{_NUM})s/[^\s,\]]+)"
 
 # '{pct:3.0f}%' then '|bar|' (default), ' Completed | ' (SGLang) or ' ' (ncols=0); then the right part.
+# Bar and postfix are bounded so a long line full of near-bars costs linear time.
 _WITH_TOTAL = re.compile(
-    rf"(?<![\d.])(?P<pct>\d{{1,3}})%(?:\|[^|]*\||\s+Completed\s*\|)?\s*"
+    rf"(?<![\d.])(?P<pct>\d{{1,3}})%(?:\|[^|]{{0,1000}}\||\s+Completed\s*\|)?\s*"
     rf"(?P<n>{_NUM})/(?P<total>{_NUM}|\?)\s+"
-    rf"\[(?P<elapsed>{_TIME})<(?P<remaining>{_TIME}|\?),{_RATE}(?P<postfix>[^\]]*)\]"
+    rf"\[(?P<elapsed>{_TIME})<(?P<remaining>{_TIME}|\?),{_RATE}(?P<postfix>[^\]]{{0,1000}})\]"
 )
 # '123it [00:01, 99.50it/s]': no total, so no bar, no percentage and no ETA.
 _NO_TOTAL = re.compile(
-    rf"(?<![\w.])(?P<n>{_NUM})(?P<nunit>[^\s\d\[][^\s\[]*)? \[(?P<elapsed>{_TIME}),{_RATE}(?P<postfix>[^\]]*)\]"
+    rf"(?<![\w.])(?P<n>{_NUM})(?P<nunit>[^\s\d\[][^\s\[]*)? "
+    rf"\[(?P<elapsed>{_TIME}),{_RATE}(?P<postfix>[^\]]{{0,1000}})\]"
 )
 
 
@@ -83,46 +85,72 @@ def _label(prefix: str) -> str:
     return label[:-1].rstrip() if label.endswith(":") else label
 
 
-def find_bar(text: str) -> tuple[Progress, int, int] | None:
-    """The first tqdm bar in `text` with its span, the label being everything in front of it."""
+def _from_match(m: re.Match[str], label: str) -> Progress:
+    done = parse_number(m.group("n"))
+    if m.re is _NO_TOTAL or m.re is _NO_TOTAL_ONLY:
+        return Progress(label, done, None, None, parse_interval(m.group("elapsed")), None, _rate(m))
+    total = None if m.group("total") == "?" else parse_number(m.group("total"))
+    percent = done / total * 100 if total else float(m.group("pct"))
+    return Progress(
+        label=label,
+        done=done,
+        total=total,
+        percent=round(percent, 4),
+        elapsed_s=parse_interval(m.group("elapsed")),
+        eta_s=parse_interval(m.group("remaining")),
+        rate_per_s=_rate(m),
+    )
+
+
+def search_bar(text: str) -> re.Match[str] | None:
+    """The first tqdm bar in `text`; everything in front of it is its label."""
     if "[" not in text:
         return None
     m = _WITH_TOTAL.search(text) if "%" in text else None
-    if m:
-        done = parse_number(m.group("n"))
-        total = None if m.group("total") == "?" else parse_number(m.group("total"))
-        percent = done / total * 100 if total else float(m.group("pct"))
-        return (
-            Progress(
-                label=_label(text[:m.start()]),
-                done=done,
-                total=total,
-                percent=round(percent, 4),
-                elapsed_s=parse_interval(m.group("elapsed")),
-                eta_s=parse_interval(m.group("remaining")),
-                rate_per_s=_rate(m),
-            ),
-            m.start(),
-            m.end(),
-        )
-    m = _NO_TOTAL.search(text)
-    if m:
-        return (
-            Progress(
-                label=_label(text[:m.start()]),
-                done=parse_number(m.group("n")),
-                total=None,
-                percent=None,
-                elapsed_s=parse_interval(m.group("elapsed")),
-                eta_s=None,
-                rate_per_s=_rate(m),
-            ),
-            m.start(),
-            m.end(),
-        )
-    return None
+    return m or _NO_TOTAL.search(text)
+
+
+# The same layouts, anchored at both ends: a line that is only a redraw, checked without slicing it.
+_WITH_TOTAL_ONLY = re.compile(_WITH_TOTAL.pattern + r"\s*\Z")
+_NO_TOTAL_ONLY = re.compile(_NO_TOTAL.pattern + r"\s*\Z")
+
+
+def has_total(m: re.Match[str]) -> bool:
+    return m.re is _WITH_TOTAL or m.re is _WITH_TOTAL_ONLY
+
+
+def match_bar_at(text: str, pos: int, with_total: bool) -> re.Match[str] | None:
+    """A bar of the given layout from `pos` to the end: the cheap check for a redraw of the last bar."""
+    return (_WITH_TOTAL_ONLY if with_total else _NO_TOTAL_ONLY).match(text, pos)
+
+
+def progress_of(m: re.Match[str]) -> Progress:
+    return _from_match(m, _label(m.string[:m.start()]))
 
 
 def parse_bar(text: str) -> Progress | None:
-    found = find_bar(text)
-    return found[0] if found else None
+    m = search_bar(text)
+    return progress_of(m) if m else None
+
+
+# Byte-level redraw runs. Each byte pattern accepts a strict subset of what the text patterns above accept
+# (ASCII digits and spaces, tqdm's block characters), so a run it takes is parsed line by line the same way.
+_B_NUM = rb"[0-9]+(?:\.[0-9]+)?[kMGTPEZY]?"
+_B_TIME = rb"(?:[0-9]+:)?[0-9]+:[0-9][0-9]"
+_B_RATE = rb"[ ]*(?:(?:\?|" + _B_NUM + rb")[A-Za-z]*/s|" + _B_NUM + rb"s/[A-Za-z]+)"
+_B_CELLS = rb"(?:[ #0-9]|\xe2\x96[\x88-\x8f]){0,1000}"  # ' ', ascii '#'/digits or U+2588..U+258F
+_B_WITH_TOTAL = (
+    rb"[0-9]{1,3}%(?:\|" + _B_CELLS + rb"\||[ ]+Completed[ ]*\|)?[ ]*"
+    + _B_NUM + rb"/(?:" + _B_NUM + rb"|\?)[ ]+\[" + _B_TIME + rb"<(?:" + _B_TIME + rb"|\?),"
+    + _B_RATE + rb"[\x20-\x5c\x5e-\x7e]{0,1000}\][ ]*"
+)
+_B_NO_TOTAL = (
+    _B_NUM + rb"(?:[A-Za-z]+)? \[" + _B_TIME + rb"," + _B_RATE
+    + rb"[\x20-\x24\x26-\x5c\x5e-\x7e]{0,1000}\][ ]*"  # no '%': those lines take the other layout
+)
+
+
+def redraw_run(prefix: str, with_total: bool) -> re.Pattern[bytes]:
+    """One or more whole lines, each ended by a lone '\\r', that redraw the bar labelled by `prefix`."""
+    body = _B_WITH_TOTAL if with_total else _B_NO_TOTAL
+    return re.compile(rb"(?>" + re.escape(prefix.encode()) + body + rb"\r(?!\n))++")

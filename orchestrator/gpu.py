@@ -1,0 +1,460 @@
+"""GPU hygiene: what holds each GPU of a host, which orch run owns it, and freeing GPUs before a launch.
+
+One remote call reads both `nvidia-smi` queries plus `ps` for the processes they name, so a snapshot is
+consistent and costs one round trip. A process belongs to an orch run when its process group id is the
+run's wrapper pid and that pid still has the run's recorded start time (a reused pid is never taken for
+the run).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import tenacity
+from tenacity.stop import stop_base
+
+from . import launch
+from .errors import OrchError, TransitionError
+from .lifecycle import Status, transition
+from .remote import Transport, connect, quote
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from .hosts import Host
+    from .playbook import RunContext
+    from .store import Store
+
+# Defaults; a playbook's spec may override each with a field of the same name.
+CLEANUP_TIMEOUT_S = 120.0  # how long to wait for the selected GPUs to free up
+MEMORY_FREE_MIB = 1024  # a GPU with less memory in use than this (and no process) counts as free
+KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL
+
+GPU_QUERY = "nvidia-smi --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits"
+APPS_QUERY = "nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits"
+MARK = "@@orch-gpu"
+ACTIVE = (Status.PREPARING, Status.LAUNCHING, Status.RUNNING)
+
+# Start time (field 22 of /proc/PID/stat, cut after the command name's ")"), as launch records it.
+_START = "sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f20"
+# The same, empty for a zombie, so a process killed but not yet reaped counts as gone.
+_LIVE_START = "sed -n 's/.*) [^Z] //p' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f19"
+
+# Sections: gpus, apps, procs (pid pgid user args), starts (pid start, for each pid and group leader).
+SNAPSHOT_SCRIPT = f"""\
+command -v nvidia-smi >/dev/null 2>&1 || {{ echo "{MARK} none"; exit 0; }}
+gpus=$({GPU_QUERY} 2>&1) || {{ echo "{MARK} error"; printf '%s\\n' "$gpus"; exit 0; }}
+apps=$({APPS_QUERY} 2>&1) || {{ echo "{MARK} error"; printf '%s\\n' "$apps"; exit 0; }}
+pids=$(printf '%s\\n' "$apps" | cut -d, -f1 | grep -E '^[0-9]+$' | sort -un | paste -sd, -)
+procs=
+[ -n "$pids" ] && procs=$(ps -ww -o pid=,pgid=,user:32=,args= -p "$pids" 2>/dev/null)
+echo "{MARK} gpus"; printf '%s\\n' "$gpus"
+echo "{MARK} apps"; printf '%s\\n' "$apps"
+echo "{MARK} procs"; printf '%s\\n' "$procs"
+echo "{MARK} starts"
+for p in $(printf '%s\\n' "$procs" | awk '{{print $1; print $2}}' | sort -un); do
+  s=$({_START}); [ -n "$s" ] && echo "$p $s"
+done
+echo "{MARK} end"
+"""
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    gpu_index: int
+    used_memory_mib: int | None
+    user: str | None  # None: not visible on the host (e.g. nvidia-smi inside a container shows host pids)
+    command: str | None
+    pgid: int | None
+    run_id: int | None = None  # the orch run the process belongs to, filled by `attribute`
+    start: str | None = None  # start time of the pid, so a kill never hits a reused pid
+    group_start: str | None = None  # start time of the process-group leader (None: the leader is gone)
+
+
+@dataclass
+class Gpu:
+    index: int
+    uuid: str
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+    utilization_pct: int | None
+    processes: list[GpuProcess] = field(default_factory=list)
+
+
+@dataclass
+class GpuSnapshot:
+    host: str
+    gpus: list[Gpu]
+    taken_at: float = field(default_factory=time.time)
+
+    def processes(self, indices: Iterable[int] | None = None) -> list[GpuProcess]:
+        wanted = None if indices is None else set(indices)
+        return [p for g in self.gpus if wanted is None or g.index in wanted for p in g.processes]
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+
+def snapshot(transport: Transport) -> GpuSnapshot | None:
+    """The host's GPUs and what holds them; None when the host has no nvidia-smi (a CPU host)."""
+    out = transport.run(SNAPSHOT_SCRIPT, timeout=60).stdout
+    return parse_snapshot(transport.host.name, out)
+
+
+def parse_snapshot(host: str, text: str) -> GpuSnapshot | None:
+    sections = _sections(text)
+    if "none" in sections:
+        return None
+    if "error" in sections:
+        detail = " ".join(line.strip() for line in sections["error"] if line.strip())
+        raise OrchError(f"{host}: nvidia-smi failed: {detail[:300] or 'no output'}")
+    if "end" not in sections:
+        raise OrchError(f"{host}: unexpected answer while reading GPUs: {text[:200]!r}")
+    gpus = parse_gpus(sections["gpus"])
+    procs = {pid: (pgid, user, command) for pid, pgid, user, command in _parse_ps(sections["procs"])}
+    starts = dict(_parse_starts(sections["starts"]))
+    by_uuid = {g.uuid: g for g in gpus}
+    for pid, uuid, used in parse_apps(sections["apps"]):
+        gpu = by_uuid.get(uuid)
+        if gpu is None:  # not one of the GPUs listed a moment earlier; nothing to attach it to
+            continue
+        pgid, user, command = procs.get(pid) or (None, None, None)
+        gpu.processes.append(GpuProcess(
+            pid, gpu.index, used, user, command, pgid,
+            start=starts.get(pid), group_start=starts.get(pgid) if pgid is not None else None,
+        ))
+    return GpuSnapshot(host, gpus)
+
+
+def _sections(text: str) -> dict[str, list[str]]:
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith(MARK + " "):
+            current = sections.setdefault(line[len(MARK) + 1:].strip(), [])
+        elif current is not None:
+            current.append(line)
+    return sections
+
+
+def value(text: str) -> int | None:
+    """A numeric CSV cell; bracketed values such as `[N/A]` or `[Not Supported]` are None."""
+    text = text.strip()
+    if not text or text.startswith("["):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return int(float(text))
+        except ValueError:
+            return None
+
+
+def _rows(lines: Iterable[str], width: int) -> Iterable[list[str]]:
+    for line in lines:
+        cells = [c.strip() for c in line.split(", ")]
+        if line.strip() and len(cells) == width:
+            yield cells
+
+
+def parse_gpus(lines: Iterable[str]) -> list[Gpu]:
+    """Rows of `--query-gpu=index,uuid,memory.used,memory.total,utilization.gpu` (noheader, nounits)."""
+    gpus = []
+    for index, uuid, used, total, util in _rows(lines, 5):
+        idx = value(index)
+        if idx is not None:
+            gpus.append(Gpu(idx, uuid, value(used), value(total), value(util)))
+    return sorted(gpus, key=lambda g: g.index)
+
+
+def parse_apps(lines: Iterable[str]) -> list[tuple[int, str, int | None]]:
+    """Rows of `--query-compute-apps=pid,gpu_uuid,used_memory`; no output at all means no processes."""
+    apps = []
+    for pid, uuid, used in _rows(lines, 3):
+        p = value(pid)
+        if p is not None:
+            apps.append((p, uuid, value(used)))
+    return apps
+
+
+def _parse_ps(lines: Iterable[str]) -> Iterable[tuple[int, int | None, str, str]]:
+    for line in lines:
+        parts = line.split(None, 3)
+        if len(parts) >= 3 and parts[0].isdigit():
+            yield int(parts[0]), value(parts[1]), parts[2], parts[3] if len(parts) > 3 else ""
+
+
+def _parse_starts(lines: Iterable[str]) -> Iterable[tuple[int, str]]:
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit():
+            yield int(parts[0]), parts[1]
+
+
+def attribute(snap: GpuSnapshot, store: Store, host_name: str) -> GpuSnapshot:
+    """Fill each process's run_id from the active runs on that host (in place; returns the snapshot)."""
+    runs = [r for r in store.list_runs(statuses=[s.value for s in ACTIVE], limit=100_000)
+            if r["host"] == host_name and r["pid"]]
+    for proc in snap.processes():
+        candidates = [r for r in runs if proc.pgid is not None and int(r["pid"]) == proc.pgid]
+        # A leader that is gone cannot be checked, but its pid cannot be reused while its group lives on.
+        owners = [r for r in candidates
+                  if proc.group_start is None or r["pid_start"] is None or r["pid_start"] == proc.group_start]
+        if owners:
+            proc.run_id = int(owners[0]["id"])  # newest first
+    return snap
+
+
+def snapshot_to_dict(snap: GpuSnapshot | None) -> dict[str, Any] | None:
+    return None if snap is None else asdict(snap)
+
+
+def snapshots(hosts: Iterable[Host], store: Store | None = None) -> dict[str, GpuSnapshot | None | OrchError]:
+    """A snapshot per host, read in parallel; one host's failure is its entry, never the others'."""
+    hosts = list(hosts)
+
+    def one(host: Host) -> GpuSnapshot | None | OrchError:
+        try:
+            return snapshot(connect(host))
+        except OrchError as exc:
+            return exc
+
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
+        results = dict(zip((h.name for h in hosts), pool.map(one, hosts)))
+    if store is not None:  # in this thread: the store's connection is not shared across threads
+        for name, snap in results.items():
+            if isinstance(snap, GpuSnapshot):
+                attribute(snap, store, name)
+    return results
+
+
+# --- showing ---------------------------------------------------------------------------------------
+
+
+def _mib(v: int | None) -> str:
+    return "?" if v is None else str(v)
+
+
+def describe_process(p: GpuProcess, width: int = 80) -> str:
+    command = p.command or "command unknown: not visible on the host"
+    if len(command) > width:
+        command = command[: width - 1] + "…"
+    owner = f"run {p.run_id}" if p.run_id is not None else (p.user or "?")
+    return f"pid {p.pid} [{owner}] {command} ({_mib(p.used_memory_mib)} MiB)"
+
+
+def render_table(snapshots_by_host: Mapping[str, GpuSnapshot | None | Exception]) -> Table:
+    """`orch gpus`: per GPU its memory, utilisation and processes; processes of orch runs show the run id."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table("host", "gpu", "memory MiB", "util", "processes")
+    for host, snap in snapshots_by_host.items():
+        if isinstance(snap, Exception):
+            table.add_row(host, "", "", "", f"[red]error: {escape(str(snap))}[/red]")
+        elif snap is None:
+            table.add_row(host, "-", "", "", "CPU host (no nvidia-smi)")
+        elif not snap.gpus:
+            table.add_row(host, "-", "", "", "no GPUs reported")
+        else:
+            for g in snap.gpus:
+                util = "?" if g.utilization_pct is None else f"{g.utilization_pct}%"
+                procs = "\n".join(escape(describe_process(p)) for p in g.processes) or "-"
+                memory = f"{_mib(g.memory_used_mib)} / {_mib(g.memory_total_mib)}"
+                table.add_row(host, str(g.index), memory, util, procs)
+    return table
+
+
+# --- cleanup before a launch -----------------------------------------------------------------------
+
+
+def _setting(ctx: RunContext, name: str, default: float) -> float:
+    value = getattr(ctx.spec, name, None)
+    return default if value is None else value
+
+
+def _indices(indices: Iterable[int]) -> str:
+    return ",".join(str(i) for i in indices)
+
+
+def selected_gpus(snap: GpuSnapshot, wanted: list[int] | None) -> list[int]:
+    """The spec's GPUs (checked against the host's) or, by default, every GPU the host reports."""
+    have = [g.index for g in snap.gpus]
+    if wanted is None:
+        return have
+    missing = [i for i in wanted if i not in have]
+    if missing:
+        raise OrchError(
+            f"{snap.host}: no GPU {_indices(missing)} on this host (it has {_indices(have) or 'none'})"
+        )
+    return list(wanted)
+
+
+def cleanup_step(ctx: RunContext, *, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Free the GPUs the run needs: stop stale orch runs on them, refuse (or kill) foreign processes,
+    wait until they are empty, and point CUDA_VISIBLE_DEVICES at them."""
+    snap = snapshot(ctx.transport)
+    if snap is None:
+        ctx.event("gpu", "no nvidia-smi: CPU host")
+        if ctx.spec.gpus is not None:
+            ctx.env["CUDA_VISIBLE_DEVICES"] = _indices(ctx.spec.gpus)
+        return
+    attribute(snap, ctx.store, ctx.host.name)
+    selected = selected_gpus(snap, ctx.spec.gpus)
+    ctx.event("gpu", f"before cleanup of GPUs {_indices(selected) or 'none'}", snapshot_to_dict(snap))
+    holders = snap.processes(selected)
+    foreign = [p for p in holders if p.run_id is None]
+    if foreign and not ctx.spec.kill_foreign:
+        raise OrchError(
+            f"GPUs held by processes orch did not start: {_foreign_list(foreign)}; "
+            "stop them, choose other GPUs (gpus = [...]) or set kill_foreign = true"
+        )
+    grace = _setting(ctx, "kill_grace_s", KILL_GRACE_S)
+    for run_id in sorted({p.run_id for p in holders if p.run_id is not None}):
+        _stop_run(ctx, run_id, [p for p in holders if p.run_id == run_id], selected, grace)
+    if foreign:
+        outcome = kill_pids(ctx.transport, _unique(foreign), grace)
+        ctx.event("gpu", f"killed foreign processes ({outcome}): {_foreign_list(foreign)}")
+    after = wait_until_free(
+        ctx.transport, selected,
+        memory_free_mib=int(_setting(ctx, "memory_free_mib", MEMORY_FREE_MIB)),
+        timeout_s=_setting(ctx, "cleanup_timeout_s", CLEANUP_TIMEOUT_S),
+        sleep=sleep,
+    )
+    ctx.event("gpu", f"GPUs {_indices(selected) or 'none'} free", snapshot_to_dict(after))
+    if selected:
+        ctx.env["CUDA_VISIBLE_DEVICES"] = _indices(selected)
+
+
+def _unique(procs: list[GpuProcess]) -> list[GpuProcess]:
+    """One entry per pid (a process on several GPUs has a row for each)."""
+    return list({p.pid: p for p in procs}.values())
+
+
+def _foreign_list(procs: list[GpuProcess]) -> str:
+    gpus: dict[int, list[int]] = {}
+    for p in procs:
+        gpus.setdefault(p.pid, []).append(p.gpu_index)
+    parts = []
+    for p in _unique(procs):
+        command = p.command or "command unknown: not visible on the host"
+        where = "GPU" + ("s " if len(gpus[p.pid]) > 1 else " ") + _indices(gpus[p.pid])
+        parts.append(f"pid {p.pid} ({command[:120]}) on {where}")
+    return ", ".join(parts)
+
+
+def _stop_run(ctx: RunContext, run_id: int, procs: list[GpuProcess], selected: list[int],
+              grace: float) -> None:
+    """Cancel an earlier run first, so its watcher sees a decision rather than a mysterious death."""
+    reason = f"stopped by run {ctx.run_id} to free GPUs {_indices(selected)}"
+    try:
+        transition(ctx.store, run_id, Status.CANCELLED, reason)
+    except TransitionError:
+        pass  # it ended on its own meanwhile; its processes are still on the GPUs, so stop them anyway
+    run = ctx.store.get_run(run_id)
+    outcome = "gone"
+    if run["pid"] and run["pid_start"]:
+        outcome = launch.kill(ctx.transport, int(run["pid"]), str(run["pid_start"]), grace)
+    if outcome == "gone":  # the group leader is gone but these members live on: stop them one by one
+        outcome = kill_pids(ctx.transport, _unique(procs), grace)
+    ctx.event("gpu", f"stopped run {run_id} ({outcome}): {reason}")
+
+
+def kill_pids_command(procs: list[GpuProcess], grace_s: float) -> str:
+    """SIGTERM each process still alive with the start time seen in the snapshot, wait, then SIGKILL."""
+    steps = max(1, int(grace_s * 10))
+    pairs = " ".join(f"{int(p.pid)}:{quote(p.start or 'unknown')}" for p in procs)
+    live = _LIVE_START.format(pid="${x%%:*}")
+    return (
+        f"alive() {{ for x in {pairs}; do [ \"$({live})\" = \"${{x#*:}}\" ] && echo \"${{x%%:*}}\"; done; }}\n"
+        'pids=$(alive); [ -z "$pids" ] && { echo gone; exit 0; }\n'
+        "kill -TERM $pids 2>/dev/null\n"
+        f'for _ in $(seq {steps}); do sleep 0.1; [ -z "$(alive)" ] && {{ echo stopped; exit 0; }}; done\n'
+        "pids=$(alive); [ -n \"$pids\" ] && kill -KILL $pids 2>/dev/null; echo killed\n"
+    )
+
+
+def kill_pids(transport: Transport, procs: list[GpuProcess], grace_s: float = KILL_GRACE_S) -> str:
+    """Stop processes by pid: SIGTERM, a grace period, then SIGKILL. Returns 'gone'|'stopped'|'killed'."""
+    if not procs:
+        return "gone"
+    return transport.run(kill_pids_command(procs, grace_s), timeout=grace_s + 30).stdout.strip()
+
+
+def busy_gpus(snap: GpuSnapshot, selected: Iterable[int], memory_free_mib: int) -> dict[int, str]:
+    """For each selected GPU that is not free, why: its processes, or memory still in use."""
+    busy = {}
+    for g in snap.gpus:
+        if g.index not in selected:
+            continue
+        if g.processes:
+            busy[g.index] = "; ".join(describe_process(p) for p in g.processes)
+        elif g.memory_used_mib is not None and g.memory_used_mib >= memory_free_mib:
+            busy[g.index] = f"{g.memory_used_mib} MiB in use and no process listed"
+    return busy
+
+
+class stop_after_sleeping(stop_base):
+    """Stop once the sleeps between attempts add up to `seconds`: the timeout as an injected sleep sees it."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return retry_state.idle_for >= self.seconds
+
+
+def gpu_free_retry(timeout_s: float, sleep: Callable[[float], None] = time.sleep) -> tenacity.Retrying:
+    """The policy for waiting on GPUs to free: backoff from 0.5 s to 10 s, for at most `timeout_s`.
+
+    Retries while the attempt returns (snapshot, busy) with something busy; when time runs out the last
+    such result is returned rather than raised, so the caller can say what is still busy.
+    """
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_result(lambda result: bool(result[1])),
+        stop=tenacity.stop_after_delay(timeout_s) | stop_after_sleeping(timeout_s),
+        wait=tenacity.wait_exponential(multiplier=0.5, max=10),
+        sleep=sleep,
+        retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
+    )
+
+
+def wait_until_free(transport: Transport, selected: list[int], *, memory_free_mib: int = MEMORY_FREE_MIB,
+                    timeout_s: float = CLEANUP_TIMEOUT_S,
+                    sleep: Callable[[float], None] = time.sleep) -> GpuSnapshot:
+    """Poll until every selected GPU has no compute process and little memory in use; the last snapshot."""
+
+    def check() -> tuple[GpuSnapshot, dict[int, str]]:
+        snap = snapshot(transport)
+        if snap is None:
+            raise OrchError(f"{transport.host.name}: nvidia-smi disappeared while waiting for GPUs")
+        return snap, busy_gpus(snap, selected, memory_free_mib)
+
+    snap, busy = gpu_free_retry(timeout_s, sleep)(check)
+    if busy:
+        word = "GPUs" if len(busy) > 1 else "GPU"
+        details = "; ".join(f"GPU {i}: {why}" for i, why in sorted(busy.items()))
+        raise OrchError(f"{word} {_indices(sorted(busy))} still busy after {timeout_s:g} s: {details}")
+    return snap
+
+
+__all__ = [
+    "Gpu",
+    "GpuProcess",
+    "GpuSnapshot",
+    "attribute",
+    "cleanup_step",
+    "kill_pids",
+    "parse_snapshot",
+    "render_table",
+    "snapshot",
+    "snapshot_to_dict",
+    "snapshots",
+    "wait_until_free",
+]

@@ -1,0 +1,39 @@
+"""HF transformers jobs and any other program: only progress bars tell the phase."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import Rule
+
+NAME = "generic"
+TRANSFORMERS = "transformers"
+
+# Transformers' shard bar, or a warning from inside the library.
+DETECT_TRANSFORMERS = re.compile(r"Loading checkpoint shards|transformers/|transformers\.")
+
+RULES: list[Rule] = []
+
+# Bars that mean the same in every engine.
+_LOADING_BAR = re.compile(r"checkpoint shards|loading shards|^Loading (?:weights|model)", re.IGNORECASE)
+_CAPTURING_BAR = re.compile(r"^Capturing")
+
+
+def metrics(text: str) -> list[tuple[str, float]]:
+    return []
+
+
+def line_phase(text: str) -> str | None:
+    return None
+
+
+def common_bar_phase(label: str) -> str | None:
+    if _LOADING_BAR.search(label):
+        return "loading"
+    if _CAPTURING_BAR.match(label):
+        return "capturing"
+    return None
+
+
+def bar_phase(label: str) -> str | None:
+    return "running"

@@ -1,0 +1,344 @@
+"""LogParser: raw log bytes in; engine, phase, progress, error and metrics out; resumable from a dict."""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from . import generic, sglang, speculators, vllm
+from .errors import COMMON_RULES, HARMLESS, LogError, classify, merge
+from .text import Line, LineSplitter, clean
+from .tqdm import Progress, has_total, match_bar_at, progress_of, redraw_run, search_bar
+from .traceback import HEADER, ExceptionEnd, TracebackTracker
+
+PHASES = ("starting", "loading", "capturing", "ready", "running", "finished", "failed")
+
+STATE_VERSION = 1
+CONTEXT_BEFORE = 20  # lines kept before an error: enough for the end of a traceback
+CONTEXT_AFTER = 5
+CONTEXT_LINE_CHARS = 500
+MESSAGE_CHARS = 2000
+# A tentative error this many lines old is unrelated to a new one.
+STALE_LINES = 200
+_MAX_BAR_PREFIX = 1000  # a longer label is no tqdm desc worth remembering
+
+# Most specific first: an engine may only be replaced by one earlier in this list.
+_DETECTION = [
+    ("speculators", speculators.DETECT),
+    ("sglang", sglang.DETECT),
+    ("vllm", vllm.DETECT),
+    ("transformers", generic.DETECT_TRANSFORMERS),
+]
+_MODULES: dict[str | None, ModuleType] = {
+    "sglang": sglang,
+    "vllm": vllm,
+    "speculators": speculators,
+    "transformers": generic,
+    "generic": generic,
+}
+# Markers are distinctive enough to be looked for whatever the engine.
+_RULES = COMMON_RULES + sglang.RULES + vllm.RULES + speculators.RULES
+_ANY_RULE = re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES))
+_METRIC_SOURCES = (sglang.metrics, vllm.metrics)
+_HEALTHY_METRICS = {"gen_throughput"}
+_QUIET_LEVELS = {"DEBUG", "INFO", "WARNING"}
+_SGLANG_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]]*\] ")
+
+
+def _plain_prefix(prefix: str, with_total: bool) -> bool:
+    """Whether lines starting with this bar label reach the parser unchanged by clean(), so runs of
+    them may be taken as raw bytes."""
+    if prefix[:1] in ("(", "[") or " - " in prefix or "\x1b" in prefix or (not with_total and "%" in prefix):
+        return False
+    return not prefix.lstrip().startswith(("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
+
+
+@dataclass
+class Metric:
+    name: str
+    value: float
+    line: int
+
+
+class LogParser:
+    """Follows one log as it grows. Feed it bytes in any chunks; the state depends only on the bytes."""
+
+    def __init__(self, engine: str | None = None, ready_pattern: str | None = None) -> None:
+        self.engine: str | None = engine
+        self.auto_engine = engine is None
+        self.ready_pattern = ready_pattern
+        self._ready_re = re.compile(ready_pattern) if ready_pattern else None
+        self.phase = "starting"
+        self._progress: Progress | None = None
+        self._pending: re.Match[str] | None = None  # latest redraw, turned into Progress when asked for
+        # The last bar, so its redraws are recognised cheaply: [text before it, has a total, engine, phase].
+        self._bar: list[Any] | None = None
+        self._partial: tuple[bytes, Progress | None] | None = None  # parsed unfinished line, by identity
+        self._run_re: tuple[str, bool, re.Pattern[bytes]] | None = None  # compiled for self._bar
+        self.error: LogError | None = None
+        self.metrics: dict[str, float] = {}
+        self.lines = 0
+        self._splitter = LineSplitter()
+        self._tracebacks = TracebackTracker()
+        self._recent: deque[str] = deque(maxlen=CONTEXT_BEFORE)
+        self._error_after = 0  # lines still to add after the error to its context
+        self._error_progress: list[Any] | None = None  # [label, done] when the error was seen
+
+    # ---- input ----------------------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> list[Metric]:
+        """Consume the next bytes of the log; return the metric samples of the lines they complete."""
+        found: list[Metric] = []
+        for raw, by_cr in self._splitter.feed(data, self._skip_redraws):
+            self._line(raw, by_cr, found)
+        return found
+
+    def finish(self) -> list[Metric]:
+        """End of the log: a trailing partial line counts as complete."""
+        found: list[Metric] = []
+        for raw, by_cr in self._splitter.finish():
+            self._line(raw, by_cr, found)
+        if self.engine is None:
+            self.engine = "generic"
+        return found
+
+    # ---- one line -------------------------------------------------------------------------------
+
+    @property
+    def progress(self) -> Progress | None:
+        """Latest progress bar, including the one being drawn now (tqdm's current line is unfinished)."""
+        return self._partial_bar() or self._last_bar()
+
+    def _last_bar(self) -> Progress | None:
+        if self._pending is not None:
+            self._progress = progress_of(self._pending)
+            self._pending = None
+        return self._progress
+
+    def _partial_bar(self) -> Progress | None:
+        buf = self._splitter.buf
+        if not buf or b"[" not in buf:
+            return None
+        if self._partial is None or self._partial[0] is not buf:
+            text = clean(buf.decode("utf-8", "replace")).text
+            m = search_bar(text)
+            self._partial = (buf, progress_of(m) if m is not None and not text[m.end():].strip() else None)
+        return self._partial[1]
+
+    def _line(self, raw: bytes, by_cr: bool, found: list[Metric]) -> None:
+        line = clean(raw.decode("utf-8", "replace"))
+        text = line.text
+        if by_cr and (not text or text.isspace()):
+            return  # what sits in front of a tqdm redraw's '\r': no line of its own
+        self.lines += 1
+        if not self._redraw(line):
+            self._other(line, found)
+        if self._ready_re is not None and self._ready_re.search(line.raw):
+            self._set_phase("ready")
+        self._remember(line.raw)
+
+    def _redraw(self, line: Line) -> bool:
+        """Take a line that only redraws the last bar: a 100 MB run of them must go fast."""
+        bar = self._bar
+        err = self.error
+        text = line.text
+        if bar is None or bar[2] != self.engine or line.level or (err is not None and not err.fatal):
+            return False
+        if not text.startswith(bar[0]) or (not bar[1] and "%" in text):
+            return False
+        m = match_bar_at(text, len(bar[0]), bar[1])
+        if m is None:
+            return False
+        self._pending = m
+        if bar[3] is not None:
+            self._set_phase(bar[3])
+        if self._tracebacks.open:
+            self._tracebacks.feed(line.source, text)
+        return True
+
+    def _skip_redraws(self, data: bytes, start: int, end: int) -> int:
+        """Take a run of lines that only redraw the last bar at C speed; same effect as one by one."""
+        bar = self._bar
+        tentative = self.error is not None and not self.error.fatal
+        if (bar is None or not bar[4] or bar[2] != self.engine or self._ready_re is not None
+                or self._tracebacks.open or self._error_after or tentative):
+            return start
+        prefix, with_total = bar[0], bar[1]
+        if not data.startswith(prefix.encode(), start):
+            return start
+        if self._run_re is None or self._run_re[:2] != (prefix, with_total):
+            self._run_re = (prefix, with_total, redraw_run(prefix, with_total))
+        m = self._run_re[2].match(data, start, end)
+        if m is None:
+            return start
+        stop = m.end()
+        # The last CONTEXT_BEFORE lines of the run are all that outlives it.
+        tail: list[str] = []
+        cut = stop - 1
+        while len(tail) < CONTEXT_BEFORE and cut > start:
+            begin = data.rfind(b"\r", start, cut) + 1 or start
+            tail.append(data[begin:cut].decode("utf-8", "replace"))
+            cut = begin - 1
+        last = match_bar_at(tail[0], len(prefix), with_total)
+        if last is None:
+            return start
+        self.lines += data.count(b"\r", start, stop)
+        self._pending = last
+        if bar[3] is not None:
+            self._set_phase(bar[3])
+        self._recent.extend(t[:CONTEXT_LINE_CHARS] for t in reversed(tail))
+        return stop
+
+    def _other(self, line: Line, found: list[Metric]) -> None:
+        text = line.text
+        m = search_bar(text)
+        pure_bar = m is not None and not text[m.end():].strip()
+        if self.auto_engine:
+            self._detect(text[:m.start()] if m is not None and pure_bar else text)
+        if m is not None:
+            self._on_progress(m, pure_bar)
+        if line.level in _QUIET_LEVELS:
+            self._on_plain(line, found, errors=False)
+        elif pure_bar:
+            # A bar line carries nothing else, but it ends any traceback it interrupts.
+            self._tracebacks.feed(line.source, text)
+        else:
+            self._on_plain(line, found, errors=True)
+
+    def _on_plain(self, line: Line, found: list[Metric], errors: bool) -> None:
+        text = line.text
+        for source in _METRIC_SOURCES:
+            for name, value in source(text):
+                self.metrics[name] = value
+                found.append(Metric(name, value, self.lines))
+                if name in _HEALTHY_METRICS:
+                    self._healthy()
+        phase = _MODULES.get(self.engine, generic).line_phase(text)
+        if phase is not None:
+            if phase in ("ready", "running", "finished"):
+                self._healthy()
+            self._set_phase(phase)
+        if errors:
+            self._find_error(line)
+
+    def _find_error(self, line: Line) -> None:
+        text = line.text
+        event = self._tracebacks.feed(line.source, text)
+        if event == "frame":
+            return  # source lines quoted in a traceback are code, not messages
+        if isinstance(event, ExceptionEnd):
+            kind, fatal = classify(f"{event.exception}: {event.message}", _RULES) or ("exception", False)
+            self._raise(LogError(kind, event.exception, event.message[:MESSAGE_CHARS], self.lines,
+                                 self._context(line.raw), fatal), event.chained)
+            return
+        if not _ANY_RULE.search(text) or HARMLESS.search(text):
+            return
+        found = classify(text, _RULES)
+        if found is not None:
+            message = _SGLANG_PREFIX.sub("", text).strip()
+            if event == "start":
+                message = message.replace(HEADER, "").rstrip(" :")
+            self._raise(LogError(found[0], None, message[:MESSAGE_CHARS], self.lines,
+                                 self._context(line.raw), found[1]), False)
+
+    # ---- state changes --------------------------------------------------------------------------
+
+    def _detect(self, text: str) -> None:
+        for name, pattern in _DETECTION:
+            if name == self.engine:
+                return  # only a more specific engine may take over
+            if pattern.search(text):
+                self.engine = name
+                return
+
+    def _on_progress(self, m: re.Match[str], pure_bar: bool) -> None:
+        progress = progress_of(m)
+        err = self.error
+        if err is not None and not err.fatal and progress.done > 0:
+            if self._error_progress != [progress.label, progress.done]:
+                self._healthy()
+        self._progress, self._pending = progress, None
+        module = _MODULES.get(self.engine, generic)
+        phase = generic.common_bar_phase(progress.label) or module.bar_phase(progress.label)
+        if phase is not None:
+            self._set_phase(phase)
+        if pure_bar and m.start() <= _MAX_BAR_PREFIX:
+            prefix = m.string[:m.start()]
+            self._bar = [prefix, has_total(m), self.engine, phase, _plain_prefix(prefix, has_total(m))]
+
+    def _healthy(self) -> None:
+        """Work goes on after a traceback: it did not kill the job."""
+        if self.error is not None and not self.error.fatal:
+            self.error = None
+            self._error_after = 0
+            self._error_progress = None
+
+    def _set_phase(self, phase: str) -> None:
+        if self.phase == "failed" or (self.phase == "finished" and phase != "failed"):
+            return
+        self.phase = phase
+
+    def _raise(self, new: LogError, chained: bool) -> None:
+        cur = self.error
+        if cur is not None and not cur.fatal and new.line - cur.line > STALE_LINES:
+            cur = None
+        err = new if cur is None else merge(cur, new, chained)
+        if err != cur:
+            if cur is None or err.line != cur.line:
+                self._error_after = CONTEXT_AFTER
+            self.error = err
+            last = self._last_bar()
+            self._error_progress = [last.label, last.done] if last else None
+        if err.fatal:
+            self._set_phase("failed")
+
+    def _context(self, raw: str) -> list[str]:
+        return [*self._recent, raw[:CONTEXT_LINE_CHARS]]
+
+    def _remember(self, raw: str) -> None:
+        raw = raw[:CONTEXT_LINE_CHARS]
+        if self._error_after > 0 and self.error is not None and self.error.line != self.lines:
+            self.error.context.append(raw)
+            self._error_after -= 1
+        self._recent.append(raw)
+
+    # ---- persistence ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "engine": self.engine,
+            "auto_engine": self.auto_engine,
+            "ready_pattern": self.ready_pattern,
+            "phase": self.phase,
+            "progress": p.to_dict() if (p := self._last_bar()) else None,
+            "error": self.error.to_dict() if self.error else None,
+            "metrics": dict(self.metrics),
+            "lines": self.lines,
+            "bar": self._bar,
+            "splitter": self._splitter.to_dict(),
+            "tracebacks": self._tracebacks.to_dict(),
+            "recent": list(self._recent),
+            "error_after": self._error_after,
+            "error_progress": list(self._error_progress) if self._error_progress is not None else None,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "LogParser":
+        p = cls(engine=d.get("engine"), ready_pattern=d.get("ready_pattern"))
+        p.auto_engine = bool(d.get("auto_engine", p.engine is None))
+        p.phase = d.get("phase", "starting")
+        p._progress = Progress.from_dict(d["progress"]) if d.get("progress") else None
+        p._bar = d.get("bar")
+        p.error = LogError.from_dict(d["error"]) if d.get("error") else None
+        p.metrics = dict(d.get("metrics", {}))
+        p.lines = int(d.get("lines", 0))
+        p._splitter = LineSplitter.from_dict(d.get("splitter", {}))
+        p._tracebacks = TracebackTracker.from_dict(d.get("tracebacks", {}))
+        p._recent = deque(d.get("recent", []), maxlen=CONTEXT_BEFORE)
+        p._error_after = int(d.get("error_after", 0))
+        p._error_progress = d.get("error_progress")
+        return p

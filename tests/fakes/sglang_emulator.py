@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Tests-only stand-in for `python -m sglang.launch_server`: prints what SGLang 0.5.23 prints, with timing.
+
+Target (and draft) shard loading as one `\r`-redrawn bar, load/KV/graph markers, the ready line, decode
+stats; or a crash / a stall at a chosen point. Serves /health on a loopback port when --port is given
+(503 while starting, 200 once ready). `--events FILE` appends `epoch-seconds event` lines so a benchmark
+knows exactly when each thing was printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import os
+import sys
+import threading
+import time
+from datetime import datetime
+
+STATE = {"ready": False}
+
+
+def log(msg: str, tp: int | None = None) -> None:
+    now = datetime.now()
+    rank = f" TP{tp}" if tp is not None else ""
+    sys.stderr.write(f"[{now:%Y-%m-%d %H:%M:%S}{rank}] {msg}\n")
+    sys.stderr.flush()
+
+
+def mark(path: str | None, event: str) -> None:
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{time.time():.6f} {event}\n")
+
+
+def fmt(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+def shard_bar(n: int, total: int, elapsed: float) -> str:
+    rate = n / elapsed if elapsed > 0 and n else 0.0
+    remaining = (total - n) / rate if rate else None
+    rate_s = "?it/s" if not rate else (f"{rate:5.2f}it/s" if rate >= 1 else f"{1 / rate:5.2f}s/it")
+    return (f"Loading safetensors checkpoint shards: {100 * n / total:3.0f}% Completed | {n}/{total} "
+            f"[{fmt(elapsed)}<{fmt(remaining) if remaining is not None else '?'}, {rate_s}]")
+
+
+def load(args: argparse.Namespace, shards: int, cls: str, stop_at: int | None) -> None:
+    log("Load weight begin. avail mem=139.02 GB", 0)
+    t0 = time.time()
+    sys.stderr.write("\r" + shard_bar(0, shards, 0.0))
+    sys.stderr.flush()
+    for i in range(1, shards + 1):
+        time.sleep(args.shard_time)
+        if stop_at is not None and i == stop_at:
+            fail_or_stall(args)
+        # the 0.5.23 format: no newline between redraws, one long physical line
+        sys.stderr.write("\r" + shard_bar(i, shards, time.time() - t0))
+        sys.stderr.flush()
+    sys.stderr.write("\n")
+    log(f"Load weight end. elapsed={time.time() - t0:.2f} s, type={cls}, avail mem=74.51 GB, mem usage=64.51 GB.", 0)
+
+
+def fail_or_stall(args: argparse.Namespace) -> None:
+    if args.stall:
+        mark(args.events, "stall")
+        time.sleep(3600)
+    mark(args.events, "crash")
+    kind = args.crash
+    if kind == "cuda_oom":
+        exc = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a total "
+               "capacity of 139.81 GiB of which 1.02 GiB is free.")
+    elif kind == "empty":
+        exc = "TypeError"
+    else:
+        exc = "RuntimeError: expected scalar type BFloat16 but found Float"
+    tb = ("Traceback (most recent call last):\n"
+          '  File "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py", line 2950, in run_scheduler_process\n'
+          "    scheduler.event_loop_overlap()\n"
+          f"{exc}\n")
+    log(f"Scheduler hit an exception: {tb}", 0)
+    log("Received sigquit from a child process. It usually means the child failed.")
+    sys.exit(137)
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        if self.path in ("/health", "/health_generate"):
+            self.send_response(200 if STATE["ready"] else 503)
+            self.end_headers()
+        else:
+            self.send_response(404)
+            self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shards", type=int, default=64)
+    ap.add_argument("--draft-shards", type=int, default=0)
+    ap.add_argument("--shard-time", type=float, default=0.01)
+    ap.add_argument("--fail-at-shard", type=int, help="crash (or stall) while loading this shard")
+    ap.add_argument("--crash", default="exception", choices=["exception", "cuda_oom", "empty"])
+    ap.add_argument("--stall", action="store_true")
+    ap.add_argument("--capture-time", type=float, default=0.05)
+    ap.add_argument("--decode-stats", type=int, default=0, help="decode stat lines after ready")
+    ap.add_argument("--decode-interval", type=float, default=0.05)
+    ap.add_argument("--serve-after", type=float, default=0.0, help="stay up this long after the stats")
+    ap.add_argument("--crash-after-ready", type=float, help="crash this many seconds after ready")
+    ap.add_argument("--port", type=int)
+    ap.add_argument("--events")
+    args, _unknown = ap.parse_known_args()  # accept every real launch_server flag
+
+    if args.port:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Health)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    mark(args.events, "start")
+    log(f"server_args=ServerArgs(model_path='/models/target', tp_size=8, port={args.port or 30000})")
+    load(args, args.shards, "DeepseekV3ForCausalLM", args.fail_at_shard)
+    log("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1048576, K size: 30.12 GB, V size: 30.12 GB", 0)
+    log("Memory pool end. avail mem=12.13 GB", 0)
+    if args.draft_shards:
+        load(args, args.draft_shards, "LlamaForCausalLMEagle3", None)
+    log("Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem=12.10 GB", 0)
+    time.sleep(args.capture_time)
+    log("Capture target decode CUDA graph end. bs=[1, 2, 4, 8], elapsed=3.21 s, mem usage=1.10 GB, avail mem=11.00 GB.", 0)
+    log("INFO:     Uvicorn running on http://127.0.0.1:%d (Press CTRL+C to quit)" % (args.port or 30000))
+    STATE["ready"] = True
+    log("The server is fired up and ready to roll!")
+    mark(args.events, "ready")
+    for i in range(args.decode_stats):
+        time.sleep(args.decode_interval)
+        log(f"Decode batch{40 * (i + 1)}, #running-req: 8, #token: 20480, token usage: 0.02, accept len: 3.{i % 10}0, "
+            f"accept rate: 0.4{i % 10}, cuda graph: True, gen throughput (token/s): {88.8 + i:.2f}, #queue-req: 0", 0)
+    time.sleep(args.serve_after)
+    if args.crash_after_ready is not None:
+        time.sleep(args.crash_after_ready)
+        fail_or_stall(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""A job for tests: prints a tqdm-style bar like a real one (\r redraws on one line), then ends as told."""
+
+import argparse
+import os
+import sys
+import time
+
+
+def bar(label: str, n: int, total: int, elapsed: float) -> str:
+    pct = 100 * n / total
+    filled = int(10 * n / total)
+    rate = n / elapsed if elapsed > 0 else 0
+    remaining = (total - n) / rate if rate else 0
+    return (f"\r{label}: {pct:3.0f}%|{'█' * filled}{' ' * (10 - filled)}| {n}/{total} "
+            f"[00:{int(elapsed):02d}<00:{int(remaining):02d}, {rate:5.2f}it/s]")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--sleep", type=float, default=0.1)
+    ap.add_argument("--exit", type=int, default=0)
+    ap.add_argument("--crash", action="store_true", help="raise an exception after the bar")
+    ap.add_argument("--label", default="Processing")
+    ap.add_argument("--marker", help="touch this file once the bar is half way")
+    args = ap.parse_args()
+    print(f"job starting pid={os.getpid()} HOME_SET={'HOME' in os.environ}", flush=True)
+    t0 = time.time()
+    for i in range(args.steps + 1):
+        sys.stderr.write(bar(args.label, i, args.steps, time.time() - t0))
+        sys.stderr.flush()
+        if args.marker and i == args.steps // 2:
+            open(args.marker, "w").close()
+        if i < args.steps:
+            time.sleep(args.sleep)
+    sys.stderr.write("\n")
+    if args.crash:
+        raise RuntimeError("the job hit a wall at the end")
+    print("job done", flush=True)
+    sys.exit(args.exit)
+
+
+if __name__ == "__main__":
+    main()

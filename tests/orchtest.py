@@ -1,0 +1,74 @@
+"""Helpers for tests that drive the real `orch` command in a workspace of their own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+TESTS = Path(__file__).parent
+JOB = TESTS / "jobs" / "progress_job.py"
+FAST = ["--set", "poll_min=0.05", "--set", "poll_max=0.3"]
+
+
+class Orch:
+    """An `orch` workspace (ORCH_HOME) and a way to run the CLI in it as a separate process."""
+
+    def __init__(self, root: Path, hosts_toml: str = ""):
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "hosts.toml").write_text(hosts_toml)
+        self.env = {**os.environ, "ORCH_HOME": str(root), "COLUMNS": "200"}
+
+    def __call__(self, *args: str, timeout: float = 120, check: int | None = None) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *args],
+            env=self.env, capture_output=True, text=True, timeout=timeout,
+        )
+        if check is not None:
+            assert proc.returncode == check, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        return proc
+
+    def spawn(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", *args],
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    def status(self, run_id: int | None = None) -> Any:
+        args = ["status", "--json"] + ([str(run_id)] if run_id is not None else [])
+        return json.loads(self(*args, check=0).stdout)
+
+    def wait_for(self, run_id: int, predicate: Any, timeout: float = 60) -> dict:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            doc = self.status(run_id)
+            if predicate(doc):
+                return doc
+            time.sleep(0.1)
+        raise AssertionError(f"run {run_id} never reached the expected state: {doc}")
+
+    @property
+    def db(self) -> Path:
+        return self.root / "runs" / "orch.db"
+
+
+def fleet_toml(fleet: Any, **overrides: Any) -> str:
+    return fleet.hosts_toml(**overrides)
+
+
+def job_cmd(*args: str) -> str:
+    """A `cmd=` value running the test job with this interpreter (paths quoted for bash)."""
+    import shlex
+
+    return "cmd=" + " ".join(shlex.quote(a) for a in (sys.executable, str(JOB), *args))
+
+
+def kill_controller(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)

@@ -1,0 +1,412 @@
+"""GPU hygiene against real processes, with the tests-only `nvidia-smi` stand-in (tests/fakes) on PATH."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from orchestrator import gpu, launch
+from orchestrator.errors import OrchError
+from orchestrator.hosts import local_host
+from orchestrator.launch import RunPaths
+from orchestrator.lifecycle import Status, transition
+from orchestrator.playbook import RunContext
+from orchestrator.remote import connect
+from orchestrator.spec import RunSpec
+from orchestrator.store import Store
+from orchestrator.workspace import Workspace
+
+FAKES = Path(__file__).resolve().parent / "fakes"
+NO_SLEEP = lambda s: None
+
+
+class FastSpec(RunSpec):
+    """A playbook spec overriding the cleanup timings, as a real playbook may."""
+
+    cleanup_timeout_s: float = 20
+    kill_grace_s: float = 0.5
+
+
+# --- fixtures and helpers --------------------------------------------------------------------------
+
+
+def alive(pid: int) -> bool:
+    """Alive and not a zombie (nothing may reap orphans in a container)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_for(predicate: Any, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+class FakeGpus:
+    """Writes the stand-in's state file."""
+
+    def __init__(self, path: Path, count: int = 2):
+        self.path = path
+        self.state: dict[str, Any] = {
+            "gpus": [
+                {"index": i, "uuid": f"GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e9{i}", "memory_total": 143771,
+                 "utilization": 0}
+                for i in range(count)
+            ],
+            "processes": [],
+        }
+        self.save()
+
+    def save(self) -> None:
+        self.path.write_text(json.dumps(self.state))
+
+    def add(self, pid: int, gpu_index: int, used_memory: int = 20000) -> None:
+        self.state["processes"].append({"pid": pid, "gpu": gpu_index, "used_memory": used_memory})
+        self.save()
+
+    def set_gpu(self, index: int, **fields: Any) -> None:
+        self.state["gpus"][index].update(fields)
+        self.save()
+
+
+@pytest.fixture
+def fake_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeGpus:
+    assert os.access(FAKES / "nvidia-smi", os.X_OK), "tests/fakes/nvidia-smi must be executable"
+    monkeypatch.setenv("PATH", f"{FAKES}{os.pathsep}{os.environ['PATH']}")
+    fake = FakeGpus(tmp_path / "gpu-state.json")
+    monkeypatch.setenv("ORCH_FAKE_GPU_STATE", str(fake.path))
+    return fake
+
+
+@pytest.fixture
+def no_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PATH without any nvidia-smi, real or stand-in."""
+    dirs = [d for d in os.environ["PATH"].split(os.pathsep) if d and not (Path(d) / "nvidia-smi").exists()]
+    monkeypatch.setenv("PATH", os.pathsep.join(dirs))
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Workspace:
+    return Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
+
+
+@pytest.fixture
+def store(ws: Workspace) -> Iterator[Store]:
+    s = Store(ws.db_path)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen]]:
+    """Foreign processes a test starts; whatever is left is killed at the end."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def foreign(procs: list[subprocess.Popen], *argv: str) -> subprocess.Popen:
+    p = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    procs.append(p)
+    return p
+
+
+def context(ws: Workspace, store: Store, spec: RunSpec) -> RunContext:
+    """The run being started: preparing, as the playbook has it when cleanup runs."""
+    host = local_host(ws.root)
+    run_id = store.create_run("test", host.name, spec.model_dump(mode="json"))
+    transition(store, run_id, Status.PREPARING)
+    transport = connect(host)
+    return RunContext(ws, store, host, transport, run_id, spec, RunPaths.for_run(str(ws.root), run_id))
+
+
+class OrchJobs:
+    """Real jobs started the way orch starts them; whatever is left is stopped at the end of the test."""
+
+    def __init__(self, ws: Workspace, store: Store):
+        self.ws, self.store = ws, store
+        self.started: list[tuple[int, str]] = []
+
+    def start(self, body: str) -> tuple[int, int, int]:
+        """A job recorded as a running run. Returns (run id, wrapper pid, the job's own pid, which is
+        what holds the GPU)."""
+        host = local_host(self.ws.root)
+        run_id = self.store.create_run("test", host.name, {})
+        paths = RunPaths.for_run(str(self.ws.root), run_id)
+        transition(self.store, run_id, Status.PREPARING)
+        transition(self.store, run_id, Status.LAUNCHING)
+        script = launch.job_script(f"echo $$ > job.pid\n{body}", {}, None)
+        pid, start = launch.launch(connect(host), paths, script, f"test-{run_id}")
+        self.started.append((pid, start))
+        transition(self.store, run_id, Status.RUNNING, f"pid {pid}", pid=pid, pid_start=start)
+        job_pid_file = Path(paths.root) / "job.pid"
+        wait_for(lambda: job_pid_file.exists() and job_pid_file.read_text().strip())
+        return run_id, pid, int(job_pid_file.read_text())
+
+    def stop_all(self) -> None:
+        for pid, start in self.started:
+            launch.kill(connect(local_host(self.ws.root)), pid, start, 0.2)
+
+
+@pytest.fixture
+def orch_jobs(ws: Workspace, store: Store) -> Iterator[OrchJobs]:
+    jobs = OrchJobs(ws, store)
+    yield jobs
+    jobs.stop_all()
+
+
+def gpu_events(store: Store, run_id: int) -> list[dict[str, Any]]:
+    return [e for e in store.events(run_id) if e["kind"] == "gpu"]
+
+
+# --- parsing the real formats ----------------------------------------------------------------------
+
+REAL = """\
+@@orch-gpu gpus
+0, GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90, 105851, 143771, 100
+1, GPU-7f1c2d3e-0000-1111-2222-333344445555, [N/A], 143771, [Not Supported]
+@@orch-gpu apps
+4242, GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90, 105840
+4243, GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90, [N/A]
+@@orch-gpu procs
+   4242    4200 alice    python -m sglang.launch_server --model-path /models/llama --tp 8
+@@orch-gpu starts
+4200 123456
+4242 123460
+@@orch-gpu end
+"""
+
+
+def test_parse_real_formats_with_na_and_invisible_pid() -> None:
+    snap = gpu.parse_snapshot("gpu01", REAL)
+    assert snap is not None
+    g0, g1 = snap.gpus
+    assert (g0.index, g0.memory_used_mib, g0.memory_total_mib, g0.utilization_pct) == (0, 105851, 143771, 100)
+    assert (g1.memory_used_mib, g1.utilization_pct, g1.processes) == (None, None, [])
+    server, hidden = g0.processes
+    assert server == gpu.GpuProcess(
+        4242, 0, 105840, "alice", "python -m sglang.launch_server --model-path /models/llama --tp 8", 4200,
+        start="123460", group_start="123456",
+    )
+    # a pid nvidia-smi reports but ps cannot see (a container showing host pids)
+    assert (hidden.pid, hidden.used_memory_mib, hidden.user, hidden.command, hidden.pgid) == (
+        4243, None, None, None, None)
+
+
+def test_parse_empty_compute_apps_and_cpu_host_and_driver_failure() -> None:
+    text = "@@orch-gpu gpus\n0, GPU-a, 3, 81559, 0\n@@orch-gpu apps\n\n@@orch-gpu procs\n\n@@orch-gpu starts\n@@orch-gpu end\n"
+    snap = gpu.parse_snapshot("h", text)
+    assert snap is not None and [g.processes for g in snap.gpus] == [[]]
+    assert gpu.parse_snapshot("h", "@@orch-gpu none\n") is None
+    with pytest.raises(OrchError, match="h: nvidia-smi failed: NVIDIA-SMI has failed"):
+        gpu.parse_snapshot("h", "@@orch-gpu error\nNVIDIA-SMI has failed because it couldn't communicate\n")
+    with pytest.raises(OrchError, match="unexpected answer"):
+        gpu.parse_snapshot("h", "@@orch-gpu gpus\n0, GPU-a, 3, 81559, 0\n")  # cut short
+
+
+def test_stand_in_prints_the_real_formats(fake_gpus: FakeGpus, procs: list[subprocess.Popen]) -> None:
+    p = foreign(procs, "sleep", "300")
+    fake_gpus.add(p.pid, 1, 2000)
+    fake_gpus.set_gpu(0, na=["utilization.gpu"])
+    run = lambda *a: subprocess.run(["nvidia-smi", *a], capture_output=True, text=True, check=False)
+    out = run("--query-gpu=index,uuid,memory.used,memory.total,utilization.gpu", "--format=csv,noheader,nounits")
+    assert out.stdout.splitlines() == [
+        "0, GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90, 3, 143771, [N/A]",
+        "1, GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e91, 2003, 143771, 0",
+    ]
+    apps = ("--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits")
+    assert run(*apps).stdout == f"{p.pid}, GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e91, 2000\n"
+    p.kill()
+    p.wait()
+    assert run(*apps).stdout == ""  # dead: nothing at all, as the real tool prints
+    bad = run("--bogus")
+    assert bad.returncode == 2 and "Invalid combination of input arguments" in bad.stdout
+
+
+def test_snapshot_of_real_processes(fake_gpus: FakeGpus, procs: list[subprocess.Popen], tmp_path: Path) -> None:
+    p = foreign(procs, "sleep", "301")
+    fake_gpus.add(p.pid, 1, 5000)
+    snap = gpu.snapshot(connect(local_host(tmp_path)))
+    assert snap is not None and [g.index for g in snap.gpus] == [0, 1]
+    (proc,) = snap.gpus[1].processes
+    assert (proc.pid, proc.gpu_index, proc.used_memory_mib, proc.command) == (p.pid, 1, 5000, "sleep 301")
+    assert proc.pgid == os.getpgid(p.pid) and proc.user and proc.start
+    assert snap.gpus[1].memory_used_mib == 5003
+    assert gpu.snapshot_to_dict(snap)["gpus"][1]["processes"][0]["pid"] == p.pid
+    out = io.StringIO()
+    Console(file=out, width=200).print(gpu.render_table({"local": snap, "cpu1": None, "gone": OrchError("down")}))
+    text = out.getvalue()
+    assert "sleep 301" in text and "5003 / 143771" in text and "CPU host" in text and "error: down" in text
+
+
+def test_snapshot_without_nvidia_smi(no_nvidia_smi: None, tmp_path: Path) -> None:
+    assert gpu.snapshot(connect(local_host(tmp_path))) is None
+
+
+def running_run(store: Store, pid: int, pid_start: str, host: str = "local") -> int:
+    run_id = store.create_run("test", host, {})
+    for to in (Status.PREPARING, Status.LAUNCHING):
+        transition(store, run_id, to)
+    transition(store, run_id, Status.RUNNING, pid=pid, pid_start=pid_start)
+    return run_id
+
+
+def test_attribute_by_process_group_and_start_time(fake_gpus: FakeGpus, ws: Workspace, store: Store,
+                                                   procs: list[subprocess.Popen], orch_jobs: OrchJobs) -> None:
+    run_id, wrapper, job = orch_jobs.start("exec sleep 300")
+    # a run recorded with the same pid but another start time: the pid was reused, not its process
+    running_run(store, wrapper, "1")
+    # a process group orch did not start, under a run whose start time does not match
+    leader = foreign(procs, "setsid", "sleep", "306")
+    wait_for(lambda: os.getpgid(leader.pid) == leader.pid)
+    impostor = running_run(store, leader.pid, "1")
+    fake_gpus.add(job, 0)
+    fake_gpus.add(leader.pid, 1)
+    transport = connect(local_host(ws.root))
+    snap = gpu.attribute(gpu.snapshot(transport), store, "local")
+    assert snap.gpus[0].processes[0].run_id == run_id
+    assert snap.gpus[1].processes[0].run_id is None
+    elsewhere = gpu.attribute(gpu.snapshot(transport), store, "gpu01")
+    assert [p.run_id for p in elsewhere.processes()] == [None, None]
+    out = io.StringIO()
+    Console(file=out, width=200).print(gpu.render_table({"local": snap}))
+    assert f"[run {run_id}] sleep 300" in out.getvalue() and "sleep 306" in out.getvalue()
+    assert store.get_run(impostor)["status"] == "running"
+    (by_host,) = gpu.snapshots([local_host(ws.root)], store).values()  # what `orch gpus` shows
+    assert isinstance(by_host, gpu.GpuSnapshot) and by_host.gpus[0].processes[0].run_id == run_id
+
+
+# --- cleanup before a launch -----------------------------------------------------------------------
+
+
+def test_stale_orch_run_is_stopped_and_cancelled(fake_gpus: FakeGpus, ws: Workspace, store: Store,
+                                                 orch_jobs: OrchJobs) -> None:
+    stale, wrapper, job = orch_jobs.start("exec sleep 300")
+    fake_gpus.add(job, 1, 70000)
+    ctx = context(ws, store, FastSpec())
+    gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+    assert not alive(job) and not alive(wrapper)  # gone before cleanup returned
+    run = store.get_run(stale)
+    assert run["status"] == "cancelled"
+    assert run["reason"] == f"stopped by run {ctx.run_id} to free GPUs 0,1"
+    messages = [e["message"] for e in gpu_events(store, ctx.run_id)]
+    assert messages[0] == "before cleanup of GPUs 0,1" and messages[-1] == "GPUs 0,1 free"
+    assert any(m.startswith(f"stopped run {stale} (stopped)") for m in messages)
+    before = gpu_events(store, ctx.run_id)[0]["data"]
+    assert before["gpus"][1]["processes"][0]["run_id"] == stale
+    assert gpu_events(store, ctx.run_id)[-1]["data"]["gpus"][1]["processes"] == []
+    assert ctx.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_stale_run_that_ignores_sigterm_is_killed(fake_gpus: FakeGpus, ws: Workspace, store: Store,
+                                                  orch_jobs: OrchJobs) -> None:
+    stale, _, job = orch_jobs.start("trap '' TERM\nwhile true; do sleep 0.1; done")
+    fake_gpus.add(job, 0)
+    ctx = context(ws, store, FastSpec())
+    gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+    assert not alive(job)
+    assert store.get_run(stale)["status"] == "cancelled"
+    assert any(e["message"].startswith(f"stopped run {stale} (killed)") for e in gpu_events(store, ctx.run_id))
+
+
+def test_foreign_process_blocks_and_survives(fake_gpus: FakeGpus, ws: Workspace, store: Store,
+                                             procs: list[subprocess.Popen]) -> None:
+    p = foreign(procs, "sleep", "302")
+    fake_gpus.add(p.pid, 1)
+    ctx = context(ws, store, FastSpec())
+    with pytest.raises(OrchError) as err:
+        gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+    message = str(err.value)
+    assert "\n" not in message
+    assert f"pid {p.pid} (sleep 302) on GPU 1" in message and "kill_foreign" in message
+    time.sleep(0.2)
+    assert p.poll() is None and alive(p.pid)
+    assert "CUDA_VISIBLE_DEVICES" not in ctx.env
+    assert gpu_events(store, ctx.run_id)[0]["message"] == "before cleanup of GPUs 0,1"
+
+
+def test_foreign_process_on_other_gpus_is_left_alone(fake_gpus: FakeGpus, ws: Workspace, store: Store,
+                                                     procs: list[subprocess.Popen]) -> None:
+    p = foreign(procs, "sleep", "303")
+    fake_gpus.add(p.pid, 0)
+    ctx = context(ws, store, FastSpec(gpus=[1]))
+    gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+    assert ctx.env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert p.poll() is None
+
+
+def test_kill_foreign(fake_gpus: FakeGpus, ws: Workspace, store: Store, procs: list[subprocess.Popen]) -> None:
+    p = foreign(procs, "sleep", "304")
+    fake_gpus.add(p.pid, 1)
+    ctx = context(ws, store, FastSpec(kill_foreign=True))
+    gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+    assert p.wait(timeout=5) == -signal.SIGTERM
+    assert any(e["message"].startswith("killed foreign processes (stopped)") for e in gpu_events(store, ctx.run_id))
+
+
+def test_kill_foreign_that_ignores_sigterm(fake_gpus: FakeGpus, ws: Workspace, store: Store,
+                                           procs: list[subprocess.Popen]) -> None:
+    p = foreign(procs, "bash", "-c", "trap '' TERM; while true; do sleep 0.1; done")
+    time.sleep(0.2)  # let bash install the trap
+    fake_gpus.add(p.pid, 0)
+    ctx = context(ws, store, FastSpec(kill_foreign=True))
+    gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+    assert p.wait(timeout=5) == -signal.SIGKILL
+
+
+def test_gpus_that_never_free_up_fail_at_the_timeout(fake_gpus: FakeGpus, ws: Workspace, store: Store,
+                                                    procs: list[subprocess.Popen]) -> None:
+    p = foreign(procs, "sleep", "305")
+    fake_gpus.add(p.pid, 1)
+    fake_gpus.set_gpu(1, base_memory=30000)  # memory a dead process left behind
+    slept: list[float] = []
+    ctx = context(ws, store, FastSpec(kill_foreign=True, cleanup_timeout_s=5))
+    started = time.monotonic()
+    with pytest.raises(OrchError) as err:
+        gpu.cleanup_step(ctx, sleep=slept.append)
+    assert time.monotonic() - started < 10
+    assert str(err.value) == "GPU 1 still busy after 5 s: GPU 1: 30000 MiB in use and no process listed"
+    assert sum(slept) >= 5 and slept[0] == pytest.approx(0.5)
+    assert p.wait(timeout=5) == -signal.SIGTERM
+    assert "CUDA_VISIBLE_DEVICES" not in ctx.env
+
+
+def test_unknown_gpu_in_spec(fake_gpus: FakeGpus, ws: Workspace, store: Store) -> None:
+    with pytest.raises(OrchError, match=r"no GPU 5 on this host \(it has 0,1\)"):
+        gpu.cleanup_step(context(ws, store, FastSpec(gpus=[1, 5])), sleep=NO_SLEEP)
+
+
+def test_cpu_host(no_nvidia_smi: None, ws: Workspace, store: Store) -> None:
+    ctx = context(ws, store, FastSpec())
+    gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+    assert [e["message"] for e in gpu_events(store, ctx.run_id)] == ["no nvidia-smi: CPU host"]
+    assert "CUDA_VISIBLE_DEVICES" not in ctx.env
+
+
+def test_cuda_visible_devices_follow_spec_gpus(fake_gpus: FakeGpus, ws: Workspace, store: Store) -> None:
+    fake_gpus.state["gpus"] = FakeGpus(fake_gpus.path.with_name("four.json"), 4).state["gpus"]
+    fake_gpus.save()
+    ctx = context(ws, store, FastSpec(gpus=[3, 1]))
+    gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+    assert ctx.env["CUDA_VISIBLE_DEVICES"] == "3,1"
+    ctx = context(ws, store, FastSpec())
+    gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+    assert ctx.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"

@@ -1,0 +1,476 @@
+"""Patch sets applied to the real installed sources of sglang 0.5.23 and speculators 0.3.0.
+
+The host's python is a venv holding the real wheels (tests/engine_src.py); the patcher runs in it
+through LocalTransport, and once over a real sshd.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import py_compile
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import pytest
+
+from orchestrator import patching
+from orchestrator.errors import RemoteError, UsageError
+from orchestrator.hosts import Host, local_host
+from orchestrator.patching import PatchError, PatchSet
+from orchestrator.remote import LocalTransport, SSHTransport
+from orchestrator.store import Store
+
+if TYPE_CHECKING:
+    from engine_src import EngineSource
+
+pytest_plugins = ["engine_src"]  # its fixtures: engine_source, engine, engine_python
+
+SGLANG_SET = "sglang-eagle3-hidden-debug"
+SPEC_SET = "speculators-deepseek-worker"
+LLAMA_EAGLE3 = "sglang/srt/models/llama_eagle3.py"
+DEEPSEEK_V2 = "sglang/srt/models/deepseek_v2.py"
+LOGITS = "sglang/srt/layers/logits_processor.py"
+CUSTOM_WORKER = "speculators/data_generation/custom_worker.py"
+
+
+@pytest.fixture
+def transport(tmp_path: Path, engine_python: str) -> LocalTransport:
+    return LocalTransport(local_host(tmp_path / "work", {"python": engine_python}))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(tmp_path / "orch.db")
+    yield s
+    s.close()
+
+
+def copy_set(name: str, tmp_path: Path, **toml_overrides: str) -> Path:
+    """A copy of a shipped set under tmp_path/sets, with patch.toml lines replaced."""
+    target = tmp_path / "sets" / name
+    shutil.copytree(patching.patches_dir() / name, target)
+    toml = target / "patch.toml"
+    lines = toml.read_text().splitlines()
+    for key, value in toml_overrides.items():
+        lines = [f"{key} = {value}" if line.startswith(f"{key} =") else line for line in lines]
+    toml.write_text("\n".join(lines) + "\n")
+    return target.parent
+
+
+# --- the sets themselves -------------------------------------------------------------------------
+
+
+def test_shipped_sets_load_with_their_metadata() -> None:
+    sets = {ps.name: ps for ps in patching.list_sets()}
+    assert set(sets) == {SGLANG_SET, SPEC_SET}
+
+    sg = sets[SGLANG_SET]
+    assert (sg.package, sg.versions, sg.strip, sg.revert_after) == ("sglang", "==0.5.23", 1, True)
+    assert sorted(sg.files) == [LOGITS, DEEPSEEK_V2, LLAMA_EAGLE3]
+    # 0.5.23 deprecates --disable-cuda-graph; the per-phase backends are the current spelling.
+    assert sg.requires_flags == ("--cuda-graph-backend-decode=disabled", "--cuda-graph-backend-prefill=disabled")
+
+    spec = sets[SPEC_SET]
+    assert (spec.package, spec.versions, list(spec.files)) == ("speculators", "==0.3.0", [CUSTOM_WORKER])
+    assert len({sg.set_hash, spec.set_hash}) == 2 and all(len(h) == 64 for h in (sg.set_hash, spec.set_hash))
+
+
+def test_set_hash_changes_with_any_byte(tmp_path: Path) -> None:
+    base = copy_set(SGLANG_SET, tmp_path)
+    before = patching.load(SGLANG_SET, base).set_hash
+    diff = base / SGLANG_SET / "01-deepseek_v2-capture.diff"
+    diff.write_text(diff.read_text().replace("layer order", "layer  order"))
+    assert patching.load(SGLANG_SET, base).set_hash != before
+
+
+def test_unknown_set_names_the_known_ones() -> None:
+    with pytest.raises(PatchError, match=f"unknown patch set 'nope'.*{SGLANG_SET}.*{SPEC_SET}"):
+        patching.load("nope")
+    assert issubclass(PatchError, UsageError) and PatchError.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"versions": '"0.5.23"'}, "versions"),
+        ({"strip": "-1"}, "strip"),
+        ({"revert_after": '"later"'}, "revert_after"),
+        ({"package": '"sglang; rm -rf /"'}, "package"),
+        ({"description": '"unterminated'}, "invalid TOML"),
+    ],
+)
+def test_malformed_patch_toml_is_refused(tmp_path: Path, override: dict[str, str], message: str) -> None:
+    base = copy_set(SGLANG_SET, tmp_path, **override)
+    with pytest.raises(PatchError, match=message):
+        patching.load(SGLANG_SET, base)
+
+
+def test_unknown_key_and_unsafe_paths_are_refused(tmp_path: Path) -> None:
+    base = copy_set(SPEC_SET, tmp_path)
+    toml = base / SPEC_SET / "patch.toml"
+    toml.write_text(toml.read_text() + 'revert_afterwards = true\n')
+    with pytest.raises(PatchError, match="revert_afterwards"):
+        patching.load(SPEC_SET, base)
+
+    base = copy_set(SPEC_SET, tmp_path / "2")
+    diff = base / SPEC_SET / "custom_worker.diff"
+    diff.write_text(diff.read_text().replace("b/speculators/", "b/../../etc/"))
+    with pytest.raises(PatchError, match="unsafe path"):
+        patching.load(SPEC_SET, base)
+
+
+def test_missing_flags_accepts_both_spellings() -> None:
+    ps = patching.load(SGLANG_SET)
+    argv = ["python", "-m", "sglang.launch_server", "--cuda-graph-backend-decode", "disabled"]
+    assert patching.missing_flags(ps, argv) == ["--cuda-graph-backend-prefill=disabled"]
+    argv.append("--cuda-graph-backend-prefill=disabled")
+    assert patching.missing_flags(ps, argv) == []
+
+
+def patcher_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("orch_patcher", patching.PATCHER)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "version, spec, ok",
+    [
+        ("0.5.23", "==0.5.23", True),
+        ("0.5.23.0", "==0.5.23", True),
+        ("0.5.23.post1", "==0.5.23", False),
+        ("0.5.23rc1", "==0.5.23", False),
+        ("0.5.22", "==0.5.23", False),
+        ("0.4.0.1", ">=0.4.0,<0.5", True),
+        ("0.5.0", ">=0.4.0,<0.5", False),
+        ("0.3.9", ">=0.4.0,<0.5", False),
+        ("0.10.0", ">0.9", True),
+        ("1.0.dev1", "<1.0a1", True),
+        ("1.0", "!=1.0.0", False),
+    ],
+)
+def test_version_comparator(version: str, spec: str, ok: bool) -> None:
+    assert patcher_module().version_matches(version, spec) is ok
+
+
+# --- the real sources ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [SGLANG_SET, SPEC_SET])
+def test_real_set_check_apply_again_revert(
+    name: str, engine: EngineSource, transport: LocalTransport, store: Store, tmp_path: Path
+) -> None:
+    ps = patching.load(name)
+    original = engine.snapshot(ps.package)
+    mtimes = {f: engine.path(f).stat().st_mtime_ns for f in ps.files}
+
+    checked = patching.check(transport, ps)
+    assert {f.state for f in checked.files} == {"pristine"}
+    assert checked.version == engine_version(ps) and checked.root == str(engine.site)
+    assert engine.snapshot(ps.package) == original
+
+    applied = patching.apply(transport, ps, run_id=41, store=store)
+    assert applied.changed and {f.state for f in applied.files} == {"applied"}
+    patched = engine.snapshot(ps.package)
+    changed = {rel for rel in original if original[rel] != patched[rel]}
+    assert changed == {str(Path(f).relative_to(ps.package)) for f in ps.files}
+    for f in applied.files:
+        assert Path(f.path) == engine.path(f.file)
+        assert original[str(Path(f.file).relative_to(ps.package))] == f.sha_before
+        assert patched[str(Path(f.file).relative_to(ps.package))] == f.sha_after
+        py_compile.compile(f.path, cfile=str(tmp_path / "pyc" / (f.file + "c")), doraise=True)
+
+    again = patching.apply(transport, ps, run_id=42, store=store)
+    assert not again.changed and {f.state for f in again.files} == {"already"}
+    assert engine.snapshot(ps.package) == patched
+
+    [entry] = patching.status(transport)
+    assert (entry.set_name, entry.run_id, entry.intact, entry.current) == (name, 41, True, True)
+
+    reverted = patching.revert(transport, ps, run_id=43, store=store)
+    assert {f.state for f in reverted.files} == {"reverted"}
+    assert engine.snapshot(ps.package) == original
+    # The original times too, so byte-code cached before the patch is valid again.
+    assert {f: engine.path(f).stat().st_mtime_ns for f in ps.files} == mtimes
+    assert patching.status(transport) == []
+
+    records = store.patch_records("local")
+    assert [(r["action"], r["run_id"]) for r in records] == [("apply", 41)] * len(ps.files) + [
+        ("revert", 43)
+    ] * len(ps.files)
+    assert {r["set_hash"] for r in records} == {ps.set_hash}
+    assert {r["version"] for r in records} == {engine_version(ps)}
+    assert {(r["file"], r["sha_before"], r["sha_after"]) for r in records[: len(ps.files)]} == {
+        (f.file, f.sha_before, f.sha_after) for f in applied.files
+    }
+
+
+def engine_version(ps: PatchSet) -> str:
+    return ps.versions.removeprefix("==")
+
+
+def test_sglang_patch_logs_each_stage(engine: EngineSource, transport: LocalTransport) -> None:
+    patching.apply(transport, patching.load(SGLANG_SET))
+    logits = engine.path(LOGITS).read_text()
+    assert '_ORCH_EAGLE3_DEBUG_PREFIX = "[orch-eagle3-debug]"' in logits
+    assert 'orch_eagle3_debug("logits.concat_out", hidden_states_to_store)' in logits
+    deepseek = engine.path(DEEPSEEK_V2).read_text()
+    assert 'orch_eagle3_debug(f"target.capture layer_input={layer_id}", captured)' in deepseek
+    assert "return hidden_states, aux_packed" in deepseek
+    eagle = engine.path(LLAMA_EAGLE3).read_text()
+    assert 'orch_eagle3_debug("draft.input_hidden", hidden_states)' in eagle
+    assert 'orch_eagle3_debug("draft.fc_out", hidden_states)' in eagle
+
+
+def test_speculators_patch_calls_deepseek_layers_positionally(
+    engine: EngineSource, transport: LocalTransport
+) -> None:
+    patching.apply(transport, patching.load(SPEC_SET))
+    worker = engine.path(CUSTOM_WORKER).read_text()
+    assert "positions, hidden_states, residual, llama_4_scaling" in worker
+    assert 'getattr(getattr(model, "config", None), "llama_4_scaling", None)' in worker
+    assert "self.embed_input_ids(input_ids)" in worker
+    assert "self.get_input_embeddings(input_ids)" in worker  # the fallback for other models
+
+
+# --- refusals change nothing ---------------------------------------------------------------------
+
+
+def test_wrong_version_changes_nothing(engine: EngineSource, transport: LocalTransport, tmp_path: Path) -> None:
+    base = copy_set(SGLANG_SET, tmp_path, versions='"==0.4.0"')
+    ps = patching.load(SGLANG_SET, base)
+    before = engine.snapshot(ps.package)
+    for action in (patching.check, patching.apply):
+        with pytest.raises(PatchError) as err:
+            action(transport, ps)
+        assert str(err.value) == (
+            f"patch {SGLANG_SET} does not apply: sglang 0.5.23 is installed; the set accepts ==0.4.0"
+        )
+    assert engine.snapshot(ps.package) == before
+    assert patching.status(transport) == []
+
+
+def test_edited_target_refuses_naming_file_and_hunk(engine: EngineSource, transport: LocalTransport) -> None:
+    ps = patching.load(SGLANG_SET)
+    target = engine.path(LLAMA_EAGLE3)
+    # Hunk 2 of the llama_eagle3 diff has this line as context.
+    target.write_text(
+        target.read_text().replace(
+            "hidden_states = forward_batch.spec_info.hidden_states\n",
+            "hidden_states = forward_batch.spec_info.hidden_states  # edited on the host\n",
+        )
+    )
+    before = engine.snapshot(ps.package)
+    for action in (patching.check, patching.apply):
+        with pytest.raises(PatchError) as err:
+            action(transport, ps)
+        assert str(err.value) == (
+            f"patch {SGLANG_SET} does not apply: {LLAMA_EAGLE3} hunk 2 at line 235: context mismatch"
+        )
+    # logits_processor.py and deepseek_v2.py would have applied; all files are checked first.
+    assert engine.snapshot(ps.package) == before
+    assert patching.status(transport) == []
+
+
+def test_moved_hunks_apply_at_their_new_offset(engine: EngineSource, transport: LocalTransport) -> None:
+    ps = patching.load(SGLANG_SET)
+    target = engine.path(LLAMA_EAGLE3)
+    target.write_text("# local note\n# another\n# and a third\n" + target.read_text())
+    before = engine.snapshot(ps.package)
+    patching.apply(transport, ps)
+    assert 'orch_eagle3_debug("draft.fc_out"' in target.read_text()
+    assert target.read_text().startswith("# local note\n")
+    patching.revert(transport, ps)
+    assert engine.snapshot(ps.package) == before
+
+
+def test_write_failure_midway_restores_every_file(
+    engine: EngineSource, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All or none: the patcher (in this process) fails writing the last file and undoes the others."""
+    patcher = patcher_module()
+    ps = patching.load(SGLANG_SET)
+    before = engine.snapshot(ps.package)
+    monkeypatch.setattr(patcher, "find_package", lambda package, distribution: (str(engine.site), "0.5.23"))
+    real_write = patcher.write_atomic
+
+    def failing_write(path: str, data: bytes, like: object = None) -> None:
+        if path.endswith("llama_eagle3.py") and b"orch_eagle3_debug" in data:
+            raise OSError(28, "No space left on device")
+        real_write(path, data, like)
+
+    monkeypatch.setattr(patcher, "write_atomic", failing_write)
+    state_dir = tmp_path / "state"
+    request = {
+        "action": "apply", "set_name": ps.name, "set_hash": ps.set_hash, "package": ps.package,
+        "versions": ps.versions, "strip": ps.strip, "files": ps.files, "state_dir": str(state_dir),
+    }
+    with pytest.raises(patcher.PatchFailure, match="No space left") as err:
+        patcher.handle(request)
+    assert err.value.file == LLAMA_EAGLE3
+    assert engine.snapshot(ps.package) == before
+    assert not (state_dir / ps.name).exists()
+
+
+# --- revert and status ---------------------------------------------------------------------------
+
+
+def test_revert_refuses_a_changed_file_until_forced(
+    engine: EngineSource, transport: LocalTransport, store: Store
+) -> None:
+    sg, spec = patching.load(SGLANG_SET), patching.load(SPEC_SET)
+    original = engine.snapshot(sg.package)
+    patching.apply(transport, sg, run_id=7, store=store)
+    patching.apply(transport, spec, run_id=8, store=store)
+
+    edited = engine.path(DEEPSEEK_V2)
+    edited.write_text(edited.read_text() + "# a hand edit after patching\n")
+    with pytest.raises(PatchError, match=f"patch {SGLANG_SET} cannot be reverted: {DEEPSEEK_V2}: "
+                       f"{DEEPSEEK_V2} changed since it was patched"):
+        patching.revert(transport, sg)
+    # The refusal touched nothing: the other files are still patched.
+    states = {s.set_name: s for s in patching.status(transport)}
+    assert {f.file: f.state for f in states[SGLANG_SET].files} == {
+        LOGITS: "applied", DEEPSEEK_V2: "modified", LLAMA_EAGLE3: "applied"
+    }
+    assert (states[SGLANG_SET].run_id, states[SGLANG_SET].intact) == (7, False)
+    assert (states[SPEC_SET].run_id, states[SPEC_SET].intact) == (8, True)
+
+    forced = patching.revert(transport, SGLANG_SET, force=True, run_id=9, store=store)  # by name
+    assert {f.state for f in forced.files} == {"reverted"}
+    assert engine.snapshot(sg.package) == original
+    assert [s.set_name for s in patching.status(transport)] == [SPEC_SET]
+    reverts = [r for r in store.patch_records("local") if r["action"] == "revert"]
+    assert {(r["run_id"], r["set_hash"]) for r in reverts} == {(9, sg.set_hash)} and len(reverts) == 3
+
+
+def test_status_flags_a_set_edited_since_it_was_applied(
+    engine: EngineSource, transport: LocalTransport, tmp_path: Path
+) -> None:
+    base = copy_set(SPEC_SET, tmp_path)
+    ps = patching.load(SPEC_SET, base)
+    patching.apply(transport, ps, run_id=3)
+    toml = base / SPEC_SET / "patch.toml"
+    toml.write_text(toml.read_text().replace("revert_after = false", "revert_after = true"))
+    edited = patching.load(SPEC_SET, base)
+    with pytest.raises(PatchError, match="applied here in another version .*run 3.*revert it first"):
+        patching.apply(transport, edited)
+    # Status compares with the shipped definition, which is what was applied.
+    [entry] = patching.status(transport)
+    assert (entry.current, entry.installed_version, entry.intact) == (True, "0.3.0", True)
+    patching.revert(transport, edited)  # revert works from the saved originals, whatever the diff
+    assert patching.status(transport) == []
+
+
+def test_revert_of_a_set_not_applied(transport: LocalTransport) -> None:
+    with pytest.raises(PatchError, match=f"patch {SPEC_SET} cannot be reverted: {SPEC_SET} is not applied here"):
+        patching.revert(transport, SPEC_SET)
+
+
+class CountingTransport(LocalTransport):
+    def __init__(self, host: Host):
+        super().__init__(host)
+        self.commands: list[str] = []
+        self.puts: list[str] = []
+
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None):  # type: ignore[override]
+        self.commands.append(command)
+        return super().run(command, check=check, timeout=timeout)
+
+    def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
+        self.puts.append(path)
+        super().put(data, path, mode)
+
+
+def test_one_round_trip_once_the_script_is_there(engine_python: str, tmp_path: Path) -> None:
+    transport = CountingTransport(local_host(tmp_path / "work", {"python": engine_python}))
+    patching.status(transport)
+    [uploaded] = transport.puts
+    assert re.fullmatch(r"patcher-[0-9a-f]{16}\.py", Path(uploaded).name)
+    transport.commands.clear()
+    transport.puts.clear()
+    patching.check(transport, patching.load(SPEC_SET))
+    assert (len(transport.commands), transport.puts) == (1, [])
+
+
+def test_a_long_request_travels_as_a_file(
+    engine: EngineSource, transport: LocalTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(patching, "INLINE_REQUEST_LIMIT", 100)
+    ps = patching.load(SGLANG_SET)
+    before = engine.snapshot(ps.package)
+    patching.apply(transport, ps)
+    patching.revert(transport, ps)
+    assert engine.snapshot(ps.package) == before
+    assert not list((tmp_path / "work" / "patches").glob("request-*"))
+
+
+# --- hostile strings -----------------------------------------------------------------------------
+
+
+HOSTILE = ["x; touch {m}", "$(touch {m})", "`touch {m}`", "x' ; touch {m} ; '", 'x" && touch {m} #']
+
+
+@pytest.mark.parametrize("template", HOSTILE)
+def test_hostile_strings_never_execute(
+    template: str, engine: EngineSource, engine_python: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    hostile = template.format(m=marker)
+    ps = patching.load(SPEC_SET)
+
+    with pytest.raises(PatchError, match="unknown patch set"):
+        patching.load(hostile)
+    with pytest.raises(PatchError, match="invalid patch set name"):
+        patching.revert(LocalTransport(local_host(tmp_path)), hostile)
+
+    # A workdir with the hostile text in it is just a strange folder name.
+    transport = LocalTransport(local_host(tmp_path, {"workdir": str(tmp_path / hostile), "python": engine_python}))
+    patching.apply(transport, ps)
+    assert (tmp_path / hostile / "patches" / "state" / SPEC_SET / "state.json").is_file()
+    patching.revert(transport, ps)
+
+    # A hostile name or target path that reaches the host is refused there, never run.
+    named = dataclasses.replace(ps, name=hostile)
+    with pytest.raises(PatchError, match="invalid patch set name"):
+        patching.apply(transport, named)
+    pathed = dataclasses.replace(ps, files={f"speculators/{hostile}.py": ps.files[CUSTOM_WORKER]})
+    with pytest.raises(PatchError, match="file not found|unsafe path"):
+        patching.apply(transport, pathed)
+    # A hostile python is one quoted word: it fails to run, nothing else does.
+    bad_python = LocalTransport(local_host(tmp_path, {"python": hostile}))
+    with pytest.raises(RemoteError):
+        patching.check(bad_python, ps)
+    assert not marker.exists()
+
+
+# --- over SSH ------------------------------------------------------------------------------------
+
+
+def test_apply_and_revert_over_ssh(
+    ssh_host: Host, engine: EngineSource, engine_python: str, tmp_path: Path
+) -> None:
+    host = ssh_host.model_copy(update={"python": engine_python})
+    transport = SSHTransport(host)
+    try:
+        ps = patching.load(SGLANG_SET)
+        original = engine.snapshot(ps.package)
+        applied = patching.apply(transport, ps, run_id=11)
+        assert {f.state for f in applied.files} == {"applied"}
+        for f in applied.files:
+            py_compile.compile(f.path, cfile=str(tmp_path / (f.file + "c")), doraise=True)
+        [entry] = patching.status(transport)
+        assert (entry.set_name, entry.run_id, entry.intact) == (SGLANG_SET, 11, True)
+        assert patching.apply(transport, ps).changed is False
+        patching.revert(transport, ps)
+        assert engine.snapshot(ps.package) == original
+        assert patching.status(transport) == []
+    finally:
+        transport.close()

@@ -1,0 +1,59 @@
+import pytest
+
+from orchestrator.errors import SpecError
+from orchestrator.spec import load, merge_sets, parse_value
+from playbooks.command import CommandSpec
+from playbooks.extract_hidden_states import ExtractSpec
+
+
+def test_set_values_are_toml_literals_else_strings():
+    assert parse_value("[2,30,58]") == [2, 30, 58]
+    assert parse_value("true") is True
+    assert parse_value("4") == 4
+    assert parse_value("/data/kimi") == "/data/kimi"
+    assert parse_value("python -m x --y=1") == "python -m x --y=1"
+
+
+def test_dotted_keys_reach_into_tables():
+    merged = merge_sets({"env": {"A": "1"}}, ["env.B=2", "env.A=x y"])
+    assert merged == {"env": {"A": "x y", "B": 2}}
+
+
+def test_file_then_sets(tmp_path):
+    f = tmp_path / "spec.toml"
+    f.write_text('model = "/m"\nlayers = [1, 2]\nbatch_size = 2\n')
+    spec = load(ExtractSpec, f, ["layers=[3,4]"])
+    assert (spec.model, spec.layers, spec.batch_size) == ("/m", [3, 4], 2)
+
+
+def test_all_invalid_fields_in_one_message():
+    with pytest.raises(SpecError) as exc:
+        load(ExtractSpec, None, ["batch_size=0", "dtype=int3", "colour=blue", "layers=x"])
+    msg = str(exc.value)
+    for field in ("batch_size", "dtype", "colour", "layers"):
+        assert field in msg
+    assert "\n" not in msg
+    assert exc.value.exit_code == 2
+
+
+def test_command_needs_cmd_and_a_valid_regex():
+    with pytest.raises(SpecError, match="cmd"):
+        load(CommandSpec, None, [])
+    with pytest.raises(SpecError, match="ready_pattern"):
+        load(CommandSpec, None, ["cmd=true", "ready_pattern=(unclosed"])
+
+
+def test_env_names_must_be_identifiers():
+    with pytest.raises(SpecError, match="env"):
+        load(CommandSpec, None, ["cmd=true", "env={'A;touch /tmp/x' = '1'}"])
+
+
+def test_malformed_file(tmp_path):
+    f = tmp_path / "bad.toml"
+    f.write_text("model = \n")
+    with pytest.raises(SpecError, match="invalid TOML"):
+        load(ExtractSpec, f, [])
+    with pytest.raises(SpecError, match="not found"):
+        load(ExtractSpec, tmp_path / "missing.toml", [])
+    with pytest.raises(SpecError, match="key=value"):
+        load(ExtractSpec, None, ["novalue"])

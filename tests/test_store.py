@@ -1,0 +1,94 @@
+import sqlite3
+import threading
+
+import pytest
+
+from orchestrator.errors import NotFound, TransitionError
+from orchestrator.lifecycle import ALLOWED, TERMINAL, Status, transition
+from orchestrator.migrations import migrations
+from orchestrator.store import Store
+
+
+def test_blank_database_gets_every_migration(tmp_path):
+    store = Store(tmp_path / "orch.db")
+    applied = [m.name for m in migrations.applied(store.db)]
+    assert applied == [m.name for m in migrations._migrations]
+    assert {"runs", "events", "metrics", "patch_records"} <= set(store.db.table_names())
+    assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+@pytest.mark.parametrize("stop_before", [m.name for m in migrations._migrations[1:]])
+def test_each_earlier_schema_migrates(tmp_path, stop_before):
+    path = tmp_path / "orch.db"
+    old = Store.__new__(Store)
+    old.path = path
+    old.conn = sqlite3.connect(path, isolation_level=None)
+    from sqlite_utils import Database
+
+    old.db = Database(old.conn)
+    old.migrate(stop_before=stop_before)
+    old.conn.execute(
+        "INSERT INTO runs (playbook, host, status, phase, spec, created_at, log_offset)"
+        " VALUES ('command', 'local', 'running', 'loading', '{}', 1.0, 10)"
+    )
+    old.conn.close()
+    store = Store(path)
+    run = store.get_run(1)
+    assert run["status"] == "running" and run["log_offset"] == 10 and run["stalled"] == 0
+    assert store.patch_records("local") == []
+
+
+def test_transitions_are_checked_and_evented(tmp_path):
+    store = Store(tmp_path / "orch.db")
+    rid = store.create_run("command", "local", {"cmd": "true"})
+    with pytest.raises(TransitionError):
+        transition(store, rid, Status.RUNNING)
+    for s in (Status.PREPARING, Status.LAUNCHING, Status.RUNNING):
+        transition(store, rid, s)
+    transition(store, rid, Status.FAILED, "exit code 3", exit_code=3)
+    run = store.get_run(rid)
+    assert (run["status"], run["exit_code"], run["reason"]) == ("failed", 3, "exit code 3")
+    assert run["started_at"] and run["ended_at"] >= run["started_at"]
+    assert [e["message"] for e in store.events(rid)] == [
+        "pending", "preparing", "launching", "running", "failed: exit code 3"
+    ]
+    with pytest.raises(TransitionError):
+        transition(store, rid, Status.SUCCEEDED)
+    with pytest.raises(NotFound):
+        store.get_run(999)
+
+
+def test_terminal_states_have_no_way_out():
+    assert all(not ALLOWED[s] for s in TERMINAL)
+    assert all(ALLOWED[s] for s in Status if s not in TERMINAL)
+
+
+def test_a_failed_transition_writes_nothing(tmp_path):
+    store = Store(tmp_path / "orch.db")
+    rid = store.create_run("command", "local", {})
+    with pytest.raises(ValueError):
+        transition(store, rid, Status.PREPARING, **{"status": "x"})
+    assert store.get_run(rid)["status"] == "pending"
+    assert len(store.events(rid)) == 1
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+    path = tmp_path / "orch.db"
+    Store(path)
+
+    def writer(n: int) -> None:
+        s = Store(path)
+        for i in range(50):
+            rid = s.create_run("command", f"h{n}", {"i": i})
+            s.add_metrics(rid, [("x", float(i), i)], 1.0)
+        s.close()
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    s = Store(path)
+    assert s.conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 200
+    assert s.conn.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 200
+    assert s.conn.execute("SELECT COUNT(*) FROM metrics").fetchone()[0] == 200
