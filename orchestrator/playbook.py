@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 from . import launch
-from .errors import OrchError
+from .errors import OrchError, UsageError
 from .hosts import Host
 from .launch import RunPaths
 from .lifecycle import Status, transition
@@ -59,6 +59,10 @@ class Playbook:
     def cwd(self, ctx: RunContext) -> str | None:
         return None
 
+    def engine_argv(self, spec: RunSpec) -> list[str] | None:
+        """The engine's command line, to check the flags a patch set requires; None: not an engine launch."""
+        return None
+
     def ready_pattern(self, spec: RunSpec) -> str | None:
         return getattr(spec, "ready_pattern", None)
 
@@ -96,15 +100,27 @@ def watch_options(playbook: Playbook, spec: RunSpec, host: Host, until_ready: bo
 
 
 def _steps_before_launch(pb: Playbook, ctx: RunContext) -> str:
+    from . import patching
+
+    # Patch sets are checked (read-only) first, so a set that does not apply changes nothing anywhere.
+    sets = [patching.load(name) for name in ctx.spec.patches]
+    for ps in sets:
+        patching.check(ctx.transport, ps)
     if ctx.spec.cleanup:
         from . import gpu
 
         gpu.cleanup_step(ctx)
-    if ctx.spec.patches:
-        apply_patches(ctx)
+    for ps in sets:
+        res = patching.apply(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store)
+        ctx.event("patch", f"{ps.name} on {res.package} {res.version}: " + _file_states(res),
+                  {"applied": ps.name, "set_hash": ps.set_hash, "files": [f.__dict__ for f in res.files]})
     pb.prepare(ctx)
     env = {**ctx.host.env, **ctx.spec.env, **ctx.env}
     return launch.job_script(pb.command(ctx), env, pb.cwd(ctx))
+
+
+def _file_states(res: Any) -> str:
+    return ", ".join(f"{f.file} {f.state}" for f in res.files)
 
 
 def dry_run(ws: Workspace, store: Store, pb: Playbook, spec: RunSpec, host: Host,
@@ -128,6 +144,7 @@ def run_token(ws: Workspace, store: Store, run_id: int) -> str:
 
 def start(ws: Workspace, store: Store, pb: Playbook, spec: RunSpec, host: Host) -> RunContext:
     """Create the run and take it to `running`; on any failure the run ends `failed` with the reason."""
+    check_patch_flags(pb, spec)
     run_id = store.create_run(pb.name, host.name, spec.model_dump(mode="json"))
     (ws.run_dir(run_id) / "spec.json").write_text(
         json.dumps({"playbook": pb.name, "host": host.name, "spec": spec.model_dump(mode="json")}, indent=2)
@@ -193,11 +210,27 @@ def fetch_log_tail(ctx: RunContext, lines: int = 200) -> None:
     (ctx.ws.run_dir(ctx.run_id) / "log.tail").write_text(text)
 
 
-def apply_patches(ctx: RunContext) -> None:
-    raise NotImplementedError
+def check_patch_flags(pb: Playbook, spec: RunSpec) -> None:
+    """Refuse, before anything is touched, a run whose patch sets need flags its command lacks."""
+    from . import patching
+
+    for name in spec.patches:
+        ps = patching.load(name)
+        if not ps.requires_flags:
+            continue
+        argv = pb.engine_argv(spec)
+        missing = patching.missing_flags(ps, argv) if argv is not None else list(ps.requires_flags)
+        if missing:
+            raise UsageError(f"patch set {name} needs {' '.join(missing)} in the launch command "
+                             f"(debug code does not run under CUDA graph replay)")
 
 
 def revert_patches(ctx: RunContext) -> None:
-    if not ctx.spec.patches:
-        return
-    raise NotImplementedError
+    from . import patching
+
+    applied = {(e["data"] or {}).get("applied") for e in ctx.store.events(ctx.run_id) if e["kind"] == "patch"}
+    for name in ctx.spec.patches:
+        ps = patching.load(name)
+        if ps.revert_after and name in applied:
+            res = patching.revert(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store)
+            ctx.event("patch", f"{name} reverted: " + _file_states(res))

@@ -240,15 +240,25 @@ class SSHTransport(Transport):
     def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result:
         from invoke.exceptions import CommandTimedOut
 
+        def timed_out() -> RemoteError:
+            return RemoteError(self.host.name, command, None, "", reason=f"timed out after {timeout} s")
+
         def go(conn: Any) -> Result:
+            started = time.monotonic()
             try:
                 r = conn.run(command, timeout=timeout)
             except CommandTimedOut:
-                raise RemoteError(self.host.name, command, None, "", reason=f"timed out after {timeout} s")
-            if r.exited == -1 and self._lost(conn):
-                raise _ConnectionLost(
-                    self.host.name, "connection lost while the command ran; it may or may not have finished"
-                )
+                raise timed_out() from None
+            if r.exited == -1:  # no exit status came back
+                if timeout is not None and time.monotonic() - started >= timeout:
+                    # invoke's timer closed the channel, but its thread had not ended when the result
+                    # was made, so invoke did not raise CommandTimedOut itself
+                    raise timed_out()
+                if self._lost(conn):
+                    raise _ConnectionLost(
+                        self.host.name,
+                        "connection lost while the command ran; it may or may not have finished",
+                    )
             return Result(self.host.name, command, r.exited, r.stdout, r.stderr)
 
         result = self._call(go)

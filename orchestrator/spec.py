@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -60,7 +60,17 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def merge_sets(values: dict[str, Any], sets: list[str]) -> dict[str, Any]:
+def _wants_text(spec_cls: type[BaseModel] | None, path: list[str]) -> bool:
+    """Whether a field only takes strings, so `--set cmd=true` means the text "true", not a boolean."""
+    if spec_cls is None or path[0] not in spec_cls.model_fields:
+        return False
+    annotation = spec_cls.model_fields[path[0]].annotation
+    if len(path) == 2 and get_origin(annotation) is dict:
+        return get_args(annotation)[1] is str
+    return len(path) == 1 and (annotation is str or set(get_args(annotation)) == {str, type(None)})
+
+
+def merge_sets(values: dict[str, Any], sets: list[str], spec_cls: type[BaseModel] | None = None) -> dict[str, Any]:
     """Apply `key=value` (dotted keys reach into tables, e.g. `env.NCCL_DEBUG=INFO`)."""
     merged = dict(values)
     for item in sets:
@@ -74,7 +84,7 @@ def merge_sets(values: dict[str, Any], sets: list[str]) -> dict[str, Any]:
             child = table.get(part)
             table[part] = child = dict(child) if isinstance(child, dict) else {}
             table = child
-        table[leaf] = parse_value(raw)
+        table[leaf] = raw if _wants_text(spec_cls, [*parents, leaf]) else parse_value(raw)
     return merged
 
 
@@ -103,4 +113,4 @@ def load(spec_cls: type[S], file: Path | None = None, sets: list[str] | None = N
             raise SpecError(f"spec file not found: {file}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise SpecError(f"{file}: invalid TOML: {exc}") from None
-    return build(spec_cls, merge_sets(values, sets or []))
+    return build(spec_cls, merge_sets(values, sets or [], spec_cls))

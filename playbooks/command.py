@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from pydantic import Field, field_validator
 
 from orchestrator.playbook import Playbook, RunContext
@@ -24,6 +26,13 @@ class Command(Playbook):
     def command(self, ctx: RunContext) -> str:
         assert isinstance(ctx.spec, CommandSpec)
         return ctx.spec.cmd  # the user's own command line, run as given
+
+    def engine_argv(self, spec: RunSpec) -> list[str] | None:
+        assert isinstance(spec, CommandSpec)
+        try:
+            return shlex.split(spec.cmd)
+        except ValueError:
+            return spec.cmd.split()
 
     def cwd(self, ctx: RunContext) -> str | None:
         assert isinstance(ctx.spec, CommandSpec)

@@ -57,3 +57,9 @@ def test_malformed_file(tmp_path):
         load(ExtractSpec, tmp_path / "missing.toml", [])
     with pytest.raises(SpecError, match="key=value"):
         load(ExtractSpec, None, ["novalue"])
+
+
+def test_text_fields_take_the_raw_text():
+    spec = load(CommandSpec, None, ["cmd=true", "env.A=1", "env.B=[x]", "cwd=2024-01-01"])
+    assert (spec.cmd, spec.env, spec.cwd) == ("true", {"A": "1", "B": "[x]"}, "2024-01-01")
+    assert load(ExtractSpec, None, ["max_samples=3"]).max_samples == 3
