@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
 
@@ -66,6 +65,7 @@ def run(
     detach: bool = typer.Option(False, "--detach", help="return right after a good launch"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the remote commands instead"),
     until_ready: bool = typer.Option(False, "--until-ready", help="return once the job is ready"),
+    queue: bool = typer.Option(False, "--queue", help="wait while the host (or GPU set) is busy"),
 ) -> None:
     """Run a playbook on a host and watch it to the end."""
     import playbooks
@@ -81,7 +81,14 @@ def run(
     if dry_run:
         pbmod.dry_run(ws, store, pb, spec, target, out.print)
         return
-    ctx = pbmod.start(ws, store, pb, spec, target)
+    waited: list[str] = []
+
+    def on_wait(busy: Exception) -> None:
+        if not waited:
+            err.print(f"waiting: {busy}".removesuffix("; --queue waits"), markup=False)
+            waited.append(str(busy))
+
+    ctx = pbmod.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait)
     err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, pid {store.get_run(ctx.run_id)['pid']} "
               f"in {ctx.paths.root}")
     if detach:
@@ -170,12 +177,13 @@ def status(
     as_json: bool = typer.Option(False, "--json"),
     refresh: bool = typer.Option(False, "--refresh", help="poll the host of every active run once"),
     limit: int = typer.Option(50, "--limit", "-n"),
+    timeout: float = typer.Option(30.0, help="seconds per host for --refresh"),
 ) -> None:
     """Show runs, newest first, or one run in full."""
     ws = workspace()
     store = open_store(ws)
     if refresh:
-        _refresh(ws, store, [parse_run_id(run_id)] if run_id else None)
+        _refresh(ws, store, [parse_run_id(run_id)] if run_id else None, timeout)
     if run_id is not None:
         doc = run_document(store, store.get_run(parse_run_id(run_id)))
         if as_json:
@@ -193,6 +201,8 @@ def status(
         doc = run_document(store, r, with_events=False)
         p = doc["progress"]
         prog = f"{p['label'] or ''} {p['done']:g}/{p['total']:g}" if p and p.get("total") else ""
+        if not p and doc["predicted_ready_at"] and r["status"] == "running":
+            prog = f"loaded in ~{max(0, doc['predicted_ready_at'] - now):.0f}s (history)"
         metrics = " ".join(f"{k}={v:g}" for k, v in list(doc["metrics"].items())[:3])
         status_text = doc["status"] + (" [yellow](stalled)[/]" if doc["stalled"] else "")
         table.add_row(str(r["id"]), r["playbook"], r["host"], status_text, r["phase"] or "", prog, metrics,
@@ -214,6 +224,11 @@ def _print_run(doc: dict[str, Any]) -> None:
             out.print(f"  {key}: {doc[key]}")
     if doc["progress"]:
         out.print("  progress: " + _progress_line({"progress": doc["progress"], "phase": doc["phase"]}))
+    if doc["predicted_ready_at"] and doc["phase"] in ("starting", "loading"):
+        left = doc["predicted_ready_at"] - time.time()
+        out.print(f"  loading should end in ~{max(left, 0):.0f} s (earlier runs of this model here)")
+    if doc["stalled"]:
+        out.print("  [yellow]stalled[/]: no progress for longer than usual")
     if doc["error"]:
         e = doc["error"]
         out.print(f"  error: {e['kind']}: {e['exception'] or ''} {e['message']}")
@@ -224,11 +239,13 @@ def _print_run(doc: dict[str, Any]) -> None:
         out.print(f"  [dim]{time.strftime('%m-%d %H:%M:%S', time.localtime(e['ts']))}[/] {e['kind']}: {e['message']}")
 
 
-def _refresh(ws: Workspace, store: Store, ids: list[int] | None) -> None:
-    """Poll every active run's host once; hosts in parallel, each with its own store connection."""
+def _refresh(ws: Workspace, store: Store, ids: list[int] | None, timeout: float = 30.0) -> None:
+    """Poll every active run's host once; hosts in parallel, each with its own store connection and
+    `timeout` seconds: a host that does not answer is reported and left behind."""
     import playbooks
 
     from . import playbook as pbmod
+    from .fleet import fan_out
 
     runs = [store.get_run(i) for i in ids] if ids else store.list_runs(limit=10_000, statuses=[s.value for s in ACTIVE])
     runs = [r for r in runs if r["pid"] and not Status(r["status"]).terminal]
@@ -250,8 +267,10 @@ def _refresh(ws: Workspace, store: Store, ids: list[int] | None) -> None:
                 err.print(f"run {r['id']} on {name}: {exc}")
         local_store.close()
 
-    with ThreadPoolExecutor(max_workers=min(16, len(by_host) or 1)) as pool:
-        list(pool.map(poll_host, by_host))
+    for name, res in fan_out({n: n for n in by_host}, poll_host, timeout).items():
+        if isinstance(res, OrchError):
+            err.print(f"{name}: {res}; runs {', '.join(str(r['id']) for r in by_host[name])} not refreshed",
+                      markup=False)
 
 
 @app.command()
@@ -306,6 +325,81 @@ def cancel(run_id: str = typer.Argument(...), grace: float = typer.Option(10.0, 
     err.print(f"run {row['id']} cancelled ({outcome})")
 
 
+@app.command("stop")
+def stop_cmd(run_id: str = typer.Argument(...),
+             grace: float = typer.Option(10.0, help="seconds between SIGTERM and SIGKILL")) -> None:
+    """End a run (a server): stop its process group, mark it cancelled, wait until its GPUs are free."""
+    import playbooks
+
+    from . import playbook as pbmod
+    from .stop import stop_run
+
+    ws = workspace()
+    store = open_store(ws)
+    row = store.get_run(parse_run_id(run_id))
+    pb = playbooks.get(row["playbook"])
+    ctx = pbmod.context_for(ws, store, pb, row, inventory(ws).get(row["host"]))
+    err.print(f"run {row['id']} stopped: {stop_run(pb, ctx, grace)}")
+
+
+# inspect-log / compare ------------------------------------------------------------------------
+@app.command("inspect-log")
+def inspect_log(path: Path = typer.Argument(..., help="any log file, of any size"),
+                as_json: bool = typer.Option(False, "--json")) -> None:
+    """What orch reads in a log: engine, phase, progress, the error that ended it, metrics."""
+    from .logparse import inspect_file
+
+    if not path.is_file():
+        raise UsageError(f"no such log file: {path}")
+    try:
+        found = inspect_file(path)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    e = found["error"]
+    found["error"] = {k: e[k] for k in ("kind", "exception", "message", "line")} if e else None
+    if as_json:
+        emit_json(found)
+        return
+    out.print(f"engine: {found['engine']}  phase: {found['phase']}", markup=False)
+    if found["progress"]:
+        out.print("progress: " + _progress_line({"progress": found["progress"], "phase": found["phase"]}))
+    if e:
+        out.print(f"error (line {e['line']}): {e['kind']}: {e['exception'] or ''} {e['message']}".rstrip(),
+                  markup=False)
+    if found["metrics"]:
+        out.print("metrics: " + " ".join(f"{k}={v:g}" for k, v in found["metrics"].items()), markup=False)
+
+
+@app.command()
+def compare(
+    run_ids: list[str] = typer.Argument(..., help="two or more run ids; ratios are against the first"),
+    as_json: bool = typer.Option(False, "--json"),
+    all_keys: bool = typer.Option(False, "--all", help="every spec key, not only those that differ"),
+) -> None:
+    """Specs and metrics of runs side by side, with ratios against the first run."""
+    from rich.text import Text
+
+    from . import report
+
+    found = report.compare(open_store(workspace()), [parse_run_id(r) for r in run_ids], all_keys)
+    if as_json:
+        emit_json(found)
+        return
+    table = Table("", *(f"run {i}" for i in found["runs"]), box=None)
+    for key, values in found["spec"].items():
+        # Text cells: a value such as "[bold]" is data, not markup
+        table.add_row(key, *(Text("-" if v is None else v if isinstance(v, str) else json.dumps(v)) for v in values))
+    if found["spec"] and found["metrics"]:
+        table.add_section()
+    for name, m in found["metrics"].items():
+        cells = []
+        for i, (v, r) in enumerate(zip(m["values"], m["ratios"])):
+            cell = "-" if v is None else f"{v:g}"
+            cells.append(cell + (f" ({r:.2f}x)" if i and r is not None else ""))
+        table.add_row(name, *cells)
+    out.print(table)
+
+
 # hosts -----------------------------------------------------------------------------------------
 @app.command()
 def hosts(
@@ -328,9 +422,12 @@ def hosts(
             except OrchError as exc:
                 return {"ok": False, "error": str(exc), "seconds": round(time.monotonic() - t0, 3)}
 
-        with ThreadPoolExecutor(max_workers=16) as pool:
-            for row, res in zip(rows, pool.map(one, [r["name"] for r in rows])):
-                row.update(res)
+        from .fleet import fan_out
+
+        found = fan_out({r["name"]: r["name"] for r in rows}, one, timeout + 1)  # +1: probe's own timeout first
+        for row in rows:
+            res = found[row["name"]]
+            row.update({"ok": False, "error": str(res), "seconds": timeout} if isinstance(res, OrchError) else res)
     if as_json:
         emit_json(rows)
     else:
@@ -348,6 +445,7 @@ def gpus(
     host: list[str] = typer.Option([], "--host", "-H", help="hosts to ask (default: local)"),
     all_hosts: bool = typer.Option(False, "--all", help="every host of the inventory"),
     as_json: bool = typer.Option(False, "--json"),
+    timeout: float = typer.Option(30.0, help="seconds per host"),
 ) -> None:
     """GPU memory, utilisation and processes per host, with the orch run holding each."""
     from . import gpu
@@ -355,7 +453,7 @@ def gpus(
     ws = workspace()
     inv = inventory(ws)
     targets = inv.select(None) if all_hosts else [inv.get(h) for h in (host or [LOCAL])]
-    found = gpu.snapshots(targets, open_store(ws))
+    found = gpu.snapshots(targets, open_store(ws), timeout=timeout)
     if as_json:
         emit_json({name: str(s) if isinstance(s, Exception) else gpu.snapshot_to_dict(s) for name, s in found.items()})
     else:
@@ -461,6 +559,57 @@ def patch_status(host: str = typer.Option(LOCAL, "--host", "-H"), as_json: bool 
         out.print(f"{a.set_name} on {a.package} {a.version} ({run}): {state}")
 
 
+# cron ------------------------------------------------------------------------------------------
+cron_app = typer.Typer(help="Nightly sweeps from the user's crontab.", no_args_is_help=True)
+app.add_typer(cron_app, name="cron")
+
+
+@cron_app.command("install")
+def cron_install(file: Path = typer.Argument(..., help="sweep file"),
+                 at: str = typer.Option(..., "--at", help="cron schedule, e.g. '0 2 * * *'"),
+                 as_json: bool = typer.Option(False, "--json")) -> None:
+    """Run a sweep on a schedule; a night whose previous sweep still runs is skipped."""
+    from . import cron
+
+    entry = cron.install(workspace(), file, at)
+    if as_json:
+        emit_json(entry.to_dict())
+    else:
+        out.print(f"cron entry {entry.id}: {entry.schedule} {entry.file} (log {entry.log})", markup=False)
+
+
+@cron_app.command("list")
+def cron_list(as_json: bool = typer.Option(False, "--json")) -> None:
+    """orch's entries in the crontab (nothing else there is shown or touched)."""
+    from . import cron
+
+    found = cron.entries()
+    if as_json:
+        emit_json([e.to_dict() for e in found])
+        return
+    table = Table("id", "schedule", "sweep", "workspace", "enabled", box=None)
+    for e in found:
+        table.add_row(e.id, e.schedule, e.file or "?", e.workspace or "?", "yes" if e.enabled else "no")
+    out.print(table)
+
+
+@cron_app.command("remove")
+def cron_remove(entry_id: str = typer.Argument(..., metavar="ID")) -> None:
+    """Remove one of orch's crontab entries."""
+    from . import cron
+
+    entry = cron.remove(entry_id)
+    err.print(f"removed cron entry {entry.id} ({entry.schedule} {entry.file})", markup=False)
+
+
+@cron_app.command("fire", hidden=True)
+def cron_fire(entry_id: str = typer.Argument(..., metavar="ID"), file: Path = typer.Argument(...)) -> None:
+    """What the crontab line runs: the sweep under its lock, or a recorded skip."""
+    from . import cron
+
+    raise typer.Exit(cron.fire(workspace(), entry_id, file))
+
+
 # entry point -----------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
     """Exit codes in one place: 0 ok, 1 the run failed or an operation failed, 2 bad input."""
@@ -486,6 +635,8 @@ def main(argv: list[str] | None = None) -> None:
         from .remote import close_all
 
         close_all()
+        if "orchestrator.notify" in sys.modules:  # notifications still being sent: a bounded wait
+            sys.modules["orchestrator.notify"].drain()
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -122,6 +122,11 @@ def read_state(transport: Transport, paths: RunPaths, pid: int, start: str, offs
     return JobState(alive == "1", exit_code, int(size), int(off), base64.b64decode(body.strip() or b""))
 
 
+def group_pids_command(pgid: int) -> str:
+    """Lists the live (non-zombie) pids of a process group."""
+    return f"ps -eo pid=,pgid=,stat= | awk -v g={int(pgid)} '$2 == g && $3 !~ /^Z/ {{print $1}}'"
+
+
 def kill_command(pid: int, start: str, grace_s: float) -> str:
     steps = max(1, int(grace_s * 10))
     return (

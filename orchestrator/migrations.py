@@ -80,3 +80,83 @@ def m003(db: Database) -> None:
     )
     db["patch_records"].create_index(["host", "patch_set", "id"])
     db["patch_records"].create_index(["run_id"])
+
+
+@migrations(name="m004_progress_time_and_prediction")
+def m004(db: Database) -> None:
+    db["runs"].add_column("progress_at", float)  # when progress last advanced (stall detection)
+    db["runs"].add_column("predicted_at", float)  # when loading should end, from earlier runs
+
+
+@migrations(name="m005_leases")
+def m005(db: Database) -> None:
+    db["leases"].create(
+        {
+            "id": int,
+            "host": str,
+            "gpus": str,  # JSON list of GPU indices; NULL: the whole host
+            "run_id": int,
+            "pid": int,  # the controller process that took the lease
+            "pid_start": str,  # its start time, so a reused pid is not taken for it
+            "hostname": str,  # the machine the controller runs on
+            "heartbeat": float,
+            "poll_max": float,  # the run's longest poll interval: how old a heartbeat may get
+            "created_at": float,
+        },
+        pk="id",
+        not_null={"host", "run_id", "pid", "hostname", "heartbeat", "poll_max", "created_at"},
+    )
+    db["leases"].create_index(["host"])
+    db["leases"].create_index(["run_id"], unique=True)
+
+
+@migrations(name="m006_sweeps")
+def m006(db: Database) -> None:
+    db["sweeps"].create(
+        {
+            "id": int,
+            "name": str,
+            "file_hash": str,  # sha256 of the sweep file: the same name and bytes are the same sweep
+            "path": str,
+            "playbook": str,
+            "doc": str,  # JSON of the parsed sweep file
+            "notify": str,  # JSON list of URLs
+            "status": str,  # running | succeeded | failed | cancelled
+            "controller": str,  # "hostname:pid:start" of the process running it
+            "heartbeat": float,
+            "created_at": float,
+            "ended_at": float,
+        },
+        pk="id",
+        not_null={"name", "file_hash", "playbook", "status", "created_at"},
+    )
+    db["sweeps"].create_index(["name", "file_hash"], unique=True)
+    db["sweep_points"].create(
+        {
+            "id": int,
+            "sweep_id": int,
+            "idx": int,
+            "point": str,  # JSON of the point's spec differences (dotted keys)
+            "host": str,
+            "gpus": str,  # JSON, NULL: the whole host
+            "status": str,  # queued | running | succeeded | failed | cancelled
+            "fault": str,  # for failed points: job | fleet | setup
+            "attempts": int,
+            "run_id": int,  # the latest run of the point
+            "reason": str,
+        },
+        pk="id",
+        foreign_keys=[("sweep_id", "sweeps", "id")],
+        not_null={"sweep_id", "idx", "point", "host", "status"},
+        defaults={"attempts": 0},
+    )
+    db["sweep_points"].create_index(["sweep_id", "idx"], unique=True)
+    db["sweep_events"].create(
+        {"id": int, "sweep_id": int, "ts": float, "kind": str, "message": str, "data": str},
+        pk="id",
+        not_null={"ts", "kind"},
+    )
+    db["sweep_events"].create_index(["sweep_id", "id"])
+    db["runs"].add_column("sweep_id", int)
+    db["runs"].add_column("point", str)  # JSON of the sweep point's spec differences
+    db["runs"].create_index(["sweep_id"])

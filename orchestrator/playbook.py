@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
-from . import launch
+from . import launch, lease, notify
 from .errors import OrchError, UsageError
 from .hosts import Host
 from .launch import RunPaths
@@ -48,6 +48,8 @@ class Playbook:
     name: ClassVar[str]
     Spec: ClassVar[type[RunSpec]]
     engine: ClassVar[str | None] = None  # log format hint for the watcher
+    # Holds its host (or GPU set) while it runs; a client of a server on that host (a benchmark) does not.
+    exclusive: ClassVar[bool] = True
 
     def prepare(self, ctx: RunContext) -> None:
         """Upload what the job needs into its run dir."""
@@ -65,6 +67,17 @@ class Playbook:
 
     def ready_pattern(self, spec: RunSpec) -> str | None:
         return getattr(spec, "ready_pattern", None)
+
+    def log_engine(self, spec: RunSpec) -> str | None:
+        """Log format hint for this spec (a playbook with several backends prints several formats)."""
+        return self.engine
+
+    def health(self, spec: RunSpec, host: Host) -> Callable[[Transport], int | None] | None:
+        """A server's health probe (see health.py), asked on each poll while it is ready; None: no endpoint."""
+        return None
+
+    def check_inputs(self, store: Store, spec: RunSpec, host: Host) -> None:
+        """Refuse (UsageError) input that only the store or the inventory can judge, before the run exists."""
 
     def finish(self, ctx: RunContext, run: dict[str, Any]) -> None:
         """Collect outputs and metrics after the job ended."""
@@ -94,8 +107,11 @@ def watch_options(playbook: Playbook, spec: RunSpec, host: Host, until_ready: bo
         poll_max=hi,
         until_ready=until_ready,
         ready_pattern=playbook.ready_pattern(spec),
-        engine=playbook.engine,
+        engine=playbook.log_engine(spec),
         stall_factor=spec.stall_factor,
+        on_stall=spec.on_stall,
+        health=playbook.health(spec, host),
+        health_grace_s=getattr(spec, "health_grace_s", None) or WatchOptions.health_grace_s,
     )
 
 
@@ -125,6 +141,7 @@ def _file_states(res: Any) -> str:
 
 def dry_run(ws: Workspace, store: Store, pb: Playbook, spec: RunSpec, host: Host,
             echo: Callable[[str], None]) -> None:
+    pb.check_inputs(store, spec, host)
     transport = DryRunTransport(host, echo)
     next_id = (store.conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM runs").fetchone()[0])
     paths = RunPaths.for_run(transport.expand(host.workdir), next_id)
@@ -142,10 +159,29 @@ def run_token(ws: Workspace, store: Store, run_id: int) -> str:
     return f"{socket.gethostname()}:{ws.db_path}:{run_id}:{created[0] if created else 0}"
 
 
-def start(ws: Workspace, store: Store, pb: Playbook, spec: RunSpec, host: Host) -> RunContext:
-    """Create the run and take it to `running`; on any failure the run ends `failed` with the reason."""
+def start(ws: Workspace, store: Store, pb: Playbook, spec: RunSpec, host: Host, *, queue: bool = False,
+          on_wait: Callable[[lease.Busy], None] | None = None,
+          run_fields: dict[str, Any] | None = None) -> RunContext:
+    """Create the run and take it to `running`; on any failure the run ends `failed` with the reason.
+
+    The run is created together with its lease on the host (or its GPU set): a busy host raises
+    lease.Busy naming the holder, or with queue waits for it.
+    """
     check_patch_flags(pb, spec)
-    run_id = store.create_run(pb.name, host.name, spec.model_dump(mode="json"))
+    pb.check_inputs(store, spec, host)
+
+    def create() -> int:
+        new_id = store.create_run(pb.name, host.name, spec.model_dump(mode="json"))
+        store.update_run(new_id, **(run_fields or {}))
+        return new_id
+
+    opts = watch_options(pb, spec, host)
+    if pb.exclusive:
+        run_id = lease.take(store, host.name, spec.gpus, create, (opts.poll_min, opts.poll_max), queue=queue,
+                            on_wait=on_wait, probe=lambda run: lease.probe_orphan(ws, store, run))
+    else:
+        with store.tx():
+            run_id = create()
     (ws.run_dir(run_id) / "spec.json").write_text(
         json.dumps({"playbook": pb.name, "host": host.name, "spec": spec.model_dump(mode="json")}, indent=2)
     )
@@ -163,6 +199,7 @@ def start(ws: Workspace, store: Store, pb: Playbook, spec: RunSpec, host: Host) 
         transition(store, run_id, Status.FAILED, f"before launch: {exc}")
         if ctx is not None:
             after_end(pb, ctx)
+        lease.release(store, run_id)
         raise
     transition(store, run_id, Status.RUNNING, f"pid {pid} on {host.name}", pid=pid, pid_start=pid_start)
     return ctx
@@ -192,6 +229,7 @@ def after_end(pb: Playbook, ctx: RunContext) -> None:
         ("outputs", lambda: pb.finish(ctx, ctx.store.get_run(ctx.run_id))),
         ("log tail", lambda: fetch_log_tail(ctx)),
         ("patch revert", lambda: revert_patches(ctx)),
+        ("notify", lambda: notify.run_ended(ctx)),  # starts a daemon thread; never waits for the receiver
     ]
     for name, step in steps:
         if name in done:
@@ -201,6 +239,8 @@ def after_end(pb: Playbook, ctx: RunContext) -> None:
             ctx.event("finished", name)
         except OrchError as exc:
             ctx.event("warning", f"{name}: {exc}")
+    if Status(ctx.store.get_run(ctx.run_id)["status"]).terminal:
+        lease.release(ctx.store, ctx.run_id)  # the host (or GPU set) is free for the next run
 
 
 def fetch_log_tail(ctx: RunContext, lines: int = 200) -> None:

@@ -288,8 +288,13 @@ class SSHTransport(Transport):
         return not conn.is_connected
 
     def close(self) -> None:
-        with self._lock:
+        # a thread still stuck on this host (left behind after its timeout) holds the lock: leave it
+        if not self._lock.acquire(timeout=1):
+            return
+        try:
             self._drop()
+        finally:
+            self._lock.release()
 
 
 _pool: dict[str, Transport] = {}

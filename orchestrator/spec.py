@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, TypeVar, get_args, get_origin
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -20,12 +20,26 @@ class RunSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for the job")
     poll_min: float | None = Field(default=None, gt=0, description="first poll interval, s (host default)")
     poll_max: float | None = Field(default=None, gt=0, description="longest poll interval, s (host default)")
-    stall_factor: float = Field(default=5.0, gt=1)
+    stall_factor: float = Field(default=5.0, gt=1, description="stalled after this many usual gaps")
+    on_stall: Literal["warn", "kill", "dump"] = "warn"
     cleanup: bool = True
     gpus: list[int] | None = Field(default=None, description="GPU indices the run needs (default: all)")
     kill_foreign: bool = False
     patches: list[str] = Field(default_factory=list)
     python: str | None = Field(default=None, description="interpreter on the host (default: the host's)")
+    notify: list[str] = Field(default_factory=list, description="http(s) URLs told (JSON POST) when the run ends")
+    notify_timeout_s: float = Field(default=30.0, gt=0, description="bound on retries of one notification")
+
+    @field_validator("notify")
+    @classmethod
+    def _notify_urls(cls, urls: list[str]) -> list[str]:
+        from urllib.parse import urlsplit
+
+        for url in urls:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
+                raise ValueError(f"not an http(s) URL: {url!r}")
+        return urls
 
     @field_validator("env")
     @classmethod

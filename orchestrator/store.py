@@ -178,6 +178,7 @@ def run_document(store: Store, run: dict[str, Any], with_events: bool = True) ->
         else None,
         "error": {k: error.get(k) for k in ("kind", "exception", "message")} if error else None,
         "reason": run.get("reason"),
+        "predicted_ready_at": run.get("predicted_at"),
         "metrics": store.latest_metrics(run["id"]),
         "exit_code": run["exit_code"],
         "pid": run["pid"],

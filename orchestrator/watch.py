@@ -15,8 +15,9 @@ from typing import Any, Callable
 
 import tenacity
 
-from . import launch
+from . import history, launch, stall
 from .errors import OrchError, TransitionError, Unreachable
+from .health import GRACE_S, SERVING_PHASES, HealthWatch
 from .launch import RunPaths
 from .lifecycle import Status, transition
 from .logparse import LogParser
@@ -34,7 +35,11 @@ class WatchOptions:
     ready_pattern: str | None = None
     engine: str | None = None
     stall_factor: float = 5.0
+    on_stall: str = "warn"  # warn | kill | dump
     kill_grace_s: float = 10.0
+    # A server's health endpoint (HTTP status, None: no answer), asked while it is ready; see health.py.
+    health: Callable[[Transport], int | None] | None = None
+    health_grace_s: float = GRACE_S
 
 
 class PollWait(tenacity.wait.wait_base):
@@ -89,6 +94,7 @@ class Watcher:
         self.wait = PollWait(opts.poll_min, opts.poll_max, clock)
         self.polls = 0
         self.unreachable_since: float | None = None
+        self.health = HealthWatch(opts.health, opts.health_grace_s, store, run_id) if opts.health else None
         self._load()
 
     def _load(self) -> None:
@@ -169,23 +175,76 @@ class Watcher:
             events.append(("phase", p.phase, None))
         if p.error is not None and p.error != before[2]:
             events.append(("error", _error_text(p.error), p.error.to_dict()))
-        if after[:2] != before[:2]:
+        fields: dict[str, Any] = {}
+        advanced = after[:2] != before[:2]
+        if advanced:
             self.wait.reset()
-        self.wait.finish_at = now + p.progress.eta_s if p.progress and p.progress.eta_s is not None else None
-        self.wait.immediate = more
+            fields["progress_at"] = now
+        self._predict(p, now, fields)
 
         end: tuple[Status, str, dict[str, Any]] | None = None
         if not more:
             end = self._judge(state)
-        self._save(new_offset, samples, events, now, end)
-        if end and end[0] is Status.FAILED and p.error is not None and state.alive:
-            # A fatal line while processes linger: stop them so the GPUs are freed.
+            if end is None and self.health is not None and state.alive and p.phase in SERVING_PHASES:
+                health_events, end = self.health.poll(self.transport, now)
+                if health_events:  # a change of health, like a change of phase, is looked at again soon
+                    self.wait.reset()
+                events += health_events
+        stalled_for = None
+        if end is None and not more:
+            stalled_for = self._stall(advanced, now, events, fields)
+            if stalled_for is not None and self.opts.on_stall == "kill":
+                end = (Status.FAILED, f"stalled: no progress for {stalled_for:.0f} s; killed", {})
+        self.wait.immediate = more
+        self._save(new_offset, samples, events, now, end, fields)
+        if stalled_for is not None and self.opts.on_stall == "dump":
+            text = stall.dump(self.transport, self.run["pid"])
+            self.store.add_event(self.run_id, "stall-dump", f"{len(text)} bytes of stacks", {"text": text[-65536:]})
+        if end and end[0] is Status.FAILED and state.alive:
+            # A fatal line or a stall while processes linger: stop them so the GPUs are freed.
             launch.kill(self.transport, self.run["pid"], self.run["pid_start"], self.opts.kill_grace_s)
         self.offset = new_offset
         self.run = self.store.get_run(self.run_id)
         if end:
             return True
+        if self.health is not None:  # ready: the log said so and the endpoint answers
+            return self.opts.until_ready and p.phase in SERVING_PHASES and self.health.ok
         return self.opts.until_ready and p.phase == "ready"
+
+    def _predict(self, p: LogParser, now: float, fields: dict[str, Any]) -> None:
+        """Never sleep past the predicted finish: the bar's ETA, else the history of this model's loads."""
+        if p.progress and p.progress.eta_s is not None:
+            self.wait.finish_at = now + p.progress.eta_s
+            return
+        self.wait.finish_at = None
+        if p.phase not in history.LOADING or not self.run.get("started_at"):
+            return
+        if self.run.get("predicted_at") is None:
+            predicted = history.predicted_load_s(self.store, self.run)
+            if predicted is None:
+                return
+            fields["predicted_at"] = self.run["started_at"] + predicted
+            self.run["predicted_at"] = fields["predicted_at"]
+        self.wait.finish_at = self.run["predicted_at"]
+
+    def _stall(self, advanced: bool, now: float, events: list[tuple[str, str, Any]],
+               fields: dict[str, Any]) -> float | None:
+        """Flag (once) a bar that stopped advancing while the process lives; unflag when it moves."""
+        was = bool(self.run.get("stalled"))
+        if advanced:
+            if was:
+                fields["stalled"] = 0
+                events.append(("progress", "progress resumed", None))
+            return None
+        progress = self.parser.progress.to_dict() if self.parser.progress else None
+        quiet = stall.is_stalled(progress, self.run.get("progress_at"), self.run.get("started_at"), now,
+                                 self.opts.stall_factor, self.opts.poll_min)
+        if quiet is None or was:
+            return None
+        fields["stalled"] = 1
+        label = self.parser.progress.label if self.parser.progress else ""
+        events.append(("stalled", f"no progress for {quiet:.3g} s ({label})", None))
+        return quiet
 
     def _judge(self, state: launch.JobState) -> tuple[Status, str, dict[str, Any]] | None:
         err = self.parser.error
@@ -203,7 +262,7 @@ class Watcher:
         return None
 
     def _save(self, new_offset: int, samples: list[Any], events: list[tuple[str, str, Any]], now: float,
-              end: tuple[Status, str, dict[str, Any]] | None) -> None:
+              end: tuple[Status, str, dict[str, Any]] | None, fields: dict[str, Any]) -> None:
         p = self.parser
         with self.store.tx() as c:
             row = c.execute("SELECT log_offset, status FROM runs WHERE id = ?", (self.run_id,)).fetchone()
@@ -222,6 +281,7 @@ class Watcher:
                 error=p.error.to_dict() if p.error else None,
                 watcher=f"{socket.gethostname()}:{os.getpid()}",
                 heartbeat=now,
+                **fields,
             )
             if end:
                 status, message, fields = end
@@ -237,12 +297,17 @@ def _error_text(err: Any) -> str:
 
 
 def stop(store: Store, run_id: int, transport: Transport, reason: str, grace_s: float = 10.0) -> str:
-    """Kill a run's process group and mark it cancelled."""
+    """Mark a run cancelled, then kill its process group.
+
+    The decision is recorded first, so a watcher that sees the processes vanish finds it already made
+    instead of calling the run lost.
+    """
     run = store.get_run(run_id)
     if Status(run["status"]).terminal:
         raise OrchError(f"run {run_id} already ended ({run['status']})")
-    outcome = "never started"
-    if run.get("pid"):
-        outcome = launch.kill(transport, run["pid"], run["pid_start"], grace_s)
-    transition(store, run_id, Status.CANCELLED, f"{reason} (process group: {outcome})")
+    transition(store, run_id, Status.CANCELLED, reason)
+    if not run.get("pid"):
+        return "never started"
+    outcome = launch.kill(transport, run["pid"], run["pid_start"], grace_s)
+    store.add_event(run_id, "stopped", f"process group: {outcome}")
     return outcome

@@ -231,6 +231,8 @@ class SSHServer:
             return self
         PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
         self.pid_file.unlink(missing_ok=True)
+        # The death signal follows the forking thread, so only a main-thread start can ask for it.
+        in_main_thread = threading.current_thread() is threading.main_thread()
         with self.log_file.open("ab") as log:
             self._proc = subprocess.Popen(
                 [SSHD, "-D", "-e", "-f", str(self.config)],
@@ -238,8 +240,7 @@ class SSHServer:
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
-                # The death signal follows the forking thread, so only a main-thread start can use it.
-                preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
+                preexec_fn=_die_with_parent if in_main_thread else None,
             )
         with _live_lock:
             _live.add(self)

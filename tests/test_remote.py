@@ -45,7 +45,7 @@ def ssh_transport(host: Host) -> tuple[SSHTransport, Sleeps]:
 
 @pytest.fixture
 def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh $HOME, so ~/.ssh/known_hosts (and keys, config, agent) of the real user play no part."""
+    """A fresh $HOME, so ~/.ssh/known_hosts (and keys, config, ssh-agent) of the real user play no part."""
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))

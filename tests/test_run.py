@@ -74,7 +74,7 @@ def test_environment_and_cwd_reach_the_job(orch, tmp_path):
     assert res.returncode == 0, res.stderr
     log = orch("logs", "1", "-n", "5", check=0).stdout
     assert str(cwd) in log
-    assert "A=x y B=$(touch /tmp/orch-pwned) U=1" in log  # a TOML literal string, taken verbatim
+    assert "A=x y B='$(touch /tmp/orch-pwned)' U=1" in log  # env values are text, taken verbatim
     assert not Path("/tmp/orch-pwned").exists()
 
 
@@ -124,7 +124,7 @@ def test_sshd_down_mid_watch_then_back(orch, ssh_fleet_restarts, tmp_path):
     while not marker.exists() and time.time() < deadline:
         time.sleep(0.05)
     server.stop()
-    time.sleep(2.0)  # the job finishes while its host cannot be reached
+    time.sleep(6.0)  # longer than the retry policy absorbs; the job finishes meanwhile
     server.start()
     out, errs = proc.communicate(timeout=120)
     assert proc.returncode == 0, errs

@@ -23,6 +23,7 @@ def main() -> None:
     ap.add_argument("--crash", action="store_true", help="raise an exception after the bar")
     ap.add_argument("--label", default="Processing")
     ap.add_argument("--marker", help="touch this file once the bar is half way")
+    ap.add_argument("--stall-at", type=int, help="hang at this step, alive but silent")
     args = ap.parse_args()
     print(f"job starting pid={os.getpid()} HOME_SET={'HOME' in os.environ}", flush=True)
     t0 = time.time()
@@ -31,6 +32,8 @@ def main() -> None:
         sys.stderr.flush()
         if args.marker and i == args.steps // 2:
             open(args.marker, "w").close()
+        if args.stall_at is not None and i == args.stall_at:
+            time.sleep(3600)
         if i < args.steps:
             time.sleep(args.sleep)
     sys.stderr.write("\n")

@@ -1,0 +1,103 @@
+"""The wait: backoff that resets on progress and respects predictions; stalls; history."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.watch import PollWait
+from orchtest import FAST, Orch, job_cmd
+
+EMULATOR = Path(__file__).parent / "fakes" / "sglang_emulator.py"
+
+
+def test_backoff_doubles_to_the_cap_and_resets():
+    wait = PollWait(30, 600, clock=lambda: 0.0)
+    waits = [wait(None) for _ in range(7)]
+    assert waits == [30, 60, 120, 240, 480, 600, 600]
+    wait.reset()
+    assert wait(None) == 30
+
+
+def test_backoff_never_sleeps_past_the_predicted_finish_by_more_than_poll_min():
+    now = [1000.0]
+    wait = PollWait(30, 600, clock=lambda: now[0])
+    for _ in range(5):
+        wait(None)  # the streak is at 480 s now
+    wait.finish_at = 1100.0
+    assert wait(None) == 130  # 100 s to the ETA + poll_min
+    now[0] = 1200.0
+    assert wait(None) == 30  # past the ETA: poll_min
+    wait.immediate = True
+    assert wait(None) == 0
+
+
+def test_watch_polls_fewer_times_with_backoff(tmp_path):
+    """A quiet 3 s job: a fixed 0.05 s poll would call ~60 times; the backoff far fewer."""
+    orch = Orch(tmp_path / "ws")
+    res = orch("run", "command", "--set", "cmd=sleep 3", "--set", "poll_min=0.05", "--set", "poll_max=1.0",
+               "--set", "cleanup=false")
+    assert res.returncode == 0, res.stderr
+    import sqlite3
+
+    beats = sqlite3.connect(orch.db).execute("SELECT COUNT(*) FROM events WHERE run_id = 1").fetchone()[0]
+    assert beats < 15
+
+
+@pytest.mark.parametrize("action", ["warn", "kill", "dump"])
+def test_a_stalled_bar_is_flagged_and_acted_on(tmp_path, action):
+    orch = Orch(tmp_path / "ws")
+    orch.env["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # py-spy beside python
+    res = orch("run", "command", "--detach", "--set", job_cmd("--steps", "40", "--sleep", "0.05", "--stall-at", "10"),
+               "--set", "stall_factor=3", "--set", f"on_stall={action}", *FAST, check=0)
+    run_id = int(res.stdout)
+    if action == "warn":
+        proc = orch.spawn("watch", str(run_id))
+        doc = orch.wait_for(run_id, lambda d: d["stalled"], timeout=30)
+        assert doc["status"] == "running" and doc["progress"]["done"] == 10
+        assert any(e["kind"] == "stalled" for e in doc["events"])
+        assert "stalled" in orch("status", check=0).stdout
+        orch("cancel", str(run_id), "--grace", "1", check=0)
+        proc.wait(timeout=30)
+    elif action == "kill":
+        res = orch("watch", str(run_id), timeout=60)
+        doc = orch.status(run_id)
+        assert res.returncode == 1 and doc["status"] == "failed" and "stalled" in doc["reason"]
+        assert not Path(f"/proc/{doc['pid']}").exists() or "Z" in Path(f"/proc/{doc['pid']}/stat").read_text()
+    else:
+        proc = orch.spawn("watch", str(run_id))
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            doc = orch.status(run_id)
+            dumps = [e for e in doc["events"] if e["kind"] == "stall-dump"]
+            if dumps:
+                break
+            time.sleep(0.2)
+        orch("cancel", str(run_id), "--grace", "1", check=0)
+        proc.wait(timeout=30)
+        assert dumps, doc["events"]
+        import sqlite3
+
+        text = sqlite3.connect(orch.db).execute(
+            "SELECT data FROM events WHERE run_id = ? AND kind = 'stall-dump'", (run_id,)).fetchone()[0]
+        assert "progress_job.py" in text or "py-spy" in text
+
+
+def test_load_time_predicted_from_history(tmp_path, ssh_fleet):
+    orch = Orch(tmp_path / "ws", ssh_fleet.hosts_toml(test1={"workdir": str(tmp_path / "r")}))
+    serve = job_cmd().replace(str(Path(__file__).parent / "jobs" / "progress_job.py"), str(EMULATOR))
+    slow = [serve + " --shards 10 --shard-time 0.15 --capture-time 0.01", "--set", "engine=sglang"]
+    assert orch("run", "command", "--host", "test1", "--set", *slow, *FAST).returncode == 0
+    first = orch.status(1)
+    ready_at = next(e["ts"] for e in first["events"]
+                    if e["kind"] == "phase" and e["message"] not in ("starting", "loading"))
+    took = ready_at - first["started_at"]
+    assert first["predicted_ready_at"] is None
+    assert orch("run", "command", "--host", "test1", "--set", *slow, *FAST).returncode == 0
+    second = orch.status(2)
+    predicted = second["predicted_ready_at"] - second["started_at"]
+    assert predicted == pytest.approx(took, rel=0.01)
