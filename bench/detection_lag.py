@@ -57,6 +57,7 @@ def one(tmp: Path, policy: tuple[float, float], extra: list[str], event: str, un
     for s in (Status.PREPARING, Status.LAUNCHING):
         transition(store, run_id, s)
     paths = launch.RunPaths.for_run(str(tmp), run_id)
+    store.update_run(run_id, remote_dir=paths.root)
     events = tmp / f"events-{run_id}"
     cmd = " ".join(quote(a) for a in [sys.executable, str(EMULATOR), "--shards", "64",
                                       "--shard-time", str(SHARD_S * SCALE), "--capture-time", str(20 * SCALE),

@@ -37,6 +37,11 @@ class RunPaths:
 
     root: str
 
+    def __post_init__(self) -> None:
+        # An empty root would quote to '' and turn `cd` into a no-op: refuse it outright.
+        if not self.root or not self.root.startswith("/"):
+            raise OrchError(f"not an absolute remote run dir: {self.root!r}")
+
     @classmethod
     def for_run(cls, workdir: str, run_id: int) -> "RunPaths":
         return cls(posixpath.join(workdir, "runs", str(run_id)))

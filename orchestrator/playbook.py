@@ -207,7 +207,9 @@ def start(ws: Workspace, store: Store, pb: Playbook, spec: RunSpec, host: Host, 
 
 def context_for(ws: Workspace, store: Store, pb: Playbook, run: dict[str, Any], host: Host) -> RunContext:
     spec = pb.Spec.model_validate(run["spec"])
-    return RunContext(ws, store, host, connect(host), run["id"], spec, RunPaths(run["remote_dir"] or ""))
+    transport = connect(host)
+    root = run["remote_dir"] or RunPaths.for_run(transport.expand(host.workdir), run["id"]).root
+    return RunContext(ws, store, host, transport, run["id"], spec, RunPaths(root))
 
 
 def watch(ctx: RunContext, pb: Playbook, *, until_ready: bool = False,
@@ -244,8 +246,9 @@ def after_end(pb: Playbook, ctx: RunContext) -> None:
 
 
 def fetch_log_tail(ctx: RunContext, lines: int = 200) -> None:
-    if not ctx.paths.root:
-        return
+    run = ctx.store.get_run(ctx.run_id)
+    if not ctx.paths.root or (not run["pid"] and run["status"] != Status.LOST):
+        return  # never launched: there is no log (and a host that failed the start is not asked again)
     text = ctx.transport.run(launch.tail_command(ctx.paths, lines)).stdout
     (ctx.ws.run_dir(ctx.run_id) / "log.tail").write_text(text)
 

@@ -85,6 +85,15 @@ def fail_or_stall(args: argparse.Namespace) -> None:
     sys.exit(137)
 
 
+def go_unhealthy(server: http.server.HTTPServer | None, mode: str, events: str | None) -> None:
+    mark(events, "unhealthy")
+    if mode == "503":
+        STATE["ready"] = False
+    elif server is not None:
+        server.shutdown()
+        server.server_close()
+
+
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
         if self.path in ("/health", "/health_generate"):
@@ -113,8 +122,12 @@ def main() -> None:
     ap.add_argument("--crash-after-ready", type=float, help="crash this many seconds after ready")
     ap.add_argument("--port", type=int)
     ap.add_argument("--events")
+    ap.add_argument("--unhealthy-after", type=float, help="seconds after ready when /health stops answering")
+    ap.add_argument("--unhealthy-mode", default="503", choices=["503", "close"],
+                    help="503: /health answers 503; close: stop listening (the process lives on)")
     args, _unknown = ap.parse_known_args()  # accept every real launch_server flag
 
+    server = None
     if args.port:
         server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Health)
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -132,9 +145,13 @@ def main() -> None:
     STATE["ready"] = True
     log("The server is fired up and ready to roll!")
     mark(args.events, "ready")
-    for i in range(args.decode_stats):
+    if args.unhealthy_after is not None:
+        timer = threading.Timer(args.unhealthy_after, go_unhealthy, (server, args.unhealthy_mode, args.events))
+        timer.daemon = True
+        timer.start()
+    for i in range(args.decode_stats):  # 0.5.23's format with the forward iteration logged
         time.sleep(args.decode_interval)
-        log(f"Decode batch{40 * (i + 1)}, #running-req: 8, #token: 20480, token usage: 0.02, accept len: 3.{i % 10}0, "
+        log(f"Decode batch [{40 * (i + 1)}], #running-req: 8, #token: 20480, token usage: 0.02, accept len: 3.{i % 10}0, "
             f"accept rate: 0.4{i % 10}, cuda graph: True, gen throughput (token/s): {88.8 + i:.2f}, #queue-req: 0", 0)
     time.sleep(args.serve_after)
     if args.crash_after_ready is not None:
