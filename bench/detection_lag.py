@@ -16,7 +16,6 @@ from __future__ import annotations
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,8 +68,10 @@ def one(tmp: Path, policy: tuple[float, float], extra: list[str], event: str, un
                         kill_grace_s=0.5)
     transport.calls = 0
     Watcher(store, run_id, transport, opts).run_until_done()
-    seen = time.time()
     calls = transport.calls
+    # when the watcher recorded it: the ready phase, or the run's end
+    kind, message = ("phase", "ready") if until_ready else ("status", "failed")
+    seen = next(e["ts"] for e in store.events(run_id) if e["kind"] == kind and e["message"].startswith(message))
     printed = next(float(line.split()[0]) for line in events.read_text().splitlines() if line.endswith(event))
     launch.kill(transport, pid, start, 0.5)
     store.close()

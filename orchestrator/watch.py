@@ -213,8 +213,10 @@ class Watcher:
 
     def _predict(self, p: LogParser, now: float, fields: dict[str, Any]) -> None:
         """Never sleep past the predicted finish: the bar's ETA, else the history of this model's loads."""
-        if p.progress and p.progress.eta_s is not None:
-            self.wait.finish_at = now + p.progress.eta_s
+        bar = p.progress
+        if bar and bar.eta_s is not None and (bar.total is None or bar.done < bar.total):
+            # the ETA was printed when the bar last moved, not now
+            self.wait.finish_at = (fields.get("progress_at") or self.run.get("progress_at") or now) + bar.eta_s
             return
         self.wait.finish_at = None
         if p.phase not in history.LOADING or not self.run.get("started_at"):

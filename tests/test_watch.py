@@ -84,7 +84,7 @@ def test_a_stalled_bar_is_flagged_and_acted_on(tmp_path, action):
 
         text = sqlite3.connect(orch.db).execute(
             "SELECT data FROM events WHERE run_id = ? AND kind = 'stall-dump'", (run_id,)).fetchone()[0]
-        assert "progress_job.py" in text or "py-spy" in text
+        assert "progress_job.py" in text  # py-spy's stack of the stuck job names its script
 
 
 def test_load_time_predicted_from_history(tmp_path, ssh_fleet):
