@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-import click
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -610,21 +609,99 @@ def cron_fire(entry_id: str = typer.Argument(..., metavar="ID"), file: Path = ty
     raise typer.Exit(cron.fire(workspace(), entry_id, file))
 
 
+# sweeps ----------------------------------------------------------------------------------------
+sweep_app = typer.Typer(help="Grids of runs over hosts: run (or resume), status, cancel.", no_args_is_help=True)
+app.add_typer(sweep_app, name="sweep")
+
+
+@sweep_app.command("run")
+def sweep_run(file: Path = typer.Argument(..., help="sweep file (TOML)"),
+              detach: bool = typer.Option(False, "--detach", help="run the controller in the background")) -> None:
+    """Run every point of a sweep; the same file again resumes it."""
+    from . import sweep
+
+    ws = workspace()
+    if detach:
+        sweep_id, log = sweep.detach(ws, file)
+        err.print(f"sweep {sweep_id} runs in the background; log: {log}", markup=False)
+        out.print(sweep_id)
+        return
+    doc = sweep.run(ws, file, echo=lambda line: err.print(line, markup=False))
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(doc["counts"].items()))
+    err.print(f"sweep {doc['id']} ({doc['name']}) {doc['status']}: {counts}", markup=False)
+    raise typer.Exit(0 if doc["status"] == "succeeded" else 1)
+
+
+@sweep_app.command("status")
+def sweep_status(ref: Optional[str] = typer.Argument(None, metavar="[SWEEP]", help="id or name"),
+                 as_json: bool = typer.Option(False, "--json")) -> None:
+    """Sweeps, newest first, or one sweep point by point."""
+    from . import sweep
+
+    store = open_store(workspace())
+    if ref is None:
+        docs = sweep.list_sweeps(store)
+        if as_json:
+            emit_json(docs)
+            return
+        table = Table("id", "name", "playbook", "status", "points", "age", box=None)
+        for d in docs:
+            table.add_row(str(d["id"]), d["name"], d["playbook"], d["status"],
+                          " ".join(f"{n} {s}" for s, n in sorted(d["counts"].items())), _age(time.time() - d["created_at"]))
+        out.print(table)
+        return
+    doc = sweep.document(store, sweep.resolve(store, ref))
+    if as_json:
+        emit_json(doc)
+        return
+    out.print(f"sweep {doc['id']} {doc['name']} ({doc['playbook']}): {doc['status']}", markup=False)
+    table = Table("#", "point", "host", "status", "run", "tries", "metrics", "reason", box=None)
+    for p in doc["points"]:
+        metrics = " ".join(f"{k}={v:g}" for k, v in list(p["metrics"].items())[:3])
+        table.add_row(str(p["index"]), sweep.label(p["point"]), p["host"] + (f":{p['gpus']}" if p["gpus"] else ""),
+                      p["status"], str(p["run_id"] or ""), str(p["attempts"]), metrics,
+                      (p["reason"] or "")[:80] if p["status"] != "succeeded" else "")
+    out.print(table)
+
+
+@sweep_app.command("cancel")
+def sweep_cancel(ref: str = typer.Argument(..., metavar="SWEEP", help="id or name"),
+                 grace: float = typer.Option(10.0, help="seconds between SIGTERM and SIGKILL")) -> None:
+    """Cancel the queued points and stop the running ones."""
+    from . import sweep
+
+    res = sweep.cancel(workspace(), ref, grace)
+    stopped = ", ".join(f"run {r} ({o})" for r, o in res["stopped"].items()) or "no runs"
+    err.print(f"sweep {res['sweep_id']} cancelled: {res['queued_cancelled']} queued point(s), stopped {stopped}",
+              markup=False)
+
+
+@sweep_app.command("report")
+def sweep_report(ref: str = typer.Argument(..., metavar="SWEEP", help="id or name"),
+                 metric: Optional[str] = typer.Option(None, help="picks the best point (default: the first metric)"),
+                 chart: list[str] = typer.Option([], "--chart", help="metric drawn per point (default: all)"),
+                 series: list[str] = typer.Option([], "--series", help="metric drawn over time (default: sampled ones)")) -> None:
+    """Write runs/sweeps/<id>/report.html: the points, their spec differences and metrics, charts."""
+    from . import report, sweep
+
+    ws = workspace()
+    store = open_store(ws)
+    sweep_id = sweep.resolve(store, ref)
+    page = report.sweep_report(store, sweep_id, ws.runs_dir / "sweeps" / str(sweep_id), metric,
+                               chart or None, series or None)
+    out.print(str(page), markup=False)
+
+
 # entry point -----------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
-    """Exit codes in one place: 0 ok, 1 the run failed or an operation failed, 2 bad input."""
+    """Exit codes in one place: 0 ok, 1 the run failed or an operation failed, 2 bad input.
+
+    Typer's standalone mode already maps usage errors to 2 and typer.Exit to its code; OrchErrors
+    become one message without a traceback; anything else is a bug and keeps its traceback.
+    """
     command = typer.main.get_command(app)
     try:
-        # standalone_mode=False hands back the code of a raised typer.Exit instead of exiting
-        code = command.main(args=argv, prog_name="orch", standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
-    except click.exceptions.Abort:
-        err.print("aborted")
-        sys.exit(1)
+        command.main(args=argv, prog_name="orch", standalone_mode=True)
     except OrchError as exc:
         first, *rest = str(exc).splitlines() or [type(exc).__name__]
         err.print(f"orch: {first}", markup=False)
@@ -637,7 +714,6 @@ def main(argv: list[str] | None = None) -> None:
         close_all()
         if "orchestrator.notify" in sys.modules:  # notifications still being sent: a bounded wait
             sys.modules["orchestrator.notify"].drain()
-    sys.exit(code if isinstance(code, int) else 0)
 
 
 __all__ = ["app", "main"]
