@@ -231,3 +231,19 @@ def test_status_lists_newest_first_without_events(orch):
                 "created_at", "started_at", "ended_at", "spec", "events"):
         assert key in one
     assert "succeeded" in orch("status", check=0).stdout
+
+
+def test_ctrl_c_detaches_and_the_job_keeps_running(orch, tmp_path):
+    marker = tmp_path / "half"
+    proc = orch.spawn("run", "command", "--host", "test1",
+                      "--set", job_cmd("--steps", "30", "--sleep", "0.1", "--marker", str(marker)), *FAST)
+    deadline = time.time() + 60
+    while not marker.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, errs = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "orch watch 1" in errs
+    doc = orch.status(1)
+    assert doc["status"] == "running" and any(e["kind"] == "detached" for e in doc["events"])
+    assert orch("watch", "1", timeout=120).returncode == 0
+    assert orch.status(1)["status"] == "succeeded" and orch.status(1)["progress"]["done"] == 30
