@@ -27,3 +27,4 @@ lint: setup
 
 bench: setup
 	$(BIN)/python bench/detection_lag.py
+	$(BIN)/python bench/inspect_log.py

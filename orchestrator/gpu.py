@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -100,9 +99,9 @@ class GpuSnapshot:
 # --- reading ---------------------------------------------------------------------------------------
 
 
-def snapshot(transport: Transport) -> GpuSnapshot | None:
+def snapshot(transport: Transport, timeout: float = 60.0) -> GpuSnapshot | None:
     """The host's GPUs and what holds them; None when the host has no nvidia-smi (a CPU host)."""
-    out = transport.run(SNAPSHOT_SCRIPT, timeout=60).stdout
+    out = transport.run(SNAPSHOT_SCRIPT, timeout=timeout).stdout
     return parse_snapshot(transport.host.name, out)
 
 
@@ -215,18 +214,13 @@ def snapshot_to_dict(snap: GpuSnapshot | None) -> dict[str, Any] | None:
     return None if snap is None else asdict(snap)
 
 
-def snapshots(hosts: Iterable[Host], store: Store | None = None) -> dict[str, GpuSnapshot | None | OrchError]:
-    """A snapshot per host, read in parallel; one host's failure is its entry, never the others'."""
-    hosts = list(hosts)
+def snapshots(hosts: Iterable[Host], store: Store | None = None,
+              timeout: float = 60.0) -> dict[str, GpuSnapshot | None | OrchError]:
+    """A snapshot per host, read in parallel; one host's failure or silence (past `timeout` seconds) is
+    its entry, never the others'."""
+    from .fleet import fan_out
 
-    def one(host: Host) -> GpuSnapshot | None | OrchError:
-        try:
-            return snapshot(connect(host))
-        except OrchError as exc:
-            return exc
-
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-        results = dict(zip((h.name for h in hosts), pool.map(one, hosts)))
+    results = fan_out({h.name: h for h in hosts}, lambda host: snapshot(connect(host), timeout), timeout + 1)
     if store is not None:  # in this thread: the store's connection is not shared across threads
         for name, snap in results.items():
             if isinstance(snap, GpuSnapshot):

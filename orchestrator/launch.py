@@ -7,6 +7,7 @@ taken for the job), writes the combined stdout+stderr to `log`, and the exit cod
 from __future__ import annotations
 
 import base64
+import math
 import posixpath
 from dataclasses import dataclass
 
@@ -98,15 +99,25 @@ class JobState:
     data: bytes
 
 
-def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: int) -> str:
+def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: int, hold_s: float = 0) -> str:
     """One remote call that answers: is the job alive, its exit code, and the new bytes of its log.
 
+    With `hold_s`, the call first waits on the host until the job dies or the time is up, so a
+    watcher backing off between polls still hears of a death within a second or so.
     Liveness is read before the exit code, and both before the log, so a job seen dead has its last
     bytes in this same answer.
     """
+    alive = f'[ "$({_LIVE_START.format(pid=int(pid))})" = {quote(start)} ]'
+    hold = ""
+    if hold_s > 0:
+        step = 1.0 if hold_s >= 5 else max(hold_s / 10, 0.02)
+        steps = math.ceil(hold_s / step)
+        hold = (f"n={steps}; while [ $n -gt 0 ] && {alive} && [ ! -s exit_code ]; do "
+                f"sleep {step:.3f}; n=$((n - 1)); done\n")
     return (
         f"cd {quote(paths.root)} || exit 95\n"
-        f'if [ "$({_LIVE_START.format(pid=int(pid))})" = {quote(start)} ]; then alive=1; else alive=0; fi\n'
+        + hold
+        + f"if {alive}; then alive=1; else alive=0; fi\n"
         "ec=none; [ -s exit_code ] && ec=$(cat exit_code)\n"
         "size=$(stat -c %s log 2>/dev/null || echo 0)\n"
         f"off={int(offset)}; [ \"$size\" -lt \"$off\" ] && off=0\n"
@@ -116,8 +127,9 @@ def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: 
 
 
 def read_state(transport: Transport, paths: RunPaths, pid: int, start: str, offset: int,
-               max_bytes: int = 4 << 20) -> JobState:
-    out = transport.run(poll_command(paths, pid, start, offset, max_bytes), timeout=120).stdout
+               max_bytes: int = 4 << 20, hold_s: float = 0) -> JobState:
+    command = poll_command(paths, pid, start, offset, max_bytes, hold_s)
+    out = transport.run(command, timeout=hold_s + 120).stdout
     head, _, body = out.partition("\n")
     fields = head.split()
     if len(fields) != 5 or fields[0] != POLL_MARK:

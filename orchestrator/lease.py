@@ -13,8 +13,9 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from .errors import NotFound, OrchError
 from .lifecycle import Status, transition
@@ -32,7 +33,7 @@ STALE_FACTOR = 3.0
 class Busy(OrchError):
     """The host or GPU set is held by another run."""
 
-    def __init__(self, lease: "Lease", controller_gone: bool = False):
+    def __init__(self, lease: Lease, controller_gone: bool = False):
         self.lease = lease
         who = f"pid {lease.pid} on {lease.hostname}"
         how = (f"its controller ({who}) is gone but the job still runs; `orch watch {lease.run_id}` follows it"
@@ -68,7 +69,8 @@ def overlaps(a: list[int] | None, b: list[int] | None) -> bool:
 def process_start(pid: int) -> str | None:
     """Start time of a local process (clock ticks since boot), so a reused pid is not taken for it."""
     try:
-        stat = open(f"/proc/{pid}/stat").read()
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
     except OSError:
         return None
     return stat[stat.rindex(")") + 2:].split()[19]
@@ -201,7 +203,7 @@ def adopt(store: Store, run_id: int) -> None:
                   (os.getpid(), process_start(os.getpid()), socket.gethostname(), time.time(), run_id))
 
 
-def settle_orphan(ws: "Workspace", store: Store, run: dict[str, Any], host: "Host") -> dict[str, Any]:
+def settle_orphan(ws: Workspace, store: Store, run: dict[str, Any], host: Host) -> dict[str, Any]:
     """A run whose controller died: end it when it never launched, pick up its pid when the launch got
     that far; a running one is left as it is. Returns the run as it is now."""
     import playbooks
@@ -227,7 +229,7 @@ def settle_orphan(ws: "Workspace", store: Store, run: dict[str, Any], host: "Hos
     return store.get_run(run["id"])
 
 
-def probe_orphan(ws: "Workspace", store: Store, run: dict[str, Any]) -> None:
+def probe_orphan(ws: Workspace, store: Store, run: dict[str, Any]) -> None:
     """Settle a run whose controller died and poll it once; if its job has ended, end it (which frees its lease)."""
     import playbooks
 
@@ -254,4 +256,4 @@ def _q(text: str) -> str:
     return quote(text)
 
 
-__all__ = ["Busy", "Lease", "acquire", "take", "release", "adopt", "held", "probe_orphan", "settle_orphan"]
+__all__ = ["Busy", "Lease", "acquire", "adopt", "held", "probe_orphan", "release", "settle_orphan", "take"]

@@ -141,3 +141,29 @@ def sweep_finished(urls: list[str], sweep_id: Any, summary: dict[str, Any],
                    on_error: Callable[[str, str], None], total_s: float = TOTAL_S) -> threading.Thread:
     """For the sweep runner: announce a finished sweep (summary: points, statuses, best point...)."""
     return send(urls, {"event": "sweep.finished", "sweep_id": sweep_id, **summary}, on_error, total_s)
+
+
+def sweep_ended(store: Any, sweep_id: int) -> None:
+    """The sweep's end hook: announce the outcome and each point's status and metrics to its URLs."""
+    from . import sweep
+
+    doc = sweep.document(store, sweep_id)
+    urls = list(doc.get("notify") or [])
+    if not urls:
+        return
+    summary = {
+        "name": doc["name"], "playbook": doc["playbook"], "status": doc["status"], "counts": doc["counts"],
+        "points": [{k: p[k] for k in ("index", "point", "host", "status", "run_id", "metrics")} for p in doc["points"]],
+    }
+    db_path = store.path
+
+    def record(url: str, message: str) -> None:
+        from .store import Store
+
+        own = Store(db_path)
+        try:
+            sweep.add_event(own, sweep_id, "warning", f"notify {url}: {message}")
+        finally:
+            own.close()
+
+    sweep_finished(urls, sweep_id, summary, record)

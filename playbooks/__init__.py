@@ -5,10 +5,12 @@ from __future__ import annotations
 from orchestrator.errors import UsageError
 from orchestrator.playbook import Playbook
 
+from .bench_serving import BenchServing
 from .command import Command
 from .extract_hidden_states import ExtractHiddenStates
+from .serve_eagle3 import ServeEagle3
 
-PLAYBOOKS: dict[str, Playbook] = {pb.name: pb for pb in (Command(), ExtractHiddenStates())}
+PLAYBOOKS: dict[str, Playbook] = {pb.name: pb for pb in (Command(), ExtractHiddenStates(), ServeEagle3(), BenchServing())}
 
 
 def get(name: str) -> Playbook:

@@ -1,36 +1,169 @@
-"""`extract-hidden-states`: capture a causal LM's hidden states of chosen layers into safetensors shards."""
+"""`extract-hidden-states`: capture a causal LM's hidden states of chosen layers for draft-model training.
+
+Backends:
+  hf           orch's own transformers job (jobs/extract_hidden_states.py) into safetensors shards.
+  speculators  the speculators repo's scripts on the host; the installed speculators version picks the
+               pipeline: up to 0.4.x `data_generation_offline.py` runs vLLM in-process and writes
+               `data_{i}.pt`; from 0.5 `launch_vllm.py` starts a vLLM server that the new
+               `data_generation_offline.py` asks for each sample's `hs_{i}.safetensors`.
+"""
 
 from __future__ import annotations
 
 import json
 import posixpath
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from orchestrator.errors import OrchError
-from orchestrator.playbook import Playbook, RunContext
+from orchestrator.playbook import DryRunTransport, Playbook, RunContext
 from orchestrator.remote import quote
 from orchestrator.spec import RunSpec
 
 JOBS = Path(__file__).parent / "jobs"
 DATA = Path(__file__).parent / "data"
 SCRIPT = "extract_hidden_states.py"
+WAIT = "wait_http.py"
 PROMPTS = "prompts.jsonl"
+HF_DEFAULTS = {"max_samples": 32, "batch_size": 4}
+NEW_PIPELINE = (0, 5)  # speculators from this version on serve hidden states from a vLLM server
+DEFAULT_PORT = 8000  # vLLM's
+VERSION_VAR = "ORCH_SPECULATORS_VERSION"  # the version prepare() chose by, recorded in job.sh
+GENERATOR = "data_generation_offline.py"
+LAUNCHER = "launch_vllm.py"
+_VERSION = re.compile(r"^(\d+(?:\.\d+)*)")
+_SPECULATORS_ONLY = ("tp", "seq_length", "scripts_dir", "speculators_version", "port", "vllm_args")
 
 
 class ExtractSpec(RunSpec):
-    backend: Literal["hf"] = "hf"
-    model: str | None = Field(default=None, description="model dir on the host; none builds a tiny random Llama")
-    dataset: str | None = Field(default=None, description="JSONL prompts on the host; none uses orch's own")
+    backend: Literal["hf", "speculators"] = "hf"
+    model: str | None = Field(default=None, description="model dir on the host; hf: none builds a tiny random Llama")
+    dataset: str | None = Field(default=None, description="hf: JSONL prompts on the host (none: orch's own); "
+                                "speculators <0.5: --train-data-path; >=0.5: preprocessed data dir")
     layers: list[int] | None = Field(default=None, description="layer indices; default [2, L//2, L-3]")
     output_dir: str | None = Field(default=None, description="default: <run dir>/hidden_states")
-    max_samples: int = Field(default=32, gt=0)
-    batch_size: int = Field(default=4, gt=0)
-    max_length: int = Field(default=256, gt=0)
+    max_samples: int | None = Field(default=None, gt=0, description="hf default 32; speculators: all")
+    batch_size: int | None = Field(default=None, gt=0,
+                                   description="hf default 4; speculators <0.5 --batch-size, >=0.5 --concurrency")
+    max_length: int = Field(default=256, gt=0, description="hf only")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    # speculators backend
+    scripts_dir: str | None = Field(default=None, description="the speculators repo's scripts/ dir on the host")
+    speculators_version: str | None = Field(default=None, description="force the pipeline (default: installed)")
+    tp: int | None = Field(default=None, gt=0, description="--tensor-parallel-size")
+    seq_length: int | None = Field(default=None, gt=0, description="<0.5 --seq-length; >=0.5 vLLM --max-model-len")
+    port: int | None = Field(default=None, ge=1, le=65535, description=f">=0.5: vLLM server port ({DEFAULT_PORT})")
+    vllm_args: list[str] | None = Field(default=None, description=">=0.5: extra vLLM server flags")
+    server_timeout: float = Field(default=3600, gt=0, description=">=0.5: seconds for the server to answer")
+
+    @field_validator("speculators_version")
+    @classmethod
+    def _version(cls, v: str | None) -> str | None:
+        if v is not None and not _VERSION.match(v):
+            raise ValueError(f"not a version: {v!r}")
+        return v
+
+    @field_validator("layers")
+    @classmethod
+    def _layers(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or any(n < 0 for n in v) or len(set(v)) != len(v)):
+            raise ValueError("layers must be distinct indices >= 0")
+        return v
+
+    @model_validator(mode="after")
+    def _backend_fields(self) -> ExtractSpec:
+        # Values, not fields_set: a stored spec (model_dump) names every field.
+        if self.backend == "hf":
+            wrong = [f for f in _SPECULATORS_ONLY if getattr(self, f) is not None]
+            if wrong:
+                raise ValueError(f"{', '.join(wrong)}: only for backend speculators")
+            return self
+        missing = [f for f in ("model", "dataset", "scripts_dir") if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"backend speculators needs {', '.join(missing)}")
+        defaults = type(self).model_fields
+        wrong = [f for f in ("max_length", "dtype", "device") if getattr(self, f) != defaults[f].default]
+        if wrong:
+            raise ValueError(f"{', '.join(wrong)}: only for backend hf")
+        return self
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    m = _VERSION.match(text.strip())
+    if not m:
+        raise OrchError(f"not a speculators version: {text.strip()!r}")
+    return tuple(int(p) for p in m.group(1).split("."))
+
+
+def pipeline_of(version: str) -> Literal["old", "new"]:
+    return "new" if parse_version(version) >= NEW_PIPELINE else "old"
+
+
+def old_argv(s: ExtractSpec, python: str, out: str) -> list[str]:
+    """speculators <= 0.4.x: one script, vLLM in-process."""
+    assert s.scripts_dir and s.model and s.dataset
+    argv = [python, posixpath.join(s.scripts_dir, GENERATOR), "--target-model-path", s.model,
+            "--train-data-path", s.dataset, "--output-dir", out]
+    if s.layers is not None:
+        argv += ["--layer-ids", *map(str, s.layers)]
+    for flag, value in (("--tensor-parallel-size", s.tp), ("--batch-size", s.batch_size),
+                        ("--seq-length", s.seq_length), ("--max-samples", s.max_samples)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def server_argv(s: ExtractSpec, python: str) -> list[str]:
+    """speculators >= 0.5: launch_vllm.py MODEL [--target-layer-ids ...] -- <vLLM serve flags>."""
+    assert s.scripts_dir and s.model
+    argv = [python, posixpath.join(s.scripts_dir, LAUNCHER), s.model]
+    if s.layers is not None:
+        argv += ["--target-layer-ids", *map(str, s.layers)]
+    argv += ["--", "--host", "127.0.0.1", "--port", str(s.port or DEFAULT_PORT)]
+    if s.tp is not None:
+        argv += ["--tensor-parallel-size", str(s.tp)]
+    if s.seq_length is not None:
+        argv += ["--max-model-len", str(s.seq_length)]
+    return argv + list(s.vllm_args or [])
+
+
+def endpoint(s: ExtractSpec) -> str:
+    return f"http://127.0.0.1:{s.port or DEFAULT_PORT}/v1"
+
+
+def generator_argv(s: ExtractSpec, python: str, out: str) -> list[str]:
+    assert s.scripts_dir and s.model and s.dataset
+    argv = [python, posixpath.join(s.scripts_dir, GENERATOR), "--model", s.model, "--endpoint", endpoint(s),
+            "--preprocessed-data", s.dataset, "--output", out]
+    for flag, value in (("--max-samples", s.max_samples), ("--concurrency", s.batch_size)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def shell(argv: list[str]) -> str:
+    return " ".join(quote(a) for a in argv)
+
+
+def new_pipeline_script(s: ExtractSpec, python: str, out: str) -> str:
+    """Server in the background, wait for it, generate, and stop the server whatever happened."""
+    port = str(s.port or DEFAULT_PORT)
+    health = f"http://127.0.0.1:{port}/health"
+    return "\n".join([
+        f"{shell([python, WAIT, 'free', '127.0.0.1', port])} || exit 1",
+        f"{shell(server_argv(s, python))} &",
+        "server=$!",
+        # vLLM shuts its engine processes down on SIGTERM; give it 60 s before SIGKILL.
+        ('stop_server() { kill -TERM "$server" 2>/dev/null || return 0; for _ in $(seq 600); do '
+         'kill -0 "$server" 2>/dev/null || return 0; sleep 0.1; done; kill -KILL "$server" 2>/dev/null; }'),
+        "trap stop_server EXIT",
+        f"{shell([python, WAIT, 'up', health, '--timeout', f'{s.server_timeout:g}'])} --pid \"$server\" || exit 1",
+        shell(generator_argv(s, python, out)),
+    ]) + "\n"
 
 
 class ExtractHiddenStates(Playbook):
@@ -38,19 +171,62 @@ class ExtractHiddenStates(Playbook):
     Spec = ExtractSpec
     engine = "transformers"
 
+    def log_engine(self, spec: Any) -> str | None:
+        return "speculators" if spec.backend == "speculators" else self.engine
+
     def output_dir(self, ctx: RunContext) -> str:
         assert isinstance(ctx.spec, ExtractSpec)
         return ctx.spec.output_dir or posixpath.join(ctx.paths.root, "hidden_states")
 
     def prepare(self, ctx: RunContext) -> None:
-        for name, src in ((SCRIPT, JOBS / SCRIPT), (PROMPTS, DATA / PROMPTS)):
-            ctx.transport.put(src.read_bytes(), posixpath.join(ctx.paths.root, name))
+        s = ctx.spec
+        assert isinstance(s, ExtractSpec)
+        if s.backend == "hf":
+            for name, src in ((SCRIPT, JOBS / SCRIPT), (PROMPTS, DATA / PROMPTS)):
+                ctx.transport.put(src.read_bytes(), posixpath.join(ctx.paths.root, name))
+            return
+        version = self._speculators_version(ctx, s)
+        ctx.env[VERSION_VAR] = version
+        if pipeline_of(version) == "new":
+            ctx.transport.put((JOBS / WAIT).read_bytes(), posixpath.join(ctx.paths.root, WAIT))
+
+    def _speculators_version(self, ctx: RunContext, s: ExtractSpec) -> str:
+        """One remote call: the installed version (unless the spec forces one) and the scripts present."""
+        assert s.scripts_dir
+        probe = ("import importlib.metadata as m\ntry:\n print('version', m.version('speculators'))\n"
+                 "except m.PackageNotFoundError:\n print('version none')")
+        cmd = "" if s.speculators_version else f"{quote(ctx.python)} -c {quote(probe)} 2>&1\n"
+        for name in (GENERATOR, LAUNCHER):
+            cmd += f"test -f {quote(posixpath.join(s.scripts_dir, name))} && echo script {name}\n"
+        res = ctx.transport.run(cmd + "true", timeout=120)
+        if isinstance(ctx.transport, DryRunTransport):
+            return s.speculators_version or ".".join(map(str, NEW_PIPELINE))
+        said = [line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("version ", "script "))]
+        scripts = {value for key, value in said if key == "script"}
+        version = s.speculators_version or next((value for key, value in said if key == "version"), "none")
+        if version == "none" or not _VERSION.match(version):
+            raise OrchError(f"speculators is not installed for {ctx.python} on {ctx.host.name} "
+                            f"(set speculators_version to choose the pipeline): {res.stdout.strip()[-200:]}")
+        needed = [GENERATOR] + ([LAUNCHER] if pipeline_of(version) == "new" else [])
+        absent = [n for n in needed if n not in scripts]
+        if absent:
+            raise OrchError(f"{', '.join(absent)} not found in {s.scripts_dir} on {ctx.host.name} "
+                            "(scripts_dir: the scripts/ folder of the speculators repo)")
+        if not isinstance(ctx.transport, DryRunTransport):
+            ctx.event("prepare", f"speculators {version}: {pipeline_of(version)} pipeline")
+        return version
 
     def command(self, ctx: RunContext) -> str:
         s = ctx.spec
         assert isinstance(s, ExtractSpec)
-        args = [ctx.python, SCRIPT, "--output-dir", self.output_dir(ctx),
-                "--max-samples", str(s.max_samples), "--batch-size", str(s.batch_size),
+        out = self.output_dir(ctx)
+        if s.backend == "speculators":
+            if pipeline_of(ctx.env[VERSION_VAR]) == "old":
+                return shell(old_argv(s, ctx.python, out))
+            return new_pipeline_script(s, ctx.python, out)
+        args = [ctx.python, SCRIPT, "--output-dir", out,
+                "--max-samples", str(s.max_samples or HF_DEFAULTS["max_samples"]),
+                "--batch-size", str(s.batch_size or HF_DEFAULTS["batch_size"]),
                 "--max-length", str(s.max_length), "--dtype", s.dtype, "--device", s.device]
         if s.model:
             args += ["--model", s.model]
@@ -58,9 +234,14 @@ class ExtractHiddenStates(Playbook):
             args += ["--dataset", s.dataset]
         if s.layers is not None:
             args += ["--layers", ",".join(map(str, s.layers))]
-        return " ".join(quote(a) for a in args)
+        return shell(args)
 
     def finish(self, ctx: RunContext, run: dict[str, Any]) -> None:
+        s = ctx.spec
+        assert isinstance(s, ExtractSpec)
+        if s.backend == "speculators":
+            self._count_outputs(ctx, run)
+            return
         if run["status"] != "succeeded":
             return
         path = posixpath.join(self.output_dir(ctx), "manifest.json")
@@ -72,3 +253,20 @@ class ExtractHiddenStates(Playbook):
         (ctx.ws.run_dir(ctx.run_id) / "outputs.json").write_text(json.dumps(manifest, indent=2))
         samples = [(k, float(manifest[k]), None) for k in ("samples", "tokens", "tokens_per_s") if k in manifest]
         ctx.store.add_metrics(ctx.run_id, samples, run["ended_at"] or 0)
+
+    def _count_outputs(self, ctx: RunContext, run: dict[str, Any]) -> None:
+        """One remote call: sample files of either pipeline, all files and their bytes (also after a failure)."""
+        out = self.output_dir(ctx)
+        cmd = (f"cd {quote(out)} 2>/dev/null || {{ echo 0 0 0 0; exit 0; }}\n"
+               "set -- data_*.pt; pt=$#; [ -e \"$1\" ] || pt=0\n"
+               "set -- hs_*.safetensors; hs=$#; [ -e \"$1\" ] || hs=0\n"
+               "echo $pt $hs $(find . -maxdepth 1 -type f | wc -l) $(du -sb . | cut -f1)\n")
+        fields = ctx.transport.run(cmd).stdout.split()
+        if len(fields) != 4 or not all(f.isdigit() for f in fields):
+            raise OrchError(f"unexpected answer counting {out}: {' '.join(fields)[:200]!r}")
+        pt, hs, files, size = map(int, fields)
+        found = {"output_dir": out, "data_pt": pt, "hs_safetensors": hs, "samples": pt + hs, "files": files,
+                 "bytes": size}
+        (ctx.ws.run_dir(ctx.run_id) / "outputs.json").write_text(json.dumps(found, indent=2))
+        ctx.store.add_metrics(ctx.run_id, [("samples", pt + hs, None), ("files", files, None),
+                                           ("output_mb", round(size / 2**20, 3), None)], run["ended_at"] or 0)

@@ -1,0 +1,241 @@
+"""Nightly sweeps from the user's crontab.
+
+Each entry is one self-sufficient line: cron gives it a bare environment (`/bin/sh`, PATH=/usr/bin:/bin,
+no ORCH_HOME), so the line carries absolute paths, the workspace and a PATH that finds `orch`. Entries
+are tagged with the comment `orch:<id>`; list and remove never touch anything else in the crontab.
+
+The line calls `orch cron fire ID FILE`, which holds an flock on `runs/cron/<name>.lock` while the sweep
+runs; a night whose previous sweep still holds it skips, and says so in `runs/cron/<name>.log`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import secrets
+import shlex
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import NotFound, UsageError
+from .workspace import Workspace
+
+TAG = "orch:"
+CRON_PATH = "/usr/local/bin:/usr/bin:/bin"  # appended after the interpreter's bin dir
+
+
+@dataclass
+class Entry:
+    id: str
+    schedule: str
+    file: str | None
+    workspace: str | None
+    log: str | None
+    enabled: bool
+    command: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def sweep_name(file: Path) -> str:
+    """The name of a sweep's lock and log: its file name without suffix, made safe for a path."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", file.stem) or "sweep"
+
+
+def cron_dir(ws: Workspace) -> Path:
+    return ws.runs_dir / "cron"
+
+
+def _tab() -> Any:
+    from crontab import CronTab
+
+    try:
+        return CronTab(user=True)
+    except (OSError, ValueError) as exc:  # no `crontab` binary, or a crontab it cannot read
+        raise UsageError(f"cannot read the crontab: {exc}") from None
+
+
+def check_schedule(at: str) -> str:
+    from crontab import CronSlices
+
+    at = " ".join(at.split())
+    if not at or not CronSlices.is_valid(at):
+        raise UsageError(f"invalid cron schedule {at!r} (expected five fields, e.g. '0 2 * * *', or @daily)")
+    return at
+
+
+def check_sweep_file(file: Path) -> Path:
+    """The sweep file must exist and parse, so a typo is found now rather than at 2 am."""
+    path = Path(file).expanduser().resolve()
+    if not path.is_file():
+        raise UsageError(f"sweep file not found: {file}")
+    try:
+        from . import sweep  # type: ignore[attr-defined]
+    except ImportError:
+        sweep = None
+    loader = getattr(sweep, "load", None)
+    if callable(loader):
+        try:
+            loader(path)
+        except UsageError:
+            raise
+        except Exception as exc:  # the sweep module's own error type, whatever it is
+            raise UsageError(f"{file}: invalid sweep: {exc}") from None
+        return path
+    try:
+        tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{file}: invalid TOML: {exc}") from None
+    return path
+
+
+def orch_argv() -> list[str]:
+    """How cron starts this same orch: the `orch` script next to the interpreter, else `python -m`."""
+    script = Path(sys.executable).parent / "orch"
+    if script.is_file() and os.access(script, os.X_OK):
+        return ["orch"]
+    return [sys.executable, "-m", "orchestrator"]
+
+
+def _cron_quote(word: str) -> str:
+    # cron turns an unescaped % into a newline before the shell sees the line
+    return shlex.quote(word).replace("%", "\\%")
+
+
+def cron_command(ws: Workspace, entry_id: str, file: Path) -> str:
+    log = cron_dir(ws) / f"{sweep_name(file)}.log"
+    bindir = str(Path(sys.executable).parent)
+    env = [f"ORCH_HOME={_cron_quote(str(ws.root))}", f"PATH={_cron_quote(bindir + ':' + CRON_PATH)}"]
+    if orch_argv()[0] != "orch":  # running from a source tree: the package must be importable
+        env.append(f"PYTHONPATH={_cron_quote(str(Path(__file__).resolve().parent.parent))}")
+    argv = [*orch_argv()]
+    if ws.hosts_file != ws.root / "hosts.toml":
+        argv += ["--hosts", str(ws.hosts_file)]
+    argv += ["cron", "fire", entry_id, str(file)]
+    return (
+        f"cd {_cron_quote(str(ws.root))} && {' '.join(env)} {' '.join(_cron_quote(a) for a in argv)}"
+        f" >> {_cron_quote(str(log))} 2>&1"
+    )
+
+
+def _entry(job: Any) -> Entry:
+    words = _words(job.command)
+    file = words[words.index("fire") + 2] if "fire" in words and len(words) > words.index("fire") + 2 else None
+    home = next((w.split("=", 1)[1] for w in words if w.startswith("ORCH_HOME=")), None)
+    log = words[words.index(">>") + 1] if ">>" in words and len(words) > words.index(">>") + 1 else None
+    return Entry(
+        id=job.comment[len(TAG):],
+        schedule=str(job.slices),
+        file=file,
+        workspace=home,
+        log=log,
+        enabled=bool(job.is_enabled()),
+        command=job.command,
+    )
+
+
+def _words(command: str) -> list[str]:
+    try:
+        return shlex.split(command.replace("\\%", "%"))
+    except ValueError:
+        return command.split()
+
+
+def _orch_jobs(tab: Any) -> list[Any]:
+    return [job for job in tab if (job.comment or "").startswith(TAG)]
+
+
+def install(ws: Workspace, file: Path, at: str) -> Entry:
+    """Add a crontab line that runs the sweep at `at`; validates everything before touching the crontab."""
+    schedule = check_schedule(at)
+    path = check_sweep_file(file)
+    tab = _tab()
+    taken = {job.comment[len(TAG):] for job in _orch_jobs(tab)}
+    entry_id = secrets.token_hex(3)
+    while entry_id in taken:
+        entry_id = secrets.token_hex(3)
+    cron_dir(ws).mkdir(parents=True, exist_ok=True)
+    job = tab.new(command=cron_command(ws, entry_id, path), comment=TAG + entry_id)
+    job.setall(schedule)
+    tab.write()
+    return _entry(job)
+
+
+def entries() -> list[Entry]:
+    return [_entry(job) for job in _orch_jobs(_tab())]
+
+
+def remove(entry_id: str) -> Entry:
+    tab = _tab()
+    jobs = [job for job in _orch_jobs(tab) if job.comment == TAG + entry_id]
+    if not jobs:
+        raise NotFound(f"no orch cron entry {entry_id!r} (see `orch cron list`)")
+    entry = _entry(jobs[0])
+    for job in jobs:
+        tab.remove(job)
+    tab.write()
+    return entry
+
+
+def _log(path: Path, line: str) -> None:
+    with path.open("a") as f:
+        f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
+
+
+def _record_skip(entry_id: str, file: Path, message: str) -> None:
+    """An event for the skip, where the sweep module offers a place for one."""
+    try:
+        from . import sweep  # type: ignore[attr-defined]
+    except ImportError:
+        return
+    record = getattr(sweep, "record_cron_skip", None)
+    if callable(record):
+        try:
+            record(entry_id, file, message)
+        except Exception as exc:  # the log line above already says what happened
+            sys.stderr.write(f"orch: could not record the skip as an event: {exc}\n")
+
+
+def fire(ws: Workspace, entry_id: str, file: Path,
+         start: Callable[[list[str], int], int] | None = None) -> int:
+    """Run the sweep under the lock; skip (exit 0) when the previous night's sweep still holds it."""
+    path = Path(file).resolve()
+    folder = cron_dir(ws)
+    folder.mkdir(parents=True, exist_ok=True)
+    name = sweep_name(path)
+    log, lock = folder / f"{name}.log", folder / f"{name}.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            message = f"skipped: the previous sweep of {path} still runs (pid {holder})"
+            _log(log, f"orch:{entry_id} {message}")
+            _record_skip(entry_id, path, message)
+            return 0
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _log(log, f"orch:{entry_id} start: sweep {path}")
+        argv = [*orch_argv(), *(["--hosts", str(ws.hosts_file)] if ws.hosts_file != ws.root / "hosts.toml"
+                                else []), "sweep", "run", str(path)]
+        code = (start or _start)(argv, fd)
+        _log(log, f"orch:{entry_id} end: exit code {code}")
+        return code
+    finally:
+        os.close(fd)
+
+
+def _start(argv: list[str], lock_fd: int) -> int:
+    # The sweep inherits the locked descriptor: the lock lasts as long as the sweep, even if this
+    # process is killed first.
+    if argv[0] == "orch":
+        argv = [sys.executable, "-m", "orchestrator", *argv[1:]]
+    return subprocess.call(argv, pass_fds=(lock_fd,), stdin=subprocess.DEVNULL)

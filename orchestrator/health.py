@@ -1,0 +1,106 @@
+"""A server's health endpoint, asked on its host: is a `ready` server still answering?
+
+The log says when a server is ready; only its HTTP endpoint says it still serves. The watcher asks a
+`HealthWatch` once per poll while the job is ready: the first failed answer raises a `health` event
+(the run stays running), answers that keep failing for the grace period end the run as failed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .errors import OrchError
+from .lifecycle import Status
+from .remote import Transport, quote
+from .store import Store
+
+GRACE_S = 120.0  # how long a ready server may fail its health endpoint before the run fails
+TIMEOUT_S = 5  # per request
+SERVING_PHASES = ("ready", "running")  # phases in which a server must answer
+
+# Prints the status code, or 000 when nothing answered (connection refused, timeout).
+_PY_GET = (
+    "import sys, urllib.request, urllib.error\n"
+    "try:\n"
+    f"    print(urllib.request.urlopen(sys.argv[1], timeout={TIMEOUT_S}).status)\n"
+    "except urllib.error.HTTPError as e:\n"
+    "    print(e.code)\n"
+    "except Exception:\n"
+    "    print('000')\n"
+)
+
+Probe = Callable[[Transport], "int | None"]
+
+
+def health_command(port: int, python: str, path: str = "/health") -> str:
+    """One remote call printing the HTTP status of http://127.0.0.1:PORT/PATH (curl, else python)."""
+    url = quote(f"http://127.0.0.1:{int(port)}{path}")
+    return (
+        "if command -v curl >/dev/null 2>&1; then "
+        f"curl -s -o /dev/null -w '%{{http_code}}' --max-time {TIMEOUT_S} {url}; "
+        f"else {quote(python)} -c {quote(_PY_GET)} {url}; fi"
+    )
+
+
+def ask(transport: Transport, port: int, python: str, path: str = "/health") -> int | None:
+    """The endpoint's HTTP status code, or None when nothing answered."""
+    out = transport.run(health_command(port, python, path), check=False, timeout=TIMEOUT_S + 25).stdout.strip()
+    code = out.splitlines()[-1] if out else ""
+    return int(code) if code.isdigit() and int(code) > 0 else None
+
+
+def probe(port: int, python: str, path: str = "/health") -> Probe:
+    """The health hook a playbook hands the watcher."""
+    return lambda transport: ask(transport, port, python, path)
+
+
+def describe(code: int | None) -> str:
+    return "no answer" if code is None else f"HTTP {code}"
+
+
+class HealthWatch:
+    """Tracks one run's answers across polls; resumes from the run's `health` events after a restart."""
+
+    def __init__(self, check: Probe, grace_s: float, store: Store, run_id: int):
+        self.check, self.grace_s = check, grace_s
+        self.ok = False  # the last answer was 200
+        self.down_since: float | None = None
+        self.answered = False  # a 200 was ever recorded
+        for e in store.events(run_id):
+            if e["kind"] == "health":
+                data = e["data"] or {}
+                self.down_since = data.get("down_since")
+                self.answered = self.answered or bool(data.get("answered"))
+
+    def poll(self, transport: Transport, now: float | None = None
+             ) -> tuple[list[tuple[str, str, Any]], tuple[Status, str, dict[str, Any]] | None]:
+        """Ask once: the events to record and, when the grace ran out, how the run ends."""
+        now = time.time() if now is None else now
+        try:
+            code = self.check(transport)
+        except OrchError:
+            return [], None  # the host did not answer; the next poll finds out why
+        self.ok = code == 200
+        if self.ok:
+            events: list[tuple[str, str, Any]] = []
+            if self.down_since is not None:
+                events.append(("health", f"health endpoint answering again after {now - self.down_since:.0f} s",
+                               {"down_since": None, "answered": True}))
+            elif not self.answered:
+                events.append(("health", "health endpoint answered (HTTP 200)", {"answered": True}))
+            self.down_since, self.answered = None, True
+            return events, None
+        if self.down_since is None:
+            self.down_since = now
+            message = f"health endpoint stopped answering ({describe(code)}); failing the run after {self.grace_s:g} s"
+            return [("health", message, {"down_since": now, "code": code})], None
+        down = now - self.down_since
+        if down >= self.grace_s:
+            why = f"health endpoint stopped answering for {down:.0f} s (last: {describe(code)})"
+            return [], (Status.FAILED, why, {})
+        return [], None
+
+
+__all__ = ["GRACE_S", "SERVING_PHASES", "HealthWatch", "ask", "health_command", "probe"]

@@ -1,0 +1,102 @@
+"""`bench-serving`: SGLang's serving benchmark against a ready `serve-eagle3` run or a URL.
+
+The benchmark's result block becomes the run's metrics (the sglang log parser reads it); the server
+run it measured is its `server` spec field.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator, model_validator
+
+from orchestrator.errors import NotFound, UsageError
+from orchestrator.health import SERVING_PHASES
+from orchestrator.hosts import Host
+from orchestrator.playbook import Playbook, RunContext
+from orchestrator.remote import quote
+from orchestrator.spec import RunSpec
+from orchestrator.store import Store
+
+from .serve_eagle3 import installed_version, release, split_launcher
+
+SERVER_PLAYBOOKS = ("serve-eagle3",)
+LEGACY_MODULE = "-m sglang.bench_serving"  # every version; a deprecated alias from 0.5.23
+MODULE = "-m sglang.benchmark.serving"  # what 0.5.23 prefers
+MODULE_SINCE = (0, 5, 23)
+
+
+class BenchServingSpec(RunSpec):
+    server: int | None = Field(default=None, gt=0, description="id of a ready serve-eagle3 run on the same host")
+    url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/\S*)?$", description="server base URL")
+    num_prompts: int = Field(default=200, gt=0)
+    max_concurrency: int | None = Field(default=None, gt=0)
+    dataset: str = Field(default="random", pattern=r"^[A-Za-z0-9][\w\-]*$", description="--dataset-name")
+    input_len: int | None = Field(default=None, gt=0, description="--random-input-len")
+    output_len: int | None = Field(default=None, gt=0, description="--random-output-len")
+    extra_args: list[str] = Field(default_factory=list, description="more benchmark flags, as given")
+    launcher: str | None = Field(default=None, description="what follows python; default by SGLang version")
+    cleanup: bool = False  # a client: the GPUs belong to the server it measures
+
+    @field_validator("launcher")
+    @classmethod
+    def _launcher(cls, text: str | None) -> str | None:
+        if text is not None:
+            split_launcher(text)
+        return text
+
+    @model_validator(mode="after")
+    def _one_target(self) -> BenchServingSpec:
+        if (self.server is None) == (self.url is None):
+            raise ValueError("give exactly one of server (a run id) and url")
+        return self
+
+
+def base_url(store: Store, spec: BenchServingSpec, host: Host) -> str:
+    """The server's URL; a `server` run must be a running, ready server on the same host."""
+    if spec.url is not None:
+        return spec.url.rstrip("/")
+    try:
+        run = store.get_run(int(spec.server or 0))
+    except NotFound:
+        raise UsageError(f"server: no run {spec.server}") from None
+    where = f"server: run {run['id']} ({run['playbook']} on {run['host']}, {run['status']}, {run['phase']})"
+    if run["playbook"] not in SERVER_PLAYBOOKS:
+        raise UsageError(f"{where} is not a server run")
+    if run["host"] != host.name:
+        raise UsageError(f"{where} is not on {host.name}")
+    if run["status"] != "running" or run["phase"] not in SERVING_PHASES:
+        raise UsageError(f"{where} is not a running, ready server")
+    return f"http://127.0.0.1:{int(run['spec']['port'])}"
+
+
+class BenchServing(Playbook):
+    name = "bench-serving"
+    Spec = BenchServingSpec
+    engine = "sglang"
+    exclusive = False  # a client: the host and its GPUs stay the server's
+
+    def check_inputs(self, store: Store, spec: RunSpec, host: Host) -> None:
+        assert isinstance(spec, BenchServingSpec)
+        base_url(store, spec, host)
+
+    def prepare(self, ctx: RunContext) -> None:
+        spec = ctx.spec
+        assert isinstance(spec, BenchServingSpec)
+        if spec.launcher is None:
+            version = installed_version(ctx.transport, ctx.python)
+            new = version is not None and release(version) >= MODULE_SINCE
+            ctx.launch_args[:0] = split_launcher(MODULE if new else LEGACY_MODULE)
+
+    def command(self, ctx: RunContext) -> str:
+        spec = ctx.spec
+        assert isinstance(spec, BenchServingSpec)
+        launcher = split_launcher(spec.launcher) if spec.launcher is not None else []
+        args = ["--backend", "sglang", "--base-url", base_url(ctx.store, spec, ctx.host),
+                "--num-prompts", str(spec.num_prompts), "--dataset-name", spec.dataset]
+        if spec.max_concurrency is not None:
+            args += ["--max-concurrency", str(spec.max_concurrency)]
+        if spec.input_len is not None:
+            args += ["--random-input-len", str(spec.input_len)]
+        if spec.output_len is not None:
+            args += ["--random-output-len", str(spec.output_len)]
+        argv = [ctx.python, *launcher, *ctx.launch_args, *args, *spec.extra_args]
+        return " ".join(quote(a) for a in argv)

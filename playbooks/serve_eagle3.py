@@ -1,0 +1,130 @@
+"""`serve-eagle3`: an SGLang server with EAGLE-3 speculative decoding, watched until stopped.
+
+`debug = true` adds the hidden-state debug patch set and turns CUDA graphs off (debug code in a model's
+forward does not run under graph replay), in the spelling of the SGLang version on the host.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable
+
+from pydantic import Field, field_validator, model_validator
+
+from orchestrator import health, patching
+from orchestrator.hosts import Host
+from orchestrator.playbook import Playbook, RunContext
+from orchestrator.remote import Transport, quote
+from orchestrator.spec import RunSpec
+
+DEBUG_SET = "sglang-eagle3-hidden-debug"
+LEGACY_NO_GRAPHS = ["--disable-cuda-graph"]  # before 0.5.23; deprecated there
+PER_PHASE_SINCE = (0, 5, 23)  # the first version known to spell "graphs off" per phase
+
+_VERSION_PY = (
+    "import importlib.metadata as m, sys\n"
+    "try:\n    print(m.version(sys.argv[1]))\n"
+    "except m.PackageNotFoundError:\n    print('none')\n"
+)
+
+
+def split_launcher(text: str) -> list[str]:
+    try:
+        parts = shlex.split(text)
+    except ValueError as exc:
+        raise ValueError(f"cannot split: {exc}") from None
+    if not parts:
+        raise ValueError("empty")
+    return parts
+
+
+def installed_version(transport: Transport, python: str, package: str = "sglang") -> str | None:
+    """The package's version as the host's python sees it, or None (not installed, no answer)."""
+    res = transport.run(f"{quote(python)} -c {quote(_VERSION_PY)} {quote(package)}", check=False, timeout=60)
+    lines = res.stdout.strip().splitlines()
+    found = lines[-1].strip() if res.ok and lines else ""
+    return found if found and found != "none" else None
+
+
+def release(version: str) -> tuple[int, ...]:
+    """`0.5.5.post3` -> (0, 5, 5): the numeric release, enough to order engine versions."""
+    m = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(x) for x in m.group(0).split(".")) if m else ()
+
+
+def no_graph_flags(version: str | None) -> list[str]:
+    """How the version spells "CUDA graphs off"; unknown versions get the debug patch set's spelling."""
+    if version is not None and release(version) and release(version) < PER_PHASE_SINCE:
+        return list(LEGACY_NO_GRAPHS)
+    return list(patching.load(DEBUG_SET).requires_flags)
+
+
+class ServeEagle3Spec(RunSpec):
+    model: str = Field(min_length=1, description="target model path on the host")
+    draft_model: str = Field(min_length=1, description="EAGLE-3 draft model path on the host")
+    tp: int = Field(default=8, gt=0, description="tensor parallel size")
+    port: int = Field(default=30000, ge=1, le=65535)
+    num_steps: int | None = Field(default=None, gt=0, description="--speculative-num-steps")
+    eagle_topk: int | None = Field(default=None, gt=0, description="--speculative-eagle-topk")
+    num_draft_tokens: int | None = Field(default=None, gt=0, description="--speculative-num-draft-tokens")
+    mem_fraction: float | None = Field(default=None, gt=0, le=1, description="--mem-fraction-static")
+    extra_args: list[str] = Field(default_factory=list, description="more launch_server flags, as given")
+    launcher: str = Field(default="-m sglang.launch_server", description="what follows python (split like a shell)")
+    debug: bool = Field(default=False, description=f"apply {DEBUG_SET} and turn CUDA graphs off")
+    health_grace_s: float = Field(default=health.GRACE_S, gt=0,
+                                  description="seconds a ready server may fail /health before the run fails")
+
+    @field_validator("launcher")
+    @classmethod
+    def _launcher(cls, text: str) -> str:
+        split_launcher(text)
+        return text
+
+    @model_validator(mode="after")
+    def _debug_patches(self) -> ServeEagle3Spec:
+        if self.debug and DEBUG_SET not in self.patches:
+            self.patches = [*self.patches, DEBUG_SET]
+        return self
+
+
+def server_args(spec: ServeEagle3Spec) -> list[str]:
+    """launch_server's flags (without the ones that turn CUDA graphs off)."""
+    args = ["--model-path", spec.model, "--speculative-algorithm", "EAGLE3",
+            "--speculative-draft-model-path", spec.draft_model, "--tp-size", str(spec.tp), "--port", str(spec.port)]
+    for flag, value in (("--speculative-num-steps", spec.num_steps), ("--speculative-eagle-topk", spec.eagle_topk),
+                        ("--speculative-num-draft-tokens", spec.num_draft_tokens),
+                        ("--mem-fraction-static", spec.mem_fraction)):
+        if value is not None:
+            args += [flag, str(value)]
+    return args + list(spec.extra_args)
+
+
+class ServeEagle3(Playbook):
+    name = "serve-eagle3"
+    Spec = ServeEagle3Spec
+    engine = "sglang"  # the sglang parser knows the ready line, so no ready_pattern
+
+    def prepare(self, ctx: RunContext) -> None:
+        spec = ctx.spec
+        assert isinstance(spec, ServeEagle3Spec)
+        if spec.debug:
+            version = installed_version(ctx.transport, ctx.python)
+            ctx.launch_args += [f for f in no_graph_flags(version) if f not in spec.extra_args]
+
+    def command(self, ctx: RunContext) -> str:
+        spec = ctx.spec
+        assert isinstance(spec, ServeEagle3Spec)
+        argv = [ctx.python, *split_launcher(spec.launcher), *server_args(spec), *ctx.launch_args]
+        return " ".join(quote(a) for a in argv)
+
+    def engine_argv(self, spec: RunSpec) -> list[str] | None:
+        assert isinstance(spec, ServeEagle3Spec)
+        argv = [spec.python or "python", *split_launcher(spec.launcher), *server_args(spec)]
+        if spec.debug:  # prepare() adds these (or the older spelling, for an older engine)
+            argv += [f for f in no_graph_flags(None) if f not in argv]
+        return argv
+
+    def health(self, spec: RunSpec, host: Host) -> Callable[[Transport], int | None] | None:
+        assert isinstance(spec, ServeEagle3Spec)
+        return health.probe(spec.port, spec.python or host.python)

@@ -1,0 +1,116 @@
+"""`orch compare`: runs and metrics recorded in a real Store, compared by the library and the real CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from orchtest import Orch
+
+from orchestrator.errors import NotFound, UsageError
+from orchestrator.report import compare, flatten
+from orchestrator.store import Store
+
+BASE = {"cmd": "python -m sglang.launch_server --model-path /m", "env": {"NCCL_DEBUG": "WARN"},
+        "patches": [], "poll_min": None, "speculative_num_steps": 3}
+
+
+def record(store: Store, spec: dict, metrics: dict[str, list[float]], playbook: str = "command") -> int:
+    run_id = store.create_run(playbook, "gpu01", spec)
+    for name, values in metrics.items():
+        store.add_metrics(run_id, [(name, v, i) for i, v in enumerate(values)], 1000.0)
+    return run_id
+
+
+def three_runs(store: Store) -> list[int]:
+    return [
+        record(store, BASE, {"gen_throughput": [80.0, 88.8], "accept_rate": [0.19], "accept_len": [1.7]}),
+        record(store, {**BASE, "speculative_num_steps": 5, "env": {"NCCL_DEBUG": "INFO"}},
+               {"gen_throughput": [94.0], "accept_rate": [0.47], "accept_len": [2.9]}),
+        record(store, {**BASE, "patches": ["sglang-eagle3-hidden-debug"]},
+               {"gen_throughput": [0.0], "load_weight_s": [245.3]}),
+    ]
+
+
+def test_differences_and_ratios(tmp_path):
+    store = Store(tmp_path / "orch.db")
+    ids = three_runs(store)
+    got = compare(store, ids)
+    assert got["runs"] == ids
+    assert got["spec"] == {
+        "env.NCCL_DEBUG": ["WARN", "INFO", "WARN"],
+        "patches": [[], [], ["sglang-eagle3-hidden-debug"]],
+        "speculative_num_steps": [3, 5, 3],
+    }
+    m = got["metrics"]
+    assert list(m) == ["accept_len", "accept_rate", "gen_throughput", "load_weight_s"]
+    # the latest value of each series counts
+    assert m["gen_throughput"] == {"values": [88.8, 94.0, 0.0], "ratios": [1.0, 1.0586, 0.0]}
+    assert m["accept_rate"] == {"values": [0.19, 0.47, None], "ratios": [1.0, 2.4737, None]}
+    # no ratio against a run that lacks the metric
+    assert m["load_weight_s"] == {"values": [None, None, 245.3], "ratios": [None, None, None]}
+
+
+def test_all_keys_and_order_given(tmp_path):
+    store = Store(tmp_path / "orch.db")
+    a, _, c = three_runs(store)
+    got = compare(store, [c, a], all_keys=True)
+    assert got["runs"] == [c, a]
+    assert got["spec"]["cmd"] == [BASE["cmd"]] * 2 and got["spec"]["poll_min"] == [None, None]
+    assert set(got["spec"]) == {"cmd", "env.NCCL_DEBUG", "patches", "poll_min", "speculative_num_steps"}
+    # ratios against a first value of 0 are undefined, not infinite
+    assert got["metrics"]["gen_throughput"] == {"values": [0.0, 88.8], "ratios": [None, None]}
+    assert got["metrics"]["load_weight_s"]["ratios"] == [1.0, None]
+
+
+def test_keys_missing_from_one_spec(tmp_path):
+    store = Store(tmp_path / "orch.db")
+    a = record(store, {"model": "/m", "layers": [2, 30, 58]}, {}, playbook="extract-hidden-states")
+    b = record(store, {"model": "/m", "layers": [2, 30, 58], "backend": "speculators", "env": {}}, {},
+               playbook="extract-hidden-states")
+    got = compare(store, [a, b])
+    assert got["spec"] == {"backend": [None, "speculators"], "env": [None, {}]}
+    assert got["metrics"] == {}
+    assert flatten({"env": {"A": "1", "B": {"C": 2}}, "x": 1}) == {"env.A": "1", "env.B.C": 2, "x": 1}
+
+
+def test_bad_ids(tmp_path):
+    store = Store(tmp_path / "orch.db")
+    a, _, _ = three_runs(store)
+    with pytest.raises(NotFound, match="no run 99"):
+        compare(store, [a, 99])
+    with pytest.raises(UsageError, match="at least two"):
+        compare(store, [a])
+
+
+def test_cli(tmp_path):
+    orch = Orch(tmp_path / "ws")
+    store = Store(orch.db)
+    ids = three_runs(store)
+    store.close()
+    got = json.loads(orch("compare", *map(str, ids), "--json", check=0).stdout)
+    assert got["runs"] == ids and list(got) == ["runs", "spec", "metrics"]
+    assert got["metrics"]["gen_throughput"]["ratios"] == [1.0, 1.0586, 0.0]
+    assert "cmd" not in got["spec"]
+    assert "cmd" in json.loads(orch("compare", *map(str, ids), "--json", "--all", check=0).stdout)["spec"]
+    table = orch("compare", str(ids[0]), str(ids[1]), check=0).stdout
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines() if line.strip()}
+    assert rows["run"] == [str(ids[0]), "run", str(ids[1])]
+    assert rows["gen_throughput"] == ["88.8", "94", "(1.06x)"]
+    assert rows["accept_rate"] == ["0.19", "0.47", "(2.47x)"]
+    assert rows["speculative_num_steps"] == ["3", "5"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["1", "99"], "orch: no run 99"),
+    (["1", "x"], "orch: not a run id: 'x'"),
+    (["1"], "orch: compare needs at least two runs"),
+])
+def test_cli_bad_input(tmp_path, args, message):
+    orch = Orch(tmp_path / "ws")
+    store = Store(orch.db)
+    three_runs(store)
+    store.close()
+    res = orch("compare", *args)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.strip().splitlines() == [message]

@@ -1,0 +1,362 @@
+"""Sweeps and leases end to end: the real `orch` CLI, real sshd hosts on loopback, real SQLite, real jobs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from orchtest import Orch, job_cmd, kill_controller
+
+from orchestrator import lease, sweep
+from orchestrator.errors import UsageError
+from orchestrator.store import Store
+from orchestrator.workspace import Workspace
+
+FAST_SPEC = "poll_min = 0.05\npoll_max = 0.3\n"
+
+
+@pytest.fixture
+def orch(tmp_path, ssh_fleet) -> Orch:
+    overrides = {f"test{i}": {"workdir": str(tmp_path / f"remote{i}")} for i in (1, 2)}
+    return Orch(tmp_path / "ws", ssh_fleet.hosts_toml(**overrides))
+
+
+def job(*args: str) -> str:
+    """The test job's command line as a TOML string."""
+    return json.dumps(job_cmd(*args).removeprefix("cmd="))
+
+
+def write_sweep(orch: Orch, body: str, name: str = "s.toml") -> Path:
+    path = orch.root / name
+    path.write_text(body)
+    return path
+
+
+def db(orch: Orch) -> sqlite3.Connection:
+    conn = sqlite3.connect(orch.db)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def runs(orch: Orch) -> list[sqlite3.Row]:
+    """The runs table (empty while the database is still being created)."""
+    if not orch.db.exists():
+        return []
+    try:
+        return db(orch).execute("SELECT * FROM runs ORDER BY id").fetchall()
+    except sqlite3.OperationalError:
+        return []
+
+
+def sweep_doc(orch: Orch, ref: str = "1") -> dict:
+    return json.loads(orch("sweep", "status", ref, "--json", check=0).stdout)
+
+
+def assert_one_at_a_time(rows: list[sqlite3.Row]) -> None:
+    by_host: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        by_host.setdefault(r["host"], []).append((r["created_at"], r["ended_at"]))
+    for spans in by_host.values():
+        spans.sort()
+        for (_, end), (start, _) in itertools.pairwise(spans):
+            assert start >= end, f"two runs at once on one host: {spans}"
+
+
+def test_grid_over_two_hosts_one_run_at_a_time_per_host(orch):
+    decode = 'echo "Decode batch. #running-req: 1, #token: 9, token usage: 0.01, gen throughput (token/s): $A.5, #queue-req: 0, "'
+    cmd = json.dumps(job_cmd("--steps", "2", "--sleep", "0.05").removeprefix("cmd=") + " && " + decode)
+    path = write_sweep(orch, f"""
+name = "grid"
+playbook = "command"
+hosts = ["test1", "test2"]
+[spec]
+cmd = {cmd}
+{FAST_SPEC}
+[matrix]
+"env.A" = ["1", "2"]
+env.B = ["x", "y", "z"]
+""")
+    res = orch("sweep", "run", str(path), timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = runs(orch)
+    assert len(rows) == 6 and all(r["status"] == "succeeded" for r in rows)
+    assert {r["host"] for r in rows} == {"test1", "test2"}
+    assert_one_at_a_time(rows)
+    doc = sweep_doc(orch, "grid")
+    assert doc["status"] == "succeeded" and doc["counts"] == {"succeeded": 6}
+    points = {(p["point"]["env.A"], p["point"]["env.B"]): p for p in doc["points"]}
+    assert sorted(points) == [(a, b) for a in "12" for b in "xyz"]
+    specs = {r["id"]: json.loads(r["spec"]) for r in rows}
+    for (a, b), p in points.items():
+        assert p["runs"] == 1 and p["metrics"]["gen_throughput"] == float(a) + 0.5
+        assert specs[p["run_id"]]["env"] == {"A": a, "B": b}
+    assert {json.loads(r["point"])["env.B"] for r in rows} == {"x", "y", "z"}
+    table = orch("sweep", "status", "grid", check=0).stdout
+    assert "env.A=2 env.B=z" in table and "gen_throughput=2.5" in table
+    kinds = [r[0] for r in db(orch).execute("SELECT kind FROM sweep_events WHERE sweep_id = 1 ORDER BY id")]
+    assert kinds.count("run_ended") == 6 and kinds[-1] == "finished"
+    # the same file again: nothing to do, nothing run again
+    again = orch("sweep", "run", str(path))
+    assert again.returncode == 0 and "6 already done" in again.stderr
+    assert len(runs(orch)) == 6
+
+
+def test_killed_controller_then_rerun_resumes_without_rerunning(orch):
+    path = write_sweep(orch, f"""
+name = "resume"
+playbook = "command"
+hosts = ["test1", "test2"]
+[spec]
+cmd = {job("--steps", "8", "--sleep", "0.1")}
+{FAST_SPEC}
+[matrix]
+"env.N" = ["0", "1", "2", "3"]
+""")
+    proc = orch.spawn("sweep", "run", str(path))
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        statuses = [r["status"] for r in runs(orch)]
+        if "succeeded" in statuses and statuses.count("running") >= 1 and len(statuses) >= 3:
+            break
+        time.sleep(0.05)
+    kill_controller(proc)
+    before = runs(orch)
+    interrupted = [r["id"] for r in before if r["status"] == "running"]
+    assert interrupted and sweep_doc(orch)["status"] == "interrupted"
+    res = orch("sweep", "run", str(path), timeout=120)
+    assert res.returncode == 0, res.stderr
+    # a point that had finished ran once, and so did one whose run was watched again; only a point whose
+    # run had not launched yet when its controller died ran anew
+    never_launched = {r["point"] for r in before if r["status"] in ("pending", "preparing", "launching")}
+    per_point = dict(db(orch).execute("SELECT point, COUNT(*) FROM runs GROUP BY point").fetchall())
+    assert len(per_point) == 4
+    assert all(n == 1 or (n == 2 and point in never_launched) for point, n in per_point.items())
+    rows = runs(orch)
+    assert [r["status"] for r in rows].count("succeeded") == 4
+    assert all(r["status"] == "succeeded" or "controller died before launch" in r["reason"] for r in rows)
+    assert_one_at_a_time(rows)
+    for run_id in interrupted:  # watched to the end by the new controller, its log read once
+        assert f"watching run {run_id} again" in res.stderr
+        doc = orch.status(run_id)
+        assert doc["progress"]["done"] == 8
+        assert [e["message"] for e in doc["events"] if e["kind"] == "phase"].count("running") == 1
+    assert sweep_doc(orch)["counts"] == {"succeeded": 4}
+
+
+def test_dead_host_points_retry_then_fail_while_the_live_host_succeeds(orch, ssh_fleet_restarts):
+    ssh_fleet_restarts.server(2).stop()
+    path = write_sweep(orch, f"""
+name = "dead"
+playbook = "command"
+hosts = ["test1", "test2"]
+retries = 1
+retry_backoff_s = 0.1
+[spec]
+cmd = {job("--steps", "2", "--sleep", "0.05")}
+{FAST_SPEC}
+[matrix]
+"env.N" = ["0", "1", "2"]
+""")
+    res = orch("sweep", "run", str(path), timeout=120)
+    assert res.returncode == 1
+    assert "retry 1 of 1" in res.stderr
+    doc = sweep_doc(orch)
+    assert doc["status"] == "failed"
+    by_host = {h: [p for p in doc["points"] if p["host"] == h] for h in ("test1", "test2")}
+    assert [p["status"] for p in by_host["test1"]] == ["succeeded", "succeeded"]
+    (dead,) = by_host["test2"]
+    assert dead["status"] == "failed" and dead["fault"] == "fleet" and dead["runs"] == 2
+    assert "unreachable" in dead["reason"] and "after 2 attempts" in dead["reason"]
+    for r in runs(orch):
+        if r["host"] == "test2":
+            assert r["status"] == "failed" and r["pid"] is None and "before launch" in r["reason"]
+    assert db(orch).execute("SELECT COUNT(*) FROM leases").fetchone()[0] == 0
+
+
+def test_job_crash_is_not_retried_and_fail_fast_cancels_the_queue(orch):
+    path = write_sweep(orch, f"""
+name = "ff"
+playbook = "command"
+hosts = ["test1"]
+retries = 3
+fail_fast = true
+[spec]
+cmd = "exit $CODE"
+{FAST_SPEC}
+[matrix]
+"env.CODE" = ["0", "3", "1"]
+""")
+    res = orch("sweep", "run", str(path), timeout=60)
+    assert res.returncode == 1
+    points = sweep_doc(orch)["points"]
+    assert [p["status"] for p in points] == ["succeeded", "failed", "cancelled"]
+    assert points[1]["fault"] == "job" and points[1]["runs"] == 1 and "exit code 3" in points[1]["reason"]
+    assert "fail_fast" in points[2]["reason"] and points[2]["runs"] == 0
+    assert len(runs(orch)) == 2
+
+
+def test_invalid_point_exit_2_nothing_started(orch, tmp_path):
+    path = write_sweep(orch, f"""
+name = "bad"
+playbook = "command"
+hosts = ["test1", "test2"]
+[spec]
+cmd = "touch {tmp_path}/ran"
+{FAST_SPEC}
+[matrix]
+stall_factor = [2, 3, 0.5]
+""")
+    res = orch("sweep", "run", str(path))
+    assert res.returncode == 2, res.stderr
+    assert "point 2 (stall_factor=0.5)" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    res = orch("sweep", "run", "--detach", str(path))
+    assert res.returncode == 2 and "point 2" in res.stderr
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "remote1").exists()
+    conn = db(orch)
+    assert conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+    assert conn.execute("SELECT COUNT(*) FROM sweeps").fetchone()[0] == 0
+    ws = Workspace(orch.root, orch.root / "hosts.toml")
+    for body, message in [("name = 'x'\nplaybook = 'command'\n", "either hosts"),
+                          ("name = 'x'\nplaybook = 'command'\nhosts = ['nope']\n[spec]\ncmd = 'true'\n", "unknown host"),
+                          ("name = 'x'\nplaybook = 'command'\nhosts = ['test1']\n[matrix]\ncmd = 'true'\n", "matrix.cmd"),
+                          ("name = 'x'\nplaybook = 'nope'\nhosts = ['test1']\n", "unknown playbook"),
+                          ("name = 'x'\nplaybook = 'command'\nhosts = ['test1']\nretries = -1\n", "retries"),
+                          ("name = 'x'\nplaybook = 'command'\nhosts = ['test1']\n[spec]\ncmd = 1\n", "point 0 (base spec)")]:
+        with pytest.raises(UsageError, match=re.escape(message)):
+            sweep.plan(ws, Store(orch.db), write_sweep(orch, body, "other.toml"))
+    assert conn.execute("SELECT COUNT(*) FROM sweeps").fetchone()[0] == 0
+    # a valid file is registered with its points and its notify URLs, which nothing here sends to
+    body = ("name = 'ok'\nplaybook = 'command'\ntags = ['gpu']\nnotify = ['http://127.0.0.1:9/x']\n"
+            "[spec]\ncmd = 'true'\n[matrix]\nenv.A = ['1', '2', '1']\n[[include]]\nenv = {A = '3'}\n")
+    store = Store(orch.db)
+    with pytest.raises(UsageError, match="no host of the inventory has the tags gpu"):
+        sweep.plan(ws, store, write_sweep(orch, body, "ok.toml"))
+    (orch.root / "hosts.toml").write_text(orch.root.joinpath("hosts.toml").read_text() + "\n[hosts.g1]\ntags = ['gpu']\n")
+    p = sweep.plan(ws, store, write_sweep(orch, body, "ok.toml"))
+    assert [pt.diff for pt in p.points] == [{"env.A": "1"}, {"env.A": "2"}, {"env.A": "3"}]
+    sweep_id = sweep.register(store, p)
+    assert sweep.register(store, p) == sweep_id  # the same file: the same sweep
+    doc = sweep.document(store, sweep_id)
+    assert doc["notify"] == ["http://127.0.0.1:9/x"] and doc["counts"] == {"queued": 3}
+    assert {pt["host"] for pt in doc["points"]} == {"g1"}
+    assert conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+
+
+def test_detached_sweep_then_cancel(orch):
+    path = write_sweep(orch, f"""
+name = "long"
+playbook = "command"
+hosts = ["test1"]
+[spec]
+cmd = {job("--steps", "300", "--sleep", "0.05")}
+{FAST_SPEC}
+[matrix]
+"env.N" = ["0", "1", "2"]
+""")
+    res = orch("sweep", "run", "--detach", str(path), check=0)
+    sweep_id = res.stdout.strip()
+    deadline = time.time() + 30
+    while time.time() < deadline and not any(r["status"] == "running" for r in runs(orch)):
+        time.sleep(0.05)
+    assert orch("sweep", "run", str(path)).returncode == 1  # one controller per sweep
+    res = orch("sweep", "cancel", sweep_id, "--grace", "1")
+    assert res.returncode == 0, res.stderr
+    deadline = time.time() + 30
+    while time.time() < deadline and db(orch).execute("SELECT controller FROM sweeps").fetchone()[0]:
+        time.sleep(0.05)
+    doc = sweep_doc(orch, sweep_id)
+    assert doc["status"] == "cancelled"
+    assert [p["status"] for p in doc["points"]] == ["cancelled"] * 3
+    (run,) = runs(orch)
+    assert run["status"] == "cancelled" and "sweep cancelled" in run["reason"]
+    log = orch.root / "runs" / "sweeps" / sweep_id / "controller.log"
+    assert "run 1 started" in log.read_text()
+
+
+def test_two_runs_racing_for_one_host_then_queue(orch):
+    args = ("run", "command", "--host", "test1", "--set", job_cmd("--steps", "20", "--sleep", "0.1"),
+            "--set", "poll_min=0.05", "--set", "poll_max=0.3")
+    a, b = orch.spawn(*args), orch.spawn(*args)
+    first = None
+    deadline = time.time() + 60
+    while first is None and time.time() < deadline:
+        first = next((p for p in (a, b) if p.poll() is not None), None)
+        time.sleep(0.02)
+    _, errs = first.communicate()
+    assert first.returncode == 1, errs
+    assert "orch: host test1 is busy with run 1 (started by pid" in errs and "--queue waits" in errs
+    queued = orch.spawn(*args, "--queue")
+    winner = b if first is a else a
+    assert winner.wait(timeout=60) == 0
+    _, errs = queued.communicate(timeout=60)
+    assert queued.returncode == 0, errs
+    assert "waiting: host test1 is busy with run 1" in errs
+    rows = runs(orch)
+    assert [r["status"] for r in rows] == ["succeeded", "succeeded"]  # the refused one left no run
+    assert rows[1]["created_at"] >= rows[0]["ended_at"]
+    assert db(orch).execute("SELECT COUNT(*) FROM leases").fetchone()[0] == 0
+
+
+def test_stale_leases_are_recovered(orch, tmp_path):
+    # a controller that took the host and died before launching
+    code = ("import sys; from orchestrator import lease; from orchestrator.store import Store;"
+            "s = Store(sys.argv[1]);"
+            "lease.acquire(s, 'test1', None, lambda: s.create_run('command', 'test1', {'cmd': 'true'}), 0.3)")
+    subprocess.run([sys.executable, "-c", code, str(orch.db)], check=True)
+    (held,) = lease.held(Store(orch.db))
+    assert not lease.pid_alive(held.pid, held.pid_start)
+    res = orch("run", "command", "--host", "test1", "--set", "cmd=true", "--set", "poll_min=0.05")
+    assert res.returncode == 0, res.stderr
+    orphan, ran = runs(orch)
+    assert orphan["status"] == "failed" and "controller died before launch" in orphan["reason"]
+    assert ran["status"] == "succeeded"
+    # a detached run keeps its lease while its job runs, and frees it once seen to end
+    res = orch("run", "command", "--host", "test1", "--detach", "--set", "poll_min=0.05",
+               "--set", job_cmd("--steps", "30", "--sleep", "0.1"), check=0)
+    detached = int(res.stdout)
+    res = orch("run", "command", "--host", "test1", "--set", "cmd=true")
+    assert res.returncode == 1
+    assert f"busy with run {detached} (its controller" in res.stderr and "the job still runs" in res.stderr
+    exit_code = Path(orch.status(detached)["remote_dir"]) / "exit_code"
+    deadline = time.time() + 30
+    while not exit_code.exists() and time.time() < deadline:  # the job ends; nobody watches it
+        time.sleep(0.05)
+    res = orch("run", "command", "--host", "test1", "--set", "cmd=true", "--set", "poll_min=0.05")
+    assert res.returncode == 0, res.stderr
+    assert orch.status(detached)["status"] == "succeeded"
+    assert [r["status"] for r in runs(orch)].count("failed") == 1  # only the orphan
+
+
+def test_gpu_sets(tmp_path, orch):
+    store = Store(tmp_path / "l.db")
+    make = lambda: store.create_run("command", "h", {})
+    lease.acquire(store, "h", [0, 1], make, 1.0)
+    with pytest.raises(lease.Busy, match="GPUs 0,1 of h are busy with run 1"):
+        lease.acquire(store, "h", [1, 2], make, 1.0)
+    with pytest.raises(lease.Busy, match="busy with run 1"):
+        lease.acquire(store, "h", None, make, 1.0)
+    assert lease.acquire(store, "h", [2, 3], make, 1.0) == 2
+    assert lease.acquire(store, "other", None, make, 1.0) == 3
+    lease.release(store, 1)
+    assert lease.acquire(store, "h", [1], make, 1.0) == 4
+    # a sweep whose points ask for disjoint GPU sets runs them side by side on one host
+    path = write_sweep(orch, f"""
+name = "gpus"
+playbook = "command"
+hosts = ["test1"]
+[spec]
+cmd = {job("--steps", "8", "--sleep", "0.1")}
+{FAST_SPEC}
+[matrix]
+gpus = [[0], [1]]
+""")
+    assert orch("sweep", "run", str(path), timeout=60).returncode == 0
+    a, b = runs(orch)
+    assert a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]
