@@ -7,7 +7,6 @@ taken for the job), writes the combined stdout+stderr to `log`, and the exit cod
 from __future__ import annotations
 
 import base64
-import math
 import posixpath
 from dataclasses import dataclass
 
@@ -22,12 +21,13 @@ _LIVE_START = "sed -n 's/.*) [^Z] //p' /proc/{pid}/stat 2>/dev/null | cut -d' ' 
 # Whether any process of the group is alive, zombies excluded.
 _GROUP_ALIVE = "ps -eo pgid=,stat= | awk -v g={pid} '$1 == g && $2 !~ /^Z/ {{f = 1}} END {{exit !f}}'"
 
-# Runs in the run dir as the session leader, so its pid is also the job's process group id.
-WRAPPER = """\
-echo "$$ $(%s)" > pid.tmp && mv pid.tmp pid
-bash ./job.sh > log 2>&1 < /dev/null
+# Runs in the run dir as the session leader, so its pid is also the job's process group id. The log is
+# opened for appending, so a log truncated under the job (copytruncate rotation) gets no hole of zeros.
+WRAPPER = f"""\
+echo "$$ $({_START_TIME.format(pid='$$')})" > pid.tmp && mv pid.tmp pid
+bash ./job.sh >> log 2>&1 < /dev/null
 echo $? > exit_code.tmp && mv exit_code.tmp exit_code
-""" % _START_TIME.format(pid="$$")
+"""
 
 POLL_MARK = "orch-poll"
 
@@ -44,7 +44,7 @@ class RunPaths:
             raise OrchError(f"not an absolute remote run dir: {self.root!r}")
 
     @classmethod
-    def for_run(cls, workdir: str, run_id: int) -> "RunPaths":
+    def for_run(cls, workdir: str, run_id: int) -> RunPaths:
         return cls(posixpath.join(workdir, "runs", str(run_id)))
 
     def __getattr__(self, name: str) -> str:
@@ -111,9 +111,10 @@ def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: 
     hold = ""
     if hold_s > 0:
         step = 1.0 if hold_s >= 5 else max(hold_s / 10, 0.02)
-        steps = math.ceil(hold_s / step)
-        hold = (f"n={steps}; while [ $n -gt 0 ] && {alive} && [ ! -s exit_code ]; do "
-                f"sleep {step:.3f}; n=$((n - 1)); done\n")
+        # a deadline, not a count of steps, so the checks' own time does not stretch the hold
+        hold = (f"end=$(( $(date +%s%N) + {int(hold_s * 1e9)} ))\n"
+                f"while {alive} && [ ! -s exit_code ] && [ \"$(date +%s%N)\" -lt \"$end\" ]; do "
+                f"sleep {step:.3f}; done\n")
     return (
         f"cd {quote(paths.root)} || exit 95\n"
         + hold
@@ -164,4 +165,4 @@ def tail_command(paths: RunPaths, lines: int) -> str:
     return f"tail -n {int(lines)} {quote(paths.log)} 2>/dev/null || true"
 
 
-__all__ = ["RunPaths", "job_script", "launch", "read_state", "kill"]
+__all__ = ["RunPaths", "job_script", "kill", "launch", "read_state"]

@@ -247,3 +247,32 @@ def test_ctrl_c_detaches_and_the_job_keeps_running(orch, tmp_path):
     assert doc["status"] == "running" and any(e["kind"] == "detached" for e in doc["events"])
     assert orch("watch", "1", timeout=120).returncode == 0
     assert orch.status(1)["status"] == "succeeded" and orch.status(1)["progress"]["done"] == 30
+
+
+def test_truncated_log_is_read_again_from_the_start(orch):
+    cmd = ("cmd=for i in 1 2 3 4 5 6 7 8; do echo \"before truncation line $i\"; done; sleep 1; "
+           "truncate -s 0 log; echo after; sleep 1")
+    res = orch("run", "command", "--host", "test1", "--set", cmd, *FAST)
+    assert res.returncode == 0, res.stderr
+    doc = orch.status(1)
+    assert any(e["kind"] == "log" and "truncated" in e["message"] for e in doc["events"])
+    assert orch("logs", "1", check=0).stdout == "after\n"  # appended at the new end: no hole of zeros
+
+
+def test_fatal_line_ends_the_run_and_stops_lingering_processes(orch, tmp_path):
+    crash = tmp_path / "crash.sh"
+    crash.write_text(
+        "echo '[2026-11-29 10:00:00 TP0] Load weight begin. avail mem=139.02 GB'\n"
+        "sleep 0.5\n"
+        "printf '%s\\n' '[2026-11-29 10:00:01 TP0] Scheduler hit an exception: Traceback (most recent call last):'"
+        " '  File \"scheduler.py\", line 2950, in run_scheduler_process' 'RuntimeError: NCCL communicator was aborted'\n"
+        "sleep 300 & sleep 300\n"  # the process tree lingers, as a dying server's can
+    )
+    res = orch("run", "command", "--host", "test1", "--set", f"cmd=bash {crash}", "--set", "engine=sglang", *FAST,
+               timeout=120)
+    assert res.returncode == 1
+    doc = orch.status(1)
+    assert doc["status"] == "failed" and "fatal error in log" in doc["reason"]
+    assert doc["error"]["exception"] == "RuntimeError" and doc["exit_code"] is None
+    alive = os.popen(f"ps -eo pgid=,stat= | awk '$1 == {doc['pid']} && $2 !~ /^Z/'").read()
+    assert alive == ""
