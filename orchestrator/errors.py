@@ -35,7 +35,7 @@ class RemoteError(OrchError):
     def __init__(self, host: str, command: str, exit_code: int | None, output: str, reason: str = ""):
         self.host = host
         self.command = command
-        self.exit_code = exit_code
+        self.remote_exit_code = exit_code  # the command's; `exit_code` stays orch's own (1)
         self.output = output
         tail = "\n".join(output.strip().splitlines()[-10:])
         what = reason or f"exit code {exit_code}"

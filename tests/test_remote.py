@@ -88,7 +88,7 @@ def test_failure_raises_with_command_code_and_output(transport: Transport) -> No
     with pytest.raises(RemoteError) as info:
         transport.run("echo first; echo 'last words' >&2; exit 7")
     err = info.value
-    assert err.exit_code == 7
+    assert err.remote_exit_code == 7 and err.exit_code == 1
     assert err.host == transport.host.name
     assert "exit 7" in err.command
     assert "last words" in str(err) and "exit code 7" in str(err)
@@ -156,7 +156,7 @@ def test_expand_resolves_the_home_of_the_host(transport: Transport) -> None:
 def test_timeout_is_a_remote_error_and_the_transport_survives(transport: Transport) -> None:
     with pytest.raises(RemoteError) as info:
         transport.run("sleep 5", timeout=0.5)
-    assert info.value.exit_code is None and "timed out" in str(info.value)
+    assert info.value.remote_exit_code is None and "timed out" in str(info.value)
     assert transport.run("echo still here").stdout == "still here\n"
 
 
