@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -24,11 +24,11 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class State:
-    hosts_file: Optional[Path] = None
+    hosts_file: Path | None = None
 
 
 @app.callback()
-def _global(hosts: Optional[Path] = typer.Option(None, "--hosts", help="inventory file (default hosts.toml)")) -> None:
+def _global(hosts: Path | None = typer.Option(None, "--hosts", help="inventory file (default hosts.toml)")) -> None:
     State.hosts_file = hosts
 
 
@@ -59,7 +59,7 @@ def parse_run_id(text: str) -> int:
 def run(
     playbook: str = typer.Argument(..., help="command | extract-hidden-states"),
     host: str = typer.Option(LOCAL, "--host", "-H"),
-    file: Optional[Path] = typer.Option(None, "--file", "-f", help="spec TOML"),
+    file: Path | None = typer.Option(None, "--file", "-f", help="spec TOML"),
     sets: list[str] = typer.Option([], "--set", help="key=value (value parsed as a TOML literal)"),
     detach: bool = typer.Option(False, "--detach", help="return right after a good launch"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the remote commands instead"),
@@ -172,7 +172,7 @@ def _finish(run: dict[str, Any]) -> None:
 # status / logs / cancel -----------------------------------------------------------------------
 @app.command()
 def status(
-    run_id: Optional[str] = typer.Argument(None),
+    run_id: str | None = typer.Argument(None),
     as_json: bool = typer.Option(False, "--json"),
     refresh: bool = typer.Option(False, "--refresh", help="poll the host of every active run once"),
     limit: int = typer.Option(50, "--limit", "-n"),
@@ -409,8 +409,9 @@ def hosts(
     """List the inventory; --check connects to each host."""
     ws = workspace()
     inv = inventory(ws)
-    rows = [{"name": h.name, "address": h.address or h.name, "user": h.user, "port": h.port, "gpus": h.gpus,
-             "tags": h.tags, "workdir": h.workdir} for h in inv.hosts.values()]
+    rows: list[dict[str, Any]] = [
+        {"name": h.name, "address": h.address or h.name, "user": h.user, "port": h.port, "gpus": h.gpus,
+         "tags": h.tags, "workdir": h.workdir} for h in inv.hosts.values()]
     if check:
         from .remote import probe
 
@@ -471,9 +472,10 @@ def patch_list(as_json: bool = typer.Option(False, "--json")) -> None:
     from . import patching
 
     sets = patching.list_sets()
-    rows = [{"name": p.name, "package": p.package, "versions": p.versions, "files": sorted(p.files),
-             "requires_flags": list(p.requires_flags), "revert_after": p.revert_after,
-             "set_hash": p.set_hash, "description": p.description} for p in sets]
+    rows: list[dict[str, Any]] = [
+        {"name": p.name, "package": p.package, "versions": p.versions, "files": sorted(p.files),
+         "requires_flags": list(p.requires_flags), "revert_after": p.revert_after,
+         "set_hash": p.set_hash, "description": p.description} for p in sets]
     if as_json:
         emit_json(rows)
         return
@@ -602,11 +604,13 @@ def cron_remove(entry_id: str = typer.Argument(..., metavar="ID")) -> None:
 
 
 @cron_app.command("fire", hidden=True)
-def cron_fire(entry_id: str = typer.Argument(..., metavar="ID"), file: Path = typer.Argument(...)) -> None:
+def cron_fire(entry_id: str = typer.Argument(..., metavar="ID"), file: Path = typer.Argument(...),
+              instance: str | None = typer.Option(
+                  None, "--instance", hidden=True, help="the sweep's instance; default: today's local date")) -> None:
     """What the crontab line runs: the sweep under its lock, or a recorded skip."""
     from . import cron
 
-    raise typer.Exit(cron.fire(workspace(), entry_id, file))
+    raise typer.Exit(cron.fire(workspace(), entry_id, file, instance=instance))
 
 
 # sweeps ----------------------------------------------------------------------------------------
@@ -616,24 +620,26 @@ app.add_typer(sweep_app, name="sweep")
 
 @sweep_app.command("run")
 def sweep_run(file: Path = typer.Argument(..., help="sweep file (TOML)"),
-              detach: bool = typer.Option(False, "--detach", help="run the controller in the background")) -> None:
-    """Run every point of a sweep; the same file again resumes it."""
+              detach: bool = typer.Option(False, "--detach", help="run the controller in the background"),
+              instance: str = typer.Option(
+                  "", "--instance", help="which run of this file (e.g. a date); another instance is a new sweep")) -> None:
+    """Run every point of a sweep; the same file (and instance) again resumes it."""
     from . import sweep
 
     ws = workspace()
     if detach:
-        sweep_id, log = sweep.detach(ws, file)
+        sweep_id, log = sweep.detach(ws, file, instance)
         err.print(f"sweep {sweep_id} runs in the background; log: {log}", markup=False)
         out.print(sweep_id)
         return
-    doc = sweep.run(ws, file, echo=lambda line: err.print(line, markup=False))
+    doc = sweep.run(ws, file, echo=lambda line: err.print(line, markup=False), instance=instance)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(doc["counts"].items()))
     err.print(f"sweep {doc['id']} ({doc['name']}) {doc['status']}: {counts}", markup=False)
     raise typer.Exit(0 if doc["status"] == "succeeded" else 1)
 
 
 @sweep_app.command("status")
-def sweep_status(ref: Optional[str] = typer.Argument(None, metavar="[SWEEP]", help="id or name"),
+def sweep_status(ref: str | None = typer.Argument(None, metavar="[SWEEP]", help="id or name"),
                  as_json: bool = typer.Option(False, "--json")) -> None:
     """Sweeps, newest first, or one sweep point by point."""
     from . import sweep
@@ -644,9 +650,9 @@ def sweep_status(ref: Optional[str] = typer.Argument(None, metavar="[SWEEP]", he
         if as_json:
             emit_json(docs)
             return
-        table = Table("id", "name", "playbook", "status", "points", "age", box=None)
+        table = Table("id", "name", "instance", "playbook", "status", "points", "age", box=None)
         for d in docs:
-            table.add_row(str(d["id"]), d["name"], d["playbook"], d["status"],
+            table.add_row(str(d["id"]), d["name"], d["instance"], d["playbook"], d["status"],
                           " ".join(f"{n} {s}" for s, n in sorted(d["counts"].items())), _age(time.time() - d["created_at"]))
         out.print(table)
         return
@@ -654,7 +660,8 @@ def sweep_status(ref: Optional[str] = typer.Argument(None, metavar="[SWEEP]", he
     if as_json:
         emit_json(doc)
         return
-    out.print(f"sweep {doc['id']} {doc['name']} ({doc['playbook']}): {doc['status']}", markup=False)
+    title = f"{doc['name']} {doc['instance']}" if doc["instance"] else doc["name"]
+    out.print(f"sweep {doc['id']} {title} ({doc['playbook']}): {doc['status']}", markup=False)
     table = Table("#", "point", "host", "status", "run", "tries", "metrics", "reason", box=None)
     for p in doc["points"]:
         metrics = " ".join(f"{k}={v:g}" for k, v in list(p["metrics"].items())[:3])
@@ -678,7 +685,7 @@ def sweep_cancel(ref: str = typer.Argument(..., metavar="SWEEP", help="id or nam
 
 @sweep_app.command("report")
 def sweep_report(ref: str = typer.Argument(..., metavar="SWEEP", help="id or name"),
-                 metric: Optional[str] = typer.Option(None, help="picks the best point (default: the first metric)"),
+                 metric: str | None = typer.Option(None, help="picks the best point (default: the first metric)"),
                  chart: list[str] = typer.Option([], "--chart", help="metric drawn per point (default: all)"),
                  series: list[str] = typer.Option([], "--series", help="metric drawn over time (default: sampled ones)")) -> None:
     """Write runs/sweeps/<id>/report.html: the points, their spec differences and metrics, charts."""

@@ -5,7 +5,9 @@ no ORCH_HOME), so the line carries absolute paths, the workspace and a PATH that
 are tagged with the comment `orch:<id>`; list and remove never touch anything else in the crontab.
 
 The line calls `orch cron fire ID FILE`, which holds an flock on `runs/cron/<name>.lock` while the sweep
-runs; a night whose previous sweep still holds it skips, and says so in `runs/cron/<name>.log`.
+runs; a night whose previous sweep still holds it skips, and says so in `runs/cron/<name>.log`. It runs
+the sweep with the local date of the firing as its instance: an unchanged file is a new sweep every night,
+and firing again the same night (after a crash) resumes that night's sweep.
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ import os
 import re
 import secrets
 import shlex
+import sqlite3
 import subprocess
 import sys
 import time
-import tomllib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from .errors import NotFound, UsageError
+from .errors import NotFound, OrchError, UsageError
 from .workspace import Workspace
 
 TAG = "orch:"
@@ -73,26 +76,12 @@ def check_schedule(at: str) -> str:
 
 def check_sweep_file(file: Path) -> Path:
     """The sweep file must exist and parse, so a typo is found now rather than at 2 am."""
+    from . import sweep
+
     path = Path(file).expanduser().resolve()
     if not path.is_file():
         raise UsageError(f"sweep file not found: {file}")
-    try:
-        from . import sweep  # type: ignore[attr-defined]
-    except ImportError:
-        sweep = None
-    loader = getattr(sweep, "load", None)
-    if callable(loader):
-        try:
-            loader(path)
-        except UsageError:
-            raise
-        except Exception as exc:  # the sweep module's own error type, whatever it is
-            raise UsageError(f"{file}: invalid sweep: {exc}") from None
-        return path
-    try:
-        tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{file}: invalid TOML: {exc}") from None
+    sweep.load(path)  # a UsageError naming the problem
     return path
 
 
@@ -190,23 +179,21 @@ def _log(path: Path, line: str) -> None:
 
 
 def _record_skip(entry_id: str, file: Path, message: str) -> None:
-    """An event for the skip, where the sweep module offers a place for one."""
+    """An event for the skip on the sweep still running."""
+    from . import sweep
+
     try:
-        from . import sweep  # type: ignore[attr-defined]
-    except ImportError:
-        return
-    record = getattr(sweep, "record_cron_skip", None)
-    if callable(record):
-        try:
-            record(entry_id, file, message)
-        except Exception as exc:  # the log line above already says what happened
-            sys.stderr.write(f"orch: could not record the skip as an event: {exc}\n")
+        sweep.record_cron_skip(entry_id, file, message)
+    except (OrchError, sqlite3.Error) as exc:  # the log line already says what happened
+        sys.stderr.write(f"orch: could not record the skip as an event: {exc}\n")
 
 
 def fire(ws: Workspace, entry_id: str, file: Path,
-         start: Callable[[list[str], int], int] | None = None) -> int:
-    """Run the sweep under the lock; skip (exit 0) when the previous night's sweep still holds it."""
+         start: Callable[[list[str], int], int] | None = None, instance: str | None = None) -> int:
+    """Run the sweep under the lock; skip (exit 0) when the previous night's sweep still holds it.
+    The sweep's instance is `instance`, by default the local date now."""
     path = Path(file).resolve()
+    instance = time.strftime("%Y-%m-%d") if instance is None else instance
     folder = cron_dir(ws)
     folder.mkdir(parents=True, exist_ok=True)
     name = sweep_name(path)
@@ -223,9 +210,10 @@ def fire(ws: Workspace, entry_id: str, file: Path,
             return 0
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        _log(log, f"orch:{entry_id} start: sweep {path}")
+        _log(log, f"orch:{entry_id} start: sweep {path} instance {instance}")
         argv = [*orch_argv(), *(["--hosts", str(ws.hosts_file)] if ws.hosts_file != ws.root / "hosts.toml"
-                                else []), "sweep", "run", str(path)]
+                                else []), "sweep", "run", str(path),
+                "--instance", instance]
         code = (start or _start)(argv, fd)
         _log(log, f"orch:{entry_id} end: exit code {code}")
         return code

@@ -65,7 +65,7 @@ class Inventory:
         self.hosts = hosts
 
     @classmethod
-    def load(cls, path: Path, workspace_root: Path) -> "Inventory":
+    def load(cls, path: Path, workspace_root: Path) -> Inventory:
         raw: dict[str, Any] = {}
         if path.exists():
             try:

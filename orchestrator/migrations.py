@@ -160,3 +160,16 @@ def m006(db: Database) -> None:
     db["runs"].add_column("sweep_id", int)
     db["runs"].add_column("point", str)  # JSON of the sweep point's spec differences
     db["runs"].create_index(["sweep_id"])
+
+
+@migrations(name="m007_sweep_instance")
+def m007(db: Database) -> None:
+    # A sweep is its name, file hash and instance: a nightly entry's instance is the date, so an unchanged
+    # file makes a new sweep every night; '' keeps "the same file again resumes it".
+    db["sweeps"].add_column("instance", str, not_null_default="")
+    for index in db.execute("PRAGMA index_list(sweeps)").fetchall():
+        name, unique = index[1], index[2]
+        columns = [row[2] for row in db.execute(f"PRAGMA index_info([{name}])").fetchall()]
+        if unique and columns == ["name", "file_hash"]:
+            db.execute(f"DROP INDEX [{name}]")
+    db["sweeps"].create_index(["name", "file_hash", "instance"], unique=True)

@@ -12,7 +12,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import tenacity
 
@@ -79,7 +80,7 @@ def send(urls: list[str], document: dict[str, Any], on_error: Callable[[str, str
                 deliver(url, document, total_s, sleep)
             except NotifyError as exc:
                 on_error(url, str(exc))
-            except Exception as exc:  # a notification must never take anything else down
+            except Exception as exc:  # noqa: BLE001 - a notification must never take anything else down
                 on_error(url, f"{type(exc).__name__}: {exc}")
 
     thread = threading.Thread(target=work, name="orch-notify", daemon=True)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from . import launch, lease, notify
 from .errors import OrchError, UsageError

@@ -6,15 +6,17 @@ named policy `ssh_retry`; one connection per host is kept and reused.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shlex
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import tenacity
 
@@ -36,7 +38,7 @@ class Result:
     def ok(self) -> bool:
         return self.exit_code == 0
 
-    def check(self) -> "Result":
+    def check(self) -> Result:
         if not self.ok:
             raise RemoteError(self.host, self.command, self.exit_code, self.stdout + self.stderr)
         return self
@@ -83,7 +85,7 @@ class LocalTransport(Transport):
     def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result:
         try:
             proc = subprocess.run(
-                ["bash", "-c", command], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL
+                ["bash", "-c", command], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
             )
         except subprocess.TimeoutExpired:
             raise RemoteError(self.host.name, command, None, "", reason=f"timed out after {timeout} s")
@@ -212,10 +214,8 @@ class SSHTransport(Transport):
 
     def _drop(self) -> None:
         if self._conn is not None:
-            try:
+            with contextlib.suppress(Exception):  # a dead connection may fail to close; it is discarded either way
                 self._conn.close()
-            except Exception:  # a dead connection may fail to close; it is discarded either way
-                pass
             self._conn = None
 
     def _call(self, fn: Callable[[Any], Any]) -> Any:
@@ -223,18 +223,17 @@ class SSHTransport(Transport):
         import paramiko
 
         for attempt in ssh_retry(sleep=self.retry_sleep):
-            with attempt:
-                with self._lock:
-                    try:
-                        return fn(self._connection())
-                    except _ConnectionLost:
-                        self._drop()
-                        raise
-                    except (OSError, EOFError, paramiko.SSHException) as exc:
-                        self._drop()
-                        if isinstance(exc, paramiko.AuthenticationException):
-                            raise HostKeyError(self.host.name, f"authentication failed: {exc}") from None
-                        raise Unreachable(self.host.name, str(exc) or type(exc).__name__) from None
+            with attempt, self._lock:
+                try:
+                    return fn(self._connection())
+                except _ConnectionLost:
+                    self._drop()
+                    raise
+                except (OSError, EOFError, paramiko.SSHException) as exc:
+                    self._drop()
+                    if isinstance(exc, paramiko.AuthenticationException):
+                        raise HostKeyError(self.host.name, f"authentication failed: {exc}") from None
+                    raise Unreachable(self.host.name, str(exc) or type(exc).__name__) from None
         raise AssertionError("unreachable")  # tenacity reraises
 
     def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result:
@@ -323,4 +322,4 @@ def probe(host: Host, timeout: float = 10) -> str:
     return connect(host).run("uname -srm", timeout=timeout).stdout.strip()
 
 
-__all__ = ["Result", "Transport", "LocalTransport", "SSHTransport", "connect", "quote"]
+__all__ = ["LocalTransport", "Result", "SSHTransport", "Transport", "connect", "quote"]

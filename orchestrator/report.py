@@ -66,7 +66,7 @@ def lower_is_better(metric: str) -> bool:
     return metric.endswith("_ms")
 
 
-def sweep_points(store: Store, sweep_id: str) -> list[dict[str, Any]]:
+def sweep_points(store: Store, sweep_id: int) -> list[dict[str, Any]]:
     """The runs of a sweep, oldest first, each with its flattened spec and latest metrics."""
     cols = {r[1] for r in store.conn.execute("PRAGMA table_info(runs)")}
     if "sweep_id" not in cols:
@@ -89,7 +89,7 @@ def best_point(points: list[dict[str, Any]], metric: str) -> int | None:
     return (min if lower_is_better(metric) else max)(scored)[1]
 
 
-def sweep_report(store: Store, sweep_id: str, out_dir: Any, metric: str | None = None,
+def sweep_report(store: Store, sweep_id: int, out_dir: Any, metric: str | None = None,
                  charts: list[str] | None = None, series: list[str] | None = None) -> Any:
     """Write `report.html` and its PNG charts into out_dir; returns the page's path.
 
@@ -189,7 +189,7 @@ def _cell(value: Any) -> str:
     return html.escape(value if isinstance(value, str) else json.dumps(value))
 
 
-def _html(sweep_id: str, points: list[dict[str, Any]], keys: list[str], names: list[str], metric: str | None,
+def _html(sweep_id: int, points: list[dict[str, Any]], keys: list[str], names: list[str], metric: str | None,
           best: int | None, images: list[str]) -> str:
     import html
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
+import tenacity
 from sqlite_utils import Database
 
 from .errors import NotFound
@@ -25,13 +27,28 @@ def _dump(value: Any) -> str | None:
     return None if value is None else json.dumps(value, sort_keys=True)
 
 
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Switch a database to WAL once. Two processes creating it at once can meet SQLITE_BUSY here,
+    which the busy timeout does not cover, so the switch is retried briefly."""
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(sqlite3.OperationalError),
+        stop=tenacity.stop_after_delay(30),
+        wait=tenacity.wait_random_exponential(multiplier=0.01, max=0.5),
+        reraise=True,
+    )
+    for attempt in retrying:
+        with attempt:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode = WAL")
+
+
 class Store:
     def __init__(self, path: Path | str):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(str(self.path), timeout=60, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA busy_timeout = 60000")
-        conn.execute("PRAGMA journal_mode = WAL")
+        _use_wal(conn)
         conn.execute("PRAGMA synchronous = NORMAL")
         self.db = Database(conn)
         self.conn = conn
@@ -92,7 +109,8 @@ class Store:
         return self._cols
 
     def list_runs(self, *, limit: int = 50, statuses: Iterable[str] | None = None) -> list[dict[str, Any]]:
-        sql, args = "SELECT * FROM runs", []
+        sql = "SELECT * FROM runs"
+        args: list[Any] = []
         if statuses is not None:
             statuses = list(statuses)
             sql += f" WHERE status IN ({','.join('?' * len(statuses))})"
@@ -156,7 +174,7 @@ class Store:
     def record_patches(self, records: Iterable[dict[str, Any]]) -> None:
         now = time.time()
         with self.tx():
-            self.db["patch_records"].insert_all([{"ts": now, **r} for r in records])
+            self.db.table("patch_records").insert_all([{"ts": now, **r} for r in records])
 
     def patch_records(self, host: str) -> list[dict[str, Any]]:
         return list(self.db["patch_records"].rows_where("host = ?", [host], order_by="id"))

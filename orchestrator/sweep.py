@@ -6,7 +6,8 @@ extra points. Every point is validated before anything starts. Points go round-r
 a host runs one point at a time, or one per GPU set when points ask for `gpus` (the leases keep
 overlapping sets apart whatever the file says).
 
-A sweep is its name plus the sha256 of its file: running the same file again resumes it. Points that
+A sweep is its name, the sha256 of its file and an instance (free text, '' by default; a nightly cron
+entry uses the date): running the same file with the same instance again resumes it. Points that
 succeeded, or failed by a crash inside the job, are not run again; a run whose controller died is
 watched again (or settled, when it never launched); every other point runs. A changed file is a new
 sweep (the old one stays in the history under the same name).
@@ -100,6 +101,7 @@ class Plan:
     playbook: Any
     hosts: list[Host]
     points: list[Point]
+    instance: str = ""  # with name and file_hash, which sweep this is: '' unless the caller names one
 
 
 def point_key(diff: dict[str, Any]) -> str:
@@ -179,7 +181,7 @@ def _apply(base: dict[str, Any], diff: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def plan(ws: Workspace, store: Store, path: Path) -> Plan:
+def plan(ws: Workspace, store: Store, path: Path, instance: str = "") -> Plan:
     """Validate everything — the file, the hosts, every point's spec — before anything starts."""
     import playbooks
 
@@ -204,20 +206,21 @@ def plan(ws: Workspace, store: Store, path: Path) -> Plan:
         except UsageError as exc:
             raise UsageError(f"invalid point {i} ({label(diff)}): {exc}") from None
         points.append(Point(i, diff, spec, host.name))
-    return Plan(path, hashlib.sha256(text.encode()).hexdigest(), file, pb, hosts, points)
+    return Plan(path, hashlib.sha256(text.encode()).hexdigest(), file, pb, hosts, points, instance)
 
 
 # the database ---------------------------------------------------------------------------------------
 def register(store: Store, p: Plan) -> int:
-    """The sweep's id: the existing one for this name and file content, or a new one with its points."""
+    """The sweep's id: the existing one for this name, file content and instance, or a new one with its points."""
     with store.tx() as c:
-        row = c.execute("SELECT id FROM sweeps WHERE name = ? AND file_hash = ?", (p.file.name, p.file_hash)).fetchone()
+        row = c.execute("SELECT id FROM sweeps WHERE name = ? AND file_hash = ? AND instance = ?",
+                        (p.file.name, p.file_hash, p.instance)).fetchone()
         if row:
             return int(row[0])
         cur = c.execute(
-            "INSERT INTO sweeps (name, file_hash, path, playbook, doc, notify, status, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, 'queued', ?)",
-            (p.file.name, p.file_hash, str(p.path), p.file.playbook, p.file.model_dump_json(),
+            "INSERT INTO sweeps (name, file_hash, instance, path, playbook, doc, notify, status, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?)",
+            (p.file.name, p.file_hash, p.instance, str(p.path), p.file.playbook, p.file.model_dump_json(),
              json.dumps(p.file.notify), time.time()),
         )
         sweep_id = int(cur.lastrowid or 0)
@@ -342,9 +345,10 @@ def record_cron_skip(entry_id: str, file: Path, message: str) -> None:
         try:
             text, _ = _read(Path(file))
             name = load(Path(file)).name
-            row = store.conn.execute("SELECT id FROM sweeps WHERE name = ? AND file_hash = ?",
+            # the sweep still running: the newest of this file, whatever its instance
+            row = store.conn.execute("SELECT MAX(id) FROM sweeps WHERE name = ? AND file_hash = ?",
                                      (name, hashlib.sha256(text.encode()).hexdigest())).fetchone()
-            sweep_id = row[0] if row else None
+            sweep_id = row[0]
         except UsageError:
             pass
         add_event(store, sweep_id, "cron_skip", message, {"entry": entry_id, "file": str(file)})
@@ -601,17 +605,18 @@ def _finish(store: Store, sweep_id: int) -> dict[str, Any]:
 
 
 def run(ws: Workspace, path: Path, echo: Callable[[str], None] = lambda s: None,
-        sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
-    """Run (or resume) the sweep in this file to its end; returns its status document."""
+        sleep: Callable[[float], None] = time.sleep, instance: str = "") -> dict[str, Any]:
+    """Run (or resume) the sweep in this file (and instance) to its end; returns its status document."""
     store = Store(ws.db_path)
     try:
-        p = plan(ws, store, path)
+        p = plan(ws, store, path, instance)
         sweep_id = register(store, p)
         claim(store, sweep_id)
         done = store.conn.execute("SELECT COUNT(*) FROM sweep_points WHERE sweep_id = ? AND (status = 'succeeded'"
                                   " OR fault = 'job')", (sweep_id,)).fetchone()[0]
         add_event(store, sweep_id, "started", f"controller {_me()}; {done} of {len(p.points)} points already done")
-        echo(f"sweep {sweep_id} ({p.file.name}): {len(p.points)} points on {', '.join(h.name for h in p.hosts)}"
+        title = f"{p.file.name} {instance}" if instance else p.file.name
+        echo(f"sweep {sweep_id} ({title}): {len(p.points)} points on {', '.join(h.name for h in p.hosts)}"
              + (f", {done} already done" if done else ""))
         try:
             Runner(ws, p, sweep_id, echo, sleep).run()
@@ -623,11 +628,11 @@ def run(ws: Workspace, path: Path, echo: Callable[[str], None] = lambda s: None,
         store.close()
 
 
-def detach(ws: Workspace, path: Path) -> tuple[int, Path]:
+def detach(ws: Workspace, path: Path, instance: str = "") -> tuple[int, Path]:
     """Validate and register the sweep, then run its controller as a background process."""
     store = Store(ws.db_path)
     try:
-        p = plan(ws, store, path)
+        p = plan(ws, store, path, instance)
         sweep_id = register(store, p)
         _check_not_running(_sweep_row(store, sweep_id))
     finally:
@@ -637,7 +642,8 @@ def detach(ws: Workspace, path: Path) -> tuple[int, Path]:
     package_root = str(Path(__file__).resolve().parent.parent)
     env = {**os.environ, "ORCH_HOME": str(ws.root),
            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    argv = [sys.executable, "-m", "orchestrator", "--hosts", str(ws.hosts_file), "sweep", "run", str(p.path)]
+    argv = [sys.executable, "-m", "orchestrator", "--hosts", str(ws.hosts_file), "sweep", "run", str(p.path),
+            "--instance", instance]
     with open(log, "ab") as out:
         # its own session: it outlives this command and the terminal it came from
         subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -698,7 +704,8 @@ def document(store: Store, sweep_id: int) -> dict[str, Any]:
     for pt in points:
         counts[pt["status"]] = counts.get(pt["status"], 0) + 1
     return {
-        "id": row["id"], "name": row["name"], "playbook": row["playbook"], "status": status, "path": row["path"],
+        "id": row["id"], "name": row["name"], "instance": row["instance"], "playbook": row["playbook"],
+        "status": status, "path": row["path"],
         "file_hash": row["file_hash"], "created_at": row["created_at"], "ended_at": row["ended_at"],
         "controller": row["controller"], "notify": json.loads(row["notify"] or "[]"), "counts": counts,
         "points": points,

@@ -12,8 +12,9 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import tenacity
 
@@ -89,7 +90,7 @@ class Watcher:
         *,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.time,
-        on_update: Callable[["Watcher"], None] | None = None,
+        on_update: Callable[[Watcher], None] | None = None,
     ):
         self.store, self.run_id, self.transport, self.opts = store, run_id, transport, opts
         self.sleep, self.clock, self.on_update = sleep, clock, on_update

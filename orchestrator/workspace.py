@@ -13,7 +13,7 @@ class Workspace:
     hosts_file: Path
 
     @classmethod
-    def find(cls, hosts_file: str | os.PathLike | None = None) -> "Workspace":
+    def find(cls, hosts_file: str | os.PathLike | None = None) -> Workspace:
         root = Path(os.environ.get("ORCH_HOME") or os.getcwd()).resolve()
         hosts = Path(hosts_file).resolve() if hosts_file else root / "hosts.toml"
         return cls(root=root, hosts_file=hosts)

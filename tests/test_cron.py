@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import sqlite3
 import subprocess
 import time
 
@@ -97,9 +98,29 @@ def test_the_line_runs_in_cron_s_bare_environment_and_skips_a_busy_night(orch, c
     finally:
         os.close(fd)
     # free: orch itself is found and started (ORCH_HOME, PATH), and hands the file to `orch sweep run`
+    days = {time.strftime("%Y-%m-%d")}
     res = cron_sh(entry["command"])
+    days.add(time.strftime("%Y-%m-%d"))  # a firing across midnight
     text = log.read_text()
     assert f"orch:{entry['id']} start: sweep {orch.root}/nightly.toml" in text
     assert f"orch:{entry['id']} end: exit code 0" in text, text
     sweeps = orch("sweep", "status", "--json", check=0)
     assert [(d["name"], d["status"]) for d in json.loads(sweeps.stdout)] == [("nightly", "succeeded")]
+    # the night's instance is the local date of the firing
+    assert json.loads(sweeps.stdout)[0]["instance"] in days
+
+
+def test_each_night_is_a_new_sweep_and_a_rerun_the_same_night_resumes_it(orch):
+    nightly = str(orch.root / "nightly.toml")
+    for day in ["2031-01-01", "2031-01-01", "2031-01-02"]:
+        orch("cron", "fire", "abc123", nightly, "--instance", day, check=0)
+    sweeps = json.loads(orch("sweep", "status", "--json", check=0).stdout)
+    assert [(d["instance"], d["status"], d["counts"]) for d in sweeps] == [
+        ("2031-01-02", "succeeded", {"succeeded": 2}), ("2031-01-01", "succeeded", {"succeeded": 2})]
+    # two nights, two points each: four runs; the second firing of the first night ran nothing
+    per_sweep = sqlite3.connect(orch.db).execute("SELECT sweep_id, COUNT(*) FROM runs GROUP BY sweep_id ORDER BY 1")
+    assert per_sweep.fetchall() == [(sweeps[1]["id"], 2), (sweeps[0]["id"], 2)]
+    log = (orch.root / "runs" / "cron" / "nightly.log").read_text()
+    assert log.count("end: exit code 0") == 3 and "instance 2031-01-02" in log
+    shown = orch("sweep", "status", "nightly", check=0).stdout
+    assert shown.startswith(f"sweep {sweeps[0]['id']} nightly 2031-01-02 (command): succeeded")

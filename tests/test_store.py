@@ -38,6 +38,25 @@ def test_each_earlier_schema_migrates(tmp_path, stop_before):
     assert store.patch_records("local") == []
 
 
+def test_sweeps_before_instances_keep_their_identity(tmp_path):
+    path = tmp_path / "orch.db"
+    old = Store.__new__(Store)
+    old.path = path
+    old.conn = sqlite3.connect(path, isolation_level=None)
+    from sqlite_utils import Database
+
+    old.db = Database(old.conn)
+    old.migrate(stop_before="m007_sweep_instance")
+    add = "INSERT INTO sweeps (name, file_hash, playbook, status, created_at{}) VALUES ('s', 'h', 'command', 'queued', 1{})"
+    old.conn.execute(add.format("", ""))
+    old.conn.close()
+    store = Store(path)
+    assert store.conn.execute("SELECT instance FROM sweeps").fetchall() == [("",)]
+    store.conn.execute(add.format(", instance", ", '2031-01-01'"))  # the same file, another night
+    with pytest.raises(sqlite3.IntegrityError):
+        store.conn.execute(add.format(", instance", ", '2031-01-01'"))
+
+
 def test_transitions_are_checked_and_evented(tmp_path):
     store = Store(tmp_path / "orch.db")
     rid = store.create_run("command", "local", {"cmd": "true"})

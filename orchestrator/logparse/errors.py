@@ -26,7 +26,7 @@ class LogError:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "LogError":
+    def from_dict(cls, d: dict[str, Any]) -> LogError:
         return cls(**d)
 
 
@@ -92,9 +92,8 @@ def merge(cur: LogError, new: LogError, chained: bool) -> LogError:
     post-mortem traceback does not hide the one that started the failure.
     """
     higher = RANK[new.kind] > RANK[cur.kind]
-    if cur.exception is None and new.exception is not None:
-        take_new = True
-    elif higher and (new.kind in CAUSES or cur.exception is None):
+    if (cur.exception is None and new.exception is not None) or (
+            higher and (new.kind in CAUSES or cur.exception is None)):
         take_new = True
     elif new.exception is None:
         take_new = False

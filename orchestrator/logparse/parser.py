@@ -257,9 +257,9 @@ class LogParser:
     def _on_progress(self, m: re.Match[str], pure_bar: bool) -> None:
         progress = progress_of(m)
         err = self.error
-        if err is not None and not err.fatal and progress.done > 0:
-            if self._error_progress != [progress.label, progress.done]:
-                self._healthy()
+        if (err is not None and not err.fatal and progress.done > 0
+                and self._error_progress != [progress.label, progress.done]):
+            self._healthy()
         self._progress, self._pending = progress, None
         module = _MODULES.get(self.engine, generic)
         phase = generic.common_bar_phase(progress.label) or module.bar_phase(progress.label)
@@ -327,7 +327,7 @@ class LogParser:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "LogParser":
+    def from_dict(cls, d: dict[str, Any]) -> LogParser:
         p = cls(engine=d.get("engine"), ready_pattern=d.get("ready_pattern"))
         p.auto_engine = bool(d.get("auto_engine", p.engine is None))
         p.phase = d.get("phase", "starting")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 MAX_LINE_BYTES = 64 * 1024  # the rest of a longer line is dropped: a log line never needs more
 
@@ -117,7 +118,7 @@ class LineSplitter:
         return {"buf": self.buf.decode("latin-1"), "pending_cr": self.pending_cr}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "LineSplitter":
+    def from_dict(cls, d: dict[str, Any]) -> LineSplitter:
         s = cls()
         s.buf = d.get("buf", "").encode("latin-1")
         s.pending_cr = bool(d.get("pending_cr", False))

@@ -44,7 +44,7 @@ class Progress:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Progress":
+    def from_dict(cls, d: dict[str, Any]) -> Progress:
         return cls(**d)
 
 

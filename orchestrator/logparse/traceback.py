@@ -69,7 +69,7 @@ class TracebackTracker:
         return {"open": [[k, v[0], v[1]] for k, v in self.open.items()]}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TracebackTracker":
+    def from_dict(cls, d: dict[str, Any]) -> TracebackTracker:
         t = cls()
         t.open = {k: [mode, chained] for k, mode, chained in d.get("open", [])}
         return t
