@@ -115,6 +115,11 @@ def write(rows: list[tuple[str, str, float, float]]) -> None:
         f"Emulated SGLang 0.5.23 server, 64 shards at {SHARD_S} s each, time scaled by {SCALE:.5f};"
         f" median of {REPEATS} runs; lag in emulated seconds from the line being printed to the status"
         " being recorded; calls = remote shell round trips while watching.",
+        "orch: backoff 30 s -> 600 s, reset on progress, capped at the ETA, each wait spent on the host"
+        " inside the next poll and cut short when the job dies; fixed30: a 30 s poll with the sleep on"
+        " the controller (a shell loop); sleep600: the `sleep 600; tail -40 log` habit. Scaled down, the"
+        " host-side check every hold/10 real seconds is worth up to 60 emulated seconds of orch's lag"
+        " after ready; unscaled it checks every second.",
         "",
         "| scenario | watcher | median lag (s) | remote calls | lag vs sleep600 | calls vs fixed30 |",
         "|---|---|---:|---:|---:|---:|",
