@@ -19,8 +19,9 @@ from .store import Store, run_document
 from .workspace import Workspace
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run and watch large-model experiments.")
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# No markup: run output, log lines and error messages are data, and `[rank3]` must print as itself.
+out = Console(highlight=False, soft_wrap=True, markup=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
 class State:
@@ -57,7 +58,7 @@ def parse_run_id(text: str) -> int:
 # run / watch ----------------------------------------------------------------------------------
 @app.command()
 def run(
-    playbook: str = typer.Argument(..., help="command | extract-hidden-states"),
+    playbook: str = typer.Argument(..., help="command, extract-hidden-states, serve-eagle3, bench-serving"),
     host: str = typer.Option(LOCAL, "--host", "-H"),
     file: Path | None = typer.Option(None, "--file", "-f", help="spec TOML"),
     sets: list[str] = typer.Option([], "--set", help="key=value (value parsed as a TOML literal)"),
@@ -129,7 +130,7 @@ def _follow(ctx: Any, pb: Any, until_ready: bool) -> None:
         events = ctx.store.events(ctx.run_id)
         for e in events[seen:]:
             if e["kind"] != "status" or e["message"].split(":")[0] in ("running",):
-                live.console.print(f"[dim]{time.strftime('%H:%M:%S', time.localtime(e['ts']))}[/] {e['kind']}: {e['message']}")
+                live.console.print(f"{time.strftime('%H:%M:%S', time.localtime(e['ts']))} {e['kind']}: {e['message']}")
         seen = len(events)
         live.update(_progress_line(w.run))
 
@@ -147,17 +148,17 @@ def _progress_line(run: dict[str, Any]) -> str:
     p = run.get("progress") or {}
     phase = run.get("phase") or "?"
     if not p:
-        return f"[bold]{phase}[/]"
+        return f"{phase}"
     total = p.get("total")
     frac = (p["done"] / total) if total else None
     bar = ""
     if frac is not None:
         filled = int(30 * min(max(frac, 0), 1))
-        bar = "[green]" + "█" * filled + "[/]" + "░" * (30 - filled) + f" {100 * frac:5.1f}% "
+        bar = "" + "█" * filled + "" + "░" * (30 - filled) + f" {100 * frac:5.1f}% "
     eta = f" eta {p['eta_s']:.0f}s" if p.get("eta_s") is not None else ""
     rate = f" {p['rate_per_s']:.2f}/s" if p.get("rate_per_s") else ""
     done = f"{p['done']:g}/{total:g}" if total else f"{p['done']:g}"
-    return f"[bold]{phase}[/] {p.get('label') or ''} {bar}{done}{rate}{eta}"
+    return f"{phase} {p.get('label') or ''} {bar}{done}{rate}{eta}"
 
 
 def _finish(run: dict[str, Any]) -> None:
@@ -203,7 +204,7 @@ def status(
         if not p and doc["predicted_ready_at"] and r["status"] == "running":
             prog = f"loaded in ~{max(0, doc['predicted_ready_at'] - now):.0f}s (history)"
         metrics = " ".join(f"{k}={v:g}" for k, v in list(doc["metrics"].items())[:3])
-        status_text = doc["status"] + (" [yellow](stalled)[/]" if doc["stalled"] else "")
+        status_text = doc["status"] + (" (stalled)" if doc["stalled"] else "")
         table.add_row(str(r["id"]), r["playbook"], r["host"], status_text, r["phase"] or "", prog, metrics,
                       _age(now - r["created_at"]))
     out.print(table)
@@ -217,7 +218,7 @@ def _age(seconds: float) -> str:
 
 
 def _print_run(doc: dict[str, Any]) -> None:
-    out.print(f"[bold]run {doc['id']}[/] {doc['playbook']} on {doc['host']}: {doc['status']} ({doc['phase']})")
+    out.print(f"run {doc['id']} {doc['playbook']} on {doc['host']}: {doc['status']} ({doc['phase']})")
     for key in ("reason", "exit_code", "pid", "remote_dir"):
         if doc.get(key) is not None:
             out.print(f"  {key}: {doc[key]}")
@@ -227,7 +228,7 @@ def _print_run(doc: dict[str, Any]) -> None:
         left = doc["predicted_ready_at"] - time.time()
         out.print(f"  loading should end in ~{max(left, 0):.0f} s (earlier runs of this model here)")
     if doc["stalled"]:
-        out.print("  [yellow]stalled[/]: no progress for longer than usual")
+        out.print("  stalled: no progress for longer than usual")
     if doc["error"]:
         e = doc["error"]
         out.print(f"  error: {e['kind']}: {e['exception'] or ''} {e['message']}")
@@ -235,7 +236,7 @@ def _print_run(doc: dict[str, Any]) -> None:
         out.print(f"  {k} = {v:g}")
     out.print("  spec: " + json.dumps(doc["spec"]))
     for e in doc["events"]:
-        out.print(f"  [dim]{time.strftime('%m-%d %H:%M:%S', time.localtime(e['ts']))}[/] {e['kind']}: {e['message']}")
+        out.print(f"  {time.strftime('%m-%d %H:%M:%S', time.localtime(e['ts']))} {e['kind']}: {e['message']}")
 
 
 def _refresh(ws: Workspace, store: Store, ids: list[int] | None, timeout: float = 30.0) -> None:

@@ -245,13 +245,13 @@ def describe_process(p: GpuProcess, width: int = 80) -> str:
 
 def render_table(snapshots_by_host: Mapping[str, GpuSnapshot | None | Exception]) -> Table:
     """`orch gpus`: per GPU its memory, utilisation and processes; processes of orch runs show the run id."""
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text  # cells as Text: commands and errors are data, never markup
 
     table = Table("host", "gpu", "memory MiB", "util", "processes")
     for host, snap in snapshots_by_host.items():
         if isinstance(snap, Exception):
-            table.add_row(host, "", "", "", f"[red]error: {escape(str(snap))}[/red]")
+            table.add_row(host, "", "", "", Text(f"error: {snap}", style="red"))
         elif snap is None:
             table.add_row(host, "-", "", "", "CPU host (no nvidia-smi)")
         elif not snap.gpus:
@@ -259,7 +259,7 @@ def render_table(snapshots_by_host: Mapping[str, GpuSnapshot | None | Exception]
         else:
             for g in snap.gpus:
                 util = "?" if g.utilization_pct is None else f"{g.utilization_pct}%"
-                procs = "\n".join(escape(describe_process(p)) for p in g.processes) or "-"
+                procs = Text("\n".join(describe_process(p) for p in g.processes) or "-")
                 memory = f"{_mib(g.memory_used_mib)} / {_mib(g.memory_total_mib)}"
                 table.add_row(host, str(g.index), memory, util, procs)
     return table

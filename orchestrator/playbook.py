@@ -132,6 +132,11 @@ def _steps_before_launch(pb: Playbook, ctx: RunContext) -> str:
         ctx.event("patch", f"{ps.name} on {res.package} {res.version}: " + _file_states(res),
                   {"applied": ps.name, "set_hash": ps.set_hash, "files": [f.__dict__ for f in res.files]})
     pb.prepare(ctx)
+    return _job_script(pb, ctx)
+
+
+def _job_script(pb: Playbook, ctx: RunContext) -> str:
+    """The job's environment (host, spec, then what the steps added), working dir and command lines."""
     env = {**ctx.host.env, **ctx.spec.env, **ctx.env}
     return launch.job_script(pb.command(ctx), env, pb.cwd(ctx))
 
@@ -148,8 +153,7 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook, spec: RunSpec, host: Host
     paths = RunPaths.for_run(transport.expand(host.workdir), next_id)
     ctx = RunContext(ws, store, host, transport, next_id, spec, paths)
     pb.prepare(ctx)
-    env = {**host.env, **spec.env}
-    script = launch.job_script(pb.command(ctx), env, pb.cwd(ctx))
+    script = _job_script(pb, ctx)
     echo(f"# job.sh for run {next_id}:\n{script}")
     transport.run(launch.launch_command(paths, script, run_token(ws, store, next_id)))
 

@@ -276,3 +276,9 @@ def test_fatal_line_ends_the_run_and_stops_lingering_processes(orch, tmp_path):
     assert doc["error"]["exception"] == "RuntimeError" and doc["exit_code"] is None
     alive = os.popen(f"ps -eo pgid=,stat= | awk '$1 == {doc['pid']} && $2 !~ /^Z/'").read()
     assert alive == ""
+
+
+def test_brackets_in_output_print_as_themselves(orch):
+    orch("run", "command", "--set", "cmd=echo '[rank3]: [red]boom[/red]'; exit 3", *FAST)
+    shown = orch("status", "1", check=0).stdout
+    assert "[red]boom[/red]" in shown and "exit code 3" in shown
