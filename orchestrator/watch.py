@@ -261,14 +261,15 @@ class Watcher:
     def _judge(self, state: launch.JobState) -> tuple[Status, str, dict[str, Any]] | None:
         err = self.parser.error
         if state.exit_code is not None:
-            fields = {"exit_code": state.exit_code}
+            # the job's own view ends with its exit: the log may not have said so
             if state.exit_code == 0:
-                return Status.SUCCEEDED, "exit code 0", fields
+                return Status.SUCCEEDED, "exit code 0", {"exit_code": 0, "phase": "finished"}
             why = describe_exit(state.exit_code)
+            fields = {"exit_code": state.exit_code, "phase": "failed"}
             return Status.FAILED, f"{why}: {_error_text(err)}" if err else why, fields
         if not state.alive:
             why = "the process is gone and wrote no exit code (killed with its wrapper, OOM killer or reboot)"
-            return Status.LOST, why, {}
+            return Status.LOST, why, {"phase": "failed"}
         if err is not None and err.fatal:
             return Status.FAILED, f"fatal error in log: {_error_text(err)}", {}
         return None

@@ -31,7 +31,7 @@ def test_extract_hidden_states_end_to_end(orch, host):
                "--set", "layers=[1,3,5]", *FAST, timeout=300)
     assert res.returncode == 0, res.stderr
     doc = orch.status(1)
-    assert doc["status"] == "succeeded" and doc["exit_code"] == 0
+    assert doc["status"] == "succeeded" and doc["exit_code"] == 0 and doc["phase"] == "finished"
     assert doc["metrics"]["samples"] == 6 and doc["metrics"]["tokens"] > 0
     assert doc["progress"]["label"] == "Extracting hidden states" and doc["progress"]["done"] == 6
     out = Path(doc["remote_dir"]) / "hidden_states"
@@ -57,7 +57,7 @@ def test_command_failing_after_progress(orch, host):
                *FAST)
     assert res.returncode == 1, res.stderr
     doc = orch.status(1)
-    assert doc["status"] == "failed" and doc["exit_code"] == 1
+    assert doc["status"] == "failed" and doc["exit_code"] == 1 and doc["phase"] == "failed"
     assert doc["progress"]["done"] == 4 and doc["progress"]["total"] == 4
     assert doc["error"]["exception"] == "RuntimeError"
     assert doc["error"]["message"] == "the job hit a wall at the end"
