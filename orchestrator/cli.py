@@ -6,17 +6,19 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from .errors import OrchError, UsageError
-from .hosts import LOCAL, Inventory
 from .lifecycle import ACTIVE, Status
 from .store import Store, run_document
-from .workspace import Workspace
+from .workspace import LOCAL, Workspace
+
+if TYPE_CHECKING:
+    from .hosts import Inventory
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run and watch large-model experiments.")
 # No markup: run output, log lines and error messages are data, and `[rank3]` must print as itself.
@@ -42,6 +44,8 @@ def open_store(ws: Workspace) -> Store:
 
 
 def inventory(ws: Workspace) -> Inventory:
+    from .hosts import Inventory  # pydantic: only for the commands that need hosts
+
     return Inventory.load(ws.hosts_file, ws.root)
 
 

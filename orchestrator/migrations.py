@@ -1,12 +1,43 @@
-"""Named schema migrations, applied in order on every open (never edit one that has shipped)."""
+"""Named schema migrations, applied in order on every open (never edit one that has shipped).
 
-from sqlite_utils import Database
-from sqlite_utils.migrations import Migrations
+They run through sqlite-utils' Migrations, imported only when one is pending: an up-to-date database
+opens without it, which keeps `orch status` quick to start.
+"""
 
-migrations = Migrations("orch")
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sqlite_utils import Database
+
+SET = "orch"
+_REGISTERED: list[tuple[str, Callable[[Database], None]]] = []
 
 
-@migrations(name="m001_runs_events_metrics")
+def migration(name: str) -> Callable[[Callable[[Database], None]], Callable[[Database], None]]:
+    def register(fn: Callable[[Database], None]) -> Callable[[Database], None]:
+        _REGISTERED.append((name, fn))
+        return fn
+
+    return register
+
+
+def names() -> list[str]:
+    return [name for name, _ in _REGISTERED]
+
+
+def apply(db: Database, stop_before: str | None = None) -> None:
+    from sqlite_utils.migrations import Migrations
+
+    migrations = Migrations(SET)
+    for name, fn in _REGISTERED:
+        migrations(name=name)(fn)
+    migrations.apply(db, stop_before=stop_before)
+
+
+@migration("m001_runs_events_metrics")
 def m001(db: Database) -> None:
     db["runs"].create(
         {
@@ -49,7 +80,7 @@ def m001(db: Database) -> None:
     db["metrics"].create_index(["run_id", "name", "id"])
 
 
-@migrations(name="m002_run_watch_fields")
+@migration("m002_run_watch_fields")
 def m002(db: Database) -> None:
     db["runs"].add_column("stalled", int, not_null_default=0)
     db["runs"].add_column("watcher", str)  # "hostname:pid" of the controller watching the run
@@ -57,7 +88,7 @@ def m002(db: Database) -> None:
     db["runs"].create_index(["status"])
 
 
-@migrations(name="m003_patch_records")
+@migration("m003_patch_records")
 def m003(db: Database) -> None:
     db["patch_records"].create(
         {
@@ -82,13 +113,13 @@ def m003(db: Database) -> None:
     db["patch_records"].create_index(["run_id"])
 
 
-@migrations(name="m004_progress_time_and_prediction")
+@migration("m004_progress_time_and_prediction")
 def m004(db: Database) -> None:
     db["runs"].add_column("progress_at", float)  # when progress last advanced (stall detection)
     db["runs"].add_column("predicted_at", float)  # when loading should end, from earlier runs
 
 
-@migrations(name="m005_leases")
+@migration("m005_leases")
 def m005(db: Database) -> None:
     db["leases"].create(
         {
@@ -110,7 +141,7 @@ def m005(db: Database) -> None:
     db["leases"].create_index(["run_id"], unique=True)
 
 
-@migrations(name="m006_sweeps")
+@migration("m006_sweeps")
 def m006(db: Database) -> None:
     db["sweeps"].create(
         {
@@ -162,7 +193,7 @@ def m006(db: Database) -> None:
     db["runs"].create_index(["sweep_id"])
 
 
-@migrations(name="m007_sweep_instance")
+@migration("m007_sweep_instance")
 def m007(db: Database) -> None:
     # A sweep is its name, file hash and instance: a nightly entry's instance is the date, so an unchanged
     # file makes a new sweep every night; '' keeps "the same file again resumes it".

@@ -6,19 +6,22 @@ belongs together happens in one `BEGIN IMMEDIATE` transaction.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tenacity
-from sqlite_utils import Database
 
+from . import migrations
 from .errors import NotFound
-from .migrations import migrations
+
+if TYPE_CHECKING:
+    from sqlite_utils import Database
 
 JSON_FIELDS = ("spec", "parser_state", "progress", "error")
 
@@ -50,13 +53,30 @@ class Store:
         conn.execute("PRAGMA busy_timeout = 60000")
         _use_wal(conn)
         conn.execute("PRAGMA synchronous = NORMAL")
-        self.db = Database(conn)
         self.conn = conn
         self.migrate()
 
+    @functools.cached_property
+    def db(self) -> Database:
+        """sqlite-utils over the same connection, for schema work and plain-table helpers."""
+        from sqlite_utils import Database
+
+        return Database(self.conn)
+
     def migrate(self, stop_before: str | None = None) -> None:
+        if stop_before is None and not self._pending_migrations():
+            return
         with self.tx():
             migrations.apply(self.db, stop_before=stop_before)
+
+    def _pending_migrations(self) -> bool:
+        try:
+            rows = self.conn.execute(
+                "SELECT name FROM _sqlite_migrations WHERE migration_set = ?", (migrations.SET,)
+            )
+        except sqlite3.OperationalError:  # a new database: not even the bookkeeping table yet
+            return True
+        return bool(set(migrations.names()) - {name for (name,) in rows})
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:

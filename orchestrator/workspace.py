@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+LOCAL = "local"  # the built-in host: this machine, no SSH
+
 
 @dataclass(frozen=True)
 class Workspace:

@@ -1,23 +1,25 @@
 import sqlite3
+import subprocess
+import sys
 import threading
 
 import pytest
 
 from orchestrator.errors import NotFound, TransitionError
 from orchestrator.lifecycle import ALLOWED, TERMINAL, Status, transition
-from orchestrator.migrations import migrations
+from orchestrator import migrations
 from orchestrator.store import Store
 
 
 def test_blank_database_gets_every_migration(tmp_path):
     store = Store(tmp_path / "orch.db")
-    applied = [m.name for m in migrations.applied(store.db)]
-    assert applied == [m.name for m in migrations._migrations]
+    applied = [name for (name,) in store.conn.execute("SELECT name FROM _sqlite_migrations ORDER BY id")]
+    assert applied == migrations.names()
     assert {"runs", "events", "metrics", "patch_records"} <= set(store.db.table_names())
     assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-@pytest.mark.parametrize("stop_before", [m.name for m in migrations._migrations[1:]])
+@pytest.mark.parametrize("stop_before", migrations.names()[1:])
 def test_each_earlier_schema_migrates(tmp_path, stop_before):
     path = tmp_path / "orch.db"
     old = Store.__new__(Store)
@@ -55,6 +57,15 @@ def test_sweeps_before_instances_keep_their_identity(tmp_path):
     store.conn.execute(add.format(", instance", ", '2031-01-01'"))  # the same file, another night
     with pytest.raises(sqlite3.IntegrityError):
         store.conn.execute(add.format(", instance", ", '2031-01-01'"))
+
+
+def test_an_up_to_date_database_opens_without_sqlite_utils(tmp_path):
+    path = tmp_path / "orch.db"
+    Store(path).close()
+    code = ("import sys; from orchestrator.store import Store; Store(sys.argv[1]);"
+            " print('sqlite_utils' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_transitions_are_checked_and_evented(tmp_path):
