@@ -97,6 +97,7 @@ class JobState:
     size: int  # log size in bytes
     offset: int  # where `data` starts (0 again after the log was truncated)
     data: bytes
+    run_dir: bool = True  # the run dir still exists on the host
 
 
 def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: int, hold_s: float = 0) -> str:
@@ -113,17 +114,19 @@ def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: 
         step = 1.0 if hold_s >= 5 else max(hold_s / 10, 0.02)
         # a deadline, not a count of steps, so the checks' own time does not stretch the hold
         hold = (f"end=$(( $(date +%s%N) + {int(hold_s * 1e9)} ))\n"
-                f"while {alive} && [ ! -s exit_code ] && [ \"$(date +%s%N)\" -lt \"$end\" ]; do "
+                f'while {alive} && [ ! -s "$d/exit_code" ] && [ "$(date +%s%N)" -lt "$end" ]; do '
                 f"sleep {step:.3f}; done\n")
+    # A run dir that vanished (a reboot cleaning /tmp, a wiped scratch disk) is reported, not an error:
+    # with the process gone too, the run is lost.
     return (
-        f"cd {quote(paths.root)} || exit 95\n"
+        f"d={quote(paths.root)}; [ -d \"$d\" ] && present=1 || present=0\n"
         + hold
         + f"if {alive}; then alive=1; else alive=0; fi\n"
-        "ec=none; [ -s exit_code ] && ec=$(cat exit_code)\n"
-        "size=$(stat -c %s log 2>/dev/null || echo 0)\n"
+        'ec=none; [ -s "$d/exit_code" ] && ec=$(cat "$d/exit_code")\n'
+        'size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)\n'
         f"off={int(offset)}; [ \"$size\" -lt \"$off\" ] && off=0\n"
-        f'echo "{POLL_MARK} $alive $ec $size $off"\n'
-        f'tail -c +$((off + 1)) log 2>/dev/null | head -c {int(max_bytes)} | base64 -w0\n'
+        f'echo "{POLL_MARK} $alive $ec $size $off $present"\n'
+        f'tail -c +$((off + 1)) "$d/log" 2>/dev/null | head -c {int(max_bytes)} | base64 -w0\n'
     )
 
 
@@ -133,11 +136,12 @@ def read_state(transport: Transport, paths: RunPaths, pid: int, start: str, offs
     out = transport.run(command, timeout=hold_s + 120).stdout
     head, _, body = out.partition("\n")
     fields = head.split()
-    if len(fields) != 5 or fields[0] != POLL_MARK:
+    if len(fields) != 6 or fields[0] != POLL_MARK:
         raise OrchError(f"{transport.host.name}: unexpected answer while polling: {head[:200]!r}")
-    _, alive, ec, size, off = fields
+    _, alive, ec, size, off, present = fields
     exit_code = int(ec) if ec.lstrip("-").isdigit() else None
-    return JobState(alive == "1", exit_code, int(size), int(off), base64.b64decode(body.strip() or b""))
+    data = base64.b64decode(body.strip() or b"")
+    return JobState(alive == "1", exit_code, int(size), int(off), data, run_dir=present == "1")
 
 
 def group_pids_command(pgid: int) -> str:

@@ -267,6 +267,9 @@ class Watcher:
             why = describe_exit(state.exit_code)
             fields = {"exit_code": state.exit_code, "phase": "failed"}
             return Status.FAILED, f"{why}: {_error_text(err)}" if err else why, fields
+        if not state.alive and not state.run_dir:
+            return Status.LOST, f"the run dir {self.paths.root} is gone from the host, and the process too", {
+                "phase": "failed"}
         if not state.alive:
             why = "the process is gone and wrote no exit code (killed with its wrapper, OOM killer or reboot)"
             return Status.LOST, why, {"phase": "failed"}

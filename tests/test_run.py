@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import time
@@ -134,7 +135,7 @@ def test_sshd_down_mid_watch_then_back(orch, ssh_fleet_restarts, tmp_path):
     assert "unreachable" in kinds and "reconnected" in kinds
 
 
-@pytest.mark.parametrize("how", ["job", "group"])
+@pytest.mark.parametrize("how", ["job", "group", "reboot"])
 def test_job_killed_from_outside(orch, how):
     res = orch("run", "command", "--host", "test1", "--detach",
                "--set", job_cmd("--steps", "400", "--sleep", "0.05"), *FAST, check=0)
@@ -150,13 +151,17 @@ def test_job_killed_from_outside(orch, how):
             os.kill(c, signal.SIGKILL)
     else:
         os.killpg(wrapper, signal.SIGKILL)  # everything, as a reboot or the OOM killer would
+        if how == "reboot":
+            shutil.rmtree(pid_dir)  # and /tmp cleaned on the way up
     res = orch("watch", str(run_id))
     doc = orch.status(run_id)
     assert res.returncode == 1
     if how == "job":
         assert doc["status"] == "failed" and doc["exit_code"] == 137 and "SIGKILL" in doc["reason"]
-    else:
+    elif how == "group":
         assert doc["status"] == "lost" and "no exit code" in doc["reason"]
+    else:
+        assert doc["status"] == "lost" and "run dir" in doc["reason"] and "is gone" in doc["reason"]
 
 
 def test_dry_run_prints_commands_and_touches_nothing(orch, tmp_path):
