@@ -69,6 +69,14 @@ def job_cmd(*args: str) -> str:
     return "cmd=" + " ".join(shlex.quote(a) for a in (sys.executable, str(JOB), *args))
 
 
+def wait_for_file(path: Path, timeout: float = 60) -> None:
+    """Until a job touches its marker (the job's own signal that it reached a point)."""
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
 def kill_controller(proc: subprocess.Popen) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)

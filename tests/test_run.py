@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from orchtest import FAST, Orch, job_cmd, kill_controller
+from orchtest import FAST, Orch, job_cmd, kill_controller, wait_for_file
 
 
 @pytest.fixture
@@ -98,9 +98,7 @@ def test_controller_killed_then_watch_finishes_without_losing_events(orch, tmp_p
     marker = tmp_path / "half"
     proc = orch.spawn("run", "command", "--host", "test1",
                       "--set", job_cmd("--steps", "20", "--sleep", "0.1", "--marker", str(marker)), *FAST)
-    deadline = time.time() + 60
-    while not marker.exists() and time.time() < deadline:
-        time.sleep(0.05)
+    wait_for_file(marker)
     time.sleep(0.3)
     kill_controller(proc)
     before = orch.status(1)
@@ -121,9 +119,7 @@ def test_sshd_down_mid_watch_then_back(orch, ssh_fleet_restarts, tmp_path):
     marker = tmp_path / "half"
     proc = orch.spawn("run", "command", "--host", "test1",
                       "--set", job_cmd("--steps", "30", "--sleep", "0.1", "--marker", str(marker)), *FAST)
-    deadline = time.time() + 60
-    while not marker.exists() and time.time() < deadline:
-        time.sleep(0.05)
+    wait_for_file(marker)
     server.stop()
     time.sleep(6.0)  # longer than the retry policy absorbs; the job finishes meanwhile
     server.start()
@@ -242,9 +238,7 @@ def test_ctrl_c_detaches_and_the_job_keeps_running(orch, tmp_path):
     marker = tmp_path / "half"
     proc = orch.spawn("run", "command", "--host", "test1",
                       "--set", job_cmd("--steps", "30", "--sleep", "0.1", "--marker", str(marker)), *FAST)
-    deadline = time.time() + 60
-    while not marker.exists() and time.time() < deadline:
-        time.sleep(0.05)
+    wait_for_file(marker)
     proc.send_signal(signal.SIGINT)
     _, errs = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "orch watch 1" in errs
