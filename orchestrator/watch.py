@@ -19,7 +19,7 @@ from typing import Any
 import tenacity
 
 from . import history, launch, stall
-from .errors import OrchError, TransitionError, Unreachable
+from .errors import OrchError, RemoteError, TransitionError, Unreachable
 from .health import GRACE_S, SERVING_PHASES, HealthWatch
 from .launch import RunPaths
 from .lifecycle import Status, transition
@@ -141,8 +141,11 @@ class Watcher:
                 self.transport, self.paths, self.run["pid"], self.run["pid_start"], self.offset, MAX_CHUNK,
                 hold_s=hold,
             )
-        except Unreachable as exc:
-            self._note_unreachable(exc)
+        except (Unreachable, RemoteError) as exc:
+            if isinstance(exc, RemoteError) and exc.remote_exit_code is not None:
+                raise  # the poll itself failed on the host: not a passing network fault
+            # unreachable, or no answer in time (a link that went dark mid-call): try again later
+            self._note_unreachable(exc.reason if isinstance(exc, Unreachable) else str(exc))
             self.sleep(hold)  # nothing to wait on over there: wait here
             return False
         if self.unreachable_since is not None:
@@ -161,10 +164,10 @@ class Watcher:
     def _hold_next(self, seconds: float) -> None:
         self.hold = seconds
 
-    def _note_unreachable(self, exc: Unreachable) -> None:
+    def _note_unreachable(self, reason: str) -> None:
         if self.unreachable_since is None:
             self.unreachable_since = self.clock()
-            self.store.add_event(self.run_id, "unreachable", exc.reason)
+            self.store.add_event(self.run_id, "unreachable", reason)
 
     def _record(self, state: launch.JobState) -> bool:
         p = self.parser
