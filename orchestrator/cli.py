@@ -317,15 +317,14 @@ def cancel(run_id: str = typer.Argument(...), grace: float = typer.Option(10.0, 
     import playbooks
 
     from . import playbook as pbmod
-    from .watch import stop
+    from .stop import cancel as cancel_run
 
     ws = workspace()
     store = open_store(ws)
     row = store.get_run(parse_run_id(run_id))
     pb = playbooks.get(row["playbook"])
     ctx = pbmod.context_for(ws, store, pb, row, inventory(ws).get(row["host"]))
-    outcome = stop(store, row["id"], ctx.transport, "cancelled by user", grace)
-    pbmod.after_end(pb, ctx)
+    outcome = cancel_run(pb, ctx, "cancelled by user", grace)
     err.print(f"run {row['id']} cancelled ({outcome})")
 
 

@@ -22,11 +22,17 @@ def stop_run(pb: Playbook, ctx: RunContext, grace_s: float = gpu.KILL_GRACE_S,
     Returns what happened, in words. The run is cancelled even when its GPUs then stay busy (that
     raises, naming what holds them).
     """
+    outcome = cancel(pb, ctx, REASON, grace_s)
+    return f"process group {outcome}; " + free_gpus(ctx, grace_s, sleep)
+
+
+def cancel(pb: Playbook, ctx: RunContext, reason: str, grace_s: float) -> str:
+    """Mark the run cancelled, stop its process group, then finish it as any ended run."""
     from .playbook import after_end
 
-    outcome = stop(ctx.store, ctx.run_id, ctx.transport, REASON, grace_s)
+    outcome = stop(ctx.store, ctx.run_id, ctx.transport, reason, grace_s)
     after_end(pb, ctx)
-    return f"process group {outcome}; " + free_gpus(ctx, grace_s, sleep)
+    return outcome
 
 
 def free_gpus(ctx: RunContext, grace_s: float, sleep: Callable[[float], None] = time.sleep) -> str:

@@ -577,18 +577,16 @@ def stop_run(ws: Workspace, store: Store, run_id: int, reason: str, hosts: dict[
     import playbooks
 
     from . import playbook as pbmod
-    from .watch import stop
+    from .stop import cancel
 
     run = store.get_run(run_id)
     host = (hosts or {}).get(run["host"]) or Inventory.load(ws.hosts_file, ws.root).get(run["host"])
     pb = playbooks.get(run["playbook"])
     ctx = pbmod.context_for(ws, store, pb, run, host)
     try:
-        outcome = stop(store, run_id, ctx.transport, reason, grace_s)
+        return cancel(pb, ctx, reason, grace_s)
     except OrchError as exc:  # it ended meanwhile, or its host cannot be reached
         return str(exc)
-    pbmod.after_end(pb, ctx)
-    return outcome
 
 
 def _finish(store: Store, sweep_id: int) -> dict[str, Any]:
