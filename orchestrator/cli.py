@@ -214,6 +214,12 @@ def status(
     out.print(table)
 
 
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
 def _age(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
@@ -438,7 +444,7 @@ def hosts(
         cols = ["name", "address", "gpus", "tags"] + (["ok", "uname", "error"] if check else [])
         table = Table(*cols, box=None)
         for r in rows:
-            table.add_row(*[str(r.get(c, "")) if r.get(c) is not None else "" for c in cols])
+            table.add_row(*[_cell(r.get(c)) for c in cols])
         out.print(table)
     if check and not all(r["ok"] for r in rows):
         raise typer.Exit(1)
