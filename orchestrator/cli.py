@@ -306,7 +306,7 @@ def logs(
     if not follow or not row["pid"]:
         return
     offset = int(transport.run(f"stat -c %s {launch.quote(paths.log)} 2>/dev/null || echo 0").stdout.strip() or 0)
-    interval = host.default_poll[0]
+    interval = min(host.default_poll[0], 1.0)  # someone is reading along: a second, not a backoff
     while True:
         state = launch.read_state(transport, paths, row["pid"], row["pid_start"], offset)
         sys.stdout.buffer.write(state.data)

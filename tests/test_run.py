@@ -281,3 +281,13 @@ def test_brackets_in_output_print_as_themselves(orch):
     orch("run", "command", "--set", "cmd=echo '[rank3]: [red]boom[/red]'; exit 3", *FAST)
     shown = orch("status", "1", check=0).stdout
     assert "[red]boom[/red]" in shown and "exit code 3" in shown
+
+
+def test_logs_follow_streams_until_the_job_ends(orch):
+    res = orch("run", "command", "--host", "test1", "--detach",
+               "--set", "cmd=for i in 1 2 3 4 5; do echo line $i; sleep 0.3; done", *FAST, check=0)
+    run_id = res.stdout.strip()
+    follow = orch("logs", run_id, "-n", "1", "-f", timeout=60)
+    assert follow.returncode == 0
+    lines = follow.stdout.splitlines()
+    assert lines[-1] == "line 5" and lines == sorted(set(lines), key=lines.index)  # in order, no repeats
