@@ -38,11 +38,6 @@ APPS_QUERY = "nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=
 MARK = "@@orch-gpu"
 ACTIVE = (Status.PREPARING, Status.LAUNCHING, Status.RUNNING)
 
-# Start time (field 22 of /proc/PID/stat, cut after the command name's ")"), as launch records it.
-_START = "sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f20"
-# The same, empty for a zombie, so a process killed but not yet reaped counts as gone.
-_LIVE_START = "sed -n 's/.*) [^Z] //p' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f19"
-
 # Sections: gpus, apps, procs (pid pgid user args), starts (pid start, for each pid and group leader).
 SNAPSHOT_SCRIPT = f"""\
 command -v nvidia-smi >/dev/null 2>&1 || {{ echo "{MARK} none"; exit 0; }}
@@ -56,7 +51,7 @@ echo "{MARK} apps"; printf '%s\\n' "$apps"
 echo "{MARK} procs"; printf '%s\\n' "$procs"
 echo "{MARK} starts"
 for p in $(printf '%s\\n' "$procs" | awk '{{print $1; print $2}}' | sort -un); do
-  s=$({_START}); [ -n "$s" ] && echo "$p $s"
+  s=$({launch.START_TIME.format(pid="$p")}); [ -n "$s" ] && echo "$p $s"
 done
 echo "{MARK} end"
 """
@@ -364,7 +359,7 @@ def kill_pids_command(procs: list[GpuProcess], grace_s: float) -> str:
     """SIGTERM each process still alive with the start time seen in the snapshot, wait, then SIGKILL."""
     steps = max(1, int(grace_s * 10))
     pairs = " ".join(f"{int(p.pid)}:{quote(p.start or 'unknown')}" for p in procs)
-    live = _LIVE_START.format(pid="${x%%:*}")
+    live = launch.LIVE_START.format(pid="${x%%:*}")  # a zombie counts as gone
     return (
         f"alive() {{ for x in {pairs}; do [ \"$({live})\" = \"${{x#*:}}\" ] && echo \"${{x%%:*}}\"; done; }}\n"
         'pids=$(alive); [ -z "$pids" ] && { echo gone; exit 0; }\n'

@@ -13,18 +13,20 @@ from dataclasses import dataclass
 from .errors import OrchError
 from .remote import Transport, env_exports, quote
 
+# Shell templates shared by everything that tells one process from another on a host ({pid} is a
+# number or a shell expansion).
 # Field 22 of /proc/PID/stat; the command name (field 2) may hold spaces, so cut after its ")".
-_START_TIME = "sed 's/.*) //' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f20"
+START_TIME = "sed 's/.*) //' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f20"
 # The same, empty for a zombie: where nothing reaps orphans (containers without an init) a dead
 # wrapper lingers as a zombie with its pid and start time intact.
-_LIVE_START = "sed -n 's/.*) [^Z] //p' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f19"
-# Whether any process of the group is alive, zombies excluded.
-_GROUP_ALIVE = "ps -eo pgid=,stat= | awk -v g={pid} '$1 == g && $2 !~ /^Z/ {{f = 1}} END {{exit !f}}'"
+LIVE_START = "sed -n 's/.*) [^Z] //p' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f19"
+# The live (non-zombie) pids of a process group.
+GROUP_PIDS = "ps -eo pid=,pgid=,stat= | awk -v g={pid} '$2 == g && $3 !~ /^Z/ {{print $1}}'"
 
 # Runs in the run dir as the session leader, so its pid is also the job's process group id. The log is
 # opened for appending, so a log truncated under the job (copytruncate rotation) gets no hole of zeros.
 WRAPPER = f"""\
-echo "$$ $({_START_TIME.format(pid='$$')})" > pid.tmp && mv pid.tmp pid
+echo "$$ $({START_TIME.format(pid='$$')})" > pid.tmp && mv pid.tmp pid
 bash ./job.sh >> log 2>&1 < /dev/null
 echo $? > exit_code.tmp && mv exit_code.tmp exit_code
 """
@@ -47,10 +49,13 @@ class RunPaths:
     def for_run(cls, workdir: str, run_id: int) -> RunPaths:
         return cls(posixpath.join(workdir, "runs", str(run_id)))
 
-    def __getattr__(self, name: str) -> str:
-        if name in {"log", "pid", "exit_code", "job", "wrapper"}:
-            return posixpath.join(self.root, {"job": "job.sh", "wrapper": "wrapper.sh"}.get(name, name))
-        raise AttributeError(name)
+    @property
+    def log(self) -> str:
+        return posixpath.join(self.root, "log")
+
+    @property
+    def pid(self) -> str:
+        return posixpath.join(self.root, "pid")
 
 
 def job_script(body: str, env: dict[str, str], cwd: str | None = None) -> str:
@@ -108,7 +113,7 @@ def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: 
     Liveness is read before the exit code, and both before the log, so a job seen dead has its last
     bytes in this same answer.
     """
-    alive = f'[ "$({_LIVE_START.format(pid=int(pid))})" = {quote(start)} ]'
+    alive = f'[ "$({LIVE_START.format(pid=int(pid))})" = {quote(start)} ]'
     hold = ""
     if hold_s > 0:
         step = 1.0 if hold_s >= 5 else max(hold_s / 10, 0.02)
@@ -146,16 +151,17 @@ def read_state(transport: Transport, paths: RunPaths, pid: int, start: str, offs
 
 def group_pids_command(pgid: int) -> str:
     """Lists the live (non-zombie) pids of a process group."""
-    return f"ps -eo pid=,pgid=,stat= | awk -v g={int(pgid)} '$2 == g && $3 !~ /^Z/ {{print $1}}'"
+    return GROUP_PIDS.format(pid=int(pgid))
 
 
 def kill_command(pid: int, start: str, grace_s: float) -> str:
     steps = max(1, int(grace_s * 10))
+    group_alive = f'[ -n "$({group_pids_command(pid)})" ]'
     return (
-        f'if [ "$({_START_TIME.format(pid=int(pid))})" != {quote(start)} ]; then echo gone; exit 0; fi\n'
-        f"{_GROUP_ALIVE.format(pid=int(pid))} || {{ echo gone; exit 0; }}\n"
+        f'if [ "$({START_TIME.format(pid=int(pid))})" != {quote(start)} ]; then echo gone; exit 0; fi\n'
+        f"{group_alive} || {{ echo gone; exit 0; }}\n"
         f"kill -TERM -- -{int(pid)} 2>/dev/null\n"
-        f"for _ in $(seq {steps}); do sleep 0.1; {_GROUP_ALIVE.format(pid=int(pid))} || {{ echo stopped; exit 0; }}; done\n"
+        f"for _ in $(seq {steps}); do sleep 0.1; {group_alive} || {{ echo stopped; exit 0; }}; done\n"
         f"kill -KILL -- -{int(pid)} 2>/dev/null; echo killed\n"
     )
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import NotFound, OrchError
 from .lifecycle import Status, transition
+from .remote import quote
 from .store import Store
 
 if TYPE_CHECKING:
@@ -217,7 +218,7 @@ def settle_orphan(ws: Workspace, store: Store, run: dict[str, Any], host: Host) 
     ctx = pbmod.context_for(ws, store, pb, run, host)
     if status is Status.LAUNCHING and run["remote_dir"]:
         # the wrapper may have started: its pid file says so
-        fields = ctx.transport.run(f"cat {_q(ctx.paths.pid)} 2>/dev/null || true", timeout=60).stdout.split()
+        fields = ctx.transport.run(f"cat {quote(ctx.paths.pid)} 2>/dev/null || true", timeout=60).stdout.split()
         if len(fields) == 2 and fields[0].isdigit():
             transition(store, run["id"], Status.RUNNING, "picked up after its controller died",
                        pid=int(fields[0]), pid_start=fields[1])
@@ -248,12 +249,6 @@ def probe_orphan(ws: Workspace, store: Store, run: dict[str, Any]) -> None:
             pbmod.after_end(pb, ctx)
     except OrchError as exc:  # the host cannot say: the lease stays, the caller reports the holder
         store.add_event(run["id"], "warning", f"lease check: {exc}")
-
-
-def _q(text: str) -> str:
-    from .remote import quote
-
-    return quote(text)
 
 
 __all__ = ["Busy", "Lease", "acquire", "adopt", "held", "probe_orphan", "release", "settle_orphan", "take"]

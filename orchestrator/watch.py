@@ -95,7 +95,6 @@ class Watcher:
         self.store, self.run_id, self.transport, self.opts = store, run_id, transport, opts
         self.sleep, self.clock, self.on_update = sleep, clock, on_update
         self.wait = PollWait(opts.poll_min, opts.poll_max, clock)
-        self.polls = 0
         self.hold = 0.0  # seconds the next poll waits on the host (the backoff interval)
         self.unreachable_since: float | None = None
         self.health = HealthWatch(opts.health, opts.health_grace_s, store, run_id) if opts.health else None
@@ -133,7 +132,6 @@ class Watcher:
     # one poll -------------------------------------------------------------------------------
     def poll_once(self) -> bool:
         """Poll the host once and record what changed. True when the wait is over."""
-        self.polls += 1
         self.wait.immediate = False
         hold, self.hold = self.hold, 0.0
         try:
@@ -303,9 +301,9 @@ class Watcher:
                 **fields,
             )
             if end:
-                status, message, fields = end
+                status, message, end_fields = end
                 try:
-                    transition(self.store, self.run_id, status, message, **fields)
+                    transition(self.store, self.run_id, status, message, **end_fields)
                 except TransitionError:
                     raise _Conflict() from None
 
