@@ -152,7 +152,10 @@ class SSHTransport(Transport):
     def __init__(self, host: Host):
         self.host = host
         self._conn: Any = None
+        # Guards making and dropping the connection only: commands run concurrently on their own
+        # channels, so one watcher holding a poll open on the host never blocks another run's calls.
         self._lock = threading.Lock()
+        self._sftp_lock = threading.Lock()  # one SFTP session per connection, used by one thread at a time
 
     def _connect(self) -> Any:
         import paramiko
@@ -212,8 +215,9 @@ class SSHTransport(Transport):
             self._conn = self._connect()
         return self._conn
 
-    def _drop(self) -> None:
-        if self._conn is not None:
+    def _drop(self, conn: Any = None) -> None:
+        """Discard the connection (only `conn`, when given: another thread may have replaced it)."""
+        if self._conn is not None and (conn is None or conn is self._conn):
             with contextlib.suppress(Exception):  # a dead connection may fail to close; it is discarded either way
                 self._conn.close()
             self._conn = None
@@ -223,14 +227,16 @@ class SSHTransport(Transport):
         import paramiko
 
         for attempt in ssh_retry(sleep=self.retry_sleep):
-            with attempt, self._lock:
+            with attempt:
+                with self._lock:
+                    conn = self._connection()
                 try:
-                    return fn(self._connection())
-                except _ConnectionLost:
-                    self._drop()
-                    raise
-                except (OSError, EOFError, paramiko.SSHException) as exc:
-                    self._drop()
+                    return fn(conn)
+                except (_ConnectionLost, OSError, EOFError, paramiko.SSHException) as exc:
+                    with self._lock:
+                        self._drop(conn)
+                    if isinstance(exc, _ConnectionLost):
+                        raise
                     if isinstance(exc, paramiko.AuthenticationException):
                         raise HostKeyError(self.host.name, f"authentication failed: {exc}") from None
                     raise Unreachable(self.host.name, str(exc) or type(exc).__name__) from None
@@ -268,11 +274,12 @@ class SSHTransport(Transport):
         self.run(f"mkdir -p {quote(os.path.dirname(target) or '.')}")
 
         def go(conn: Any) -> None:
-            sftp = conn.sftp()
-            tmp = target + ".tmp"
-            sftp.putfo(io.BytesIO(data), tmp)
-            sftp.chmod(tmp, mode)
-            sftp.posix_rename(tmp, target)
+            with self._sftp_lock:
+                sftp = conn.sftp()
+                tmp = target + ".tmp"
+                sftp.putfo(io.BytesIO(data), tmp)
+                sftp.chmod(tmp, mode)
+                sftp.posix_rename(tmp, target)
 
         self._call(go)
 
@@ -287,7 +294,7 @@ class SSHTransport(Transport):
         return not conn.is_connected
 
     def close(self) -> None:
-        # a thread still stuck on this host (left behind after its timeout) holds the lock: leave it
+        # a thread still connecting to a host that does not answer holds the lock: leave it behind
         if not self._lock.acquire(timeout=1):
             return
         try:

@@ -8,9 +8,11 @@ import re
 import socket
 import stat
 import threading
+import time
 import tomllib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from sshd import SSHFleet, alive, descendants, keygen, public_key
@@ -185,6 +187,25 @@ def test_one_connection_is_reused(ssh_host: Host, tmp_path: Path) -> None:
     finally:
         t.close()
     assert t._conn is None
+
+
+def test_commands_share_the_connection_without_waiting_for_each_other(ssh_host: Host, tmp_path: Path) -> None:
+    """A poll held open on the host (as a watcher's is) must not block another call on that host:
+    the first command waits for a file only the second one creates."""
+    t, _ = ssh_transport(ssh_host)
+    flag = tmp_path / "flag"
+    try:
+        t.run("true")
+        conn = t._conn
+        with ThreadPoolExecutor(2) as pool:
+            waiting = pool.submit(t.run, f"for _ in $(seq 100); do [ -e {quote(str(flag))} ] && exit 0; "
+                                         "sleep 0.1; done; exit 1", check=False)
+            time.sleep(0.3)
+            pool.submit(t.run, f"touch {quote(str(flag))}").result(timeout=20)
+            assert waiting.result(timeout=30).exit_code == 0
+        assert t._conn is conn
+    finally:
+        t.close()
 
 
 def test_connect_keeps_one_transport_per_host(ssh_host: Host) -> None:
