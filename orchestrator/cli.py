@@ -423,21 +423,11 @@ def hosts(
         {"name": h.name, "address": h.address or h.name, "user": h.user, "port": h.port, "gpus": h.gpus,
          "tags": h.tags, "workdir": h.workdir} for h in inv.hosts.values()]
     if check:
-        from .remote import probe
+        from . import fleet
 
-        def one(name: str) -> dict[str, Any]:
-            t0 = time.monotonic()
-            try:
-                return {"ok": True, "uname": probe(inv.get(name), timeout), "seconds": round(time.monotonic() - t0, 3)}
-            except OrchError as exc:
-                return {"ok": False, "error": str(exc), "seconds": round(time.monotonic() - t0, 3)}
-
-        from .fleet import fan_out
-
-        found = fan_out({r["name"]: r["name"] for r in rows}, one, timeout + 1)  # +1: probe's own timeout first
+        found = fleet.check(list(inv.hosts.values()), timeout)
         for row in rows:
-            res = found[row["name"]]
-            row.update({"ok": False, "error": str(res), "seconds": timeout} if isinstance(res, OrchError) else res)
+            row.update(found[row["name"]])
     if as_json:
         emit_json(rows)
     else:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import OrchError, Unreachable
+
+if TYPE_CHECKING:
+    from .hosts import Host
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -54,3 +57,19 @@ def fan_out(items: dict[str, T], fn: Callable[[T], R], timeout: float,
             if len(results) < len(items):
                 cond.wait(max(0.01, min(waits)) if waits else 0.1)
     return {name: results[name] for name in items}
+
+
+def check(hosts: list[Host], timeout: float) -> dict[str, dict[str, Any]]:
+    """`orch hosts --check`: one round trip to every host, in parallel; per host ok, uname or error, seconds."""
+    from .remote import probe
+
+    def one(host: Host) -> dict[str, Any]:
+        t0 = time.monotonic()
+        try:
+            return {"ok": True, "uname": probe(host, timeout), "seconds": round(time.monotonic() - t0, 3)}
+        except OrchError as exc:
+            return {"ok": False, "error": str(exc), "seconds": round(time.monotonic() - t0, 3)}
+
+    found = fan_out({h.name: h for h in hosts}, one, timeout + 1)  # +1: probe's own timeout comes first
+    return {name: {"ok": False, "error": str(res), "seconds": timeout} if isinstance(res, OrchError) else res
+            for name, res in found.items()}
