@@ -8,9 +8,14 @@ import time
 from pathlib import Path
 
 import pytest
-
-from orchestrator.watch import PollWait
 from orchtest import FAST, Orch, job_cmd
+
+from orchestrator import launch
+from orchestrator.hosts import local_host
+from orchestrator.lifecycle import Status, transition
+from orchestrator.remote import LocalTransport
+from orchestrator.store import Store
+from orchestrator.watch import PollWait, Watcher, WatchOptions
 
 EMULATOR = Path(__file__).parent / "fakes" / "sglang_emulator.py"
 
@@ -36,16 +41,36 @@ def test_backoff_never_sleeps_past_the_predicted_finish_by_more_than_poll_min():
     assert wait(None) == 0
 
 
-def test_watch_polls_fewer_times_with_backoff(tmp_path):
-    """A quiet 3 s job: a fixed 0.05 s poll would call ~60 times; the backoff far fewer."""
-    orch = Orch(tmp_path / "ws")
-    res = orch("run", "command", "--set", "cmd=sleep 3", "--set", "poll_min=0.05", "--set", "poll_max=1.0",
-               "--set", "cleanup=false")
-    assert res.returncode == 0, res.stderr
-    import sqlite3
+class CountingTransport(LocalTransport):
+    calls = 0
 
-    beats = sqlite3.connect(orch.db).execute("SELECT COUNT(*) FROM events WHERE run_id = 1").fetchone()[0]
-    assert beats < 15
+    def run(self, command, *, check=True, timeout=None):
+        self.calls += 1
+        return super().run(command, check=check, timeout=timeout)
+
+
+def polls_for_quiet_job(tmp_path: Path, poll_min: float, poll_max: float) -> int:
+    """Round trips a watcher makes over a silent 3 s job."""
+    store = Store(tmp_path / "orch.db")
+    run_id = store.create_run("command", "local", {})
+    for s in (Status.PREPARING, Status.LAUNCHING):
+        transition(store, run_id, s)
+    transport = CountingTransport(local_host(tmp_path))
+    paths = launch.RunPaths.for_run(str(tmp_path), run_id)
+    pid, start = launch.launch(transport, paths, launch.job_script("sleep 3", {}), f"t-{run_id}")
+    store.update_run(run_id, remote_dir=paths.root)
+    transition(store, run_id, Status.RUNNING, pid=pid, pid_start=start)
+    transport.calls = 0
+    run = Watcher(store, run_id, transport, WatchOptions(poll_min=poll_min, poll_max=poll_max)).run_until_done()
+    assert run["status"] == "succeeded"
+    return transport.calls
+
+
+def test_backoff_makes_fewer_round_trips_than_a_fixed_poll(tmp_path):
+    fixed = polls_for_quiet_job(tmp_path / "fixed", 0.05, 0.05)
+    backoff = polls_for_quiet_job(tmp_path / "backoff", 0.05, 1.0)
+    assert backoff <= 9  # 0.05, 0.1, 0.2, 0.4, 0.8, then 1 s holds, the last cut short by the exit
+    assert fixed >= 2 * backoff  # about one per 0.05 s plus the round trip
 
 
 @pytest.mark.parametrize("action", ["warn", "kill", "dump"])
