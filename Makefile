@@ -23,7 +23,8 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check orchestrator playbooks
-	$(BIN)/mypy orchestrator
+	$(BIN)/mypy orchestrator playbooks
+	$(BIN)/lint-imports
 
 bench: setup
 	$(BIN)/python bench/detection_lag.py

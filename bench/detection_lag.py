@@ -24,8 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from orchestrator import launch  # noqa: E402
+from orchestrator.executor import HostExecutor  # noqa: E402
 from orchestrator.hosts import local_host  # noqa: E402
-from orchestrator.lifecycle import Status, transition  # noqa: E402
+from orchestrator.record import Status  # noqa: E402
+from orchestrator.lifecycle import transition  # noqa: E402
 from orchestrator.remote import LocalTransport, Result, quote  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 from orchestrator.watch import Watcher, WatchOptions  # noqa: E402
@@ -80,7 +82,7 @@ def one(tmp: Path, name: str, extra: list[str], event: str, until_ready: bool) -
                         kill_grace_s=0.5)
     transport.calls = 0
     watcher = Watcher if name == "orch" else PlainPoller
-    watcher(store, run_id, transport, opts).run_until_done()
+    watcher(store, run_id, HostExecutor(transport), opts).run_until_done()
     calls = transport.calls
     # when the watcher recorded it: the ready phase, or the run's end
     kind, message = ("phase", "ready") if until_ready else ("status", "failed")

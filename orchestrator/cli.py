@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .errors import OrchError, UsageError
-from .lifecycle import ACTIVE, Status
+from .record import Run, Status
 from .store import Store, run_document
 from .workspace import LOCAL, Workspace
 
@@ -72,18 +72,16 @@ def run(
     queue: bool = typer.Option(False, "--queue", help="wait while the host (or GPU set) is busy"),
 ) -> None:
     """Run a playbook on a host and watch it to the end."""
-    import playbooks
-
-    from . import playbook as pbmod
+    from . import registry, runflow
     from . import spec as specmod
 
     ws = workspace()
-    pb = playbooks.get(playbook)
+    pb = registry.playbook(playbook)
     spec = specmod.load(pb.Spec, file, sets)
     target = inventory(ws).get(host)
     store = open_store(ws)
     if dry_run:
-        pbmod.dry_run(ws, store, pb, spec, target, out.print)
+        runflow.dry_run(ws, store, pb, spec, target, out.print)
         return
     waited: list[str] = []
 
@@ -92,39 +90,34 @@ def run(
             err.print(f"waiting: {busy}".removesuffix("; --queue waits"), markup=False)
             waited.append(str(busy))
 
-    ctx = pbmod.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait)
-    err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, pid {store.get_run(ctx.run_id)['pid']} "
-              f"in {ctx.paths.root}")
+    ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait)
+    err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, pid {ctx.run.pid} in {ctx.paths.root}")
     if detach:
         out.print(ctx.run_id)
         return
-    _follow(ctx, pb, until_ready)
+    _follow(ctx, until_ready)
 
 
 @app.command()
 def watch(run_id: str = typer.Argument(...), until_ready: bool = typer.Option(False, "--until-ready")) -> None:
     """Resume watching a run (after a detach, Ctrl-C or a dead controller)."""
-    import playbooks
-
-    from . import playbook as pbmod
+    from . import runflow
 
     ws = workspace()
     store = open_store(ws)
-    row = store.get_run(parse_run_id(run_id))
-    pb = playbooks.get(row["playbook"])
-    ctx = pbmod.context_for(ws, store, pb, row, inventory(ws).get(row["host"]))
-    if Status(row["status"]).terminal:
-        pbmod.after_end(pb, ctx)
-        _finish(store.get_run(ctx.run_id))
-    if not row["pid"]:
-        raise OrchError(f"run {row['id']} never launched ({row['status']})")
-    _follow(ctx, pb, until_ready)
+    ctx = runflow.open_run(ws, store, parse_run_id(run_id), inventory(ws))
+    row = ctx.run
+    if row.status.terminal:
+        _finish(runflow.finish(ctx))
+    if not row.launched:
+        raise OrchError(f"run {row.id} never launched ({row.status})")
+    _follow(ctx, until_ready)
 
 
-def _follow(ctx: Any, pb: Any, until_ready: bool) -> None:
+def _follow(ctx: Any, until_ready: bool) -> None:
     from rich.live import Live
 
-    from . import playbook as pbmod
+    from . import runflow
 
     live = Live(console=err, transient=True, refresh_per_second=4)
     seen = len(ctx.store.events(ctx.run_id))
@@ -136,11 +129,11 @@ def _follow(ctx: Any, pb: Any, until_ready: bool) -> None:
             if e["kind"] != "status" or e["message"].split(":")[0] in ("running",):
                 live.console.print(f"{time.strftime('%H:%M:%S', time.localtime(e['ts']))} {e['kind']}: {e['message']}")
         seen = len(events)
-        live.update(_progress_line(w.run))
+        live.update(_progress_line(w.run.progress, w.run.phase))
 
     try:
         with live:
-            final = pbmod.watch(ctx, pb, until_ready=until_ready, on_update=show)
+            final = runflow.watch(ctx, until_ready=until_ready, on_update=show)
     except KeyboardInterrupt:
         ctx.event("detached", "watch interrupted; the job keeps running")
         err.print(f"detached; run {ctx.run_id} keeps running — `orch watch {ctx.run_id}` resumes")
@@ -148,9 +141,9 @@ def _follow(ctx: Any, pb: Any, until_ready: bool) -> None:
     _finish(final)
 
 
-def _progress_line(run: dict[str, Any]) -> str:
-    p = run.get("progress") or {}
-    phase = run.get("phase") or "?"
+def _progress_line(progress: dict[str, Any] | None, phase: str | None) -> str:
+    p = progress or {}
+    phase = phase or "?"
     if not p:
         return f"{phase}"
     total = p.get("total")
@@ -165,13 +158,12 @@ def _progress_line(run: dict[str, Any]) -> str:
     return f"{phase} {p.get('label') or ''} {bar}{done}{rate}{eta}"
 
 
-def _finish(run: dict[str, Any]) -> None:
-    status = run["status"]
-    line = f"run {run['id']} {status}"
-    if run.get("reason") and status != "succeeded":
-        line += f": {run['reason']}"
+def _finish(run: Run) -> None:
+    line = f"run {run.id} {run.status}"
+    if run.reason and run.status is not Status.SUCCEEDED:
+        line += f": {run.reason}"
     err.print(line)
-    raise typer.Exit(0 if status in ("succeeded", "running") else 1)
+    raise typer.Exit(0 if run.status in (Status.SUCCEEDED, Status.RUNNING) else 1)
 
 
 # status / logs / cancel -----------------------------------------------------------------------
@@ -187,7 +179,10 @@ def status(
     ws = workspace()
     store = open_store(ws)
     if refresh:
-        _refresh(ws, store, [parse_run_id(run_id)] if run_id else None, timeout)
+        from . import runflow
+
+        runflow.refresh(ws, store, [parse_run_id(run_id)] if run_id else None, timeout,
+                        lambda message: err.print(message, markup=False))
     if run_id is not None:
         doc = run_document(store, store.get_run(parse_run_id(run_id)))
         if as_json:
@@ -205,12 +200,12 @@ def status(
         doc = run_document(store, r, with_events=False)
         p = doc["progress"]
         prog = f"{p['label'] or ''} {p['done']:g}/{p['total']:g}" if p and p.get("total") else ""
-        if not p and doc["predicted_ready_at"] and r["status"] == "running":
+        if not p and doc["predicted_ready_at"] and r.status is Status.RUNNING:
             prog = f"loaded in ~{max(0, doc['predicted_ready_at'] - now):.0f}s (history)"
         metrics = " ".join(f"{k}={v:g}" for k, v in list(doc["metrics"].items())[:3])
         status_text = doc["status"] + (" (stalled)" if doc["stalled"] else "")
-        table.add_row(str(r["id"]), r["playbook"], r["host"], status_text, r["phase"] or "", prog, metrics,
-                      _age(now - r["created_at"]))
+        table.add_row(str(r.id), r.playbook, r.host, status_text, r.phase or "", prog, metrics,
+                      _age(now - r.created_at))
     out.print(table)
 
 
@@ -233,7 +228,7 @@ def _print_run(doc: dict[str, Any]) -> None:
         if doc.get(key) is not None:
             out.print(f"  {key}: {doc[key]}")
     if doc["progress"]:
-        out.print("  progress: " + _progress_line({"progress": doc["progress"], "phase": doc["phase"]}))
+        out.print("  progress: " + _progress_line(doc["progress"], doc["phase"]))
     if doc["predicted_ready_at"] and doc["phase"] in ("starting", "loading"):
         left = doc["predicted_ready_at"] - time.time()
         out.print(f"  loading should end in ~{max(left, 0):.0f} s (earlier runs of this model here)")
@@ -249,40 +244,6 @@ def _print_run(doc: dict[str, Any]) -> None:
         out.print(f"  {time.strftime('%m-%d %H:%M:%S', time.localtime(e['ts']))} {e['kind']}: {e['message']}")
 
 
-def _refresh(ws: Workspace, store: Store, ids: list[int] | None, timeout: float = 30.0) -> None:
-    """Poll every active run's host once; hosts in parallel, each with its own store connection and
-    `timeout` seconds: a host that does not answer is reported and left behind."""
-    import playbooks
-
-    from . import playbook as pbmod
-    from .fleet import fan_out
-
-    runs = [store.get_run(i) for i in ids] if ids else store.list_runs(limit=10_000, statuses=[s.value for s in ACTIVE])
-    runs = [r for r in runs if r["pid"] and not Status(r["status"]).terminal]
-    inv = inventory(ws)
-    by_host: dict[str, list[dict[str, Any]]] = {}
-    for r in runs:
-        by_host.setdefault(r["host"], []).append(r)
-
-    def poll_host(name: str) -> None:
-        local_store = open_store(ws)
-        for r in by_host[name]:
-            try:
-                pb = playbooks.get(r["playbook"])
-                ctx = pbmod.context_for(ws, local_store, pb, r, inv.get(name))
-                w = pbmod.Watcher(local_store, r["id"], ctx.transport, pbmod.watch_options(pb, ctx.spec, ctx.host))
-                if w.poll_once() and Status(w.run["status"]).terminal:
-                    pbmod.after_end(pb, ctx)
-            except OrchError as exc:
-                err.print(f"run {r['id']} on {name}: {exc}")
-        local_store.close()
-
-    for name, res in fan_out({n: n for n in by_host}, poll_host, timeout).items():
-        if isinstance(res, OrchError):
-            err.print(f"{name}: {res}; runs {', '.join(str(r['id']) for r in by_host[name])} not refreshed",
-                      markup=False)
-
-
 @app.command()
 def logs(
     run_id: str = typer.Argument(...),
@@ -290,65 +251,44 @@ def logs(
     follow: bool = typer.Option(False, "-f", "--follow"),
 ) -> None:
     """Print the last lines of a run's log (from the host)."""
-    from . import launch
-    from .remote import connect
+    from . import runflow
 
     ws = workspace()
     store = open_store(ws)
     row = store.get_run(parse_run_id(run_id))
-    if not row["remote_dir"]:
-        raise OrchError(f"run {row['id']} has no log ({row['status']})")
-    host = inventory(ws).get(row["host"])
-    transport = connect(host)
-    paths = launch.RunPaths(row["remote_dir"])
-    sys.stdout.write(transport.run(launch.tail_command(paths, lines)).stdout)
+    if not row.remote_dir:
+        raise OrchError(f"run {row.id} has no log ({row.status})")
+    ctx = runflow.open_run(ws, store, row, inventory(ws))
+    sys.stdout.write(runflow.log_tail(ctx, lines))
     sys.stdout.flush()
-    if not follow or not row["pid"]:
-        return
-    offset = int(transport.run(f"stat -c %s {launch.quote(paths.log)} 2>/dev/null || echo 0").stdout.strip() or 0)
-    interval = min(host.default_poll[0], 1.0)  # someone is reading along: a second, not a backoff
-    while True:
-        state = launch.read_state(transport, paths, row["pid"], row["pid_start"], offset)
-        sys.stdout.buffer.write(state.data)
-        sys.stdout.flush()
-        offset = state.offset + len(state.data)
-        if not state.alive and offset >= state.size:
-            return
-        time.sleep(interval)
+    if follow:
+        def write(data: bytes) -> None:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+
+        runflow.follow_log(ctx, write)
 
 
 @app.command()
 def cancel(run_id: str = typer.Argument(...), grace: float = typer.Option(10.0, help="seconds between SIGTERM and SIGKILL")) -> None:
     """Kill a run's process group; its status becomes cancelled."""
-    import playbooks
-
-    from . import playbook as pbmod
-    from .stop import cancel as cancel_run
+    from . import runflow
 
     ws = workspace()
-    store = open_store(ws)
-    row = store.get_run(parse_run_id(run_id))
-    pb = playbooks.get(row["playbook"])
-    ctx = pbmod.context_for(ws, store, pb, row, inventory(ws).get(row["host"]))
-    outcome = cancel_run(pb, ctx, "cancelled by user", grace)
-    err.print(f"run {row['id']} cancelled ({outcome})")
+    ctx = runflow.open_run(ws, open_store(ws), parse_run_id(run_id), inventory(ws))
+    outcome = runflow.cancel(ctx, "cancelled by user", grace)
+    err.print(f"run {ctx.run_id} cancelled ({outcome})")
 
 
 @app.command("stop")
 def stop_cmd(run_id: str = typer.Argument(...),
              grace: float = typer.Option(10.0, help="seconds between SIGTERM and SIGKILL")) -> None:
     """End a run (a server): stop its process group, mark it cancelled, wait until its GPUs are free."""
-    import playbooks
-
-    from . import playbook as pbmod
-    from .stop import stop_run
+    from . import runflow
 
     ws = workspace()
-    store = open_store(ws)
-    row = store.get_run(parse_run_id(run_id))
-    pb = playbooks.get(row["playbook"])
-    ctx = pbmod.context_for(ws, store, pb, row, inventory(ws).get(row["host"]))
-    err.print(f"run {row['id']} stopped: {stop_run(pb, ctx, grace)}")
+    ctx = runflow.open_run(ws, open_store(ws), parse_run_id(run_id), inventory(ws))
+    err.print(f"run {ctx.run_id} stopped: {runflow.stop(ctx, grace)}")
 
 
 # inspect-log / compare ------------------------------------------------------------------------
@@ -371,7 +311,7 @@ def inspect_log(path: Path = typer.Argument(..., help="any log file, of any size
         return
     out.print(f"engine: {found['engine']}  phase: {found['phase']}", markup=False)
     if found["progress"]:
-        out.print("progress: " + _progress_line({"progress": found["progress"], "phase": found["phase"]}))
+        out.print("progress: " + _progress_line(found["progress"], found["phase"]))
     if e:
         out.print(f"error (line {e['line']}): {e['kind']}: {e['exception'] or ''} {e['message']}".rstrip(),
                   markup=False)
@@ -468,10 +408,10 @@ app.add_typer(patch_app, name="patch")
 
 @patch_app.command("list")
 def patch_list(as_json: bool = typer.Option(False, "--json")) -> None:
-    """The patch sets orch ships."""
-    from . import patching
+    """The patch sets orch knows (its own and those of installed packages)."""
+    from . import registry
 
-    sets = patching.list_sets()
+    sets = registry.patch_sets()
     rows: list[dict[str, Any]] = [
         {"name": p.name, "package": p.package, "versions": p.versions, "files": sorted(p.files),
          "requires_flags": list(p.requires_flags), "revert_after": p.revert_after,
@@ -487,12 +427,12 @@ def patch_list(as_json: bool = typer.Option(False, "--json")) -> None:
 
 
 def _patch_target(name: str | None, host: str) -> tuple[Any, Any, Store]:
-    from . import patching
+    from . import registry
     from .remote import connect
 
     ws = workspace()
     target = inventory(ws).get(host)
-    ps = patching.load(name) if name else None
+    ps = registry.patch_set(name) if name else None
     return ps, connect(target), open_store(ws)
 
 
@@ -532,10 +472,10 @@ def patch_revert(name: str, host: str = typer.Option(LOCAL, "--host", "-H"),
                  force: bool = typer.Option(False, "--force", help="revert files changed since patching"),
                  as_json: bool = typer.Option(False, "--json")) -> None:
     """Restore the original bytes of every file the set patched."""
-    from . import patching
+    from . import patching, registry
 
     _, transport, store = _patch_target(None, host)
-    known = {p.name: p for p in patching.list_sets()}
+    known = {p.name: p for p in registry.patch_sets(loadable_only=True)}
     _print_patch_result(patching.revert(transport, known.get(name, name), force=force, store=store), as_json)
 
 
@@ -544,10 +484,10 @@ def patch_status(host: str = typer.Option(LOCAL, "--host", "-H"), as_json: bool 
     """Which sets are applied on the host, by which run, and whether the files still match."""
     import dataclasses
 
-    from . import patching
+    from . import patching, registry
 
     _, transport, store = _patch_target(None, host)
-    applied = patching.status(transport, store)
+    applied = patching.status(transport, registry.patch_sets(loadable_only=True), store)
     if as_json:
         emit_json([{**dataclasses.asdict(a), "intact": a.intact} for a in applied])
         return

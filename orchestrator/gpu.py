@@ -17,18 +17,16 @@ import tenacity
 from tenacity.stop import stop_base
 
 from . import launch
-from .errors import OrchError, TransitionError
-from .lifecycle import Status, transition
+from .errors import OrchError
+from .record import ACTIVE
 from .remote import Transport, connect, quote
 
 if TYPE_CHECKING:
     from rich.table import Table
 
     from .hosts import Host
-    from .playbook import RunContext
     from .store import Store
 
-# Defaults; a playbook's spec may override each with a field of the same name.
 CLEANUP_TIMEOUT_S = 120.0  # how long to wait for the selected GPUs to free up
 MEMORY_FREE_MIB = 1024  # a GPU with less memory in use than this (and no process) counts as free
 KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL
@@ -36,7 +34,6 @@ KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL
 GPU_QUERY = "nvidia-smi --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits"
 APPS_QUERY = "nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits"
 MARK = "@@orch-gpu"
-ACTIVE = (Status.PREPARING, Status.LAUNCHING, Status.RUNNING)
 
 # Sections: gpus, apps, procs (pid pgid user args), starts (pid start, for each pid and group leader).
 SNAPSHOT_SCRIPT = f"""\
@@ -191,17 +188,33 @@ def _parse_starts(lines: Iterable[str]) -> Iterable[tuple[int, str]]:
             yield int(parts[0]), parts[1]
 
 
+def _ticks(start: str | None) -> int | None:
+    return int(start) if start is not None and start.isdigit() else None
+
+
+def owns(run_pid: int, run_start: str | None, proc: GpuProcess) -> bool:
+    """Is the process provably of the run's process group?
+
+    With its group leader alive, the leader's start time must be the run's. A leaderless group may be
+    the run's (members outliving the wrapper) or a later group that took the same id after the run's
+    pid was reused: only members that started after the run's wrapper can be the run's.
+    """
+    if proc.pgid != run_pid or run_start is None:
+        return False
+    if proc.group_start is not None:
+        return proc.group_start == run_start
+    began, member = _ticks(run_start), _ticks(proc.start)
+    return began is not None and member is not None and member >= began
+
+
 def attribute(snap: GpuSnapshot, store: Store, host_name: str) -> GpuSnapshot:
     """Fill each process's run_id from the active runs on that host (in place; returns the snapshot)."""
     runs = [r for r in store.list_runs(statuses=[s.value for s in ACTIVE], limit=100_000)
-            if r["host"] == host_name and r["pid"]]
+            if r.host == host_name and r.pid]
     for proc in snap.processes():
-        candidates = [r for r in runs if proc.pgid is not None and int(r["pid"]) == proc.pgid]
-        # A leader that is gone cannot be checked, but its pid cannot be reused while its group lives on.
-        owners = [r for r in candidates
-                  if proc.group_start is None or r["pid_start"] is None or r["pid_start"] == proc.group_start]
+        owners = [r for r in runs if r.pid is not None and owns(r.pid, r.pid_start, proc)]
         if owners:
-            proc.run_id = int(owners[0]["id"])  # newest first
+            proc.run_id = owners[0].id  # newest first
     return snap
 
 
@@ -260,15 +273,10 @@ def render_table(snapshots_by_host: Mapping[str, GpuSnapshot | None | Exception]
     return table
 
 
-# --- cleanup before a launch -----------------------------------------------------------------------
+# --- freeing --------------------------------------------------------------------------------------
 
 
-def _setting(ctx: RunContext, name: str, default: float) -> float:
-    value = getattr(ctx.spec, name, None)
-    return default if value is None else value
-
-
-def _indices(indices: Iterable[int]) -> str:
+def indices_text(indices: Iterable[int]) -> str:
     return ",".join(str(i) for i in indices)
 
 
@@ -280,79 +288,26 @@ def selected_gpus(snap: GpuSnapshot, wanted: list[int] | None) -> list[int]:
     missing = [i for i in wanted if i not in have]
     if missing:
         raise OrchError(
-            f"{snap.host}: no GPU {_indices(missing)} on this host (it has {_indices(have) or 'none'})"
+            f"{snap.host}: no GPU {indices_text(missing)} on this host (it has {indices_text(have) or 'none'})"
         )
     return list(wanted)
 
 
-def cleanup_step(ctx: RunContext, *, sleep: Callable[[float], None] = time.sleep) -> None:
-    """Free the GPUs the run needs: stop stale orch runs on them, refuse (or kill) foreign processes,
-    wait until they are empty, and point CUDA_VISIBLE_DEVICES at them."""
-    snap = snapshot(ctx.transport)
-    if snap is None:
-        ctx.event("gpu", "no nvidia-smi: CPU host")
-        if ctx.spec.gpus is not None:
-            ctx.env["CUDA_VISIBLE_DEVICES"] = _indices(ctx.spec.gpus)
-        return
-    attribute(snap, ctx.store, ctx.host.name)
-    selected = selected_gpus(snap, ctx.spec.gpus)
-    ctx.event("gpu", f"before cleanup of GPUs {_indices(selected) or 'none'}", snapshot_to_dict(snap))
-    holders = snap.processes(selected)
-    foreign = [p for p in holders if p.run_id is None]
-    if foreign and not ctx.spec.kill_foreign:
-        raise OrchError(
-            f"GPUs held by processes orch did not start: {_foreign_list(foreign)}; "
-            "stop them, choose other GPUs (gpus = [...]) or set kill_foreign = true"
-        )
-    grace = _setting(ctx, "kill_grace_s", KILL_GRACE_S)
-    for run_id in sorted({p.run_id for p in holders if p.run_id is not None}):
-        _stop_run(ctx, run_id, [p for p in holders if p.run_id == run_id], selected, grace)
-    if foreign:
-        outcome = kill_pids(ctx.transport, _unique(foreign), grace)
-        ctx.event("gpu", f"killed foreign processes ({outcome}): {_foreign_list(foreign)}")
-    after = wait_until_free(
-        ctx.transport, selected,
-        memory_free_mib=int(_setting(ctx, "memory_free_mib", MEMORY_FREE_MIB)),
-        timeout_s=_setting(ctx, "cleanup_timeout_s", CLEANUP_TIMEOUT_S),
-        sleep=sleep,
-    )
-    ctx.event("gpu", f"GPUs {_indices(selected) or 'none'} free", snapshot_to_dict(after))
-    if selected:
-        ctx.env["CUDA_VISIBLE_DEVICES"] = _indices(selected)
-
-
-def _unique(procs: list[GpuProcess]) -> list[GpuProcess]:
+def unique(procs: list[GpuProcess]) -> list[GpuProcess]:
     """One entry per pid (a process on several GPUs has a row for each)."""
     return list({p.pid: p for p in procs}.values())
 
 
-def _foreign_list(procs: list[GpuProcess]) -> str:
+def foreign_list(procs: list[GpuProcess]) -> str:
     gpus: dict[int, list[int]] = {}
     for p in procs:
         gpus.setdefault(p.pid, []).append(p.gpu_index)
     parts = []
-    for p in _unique(procs):
+    for p in unique(procs):
         command = p.command or "command unknown: not visible on the host"
-        where = "GPU" + ("s " if len(gpus[p.pid]) > 1 else " ") + _indices(gpus[p.pid])
+        where = "GPU" + ("s " if len(gpus[p.pid]) > 1 else " ") + indices_text(gpus[p.pid])
         parts.append(f"pid {p.pid} ({command[:120]}) on {where}")
     return ", ".join(parts)
-
-
-def _stop_run(ctx: RunContext, run_id: int, procs: list[GpuProcess], selected: list[int],
-              grace: float) -> None:
-    """Cancel an earlier run first, so its watcher sees a decision rather than a mysterious death."""
-    reason = f"stopped by run {ctx.run_id} to free GPUs {_indices(selected)}"
-    try:
-        transition(ctx.store, run_id, Status.CANCELLED, reason)
-    except TransitionError:
-        pass  # it ended on its own meanwhile; its processes are still on the GPUs, so stop them anyway
-    run = ctx.store.get_run(run_id)
-    outcome = "gone"
-    if run["pid"] and run["pid_start"]:
-        outcome = launch.kill(ctx.transport, int(run["pid"]), str(run["pid_start"]), grace)
-    if outcome == "gone":  # the group leader is gone but these members live on: stop them one by one
-        outcome = kill_pids(ctx.transport, _unique(procs), grace)
-    ctx.event("gpu", f"stopped run {run_id} ({outcome}): {reason}")
 
 
 def kill_pids_command(procs: list[GpuProcess], grace_s: float) -> str:
@@ -429,7 +384,7 @@ def wait_until_free(transport: Transport, selected: list[int], *, memory_free_mi
     if busy:
         word = "GPUs" if len(busy) > 1 else "GPU"
         details = "; ".join(f"GPU {i}: {why}" for i, why in sorted(busy.items()))
-        raise OrchError(f"{word} {_indices(sorted(busy))} still busy after {timeout_s:g} s: {details}")
+        raise OrchError(f"{word} {indices_text(sorted(busy))} still busy after {timeout_s:g} s: {details}")
     return snap
 
 
@@ -438,7 +393,6 @@ __all__ = [
     "GpuProcess",
     "GpuSnapshot",
     "attribute",
-    "cleanup_step",
     "kill_pids",
     "parse_snapshot",
     "render_table",

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import OrchError
-from .lifecycle import Status
+from .record import Status
 from .remote import Transport, quote
 from .store import Store
 
@@ -32,6 +33,14 @@ _PY_GET = (
 )
 
 Probe = Callable[[Transport], "int | None"]
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    """A server's probe and how long a ready server may fail it before the run fails."""
+
+    ask: Probe
+    grace_s: float = GRACE_S
 
 
 def health_command(port: int, python: str, path: str = "/health") -> str:
@@ -103,4 +112,4 @@ class HealthWatch:
         return [], None
 
 
-__all__ = ["GRACE_S", "SERVING_PHASES", "HealthWatch", "ask", "health_command", "probe"]
+__all__ = ["GRACE_S", "SERVING_PHASES", "HealthCheck", "HealthWatch", "ask", "health_command", "probe"]

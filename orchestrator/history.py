@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from .record import Run
 from .store import Store
 
 LOADING = ("starting", "loading")
@@ -15,9 +16,9 @@ def model_key(spec: dict[str, Any]) -> str | None:
     return spec.get("model") or spec.get("cmd")
 
 
-def predicted_load_s(store: Store, run: dict[str, Any], last: int = 5) -> float | None:
+def predicted_load_s(store: Store, run: Run, last: int = 5) -> float | None:
     """Median time from start to the end of loading over the last runs of the same model on the host."""
-    key = model_key(run.get("spec") or {})
+    key = model_key(run.spec)
     if key is None:
         return None
     rows = store.conn.execute(
@@ -26,7 +27,7 @@ def predicted_load_s(store: Store, run: dict[str, Any], last: int = 5) -> float 
         " FROM runs r WHERE r.host = ? AND r.id != ? AND r.started_at IS NOT NULL"
         " AND COALESCE(json_extract(r.spec, '$.model'), json_extract(r.spec, '$.cmd')) = ?"
         " ORDER BY r.id DESC LIMIT 50",
-        (*LOADING, run["host"], run["id"], key),
+        (*LOADING, run.host, run.id, key),
     ).fetchall()
     durations = [loaded - started for started, loaded in rows if loaded is not None][:last]
     return statistics.median(durations) if durations else None

@@ -3,39 +3,11 @@
 from __future__ import annotations
 
 import time
-from enum import StrEnum
 from typing import Any
 
 from .errors import TransitionError
+from .record import ALLOWED, Status
 from .store import Store
-
-
-class Status(StrEnum):
-    PENDING = "pending"
-    PREPARING = "preparing"
-    LAUNCHING = "launching"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    LOST = "lost"  # the host says the process is gone and no exit code was written (e.g. a reboot)
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL
-
-
-TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST})
-ACTIVE = frozenset(Status) - TERMINAL
-
-_ENDINGS = {Status.FAILED, Status.CANCELLED}
-ALLOWED: dict[Status, frozenset[Status]] = {
-    Status.PENDING: frozenset({Status.PREPARING} | _ENDINGS),
-    Status.PREPARING: frozenset({Status.LAUNCHING} | _ENDINGS),
-    Status.LAUNCHING: frozenset({Status.RUNNING, Status.LOST} | _ENDINGS),
-    Status.RUNNING: frozenset({Status.SUCCEEDED, Status.LOST} | _ENDINGS),
-    **{s: frozenset() for s in TERMINAL},
-}
 
 
 def transition(store: Store, run_id: int, to: Status, message: str = "", **fields: Any) -> None:

@@ -204,3 +204,22 @@ def m007(db: Database) -> None:
         if unique and columns == ["name", "file_hash"]:
             db.execute(f"DROP INDEX [{name}]")
     db["sweeps"].create_index(["name", "file_hash", "instance"], unique=True)
+
+
+@migration("m008_end_steps")
+def m008(db: Database) -> None:
+    # Which end steps ran and which patch sets a run applied, as data rather than read back from events.
+    db["runs"].add_column("end_steps", str)  # JSON list of step names
+    db["runs"].add_column("patches_applied", str)  # JSON list of patch set names
+    # Earlier runs said both in events: `finished` (message: the step) and `patch` (data.applied).
+    db.execute(
+        "UPDATE runs SET end_steps = (SELECT json_group_array(message) FROM events"
+        " WHERE run_id = runs.id AND kind = 'finished')"
+        " WHERE EXISTS (SELECT 1 FROM events WHERE run_id = runs.id AND kind = 'finished')"
+    )
+    db.execute(
+        "UPDATE runs SET patches_applied = (SELECT json_group_array(json_extract(data, '$.applied')) FROM events"
+        " WHERE run_id = runs.id AND kind = 'patch' AND json_extract(data, '$.applied') IS NOT NULL)"
+        " WHERE EXISTS (SELECT 1 FROM events WHERE run_id = runs.id AND kind = 'patch'"
+        " AND json_extract(data, '$.applied') IS NOT NULL)"
+    )

@@ -1,6 +1,6 @@
 """Patch sets: small, reviewed diffs applied to an engine's installed source on a host, and undone.
 
-A patch set is a folder `playbooks/patches/<name>/` holding `patch.toml` and one or more unified
+A patch set is a folder `<name>/` (in a folder of sets the registry knows) holding `patch.toml` and one or more unified
 diffs (`*.diff` or `*.patch`, applied in name order). Paths in the diff headers, after removing
 `strip` leading components (`--- a/sglang/srt/models/deepseek_v2.py` with strip 1), are relative to
 the directory that holds the package's top-level folder — site-packages for an ordinary install —
@@ -16,7 +16,7 @@ patch.toml:
     requires_flags = ["--cuda-graph-backend-decode=disabled"]  # the engine must run with these
     revert_after = true                                 # undo when the run that applied it ends
 
-The work on the host is done by `playbooks/jobs/patcher.py`, run with the host's python: it finds the
+The work on the host is done by `hostjobs/patcher.py` (package data), run with the host's python: it finds the
 package there, checks every hunk of every file before writing anything, writes all files or none, and
 keeps the originals so that a revert restores them byte for byte.
 """
@@ -52,15 +52,11 @@ STATE_DIR = "patches/state"
 SCRIPT_MISSING = 97
 # Longest base64 request sent inside the command; the kernel caps one argument at 128 KiB.
 INLINE_REQUEST_LIMIT = 64 * 1024
-PATCHER = Path(__file__).resolve().parent.parent / "playbooks" / "jobs" / "patcher.py"
+PATCHER = Path(__file__).resolve().parent / "hostjobs" / "patcher.py"  # runs on the host
 
 
 class PatchError(UsageError):
     """A patch set that does not apply, is unknown, is malformed, or whose files changed since."""
-
-
-def patches_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "playbooks" / "patches"
 
 
 # --- patch sets ----------------------------------------------------------------------------------
@@ -95,15 +91,15 @@ class PatchSet:
     path: Path | None = None
 
 
-def list_sets(directory: Path | None = None) -> list[PatchSet]:
-    base = directory or patches_dir()
-    if not base.is_dir():
+def set_names(directory: Path) -> list[str]:
+    """The patch sets in a folder of patch sets (each a folder with a patch.toml)."""
+    if not directory.is_dir():
         return []
-    return [load(p.name, base) for p in sorted(base.iterdir()) if (p / "patch.toml").is_file()]
+    return [p.name for p in sorted(directory.iterdir()) if (p / "patch.toml").is_file()]
 
 
-def load(name: str, directory: Path | None = None) -> PatchSet:
-    base = directory or patches_dir()
+def load(name: str, base: Path) -> PatchSet:
+    """The patch set `name` of the folder of patch sets `base`."""
     folder = base / name
     if not re.fullmatch(NAME_PATTERN, name) or not (folder / "patch.toml").is_file():
         known = sorted(p.name for p in base.iterdir() if (p / "patch.toml").is_file()) if base.is_dir() else []
@@ -277,10 +273,10 @@ def revert(
     return result
 
 
-def status(transport: Transport, store: Store | None = None) -> list[AppliedSet]:
-    """The sets applied on this host, by which run, and whether their files still match."""
+def status(transport: Transport, known: Iterable[PatchSet] = (), store: Store | None = None) -> list[AppliedSet]:
+    """The sets applied on this host, by which run, and whether their files still match the `known` sets."""
     reply = _call(transport, {"action": "status", "state_dir": _state_dir(transport)})
-    local = {ps.name: ps.set_hash for ps in _loadable_sets()}
+    local = {ps.name: ps.set_hash for ps in known}
     out = []
     for s in reply.get("sets", []):
         run_id = s.get("run_id")
@@ -301,16 +297,6 @@ def status(transport: Transport, store: Store | None = None) -> list[AppliedSet]
             )
         )
     return out
-
-
-def _loadable_sets() -> list[PatchSet]:
-    sets = []
-    for folder in sorted(patches_dir().iterdir()) if patches_dir().is_dir() else []:
-        try:
-            sets.append(load(folder.name))
-        except PatchError:
-            continue  # a broken local set must not hide what is applied on the host
-    return sets
 
 
 def _run_from_records(store: Store, host: str, set_name: str, set_hash: str | None) -> int | None:
@@ -452,10 +438,9 @@ __all__ = [
     "PatchSet",
     "apply",
     "check",
-    "list_sets",
     "load",
     "missing_flags",
-    "patches_dir",
     "revert",
+    "set_names",
     "status",
 ]

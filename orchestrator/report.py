@@ -34,7 +34,7 @@ def compare(store: Store, ids: list[int], all_keys: bool = False) -> dict[str, A
     if len(ids) < 2:
         raise UsageError("compare needs at least two runs")
     runs = [store.get_run(i) for i in ids]  # an unknown id raises NotFound (bad input)
-    specs = [flatten(r["spec"] or {}) for r in runs]
+    specs = [flatten(r.spec) for r in runs]
     spec: dict[str, list[Any]] = {}
     for key in _ordered_union(specs):
         values = [s.get(key) for s in specs]
@@ -77,7 +77,7 @@ def sweep_points(store: Store, sweep_id: int) -> list[dict[str, Any]]:
     points = []
     for run_id in ids:
         run = store.get_run(run_id)
-        points.append({"run": run, "spec": flatten(run["spec"] or {}), "metrics": store.latest_metrics(run_id)})
+        points.append({"run": run, "spec": flatten(run.spec), "metrics": store.latest_metrics(run_id)})
     return points
 
 
@@ -109,7 +109,7 @@ def sweep_report(store: Store, sweep_id: int, out_dir: Any, metric: str | None =
     keys = [k for k in _ordered_union(specs) if any(s.get(k) != specs[0].get(k) for s in specs[1:])]
     charts = charts if charts is not None else names[:MAX_BAR_CHARTS]
     if series is None:
-        series = [n for n in names if any(_samples(store, p["run"]["id"], n) > 1 for p in points)]
+        series = [n for n in names if any(_samples(store, p["run"].id, n) > 1 for p in points)]
         series = series[:MAX_SERIES_CHARTS]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -129,7 +129,7 @@ def _samples(store: Store, run_id: int, name: str) -> int:
 
 
 def _label(point: dict[str, Any]) -> str:
-    return f"run {point['run']['id']}"
+    return f"run {point['run'].id}"
 
 
 def _pyplot() -> Any:
@@ -164,10 +164,10 @@ def _series_charts(store: Store, points: list[dict[str, Any]], names: list[str],
     fig, axes = plt.subplots(len(names), 1, figsize=(9, 2.8 * len(names)), squeeze=False)
     for ax, name in zip(axes[:, 0], names):
         for p in points:
-            samples = store.metric_series(p["run"]["id"], name)
+            samples = store.metric_series(p["run"].id, name)
             if not samples:
                 continue
-            t0 = p["run"].get("started_at") or samples[0][0]
+            t0 = p["run"].started_at or samples[0][0]
             ax.plot([ts - t0 for ts, _, _ in samples], [v for _, v, _ in samples], marker=".", label=_label(p))
         ax.set_title(f"{name} during each run", fontsize=10)
         ax.set_xlabel("seconds since start", fontsize=8)
@@ -197,12 +197,12 @@ def _html(sweep_id: int, points: list[dict[str, Any]], keys: list[str], names: l
     rows = []
     for i, p in enumerate(points):
         run = p["run"]
-        cells = [f"{run['id']}" + (" &#9733; best" if i == best else ""), _cell(run["status"])]
+        cells = [f"{run.id}" + (" &#9733; best" if i == best else ""), _cell(run.status.value)]
         cells += [_cell(p["spec"].get(k)) for k in keys]
         cells += [_cell(p["metrics"].get(n)) for n in names]
         rows.append(f"<tr{' class=best' if i == best else ''}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     if metric and best is not None:
-        verdict = (f"Best point: run {points[best]['run']['id']} by {html.escape(metric)} "
+        verdict = (f"Best point: run {points[best]['run'].id} by {html.escape(metric)} "
                    f"({'lower' if lower_is_better(metric) else 'higher'} is better).")
     else:
         verdict = "No metrics recorded."

@@ -19,12 +19,10 @@ import tenacity
 
 from . import migrations
 from .errors import NotFound
+from .record import JSON_FIELDS, Run
 
 if TYPE_CHECKING:
     from sqlite_utils import Database
-
-JSON_FIELDS = ("spec", "parser_state", "progress", "error")
-
 
 def _dump(value: Any) -> str | None:
     return None if value is None else json.dumps(value, sort_keys=True)
@@ -109,26 +107,26 @@ class Store:
             self.add_event(run_id, "status", "pending", ts=now)
         return run_id
 
-    def get_run(self, run_id: int) -> dict[str, Any]:
+    def get_run(self, run_id: int) -> Run:
         row = self.conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise NotFound(f"no run {run_id}")
         return self._decode(row)
 
-    def _decode(self, row: sqlite3.Row | tuple) -> dict[str, Any]:
+    def _decode(self, row: sqlite3.Row | tuple) -> Run:
         cols = self._run_columns()
         run = dict(zip(cols, row))
         for key in JSON_FIELDS:
             if run.get(key) is not None:
                 run[key] = json.loads(run[key])
-        return run
+        return Run.from_row(run)
 
     def _run_columns(self) -> list[str]:
         if not hasattr(self, "_cols"):
             self._cols = [r[1] for r in self.conn.execute("PRAGMA table_info(runs)")]
         return self._cols
 
-    def list_runs(self, *, limit: int = 50, statuses: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    def list_runs(self, *, limit: int = 50, statuses: Iterable[str] | None = None) -> list[Run]:
         sql = "SELECT * FROM runs"
         args: list[Any] = []
         if statuses is not None:
@@ -200,32 +198,31 @@ class Store:
         return list(self.db["patch_records"].rows_where("host = ?", [host], order_by="id"))
 
 
-def run_document(store: Store, run: dict[str, Any], with_events: bool = True) -> dict[str, Any]:
+def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, Any]:
     """The JSON shape of a run that `orch status --json` prints."""
-    progress = run.get("progress")
-    error = run.get("error")
+    progress, error = run.progress, run.error
     doc = {
-        "id": run["id"],
-        "playbook": run["playbook"],
-        "host": run["host"],
-        "status": run["status"],
-        "phase": run["phase"],
-        "stalled": bool(run.get("stalled")),
+        "id": run.id,
+        "playbook": run.playbook,
+        "host": run.host,
+        "status": run.status.value,
+        "phase": run.phase,
+        "stalled": run.stalled,
         "progress": {k: progress.get(k) for k in ("label", "done", "total", "rate_per_s", "eta_s")}
         if progress
         else None,
         "error": {k: error.get(k) for k in ("kind", "exception", "message")} if error else None,
-        "reason": run.get("reason"),
-        "predicted_ready_at": run.get("predicted_at"),
-        "metrics": store.latest_metrics(run["id"]),
-        "exit_code": run["exit_code"],
-        "pid": run["pid"],
-        "remote_dir": run["remote_dir"],
-        "created_at": run["created_at"],
-        "started_at": run["started_at"],
-        "ended_at": run["ended_at"],
-        "spec": run["spec"],
+        "reason": run.reason,
+        "predicted_ready_at": run.predicted_at,
+        "metrics": store.latest_metrics(run.id),
+        "exit_code": run.exit_code,
+        "pid": run.pid,
+        "remote_dir": run.remote_dir,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "ended_at": run.ended_at,
+        "spec": run.spec,
     }
     if with_events:
-        doc["events"] = [{k: e[k] for k in ("ts", "kind", "message")} for e in store.events(run["id"])]
+        doc["events"] = [{k: e[k] for k in ("ts", "kind", "message")} for e in store.events(run.id)]
     return doc

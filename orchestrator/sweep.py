@@ -24,7 +24,6 @@ import hashlib
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -37,10 +36,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from . import lease
+from . import lease, notify, registry, runflow
+from .controller import Controller
 from .errors import HostKeyError, NotFound, OrchError, Unreachable, UsageError
 from .hosts import NAME_PATTERN, Host, Inventory
-from .lifecycle import ACTIVE, Status
+from .record import ACTIVE, Run, Status
 from .store import Store
 from .workspace import Workspace
 
@@ -183,15 +183,12 @@ def _apply(base: dict[str, Any], diff: dict[str, Any]) -> dict[str, Any]:
 
 def plan(ws: Workspace, store: Store, path: Path, instance: str = "") -> Plan:
     """Validate everything — the file, the hosts, every point's spec — before anything starts."""
-    import playbooks
-
-    from . import playbook as pbmod
     from . import spec as specmod
 
     path = Path(path).expanduser().resolve()
     text, _ = _read(path)
     file = load(path)
-    pb = playbooks.get(file.playbook)
+    pb = registry.playbook(file.playbook)
     inv = Inventory.load(ws.hosts_file, ws.root)
     hosts = inv.select(file.hosts or None, file.tags or None)
     if not hosts:
@@ -201,8 +198,7 @@ def plan(ws: Workspace, store: Store, path: Path, instance: str = "") -> Plan:
         host = hosts[i % len(hosts)]
         spec = specmod.build(pb.Spec, _apply(file.spec, diff), source=f"point {i} ({label(diff)})")
         try:
-            pbmod.check_patch_flags(pb, spec)
-            pb.check_inputs(store, spec, host)
+            runflow.check(store, pb, spec, host)
         except UsageError as exc:
             raise UsageError(f"invalid point {i} ({label(diff)}): {exc}") from None
         points.append(Point(i, diff, spec, host.name))
@@ -246,15 +242,12 @@ def events(store: Store, sweep_id: int) -> list[dict[str, Any]]:
 
 
 def _me() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{lease.process_start(os.getpid()) or ''}"
+    return str(Controller.me())
 
 
 def _controller_alive(controller: str | None, heartbeat: float | None) -> bool:
-    if not controller:
-        return False
-    hostname, pid, start = controller.rsplit(":", 2)
-    return lease.controller_alive(hostname, int(pid), start or None, heartbeat,
-                                 CONTROLLER_STALE_S / lease.STALE_FACTOR)
+    found = Controller.parse(controller)
+    return found is not None and found.alive(heartbeat, CONTROLLER_STALE_S)
 
 
 def _sweep_row(store: Store, sweep_id: int) -> dict[str, Any]:
@@ -267,9 +260,10 @@ def _sweep_row(store: Store, sweep_id: int) -> dict[str, Any]:
 
 def _check_not_running(row: dict[str, Any]) -> None:
     if row["controller"] and row["controller"] != _me() and _controller_alive(row["controller"], row["heartbeat"]):
-        hostname, pid, _ = row["controller"].rsplit(":", 2)
-        raise OrchError(f"sweep {row['id']} ({row['name']}) is already running (controller pid {pid} on "
-                        f"{hostname}); `orch sweep status {row['id']}` shows it")
+        who = Controller.parse(row["controller"])
+        where = f"controller pid {who.pid} on {who.hostname}" if who else "another controller"
+        raise OrchError(f"sweep {row['id']} ({row['name']}) is already running ({where}); "
+                        f"`orch sweep status {row['id']}` shows it")
 
 
 def claim(store: Store, sweep_id: int) -> None:
@@ -300,19 +294,19 @@ def resolve(store: Store, ref: str | None) -> int:
     return int(row[0])
 
 
-def _latest_run(store: Store, sweep_id: int, key: str) -> dict[str, Any] | None:
+def _latest_run(store: Store, sweep_id: int, key: str) -> Run | None:
     row = store.conn.execute("SELECT MAX(id) FROM runs WHERE sweep_id = ? AND point = ?", (sweep_id, key)).fetchone()
     return store.get_run(row[0]) if row[0] is not None else None
 
 
-def verdict(run: dict[str, Any]) -> str:
+def verdict(run: Run) -> str:
     """What a point's run says about the point: active | succeeded | job | fleet | cancelled | setup."""
-    status = Status(run["status"])
+    status = run.status
     if not status.terminal:
         return "active"
     if status is Status.SUCCEEDED:
         return "succeeded"
-    if status is Status.FAILED and run["pid"]:
+    if status is Status.FAILED and run.launched:
         return "job"  # the job ran and failed: its own fault, never retried
     if status is Status.LOST:
         return "fleet"
@@ -323,17 +317,38 @@ def verdict(run: dict[str, Any]) -> str:
 def on_run_ended(store: Store, sweep_id: int, point: int, run_id: int) -> None:
     """Called when a point's run ends. Records an event; notification hooks in here."""
     run = store.get_run(run_id)
-    add_event(store, sweep_id, "run_ended", f"point {point}: run {run_id} {run['status']}",
-              {"point": point, "run_id": run_id, "status": run["status"]})
+    add_event(store, sweep_id, "run_ended", f"point {point}: run {run_id} {run.status}",
+              {"point": point, "run_id": run_id, "status": run.status.value})
 
 
 def on_sweep_finished(store: Store, sweep_id: int) -> None:
     """Called when a sweep finishes (whatever its outcome). Records an event; notification hooks in here."""
     row = _sweep_row(store, sweep_id)
     add_event(store, sweep_id, "finished", row["status"], {"notify": json.loads(row["notify"] or "[]")})
-    from . import notify
+    _notify(store, sweep_id)  # a daemon thread: never holds up or fails the sweep
 
-    notify.sweep_ended(store, sweep_id)  # a daemon thread: never holds up or fails the sweep
+
+def _notify(store: Store, sweep_id: int) -> None:
+    """Announce the outcome and each point's status and metrics to the sweep's URLs."""
+    doc = document(store, sweep_id)
+    urls = list(doc.get("notify") or [])
+    if not urls:
+        return
+    summary = {
+        "event": "sweep.finished", "sweep_id": sweep_id,
+        "name": doc["name"], "playbook": doc["playbook"], "status": doc["status"], "counts": doc["counts"],
+        "points": [{k: p[k] for k in ("index", "point", "host", "status", "run_id", "metrics")} for p in doc["points"]],
+    }
+    db_path = store.path
+
+    def record(url: str, message: str) -> None:
+        own = Store(db_path)
+        try:
+            add_event(own, sweep_id, "warning", f"notify {url}: {message}")
+        finally:
+            own.close()
+
+    notify.send(urls, summary, record)
 
 
 def record_cron_skip(entry_id: str, file: Path, message: str) -> None:
@@ -403,13 +418,13 @@ class Runner:
         if latest is not None:
             v = verdict(latest)
             if v in ("succeeded", "job"):  # finished in an earlier session: never again
-                self._set(store, pt, "succeeded" if v == "succeeded" else "failed", run_id=latest["id"],
-                          fault=None if v == "succeeded" else "job", reason=latest.get("reason"))
+                self._set(store, pt, "succeeded" if v == "succeeded" else "failed", run_id=latest.id,
+                          fault=None if v == "succeeded" else "job", reason=latest.reason)
                 return
             if v == "active":
                 ended, watched = self._resume(store, pt, latest)
                 if not watched:  # it never launched: the point simply runs again
-                    on_run_ended(store, self.sweep_id, pt.index, ended["id"])
+                    on_run_ended(store, self.sweep_id, pt.index, ended.id)
                 elif self._settle(store, pt, ended) == "done":
                     return
                 else:
@@ -436,7 +451,7 @@ class Runner:
             else:
                 if self._settle(store, pt, run) == "done":
                     return
-                reason = run.get("reason") or run["status"]
+                reason = run.reason or run.status.value
             tries += 1
             if tries > retries:
                 self._fail(store, pt, "fleet", f"{reason} (after {tries} attempts)")
@@ -447,9 +462,7 @@ class Runner:
             if not self._backoff(store, pt):
                 return
 
-    def _start_and_watch(self, store: Store, pt: Point) -> dict[str, Any]:
-        from . import playbook as pbmod
-
+    def _start_and_watch(self, store: Store, pt: Point) -> Run:
         told: list[bool] = []
 
         def on_wait(busy: lease.Busy) -> None:
@@ -460,45 +473,41 @@ class Runner:
                 self.echo(f"point {pt.index} ({pt.label}) waits: {str(busy).removesuffix('; --queue waits')}")
 
         pb = self.plan.playbook
-        ctx = pbmod.start(self.ws, store, pb, pt.spec, self.hosts[pt.host], queue=True, on_wait=on_wait,
-                          run_fields={"sweep_id": self.sweep_id, "point": pt.key})
+        ctx = runflow.start(self.ws, store, pb, pt.spec, self.hosts[pt.host], queue=True, on_wait=on_wait,
+                            run_fields={"sweep_id": self.sweep_id, "point": pt.key})
         self.echo(f"point {pt.index} ({pt.label}) on {pt.host}: run {ctx.run_id} started")
         if not self._set(store, pt, "running", run_id=ctx.run_id, unless_cancelled=True):
             self._stop_run(store, ctx.run_id, "sweep cancelled")
-        return pbmod.watch(ctx, pb, on_update=lambda w: self._heartbeat(store))
+        return runflow.watch(ctx, on_update=lambda w: self._heartbeat(store))
 
-    def _resume(self, store: Store, pt: Point, run: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    def _resume(self, store: Store, pt: Point, run: Run) -> tuple[Run, bool]:
         """A run left by a dead controller: settle it if it never launched, else watch it to its end.
         Returns the ended run and whether it was watched (False: it never launched)."""
-        from . import playbook as pbmod
-
-        host = self.hosts.get(run["host"]) or Inventory.load(self.ws.hosts_file, self.ws.root).get(run["host"])
-        run = lease.settle_orphan(self.ws, store, run, host)
-        if Status(run["status"]) is not Status.RUNNING:
+        ctx = runflow.open_run(self.ws, store, run, self.hosts)
+        run = runflow.settle_orphan(ctx)
+        if run.status is not Status.RUNNING:
             return run, False
-        lease.adopt(store, run["id"])
-        self._set(store, pt, "running", run_id=run["id"])
-        self.echo(f"point {pt.index} ({pt.label}) on {host.name}: watching run {run['id']} again")
-        pb = self.plan.playbook
-        return pbmod.watch(pbmod.context_for(self.ws, store, pb, run, host), pb,
-                           on_update=lambda w: self._heartbeat(store)), True
+        lease.adopt(store, run.id)
+        self._set(store, pt, "running", run_id=run.id)
+        self.echo(f"point {pt.index} ({pt.label}) on {ctx.host.name}: watching run {run.id} again")
+        return runflow.watch(ctx, on_update=lambda w: self._heartbeat(store)), True
 
-    def _settle(self, store: Store, pt: Point, run: dict[str, Any]) -> str:
+    def _settle(self, store: Store, pt: Point, run: Run) -> str:
         """Record how a point's run ended: 'done', or 'retry' when it is the fleet's fault."""
-        on_run_ended(store, self.sweep_id, pt.index, run["id"])
+        on_run_ended(store, self.sweep_id, pt.index, run.id)
         v = verdict(run)
-        self.echo(f"point {pt.index} ({pt.label}) on {pt.host}: run {run['id']} {run['status']}"
-                  + (f": {run['reason']}" if run.get("reason") and v != "succeeded" else ""))
+        self.echo(f"point {pt.index} ({pt.label}) on {pt.host}: run {run.id} {run.status}"
+                  + (f": {run.reason}" if run.reason and v != "succeeded" else ""))
         if v == "succeeded":
-            self._set(store, pt, "succeeded", run_id=run["id"])
+            self._set(store, pt, "succeeded", run_id=run.id)
         elif v == "job":
-            self._fail(store, pt, "job", run.get("reason") or "failed", run_id=run["id"])
+            self._fail(store, pt, "job", run.reason or "failed", run_id=run.id)
             if self.plan.file.fail_fast:
                 self._fail_fast(store, pt)
         elif v == "cancelled":
-            self._set(store, pt, "cancelled", run_id=run["id"], reason=run.get("reason"))
+            self._set(store, pt, "cancelled", run_id=run.id, reason=run.reason)
         elif v == "setup":
-            self._fail(store, pt, "setup", run.get("reason") or "failed", run_id=run["id"])
+            self._fail(store, pt, "setup", run.reason or "failed", run_id=run.id)
         else:
             return "retry"
         return "done"
@@ -506,8 +515,8 @@ class Runner:
     def _ended(self, store: Store, pt: Point) -> None:
         """A start that failed after its run was created: that run ended too."""
         latest = _latest_run(store, self.sweep_id, pt.key)
-        if latest is not None and Status(latest["status"]).terminal:
-            on_run_ended(store, self.sweep_id, pt.index, latest["id"])
+        if latest is not None and latest.status.terminal:
+            on_run_ended(store, self.sweep_id, pt.index, latest.id)
 
     # the point's row ---------------------------------------------------------------------------
     def _set(self, store: Store, pt: Point, status: str, *, run_id: int | None = None, fault: str | None = None,
@@ -568,25 +577,7 @@ class Runner:
                 c.execute("UPDATE sweeps SET heartbeat = ? WHERE id = ?", (now, self.sweep_id))
 
     def _stop_run(self, store: Store, run_id: int, reason: str) -> None:
-        stop_run(self.ws, store, run_id, reason, self.hosts)
-
-
-def stop_run(ws: Workspace, store: Store, run_id: int, reason: str, hosts: dict[str, Host] | None = None,
-             grace_s: float = 10.0) -> str:
-    """Stop one run of a sweep (its process group), then finish it as any ended run."""
-    import playbooks
-
-    from . import playbook as pbmod
-    from .stop import cancel
-
-    run = store.get_run(run_id)
-    host = (hosts or {}).get(run["host"]) or Inventory.load(ws.hosts_file, ws.root).get(run["host"])
-    pb = playbooks.get(run["playbook"])
-    ctx = pbmod.context_for(ws, store, pb, run, host)
-    try:
-        return cancel(pb, ctx, reason, grace_s)
-    except OrchError as exc:  # it ended meanwhile, or its host cannot be reached
-        return str(exc)
+        runflow.stop_quietly(self.ws, store, run_id, reason, self.hosts)
 
 
 def _finish(store: Store, sweep_id: int) -> dict[str, Any]:
@@ -665,7 +656,8 @@ def cancel(ws: Workspace, ref: str, grace_s: float = 10.0) -> dict[str, Any]:
         active = [r[0] for r in store.conn.execute(
             f"SELECT id FROM runs WHERE sweep_id = ? AND pid IS NOT NULL AND status IN ({','.join('?' * len(ACTIVE))})",
             (sweep_id, *[s.value for s in ACTIVE]))]
-        stopped = {run_id: stop_run(ws, store, run_id, "sweep cancelled", grace_s=grace_s) for run_id in active}
+        stopped = {run_id: runflow.stop_quietly(ws, store, run_id, "sweep cancelled", grace_s=grace_s)
+                   for run_id in active}
         with store.tx() as c:
             if not _controller_alive(row["controller"], row["heartbeat"]):
                 # nobody else will: every point not finished is cancelled, and the sweep ends here
@@ -695,7 +687,7 @@ def document(store: Store, sweep_id: int) -> dict[str, Any]:
         points.append({
             "index": idx, "point": json.loads(key), "host": host, "gpus": json.loads(gpus) if gpus else None,
             "status": pstatus, "fault": fault, "reason": reason, "attempts": attempts, "runs": runs,
-            "run_id": run_id, "run_status": run["status"] if run else None,
+            "run_id": run_id, "run_status": run.status.value if run else None,
             "metrics": store.latest_metrics(run_id) if run_id else {},
         })
     counts: dict[str, int] = {}

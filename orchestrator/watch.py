@@ -8,9 +8,7 @@ dies: backing off saves round trips without leaving a crash unnoticed for the wh
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,12 +17,14 @@ from typing import Any
 import tenacity
 
 from . import history, launch, stall
-from .errors import OrchError, RemoteError, TransitionError, Unreachable
-from .health import GRACE_S, SERVING_PHASES, HealthWatch
+from .controller import Controller
+from .errors import RemoteError, TransitionError, Unreachable
+from .executor import Executor
+from .health import SERVING_PHASES, HealthCheck, HealthWatch
 from .launch import RunPaths
-from .lifecycle import Status, transition
+from .lifecycle import transition
 from .logparse import LogParser
-from .remote import Transport
+from .record import Run, Status
 from .store import Store
 
 MAX_CHUNK = 4 << 20  # bytes read per poll; a longer backlog is read by immediate re-polls
@@ -40,9 +40,7 @@ class WatchOptions:
     stall_factor: float = 5.0
     on_stall: str = "warn"  # warn | kill | dump
     kill_grace_s: float = 10.0
-    # A server's health endpoint (HTTP status, None: no answer), asked while it is ready; see health.py.
-    health: Callable[[Transport], int | None] | None = None
-    health_grace_s: float = GRACE_S
+    health: HealthCheck | None = None  # a server's endpoint, asked while it is ready; see health.py
 
 
 class PollWait(tenacity.wait.wait_base):
@@ -85,27 +83,28 @@ class Watcher:
         self,
         store: Store,
         run_id: int,
-        transport: Transport,
+        executor: Executor,
         opts: WatchOptions,
         *,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.time,
         on_update: Callable[[Watcher], None] | None = None,
     ):
-        self.store, self.run_id, self.transport, self.opts = store, run_id, transport, opts
+        self.store, self.run_id, self.executor, self.opts = store, run_id, executor, opts
+        self.transport = executor.transport
         self.sleep, self.clock, self.on_update = sleep, clock, on_update
         self.wait = PollWait(opts.poll_min, opts.poll_max, clock)
         self.hold = 0.0  # seconds the next poll waits on the host (the backoff interval)
         self.unreachable_since: float | None = None
-        self.health = HealthWatch(opts.health, opts.health_grace_s, store, run_id) if opts.health else None
+        self.health = HealthWatch(opts.health.ask, opts.health.grace_s, store, run_id) if opts.health else None
         self._load()
 
     def _load(self) -> None:
         run = self.store.get_run(self.run_id)
         self.run = run
-        self.paths = RunPaths(run["remote_dir"])
-        self.offset = run["log_offset"] or 0
-        state = run.get("parser_state")
+        self.paths = RunPaths(run.remote_dir or "")
+        self.offset = run.log_offset
+        state = run.parser_state
         self.parser = (
             LogParser.from_dict(state)
             if state
@@ -113,10 +112,14 @@ class Watcher:
         )
 
     @property
-    def status(self) -> Status:
-        return Status(self.run["status"])
+    def handle(self) -> tuple[int, str]:
+        return int(self.run.pid or 0), str(self.run.pid_start or "")
 
-    def run_until_done(self) -> dict[str, Any]:
+    @property
+    def status(self) -> Status:
+        return self.run.status
+
+    def run_until_done(self) -> Run:
         if self.status.terminal:
             return self.run
         retrying = tenacity.Retrying(
@@ -135,10 +138,7 @@ class Watcher:
         self.wait.immediate = False
         hold, self.hold = self.hold, 0.0
         try:
-            state = launch.read_state(
-                self.transport, self.paths, self.run["pid"], self.run["pid_start"], self.offset, MAX_CHUNK,
-                hold_s=hold,
-            )
+            state = self.executor.poll(self.paths, self.handle, self.offset, MAX_CHUNK, hold_s=hold)
         except (Unreachable, RemoteError) as exc:
             if isinstance(exc, RemoteError) and exc.remote_exit_code is not None:
                 raise  # the poll itself failed on the host: not a passing network fault
@@ -209,11 +209,12 @@ class Watcher:
         self.wait.immediate = more
         self._save(new_offset, samples, events, now, end, fields)
         if stalled_for is not None and self.opts.on_stall == "dump":
-            text = stall.dump(self.transport, self.run["pid"])
+            text = stall.dump(self.transport, self.handle[0])
             self.store.add_event(self.run_id, "stall-dump", f"{len(text)} bytes of stacks", {"text": text[-65536:]})
         if end and end[0] is Status.FAILED and state.alive:
             # A fatal line or a stall while processes linger: stop them so the GPUs are freed.
-            launch.kill(self.transport, self.run["pid"], self.run["pid_start"], self.opts.kill_grace_s)
+            outcome = self.executor.kill(self.handle, self.opts.kill_grace_s)
+            self.store.add_event(self.run_id, "stopped", f"process group: {outcome}")
         self.offset = new_offset
         self.run = self.store.get_run(self.run_id)
         if end:
@@ -227,30 +228,30 @@ class Watcher:
         bar = p.progress
         if bar and bar.eta_s is not None and (bar.total is None or bar.done < bar.total):
             # the ETA was printed when the bar last moved, not now
-            self.wait.finish_at = (fields.get("progress_at") or self.run.get("progress_at") or now) + bar.eta_s
+            self.wait.finish_at = (fields.get("progress_at") or self.run.progress_at or now) + bar.eta_s
             return
         self.wait.finish_at = None
-        if p.phase not in history.LOADING or not self.run.get("started_at"):
+        if p.phase not in history.LOADING or not self.run.started_at:
             return
-        if self.run.get("predicted_at") is None:
+        if self.run.predicted_at is None:
             predicted = history.predicted_load_s(self.store, self.run)
             if predicted is None:
                 return
-            fields["predicted_at"] = self.run["started_at"] + predicted
-            self.run["predicted_at"] = fields["predicted_at"]
-        self.wait.finish_at = self.run["predicted_at"]
+            fields["predicted_at"] = self.run.started_at + predicted
+            self.run.predicted_at = fields["predicted_at"]
+        self.wait.finish_at = self.run.predicted_at
 
     def _stall(self, advanced: bool, now: float, events: list[tuple[str, str, Any]],
                fields: dict[str, Any]) -> float | None:
         """Flag (once) a bar that stopped advancing while the process lives; unflag when it moves."""
-        was = bool(self.run.get("stalled"))
+        was = self.run.stalled
         if advanced:
             if was:
                 fields["stalled"] = 0
                 events.append(("progress", "progress resumed", None))
             return None
         progress = self.parser.progress.to_dict() if self.parser.progress else None
-        quiet = stall.is_stalled(progress, self.run.get("progress_at"), self.run.get("started_at"), now,
+        quiet = stall.is_stalled(progress, self.run.progress_at, self.run.started_at, now,
                                  self.opts.stall_factor, self.opts.poll_min)
         if quiet is None or was:
             return None
@@ -296,7 +297,7 @@ class Watcher:
                 phase=p.phase,
                 progress=p.progress.to_dict() if p.progress else None,
                 error=p.error.to_dict() if p.error else None,
-                watcher=f"{socket.gethostname()}:{os.getpid()}",
+                watcher=str(Controller.me()),
                 heartbeat=now,
                 **fields,
             )
@@ -311,20 +312,3 @@ class Watcher:
 def _error_text(err: Any) -> str:
     head = err.exception or err.kind
     return f"{err.kind}: {head}: {err.message}" if err.message else f"{err.kind}: {head}"
-
-
-def stop(store: Store, run_id: int, transport: Transport, reason: str, grace_s: float = 10.0) -> str:
-    """Mark a run cancelled, then kill its process group.
-
-    The decision is recorded first, so a watcher that sees the processes vanish finds it already made
-    instead of calling the run lost.
-    """
-    run = store.get_run(run_id)
-    if Status(run["status"]).terminal:
-        raise OrchError(f"run {run_id} already ended ({run['status']})")
-    transition(store, run_id, Status.CANCELLED, reason)
-    if not run.get("pid"):
-        return "never started"
-    outcome = launch.kill(transport, run["pid"], run["pid_start"], grace_s)
-    store.add_event(run_id, "stopped", f"process group: {outcome}")
-    return outcome

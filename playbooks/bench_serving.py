@@ -8,13 +8,19 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from orchestrator.errors import NotFound, UsageError
-from orchestrator.health import SERVING_PHASES
-from orchestrator.hosts import Host
-from orchestrator.playbook import Playbook, RunContext
-from orchestrator.remote import quote
-from orchestrator.spec import RunSpec
-from orchestrator.store import Store
+from orchestrator.playbook import (
+    SERVING_PHASES,
+    FindRun,
+    Host,
+    JobContext,
+    NotFound,
+    Playbook,
+    Prepared,
+    RunSpec,
+    Status,
+    UsageError,
+    quote,
+)
 
 from .serve_eagle3 import installed_version, release, split_launcher
 
@@ -50,47 +56,44 @@ class BenchServingSpec(RunSpec):
         return self
 
 
-def base_url(store: Store, spec: BenchServingSpec, host: Host) -> str:
+def base_url(find_run: FindRun, spec: BenchServingSpec, host: Host) -> str:
     """The server's URL; a `server` run must be a running, ready server on the same host."""
     if spec.url is not None:
         return spec.url.rstrip("/")
     try:
-        run = store.get_run(int(spec.server or 0))
+        run = find_run(int(spec.server or 0))
     except NotFound:
         raise UsageError(f"server: no run {spec.server}") from None
-    where = f"server: run {run['id']} ({run['playbook']} on {run['host']}, {run['status']}, {run['phase']})"
-    if run["playbook"] not in SERVER_PLAYBOOKS:
+    where = f"server: run {run.id} ({run.playbook} on {run.host}, {run.status}, {run.phase})"
+    if run.playbook not in SERVER_PLAYBOOKS:
         raise UsageError(f"{where} is not a server run")
-    if run["host"] != host.name:
+    if run.host != host.name:
         raise UsageError(f"{where} is not on {host.name}")
-    if run["status"] != "running" or run["phase"] not in SERVING_PHASES:
+    if run.status is not Status.RUNNING or run.phase not in SERVING_PHASES:
         raise UsageError(f"{where} is not a running, ready server")
-    return f"http://127.0.0.1:{int(run['spec']['port'])}"
+    return f"http://127.0.0.1:{int(run.spec['port'])}"
 
 
-class BenchServing(Playbook):
+class BenchServing(Playbook[BenchServingSpec]):
     name = "bench-serving"
     Spec = BenchServingSpec
     engine = "sglang"
     exclusive = False  # a client: the host and its GPUs stay the server's
 
-    def check_inputs(self, store: Store, spec: RunSpec, host: Host) -> None:
-        assert isinstance(spec, BenchServingSpec)
-        base_url(store, spec, host)
+    def check_inputs(self, spec: BenchServingSpec, host: Host, find_run: FindRun) -> None:
+        base_url(find_run, spec, host)
 
-    def prepare(self, ctx: RunContext) -> None:
-        spec = ctx.spec
-        assert isinstance(spec, BenchServingSpec)
-        if spec.launcher is None:
-            version = installed_version(ctx.transport, ctx.python)
-            new = version is not None and release(version) >= MODULE_SINCE
-            ctx.launch_args[:0] = split_launcher(MODULE if new else LEGACY_MODULE)
+    def prepare(self, job: JobContext[BenchServingSpec]) -> Prepared:
+        if job.spec.launcher is not None:
+            return Prepared()
+        version = installed_version(job.remote, job.python)
+        new = version is not None and release(version) >= MODULE_SINCE
+        return Prepared(args=split_launcher(MODULE if new else LEGACY_MODULE))
 
-    def command(self, ctx: RunContext) -> str:
-        spec = ctx.spec
-        assert isinstance(spec, BenchServingSpec)
+    def command(self, job: JobContext[BenchServingSpec], prepared: Prepared) -> str:
+        spec = job.spec
         launcher = split_launcher(spec.launcher) if spec.launcher is not None else []
-        args = ["--backend", "sglang", "--base-url", base_url(ctx.store, spec, ctx.host),
+        args = ["--backend", "sglang", "--base-url", base_url(job.find_run, spec, job.host),
                 "--num-prompts", str(spec.num_prompts), "--dataset-name", spec.dataset]
         if spec.max_concurrency is not None:
             args += ["--max-concurrency", str(spec.max_concurrency)]
@@ -98,5 +101,5 @@ class BenchServing(Playbook):
             args += ["--random-input-len", str(spec.input_len)]
         if spec.output_len is not None:
             args += ["--random-output-len", str(spec.output_len)]
-        argv = [ctx.python, *launcher, *ctx.launch_args, *args, *spec.extra_args]
+        argv = [job.python, *launcher, *prepared.args, *args, *spec.extra_args]
         return " ".join(quote(a) for a in argv)

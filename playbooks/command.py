@@ -6,8 +6,7 @@ import shlex
 
 from pydantic import Field, field_validator
 
-from orchestrator.playbook import Playbook, RunContext
-from orchestrator.spec import RunSpec, check_regex
+from orchestrator.playbook import JobContext, Playbook, Prepared, RunSpec, check_regex
 
 
 class CommandSpec(RunSpec):
@@ -19,21 +18,24 @@ class CommandSpec(RunSpec):
     _regex = field_validator("ready_pattern")(classmethod(lambda cls, v: check_regex(v)))
 
 
-class Command(Playbook):
+class Command(Playbook[CommandSpec]):
     name = "command"
     Spec = CommandSpec
 
-    def command(self, ctx: RunContext) -> str:
-        assert isinstance(ctx.spec, CommandSpec)
-        return ctx.spec.cmd  # the user's own command line, run as given
+    def command(self, job: JobContext[CommandSpec], prepared: Prepared) -> str:
+        return job.spec.cmd  # the user's own command line, run as given
 
-    def engine_argv(self, spec: RunSpec) -> list[str] | None:
-        assert isinstance(spec, CommandSpec)
+    def engine_argv(self, spec: CommandSpec) -> list[str] | None:
         try:
             return shlex.split(spec.cmd)
         except ValueError:
             return spec.cmd.split()
 
-    def cwd(self, ctx: RunContext) -> str | None:
-        assert isinstance(ctx.spec, CommandSpec)
-        return ctx.spec.cwd
+    def cwd(self, spec: CommandSpec) -> str | None:
+        return spec.cwd
+
+    def ready_pattern(self, spec: CommandSpec) -> str | None:
+        return spec.ready_pattern
+
+    def log_engine(self, spec: CommandSpec) -> str | None:
+        return spec.engine

@@ -14,14 +14,21 @@ import json
 import posixpath
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from orchestrator.errors import OrchError
-from orchestrator.playbook import DryRunTransport, Playbook, RunContext
-from orchestrator.remote import quote
-from orchestrator.spec import RunSpec
+from orchestrator.playbook import (
+    JobContext,
+    OrchError,
+    Outputs,
+    Playbook,
+    Prepared,
+    Run,
+    RunSpec,
+    Status,
+    quote,
+)
 
 JOBS = Path(__file__).parent / "jobs"
 DATA = Path(__file__).parent / "data"
@@ -166,65 +173,61 @@ def new_pipeline_script(s: ExtractSpec, python: str, out: str) -> str:
     ]) + "\n"
 
 
-class ExtractHiddenStates(Playbook):
+class ExtractHiddenStates(Playbook[ExtractSpec]):
     name = "extract-hidden-states"
     Spec = ExtractSpec
     engine = "transformers"
 
-    def log_engine(self, spec: Any) -> str | None:
+    def log_engine(self, spec: ExtractSpec) -> str | None:
         return "speculators" if spec.backend == "speculators" else self.engine
 
-    def output_dir(self, ctx: RunContext) -> str:
-        assert isinstance(ctx.spec, ExtractSpec)
-        return ctx.spec.output_dir or posixpath.join(ctx.paths.root, "hidden_states")
+    def output_dir(self, job: JobContext[ExtractSpec]) -> str:
+        return job.spec.output_dir or posixpath.join(job.paths.root, "hidden_states")
 
-    def prepare(self, ctx: RunContext) -> None:
-        s = ctx.spec
-        assert isinstance(s, ExtractSpec)
-        if s.backend == "hf":
+    def prepare(self, job: JobContext[ExtractSpec]) -> Prepared:
+        if job.spec.backend == "hf":
             for name, src in ((SCRIPT, JOBS / SCRIPT), (PROMPTS, DATA / PROMPTS)):
-                ctx.transport.put(src.read_bytes(), posixpath.join(ctx.paths.root, name))
-            return
-        version = self._speculators_version(ctx, s)
-        ctx.env[VERSION_VAR] = version
+                job.remote.put(src.read_bytes(), posixpath.join(job.paths.root, name))
+            return Prepared()
+        version = self._speculators_version(job)
         if pipeline_of(version) == "new":
-            ctx.transport.put((JOBS / WAIT).read_bytes(), posixpath.join(ctx.paths.root, WAIT))
+            job.remote.put((JOBS / WAIT).read_bytes(), posixpath.join(job.paths.root, WAIT))
+        return Prepared(env={VERSION_VAR: version})
 
-    def _speculators_version(self, ctx: RunContext, s: ExtractSpec) -> str:
+    def _speculators_version(self, job: JobContext[ExtractSpec]) -> str:
         """One remote call: the installed version (unless the spec forces one) and the scripts present."""
-        assert s.scripts_dir
+        s = job.spec
+        assert s.scripts_dir  # the spec's validator requires it for this backend
         probe = ("import importlib.metadata as m\ntry:\n print('version', m.version('speculators'))\n"
                  "except m.PackageNotFoundError:\n print('version none')")
-        cmd = "" if s.speculators_version else f"{quote(ctx.python)} -c {quote(probe)} 2>&1\n"
+        cmd = "" if s.speculators_version else f"{quote(job.python)} -c {quote(probe)} 2>&1\n"
         for name in (GENERATOR, LAUNCHER):
             cmd += f"test -f {quote(posixpath.join(s.scripts_dir, name))} && echo script {name}\n"
-        res = ctx.transport.run(cmd + "true", timeout=120)
-        if isinstance(ctx.transport, DryRunTransport):
+        res = job.remote.run(cmd + "true", timeout=120)
+        if job.dry_run:
             return s.speculators_version or ".".join(map(str, NEW_PIPELINE))
         said = [line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("version ", "script "))]
         scripts = {value for key, value in said if key == "script"}
         version = s.speculators_version or next((value for key, value in said if key == "version"), "none")
         if version == "none" or not _VERSION.match(version):
-            raise OrchError(f"speculators is not installed for {ctx.python} on {ctx.host.name} "
+            raise OrchError(f"speculators is not installed for {job.python} on {job.host.name} "
                             f"(set speculators_version to choose the pipeline): {res.stdout.strip()[-200:]}")
         needed = [GENERATOR] + ([LAUNCHER] if pipeline_of(version) == "new" else [])
         absent = [n for n in needed if n not in scripts]
         if absent:
-            raise OrchError(f"{', '.join(absent)} not found in {s.scripts_dir} on {ctx.host.name} "
+            raise OrchError(f"{', '.join(absent)} not found in {s.scripts_dir} on {job.host.name} "
                             "(scripts_dir: the scripts/ folder of the speculators repo)")
-        if not isinstance(ctx.transport, DryRunTransport):
-            ctx.event("prepare", f"speculators {version}: {pipeline_of(version)} pipeline")
+        job.event("prepare", f"speculators {version}: {pipeline_of(version)} pipeline")
         return version
 
-    def command(self, ctx: RunContext) -> str:
-        s = ctx.spec
-        assert isinstance(s, ExtractSpec)
-        out = self.output_dir(ctx)
+    def command(self, job: JobContext[ExtractSpec], prepared: Prepared) -> str:
+        s = job.spec
+        out = self.output_dir(job)
         if s.backend == "speculators":
-            if pipeline_of(ctx.env[VERSION_VAR]) == "old":
-                return shell(old_argv(s, ctx.python, out))
-            return new_pipeline_script(s, ctx.python, out)
-        args = [ctx.python, SCRIPT, "--output-dir", out,
+            if pipeline_of(prepared.env[VERSION_VAR]) == "old":
+                return shell(old_argv(s, job.python, out))
+            return new_pipeline_script(s, job.python, out)
+        args = [job.python, SCRIPT, "--output-dir", out,
                 "--max-samples", str(s.max_samples or HF_DEFAULTS["max_samples"]),
                 "--batch-size", str(s.batch_size or HF_DEFAULTS["batch_size"]),
                 "--max-length", str(s.max_length), "--dtype", s.dtype, "--device", s.device]
@@ -236,37 +239,34 @@ class ExtractHiddenStates(Playbook):
             args += ["--layers", ",".join(map(str, s.layers))]
         return shell(args)
 
-    def finish(self, ctx: RunContext, run: dict[str, Any]) -> None:
-        s = ctx.spec
-        assert isinstance(s, ExtractSpec)
-        if s.backend == "speculators":
-            self._count_outputs(ctx, run)
-            return
-        if run["status"] != "succeeded":
-            return
-        path = posixpath.join(self.output_dir(ctx), "manifest.json")
-        text = ctx.transport.run(f"cat {quote(path)}").stdout
+    def finish(self, job: JobContext[ExtractSpec], run: Run) -> Outputs:
+        if job.spec.backend == "speculators":
+            return self._count_outputs(job)
+        if run.status is not Status.SUCCEEDED:
+            return Outputs()
+        path = posixpath.join(self.output_dir(job), "manifest.json")
+        text = job.remote.run(f"cat {quote(path)}").stdout
         try:
             manifest = json.loads(text)
         except json.JSONDecodeError:
             raise OrchError(f"{path}: not a JSON manifest") from None
-        (ctx.ws.run_dir(ctx.run_id) / "outputs.json").write_text(json.dumps(manifest, indent=2))
-        samples = [(k, float(manifest[k]), None) for k in ("samples", "tokens", "tokens_per_s") if k in manifest]
-        ctx.store.add_metrics(ctx.run_id, samples, run["ended_at"] or 0)
+        if not isinstance(manifest, dict):
+            raise OrchError(f"{path}: not a JSON object")
+        metrics = [(k, float(manifest[k])) for k in ("samples", "tokens", "tokens_per_s")
+                   if isinstance(manifest.get(k), int | float)]
+        return Outputs(manifest, metrics)
 
-    def _count_outputs(self, ctx: RunContext, run: dict[str, Any]) -> None:
+    def _count_outputs(self, job: JobContext[ExtractSpec]) -> Outputs:
         """One remote call: sample files of either pipeline, all files and their bytes (also after a failure)."""
-        out = self.output_dir(ctx)
+        out = self.output_dir(job)
         cmd = (f"cd {quote(out)} 2>/dev/null || {{ echo 0 0 0 0; exit 0; }}\n"
                "set -- data_*.pt; pt=$#; [ -e \"$1\" ] || pt=0\n"
                "set -- hs_*.safetensors; hs=$#; [ -e \"$1\" ] || hs=0\n"
                "echo $pt $hs $(find . -maxdepth 1 -type f | wc -l) $(du -sb . | cut -f1)\n")
-        fields = ctx.transport.run(cmd).stdout.split()
+        fields = job.remote.run(cmd).stdout.split()
         if len(fields) != 4 or not all(f.isdigit() for f in fields):
             raise OrchError(f"unexpected answer counting {out}: {' '.join(fields)[:200]!r}")
         pt, hs, files, size = map(int, fields)
         found = {"output_dir": out, "data_pt": pt, "hs_safetensors": hs, "samples": pt + hs, "files": files,
                  "bytes": size}
-        (ctx.ws.run_dir(ctx.run_id) / "outputs.json").write_text(json.dumps(found, indent=2))
-        ctx.store.add_metrics(ctx.run_id, [("samples", pt + hs, None), ("files", files, None),
-                                           ("output_mb", round(size / 2**20, 3), None)], run["ended_at"] or 0)
+        return Outputs(found, [("samples", pt + hs), ("files", files), ("output_mb", round(size / 2**20, 3))])

@@ -8,18 +8,26 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable
 
 from pydantic import Field, field_validator, model_validator
 
-from orchestrator import health, patching
-from orchestrator.hosts import Host
-from orchestrator.playbook import Playbook, RunContext
-from orchestrator.remote import Transport, quote
-from orchestrator.spec import RunSpec
+from orchestrator.playbook import (
+    HealthCheck,
+    Host,
+    JobContext,
+    Playbook,
+    Prepared,
+    Remote,
+    RunSpec,
+    http_probe,
+    quote,
+)
 
 DEBUG_SET = "sglang-eagle3-hidden-debug"
 LEGACY_NO_GRAPHS = ["--disable-cuda-graph"]  # before 0.5.23; deprecated there
+# 0.5.23 on: per phase, as the debug patch set requires (a contract test keeps the two the same)
+NO_GRAPHS = ["--cuda-graph-backend-decode=disabled", "--cuda-graph-backend-prefill=disabled"]
+HEALTH_GRACE_S = 120.0
 PER_PHASE_SINCE = (0, 5, 23)  # the first version known to spell "graphs off" per phase
 
 _VERSION_PY = (
@@ -39,9 +47,9 @@ def split_launcher(text: str) -> list[str]:
     return parts
 
 
-def installed_version(transport: Transport, python: str, package: str = "sglang") -> str | None:
+def installed_version(remote: Remote, python: str, package: str = "sglang") -> str | None:
     """The package's version as the host's python sees it, or None (not installed, no answer)."""
-    res = transport.run(f"{quote(python)} -c {quote(_VERSION_PY)} {quote(package)}", check=False, timeout=60)
+    res = remote.run(f"{quote(python)} -c {quote(_VERSION_PY)} {quote(package)}", check=False, timeout=60)
     lines = res.stdout.strip().splitlines()
     found = lines[-1].strip() if res.ok and lines else ""
     return found if found and found != "none" else None
@@ -57,7 +65,7 @@ def no_graph_flags(version: str | None) -> list[str]:
     """How the version spells "CUDA graphs off"; unknown versions get the debug patch set's spelling."""
     if version is not None and release(version) and release(version) < PER_PHASE_SINCE:
         return list(LEGACY_NO_GRAPHS)
-    return list(patching.load(DEBUG_SET).requires_flags)
+    return list(NO_GRAPHS)
 
 
 class ServeEagle3Spec(RunSpec):
@@ -72,7 +80,7 @@ class ServeEagle3Spec(RunSpec):
     extra_args: list[str] = Field(default_factory=list, description="more launch_server flags, as given")
     launcher: str = Field(default="-m sglang.launch_server", description="what follows python (split like a shell)")
     debug: bool = Field(default=False, description=f"apply {DEBUG_SET} and turn CUDA graphs off")
-    health_grace_s: float = Field(default=health.GRACE_S, gt=0,
+    health_grace_s: float = Field(default=HEALTH_GRACE_S, gt=0,
                                   description="seconds a ready server may fail /health before the run fails")
 
     @field_validator("launcher")
@@ -100,31 +108,27 @@ def server_args(spec: ServeEagle3Spec) -> list[str]:
     return args + list(spec.extra_args)
 
 
-class ServeEagle3(Playbook):
+class ServeEagle3(Playbook[ServeEagle3Spec]):
     name = "serve-eagle3"
     Spec = ServeEagle3Spec
     engine = "sglang"  # the sglang parser knows the ready line, so no ready_pattern
 
-    def prepare(self, ctx: RunContext) -> None:
-        spec = ctx.spec
-        assert isinstance(spec, ServeEagle3Spec)
-        if spec.debug:
-            version = installed_version(ctx.transport, ctx.python)
-            ctx.launch_args += [f for f in no_graph_flags(version) if f not in spec.extra_args]
+    def prepare(self, job: JobContext[ServeEagle3Spec]) -> Prepared:
+        if not job.spec.debug:
+            return Prepared()
+        version = installed_version(job.remote, job.python)
+        return Prepared(args=[f for f in no_graph_flags(version) if f not in job.spec.extra_args])
 
-    def command(self, ctx: RunContext) -> str:
-        spec = ctx.spec
-        assert isinstance(spec, ServeEagle3Spec)
-        argv = [ctx.python, *split_launcher(spec.launcher), *server_args(spec), *ctx.launch_args]
+    def command(self, job: JobContext[ServeEagle3Spec], prepared: Prepared) -> str:
+        spec = job.spec
+        argv = [job.python, *split_launcher(spec.launcher), *server_args(spec), *prepared.args]
         return " ".join(quote(a) for a in argv)
 
-    def engine_argv(self, spec: RunSpec) -> list[str] | None:
-        assert isinstance(spec, ServeEagle3Spec)
+    def engine_argv(self, spec: ServeEagle3Spec) -> list[str] | None:
         argv = [spec.python or "python", *split_launcher(spec.launcher), *server_args(spec)]
         if spec.debug:  # prepare() adds these (or the older spelling, for an older engine)
             argv += [f for f in no_graph_flags(None) if f not in argv]
         return argv
 
-    def health(self, spec: RunSpec, host: Host) -> Callable[[Transport], int | None] | None:
-        assert isinstance(spec, ServeEagle3Spec)
-        return health.probe(spec.port, spec.python or host.python)
+    def health(self, spec: ServeEagle3Spec, host: Host) -> HealthCheck | None:
+        return HealthCheck(http_probe(spec.port, spec.python or host.python), spec.health_grace_s)

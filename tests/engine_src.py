@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.patching import list_sets
+from orchestrator.registry import patch_sets
 
 ENGINE_REQUIREMENTS = ("sglang==0.5.23", "speculators==0.3.0")
 CACHE_ROOT = Path(os.environ.get("ORCH_ENGINE_SRC_CACHE", "/tmp/orch-engine-src"))
@@ -118,7 +118,7 @@ def engine_source(tmp_path_factory: pytest.TempPathFactory) -> EngineSource:
 def engine(engine_source: EngineSource) -> Iterator[EngineSource]:
     """The session's engine copy, restored to the pristine sources after the test."""
     yield engine_source
-    engine_source.restore(sorted({f for ps in list_sets() for f in ps.files}))
+    engine_source.restore(sorted({f for ps in patch_sets() for f in ps.files}))
 
 
 @pytest.fixture

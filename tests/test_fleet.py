@@ -124,7 +124,7 @@ def test_status_queries_use_indexes(tmp_path):
     t0 = time.perf_counter()
     runs = store.list_runs(limit=50)
     for r in runs:
-        store.latest_metrics(r["id"])
+        store.latest_metrics(r.id)
     assert len(runs) == 50 and time.perf_counter() - t0 < 0.5
 
 

@@ -8,7 +8,8 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +20,23 @@ from orchestrator import gpu, launch
 from orchestrator.errors import OrchError
 from orchestrator.hosts import local_host
 from orchestrator.launch import RunPaths
-from orchestrator.lifecycle import Status, transition
-from orchestrator.playbook import RunContext
+from orchestrator.record import Status
+from orchestrator.lifecycle import transition
+from orchestrator import registry, runflow
+from orchestrator.executor import executor_for
 from orchestrator.remote import connect
 from orchestrator.spec import RunSpec
 from orchestrator.store import Store
 from orchestrator.workspace import Workspace
+
+pytest_plugins = ["engine_src"]  # engine: real sglang 0.5.23 source, for a patch set inside a run
 
 FAKES = Path(__file__).resolve().parent / "fakes"
 NO_SLEEP = lambda s: None
 
 
 class FastSpec(RunSpec):
-    """A playbook spec overriding the cleanup timings, as a real playbook may."""
+    """A spec with the cleanup timings a test waits for (the step takes them as arguments)."""
 
     cleanup_timeout_s: float = 20
     kill_grace_s: float = 0.5
@@ -129,13 +134,34 @@ def foreign(procs: list[subprocess.Popen], *argv: str) -> subprocess.Popen:
     return p
 
 
-def context(ws: Workspace, store: Store, spec: RunSpec) -> RunContext:
-    """The run being started: preparing, as the playbook has it when cleanup runs."""
+@dataclass
+class Starting:
+    """The run being started, preparing, as the run flow has it when cleanup runs; env: what cleanup set."""
+
+    ctx: runflow.Context
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def run_id(self) -> int:
+        return self.ctx.run_id
+
+
+def context(ws: Workspace, store: Store, spec: FastSpec) -> Starting:
     host = local_host(ws.root)
-    run_id = store.create_run("test", host.name, spec.model_dump(mode="json"))
+    run_id = store.create_run("command", host.name, spec.model_dump(mode="json"))
     transition(store, run_id, Status.PREPARING)
     transport = connect(host)
-    return RunContext(ws, store, host, transport, run_id, spec, RunPaths.for_run(str(ws.root), run_id))
+    return Starting(runflow.Context(ws, store, registry.playbook("command"), host, transport,
+                                    executor_for(host, transport), run_id, spec,
+                                    RunPaths.for_run(str(ws.root), run_id)))
+
+
+def clean(starting: Starting, sleep: Callable[[float], None]) -> None:
+    """The run flow's GPU cleanup step, with the spec's timings."""
+    spec = starting.ctx.spec
+    assert isinstance(spec, FastSpec)
+    starting.env.update(runflow.free_gpus(starting.ctx, grace_s=spec.kill_grace_s, timeout_s=spec.cleanup_timeout_s,
+                                          sleep=sleep))
 
 
 class OrchJobs:
@@ -149,7 +175,7 @@ class OrchJobs:
         """A job recorded as a running run. Returns (run id, wrapper pid, the job's own pid, which is
         what holds the GPU)."""
         host = local_host(self.ws.root)
-        run_id = self.store.create_run("test", host.name, {})
+        run_id = self.store.create_run("command", host.name, {"cmd": body})
         paths = RunPaths.for_run(str(self.ws.root), run_id)
         transition(self.store, run_id, Status.PREPARING)
         transition(self.store, run_id, Status.LAUNCHING)
@@ -289,7 +315,7 @@ def test_attribute_by_process_group_and_start_time(fake_gpus: FakeGpus, ws: Work
     out = io.StringIO()
     Console(file=out, width=200).print(gpu.render_table({"local": snap}))
     assert f"[run {run_id}] sleep 300" in out.getvalue() and "sleep 306" in out.getvalue()
-    assert store.get_run(impostor)["status"] == "running"
+    assert store.get_run(impostor).status == "running"
     (by_host,) = gpu.snapshots([local_host(ws.root)], store).values()  # what `orch gpus` shows
     assert isinstance(by_host, gpu.GpuSnapshot) and by_host.gpus[0].processes[0].run_id == run_id
 
@@ -302,11 +328,11 @@ def test_stale_orch_run_is_stopped_and_cancelled(fake_gpus: FakeGpus, ws: Worksp
     stale, wrapper, job = orch_jobs.start("exec sleep 300")
     fake_gpus.add(job, 1, 70000)
     ctx = context(ws, store, FastSpec())
-    gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+    clean(ctx, sleep=NO_SLEEP)
     assert not alive(job) and not alive(wrapper)  # gone before cleanup returned
     run = store.get_run(stale)
-    assert run["status"] == "cancelled"
-    assert run["reason"] == f"stopped by run {ctx.run_id} to free GPUs 0,1"
+    assert run.status == "cancelled"
+    assert run.reason == f"stopped by run {ctx.run_id} to free GPUs 0,1"
     messages = [e["message"] for e in gpu_events(store, ctx.run_id)]
     assert messages[0] == "before cleanup of GPUs 0,1" and messages[-1] == "GPUs 0,1 free"
     assert any(m.startswith(f"stopped run {stale} (stopped)") for m in messages)
@@ -321,9 +347,9 @@ def test_stale_run_that_ignores_sigterm_is_killed(fake_gpus: FakeGpus, ws: Works
     stale, _, job = orch_jobs.start("trap '' TERM\nwhile true; do sleep 0.1; done")
     fake_gpus.add(job, 0)
     ctx = context(ws, store, FastSpec())
-    gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+    clean(ctx, sleep=NO_SLEEP)
     assert not alive(job)
-    assert store.get_run(stale)["status"] == "cancelled"
+    assert store.get_run(stale).status == "cancelled"
     assert any(e["message"].startswith(f"stopped run {stale} (killed)") for e in gpu_events(store, ctx.run_id))
 
 
@@ -333,7 +359,7 @@ def test_foreign_process_blocks_and_survives(fake_gpus: FakeGpus, ws: Workspace,
     fake_gpus.add(p.pid, 1)
     ctx = context(ws, store, FastSpec())
     with pytest.raises(OrchError) as err:
-        gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+        clean(ctx, sleep=NO_SLEEP)
     message = str(err.value)
     assert "\n" not in message
     assert f"pid {p.pid} (sleep 302) on GPU 1" in message and "kill_foreign" in message
@@ -348,7 +374,7 @@ def test_foreign_process_on_other_gpus_is_left_alone(fake_gpus: FakeGpus, ws: Wo
     p = foreign(procs, "sleep", "303")
     fake_gpus.add(p.pid, 0)
     ctx = context(ws, store, FastSpec(gpus=[1]))
-    gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+    clean(ctx, sleep=NO_SLEEP)
     assert ctx.env["CUDA_VISIBLE_DEVICES"] == "1"
     assert p.poll() is None
 
@@ -357,7 +383,7 @@ def test_kill_foreign(fake_gpus: FakeGpus, ws: Workspace, store: Store, procs: l
     p = foreign(procs, "sleep", "304")
     fake_gpus.add(p.pid, 1)
     ctx = context(ws, store, FastSpec(kill_foreign=True))
-    gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+    clean(ctx, sleep=NO_SLEEP)
     assert p.wait(timeout=5) == -signal.SIGTERM
     assert any(e["message"].startswith("killed foreign processes (stopped)") for e in gpu_events(store, ctx.run_id))
 
@@ -368,7 +394,7 @@ def test_kill_foreign_that_ignores_sigterm(fake_gpus: FakeGpus, ws: Workspace, s
     time.sleep(0.2)  # let bash install the trap
     fake_gpus.add(p.pid, 0)
     ctx = context(ws, store, FastSpec(kill_foreign=True))
-    gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+    clean(ctx, sleep=NO_SLEEP)
     assert p.wait(timeout=5) == -signal.SIGKILL
 
 
@@ -381,7 +407,7 @@ def test_gpus_that_never_free_up_fail_at_the_timeout(fake_gpus: FakeGpus, ws: Wo
     ctx = context(ws, store, FastSpec(kill_foreign=True, cleanup_timeout_s=5))
     started = time.monotonic()
     with pytest.raises(OrchError) as err:
-        gpu.cleanup_step(ctx, sleep=slept.append)
+        clean(ctx, sleep=slept.append)
     assert time.monotonic() - started < 10
     assert str(err.value) == "GPU 1 still busy after 5 s: GPU 1: 30000 MiB in use and no process listed"
     assert sum(slept) >= 5 and slept[0] == pytest.approx(0.5)
@@ -391,12 +417,12 @@ def test_gpus_that_never_free_up_fail_at_the_timeout(fake_gpus: FakeGpus, ws: Wo
 
 def test_unknown_gpu_in_spec(fake_gpus: FakeGpus, ws: Workspace, store: Store) -> None:
     with pytest.raises(OrchError, match=r"no GPU 5 on this host \(it has 0,1\)"):
-        gpu.cleanup_step(context(ws, store, FastSpec(gpus=[1, 5])), sleep=NO_SLEEP)
+        clean(context(ws, store, FastSpec(gpus=[1, 5])), sleep=NO_SLEEP)
 
 
 def test_cpu_host(no_nvidia_smi: None, ws: Workspace, store: Store) -> None:
     ctx = context(ws, store, FastSpec())
-    gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+    clean(ctx, sleep=NO_SLEEP)
     assert [e["message"] for e in gpu_events(store, ctx.run_id)] == ["no nvidia-smi: CPU host"]
     assert "CUDA_VISIBLE_DEVICES" not in ctx.env
 
@@ -405,8 +431,37 @@ def test_cuda_visible_devices_follow_spec_gpus(fake_gpus: FakeGpus, ws: Workspac
     fake_gpus.state["gpus"] = FakeGpus(fake_gpus.path.with_name("four.json"), 4).state["gpus"]
     fake_gpus.save()
     ctx = context(ws, store, FastSpec(gpus=[3, 1]))
-    gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+    clean(ctx, sleep=NO_SLEEP)
     assert ctx.env["CUDA_VISIBLE_DEVICES"] == "3,1"
     ctx = context(ws, store, FastSpec())
-    gpu.cleanup_step(ctx, sleep=NO_SLEEP)
+    clean(ctx, sleep=NO_SLEEP)
     assert ctx.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+
+
+def test_a_run_stopped_by_cleanup_ends_like_any_run(fake_gpus: FakeGpus, ws: Workspace, store: Store,
+                                                    engine: Any) -> None:
+    """Its log tail is fetched, its patch set reverted byte for byte, its notification sent."""
+    from test_notify import Receiver
+
+    from orchestrator import notify
+    from playbooks.command import CommandSpec
+
+    receiver = Receiver()
+    before = engine.snapshot("sglang")
+    host = local_host(ws.root, {"python": engine.python})
+    flags = "--cuda-graph-backend-decode=disabled --cuda-graph-backend-prefill=disabled"
+    spec = CommandSpec(cmd=f"echo serving {flags} ; exec sleep 300", patches=["sglang-eagle3-hidden-debug"],
+                       notify=[receiver.url], cleanup=False, poll_min=0.05, poll_max=0.2)
+    stale = runflow.start(ws, store, registry.playbook("command"), spec, host)
+    assert engine.snapshot("sglang") != before  # applied
+    fake_gpus.add(int(stale.run.pid or 0), 0)
+    try:
+        clean(context(ws, store, FastSpec()), sleep=NO_SLEEP)
+        notify.drain(5)
+        run = stale.run
+        assert run.status == "cancelled" and run.end_steps == list(runflow.END_STEPS)
+        assert "serving" in (ws.run_dir(stale.run_id) / "log.tail").read_text()
+        assert engine.snapshot("sglang") == before
+        assert [(b["run_id"], b["status"]) for b in receiver.bodies] == [(stale.run_id, "cancelled")]
+    finally:
+        receiver.close()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from orchestrator import patching
+from orchestrator import patching, registry
 from orchestrator.errors import RemoteError, UsageError
 from orchestrator.hosts import Host, local_host
 from orchestrator.patching import PatchError, PatchSet
@@ -53,7 +53,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 def copy_set(name: str, tmp_path: Path, **toml_overrides: str) -> Path:
     """A copy of a shipped set under tmp_path/sets, with patch.toml lines replaced."""
     target = tmp_path / "sets" / name
-    shutil.copytree(patching.patches_dir() / name, target)
+    shutil.copytree(registry.builtin_patch_dir() / name, target)
     toml = target / "patch.toml"
     lines = toml.read_text().splitlines()
     for key, value in toml_overrides.items():
@@ -66,7 +66,7 @@ def copy_set(name: str, tmp_path: Path, **toml_overrides: str) -> Path:
 
 
 def test_shipped_sets_load_with_their_metadata() -> None:
-    sets = {ps.name: ps for ps in patching.list_sets()}
+    sets = {ps.name: ps for ps in registry.patch_sets()}
     assert set(sets) == {SGLANG_SET, SPEC_SET}
 
     sg = sets[SGLANG_SET]
@@ -90,7 +90,7 @@ def test_set_hash_changes_with_any_byte(tmp_path: Path) -> None:
 
 def test_unknown_set_names_the_known_ones() -> None:
     with pytest.raises(PatchError, match=f"unknown patch set 'nope'.*{SGLANG_SET}.*{SPEC_SET}"):
-        patching.load("nope")
+        registry.patch_set("nope")
     assert issubclass(PatchError, UsageError) and PatchError.exit_code == 2
 
 
@@ -125,7 +125,7 @@ def test_unknown_key_and_unsafe_paths_are_refused(tmp_path: Path) -> None:
 
 
 def test_missing_flags_accepts_both_spellings() -> None:
-    ps = patching.load(SGLANG_SET)
+    ps = registry.patch_set(SGLANG_SET)
     argv = ["python", "-m", "sglang.launch_server", "--cuda-graph-backend-decode", "disabled"]
     assert patching.missing_flags(ps, argv) == ["--cuda-graph-backend-prefill=disabled"]
     argv.append("--cuda-graph-backend-prefill=disabled")
@@ -167,7 +167,7 @@ def test_version_comparator(version: str, spec: str, ok: bool) -> None:
 def test_real_set_check_apply_again_revert(
     name: str, engine: EngineSource, transport: LocalTransport, store: Store, tmp_path: Path
 ) -> None:
-    ps = patching.load(name)
+    ps = registry.patch_set(name)
     original = engine.snapshot(ps.package)
     mtimes = {f: engine.path(f).stat().st_mtime_ns for f in ps.files}
 
@@ -191,7 +191,7 @@ def test_real_set_check_apply_again_revert(
     assert not again.changed and {f.state for f in again.files} == {"already"}
     assert engine.snapshot(ps.package) == patched
 
-    [entry] = patching.status(transport)
+    [entry] = patching.status(transport, registry.patch_sets())
     assert (entry.set_name, entry.run_id, entry.intact, entry.current) == (name, 41, True, True)
 
     reverted = patching.revert(transport, ps, run_id=43, store=store)
@@ -199,7 +199,7 @@ def test_real_set_check_apply_again_revert(
     assert engine.snapshot(ps.package) == original
     # The original times too, so byte-code cached before the patch is valid again.
     assert {f: engine.path(f).stat().st_mtime_ns for f in ps.files} == mtimes
-    assert patching.status(transport) == []
+    assert patching.status(transport, registry.patch_sets()) == []
 
     records = store.patch_records("local")
     assert [(r["action"], r["run_id"]) for r in records] == [("apply", 41)] * len(ps.files) + [
@@ -217,7 +217,7 @@ def engine_version(ps: PatchSet) -> str:
 
 
 def test_sglang_patch_logs_each_stage(engine: EngineSource, transport: LocalTransport) -> None:
-    patching.apply(transport, patching.load(SGLANG_SET))
+    patching.apply(transport, registry.patch_set(SGLANG_SET))
     logits = engine.path(LOGITS).read_text()
     assert '_ORCH_EAGLE3_DEBUG_PREFIX = "[orch-eagle3-debug]"' in logits
     assert 'orch_eagle3_debug("logits.concat_out", hidden_states_to_store)' in logits
@@ -232,7 +232,7 @@ def test_sglang_patch_logs_each_stage(engine: EngineSource, transport: LocalTran
 def test_speculators_patch_calls_deepseek_layers_positionally(
     engine: EngineSource, transport: LocalTransport
 ) -> None:
-    patching.apply(transport, patching.load(SPEC_SET))
+    patching.apply(transport, registry.patch_set(SPEC_SET))
     worker = engine.path(CUSTOM_WORKER).read_text()
     assert "positions, hidden_states, residual, llama_4_scaling" in worker
     assert 'getattr(getattr(model, "config", None), "llama_4_scaling", None)' in worker
@@ -254,11 +254,11 @@ def test_wrong_version_changes_nothing(engine: EngineSource, transport: LocalTra
             f"patch {SGLANG_SET} does not apply: sglang 0.5.23 is installed; the set accepts ==0.4.0"
         )
     assert engine.snapshot(ps.package) == before
-    assert patching.status(transport) == []
+    assert patching.status(transport, registry.patch_sets()) == []
 
 
 def test_edited_target_refuses_naming_file_and_hunk(engine: EngineSource, transport: LocalTransport) -> None:
-    ps = patching.load(SGLANG_SET)
+    ps = registry.patch_set(SGLANG_SET)
     target = engine.path(LLAMA_EAGLE3)
     # Hunk 2 of the llama_eagle3 diff has this line as context.
     target.write_text(
@@ -276,11 +276,11 @@ def test_edited_target_refuses_naming_file_and_hunk(engine: EngineSource, transp
         )
     # logits_processor.py and deepseek_v2.py would have applied; all files are checked first.
     assert engine.snapshot(ps.package) == before
-    assert patching.status(transport) == []
+    assert patching.status(transport, registry.patch_sets()) == []
 
 
 def test_moved_hunks_apply_at_their_new_offset(engine: EngineSource, transport: LocalTransport) -> None:
-    ps = patching.load(SGLANG_SET)
+    ps = registry.patch_set(SGLANG_SET)
     target = engine.path(LLAMA_EAGLE3)
     target.write_text("# local note\n# another\n# and a third\n" + target.read_text())
     before = engine.snapshot(ps.package)
@@ -296,7 +296,7 @@ def test_write_failure_midway_restores_every_file(
 ) -> None:
     """All or none: the patcher (in this process) fails writing the last file and undoes the others."""
     patcher = patcher_module()
-    ps = patching.load(SGLANG_SET)
+    ps = registry.patch_set(SGLANG_SET)
     before = engine.snapshot(ps.package)
     monkeypatch.setattr(patcher, "find_package", lambda package, distribution: (str(engine.site), "0.5.23"))
     real_write = patcher.write_atomic
@@ -325,7 +325,7 @@ def test_write_failure_midway_restores_every_file(
 def test_revert_refuses_a_changed_file_until_forced(
     engine: EngineSource, transport: LocalTransport, store: Store
 ) -> None:
-    sg, spec = patching.load(SGLANG_SET), patching.load(SPEC_SET)
+    sg, spec = registry.patch_set(SGLANG_SET), registry.patch_set(SPEC_SET)
     original = engine.snapshot(sg.package)
     patching.apply(transport, sg, run_id=7, store=store)
     patching.apply(transport, spec, run_id=8, store=store)
@@ -336,7 +336,7 @@ def test_revert_refuses_a_changed_file_until_forced(
                        f"{DEEPSEEK_V2} changed since it was patched"):
         patching.revert(transport, sg)
     # The refusal touched nothing: the other files are still patched.
-    states = {s.set_name: s for s in patching.status(transport)}
+    states = {s.set_name: s for s in patching.status(transport, registry.patch_sets())}
     assert {f.file: f.state for f in states[SGLANG_SET].files} == {
         LOGITS: "applied", DEEPSEEK_V2: "modified", LLAMA_EAGLE3: "applied"
     }
@@ -346,7 +346,7 @@ def test_revert_refuses_a_changed_file_until_forced(
     forced = patching.revert(transport, SGLANG_SET, force=True, run_id=9, store=store)  # by name
     assert {f.state for f in forced.files} == {"reverted"}
     assert engine.snapshot(sg.package) == original
-    assert [s.set_name for s in patching.status(transport)] == [SPEC_SET]
+    assert [s.set_name for s in patching.status(transport, registry.patch_sets())] == [SPEC_SET]
     reverts = [r for r in store.patch_records("local") if r["action"] == "revert"]
     assert {(r["run_id"], r["set_hash"]) for r in reverts} == {(9, sg.set_hash)} and len(reverts) == 3
 
@@ -363,10 +363,10 @@ def test_status_flags_a_set_edited_since_it_was_applied(
     with pytest.raises(PatchError, match="applied here in another version .*run 3.*revert it first"):
         patching.apply(transport, edited)
     # Status compares with the shipped definition, which is what was applied.
-    [entry] = patching.status(transport)
+    [entry] = patching.status(transport, registry.patch_sets())
     assert (entry.current, entry.installed_version, entry.intact) == (True, "0.3.0", True)
     patching.revert(transport, edited)  # revert works from the saved originals, whatever the diff
-    assert patching.status(transport) == []
+    assert patching.status(transport, registry.patch_sets()) == []
 
 
 def test_revert_of_a_set_not_applied(transport: LocalTransport) -> None:
@@ -391,12 +391,12 @@ class CountingTransport(LocalTransport):
 
 def test_one_round_trip_once_the_script_is_there(engine_python: str, tmp_path: Path) -> None:
     transport = CountingTransport(local_host(tmp_path / "work", {"python": engine_python}))
-    patching.status(transport)
+    patching.status(transport, registry.patch_sets())
     [uploaded] = transport.puts
     assert re.fullmatch(r"patcher-[0-9a-f]{16}\.py", Path(uploaded).name)
     transport.commands.clear()
     transport.puts.clear()
-    patching.check(transport, patching.load(SPEC_SET))
+    patching.check(transport, registry.patch_set(SPEC_SET))
     assert (len(transport.commands), transport.puts) == (1, [])
 
 
@@ -404,7 +404,7 @@ def test_a_long_request_travels_as_a_file(
     engine: EngineSource, transport: LocalTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(patching, "INLINE_REQUEST_LIMIT", 100)
-    ps = patching.load(SGLANG_SET)
+    ps = registry.patch_set(SGLANG_SET)
     before = engine.snapshot(ps.package)
     patching.apply(transport, ps)
     patching.revert(transport, ps)
@@ -424,10 +424,10 @@ def test_hostile_strings_never_execute(
 ) -> None:
     marker = tmp_path / "pwned"
     hostile = template.format(m=marker)
-    ps = patching.load(SPEC_SET)
+    ps = registry.patch_set(SPEC_SET)
 
     with pytest.raises(PatchError, match="unknown patch set"):
-        patching.load(hostile)
+        registry.patch_set(hostile)
     with pytest.raises(PatchError, match="invalid patch set name"):
         patching.revert(LocalTransport(local_host(tmp_path)), hostile)
 
@@ -460,17 +460,17 @@ def test_apply_and_revert_over_ssh(
     host = ssh_host.model_copy(update={"python": engine_python})
     transport = SSHTransport(host)
     try:
-        ps = patching.load(SGLANG_SET)
+        ps = registry.patch_set(SGLANG_SET)
         original = engine.snapshot(ps.package)
         applied = patching.apply(transport, ps, run_id=11)
         assert {f.state for f in applied.files} == {"applied"}
         for f in applied.files:
             py_compile.compile(f.path, cfile=str(tmp_path / (f.file + "c")), doraise=True)
-        [entry] = patching.status(transport)
+        [entry] = patching.status(transport, registry.patch_sets())
         assert (entry.set_name, entry.run_id, entry.intact) == (SGLANG_SET, 11, True)
         assert patching.apply(transport, ps).changed is False
         patching.revert(transport, ps)
         assert engine.snapshot(ps.package) == original
-        assert patching.status(transport) == []
+        assert patching.status(transport, registry.patch_sets()) == []
     finally:
         transport.close()

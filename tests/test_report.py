@@ -13,7 +13,8 @@ from PIL import Image
 
 from orchestrator import report
 from orchestrator.errors import UsageError
-from orchestrator.lifecycle import Status, transition
+from orchestrator.record import Status
+from orchestrator.lifecycle import transition
 from orchestrator.store import Store
 
 CHROMIUM = shutil.which("chromium") or "chromium"
@@ -42,7 +43,7 @@ def sweep_store(path: Path) -> Store:
 def test_best_point_by_metric_direction(tmp_path):
     store = sweep_store(tmp_path / "orch.db")
     points = report.sweep_points(store, 7)
-    assert [p["run"]["id"] for p in points] == [2, 3, 4]
+    assert [p["run"].id for p in points] == [2, 3, 4]
     # gen_throughput's latest value is tput * 1.0: the 16-batch point wins, higher is better
     assert report.best_point(points, "gen_throughput") == 1
     # ttft_ms: lower is better

@@ -6,7 +6,8 @@ import threading
 import pytest
 
 from orchestrator.errors import NotFound, TransitionError
-from orchestrator.lifecycle import ALLOWED, TERMINAL, Status, transition
+from orchestrator.record import ALLOWED, TERMINAL, Status
+from orchestrator.lifecycle import transition
 from orchestrator import migrations
 from orchestrator.store import Store
 
@@ -36,7 +37,7 @@ def test_each_earlier_schema_migrates(tmp_path, stop_before):
     old.conn.close()
     store = Store(path)
     run = store.get_run(1)
-    assert run["status"] == "running" and run["log_offset"] == 10 and run["stalled"] == 0
+    assert run.status == "running" and run.log_offset == 10 and run.stalled == 0
     assert store.patch_records("local") == []
 
 
@@ -77,8 +78,8 @@ def test_transitions_are_checked_and_evented(tmp_path):
         transition(store, rid, s)
     transition(store, rid, Status.FAILED, "exit code 3", exit_code=3)
     run = store.get_run(rid)
-    assert (run["status"], run["exit_code"], run["reason"]) == ("failed", 3, "exit code 3")
-    assert run["started_at"] and run["ended_at"] >= run["started_at"]
+    assert (run.status, run.exit_code, run.reason) == ("failed", 3, "exit code 3")
+    assert run.started_at and run.ended_at >= run.started_at
     assert [e["message"] for e in store.events(rid)] == [
         "pending", "preparing", "launching", "running", "failed: exit code 3"
     ]
@@ -98,7 +99,7 @@ def test_a_failed_transition_writes_nothing(tmp_path):
     rid = store.create_run("command", "local", {})
     with pytest.raises(ValueError):
         transition(store, rid, Status.PREPARING, **{"status": "x"})
-    assert store.get_run(rid)["status"] == "pending"
+    assert store.get_run(rid).status == "pending"
     assert len(store.events(rid)) == 1
 
 

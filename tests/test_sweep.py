@@ -311,7 +311,7 @@ def test_stale_leases_are_recovered(orch, tmp_path):
             "lease.acquire(s, 'test1', None, lambda: s.create_run('command', 'test1', {'cmd': 'true'}), 0.3)")
     subprocess.run([sys.executable, "-c", code, str(orch.db)], check=True)
     (held,) = lease.held(Store(orch.db))
-    assert not lease.pid_alive(held.pid, held.pid_start)
+    assert not held.controller.alive(None, 0)
     res = orch("run", "command", "--host", "test1", "--set", "cmd=true", "--set", "poll_min=0.05")
     assert res.returncode == 0, res.stderr
     orphan, ran = runs(orch)

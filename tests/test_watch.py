@@ -11,8 +11,10 @@ import pytest
 from orchtest import FAST, Orch, job_cmd
 
 from orchestrator import launch
+from orchestrator.executor import HostExecutor
 from orchestrator.hosts import local_host
-from orchestrator.lifecycle import Status, transition
+from orchestrator.record import Status
+from orchestrator.lifecycle import transition
 from orchestrator.remote import LocalTransport
 from orchestrator.store import Store
 from orchestrator.watch import PollWait, Watcher, WatchOptions
@@ -61,8 +63,8 @@ def polls_for_quiet_job(tmp_path: Path, poll_min: float, poll_max: float) -> int
     store.update_run(run_id, remote_dir=paths.root)
     transition(store, run_id, Status.RUNNING, pid=pid, pid_start=start)
     transport.calls = 0
-    run = Watcher(store, run_id, transport, WatchOptions(poll_min=poll_min, poll_max=poll_max)).run_until_done()
-    assert run["status"] == "succeeded"
+    run = Watcher(store, run_id, HostExecutor(transport), WatchOptions(poll_min=poll_min, poll_max=poll_max)).run_until_done()
+    assert run.status == "succeeded"
     return transport.calls
 
 

@@ -274,7 +274,7 @@ def load_model(model_dir: str, dtype: torch.dtype, device: torch.device) -> Any:
         kwargs["device_map"] = str(device)
     model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     if not use_device_map:
-        model = model.to(device)
+        model = model.to(device)  # type: ignore[arg-type]  # transformers types .to as a module wrapper
     return model.eval()
 
 

@@ -1,0 +1,99 @@
+"""The typed record of a run, as the store holds it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from .controller import Controller
+
+
+class Status(StrEnum):
+    PENDING = "pending"
+    PREPARING = "preparing"
+    LAUNCHING = "launching"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"  # the host says the process is gone and no exit code was written (e.g. a reboot)
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST})
+ACTIVE = frozenset(Status) - TERMINAL
+
+_ENDINGS = {Status.FAILED, Status.CANCELLED}
+ALLOWED: dict[Status, frozenset[Status]] = {
+    Status.PENDING: frozenset({Status.PREPARING} | _ENDINGS),
+    Status.PREPARING: frozenset({Status.LAUNCHING} | _ENDINGS),
+    Status.LAUNCHING: frozenset({Status.RUNNING, Status.LOST} | _ENDINGS),
+    Status.RUNNING: frozenset({Status.SUCCEEDED, Status.LOST} | _ENDINGS),
+    **{s: frozenset() for s in TERMINAL},
+}
+
+
+# Columns stored as JSON text.
+JSON_FIELDS = ("spec", "parser_state", "progress", "error", "end_steps", "patches_applied")
+
+
+@dataclass
+class Run:
+    id: int
+    playbook: str
+    host: str
+    status: Status
+    phase: str | None = None
+    spec: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    pid: int | None = None
+    pid_start: str | None = None
+    remote_dir: str | None = None
+    log_offset: int = 0
+    parser_state: dict[str, Any] | None = None
+    progress: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    reason: str | None = None
+    stalled: bool = False
+    watcher: str | None = None  # Controller text of whoever polled it last
+    heartbeat: float | None = None
+    progress_at: float | None = None
+    predicted_at: float | None = None
+    sweep_id: int | None = None
+    point: str | None = None
+    end_steps: list[str] = field(default_factory=list)  # the end steps that already ran
+    patches_applied: list[str] = field(default_factory=list)  # patch sets this run applied on its host
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Run:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in row.items() if k in known}
+        values["status"] = Status(values["status"])
+        values["stalled"] = bool(values.get("stalled"))
+        for key in ("spec",):
+            values[key] = values.get(key) or {}
+        for key in ("end_steps", "patches_applied"):
+            values[key] = list(values.get(key) or [])
+        values["log_offset"] = values.get("log_offset") or 0
+        return cls(**values)
+
+    @property
+    def launched(self) -> bool:
+        return self.pid is not None
+
+    @property
+    def watched_by(self) -> Controller | None:
+        return Controller.parse(self.watcher)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["status"] = self.status.value
+        return d

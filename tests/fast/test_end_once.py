@@ -1,0 +1,131 @@
+"""The end steps run exactly once for every run, whoever ends it (in process, on this machine, in seconds)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from test_notify import Receiver
+
+from orchestrator import notify, registry, runflow
+from orchestrator.errors import OrchError
+from orchestrator.hosts import local_host
+from orchestrator.lifecycle import transition
+from orchestrator.record import Status
+from orchestrator.store import Store
+from orchestrator.workspace import Workspace
+from playbooks.command import CommandSpec
+from playbooks.extract_hidden_states import ExtractSpec
+
+FAST = {"poll_min": 0.05, "poll_max": 0.2}
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Workspace:
+    return Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
+
+
+@pytest.fixture
+def store(ws: Workspace) -> Iterator[Store]:
+    s = Store(ws.db_path)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def start(ws: Workspace, store: Store, receiver: Receiver, cmd: str) -> runflow.Context:
+    spec = CommandSpec(cmd=cmd, notify=[receiver.url], **FAST)
+    return runflow.start(ws, store, registry.playbook("command"), spec, local_host(ws.root))
+
+
+def assert_ended_once(ctx: runflow.Context, receiver: Receiver) -> None:
+    for _ in range(2):  # whoever comes later finds nothing left to do
+        runflow.finish(ctx)
+        runflow.watch(ctx)
+    notify.drain(5)
+    run = ctx.run
+    assert run.status.terminal
+    assert run.end_steps == list(runflow.END_STEPS)
+    finished = [e["message"] for e in ctx.store.events(ctx.run_id) if e["kind"] == "finished"]
+    assert sorted(finished) == sorted(runflow.END_STEPS)
+    assert [b["run_id"] for b in receiver.bodies] == [ctx.run_id]
+    assert ctx.store.conn.execute("SELECT COUNT(*) FROM leases WHERE run_id = ?", (ctx.run_id,)).fetchone()[0] == 0
+    if run.launched:
+        assert (ctx.ws.run_dir(ctx.run_id) / "log.tail").exists()
+
+
+def ended_by_watch(ctx: runflow.Context) -> None:
+    runflow.watch(ctx)
+
+
+def ended_by_poll(ctx: runflow.Context) -> None:
+    deadline = time.monotonic() + 10
+    while not runflow.poll(ctx).status.terminal and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def ended_by_cancel(ctx: runflow.Context) -> None:
+    assert runflow.cancel(ctx, "cancelled by test", 1.0) in ("stopped", "killed")
+
+
+def ended_by_stop(ctx: runflow.Context) -> None:
+    assert runflow.stop(ctx, 1.0).startswith("process group stopped")
+
+
+@pytest.mark.parametrize("end, cmd, status", [
+    (ended_by_watch, "echo done", Status.SUCCEEDED),
+    (ended_by_poll, "exit 3", Status.FAILED),
+    (ended_by_cancel, "sleep 30", Status.CANCELLED),
+    (ended_by_stop, "sleep 30", Status.CANCELLED),
+])
+def test_end_steps_once_whoever_ends_the_run(ws: Workspace, store: Store, receiver: Receiver,
+                                             end: Callable[[runflow.Context], None], cmd: str, status: Status) -> None:
+    ctx = start(ws, store, receiver, cmd)
+    end(ctx)
+    assert ctx.run.status is status
+    assert_ended_once(ctx, receiver)
+
+
+def test_end_steps_once_for_a_failed_start(ws: Workspace, store: Store, receiver: Receiver) -> None:
+    spec = ExtractSpec(backend="speculators", model="m", dataset="d", scripts_dir=str(ws.root / "absent"),
+                       notify=[receiver.url], **FAST)
+    with pytest.raises(OrchError, match="not installed|not found"):
+        runflow.start(ws, store, registry.playbook("extract-hidden-states"), spec, local_host(ws.root))
+    (run,) = store.list_runs()
+    assert run.status is Status.FAILED and run.reason.startswith("before launch:")
+    assert_ended_once(runflow.open_run(ws, store, run), receiver)
+
+
+def test_end_steps_once_for_an_orphan_settled(ws: Workspace, store: Store, receiver: Receiver) -> None:
+    """A controller that died while launching: no pid file, so the run is lost, and finished once."""
+    spec = CommandSpec(cmd="true", notify=[receiver.url], **FAST)
+    run_id = store.create_run("command", "local", spec.model_dump(mode="json"))
+    store.update_run(run_id, remote_dir=str(ws.root / "runs" / str(run_id)))
+    transition(store, run_id, Status.PREPARING)
+    transition(store, run_id, Status.LAUNCHING)
+    ctx = runflow.open_run(ws, store, run_id)
+    assert runflow.settle_orphan(ctx).status is Status.LOST
+    assert_ended_once(ctx, receiver)
+
+
+def test_a_failing_end_step_does_not_skip_the_others(ws: Workspace, store: Store, receiver: Receiver,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = start(ws, store, receiver, "true")
+
+    def broken(job: object, run: object) -> object:
+        raise ValueError("a manifest that is not JSON")
+
+    monkeypatch.setattr(ctx.pb, "finish", broken)
+    runflow.watch(ctx)
+    notify.drain(5)
+    warnings = [e["message"] for e in store.events(ctx.run_id) if e["kind"] == "warning"]
+    assert warnings == ["outputs: ValueError: a manifest that is not JSON"]
+    assert ctx.run.end_steps == list(runflow.END_STEPS) and len(receiver.bodies) == 1
