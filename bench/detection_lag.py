@@ -57,9 +57,10 @@ class PlainPoller(Watcher):
 class CountingTransport(LocalTransport):
     calls = 0
 
-    def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result:
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None,
+            idle_timeout: float | None = None) -> Result:
         self.calls += 1
-        return super().run(command, check=check, timeout=timeout)
+        return super().run(command, check=check, timeout=timeout, idle_timeout=idle_timeout)
 
 
 def one(tmp: Path, name: str, extra: list[str], event: str, until_ready: bool) -> tuple[float, int]:

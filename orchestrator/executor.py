@@ -23,8 +23,10 @@ class Executor:
         """Start the job (idempotent for the same token); its handle."""
         raise NotImplementedError
 
-    def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0) -> JobState:
-        """Is the job alive, its exit code, and its log's bytes from `offset`; may wait up to `hold_s` for news."""
+    def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0,
+             wake: str | None = None, wake_perl: str | None = None) -> JobState:
+        """Is the job alive, its exit code, and its log's bytes from `offset`. May first wait up to `hold_s`
+        for news: the job's end, or a new log line matching `wake` (extended regex) or `wake_perl`."""
         raise NotImplementedError
 
     def kill(self, handle: Handle, grace_s: float) -> str:
@@ -42,8 +44,10 @@ class HostExecutor(Executor):
     def launch(self, paths: RunPaths, script: str, token: str) -> Handle:
         return launch.launch(self.transport, paths, script, token)
 
-    def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0) -> JobState:
-        return launch.read_state(self.transport, paths, handle[0], handle[1], offset, max_bytes, hold_s=hold_s)
+    def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0,
+             wake: str | None = None, wake_perl: str | None = None) -> JobState:
+        return launch.read_state(self.transport, paths, handle[0], handle[1], offset, max_bytes, hold_s=hold_s,
+                                 wake=wake, wake_perl=wake_perl)
 
     def kill(self, handle: Handle, grace_s: float) -> str:
         return launch.kill(self.transport, handle[0], handle[1], grace_s)

@@ -25,10 +25,15 @@ GROUP_PIDS = "ps -eo pid=,pgid=,stat= | awk -v g={pid} '$2 == g && $3 !~ /^Z/ {{
 
 # Runs in the run dir as the session leader, so its pid is also the job's process group id. The log is
 # opened for appending, so a log truncated under the job (copytruncate rotation) gets no hole of zeros.
+# The job's own start and end times (epoch seconds, the host's clock) are written beside its exit code;
+# the end time first, so a run seen ended has both.
 WRAPPER = f"""\
+date +%s.%N > started_at
 echo "$$ $({START_TIME.format(pid='$$')})" > pid.tmp && mv pid.tmp pid
 bash ./job.sh >> log 2>&1 < /dev/null
-echo $? > exit_code.tmp && mv exit_code.tmp exit_code
+code=$?
+date +%s.%N > ended_at
+echo $code > exit_code.tmp && mv exit_code.tmp exit_code
 """
 
 POLL_MARK = "orch-poll"
@@ -103,24 +108,50 @@ class JobState:
     offset: int  # where `data` starts (0 again after the log was truncated)
     data: bytes
     run_dir: bool = True  # the run dir still exists on the host
+    started_at: float | None = None  # the job's own start and end (the host's clock), when known
+    ended_at: float | None = None
 
 
-def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: int, hold_s: float = 0) -> str:
+KEEPALIVE_S = 5  # a held poll writes a byte to stderr this often, so a dark link is noticed by its silence
+
+
+def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: int, hold_s: float = 0,
+                 wake: str | None = None, wake_perl: str | None = None) -> str:
     """One remote call that answers: is the job alive, its exit code, and the new bytes of its log.
 
-    With `hold_s`, the call first waits on the host until the job dies or the time is up, so a
-    watcher backing off between polls still hears of a death within a second or so.
-    Liveness is read before the exit code, and both before the log, so a job seen dead has its last
-    bytes in this same answer.
+    With `hold_s`, the call first waits on the host until the job dies, a new log line matches `wake`
+    (an extended regex: the lines the watcher waits for) or `wake_perl` (a Perl-style regex: the user's
+    ready pattern), or the time is up — checked about once a second, reading only the bytes that came
+    since the last check. Liveness is read before the exit code, and both before the log, so a job
+    seen dead has its last bytes in this same answer.
     """
     alive = f'[ "$({LIVE_START.format(pid=int(pid))})" = {quote(start)} ]'
     hold = ""
     if hold_s > 0:
         step = 1.0 if hold_s >= 5 else max(hold_s / 10, 0.02)
+        beats = max(1, round(KEEPALIVE_S / step))
+        tests = [f"grep -aqE {quote(wake)}"] if wake else []
+        if wake_perl:  # a grep without -P fails here, and simply never wakes on it
+            tests.append(f"grep -aqP {quote(wake_perl)} 2>/dev/null")
+        check = ""
+        if tests:
+            # the bytes since the last check, with a margin for a line the last check saw half of
+            check = "".join([
+                'size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)\n',
+                '  [ "$size" -lt "$seen" ] && break\n',  # truncated or replaced: that is news too
+                '  if [ "$size" -gt "$seen" ]; then\n',
+                f"    from=$(( seen - 4096 > {int(offset)} ? seen - 4096 : {int(offset)} ))\n",
+                *(f'    tail -c +$((from + 1)) "$d/log" 2>/dev/null | head -c $((size - from)) | {t} && break\n'
+                  for t in tests),
+                "    seen=$size\n",
+                "  fi\n  ",
+            ])
         # a deadline, not a count of steps, so the checks' own time does not stretch the hold
-        hold = (f"end=$(( $(date +%s%N) + {int(hold_s * 1e9)} ))\n"
-                f'while {alive} && [ ! -s "$d/exit_code" ] && [ "$(date +%s%N)" -lt "$end" ]; do '
-                f"sleep {step:.3f}; done\n")
+        hold = (f"end=$(( $(date +%s%N) + {int(hold_s * 1e9)} )); seen={int(offset)}; beat=0\n"
+                f'while {alive} && [ ! -s "$d/exit_code" ] && [ "$(date +%s%N)" -lt "$end" ]; do\n'
+                f"  {check}sleep {step:.3f}\n"
+                f"  beat=$((beat + 1)); [ $((beat % {beats})) -eq 0 ] && printf . >&2\n"
+                "done\n")
     # A run dir that vanished (a reboot cleaning /tmp, a wiped scratch disk) is reported, not an error:
     # with the process gone too, the run is lost.
     return (
@@ -130,23 +161,34 @@ def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: 
         'ec=none; [ -s "$d/exit_code" ] && ec=$(cat "$d/exit_code")\n'
         'size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)\n'
         f"off={int(offset)}; [ \"$size\" -lt \"$off\" ] && off=0\n"
-        f'echo "{POLL_MARK} $alive $ec $size $off $present"\n'
+        'began=$(cat "$d/started_at" 2>/dev/null); ended=$(cat "$d/ended_at" 2>/dev/null)\n'
+        f'echo "{POLL_MARK} $alive $ec $size $off $present ${{began:-none}} ${{ended:-none}}"\n'
         f'tail -c +$((off + 1)) "$d/log" 2>/dev/null | head -c {int(max_bytes)} | base64 -w0\n'
     )
 
 
+def _epoch(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def read_state(transport: Transport, paths: RunPaths, pid: int, start: str, offset: int,
-               max_bytes: int = 4 << 20, hold_s: float = 0) -> JobState:
-    command = poll_command(paths, pid, start, offset, max_bytes, hold_s)
-    out = transport.run(command, timeout=hold_s + 120).stdout
+               max_bytes: int = 4 << 20, hold_s: float = 0, wake: str | None = None,
+               wake_perl: str | None = None) -> JobState:
+    command = poll_command(paths, pid, start, offset, max_bytes, hold_s, wake, wake_perl)
+    out = transport.run(command, timeout=hold_s + 60, idle_timeout=4 * KEEPALIVE_S if hold_s else None).stdout
     head, _, body = out.partition("\n")
     fields = head.split()
-    if len(fields) != 6 or fields[0] != POLL_MARK:
+    if len(fields) not in (6, 8) or fields[0] != POLL_MARK:
         raise OrchError(f"{transport.host.name}: unexpected answer while polling: {head[:200]!r}")
-    _, alive, ec, size, off, present = fields
+    _, alive, ec, size, off, present, *times = fields
     exit_code = int(ec) if ec.lstrip("-").isdigit() else None
     data = base64.b64decode(body.strip() or b"")
-    return JobState(alive == "1", exit_code, int(size), int(off), data, run_dir=present == "1")
+    began, ended = (_epoch(t) for t in times) if times else (None, None)
+    return JobState(alive == "1", exit_code, int(size), int(off), data, run_dir=present == "1",
+                    started_at=began, ended_at=ended)
 
 
 def group_pids_command(pgid: int) -> str:

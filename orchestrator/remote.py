@@ -25,6 +25,9 @@ from .hosts import Host
 
 quote = shlex.quote
 
+DEFAULT_TIMEOUT_S = 120.0  # a call given no timeout of its own: a host that stops answering never hangs orch
+KEEPALIVE_S = 15  # SSH keepalives, so an idle connection through NAT stays up
+
 
 @dataclass
 class Result:
@@ -57,7 +60,11 @@ class Transport:
 
     host: Host
 
-    def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result:
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None,
+            idle_timeout: float | None = None) -> Result:
+        """Run a shell command; `timeout` bounds the whole call (default DEFAULT_TIMEOUT_S), `idle_timeout`
+        the silence between two pieces of output (a command that writes a byte now and then while it
+        waits: its silence means the link went dark)."""
         raise NotImplementedError
 
     def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
@@ -82,7 +89,9 @@ class LocalTransport(Transport):
     def __init__(self, host: Host):
         self.host = host
 
-    def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result:
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None,
+            idle_timeout: float | None = None) -> Result:
+        timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
         try:
             proc = subprocess.run(
                 ["bash", "-c", command], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
@@ -105,6 +114,40 @@ class LocalTransport(Transport):
         tmp.write_bytes(data)
         tmp.chmod(mode)
         tmp.replace(target)
+
+
+class _Activity(io.StringIO):
+    """Where a command's output is mirrored as it arrives: only the time of the last piece is kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last = time.monotonic()
+
+    def write(self, text: str) -> int:
+        self.last = time.monotonic()
+        return len(text)
+
+
+class _Watchdog:
+    """Closes the connection when a command stays silent past `idle_s` (a dark link, not a slow host:
+    commands given an idle timeout write a byte every few seconds while they wait)."""
+
+    def __init__(self, conn: Any, activity: _Activity, idle_s: float):
+        self.conn, self.activity, self.idle_s = conn, activity, idle_s
+        self.fired = False
+        self._done = threading.Event()
+        threading.Thread(target=self._watch, name="orch-ssh-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self._done.wait(min(1.0, self.idle_s / 4)):
+            if time.monotonic() - self.activity.last > self.idle_s:
+                self.fired = True
+                with contextlib.suppress(Exception):
+                    self.conn.close()  # the blocked read returns; every call on this connection reconnects
+                return
+
+    def stop(self) -> None:
+        self._done.set()
 
 
 class _ConnectionLost(Unreachable):
@@ -179,6 +222,7 @@ class SSHTransport(Transport):
             hop = hop.gateway
         try:
             conn.open()
+            conn.transport.set_keepalive(KEEPALIVE_S)
         except paramiko.BadHostKeyException as exc:
             raise HostKeyError(host.name, f"host key changed for {exc.hostname}; refusing to connect") from None
         except paramiko.AuthenticationException as exc:
@@ -242,18 +286,30 @@ class SSHTransport(Transport):
                     raise Unreachable(self.host.name, str(exc) or type(exc).__name__) from None
         raise AssertionError("unreachable")  # tenacity reraises
 
-    def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result:
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None,
+            idle_timeout: float | None = None) -> Result:
         from invoke.exceptions import CommandTimedOut
+
+        timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
 
         def timed_out() -> RemoteError:
             return RemoteError(self.host.name, command, None, "", reason=f"timed out after {timeout} s")
 
         def go(conn: Any) -> Result:
             started = time.monotonic()
+            activity = _Activity()
+            watchdog = _Watchdog(conn, activity, idle_timeout) if idle_timeout else None
             try:
-                r = conn.run(command, timeout=timeout)
+                # hide=False only so that output reaches `activity` as it comes; it is captured all the same
+                r = conn.run(command, timeout=timeout, hide=False, out_stream=activity, err_stream=activity)
             except CommandTimedOut:
                 raise timed_out() from None
+            finally:
+                if watchdog is not None:
+                    watchdog.stop()
+            if watchdog is not None and watchdog.fired:
+                raise _ConnectionLost(self.host.name, f"no answer for {idle_timeout:g} s while the command ran "
+                                      "(the link went dark?)")
             if r.exited == -1:  # no exit status came back
                 if timeout is not None and time.monotonic() - started >= timeout:
                     # invoke's timer closed the channel, but its thread had not ended when the result
@@ -276,6 +332,7 @@ class SSHTransport(Transport):
         def go(conn: Any) -> None:
             with self._sftp_lock:
                 sftp = conn.sftp()
+                sftp.get_channel().settimeout(DEFAULT_TIMEOUT_S)
                 tmp = target + ".tmp"
                 sftp.putfo(io.BytesIO(data), tmp)
                 sftp.chmod(tmp, mode)

@@ -221,7 +221,8 @@ class DryRunTransport(Transport):
         self.host, self.echo = host, echo
         self._home = "$HOME" if not host.is_local else connect(host).home()
 
-    def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result:
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None,
+            idle_timeout: float | None = None) -> Result:
         self.echo(f"# on {self.host.name}:\n{command.rstrip()}\n")
         return Result(self.host.name, command, 0, "", "")
 

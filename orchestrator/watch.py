@@ -24,6 +24,7 @@ from .health import SERVING_PHASES, HealthCheck, HealthWatch
 from .launch import RunPaths
 from .lifecycle import transition
 from .logparse import LogParser
+from .logparse.wake import WAKE
 from .record import Run, Status
 from .store import Store
 
@@ -138,7 +139,8 @@ class Watcher:
         self.wait.immediate = False
         hold, self.hold = self.hold, 0.0
         try:
-            state = self.executor.poll(self.paths, self.handle, self.offset, MAX_CHUNK, hold_s=hold)
+            state = self.executor.poll(self.paths, self.handle, self.offset, MAX_CHUNK, hold_s=hold, wake=WAKE,
+                                       wake_perl=self.opts.ready_pattern)
         except (Unreachable, RemoteError) as exc:
             if isinstance(exc, RemoteError) and exc.remote_exit_code is not None:
                 raise  # the poll itself failed on the host: not a passing network fault
@@ -187,6 +189,8 @@ class Watcher:
         if p.error is not None and p.error != before[2]:
             events.append(("error", _error_text(p.error), p.error.to_dict()))
         fields: dict[str, Any] = {}
+        if state.started_at is not None and state.started_at != self.run.started_at:
+            fields["started_at"] = self.run.started_at = state.started_at  # the job's own start, not the launch's
         advanced = after[:2] != before[:2]
         if advanced:
             self.wait.reset()
@@ -263,11 +267,12 @@ class Watcher:
     def _judge(self, state: launch.JobState) -> tuple[Status, str, dict[str, Any]] | None:
         err = self.parser.error
         if state.exit_code is not None:
-            # the job's own view ends with its exit: the log may not have said so
+            # the job's own view ends with its exit (at the time the host wrote): the log may not have said so
+            ended = {"ended_at": state.ended_at} if state.ended_at is not None else {}
             if state.exit_code == 0:
-                return Status.SUCCEEDED, "exit code 0", {"exit_code": 0, "phase": "finished"}
+                return Status.SUCCEEDED, "exit code 0", {"exit_code": 0, "phase": "finished", **ended}
             why = describe_exit(state.exit_code)
-            fields = {"exit_code": state.exit_code, "phase": "failed"}
+            fields = {"exit_code": state.exit_code, "phase": "failed", **ended}
             return Status.FAILED, f"{why}: {_error_text(err)}" if err else why, fields
         if not state.alive and not state.run_dir:
             return Status.LOST, f"the run dir {self.paths.root} is gone from the host, and the process too", {

@@ -46,9 +46,9 @@ def test_backoff_never_sleeps_past_the_predicted_finish_by_more_than_poll_min():
 class CountingTransport(LocalTransport):
     calls = 0
 
-    def run(self, command, *, check=True, timeout=None):
+    def run(self, command, *, check=True, timeout=None, idle_timeout=None):
         self.calls += 1
-        return super().run(command, check=check, timeout=timeout)
+        return super().run(command, check=check, timeout=timeout, idle_timeout=idle_timeout)
 
 
 def polls_for_quiet_job(tmp_path: Path, poll_min: float, poll_max: float) -> int:
