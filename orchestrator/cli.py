@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -54,8 +55,9 @@ def emit_json(value: Any) -> None:
 
 
 def parse_run_id(text: str) -> int:
-    if not text.isdigit():
-        raise UsageError(f"not a run id: {text!r}")
+    # ASCII digits only (isdigit() takes '²' and Arabic-Indic digits), and within SQLite's integers
+    if not re.fullmatch(r"[0-9]{1,18}", text):
+        raise UsageError(f"not a run id: {text[:40]!a}")
     return int(text)
 
 

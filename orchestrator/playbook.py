@@ -19,7 +19,7 @@ from .hosts import Host
 from .launch import RunPaths
 from .lifecycle import Status, transition
 from .remote import Result, Transport, connect
-from .spec import RunSpec
+from .spec import RunSpec, stored
 from .store import Store
 from .watch import Watcher, WatchOptions
 from .workspace import Workspace
@@ -211,7 +211,7 @@ def start(ws: Workspace, store: Store, pb: Playbook, spec: RunSpec, host: Host, 
 
 
 def context_for(ws: Workspace, store: Store, pb: Playbook, run: dict[str, Any], host: Host) -> RunContext:
-    spec = pb.Spec.model_validate(run["spec"])
+    spec = stored(pb.Spec, run)  # one line naming the run when its stored spec is unreadable
     transport = connect(host)
     root = run["remote_dir"] or RunPaths.for_run(transport.expand(host.workdir), run["id"]).root
     return RunContext(ws, store, host, transport, run["id"], spec, RunPaths(root))
