@@ -293,6 +293,7 @@ def logs(
 ) -> None:
     """Print the last lines of a run's log (from the host)."""
     from . import launch
+    from .logparse.text import TerminalText, terminal_safe
     from .remote import connect
 
     ws = workspace()
@@ -303,7 +304,10 @@ def logs(
     host = inventory(ws).get(row["host"])
     transport = connect(host)
     paths = launch.RunPaths(row["remote_dir"])
-    sys.stdout.write(transport.run(launch.tail_command(paths, lines)).stdout)
+    tty = sys.stdout.isatty()  # a terminal acts on escape sequences in the log; a file or pipe gets it as is
+    screen = TerminalText()
+    tail = transport.run(launch.tail_command(paths, lines)).stdout
+    sys.stdout.write(terminal_safe(tail) if tty else tail)
     sys.stdout.flush()
     if not follow or not row["pid"]:
         return
@@ -311,7 +315,10 @@ def logs(
     interval = min(host.default_poll[0], 1.0)  # someone is reading along: a second, not a backoff
     while True:
         state = launch.read_state(transport, paths, row["pid"], row["pid_start"], offset)
-        sys.stdout.buffer.write(state.data)
+        if tty:
+            sys.stdout.write(screen.feed(state.data))
+        else:
+            sys.stdout.buffer.write(state.data)
         sys.stdout.flush()
         offset = state.offset + len(state.data)
         if not state.alive and offset >= state.size:
