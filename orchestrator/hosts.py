@@ -47,8 +47,9 @@ class Host(BaseModel):
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        for key in bad_env_names(env):
-            raise ValueError(f"not an environment variable name: {key!r}")
+        bad = bad_env_names(env)
+        if bad:
+            raise ValueError(f"not an environment variable name: {bad[0]!r}")
         return env
 
     @field_validator("workdir")
