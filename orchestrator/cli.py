@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -54,8 +55,9 @@ def emit_json(value: Any) -> None:
 
 
 def parse_run_id(text: str) -> int:
-    if not text.isdigit():
-        raise UsageError(f"not a run id: {text!r}")
+    # ASCII digits only (isdigit() takes '²' and Arabic-Indic digits), and within SQLite's integers
+    if not re.fullmatch(r"[0-9]{1,18}", text):
+        raise UsageError(f"not a run id: {text[:40]!a}")
     return int(text)
 
 
@@ -252,18 +254,26 @@ def logs(
 ) -> None:
     """Print the last lines of a run's log (from the host)."""
     from . import runflow
+    from .logparse.text import TerminalText, terminal_safe
 
     ws = workspace()
     store = open_store(ws)
     row = store.get_run(parse_run_id(run_id))
     if not row.remote_dir:
         raise OrchError(f"run {row.id} has no log ({row.status})")
-    ctx = runflow.open_run(ws, store, row, inventory(ws))
-    sys.stdout.write(runflow.log_tail(ctx, lines))
+    ctx = runflow.open_run(ws, store, row, inventory(ws), any_spec=True)
+    tty = sys.stdout.isatty()  # a terminal acts on escape sequences in the log; a file or pipe gets it as is
+    tail = runflow.log_tail(ctx, lines)
+    sys.stdout.write(terminal_safe(tail) if tty else tail)
     sys.stdout.flush()
     if follow:
+        screen = TerminalText()
+
         def write(data: bytes) -> None:
-            sys.stdout.buffer.write(data)
+            if tty:
+                sys.stdout.write(screen.feed(data))
+            else:
+                sys.stdout.buffer.write(data)
             sys.stdout.flush()
 
         runflow.follow_log(ctx, write)

@@ -4,8 +4,10 @@ Each entry is one self-sufficient line: cron gives it a bare environment (`/bin/
 no ORCH_HOME), so the line carries absolute paths, the workspace and a PATH that finds `orch`. Entries
 are tagged with the comment `orch:<id>`; list and remove never touch anything else in the crontab.
 
-The line calls `orch cron fire ID FILE`, which holds an flock on `runs/cron/<name>.lock` while the sweep
-runs; a night whose previous sweep still holds it skips, and says so in `runs/cron/<name>.log`. It runs
+The line calls `orch cron fire ID FILE`, which holds an flock on `runs/cron/<key>.lock` while the sweep
+runs; a night whose previous sweep still holds it skips, and says so in `runs/cron/<key>.log` (the key
+is the file's name and a hash of its absolute path, so sweeps of the same name in two folders never
+share them). It runs
 the sweep with the local date of the firing as its instance: an unchanged file is a new sweep every night,
 and firing again the same night (after a crash) resumes that night's sweep.
 """
@@ -13,6 +15,7 @@ and firing again the same night (after a crash) resumes that night's sweep.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import re
 import secrets
@@ -26,11 +29,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .checks import unprintable
 from .errors import NotFound, OrchError, UsageError
 from .workspace import Workspace
 
 TAG = "orch:"
 CRON_PATH = "/usr/local/bin:/usr/bin:/bin"  # appended after the interpreter's bin dir
+CRONTAB_ENV = "ORCH_CRONTAB"  # a tab file to edit instead of the user's crontab
 
 
 @dataclass
@@ -47,9 +52,12 @@ class Entry:
         return asdict(self)
 
 
-def sweep_name(file: Path) -> str:
-    """The name of a sweep's lock and log: its file name without suffix, made safe for a path."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", file.stem) or "sweep"
+def sweep_key(file: Path) -> str:
+    """The name of a sweep's lock and log: its file name without suffix, made safe for a path, and a
+    hash of its absolute path, so two `hs.toml` in different folders never meet."""
+    path = Path(file).resolve()
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem) or "sweep"
+    return f"{name}-{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
 
 
 def cron_dir(ws: Workspace) -> Path:
@@ -57,12 +65,28 @@ def cron_dir(ws: Workspace) -> Path:
 
 
 def _tab() -> Any:
+    """The crontab orch edits: the user's (through the `crontab` program), or the tab file named by
+    $ORCH_CRONTAB, in the same format (installed with `crontab FILE`, or kept by configuration management)."""
     from crontab import CronTab
 
+    tabfile = os.environ.get(CRONTAB_ENV)
     try:
-        return CronTab(user=True)
+        if not tabfile:
+            return CronTab(user=True)
+        if not os.path.exists(tabfile):  # nothing installed yet: written on the first install
+            tab = CronTab(tab="")
+            tab.filen = tabfile
+            return tab
+        return CronTab(tabfile=tabfile)
     except (OSError, ValueError) as exc:  # no `crontab` binary, or a crontab it cannot read
-        raise UsageError(f"cannot read the crontab: {exc}") from None
+        raise UsageError(f"cannot read the crontab{f' {tabfile}' if tabfile else ''}: {exc}") from None
+
+
+def _write(tab: Any) -> None:
+    try:
+        tab.write()
+    except OSError as exc:
+        raise OrchError(f"cannot write the crontab: {exc}") from None
 
 
 def check_schedule(at: str) -> str:
@@ -98,8 +122,20 @@ def _cron_quote(word: str) -> str:
     return shlex.quote(word).replace("%", "\\%")
 
 
+def check_one_line(ws: Workspace, file: Path) -> None:
+    """Every path the line carries must keep it one line: cron (and python-crontab reading it back)
+    splits on newlines, which quoting does not protect, so a path holding one would add entries."""
+    for what, path in (("the sweep file's path", file), ("ORCH_HOME", ws.root), ("the --hosts path", ws.hosts_file),
+                       ("the interpreter's path", Path(sys.executable)), ("orch's source path", Path(__file__))):
+        char = unprintable(str(path))
+        if char:
+            raise UsageError(f"{what} {str(path)!a} holds a control character ({char}); "
+                             "a crontab line cannot carry it")
+
+
 def cron_command(ws: Workspace, entry_id: str, file: Path) -> str:
-    log = cron_dir(ws) / f"{sweep_name(file)}.log"
+    check_one_line(ws, file)
+    log = cron_dir(ws) / f"{sweep_key(file)}.log"
     bindir = str(Path(sys.executable).parent)
     env = [f"ORCH_HOME={_cron_quote(str(ws.root))}", f"PATH={_cron_quote(bindir + ':' + CRON_PATH)}"]
     if orch_argv()[0] != "orch":  # running from a source tree: the package must be importable
@@ -145,6 +181,7 @@ def install(ws: Workspace, file: Path, at: str) -> Entry:
     """Add a crontab line that runs the sweep at `at`; validates everything before touching the crontab."""
     schedule = check_schedule(at)
     path = check_sweep_file(file)
+    check_one_line(ws, path)
     tab = _tab()
     taken = {job.comment[len(TAG):] for job in _orch_jobs(tab)}
     entry_id = secrets.token_hex(3)
@@ -153,7 +190,7 @@ def install(ws: Workspace, file: Path, at: str) -> Entry:
     cron_dir(ws).mkdir(parents=True, exist_ok=True)
     job = tab.new(command=cron_command(ws, entry_id, path), comment=TAG + entry_id)
     job.setall(schedule)
-    tab.write()
+    _write(tab)
     return _entry(job)
 
 
@@ -169,7 +206,7 @@ def remove(entry_id: str) -> Entry:
     entry = _entry(jobs[0])
     for job in jobs:
         tab.remove(job)
-    tab.write()
+    _write(tab)
     return entry
 
 
@@ -196,8 +233,8 @@ def fire(ws: Workspace, entry_id: str, file: Path,
     instance = time.strftime("%Y-%m-%d") if instance is None else instance
     folder = cron_dir(ws)
     folder.mkdir(parents=True, exist_ok=True)
-    name = sweep_name(path)
-    log, lock = folder / f"{name}.log", folder / f"{name}.lock"
+    key = sweep_key(path)
+    log, lock = folder / f"{key}.log", folder / f"{key}.lock"
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:

@@ -25,7 +25,10 @@ def predicted_load_s(store: Store, run: Run, last: int = 5) -> float | None:
         "SELECT r.started_at, (SELECT MIN(e.ts) FROM events e WHERE e.run_id = r.id AND e.kind = 'phase'"
         f"  AND e.message NOT IN ({','.join('?' * len(LOADING))}, 'failed')) AS loaded_at"
         " FROM runs r WHERE r.host = ? AND r.id != ? AND r.started_at IS NOT NULL"
-        " AND COALESCE(json_extract(r.spec, '$.model'), json_extract(r.spec, '$.cmd')) = ?"
+        # CASE, not AND: SQLite may evaluate AND's terms in any order, and json_extract raises on a
+        # row that is not JSON, which would fail every later run on the host
+        " AND CASE WHEN json_valid(r.spec)"
+        "  THEN COALESCE(json_extract(r.spec, '$.model'), json_extract(r.spec, '$.cmd')) END = ?"
         " ORDER BY r.id DESC LIMIT 50",
         (*LOADING, run.host, run.id, key),
     ).fetchall()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import tomllib
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .checks import bad_env_names, value_problem
 from .errors import HostError, UsageError
 from .workspace import LOCAL
 
@@ -16,7 +18,7 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 
 
 class Host(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(pattern=NAME_PATTERN)
     address: str | None = None  # defaults to the name, so an ~/.ssh/config alias works
@@ -34,13 +36,29 @@ class Host(BaseModel):
     poll_max: float | None = Field(default=None, gt=0)
     connect_timeout: float = Field(default=10, gt=0)
 
+    @field_validator("*")
+    @classmethod
+    def _passable(cls, value: Any) -> Any:
+        problem = value_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        for key in env:
-            if not key.isidentifier():
-                raise ValueError(f"not an environment variable name: {key!r}")
+        bad = bad_env_names(env)
+        if bad:
+            raise ValueError(f"not an environment variable name: {bad[0]!r}")
         return env
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute(cls, workdir: str) -> str:
+        # a relative path would depend on the directory each SSH session happens to start in
+        if not workdir.startswith(("/", "~")):
+            raise ValueError(f"must be an absolute path or start with ~, got {workdir!r}")
+        return workdir
 
     @property
     def is_local(self) -> bool:
@@ -66,12 +84,16 @@ class Inventory:
 
     @classmethod
     def load(cls, path: Path, workspace_root: Path) -> Inventory:
-        raw: dict[str, Any] = {}
+        raw: Any = {}
         if path.exists():
             try:
                 raw = tomllib.loads(path.read_text()).get("hosts", {})
-            except tomllib.TOMLDecodeError as exc:
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
                 raise UsageError(f"{path}: invalid TOML: {exc}") from None
+            except OSError as exc:  # a directory, no permission
+                raise UsageError(f"cannot read hosts file {path}: {exc.strerror or exc}") from None
+            if not isinstance(raw, dict):
+                raise UsageError(f"{path}: hosts: expected tables [hosts.NAME], got {type(raw).__name__}")
         elif path.name != "hosts.toml":
             raise UsageError(f"hosts file not found: {path}")
         hosts: dict[str, Host] = {}
@@ -80,6 +102,9 @@ class Inventory:
             if not isinstance(fields, dict):
                 problems.append(f"hosts.{name}: expected a table")
                 continue
+            if "name" in fields:
+                problems.append(f"hosts.{name}.name: not a field (the table's name is the host's)")
+                continue
             try:
                 if name == LOCAL:
                     hosts[name] = local_host(workspace_root, fields)
@@ -87,7 +112,8 @@ class Inventory:
                     hosts[name] = Host(name=name, **fields)
             except ValidationError as exc:
                 problems += [
-                    f"hosts.{name}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()
+                    f"hosts.{name}.{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}"
+                    for e in exc.errors()
                 ]
         if problems:
             raise UsageError(f"{path}: " + "; ".join(problems))
@@ -96,10 +122,12 @@ class Inventory:
 
     def get(self, name: str) -> Host:
         try:
-            return self.hosts[name]
+            host = self.hosts[name]
         except KeyError:
             known = ", ".join(sorted(self.hosts))
             raise HostError(f"unknown host {name!r} (known: {known})") from None
+        check_usable(host)
+        return host
 
     def select(self, names: list[str] | None = None, tags: list[str] | None = None) -> list[Host]:
         if names:
@@ -107,4 +135,13 @@ class Inventory:
         hosts = [h for h in self.hosts.values() if not h.is_local]
         if tags:
             hosts = [h for h in hosts if set(tags) & set(h.tags)]
+        for host in hosts:
+            check_usable(host)
         return hosts
+
+
+def check_usable(host: Host) -> None:
+    """What can be checked here before connecting; a missing key file would otherwise be retried as
+    if the host were down. Checked when a host is chosen, so one stale entry blocks no other host."""
+    if host.identity_file and not os.path.isfile(os.path.expanduser(host.identity_file)):
+        raise HostError(f"hosts.{host.name}.identity_file: no such file: {host.identity_file}")

@@ -71,6 +71,7 @@ class Run:
     point: str | None = None
     end_steps: list[str] = field(default_factory=list)  # the end steps that already ran
     patches_applied: list[str] = field(default_factory=list)  # patch sets this run applied on its host
+    unreadable: list[str] = field(default_factory=list)  # JSON columns found damaged (read as None)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Run:
@@ -80,7 +81,7 @@ class Run:
         values["stalled"] = bool(values.get("stalled"))
         for key in ("spec",):
             values[key] = values.get(key) or {}
-        for key in ("end_steps", "patches_applied"):
+        for key in ("end_steps", "patches_applied", "unreadable"):
             values[key] = list(values.get(key) or [])
         values["log_offset"] = values.get("log_offset") or 0
         return cls(**values)

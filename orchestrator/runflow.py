@@ -18,10 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from . import cleanup, gpu, lease, notify, patching, registry
-from .errors import OrchError, SpecError, TransitionError, UsageError
+from .errors import OrchError, TransitionError, UsageError
 from .executor import Executor, executor_for
 from .hosts import Host, Inventory
 from .launch import RunPaths, job_script, launch_command
@@ -29,7 +27,7 @@ from .lifecycle import transition
 from .playbook import JobContext, Playbook, Prepared
 from .record import ACTIVE, Run, Status
 from .remote import Result, Transport, connect, quote
-from .spec import RunSpec
+from .spec import RunSpec, stored
 from .store import Store
 from .watch import Watcher, WatchOptions
 from .workspace import Workspace
@@ -77,23 +75,25 @@ def _host(ws: Workspace, name: str, hosts: Hosts | None) -> Host:
     return Inventory.load(ws.hosts_file, ws.root).get(name)
 
 
-def _spec(pb: Playbook[Any], run: Run) -> RunSpec:
-    try:
-        return pb.Spec.model_validate(run.spec)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in exc.errors())
-        raise SpecError(f"run {run.id}: its stored spec no longer validates: {problems}") from None
+def open_run(ws: Workspace, store: Store, run: Run | int, hosts: Hosts | None = None,
+             any_spec: bool = False) -> Context:
+    """The one way to act on an existing run: its playbook, spec, host and paths from its record.
 
-
-def open_run(ws: Workspace, store: Store, run: Run | int, hosts: Hosts | None = None) -> Context:
-    """The one way to act on an existing run: its playbook, spec, host and paths from its record."""
+    A stored spec that is damaged or no longer validates is an error naming the run; with `any_spec`
+    the run is opened with the default spec instead, enough to watch, settle or stop its job.
+    """
     record = store.get_run(run) if isinstance(run, int) else run
     pb = registry.playbook(record.playbook)
+    try:
+        spec: RunSpec = stored(pb.Spec, record.id, record.spec, "spec" not in record.unreadable)
+    except OrchError:
+        if not any_spec:
+            raise
+        spec = RunSpec()
     host = _host(ws, record.host, hosts)
     transport = connect(host)
     root = record.remote_dir or RunPaths.for_run(transport.expand(host.workdir), record.id).root
-    return Context(ws, store, pb, host, transport, executor_for(host, transport), record.id, _spec(pb, record),
-                   RunPaths(root))
+    return Context(ws, store, pb, host, transport, executor_for(host, transport), record.id, spec, RunPaths(root))
 
 
 def watch_options(pb: Playbook[Any], spec: RunSpec, host: Host, until_ready: bool = False) -> WatchOptions:
@@ -413,14 +413,14 @@ def stop_quietly(ws: Workspace, store: Store, run_id: int, reason: str, hosts: H
                  grace_s: float = KILL_GRACE_S) -> str:
     """Cancel a run for a caller that goes on whatever happens (a sweep); what happened, in words."""
     try:
-        return cancel(open_run(ws, store, run_id, hosts), reason, grace_s)
+        return cancel(open_run(ws, store, run_id, hosts, any_spec=True), reason, grace_s)
     except OrchError as exc:  # it ended meanwhile, or its host cannot be reached
         return str(exc)
 
 
 def _stop_other(ctx: Context, run_id: int, reason: str, grace_s: float) -> str:
     """GPU cleanup found an earlier run of this workspace on the GPUs: it ends like any run."""
-    other = open_run(ctx.ws, ctx.store, run_id, {ctx.host.name: ctx.host})
+    other = open_run(ctx.ws, ctx.store, run_id, {ctx.host.name: ctx.host}, any_spec=True)
     run = other.run
     if not run.status.terminal:
         try:
@@ -455,7 +455,7 @@ def probe_orphan(ws: Workspace, store: Store, run: Run) -> None:
     """The lease's probe: settle a run whose controller died and poll it once; if its job has ended, end
     it (which frees its lease)."""
     try:
-        ctx = open_run(ws, store, run)
+        ctx = open_run(ws, store, run, any_spec=True)
         if settle_orphan(ctx).status is Status.RUNNING:
             poll(ctx)
     except OrchError as exc:  # the host cannot say: the lease stays, the caller reports the holder

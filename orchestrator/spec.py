@@ -9,13 +9,15 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import SpecError
+from .checks import bad_env_names, value_problem
+from .errors import OrchError, SpecError
 
 
 class RunSpec(BaseModel):
-    """Fields every playbook understands."""
+    """Fields every playbook understands. The config and the `*` validator apply to every field of every
+    playbook's Spec too: floats must be finite and no string may hold a NUL byte."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for the job")
     poll_min: float | None = Field(default=None, gt=0, description="first poll interval, s (host default)")
@@ -30,6 +32,14 @@ class RunSpec(BaseModel):
     notify: list[str] = Field(default_factory=list, description="http(s) URLs told (JSON POST) when the run ends")
     notify_timeout_s: float = Field(default=30.0, gt=0, description="bound on retries of one notification")
 
+    @field_validator("*")
+    @classmethod
+    def _passable(cls, value: Any) -> Any:
+        problem = value_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
     @field_validator("notify")
     @classmethod
     def _notify_urls(cls, urls: list[str]) -> list[str]:
@@ -37,14 +47,14 @@ class RunSpec(BaseModel):
 
         for url in urls:
             parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
+            if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() or not c.isprintable() for c in url):
                 raise ValueError(f"not an http(s) URL: {url!r}")
         return urls
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in env if not k.isidentifier()]
+        bad = bad_env_names(env)
         if bad:
             raise ValueError(f"not environment variable names: {', '.join(map(repr, bad))}")
         return env
@@ -118,6 +128,20 @@ def build(spec_cls: type[S], values: dict[str, Any], source: str = "spec") -> S:
         raise SpecError(f"invalid {source}: " + "; ".join(problems)) from None
 
 
+def stored(spec_cls: type[S], run_id: int, value: Any, readable: bool = True) -> S:
+    """A run's spec as the database holds it; one that cannot be read or no longer validates (a database
+    written by an older orch, or edited by hand) is an error naming the run, not a traceback."""
+    if not readable:
+        raise OrchError(f"run {run_id}: its stored spec is not valid JSON; orch cannot act on this run")
+    try:
+        return spec_cls.model_validate(value)
+    except ValidationError as exc:
+        problems = [f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg'].removeprefix('Value error, ')}"
+                    for e in exc.errors()]
+        raise OrchError(f"run {run_id}: its stored spec no longer validates ({'; '.join(problems)});"
+                        " orch cannot act on this run") from None
+
+
 def load(spec_cls: type[S], file: Path | None = None, sets: list[str] | None = None) -> S:
     values: dict[str, Any] = {}
     if file is not None:
@@ -127,4 +151,6 @@ def load(spec_cls: type[S], file: Path | None = None, sets: list[str] | None = N
             raise SpecError(f"spec file not found: {file}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise SpecError(f"{file}: invalid TOML: {exc}") from None
+        except OSError as exc:  # a directory, no permission
+            raise SpecError(f"cannot read spec file {file}: {exc.strerror or exc}") from None
     return build(spec_cls, merge_sets(values, sets or [], spec_cls))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -18,14 +19,36 @@ from typing import TYPE_CHECKING, Any
 import tenacity
 
 from . import migrations
-from .errors import NotFound
+from .errors import NotFound, UsageError
 from .record import JSON_FIELDS, Run
 
 if TYPE_CHECKING:
     from sqlite_utils import Database
 
+def _finite(value: Any) -> Any:
+    """Non-finite floats as null: JSON has no infinity, and a number read from a log (a 400-digit
+    counter) can overflow to one."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _dump(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, sort_keys=True)
+    """Strict JSON only: SQLite's json functions (and every other reader) refuse `Infinity` or `NaN`."""
+    return None if value is None else json.dumps(_finite(value), sort_keys=True, allow_nan=False)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def load_json(text: str) -> Any:
+    """Strict JSON back; ValueError (JSONDecodeError is one) for anything else."""
+    return json.loads(text, parse_constant=_refuse_constant)
 
 
 def _use_wal(conn: sqlite3.Connection) -> None:
@@ -48,11 +71,17 @@ class Store:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(str(self.path), timeout=60, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA busy_timeout = 60000")
-        _use_wal(conn)
-        conn.execute("PRAGMA synchronous = NORMAL")
-        self.conn = conn
-        self.migrate()
+        try:
+            conn.execute("PRAGMA busy_timeout = 60000")
+            _use_wal(conn)
+            conn.execute("PRAGMA synchronous = NORMAL")
+            self.conn = conn
+            self.migrate()
+        except sqlite3.DatabaseError as exc:  # OperationalError (locked, read-only) is a subclass: not ours
+            conn.close()
+            if isinstance(exc, sqlite3.OperationalError):
+                raise
+            raise UsageError(f"{self.path}: not an orch database ({exc})") from None
 
     @functools.cached_property
     def db(self) -> Database:
@@ -116,9 +145,16 @@ class Store:
     def _decode(self, row: sqlite3.Row | tuple) -> Run:
         cols = self._run_columns()
         run = dict(zip(cols, row))
+        unreadable = []
         for key in JSON_FIELDS:
             if run.get(key) is not None:
-                run[key] = json.loads(run[key])
+                try:
+                    run[key] = load_json(run[key])
+                except ValueError:
+                    # one damaged row must not stop `orch status` for all; acting on it is refused later
+                    run[key] = None
+                    unreadable.append(key)
+        run["unreadable"] = unreadable
         return Run.from_row(run)
 
     def _run_columns(self) -> list[str]:
@@ -163,7 +199,7 @@ class Store:
             "SELECT ts, kind, message, data FROM events WHERE run_id = ? ORDER BY id", (run_id,)
         )
         return [
-            {"ts": ts, "kind": kind, "message": msg, "data": json.loads(data) if data else None}
+            {"ts": ts, "kind": kind, "message": msg, "data": _data(data)}
             for ts, kind, msg, data in rows
         ]
 
@@ -198,6 +234,14 @@ class Store:
         return list(self.db["patch_records"].rows_where("host = ?", [host], order_by="id"))
 
 
+def _data(text: str | None) -> Any:
+    """An event's data; unreadable data is dropped, since the message says what happened."""
+    try:
+        return load_json(text) if text else None
+    except ValueError:
+        return None
+
+
 def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, Any]:
     """The JSON shape of a run that `orch status --json` prints."""
     progress, error = run.progress, run.error
@@ -221,7 +265,7 @@ def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, 
         "created_at": run.created_at,
         "started_at": run.started_at,
         "ended_at": run.ended_at,
-        "spec": run.spec,
+        "spec": None if "spec" in run.unreadable else run.spec,
     }
     if with_events:
         doc["events"] = [{k: e[k] for k in ("ts", "kind", "message")} for e in store.events(run.id)]

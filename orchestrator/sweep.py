@@ -51,7 +51,7 @@ CONTROLLER_STALE_S = 3 * 600.0
 
 
 class SweepFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # `retry_backoff_s = inf` waits forever
 
     name: str = Field(pattern=NAME_PATTERN)
     playbook: str
@@ -285,7 +285,7 @@ def resolve(store: Store, ref: str | None) -> int:
         if row[0] is None:
             raise NotFound("no sweeps yet")
         return int(row[0])
-    if ref.isdigit():
+    if ref.isascii() and ref.isdigit() and len(ref) <= 18:  # not '²', nor past SQLite's integers
         _sweep_row(store, int(ref))
         return int(ref)
     row = store.conn.execute("SELECT MAX(id) FROM sweeps WHERE name = ?", (ref,)).fetchone()

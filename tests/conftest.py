@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -9,6 +10,37 @@ import pytest
 from orchestrator.hosts import Host
 
 from sshd import SSHFleet  # tests/ is on sys.path (rootdir-relative, no __init__.py)
+
+# ---------------------------------------------------------------------------------------------------
+# Nothing of the user running the tests: HOME (~/.ssh config, keys and known_hosts, ~/.fabric.yaml),
+# the ssh-agent and the crontab are the tests' own. Subprocesses inherit os.environ.
+# ---------------------------------------------------------------------------------------------------
+PRIVATE_ENV_UNSET = ("SSH_AUTH_SOCK", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
+
+
+def _isolate(mp: pytest.MonkeyPatch, home: Path) -> None:
+    mp.setenv("HOME", str(home))
+    for name in PRIVATE_ENV_UNSET:
+        mp.delenv(name, raising=False)
+    mp.setenv("ORCH_CRONTAB", str(home / "crontab"))  # python-crontab's tab file, never the real one
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """For session- and module-scoped fixtures, which start before any test's own HOME."""
+    with pytest.MonkeyPatch.context() as mp:
+        home = tmp_path_factory.mktemp("session-home")
+        _isolate(mp, home)
+        yield home
+
+
+@pytest.fixture(autouse=True)
+def private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets an empty HOME of its own."""
+    home = tmp_path_factory.mktemp("home")
+    _isolate(monkeypatch, home)
+    return home
+
 
 # ---------------------------------------------------------------------------------------------------
 # Real OpenSSH servers on loopback (tests/sshd.py)

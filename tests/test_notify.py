@@ -72,6 +72,141 @@ def silent_url():
     sock.close()
 
 
+class RawReceiver:
+    """A TCP server on 127.0.0.1 that reads a request's head and then runs `answer(conn)`: for receivers
+    that misbehave in ways http.server will not (trickling, endless bodies). Counts connections and bytes."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.connections = 0
+        self.sent = 0
+        self.stop = threading.Event()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hook"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    head += chunk
+                self.answer(self, conn)
+            except OSError:  # the client hung up: what these tests want
+                pass
+
+    def write(self, conn: socket.socket, data: bytes) -> None:
+        conn.sendall(data)
+        self.sent += len(data)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+
+
+def trickle(r: RawReceiver, conn: socket.socket) -> None:
+    """Headers a byte at a time, far inside any per-read timeout, never finishing."""
+    for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 10_000:
+        if r.stop.is_set():
+            return
+        r.write(conn, bytes([byte]))
+        time.sleep(0.2)
+
+
+def endless_body(r: RawReceiver, conn: socket.socket) -> None:
+    """A 3 GiB answer, sent until the client goes away (at most 256 MiB, so a greedy client still ends)."""
+    r.write(conn, b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (3 << 30))
+    block = b"x" * (1 << 20)
+    while r.sent < 256 << 20 and not r.stop.is_set():
+        r.write(conn, block)
+
+
+def redirect_to(location: str):
+    def answer(r: RawReceiver, conn: socket.socket) -> None:
+        r.write(conn, f"HTTP/1.1 307 Temporary Redirect\r\nLocation: {location}\r\nContent-Length: 0\r\n\r\n"
+                .encode())
+    return answer
+
+
+@pytest.fixture
+def raw_receiver():
+    made: list[RawReceiver] = []
+
+    def make(answer) -> RawReceiver:
+        made.append(RawReceiver(answer))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.close()
+
+
+def test_a_trickling_receiver_is_cut_off_at_the_bound(raw_receiver):
+    slow = raw_receiver(trickle)
+    errors: list[tuple[str, str]] = []
+    started = time.monotonic()
+    thread = notify.send([slow.url], {"run_id": 1}, lambda u, m: errors.append((u, m)), total_s=1.5)
+    thread.join(10)
+    assert not thread.is_alive() and time.monotonic() - started < 3
+    assert errors and errors[0][0] == slow.url and "timed out" in errors[0][1]
+
+
+def test_a_huge_answer_is_not_read(raw_receiver):
+    big = raw_receiver(endless_body)
+    started = time.monotonic()
+    assert notify.deliver(big.url, {"run_id": 1}, total_s=5) == 1
+    assert time.monotonic() - started < 2
+    time.sleep(0.2)  # what the receiver could still push into the socket buffers
+    assert big.sent < 64 << 20, big.sent  # bounded by the kernel's buffers, not by the body
+
+
+def test_redirects_keep_the_post_and_stay_on_http(receiver, raw_receiver):
+    target = receiver()
+    onward = raw_receiver(redirect_to(target.url))
+    assert notify.deliver(onward.url, {"run_id": 3}, total_s=2) == 1
+    assert target.bodies == [{"run_id": 3}]
+    ftp = raw_receiver(lambda r, c: None)  # would see a connection if the redirect were followed
+    away = raw_receiver(redirect_to(ftp.url.replace("http://", "ftp://")))
+    with pytest.raises(notify.NotifyError, match="redirect to 'ftp://.*' refused"):
+        notify.post(away.url, {"run_id": 4}, timeout=2)
+    assert ftp.connections == 0 and away.connections == 1
+
+
+def test_drain_is_bounded_and_says_what_it_gave_up(raw_receiver):
+    slow = raw_receiver(trickle)
+    errors: list[tuple[str, str]] = []
+    notify.send([slow.url], {"run_id": 1}, lambda u, m: errors.append((u, m)), total_s=30)
+    started = time.monotonic()
+    notify.drain(timeout=0.5)
+    assert time.monotonic() - started < 1.5
+    assert errors == [(slow.url, "not delivered: still sending when orch exited after 0.5 s")]
+
+
+def test_a_trickling_receiver_never_holds_up_the_command(tmp_path, raw_receiver):
+    slow = raw_receiver(trickle)
+    orch = Orch(tmp_path / "ws")
+    started = time.monotonic()
+    res = orch("run", "command", "--set", "cmd=true", "--set", f'notify=["{slow.url}"]',
+               "--set", "notify_timeout_s=1", *FAST)
+    assert res.returncode == 0 and time.monotonic() - started < 8, res.stderr
+    warnings = [e["message"] for e in orch.status(1)["events"] if e["kind"] == "warning"]
+    assert warnings and warnings[0].startswith(f"notify {slow.url}: ") and "timed out" in warnings[0]
+
+
 def test_retries_with_backoff_until_delivered(receiver):
     r = receiver(fail=2)
     slept: list[float] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,6 +29,38 @@ _OTHER_LEVEL = re.compile(
 
 def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text) if "\x1b" in text else text
+
+
+# For a terminal: whole escape sequences (CSI; OSC, DCS, SOS, PM and APC strings up to BEL, ST or the end
+# of the line; two-byte escapes), then every control character left except tab, newline and '\r'
+# (progress bars redraw with it). C1 controls (U+0080-U+009F) go too: some terminals act on them.
+_TERMINAL_SEQ = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[\]PX^_][^\x07\x1b\n]*(?:\x07|\x1b\\)?|[ -/]*[0-~])")
+_COMPLETE_SEQ = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[\]PX^_][^\x07\x1b\n]*[\x07\n]|(?![\[\]PX^_])[ -/]*[0-~])")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_HOLD_CHARS = 4096  # an escape sequence longer than this is cut (and so neutralised) where it is split
+
+
+def terminal_safe(text: str) -> str:
+    """Log text that a terminal shows without acting on it: no window title, clipboard write (OSC 52),
+    screen clear or cursor move can pass; printable text, tabs, newlines and '\r' stay."""
+    return _CONTROL.sub("", _TERMINAL_SEQ.sub("", text) if "\x1b" in text else text)
+
+
+class TerminalText:
+    """`terminal_safe` over log bytes that arrive in chunks: a UTF-8 character or an escape sequence split
+    between two chunks is decoded and removed whole, not shown in halves."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._held = ""
+
+    def feed(self, data: bytes, final: bool = False) -> str:
+        text = self._held + self._decoder.decode(data, final)
+        self._held = ""
+        start = text.rfind("\x1b")
+        if not final and start != -1 and len(text) - start < _HOLD_CHARS and not _COMPLETE_SEQ.match(text, start):
+            text, self._held = text[:start], text[start:]
+        return terminal_safe(text)
 
 
 @dataclass(slots=True)

@@ -1,0 +1,37 @@
+"""Checks every value from a file or the command line must pass, whichever model it lands in."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+# What bash accepts as a variable name; `str.isidentifier` would also take non-ASCII letters.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def value_problem(value: Any) -> str | None:
+    """Why a value cannot be passed on: a NUL byte (C strings, and so every remote argument, end there)
+    or a float that is not finite (JSON has no infinity, and no wait can last forever). None when fine."""
+    if isinstance(value, str):
+        return "contains a NUL byte" if "\x00" in value else None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value} is not a finite number"
+    if isinstance(value, dict):
+        items: list[Any] = [*value.keys(), *value.values()]
+        return next((p for p in map(value_problem, items) if p), None)
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return next((p for p in map(value_problem, value) if p), None)
+    return None
+
+
+def bad_env_names(names: Any) -> list[str]:
+    return [name for name in names if not (isinstance(name, str) and ENV_NAME.fullmatch(name))]
+
+
+def unprintable(text: str) -> str | None:
+    """The first character that is not printable (newline, other controls, line separators), as U+XXXX."""
+    for char in text:
+        if not char.isprintable():
+            return f"U+{ord(char):04X}"
+    return None
