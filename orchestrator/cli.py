@@ -95,19 +95,33 @@ def run(
     ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait)
     err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, pid {ctx.run.pid} in {ctx.paths.root}")
     if detach:
+        _hand_over(ctx)
         out.print(ctx.run_id)
         return
     _follow(ctx, until_ready)
 
 
+def _hand_over(ctx: Any) -> None:
+    """This process stops watching the run; a background watcher keeps it (see watching.py)."""
+    from . import watching
+
+    ctx.release()
+    watching.ensure_watched(ctx.ws, ctx.store, [ctx.run])
+
+
 @app.command()
-def watch(run_id: str = typer.Argument(...), until_ready: bool = typer.Option(False, "--until-ready")) -> None:
+def watch(run_id: str = typer.Argument(...), until_ready: bool = typer.Option(False, "--until-ready"),
+          background: bool = typer.Option(False, "--background", hidden=True,
+                                          help="watch to the end without output (what orch starts for a run)")) -> None:
     """Resume watching a run (after a detach, Ctrl-C or a dead controller)."""
     from . import runflow
 
     ws = workspace()
     store = open_store(ws)
-    ctx = runflow.open_run(ws, store, parse_run_id(run_id), inventory(ws))
+    ctx = runflow.open_run(ws, store, parse_run_id(run_id), inventory(ws), any_spec=background)
+    if background:
+        runflow.keep_watching(ctx)
+        return
     row = ctx.run
     if row.status.terminal:
         _finish(runflow.finish(ctx))
@@ -120,44 +134,42 @@ def _follow(ctx: Any, until_ready: bool) -> None:
     from rich.live import Live
 
     from . import runflow
+    from .liveview import PlainProgress, RunView
 
-    live = Live(console=err, transient=True, refresh_per_second=4)
+    tty = err.is_terminal
+    view = RunView(ctx.run)
+    # a person at a terminal: the line is drawn anew every second; elsewhere, a plain line now and then
+    live = Live(view, console=err, transient=True, refresh_per_second=1, auto_refresh=tty)
+    plain = None if tty else PlainProgress(lambda text: err.print(text, markup=False))
     seen = len(ctx.store.events(ctx.run_id))
 
-    def show(w: Any) -> None:
+    def show(run: Run) -> None:
         nonlocal seen
         events = ctx.store.events(ctx.run_id)
         for e in events[seen:]:
             if e["kind"] != "status" or e["message"].split(":")[0] in ("running",):
                 live.console.print(f"{time.strftime('%H:%M:%S', time.localtime(e['ts']))} {e['kind']}: {e['message']}")
         seen = len(events)
-        live.update(_progress_line(w.run.progress, w.run.phase))
+        view.update(run)
+        if plain is not None:
+            plain.update(run)
 
     try:
         with live:
-            final = runflow.watch(ctx, until_ready=until_ready, on_update=show)
+            final = runflow.watch(ctx, until_ready=until_ready, on_update=show, live=tty)
     except KeyboardInterrupt:
         ctx.event("detached", "watch interrupted; the job keeps running")
-        err.print(f"detached; run {ctx.run_id} keeps running — `orch watch {ctx.run_id}` resumes")
+        _hand_over(ctx)
+        err.print(f"detached; run {ctx.run_id} keeps running, watched in the background — "
+                  f"`orch watch {ctx.run_id}` follows it again")
         raise typer.Exit(0)
     _finish(final)
 
 
 def _progress_line(progress: dict[str, Any] | None, phase: str | None) -> str:
-    p = progress or {}
-    phase = phase or "?"
-    if not p:
-        return f"{phase}"
-    total = p.get("total")
-    frac = (p["done"] / total) if total else None
-    bar = ""
-    if frac is not None:
-        filled = int(30 * min(max(frac, 0), 1))
-        bar = "" + "█" * filled + "" + "░" * (30 - filled) + f" {100 * frac:5.1f}% "
-    eta = f" eta {p['eta_s']:.0f}s" if p.get("eta_s") is not None else ""
-    rate = f" {p['rate_per_s']:.2f}/s" if p.get("rate_per_s") else ""
-    done = f"{p['done']:g}/{total:g}" if total else f"{p['done']:g}"
-    return f"{phase} {p.get('label') or ''} {bar}{done}{rate}{eta}"
+    from .liveview import progress_text
+
+    return progress_text(progress, phase)
 
 
 def _finish(run: Run) -> None:
@@ -185,6 +197,9 @@ def status(
 
         runflow.refresh(ws, store, [parse_run_id(run_id)] if run_id else None, timeout,
                         lambda message: err.print(message, markup=False))
+    from . import watching
+
+    watching.ensure_watched(ws, store)  # a run whose watcher died gets a new one
     if run_id is not None:
         doc = run_document(store, store.get_run(parse_run_id(run_id)))
         if as_json:
@@ -196,7 +211,7 @@ def status(
     if as_json:
         emit_json([run_document(store, r, with_events=False) for r in runs])
         return
-    table = Table("id", "playbook", "host", "status", "phase", "progress", "metrics", "age", box=None)
+    table = Table("id", "playbook", "host", "status", "phase", "progress", "metrics", "age", "seen", box=None)
     now = time.time()
     for r in runs:
         doc = run_document(store, r, with_events=False)
@@ -206,8 +221,10 @@ def status(
             prog = f"loaded in ~{max(0, doc['predicted_ready_at'] - now):.0f}s (history)"
         metrics = " ".join(f"{k}={v:g}" for k, v in list(doc["metrics"].items())[:3])
         status_text = doc["status"] + (" (stalled)" if doc["stalled"] else "")
+        # how fresh an active row is: when its watcher last heard from the host
+        seen = _age(now - r.heartbeat) + " ago" if r.heartbeat and not r.status.terminal else ""
         table.add_row(str(r.id), r.playbook, r.host, status_text, r.phase or "", prog, metrics,
-                      _age(now - r.created_at))
+                      _age(now - r.created_at), seen)
     out.print(table)
 
 

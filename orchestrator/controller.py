@@ -70,11 +70,15 @@ class Controller:
         return self.start is None or other.start is None or self.start == other.start
 
     @property
+    def is_local(self) -> bool:
+        return self.hostname == socket.gethostname()
+
+    @property
     def is_mine(self) -> bool:
         return self.same_process(Controller.me())
 
     def alive(self, heartbeat: float | None, stale_after_s: float, now: float | None = None) -> bool:
         """On this machine: the process exists. Elsewhere: it wrote a heartbeat within `stale_after_s`."""
-        if self.hostname == socket.gethostname():
+        if self.is_local:
             return pid_alive(self.pid, self.start)
         return heartbeat is not None and (now if now is not None else time.time()) - heartbeat < stale_after_s

@@ -223,3 +223,8 @@ def m008(db: Database) -> None:
         " WHERE EXISTS (SELECT 1 FROM events WHERE run_id = runs.id AND kind = 'patch'"
         " AND json_extract(data, '$.applied') IS NOT NULL)"
     )
+
+
+@migration("m009_last_line")
+def m009(db: Database) -> None:
+    db["runs"].add_column("last_line", str)  # the log's last line as of the last poll, for the live view

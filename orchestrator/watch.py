@@ -8,6 +8,7 @@ dies: backing off saves round trips without leaving a crash unnoticed for the wh
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from .health import SERVING_PHASES, HealthCheck, HealthWatch
 from .launch import RunPaths
 from .lifecycle import transition
 from .logparse import LogParser
+from .logparse.text import terminal_safe
 from .logparse.wake import WAKE
 from .record import Run, Status
 from .store import Store
@@ -189,6 +191,9 @@ class Watcher:
         if p.error is not None and p.error != before[2]:
             events.append(("error", _error_text(p.error), p.error.to_dict()))
         fields: dict[str, Any] = {}
+        last = last_line(state.data)
+        if last is not None:
+            fields["last_line"] = last
         if state.started_at is not None and state.started_at != self.run.started_at:
             fields["started_at"] = self.run.started_at = state.started_at  # the job's own start, not the launch's
         advanced = after[:2] != before[:2]
@@ -312,6 +317,15 @@ class Watcher:
                     transition(self.store, self.run_id, status, message, **end_fields)
                 except TransitionError:
                     raise _Conflict() from None
+
+
+def last_line(data: bytes, width: int = 200) -> str | None:
+    """The last non-blank line of new log bytes (a progress bar's latest state included), printable."""
+    for line in reversed(re.split(rb"\r\n?|\n", data[-8192:])):
+        text = terminal_safe(line.decode(errors="replace")).strip()
+        if text:
+            return text[:width]
+    return None
 
 
 def _error_text(err: Any) -> str:

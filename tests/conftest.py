@@ -9,6 +9,7 @@ import pytest
 
 from orchestrator.hosts import Host
 
+from orchtest import stop_background_watchers
 from sshd import SSHFleet  # tests/ is on sys.path (rootdir-relative, no __init__.py)
 
 # ---------------------------------------------------------------------------------------------------
@@ -35,11 +36,12 @@ def _session_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(autouse=True)
-def private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets an empty HOME of its own."""
+def private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Every test gets an empty HOME of its own; background watchers it left behind end with it."""
     home = tmp_path_factory.mktemp("home")
     _isolate(monkeypatch, home)
-    return home
+    yield home
+    stop_background_watchers(home)
 
 
 # ---------------------------------------------------------------------------------------------------

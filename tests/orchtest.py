@@ -80,3 +80,19 @@ def wait_for_file(path: Path, timeout: float = 60) -> None:
 def kill_controller(proc: subprocess.Popen) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
+
+
+def stop_background_watchers(home: Path) -> None:
+    """The `orch watch --background` processes started with this HOME (a test's runs it did not end)."""
+    marker = f"HOME={home}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"--background" not in argv or b"orchestrator" not in argv:
+                continue
+            if marker in (proc / "environ").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
+        except OSError:
+            continue  # gone meanwhile, or not ours to read

@@ -146,9 +146,9 @@ def test_job_killed_from_outside(orch, how):
         for c in children:
             os.kill(c, signal.SIGKILL)
     else:
-        os.killpg(wrapper, signal.SIGKILL)  # everything, as a reboot or the OOM killer would
         if how == "reboot":
-            shutil.rmtree(pid_dir)  # and /tmp cleaned on the way up
+            shutil.rmtree(pid_dir)  # /tmp cleaned on the way up (first: its watcher may look at any moment)
+        os.killpg(wrapper, signal.SIGKILL)  # everything, as a reboot or the OOM killer would
     res = orch("watch", str(run_id))
     doc = orch.status(run_id)
     assert res.returncode == 1

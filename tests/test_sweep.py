@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from orchtest import Orch, job_cmd, kill_controller
+from orchtest import Orch, job_cmd, kill_controller, stop_background_watchers
 
 from orchestrator import lease, sweep
 from orchestrator.errors import UsageError
@@ -321,12 +322,13 @@ def test_stale_leases_are_recovered(orch, tmp_path):
     res = orch("run", "command", "--host", "test1", "--detach", "--set", "poll_min=0.05",
                "--set", job_cmd("--steps", "30", "--sleep", "0.1"), check=0)
     detached = int(res.stdout)
+    stop_background_watchers(Path(os.environ["HOME"]))  # its watcher dies too (a reboot of this machine)
     res = orch("run", "command", "--host", "test1", "--set", "cmd=true")
     assert res.returncode == 1
     assert f"busy with run {detached} (its controller" in res.stderr and "the job still runs" in res.stderr
     exit_code = Path(orch.status(detached)["remote_dir"]) / "exit_code"
     deadline = time.time() + 30
-    while not exit_code.exists() and time.time() < deadline:  # the job ends; nobody watches it
+    while not exit_code.exists() and time.time() < deadline:  # the job ends; nobody watches it now
         time.sleep(0.05)
     res = orch("run", "command", "--host", "test1", "--set", "cmd=true", "--set", "poll_min=0.05")
     assert res.returncode == 0, res.stderr

@@ -82,6 +82,8 @@ def fail_or_stall(args: argparse.Namespace) -> None:
           f"{exc}\n")
     log(f"Scheduler hit an exception: {tb}", 0)
     log("Received sigquit from a child process. It usually means the child failed.")
+    if args.linger:  # the other ranks of a TP job hang on, holding their GPUs
+        time.sleep(3600)
     sys.exit(137)
 
 
@@ -120,6 +122,7 @@ def main() -> None:
     ap.add_argument("--decode-interval", type=float, default=0.05)
     ap.add_argument("--serve-after", type=float, default=0.0, help="stay up this long after the stats")
     ap.add_argument("--crash-after-ready", type=float, help="crash this many seconds after ready")
+    ap.add_argument("--linger", action="store_true", help="after a crash, hang instead of exiting")
     ap.add_argument("--port", type=int)
     ap.add_argument("--events")
     ap.add_argument("--unhealthy-after", type=float, help="seconds after ready when /health stops answering")

@@ -1,0 +1,130 @@
+"""A run as the run flow acts on it: opened from its record, with its playbook, spec, host and paths."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import registry
+from ..errors import OrchError
+from ..executor import Executor, executor_for
+from ..hosts import Host, Inventory
+from ..launch import RunPaths
+from ..playbook import JobContext, Playbook
+from ..record import Run
+from ..remote import Transport, connect, quote
+from ..spec import RunSpec, stored
+from ..store import Store
+from ..watch import WatchOptions
+from ..watching import WatchLock
+from ..workspace import Workspace
+
+KILL_GRACE_S = 10.0
+LIVE_HOLD_S = 2.0  # the longest a poll holds while a person watches
+LOG_TAIL_LINES = 200
+END_STEPS = ("outputs", "log tail", "patch revert", "notify")
+
+
+@dataclass
+class Context:
+    """One run as the flow acts on it: its record's id, playbook, spec, host and where its job lives."""
+
+    ws: Workspace
+    store: Store
+    pb: Playbook[Any]
+    host: Host
+    transport: Transport
+    executor: Executor
+    run_id: int
+    spec: RunSpec
+    paths: RunPaths
+    lock: WatchLock | None = None  # this process watches the run (see watching.py)
+
+    @property
+    def run(self) -> Run:
+        return self.store.get_run(self.run_id)
+
+    def event(self, kind: str, message: str, data: Any = None) -> None:
+        self.store.add_event(self.run_id, kind, message, data)
+
+    def release(self) -> None:
+        """Stop being the run's watcher (a detach): a background watcher may take over."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def job(self, dry_run: bool = False) -> JobContext[Any]:
+        """The playbook's view of the run."""
+        return JobContext(self.run_id, self.spec, self.host, self.paths, self.transport, self.store.get_run,
+                          lambda kind, message: self.event(kind, message), dry_run)
+
+
+Hosts = Inventory | Mapping[str, Host]
+
+
+def _host(ws: Workspace, name: str, hosts: Hosts | None) -> Host:
+    if isinstance(hosts, Inventory):
+        return hosts.get(name)
+    if hosts is not None and name in hosts:
+        return hosts[name]
+    return Inventory.load(ws.hosts_file, ws.root).get(name)
+
+
+def open_run(ws: Workspace, store: Store, run: Run | int, hosts: Hosts | None = None,
+             any_spec: bool = False) -> Context:
+    """The one way to act on an existing run: its playbook, spec, host and paths from its record.
+
+    A stored spec that is damaged or no longer validates is an error naming the run; with `any_spec`
+    the run is opened with the default spec instead, enough to watch, settle or stop its job.
+    """
+    record = store.get_run(run) if isinstance(run, int) else run
+    pb = registry.playbook(record.playbook)
+    try:
+        spec: RunSpec = stored(pb.Spec, record.id, record.spec, "spec" not in record.unreadable)
+    except OrchError:
+        if not any_spec:
+            raise
+        spec = RunSpec()
+    host = _host(ws, record.host, hosts)
+    transport = connect(host)
+    root = record.remote_dir or RunPaths.for_run(transport.expand(host.workdir), record.id).root
+    return Context(ws, store, pb, host, transport, executor_for(host, transport), record.id, spec, RunPaths(root))
+
+
+def watch_options(pb: Playbook[Any], spec: RunSpec, host: Host, until_ready: bool = False) -> WatchOptions:
+    lo, hi = host.default_poll
+    lo = spec.poll_min or lo
+    hi = max(spec.poll_max or hi, lo)
+    return WatchOptions(
+        poll_min=lo,
+        poll_max=hi,
+        until_ready=until_ready,
+        ready_pattern=pb.ready_pattern(spec),
+        engine=pb.log_engine(spec),
+        stall_factor=spec.stall_factor,
+        on_stall=spec.on_stall,
+        health=pb.health(spec, host),
+    )
+
+
+def log_tail(ctx: Context, lines: int) -> str:
+    return ctx.executor.tail(ctx.paths, lines)
+
+
+def follow_log(ctx: Context, write: Callable[[bytes], None], sleep: Callable[[float], None] = time.sleep) -> None:
+    """Write the log's new bytes as they come (every second: someone reads along), until the job ended."""
+    run = ctx.run
+    if run.pid is None:
+        return
+    size = ctx.transport.run(f"stat -c %s {quote(ctx.paths.log)} 2>/dev/null || echo 0", timeout=60).stdout.strip()
+    offset = int(size) if size.isdigit() else 0
+    interval = min(ctx.host.default_poll[0], 1.0)
+    while True:
+        state = ctx.executor.poll(ctx.paths, (run.pid, run.pid_start or ""), offset, 4 << 20)
+        write(state.data)
+        offset = state.offset + len(state.data)
+        if not state.alive and offset >= state.size:
+            return
+        sleep(interval)

@@ -1,0 +1,200 @@
+"""Every way a run ends reaches `finish`: the end steps once whoever ends it, then its lease is free."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import cleanup, gpu, lease, notify, patching, registry
+from ..errors import OrchError, TransitionError
+from ..lifecycle import transition
+from ..record import Run, Status
+from ..remote import quote
+from ..store import Store
+from ..workspace import Workspace
+from .context import END_STEPS, KILL_GRACE_S, LOG_TAIL_LINES, Context, Hosts, open_run
+
+
+def end(store: Store, run_id: int, status: Status, message: str, ctx: Context | None = None,
+        **fields: Any) -> Run:
+    """End a run the watcher did not end itself, then finish it (a run never opened only frees its lease)."""
+    transition(store, run_id, status, message, **fields)
+    if ctx is None:
+        lease.release(store, run_id)
+        return store.get_run(run_id)
+    return finish(ctx)
+
+
+def finish(ctx: Context) -> Run:
+    """The end steps of an ended run, each at most once whoever calls, then its lease is freed.
+
+    A step is claimed in the record before it runs, so two processes finishing the same run never both
+    run it. A step that fails is a warning event; the others still run.
+    """
+    if not ctx.run.status.terminal:
+        return ctx.run
+    steps: dict[str, Callable[[Context], None]] = {
+        "outputs": _collect_outputs, "log tail": _fetch_log_tail, "patch revert": _revert_patches,
+        "notify": _notify,
+    }
+    try:
+        for name in END_STEPS:
+            if not _claim_step(ctx.store, ctx.run_id, name):
+                continue
+            try:
+                steps[name](ctx)
+                ctx.event("finished", name)  # for the timeline; the record's end_steps is what counts
+            except Exception as exc:  # noqa: BLE001 - one step's failure must not skip the others
+                what = str(exc) if isinstance(exc, OrchError) else f"{type(exc).__name__}: {exc}"
+                ctx.event("warning", f"{name}: {what}")
+    finally:
+        lease.release(ctx.store, ctx.run_id)  # the host (or GPU set) is free for the next run
+    return ctx.run
+
+
+def _claim_step(store: Store, run_id: int, name: str) -> bool:
+    """Record that the step runs now; False when it already ran (or runs elsewhere)."""
+    with store.tx() as c:
+        row = c.execute("SELECT end_steps FROM runs WHERE id = ?", (run_id,)).fetchone()
+        done = json.loads(row[0]) if row[0] else []
+        if name in done:
+            return False
+        store.update_run(run_id, end_steps=[*done, name])
+    return True
+
+
+def _collect_outputs(ctx: Context) -> None:
+    run = ctx.run
+    outputs = ctx.pb.finish(ctx.job(), run)
+    if outputs.manifest is not None:
+        (ctx.ws.run_dir(ctx.run_id) / "outputs.json").write_text(json.dumps(outputs.manifest, indent=2))
+    if outputs.metrics:
+        ctx.store.add_metrics(ctx.run_id, [(n, v, None) for n, v in outputs.metrics], run.ended_at or 0)
+
+
+def _fetch_log_tail(ctx: Context) -> None:
+    run = ctx.run
+    if not run.launched and run.status is not Status.LOST:
+        return  # never launched: there is no log (and a host that failed the start is not asked again)
+    (ctx.ws.run_dir(ctx.run_id) / "log.tail").write_text(ctx.executor.tail(ctx.paths, LOG_TAIL_LINES))
+
+
+def _revert_patches(ctx: Context) -> None:
+    for name in ctx.run.patches_applied:
+        ps = registry.patch_set(name)
+        if ps.revert_after:
+            res = patching.revert(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store)
+            ctx.event("patch", f"{name} reverted: " + file_states(res))
+
+
+def notification(store: Store, run: Run) -> dict[str, Any]:
+    """What a run's notification says: who, where, how it ended, and its latest metrics."""
+    return {
+        "event": "run.ended", "run_id": run.id, "playbook": run.playbook, "host": run.host,
+        "status": run.status.value, "error_kind": (run.error or {}).get("kind"), "reason": run.reason,
+        "metrics": store.latest_metrics(run.id), "started_at": run.started_at, "ended_at": run.ended_at,
+    }
+
+
+def _notify(ctx: Context) -> None:
+    if not ctx.spec.notify:
+        return
+    db_path, run_id = ctx.store.path, ctx.run_id
+
+    def record(url: str, message: str) -> None:
+        own = Store(db_path)  # from the sender's thread: a connection of its own, never the run's
+        try:
+            own.add_event(run_id, "warning", f"notify {url}: {message}")
+        finally:
+            own.close()
+
+    # a daemon thread: never waits for the receiver
+    notify.send(ctx.spec.notify, notification(ctx.store, ctx.run), record, total_s=ctx.spec.notify_timeout_s)
+
+
+def cancel(ctx: Context, reason: str, grace_s: float = KILL_GRACE_S) -> str:
+    """Decide (the run is cancelled), stop its process group, finish it. Returns what happened to the group.
+
+    The decision is recorded first, so a watcher that sees the processes vanish finds it already made
+    instead of calling the run lost.
+    """
+    run = ctx.run
+    if run.status.terminal:
+        raise OrchError(f"run {run.id} already ended ({run.status})")
+    transition(ctx.store, ctx.run_id, Status.CANCELLED, reason)
+    try:
+        if run.pid is None:
+            return "never started"
+        outcome = ctx.executor.kill((run.pid, run.pid_start or ""), grace_s)
+        ctx.event("stopped", f"process group: {outcome}")
+        return outcome
+    finally:
+        finish(ctx)
+
+
+def stop(ctx: Context, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], None] = time.sleep,
+         timeout_s: float = gpu.CLEANUP_TIMEOUT_S) -> str:
+    """End a run (a server, usually) and leave its GPUs free: cancel it, then wait until its GPUs are free.
+
+    The run is cancelled even when its GPUs then stay busy (that raises, naming what holds them).
+    """
+    outcome = cancel(ctx, "stopped by user", grace_s)
+    freed = cleanup.after_stop(ctx.transport, ctx.run, ctx.spec.gpus, ctx.event, grace_s=grace_s, timeout_s=timeout_s,
+                               sleep=sleep)
+    return f"process group {outcome}; {freed}"
+
+
+def stop_quietly(ws: Workspace, store: Store, run_id: int, reason: str, hosts: Hosts | None = None,
+                 grace_s: float = KILL_GRACE_S) -> str:
+    """Cancel a run for a caller that goes on whatever happens (a sweep); what happened, in words."""
+    try:
+        return cancel(open_run(ws, store, run_id, hosts, any_spec=True), reason, grace_s)
+    except OrchError as exc:  # it ended meanwhile, or its host cannot be reached
+        return str(exc)
+
+
+def _stop_other(ctx: Context, run_id: int, reason: str, grace_s: float) -> str:
+    """GPU cleanup found an earlier run of this workspace on the GPUs: it ends like any run."""
+    other = open_run(ctx.ws, ctx.store, run_id, {ctx.host.name: ctx.host}, any_spec=True)
+    run = other.run
+    if not run.status.terminal:
+        try:
+            return cancel(other, reason, grace_s)
+        except TransitionError:
+            run = other.run  # it ended on its own meanwhile
+    if run.pid is None:
+        return "gone"
+    return other.executor.kill((run.pid, run.pid_start or ""), grace_s)  # ended, but still on the GPUs
+
+
+def free_gpus(ctx: Context, *, grace_s: float = KILL_GRACE_S, timeout_s: float = gpu.CLEANUP_TIMEOUT_S,
+              sleep: Callable[[float], None] = time.sleep) -> dict[str, str]:
+    """The GPU cleanup step: earlier runs on the GPUs are cancelled (and finished) first; the job's
+    CUDA_VISIBLE_DEVICES."""
+    return cleanup.before_launch(ctx.transport, ctx.store, ctx.run_id, ctx.spec.gpus, ctx.spec.kill_foreign,
+                                 ctx.event, lambda other, reason: _stop_other(ctx, other, reason, grace_s),
+                                 grace_s=grace_s, timeout_s=timeout_s, sleep=sleep)
+
+
+def file_states(res: Any) -> str:
+    return ", ".join(f"{f.file} {f.state}" for f in res.files)
+
+
+def settle_orphan(ctx: Context) -> Run:
+    """A run whose controller died: end it when it never launched, pick up its pid when the launch got
+    that far; a running one is left as it is. Returns the run as it is now."""
+    run = ctx.run
+    if run.status.terminal or run.status is Status.RUNNING:
+        return run
+    if run.status is Status.LAUNCHING and run.remote_dir:
+        # the wrapper may have started: its pid file says so
+        fields = ctx.transport.run(f"cat {quote(ctx.paths.pid)} 2>/dev/null || true", timeout=60).stdout.split()
+        if len(fields) == 2 and fields[0].isdigit():
+            transition(ctx.store, ctx.run_id, Status.RUNNING, "picked up after its controller died",
+                       pid=int(fields[0]), pid_start=fields[1])
+            return ctx.run
+        return end(ctx.store, ctx.run_id, Status.LOST, "its controller died while launching; no job pid was written",
+                   ctx)
+    return end(ctx.store, ctx.run_id, Status.FAILED, f"its controller died before launch ({run.status})", ctx)

@@ -1,0 +1,120 @@
+"""Watching a run: the one watcher polls its host, others follow its record; orphans and refreshes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from .. import lease
+from ..controller import STALE_FACTOR
+from ..errors import OrchError
+from ..health import SERVING_PHASES
+from ..hosts import Inventory
+from ..record import ACTIVE, Run, Status
+from ..store import Store
+from ..watch import Watcher
+from ..watching import WatchLock, follow_record
+from ..workspace import Workspace
+from .context import LIVE_HOLD_S, Context, open_run, watch_options
+from .ending import finish, settle_orphan
+
+
+def watcher(ctx: Context, *, until_ready: bool = False, on_update: Callable[[Run], None] | None = None,
+            sleep: Callable[[float], None] = time.sleep, live: bool = False) -> Watcher:
+    opts = watch_options(ctx.pb, ctx.spec, ctx.host, until_ready)
+    if live:  # a person is looking: news within seconds, whatever the backoff
+        opts.poll_max = min(opts.poll_max, max(opts.poll_min, LIVE_HOLD_S))
+    update = (lambda w: on_update(w.run)) if on_update is not None else None
+    return Watcher(ctx.store, ctx.run_id, ctx.executor, opts, on_update=update, sleep=sleep)
+
+
+def watch(ctx: Context, *, until_ready: bool = False, on_update: Callable[[Run], None] | None = None,
+          sleep: Callable[[float], None] = time.sleep, live: bool = False) -> Run:
+    """Watch the run until it ends (or, with until_ready, is ready); an ended run is finished.
+
+    Only the run's watcher polls its host; while another process on this machine is that watcher, this
+    one follows the record, and takes over when that process is gone.
+    """
+    while True:
+        run = ctx.run
+        if run.status.terminal:
+            return finish(ctx)
+        if ctx.lock is None:
+            lock = WatchLock(ctx.ws, ctx.run_id)
+            ctx.lock = lock if lock.acquire() else None
+        if ctx.lock is not None:
+            run = watcher(ctx, until_ready=until_ready, on_update=on_update, sleep=sleep,
+                          live=live).run_until_done()
+            return finish(ctx) if run.status.terminal else run
+        run = follow_record(ctx.ws, ctx.store, ctx.run_id, on_update, until_ready, sleep)
+        if run.status.terminal:
+            return finish(ctx)  # its watcher did; finding nothing left to do
+        if until_ready and run.phase in SERVING_PHASES:
+            return run
+
+
+def keep_watching(ctx: Context, sleep: Callable[[float], None] = time.sleep) -> Run | None:
+    """A background watcher's whole job: wait while the run's starter is at work, settle it if the
+    starter died, then watch it to its end. None when another process watches it already."""
+    with WatchLock(ctx.ws, ctx.run_id) as lock:
+        if not lock.held:
+            return None
+        ctx.lock = lock
+        while (run := ctx.run).status in (Status.PENDING, Status.PREPARING, Status.LAUNCHING):
+            starter = run.watched_by
+            poll_max = watch_options(ctx.pb, ctx.spec, ctx.host).poll_max
+            if starter is None or not starter.alive(run.heartbeat, STALE_FACTOR * poll_max):
+                settle_orphan(ctx)
+            else:
+                sleep(1.0)
+        lease.adopt(ctx.store, ctx.run_id)  # the lease names a live controller again
+        run = watch(ctx)
+        ctx.lock = None
+        return run
+
+
+def poll(ctx: Context) -> Run:
+    """Poll the run's host once; an ended run is finished."""
+    w = watcher(ctx)
+    w.poll_once()
+    return finish(ctx) if w.run.status.terminal else w.run
+
+
+def probe_orphan(ws: Workspace, store: Store, run: Run) -> None:
+    """The lease's probe: settle a run whose controller died and poll it once; if its job has ended, end
+    it (which frees its lease)."""
+    try:
+        ctx = open_run(ws, store, run, any_spec=True)
+        if settle_orphan(ctx).status is Status.RUNNING:
+            poll(ctx)
+    except OrchError as exc:  # the host cannot say: the lease stays, the caller reports the holder
+        store.add_event(run.id, "warning", f"lease check: {exc}")
+
+
+def refresh(ws: Workspace, store: Store, ids: list[int] | None, timeout: float,
+            on_error: Callable[[str], None]) -> None:
+    """Poll every active run's host once; hosts in parallel, each with its own store connection and
+    `timeout` seconds: a host that does not answer is reported and left behind."""
+    from ..fleet import fan_out
+
+    runs = [store.get_run(i) for i in ids] if ids else store.list_runs(limit=10_000, statuses=[s.value for s in ACTIVE])
+    runs = [r for r in runs if r.launched and not r.status.terminal]
+    inv = Inventory.load(ws.hosts_file, ws.root)
+    by_host: dict[str, list[Run]] = {}
+    for r in runs:
+        by_host.setdefault(r.host, []).append(r)
+
+    def poll_host(name: str) -> None:
+        own = Store(ws.db_path)
+        try:
+            for r in by_host[name]:
+                try:
+                    poll(open_run(ws, own, r.id, inv))
+                except OrchError as exc:
+                    on_error(f"run {r.id} on {name}: {exc}")
+        finally:
+            own.close()
+
+    for name, res in fan_out({n: n for n in by_host}, poll_host, timeout).items():
+        if isinstance(res, OrchError):
+            on_error(f"{name}: {res}; runs {', '.join(str(r.id) for r in by_host[name])} not refreshed")

@@ -1,0 +1,162 @@
+"""Starting a run: check, create it with its lease, patch, free GPUs, prepare, launch; and the dry run."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import lease, patching, registry
+from ..controller import Controller
+from ..errors import OrchError, UsageError
+from ..executor import executor_for
+from ..hosts import Host
+from ..launch import RunPaths, job_script, launch_command
+from ..lifecycle import transition
+from ..playbook import JobContext, Playbook, Prepared
+from ..record import Status
+from ..remote import Result, Transport, connect
+from ..spec import RunSpec
+from ..store import Store
+from ..watching import WatchLock
+from ..workspace import Workspace
+from .context import Context, watch_options
+from .ending import end, file_states, free_gpus
+from .follow import probe_orphan
+
+
+def check(store: Store, pb: Playbook[Any], spec: RunSpec, host: Host) -> None:
+    """Refuse, before anything is touched, input only the registry, the store or the inventory can judge."""
+    for name in spec.patches:
+        ps = registry.patch_set(name)
+        if not ps.requires_flags:
+            continue
+        argv = pb.engine_argv(spec)
+        missing = patching.missing_flags(ps, argv) if argv is not None else list(ps.requires_flags)
+        if missing:
+            raise UsageError(f"patch set {name} needs {' '.join(missing)} in the launch command "
+                             f"(debug code does not run under CUDA graph replay)")
+    pb.check_inputs(spec, host, store.get_run)
+
+
+def run_token(ws: Workspace, store: Store, run_id: int) -> str:
+    """Names this run of this workspace in its remote dir, so another workspace's run N is not taken for it."""
+    created = store.conn.execute("SELECT created_at FROM runs WHERE id = ?", (run_id,)).fetchone()
+    return f"{socket.gethostname()}:{ws.db_path}:{run_id}:{created[0] if created else 0}"
+
+
+def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: Host, *, queue: bool = False,
+          on_wait: Callable[[lease.Busy], None] | None = None,
+          run_fields: dict[str, Any] | None = None) -> Context:
+    """Create the run and take it to `running`; on any failure the run ends `failed` with the reason.
+
+    The run is created together with its lease on the host (or its GPU set): a busy host raises
+    lease.Busy naming the holder, or with queue waits for it.
+    """
+    check(store, pb, spec, host)
+
+    def create() -> int:
+        new_id = store.create_run(pb.name, host.name, spec.model_dump(mode="json"))
+        # its starter watches it until the launch, so a background watcher waits rather than settles
+        store.update_run(new_id, watcher=str(Controller.me()), heartbeat=time.time(), **(run_fields or {}))
+        return new_id
+
+    if pb.exclusive:
+        opts = watch_options(pb, spec, host)
+        run_id = lease.take(store, host.name, spec.gpus, create, (opts.poll_min, opts.poll_max), queue=queue,
+                            on_wait=on_wait, probe=lambda orphan: probe_orphan(ws, store, orphan))
+    else:
+        with store.tx():
+            run_id = create()
+    lock = WatchLock(ws, run_id)
+    lock.acquire()  # a new run: nobody else can hold it
+    (ws.run_dir(run_id) / "spec.json").write_text(
+        json.dumps({"playbook": pb.name, "host": host.name, "spec": spec.model_dump(mode="json")}, indent=2)
+    )
+    transition(store, run_id, Status.PREPARING)
+    ctx: Context | None = None
+    try:
+        transport = connect(host)
+        paths = RunPaths.for_run(transport.expand(host.workdir), run_id)
+        store.update_run(run_id, remote_dir=paths.root)
+        ctx = Context(ws, store, pb, host, transport, executor_for(host, transport), run_id, spec, paths, lock)
+        script = _steps_before_launch(ctx)
+        transition(store, run_id, Status.LAUNCHING)
+        pid, pid_start = ctx.executor.launch(paths, script, run_token(ws, store, run_id))
+    except OrchError as exc:
+        end(store, run_id, Status.FAILED, f"before launch: {exc}", ctx)
+        lock.release()
+        raise
+    except Exception as exc:  # a bug: the run must not stay `preparing`, and the bug must still show
+        end(store, run_id, Status.FAILED, f"before launch: internal error: {type(exc).__name__}: {exc}", ctx)
+        lock.release()
+        raise
+    transition(store, run_id, Status.RUNNING, f"pid {pid} on {host.name}", pid=pid, pid_start=pid_start)
+    return ctx
+
+
+def _steps_before_launch(ctx: Context) -> str:
+    # Patch sets are checked (read-only) first, so a set that does not apply changes nothing anywhere.
+    sets = [registry.patch_set(name) for name in ctx.spec.patches]
+    for ps in sets:
+        patching.check(ctx.transport, ps)
+    gpu_env = free_gpus(ctx) if ctx.spec.cleanup else {}
+    applied: list[str] = []
+    for ps in sets:
+        res = patching.apply(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store)
+        applied.append(ps.name)
+        ctx.store.update_run(ctx.run_id, patches_applied=applied)
+        ctx.event("patch", f"{ps.name} on {res.package} {res.version}: " + file_states(res),
+                  {"applied": ps.name, "set_hash": ps.set_hash, "files": [f.__dict__ for f in res.files]})
+    job = ctx.job()
+    return _job_script(ctx, job, ctx.pb.prepare(job), gpu_env)
+
+
+def _job_script(ctx: Context, job: JobContext[Any], prepared: Prepared, gpu_env: dict[str, str]) -> str:
+    """The job's environment (host, spec, GPUs, then what prepare added), working dir and command lines."""
+    env = {**ctx.host.env, **ctx.spec.env, **gpu_env, **prepared.env}
+    return job_script(ctx.pb.command(job, prepared), env, ctx.pb.cwd(ctx.spec))
+
+
+class DryRunTransport(Transport):
+    """Prints each remote command instead of running it."""
+
+    def __init__(self, host: Host, echo: Callable[[str], None]):
+        self.host, self.echo = host, echo
+        self._home = "$HOME" if not host.is_local else connect(host).home()
+
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None,
+            idle_timeout: float | None = None) -> Result:
+        self.echo(f"# on {self.host.name}:\n{command.rstrip()}\n")
+        return Result(self.host.name, command, 0, "", "")
+
+    def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
+        self.echo(f"# upload {len(data)} bytes to {self.host.name}:{path}\n")
+
+
+def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: Host,
+            echo: Callable[[str], None]) -> None:
+    """Print every step a run would take, and its remote commands, touching nothing."""
+    check(store, pb, spec, host)
+    transport = DryRunTransport(host, echo)
+    next_id = store.conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM runs").fetchone()[0]
+    paths = RunPaths.for_run(transport.expand(host.workdir), next_id)
+    ctx = Context(ws, store, pb, host, transport, executor_for(host, transport), next_id, spec, paths)
+    for name in spec.patches:
+        ps = registry.patch_set(name)
+        echo(f"# patch set {name}: check, then apply {len(ps.files)} file(s) of {ps.package} {ps.versions}"
+             + (" (reverted when the run ends)" if ps.revert_after else "") + "\n")
+    gpu_env: dict[str, str] = {}
+    if spec.cleanup:
+        which = ",".join(map(str, spec.gpus)) if spec.gpus is not None else "every GPU of the host"
+        echo(f"# GPU cleanup of {which}: stop stale orch runs there"
+             + (", kill foreign processes" if spec.kill_foreign else ", refuse foreign processes")
+             + ", wait until free\n")
+        if spec.gpus is not None:
+            gpu_env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.gpus))}
+    job = ctx.job(dry_run=True)
+    script = _job_script(ctx, job, pb.prepare(job), gpu_env)
+    echo(f"# job.sh for run {next_id}:\n{script}")
+    transport.run(launch_command(paths, script, run_token(ws, store, next_id)))
