@@ -16,7 +16,7 @@ from ..store import Store
 from ..workspace import Workspace
 from . import db, notification, policy
 from .plan import identity, plan
-from .record import Fault, PointStatus, SweepStatus
+from .record import Fault, PointStatus, SweepRow, SweepStatus
 from .runner import Runner
 from .status import document
 
@@ -88,25 +88,34 @@ def detach(ws: Workspace, path: Path, instance: str = "") -> tuple[int, Path]:
     return sweep_id, log
 
 
+def _mark_cancelled(store: Store, sweep_id: int) -> tuple[SweepRow, int]:
+    """The sweep and its queued points are cancelled; the row as it was, and how many points."""
+    with store.tx():
+        row = db.sweep(store, sweep_id)
+        if row.status.ended and not row.controller_alive():
+            raise OrchError(f"sweep {sweep_id} already ended ({row.status})")
+        if row.status is not SweepStatus.CANCELLED:  # cancelled again while its controller winds down
+            db.transition_sweep(store, sweep_id, SweepStatus.CANCELLED, "cancelled by user")
+        return row, db.cancel_points(store, sweep_id, {PointStatus.QUEUED}, "cancelled by user")
+
+
+def _end_unattended(store: Store, sweep_id: int) -> None:
+    """A cancelled sweep nobody controls: every point not finished is cancelled, and the sweep ends here."""
+    with store.tx():
+        db.cancel_points(store, sweep_id, {PointStatus.QUEUED, PointStatus.RUNNING}, "cancelled by user")
+        db.release(store, sweep_id)
+
+
 def cancel(ws: Workspace, ref: str, grace_s: float = 10.0) -> dict[str, Any]:
     """Cancel the queued points and stop the running ones."""
     store = Store(ws.db_path)
     try:
         sweep_id = db.resolve(store, ref)
-        with store.tx():
-            row = db.sweep(store, sweep_id)
-            if row.status.ended and not row.controller_alive():
-                raise OrchError(f"sweep {sweep_id} already ended ({row.status})")
-            if row.status is not SweepStatus.CANCELLED:  # cancelled again while its controller winds down
-                db.transition_sweep(store, sweep_id, SweepStatus.CANCELLED, "cancelled by user")
-            queued = db.cancel_points(store, sweep_id, {PointStatus.QUEUED}, "cancelled by user")
+        row, queued = _mark_cancelled(store, sweep_id)
         stopped = {run_id: runflow.stop_quietly(ws, store, run_id, "sweep cancelled", grace_s=grace_s)
                    for run_id in db.active_runs(store, sweep_id)}
-        if not row.controller_alive():
-            # nobody else will: every point not finished is cancelled, and the sweep ends here
-            with store.tx():
-                db.cancel_points(store, sweep_id, {PointStatus.QUEUED, PointStatus.RUNNING}, "cancelled by user")
-                db.release(store, sweep_id)
+        if not row.controller_alive():  # nobody else will end it
+            _end_unattended(store, sweep_id)
         db.add_event(store, sweep_id, "cancelled", f"{queued} queued point(s) cancelled, {len(stopped)} run(s) stopped")
         return {"sweep_id": sweep_id, "queued_cancelled": queued, "stopped": stopped}
     finally:

@@ -154,25 +154,30 @@ class Runner:
 
     # recording what the policy decided ---------------------------------------------------------
     def _settle(self, store: Store, pt: Point, attempt: Attempt, attempts: int) -> bool:
-        """Record what the policy makes of an attempt; True when the point is to be tried again."""
-        retries = self.plan.file.retries
-        decision = policy.decide(attempt.verdict, attempts, retries)
+        """What the policy makes of an attempt, recorded; True when the point is to be tried again."""
+        decision = policy.decide(attempt.verdict, attempts, self.plan.file.retries)
         if decision.action is Action.RETRY:
-            self.echo(f"point {pt.index} ({pt.label}) on {pt.host}: {attempt.reason}; retry {attempts} of "
-                      f"{retries} in {self.plan.file.retry_backoff_s:g} s")
-            db.add_event(store, self.sweep_id, "retry", f"point {pt.index}: {attempt.reason}",
-                         {"point": pt.index, "try": attempts})
-            return db.settle_point(store, self.sweep_id, pt.index, PointStatus.QUEUED)
+            return self._retry(store, pt, attempt, attempts)
         reason = attempt.reason
         if decision.fault is Fault.FLEET:
             reason = f"{reason} (after {attempts} attempts)"
         self._record(store, pt, decision, reason, attempt.run_id)
         return False
 
+    def _retry(self, store: Store, pt: Point, attempt: Attempt, attempts: int) -> bool:
+        """The point goes back to the queue; False when it was cancelled meanwhile."""
+        file = self.plan.file
+        self.echo(f"point {pt.index} ({pt.label}) on {pt.host}: {attempt.reason}; retry {attempts} of "
+                  f"{file.retries} in {file.retry_backoff_s:g} s")
+        db.add_event(store, self.sweep_id, "retry", f"point {pt.index}: {attempt.reason}",
+                     {"point": pt.index, "try": attempts})
+        return db.settle_point(store, self.sweep_id, pt.index, PointStatus.QUEUED)
+
     def _record(self, store: Store, pt: Point, decision: Decision, reason: str | None, run_id: int | None) -> None:
+        """The point ends as decided (unless cancelled meanwhile); a job's failure may end the queue too."""
         if not db.settle_point(store, self.sweep_id, pt.index, decision.status, reason=reason,
                                fault=decision.fault, run_id=run_id):
-            return  # cancelled meanwhile
+            return
         if decision.fault in (Fault.FLEET, Fault.SETUP):
             self.echo(f"point {pt.index} ({pt.label}) on {pt.host} failed: {reason}")
         if decision.fault is Fault.JOB and self.plan.file.fail_fast:
