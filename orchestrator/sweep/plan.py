@@ -1,0 +1,185 @@
+"""The sweep file and its plan: every point expanded from the file and validated before anything starts."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .. import registry, runflow
+from ..errors import UsageError
+from ..hosts import NAME_PATTERN, Host, Inventory
+from ..store import Store
+from ..workspace import Workspace
+
+
+class SweepFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN)
+    playbook: str
+    hosts: list[str] = Field(default_factory=list)
+    tags: list[str] = Field(default_factory=list)
+    spec: dict[str, Any] = Field(default_factory=dict)
+    matrix: dict[str, Any] = Field(default_factory=dict)
+    include: list[dict[str, Any]] = Field(default_factory=list)
+    retries: int = Field(default=1, ge=0, description="extra attempts for failures that are the fleet's fault")
+    retry_backoff_s: float = Field(default=30.0, ge=0)
+    fail_fast: bool = False
+    notify: list[str] = Field(default_factory=list, description="URLs told when the sweep finishes")
+
+    @model_validator(mode="after")
+    def _where(self) -> SweepFile:
+        if bool(self.hosts) == bool(self.tags):
+            raise ValueError("give either hosts = [...] or tags = [...]")
+        return self
+
+
+@dataclass(frozen=True)
+class Point:
+    index: int
+    diff: dict[str, Any]  # dotted key -> value: what this point changes in the base spec
+    spec: Any  # the playbook's Spec, validated
+    host: str
+
+    @property
+    def key(self) -> str:
+        return point_key(self.diff)
+
+    @property
+    def label(self) -> str:
+        return label(self.diff)
+
+    @property
+    def lane(self) -> str:
+        gpus = self.spec.gpus
+        return self.host if gpus is None else f"{self.host}:{','.join(map(str, sorted(gpus)))}"
+
+
+@dataclass
+class Plan:
+    path: Path
+    file_hash: str
+    file: SweepFile
+    playbook: Any
+    hosts: list[Host]
+    points: list[Point]
+    instance: str = ""  # with name and file_hash, which sweep this is: '' unless the caller names one
+
+
+def point_key(diff: dict[str, Any]) -> str:
+    return json.dumps(diff, sort_keys=True)
+
+
+def label(diff: dict[str, Any]) -> str:
+    return " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in diff.items()) or "base spec"
+
+
+# the file -------------------------------------------------------------------------------------------
+def _read(path: Path) -> tuple[str, dict[str, Any]]:
+    try:
+        text = Path(path).read_text()
+    except (FileNotFoundError, IsADirectoryError):
+        raise UsageError(f"sweep file not found: {path}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not text: {exc}") from None
+    try:
+        return text, tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: invalid TOML: {exc}") from None
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load(path: Path) -> SweepFile:
+    """Parse and check a sweep file on its own (no inventory, no playbook spec)."""
+    _, raw = _read(path)
+    try:
+        file = SweepFile.model_validate(raw)
+    except ValidationError as exc:
+        problems = [f"{'.'.join(map(str, e['loc'])) or 'sweep'}: {e['msg'].removeprefix('Value error, ')}"
+                    for e in exc.errors()]
+        raise UsageError(f"{path}: invalid sweep: " + "; ".join(problems)) from None
+    expand(file)
+    return file
+
+
+def identity(path: Path) -> tuple[str, str]:
+    """The name and file hash a file's sweeps are recorded under (UsageError if it does not parse)."""
+    text, _ = _read(path)
+    return load(path).name, _hash(text)
+
+
+def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def expand(file: SweepFile) -> list[dict[str, Any]]:
+    """Every point's differences: the matrix's combinations in order, then the includes not already there."""
+    axes = _flatten(file.matrix)
+    for key, values in axes.items():
+        if not isinstance(values, list) or not values:
+            raise UsageError(f"matrix.{key}: expected a non-empty list of values")
+    diffs = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())] if axes else []
+    for n, extra in enumerate(file.include):
+        diff = _flatten(extra)
+        if not diff:
+            raise UsageError(f"include[{n}]: an empty point")
+        diffs.append(diff)
+    unique: list[dict[str, Any]] = []  # a repeated value or an include already in the grid: one point
+    for diff in diffs:
+        if diff not in unique:
+            unique.append(diff)
+    return unique or [{}]
+
+
+def _apply(base: dict[str, Any], diff: dict[str, Any]) -> dict[str, Any]:
+    values = copy.deepcopy(base)
+    for dotted, value in diff.items():
+        *parents, leaf = dotted.split(".")
+        table = values
+        for part in parents:
+            if not isinstance(table.get(part), dict):
+                table[part] = {}
+            table = table[part]
+        table[leaf] = copy.deepcopy(value)
+    return values
+
+
+def plan(ws: Workspace, store: Store, path: Path, instance: str = "") -> Plan:
+    """Validate everything — the file, the hosts, every point's spec — before anything starts."""
+    from .. import spec as specmod
+
+    path = Path(path).expanduser().resolve()
+    text, _ = _read(path)
+    file = load(path)
+    pb = registry.playbook(file.playbook)
+    inv = Inventory.load(ws.hosts_file, ws.root)
+    hosts = inv.select(file.hosts or None, file.tags or None)
+    if not hosts:
+        raise UsageError(f"{path}: no host of the inventory has the tags {', '.join(file.tags)}")
+    points = []
+    for i, diff in enumerate(expand(file)):
+        host = hosts[i % len(hosts)]
+        spec = specmod.build(pb.Spec, _apply(file.spec, diff), source=f"point {i} ({label(diff)})")
+        try:
+            runflow.check(store, pb, spec, host)
+        except UsageError as exc:
+            raise UsageError(f"invalid point {i} ({label(diff)}): {exc}") from None
+        points.append(Point(i, diff, spec, host.name))
+    return Plan(path, _hash(text), file, pb, hosts, points, instance)

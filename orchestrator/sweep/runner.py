@@ -1,0 +1,210 @@
+"""The runner: one controller of one sweep, a thread per lane, each point started and watched through
+the run flow, what each attempt came to decided by the retry policy and recorded on the point."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .. import lease, runflow
+from ..errors import OrchError
+from ..record import Run, Status
+from ..store import Store
+from ..workspace import Workspace
+from . import db, policy
+from .plan import Plan, Point
+from .policy import Action, Decision, Resume, Verdict
+from .record import Fault, PointStatus
+
+HEARTBEAT_S = 5.0  # at most this often, a running sweep stamps its row on its watchers' polls
+
+
+class Stopped(Exception):
+    """The point was cancelled (sweep cancel or fail_fast) while it waited for its host."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one attempt of a point came to."""
+
+    verdict: Verdict
+    reason: str | None
+    run_id: int | None = None
+
+    @classmethod
+    def of(cls, run: Run) -> Attempt:
+        v = policy.verdict(run)
+        if v is Verdict.SUCCEEDED:
+            return cls(v, None, run.id)
+        if v in (Verdict.JOB, Verdict.SETUP):
+            return cls(v, run.reason or "failed", run.id)
+        if v is Verdict.CANCELLED:
+            return cls(v, run.reason, run.id)
+        return cls(v, run.reason or run.status.value, run.id)
+
+
+class Runner:
+    """A thread per lane (a host, or a GPU set of a host), one point at a time in each."""
+
+    def __init__(self, ws: Workspace, p: Plan, sweep_id: int, echo: Callable[[str], None],
+                 sleep: Callable[[float], None] = time.sleep):
+        self.ws, self.plan, self.sweep_id, self.echo, self.sleep = ws, p, sweep_id, echo, sleep
+        self.hosts = {h.name: h for h in p.hosts}
+        self.errors: list[BaseException] = []
+        self._beat = 0.0
+
+    def run(self) -> None:
+        lanes: dict[str, list[Point]] = {}
+        for pt in self.plan.points:
+            lanes.setdefault(pt.lane, []).append(pt)
+        threads = [threading.Thread(target=self._lane, args=(pts,), name=f"sweep-{name}", daemon=True)
+                   for name, pts in lanes.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():  # short joins: Ctrl-C reaches the main thread
+                t.join(0.2)
+        if self.errors:
+            raise self.errors[0]
+
+    def _lane(self, points: list[Point]) -> None:
+        store = Store(self.ws.db_path)
+        try:
+            for pt in points:
+                self._point(store, pt)
+        except BaseException as exc:  # noqa: BLE001 - a bug: the main thread re-raises it
+            self.errors.append(exc)
+        finally:
+            store.close()
+
+    # one point ---------------------------------------------------------------------------------
+    def _point(self, store: Store, pt: Point) -> None:
+        attempts = 0
+        latest = db.latest_run(store, self.sweep_id, pt.key)
+        if latest is not None:
+            step = policy.resume(policy.verdict(latest))
+            if step is Resume.KEEP:  # finished in an earlier session: never again
+                self._keep(store, pt, latest)
+                return
+            if step is Resume.WATCH:
+                ended, watched = self._resume(store, pt, latest)
+                if not watched:  # it never launched: the point simply runs again
+                    db.on_run_ended(store, self.sweep_id, pt.index, ended.id)
+                else:
+                    attempts = 1
+                    if not self._settle(store, pt, self._ended(store, pt, ended), attempts):
+                        return
+                    self._backoff(store, pt)
+        while db.start_point(store, self.sweep_id, pt.index):
+            attempts += 1
+            if not self._settle(store, pt, self._attempt(store, pt), attempts):
+                return
+            self._backoff(store, pt)
+
+    def _attempt(self, store: Store, pt: Point) -> Attempt:
+        try:
+            run = self._start_and_watch(store, pt)
+        except Stopped:
+            return Attempt(Verdict.CANCELLED, "cancelled while waiting")
+        except OrchError as exc:
+            latest = db.latest_run(store, self.sweep_id, pt.key)
+            if latest is not None and latest.status.terminal:  # the start got as far as creating its run
+                db.on_run_ended(store, self.sweep_id, pt.index, latest.id)
+            return Attempt(policy.failed_start(exc), str(exc))
+        return self._ended(store, pt, run)
+
+    def _start_and_watch(self, store: Store, pt: Point) -> Run:
+        told: list[bool] = []
+
+        def on_wait(busy: lease.Busy) -> None:
+            if db.cancelled(store, self.sweep_id, pt.index):
+                raise Stopped()
+            if not told:
+                told.append(True)
+                self.echo(f"point {pt.index} ({pt.label}) waits: {str(busy).removesuffix('; --queue waits')}")
+
+        ctx = runflow.start(self.ws, store, self.plan.playbook, pt.spec, self.hosts[pt.host], queue=True,
+                            on_wait=on_wait, run_fields={"sweep_id": self.sweep_id, "point": pt.key})
+        self.echo(f"point {pt.index} ({pt.label}) on {pt.host}: run {ctx.run_id} started")
+        if not db.attach_run(store, self.sweep_id, pt.index, ctx.run_id):
+            runflow.stop_quietly(self.ws, store, ctx.run_id, "sweep cancelled", self.hosts)
+        return runflow.watch(ctx, on_update=lambda w: self._heartbeat(store))
+
+    def _resume(self, store: Store, pt: Point, run: Run) -> tuple[Run, bool]:
+        """A run left by a dead controller: settle it if it never launched, else watch it to its end.
+        Returns the ended run and whether it was watched (False: it never launched)."""
+        ctx = runflow.open_run(self.ws, store, run, self.hosts)
+        run = runflow.settle_orphan(ctx)
+        if run.status is Status.RUNNING:
+            lease.adopt(store, run.id)
+            db.settle_point(store, self.sweep_id, pt.index, PointStatus.RUNNING, run_id=run.id)
+            self.echo(f"point {pt.index} ({pt.label}) on {ctx.host.name}: watching run {run.id} again")
+            return runflow.watch(ctx, on_update=lambda w: self._heartbeat(store)), True
+        return run, False
+
+    def _ended(self, store: Store, pt: Point, run: Run) -> Attempt:
+        """A point's run ended: an event, a line, and what it came to."""
+        db.on_run_ended(store, self.sweep_id, pt.index, run.id)
+        attempt = Attempt.of(run)
+        self.echo(f"point {pt.index} ({pt.label}) on {pt.host}: run {run.id} {run.status}"
+                  + (f": {run.reason}" if run.reason and attempt.verdict is not Verdict.SUCCEEDED else ""))
+        return attempt
+
+    # recording what the policy decided ---------------------------------------------------------
+    def _settle(self, store: Store, pt: Point, attempt: Attempt, attempts: int) -> bool:
+        """What the policy makes of an attempt, recorded; True when the point is to be tried again."""
+        decision = policy.decide(attempt.verdict, attempts, self.plan.file.retries)
+        if decision.action is Action.RETRY:
+            return self._retry(store, pt, attempt, attempts)
+        reason = attempt.reason
+        if decision.fault is Fault.FLEET:
+            reason = f"{reason} (after {attempts} attempts)"
+        self._record(store, pt, decision, reason, attempt.run_id)
+        return False
+
+    def _retry(self, store: Store, pt: Point, attempt: Attempt, attempts: int) -> bool:
+        """The point goes back to the queue; False when it was cancelled meanwhile."""
+        file = self.plan.file
+        self.echo(f"point {pt.index} ({pt.label}) on {pt.host}: {attempt.reason}; retry {attempts} of "
+                  f"{file.retries} in {file.retry_backoff_s:g} s")
+        db.add_event(store, self.sweep_id, "retry", f"point {pt.index}: {attempt.reason}",
+                     {"point": pt.index, "try": attempts})
+        return db.settle_point(store, self.sweep_id, pt.index, PointStatus.QUEUED)
+
+    def _record(self, store: Store, pt: Point, decision: Decision, reason: str | None, run_id: int | None) -> None:
+        """The point ends as decided (unless cancelled meanwhile); a job's failure may end the queue too."""
+        if not db.settle_point(store, self.sweep_id, pt.index, decision.status, reason=reason,
+                               fault=decision.fault, run_id=run_id):
+            return
+        if decision.fault in (Fault.FLEET, Fault.SETUP):
+            self.echo(f"point {pt.index} ({pt.label}) on {pt.host} failed: {reason}")
+        if decision.fault is Fault.JOB and self.plan.file.fail_fast:
+            self._fail_fast(store, pt)
+
+    def _keep(self, store: Store, pt: Point, run: Run) -> None:
+        """A point whose run an earlier controller left finished for good: the point says so."""
+        decision = policy.decide(policy.verdict(run), 0, self.plan.file.retries)
+        if db.point(store, self.sweep_id, pt.index).status is not decision.status:
+            db.settle_point(store, self.sweep_id, pt.index, decision.status, reason=run.reason,
+                            fault=decision.fault, run_id=run.id)
+
+    def _fail_fast(self, store: Store, pt: Point) -> None:
+        reason = f"fail_fast: point {pt.index} failed"
+        n = db.cancel_points(store, self.sweep_id, {PointStatus.QUEUED}, reason)
+        db.add_event(store, self.sweep_id, "fail_fast", f"point {pt.index} failed; {n} queued point(s) cancelled")
+        self.echo(f"fail_fast: point {pt.index} failed; {n} queued point(s) cancelled")
+
+    # waiting -------------------------------------------------------------------------------------
+    def _backoff(self, store: Store, pt: Point) -> None:
+        """Wait retry_backoff_s, or less when the point is cancelled meanwhile."""
+        deadline = time.monotonic() + self.plan.file.retry_backoff_s
+        while (left := deadline - time.monotonic()) > 0 and not db.cancelled(store, self.sweep_id, pt.index):
+            self.sleep(min(left, 0.5))
+
+    def _heartbeat(self, store: Store) -> None:
+        now = time.time()
+        if now - self._beat >= HEARTBEAT_S:
+            self._beat = now
+            db.heartbeat(store, self.sweep_id, now)

@@ -1,0 +1,47 @@
+"""What `orch sweep status` shows: a sweep as a JSON document, point by point, and the list of sweeps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..store import Store
+from . import db
+from .record import INTERRUPTED, PointRow, SweepStatus
+
+
+def _point(store: Store, pt: PointRow) -> dict[str, Any]:
+    run = store.get_run(pt.run_id) if pt.run_id else None
+    return {
+        "index": pt.index, "point": pt.diff, "host": pt.host, "gpus": pt.gpus,
+        "status": pt.status.value, "fault": pt.fault.value if pt.fault else None, "reason": pt.reason,
+        "attempts": pt.attempts, "runs": db.runs_of(store, pt.sweep_id, pt.key),
+        "run_id": pt.run_id, "run_status": run.status.value if run else None,
+        "metrics": store.latest_metrics(pt.run_id) if pt.run_id else {},
+    }
+
+
+def document(store: Store, sweep_id: int) -> dict[str, Any]:
+    """The JSON shape of a sweep that `orch sweep status --json` prints."""
+    row = db.sweep(store, sweep_id)
+    status = row.status.value
+    if row.status is SweepStatus.RUNNING and not row.controller_alive():
+        status = INTERRUPTED  # its controller died: running the file again resumes it
+    points = [_point(store, pt) for pt in db.points(store, sweep_id)]
+    counts: dict[str, int] = {}
+    for pt in points:
+        counts[pt["status"]] = counts.get(pt["status"], 0) + 1
+    return {
+        "id": row.id, "name": row.name, "instance": row.instance, "playbook": row.playbook,
+        "status": status, "path": row.path,
+        "file_hash": row.file_hash, "created_at": row.created_at, "ended_at": row.ended_at,
+        "controller": str(row.controller) if row.controller else None, "notify": row.notify, "counts": counts,
+        "points": points,
+    }
+
+
+def list_sweeps(store: Store, limit: int = 50) -> list[dict[str, Any]]:
+    ids = [r[0] for r in store.conn.execute("SELECT id FROM sweeps ORDER BY id DESC LIMIT ?", (limit,))]
+    docs = [document(store, i) for i in ids]
+    for d in docs:
+        del d["points"]
+    return docs
