@@ -155,9 +155,10 @@ def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: 
     # A run dir that vanished (a reboot cleaning /tmp, a wiped scratch disk) is reported, not an error:
     # with the process gone too, the run is lost.
     return (
-        f"d={quote(paths.root)}; [ -d \"$d\" ] && present=1 || present=0\n"
+        f"d={quote(paths.root)}\n"
         + hold
         + f"if {alive}; then alive=1; else alive=0; fi\n"
+        '[ -d "$d" ] && present=1 || present=0\n'  # after the hold: the dir may have gone during it
         'ec=none; [ -s "$d/exit_code" ] && ec=$(cat "$d/exit_code")\n'
         'size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)\n'
         f"off={int(offset)}; [ \"$size\" -lt \"$off\" ] && off=0\n"

@@ -70,7 +70,7 @@ def resolve(store: Store, ref: str | None) -> int:
         if row[0] is None:
             raise NotFound("no sweeps yet")
         return int(row[0])
-    if ref.isdigit():
+    if ref.isascii() and ref.isdigit() and len(ref) <= 18:  # not '²', nor past SQLite's integers
         sweep(store, int(ref))
         return int(ref)
     row = store.conn.execute("SELECT MAX(id) FROM sweeps WHERE name = ?", (ref,)).fetchone()

@@ -21,7 +21,7 @@ from ..workspace import Workspace
 
 
 class SweepFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # `retry_backoff_s = inf` waits forever
 
     name: str = Field(pattern=NAME_PATTERN)
     playbook: str
