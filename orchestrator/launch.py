@@ -179,7 +179,9 @@ def read_state(transport: Transport, paths: RunPaths, pid: int, start: str, offs
                max_bytes: int = 4 << 20, hold_s: float = 0, wake: str | None = None,
                wake_perl: str | None = None) -> JobState:
     command = poll_command(paths, pid, start, offset, max_bytes, hold_s, wake, wake_perl)
-    out = transport.run(command, timeout=hold_s + 60, idle_timeout=4 * KEEPALIVE_S if hold_s else None).stdout
+    # the answer starts at once after a hold, and a held poll writes a byte every KEEPALIVE_S: silence
+    # for longer than a few of those is a link gone dark, noticed long before the timeout
+    out = transport.run(command, timeout=hold_s + 60, idle_timeout=4 * KEEPALIVE_S).stdout
     head, _, body = out.partition("\n")
     fields = head.split()
     if len(fields) not in (6, 8) or fields[0] != POLL_MARK:

@@ -266,6 +266,7 @@ def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, 
         "started_at": run.started_at,
         "ended_at": run.ended_at,
         "spec": None if "spec" in run.unreadable else run.spec,
+        "end_steps": run.end_steps,  # the end steps that ran (outputs, log tail, patch revert, notify)
     }
     if with_events:
         doc["events"] = [{k: e[k] for k in ("ts", "kind", "message")} for e in store.events(run.id)]

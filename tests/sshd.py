@@ -156,7 +156,9 @@ def _kill(pid: int, sig: int) -> None:
 class SSHServer:
     """One real sshd on `address:port`. The host key, port and files survive stop/start."""
 
-    def __init__(self, root: Path, address: str, authorized_keys: Path, port: int | None = None):
+    def __init__(self, root: Path, address: str, authorized_keys: Path, port: int | None = None,
+                 prefix: list[str] | None = None):
+        self.prefix = prefix or []  # e.g. `ip netns exec NS`: the server in a network namespace of its own
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.address = address
@@ -235,7 +237,7 @@ class SSHServer:
         in_main_thread = threading.current_thread() is threading.main_thread()
         with self.log_file.open("ab") as log:
             self._proc = subprocess.Popen(
-                [SSHD, "-D", "-e", "-f", str(self.config)],
+                [*self.prefix, SSHD, "-D", "-e", "-f", str(self.config)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
