@@ -16,7 +16,7 @@ DETECT = re.compile(
 
 RULES: list[Rule] = [
     rule(r"Data generation failed|Aborting: \d+ consecutive samples errored out"
-         r"|Fatal: sample \d+ aborted", "exception", True),
+         r"|Fatal: sample \d+ aborted", "other", True),
 ]
 
 _FINISHED = re.compile(r"Data generation complete!")
