@@ -14,7 +14,10 @@ from hypothesis import strategies as st
 from orchestrator.logparse import LogParser, inspect_file
 from test_logparse import CRASHES, SGLANG_0_5_23_EAGLE, SPECULATORS_OLD, VLLM_0_11, VLLM_0_33
 
+LOGS = Path(__file__).parent / "logs"
+
 REAL_LOGS = [
+    *(path.read_bytes() for path in sorted(LOGS.glob("*.log"))),
     SGLANG_0_5_23_EAGLE.encode(),
     VLLM_0_11.encode(),
     VLLM_0_33.encode(),
@@ -34,6 +37,12 @@ FRAGMENTS = [
     b"The server is fired up and ready to roll!", b"Load weight begin. avail mem=1.00 GB", b"Killed",
     b"During handling of the above exception, another exception occurred:", b"Data generation complete!",
     b"INFO 10-01 12:00:00 [x.py:1] ", b"Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 2.0 tokens/s",
+    b"(EngineCore_DP0 pid=9) ERROR 10-01 12:00:00 [core.py:1] ", b"(VllmWorker rank=1 pid=5) ", b"**",
+    b"ERROR 11-20 12:00:00 engine.py:366] ", b"[2026-01-02 10:00:00] ", b'  File "x.py", line 1, in <module>',
+    b"The above exception was the direct cause of the following exception:", b"orch-metric loss=0.5 acc=1e-2",
+    b"[02/10/26 11:00:41] ERROR    Data generation failed               generate.py:17",
+    b"                             ", b"Killed process 1 (python)", b"Out of memory: ",
+    b"============ Serving Benchmark Result ============", b"=" * 50, b"Request throughput (req/s):  4.82",
 ]
 
 log_bytes = st.one_of(

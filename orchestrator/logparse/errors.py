@@ -124,18 +124,19 @@ def classify(text: str, rules: list[Rule]) -> tuple[str, bool, bool] | None:
     return None if kind is None else (kind, fatal, cause)
 
 
-def merge(cur: LogError, new: LogError, chained: bool, cause: bool) -> LogError:
+def merge(cur: LogError, new: LogError, chained: bool, cause: bool, cur_cause: bool = True) -> LogError:
     """What is known after `new` is found while `cur` stands.
 
     Fatal is never taken back. The details (exception, message, line, context) stay with the first root
     cause: a marker ('scheduler died') keeps the traceback before it, a traceback fills in a marker that had
     none, a more specific cause replaces them, and a chained or post-mortem exception joins the chain
     instead of hiding the one that started the failure. A bare 'Killed' after an exception does not
-    rename it: what killed the process is not said.
+    rename it: what killed the process is not said; the kernel's OOM-killer line after it does say.
+    `cause` and `cur_cause`: whether the rules that found `new` and `cur` name a cause.
     """
     higher = RANK[new.kind] > RANK[cur.kind]
     if cur.exception is None:
-        take_new = new.exception is not None or (higher and cause)
+        take_new = new.exception is not None or (cause and (higher or (new.kind == cur.kind and not cur_cause)))
     elif new.exception is None:
         take_new = False
     else:

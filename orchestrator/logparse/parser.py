@@ -411,7 +411,11 @@ class LogParser:
         cur = self.error
         if cur is not None and not cur.fatal and new.line - cur.line > STALE_LINES:
             cur = None
-        err = new if cur is None else merge(cur, new, chained, cause)
+        if cur is None:
+            err = new
+        else:
+            shown = classify(cur.message, _RULES) if cur.exception is None else None
+            err = merge(cur, new, chained, cause, shown is None or shown[2])
         if err != cur:
             if cur is None or err.line != cur.line:
                 self._error_after = CONTEXT_AFTER
