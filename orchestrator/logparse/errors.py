@@ -70,8 +70,9 @@ COMMON_RULES = [
     rule(r"DistBackendError|NCCL error|nccl(?:UnhandledCuda|System|Internal|Remote|InvalidArgument)Error"
          r"|ncclInvalidUsage|NCCL communicator was aborted|Watchdog caught collective operation timeout"
          r"|NCCL watchdog thread terminated", "nccl", True),
-    # torchrun reporting that a child it launched failed.
-    rule(r"ChildFailedError", "other", True),
+    # torchrun reporting that a child it launched failed; a crash below Python.
+    rule(r"ChildFailedError|^Fatal Python error: |Segmentation fault|\(core dumped\)"
+         r"|^terminate called after throwing an instance of", "other", True),
     # vLLM refuses to start with a max model length its KV cache cannot hold.
     rule(r"max seq len \(\d+\) is larger than|stored in KV cache \(\d+\)"
          r"|KV cache is needed, which is larger than the available KV cache memory"
@@ -79,14 +80,15 @@ COMMON_RULES = [
 ]
 
 # Lines that mention errors without being one: SGLang skipping optional models, NCCL's debug output.
-HARMLESS = re.compile(r"Ignore import error when loading|NCCL (?:INFO|WARN)\b")
+# Python's warnings ('x.py:12: UserWarning: ...') are warnings whatever they quote.
+HARMLESS = re.compile(r"Ignore import error when loading|NCCL (?:INFO|WARN)\b|^\S+\.py:\d+: [A-Z]\w*Warning: ")
 
 # An exception line: 'torch.OutOfMemoryError: CUDA out of memory. ...', or only 'TypeError' when the
 # message is empty. The class's own name is capitalised, which keeps source lines and prose out.
 EXCEPTION_LINE = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::(?: ?(?P<message>.*))?)?$")
 # The same with a message, for lines outside a traceback: only names that say they are errors.
 _BARE_EXCEPTION = re.compile(
-    r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Unsupported))"
+    r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Exit|Interrupt|Failure|Unsupported))"
     r": (?P<message>\S.*)$"
 )
 

@@ -23,7 +23,7 @@ def metrics(text: str) -> list[tuple[str, float]]:
     return []
 
 
-def line_phase(text: str) -> str | None:
+def line_phase(text: str, phase: str = "starting") -> str | None:
     return None
 
 

@@ -272,7 +272,7 @@ class LogParser:
 
     def _phase_of(self, line: Line) -> None:
         text = line.text
-        phase = _MODULES.get(self.engine, generic).line_phase(text)
+        phase = _MODULES.get(self.engine, generic).line_phase(text, self.phase)
         if phase is None and self.phase in ("loading", "capturing") and _SERVING.search(text):
             phase = "ready"  # the server answers: after its weights and graphs, that is all it waits for
         if phase is None and _DONE.search(text):
@@ -352,9 +352,9 @@ class LogParser:
         for raw in reversed(self._recent):
             back += 1
             text = clean(raw).text
-            if not text.strip():
-                continue
-            found = exception_line(text, bare=True)
+            if not text.strip() or text[0] in " \t":
+                continue  # blank, or the rest of a message that spans lines
+            found = exception_line(text)  # the line just before the chain's words ends a traceback
             if found is not None:
                 self._exception(Line(text, raw, "", None), found[0], found[1], False, False)
                 if self.error is not None:

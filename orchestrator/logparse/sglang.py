@@ -24,6 +24,8 @@ RULES: list[Rule] = [
     rule(r"Received sigquit from a child process|SIGQUIT received\.", "other", True),
     rule(r"Initialization failed\. warmup error", "other", True),
     rule(r"Capture cuda graph failed", "other", True),
+    rule(r"Exception in (?:run_tp_server|ModelTpServer|ControllerSingle|run_data_parallel_controller)", "other",
+         True),  # before 0.4
     rule(r"Not enough memory\. Please try to increase --mem-fraction-static|Prefill out of memory"
          r"|Decode out of memory", "cuda_oom", False),
 ]
@@ -75,9 +77,11 @@ def metrics(text: str) -> list[tuple[str, float]]:
     return found
 
 
-def line_phase(text: str) -> str | None:
+def line_phase(text: str, phase: str = "starting") -> str | None:
     if "Decode batch" in text and _DECODE.search(text):
         return "running"
+    if phase == "starting" and "Prefill batch" in text:
+        return "running"  # a log that begins while it serves (a warm-up prefill comes after the load)
     if _READY.search(text):
         return "ready"
     if _LOADING.search(text):

@@ -15,7 +15,7 @@ _BREAK = re.compile(rb"\r\n?|\n")
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
 # vLLM/Ray process prefix: '(Worker_TP0 pid=123) ', '(EngineCore_DP0 pid=9) ', '(VllmWorker rank=0 pid=5) ',
 # Ray's '(RayWorkerWrapper pid=1, ip=10.0.0.2) '. The name (and rank) keep interleaved tracebacks apart.
-_WORKER = re.compile(r"^\((?P<name>[\w.-]+)(?P<rank> rank=\d+)? pid=\d+(?:, ip=[\w.:-]+)?\) ?")
+_WORKER = re.compile(r"^\((?:(?P<name>[\w.-]+)(?P<rank> rank=\d+)? )?pid=\d+(?:, ip=[\w.:-]+)?\) ?")
 _VLLM_PROCESS = re.compile(r"APIServer|EngineCore|Worker_|VllmWorker|RayWorker")
 # vLLM's logging prefix, 0.11+ '[file.py:12]' and 0.6 'file.py:12]'; repeated on every line of a record.
 _VLLM_LEVEL = re.compile(
@@ -35,10 +35,12 @@ _PYLOG = re.compile(
     r"^(?P<stamp>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(?:[.,]\d+)?(?:[+-]\d\d:?\d\d)?(?: - [^\s]+)? - "
     r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) - "
 )
-# What a collector puts in front: docker's RFC 3339 time, journald's 'Mon DD HH:MM:SS host unit[pid]: '.
+# What a collector puts in front: docker's RFC 3339 time, journald's 'Mon DD HH:MM:SS host unit[pid]: ',
+# docker compose's 'service-1  | '.
 _OUTER = re.compile(
     r"^(?:(?P<stamp>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)? "
-    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [\w.-]+ [\w.@/-]+(?:\[\d+\])?: )"
+    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [\w.-]+ [\w.@/-]+(?:\[\d+\])?: "
+    r"|[\w.-]+-\d+ +\| )"
 )
 # Levels that only tag a line: 'LEVEL:name:' (logging's default), uvicorn's 'INFO:     '.
 _OTHER_LEVEL = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):")
@@ -78,7 +80,7 @@ def _peel(line: Line) -> bool:
     if first == "(":
         m = _WORKER.match(text)
         if m:
-            name = m.group("name")
+            name = m.group("name") or ""
             line.source += name + (m.group("rank") or "")
             if _VLLM_PROCESS.match(name):
                 line.layout = "vllm"
@@ -125,7 +127,7 @@ def _peel(line: Line) -> bool:
             line.stamp = m.group("stamp").replace("T", " ")
             line.text = text[m.end():]
             return True
-    if first.isdigit() or first.isupper():
+    if first.isalnum():
         m = _OUTER.match(text)
         if m:
             if m.group("stamp"):

@@ -17,9 +17,10 @@ _TIME = r"(?:\d+:)?\d+:\d\d"
 _RATE = rf"\s*(?:(?P<rate>\?|{_NUM})(?P<unit>[^\s,\]/]*)/s|(?P<inv>{_NUM})s/[^\s,\]]+)"
 
 # '{pct:3.0f}%' then '|bar|' (default), ' Completed | ' (SGLang) or ' ' (ncols=0); then the right part.
-# Bar and postfix are bounded so a long line full of near-bars costs linear time.
+# A pasted bar may have lost its closing '|' to an elision ('|████ ...... 3/4'). Bar and postfix are
+# bounded so a long line full of near-bars costs linear time.
 _WITH_TOTAL = re.compile(
-    rf"(?<![\d.])(?P<pct>\d{{1,3}})%(?:\|[^|]{{0,1000}}\||\s+Completed\s*\|)?\s*"
+    rf"(?<![\d.])(?P<pct>\d{{1,3}})%(?:\|[^|]{{0,1000}}\||\s+Completed\s*\||\|[^|\[\]0-9]{{0,1000}})?\s*"
     rf"(?P<n>{_NUM})/(?P<total>{_NUM}|\?)\s+"
     rf"\[(?P<elapsed>{_TIME})<(?P<remaining>{_TIME}|\?),{_RATE}(?P<postfix>[^\]]{{0,1000}})\]"
 )

@@ -14,6 +14,7 @@ DETECT = re.compile(r"vllm|vLLM|EngineCore|\((?:APIServer|Worker_\w+|VllmWorker\
 RULES: list[Rule] = [
     rule(r"EngineCore failed to start|EngineCore encountered a fatal error|WorkerProc failed to start"
          r"|Engine core initialization failed|Engine process failed to start", "other", True),
+    rule(r"Engine background task failed|\bAsyncEngineDeadError\b|\bEngineDeadError\b", "other", True),
     rule(r"Worker proc \S+ died unexpectedly|Engine core proc \S+ died unexpectedly"
          r"|RayWorkerProc rank=\d+ died unexpectedly", "other", True),
     rule(r"No available memory for the cache blocks"
@@ -67,7 +68,7 @@ def serving(text: str) -> bool:
     return bool(m and (float(m.group(1)) > 0 or float(m.group(2)) > 0))
 
 
-def line_phase(text: str) -> str | None:
+def line_phase(text: str, phase: str = "starting") -> str | None:
     if serving(text):
         return "running"
     if _READY.search(text):
