@@ -137,9 +137,11 @@ def parse_bar(text: str) -> Progress | None:
 # Byte-level redraw runs. Each byte pattern accepts a strict subset of what the text patterns above accept
 # (ASCII digits and spaces, tqdm's block characters), so a run it takes is parsed line by line the same way.
 _B_NUM = rb"[0-9]+(?:\.[0-9]+)?[kMGTPEZY]?"
-_B_TIME = rb"(?:[0-9]+:)?[0-9]+:[0-9][0-9]"
+_B_TIME = rb"[0-9]+:[0-9][0-9](?::[0-9][0-9])?"  # 'MM:SS' or 'H:MM:SS', without the text pattern's backtracking
 _B_RATE = rb"[ ]*(?:(?:\?|" + _B_NUM + rb")[A-Za-z]*/s|" + _B_NUM + rb"s/[A-Za-z]+)"
-_B_CELLS = rb"(?:[ #0-9]|\xe2\x96[\x88-\x8f]){0,1000}"  # ' ', ascii '#'/digits or U+2588..U+258F
+# ' ', ascii '#'/digits and the bytes of U+2588..U+258F, as one class: a repeated group costs a lot more
+# per byte. Any mix of those bytes decodes to at most as many characters, none of them '|'.
+_B_CELLS = rb"[ #0-9\xe2\x96\x88-\x8f]{0,1000}"
 _B_WITH_TOTAL = (
     rb"[0-9]{1,3}%(?:\|" + _B_CELLS + rb"\||[ ]+Completed[ ]*\|)?[ ]*"
     + _B_NUM + rb"/(?:" + _B_NUM + rb"|\?)[ ]+\[" + _B_TIME + rb"<(?:" + _B_TIME + rb"|\?),"

@@ -17,6 +17,7 @@ _CHAIN = re.compile(
 _TOP_FRAME = re.compile(r', in <module>\s*$|, in _run_module_as_main\b|"<frozen runpy>"')
 # Frame lines that pasted or re-logged tracebacks may show without their indentation.
 _FRAME_LINE = re.compile(r'^(?:File "|\[Previous line repeated|\.\.\.<\d+ lines>\.\.\.|[~^]+\s*$)')
+_HEADLESS_FRAME = re.compile(r'^\s+File "[^"]+", line \d+, in ')
 _MAX_SOURCES = 64  # bound on tracebacks followed at once
 
 
@@ -49,6 +50,11 @@ class TracebackTracker:
             if _CHAIN.match(text):  # the traceback before it was not in the log (cut, or never printed)
                 self._set(source, ["after", True, None, False])
                 return "chain"
+            if text[:1] in (" ", "\t") and _HEADLESS_FRAME.match(text):
+                # A log that begins inside a traceback: its exception line still ends it. Where its
+                # outermost frame was is not known.
+                self._set(source, ["frames", False, False, True])
+                return "frame"
             return None
         if state[0] == "frames":
             after_file, state[3] = state[3], False

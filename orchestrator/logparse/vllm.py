@@ -14,7 +14,8 @@ DETECT = re.compile(r"vllm|vLLM|EngineCore|\((?:APIServer|Worker_\w+|VllmWorker\
 RULES: list[Rule] = [
     rule(r"EngineCore failed to start|EngineCore encountered a fatal error|WorkerProc failed to start"
          r"|Engine core initialization failed|Engine process failed to start", "other", True),
-    rule(r"Engine background task failed|\bAsyncEngineDeadError\b|\bEngineDeadError\b", "other", True),
+    rule(r"Engine background task failed|\bAsyncEngineDeadError\b|\bEngineDeadError\b|WorkerProc hit an exception",
+         "other", True),
     rule(r"Worker proc \S+ died unexpectedly|Engine core proc \S+ died unexpectedly"
          r"|RayWorkerProc rank=\d+ died unexpectedly", "other", True),
     rule(r"No available memory for the cache blocks"
