@@ -193,3 +193,46 @@ def test_huge_line_without_breaks_is_capped(tmp_path: Path) -> None:
     assert len(json.dumps(p.to_dict())) < 200_000
     p.feed(b"\nThe server is fired up and ready to roll!\n")
     assert p.lines == 2 and p.phase == "ready"
+
+
+def _redraws(n: int, shapes: int = 1) -> bytes:
+    """n '\\r'-ended redraws of one bar; with shapes > 1 the count's width changes along the way."""
+    out = []
+    for i in range(n):
+        done = i if shapes == 1 else (i * 10 ** (i % shapes))
+        out.append(f"Generating hidden states:  10%|\u2588         | {done}/1000000 [00:{i % 60:02d}<01:00,  "
+                   f"2.00it/s]\r")
+    return "".join(out).encode()
+
+
+SKIP_CASES = [
+    b"Generating hidden states:  10%|\xe2\x96\x88         | 1/1000000 [00:00<01:00,  2.00it/s]\n" + _redraws(300)
+    + b"done\n",
+    b"Generating hidden states:  10%|\xe2\x96\x88         | 1/1000000 [00:00<01:00,  2.00it/s]\n" + _redraws(300, 3)
+    + b"\n",
+    # a line that is no redraw inside the run, and a run ended by '\r\n'
+    b"Generating hidden states:  10%|\xe2\x96\x88         | 1/1000000 [00:00<01:00,  2.00it/s]\n" + _redraws(50)
+    + b"Generating hidden states: Killed\r" + _redraws(50) + b"\r\nTraceback (most recent call last):\n",
+    # a label with digits: the run is checked line by line
+    b"Capturing batches (bs=16 avail_mem=20.50 GB):  10%|\xe2\x96\x88         | 1/10 [00:00<00:09,  1.00it/s]\n"
+    + b"".join(b"Capturing batches (bs=16 avail_mem=20.50 GB):  %d0%%|\xe2\x96\x88         | %d/10 "
+               b"[00:0%d<00:09,  1.00it/s]\r" % (i, i, i) for i in range(1, 10)) + b"\n",
+]
+
+
+def _without_fast_path() -> LogParser:
+    p = LogParser()
+    p._skip_redraws = lambda data, start, end: start  # type: ignore[method-assign]
+    return p
+
+
+@given(case=st.sampled_from(SKIP_CASES), points=fractions)
+@settings(max_examples=100, deadline=None)
+def test_redraw_runs_taken_whole_read_as_one_by_one(case: bytes, points: list[float]) -> None:
+    fast, slow = LogParser(), _without_fast_path()
+    for piece in cut(case, points):
+        fast.feed(piece)
+        slow.feed(piece)
+    fast.finish()
+    slow.finish()
+    assert fast.to_dict() == slow.to_dict()

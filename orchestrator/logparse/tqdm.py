@@ -157,3 +157,14 @@ def redraw_run(prefix: str, with_total: bool) -> re.Pattern[bytes]:
     """One or more whole lines, each ended by a lone '\\r', that redraw the bar labelled by `prefix`."""
     body = _B_WITH_TOTAL if with_total else _B_NO_TOTAL
     return re.compile(rb"(?>" + re.escape(prefix.encode()) + body + rb"\r(?!\n))++")
+
+
+# Digits read as '0': the byte patterns above treat every digit alike, so a line and its shape match alike.
+SHAPE = bytes.maketrans(b"123456789", b"000000000")
+
+
+def redraw_line(prefix: str, with_total: bool) -> re.Pattern[bytes]:
+    """One whole line (without its '\\r') that redraws the bar labelled by `prefix`; use on shapes only when
+    the prefix has no digits."""
+    body = _B_WITH_TOTAL if with_total else _B_NO_TOTAL
+    return re.compile(re.escape(prefix.encode()) + body)
