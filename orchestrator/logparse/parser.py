@@ -54,6 +54,7 @@ _DONE = re.compile(
     r"\b(?:[Tt]raining|[Gg]eneration|[Ee]xtraction|[Ee]valuation|[Bb]enchmark|[Jj]ob|[Ff]ine-?tuning)"
     r" (?:is )?(?:finished|complete|completed|done)\b(?! with errors?\b)"
     r"|\bFinished (?:training|generation|extraction|evaluation)\b"
+    r"|\{'train_runtime': |`Trainer\.fit` stopped: "  # HF Trainer's and Lightning's last words
 )
 # bench_serving's result block: the header centred in '=', rows, then a line of '='.
 _BENCH_HEADER = re.compile(r"^=+ Serving Benchmark Result =+$")
@@ -305,8 +306,10 @@ class LogParser:
     def _phase_of(self, line: Line) -> None:
         text = line.text
         phase = _MODULES.get(self.engine, generic).line_phase(text, self.phase)
-        if phase is None and self.phase in ("loading", "capturing") and _SERVING.search(text):
-            phase = "ready"  # the server answers: after its weights and graphs, that is all it waits for
+        if self.phase in ("loading", "capturing", "ready", "running") and _SERVING.search(text):
+            if phase is None and self.phase in ("loading", "capturing"):
+                phase = "ready"  # the server answers: after its weights and graphs, that is all it waits for
+            self._healthy()  # a server that still answers was not killed by a request's traceback
         if phase is None and _DONE.search(text):
             phase = "finished"
         if phase is None:
