@@ -203,11 +203,13 @@ class Store:
             for ts, kind, msg, data in rows
         ]
 
-    def add_metrics(self, run_id: int, samples: Iterable[tuple[str, float, int | None]], ts: float) -> None:
+    def add_metrics(self, run_id: int, samples: Iterable[tuple[Any, ...]], ts: float) -> None:
+        """Samples are (name, value, step) or (name, value, step, own ts): `ts` stands in where none is given."""
         with self.tx() as c:
             c.executemany(
                 "INSERT INTO metrics (run_id, name, value, ts, step) VALUES (?, ?, ?, ?, ?)",
-                [(run_id, name, float(value), ts, step) for name, value, step in samples],
+                [(run_id, s[0], float(s[1]), s[3] if len(s) > 3 and s[3] is not None else ts, s[2])
+                 for s in samples],
             )
 
     def latest_metrics(self, run_id: int) -> dict[str, float]:

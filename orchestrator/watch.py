@@ -24,13 +24,14 @@ from .executor import Executor
 from .health import SERVING_PHASES, HealthCheck, HealthWatch
 from .launch import RunPaths
 from .lifecycle import transition
-from .logparse import LogParser
+from .logparse import LogParser, Metric, stamp_time
 from .logparse.text import terminal_safe
 from .logparse.wake import WAKE
 from .record import Run, Status
 from .store import Store
 
 MAX_CHUNK = 4 << 20  # bytes read per poll; a longer backlog is read by immediate re-polls
+CLOCK_SLACK_S = 300.0  # how far a log line's own time may lie outside the run and still be believed
 
 
 @dataclass
@@ -299,7 +300,8 @@ class Watcher:
             for kind, message, data in events:
                 self.store.add_event(self.run_id, kind, message, data, ts=now)
             if samples:
-                self.store.add_metrics(self.run_id, [(m.name, m.value, m.line) for m in samples], now)
+                self.store.add_metrics(self.run_id, [(m.name, m.value, m.line, self._sample_ts(m, now))
+                                                     for m in samples], now)
             self.store.update_run(
                 self.run_id,
                 log_offset=new_offset,
@@ -319,6 +321,16 @@ class Watcher:
                     raise _Conflict() from None
 
 
+    def _sample_ts(self, sample: Metric, now: float) -> float | None:
+        """The time the log line itself shows, read as local time; None (the poll time) where it shows none
+        or one that cannot be this run's (before it started, after now: another time zone on the host)."""
+        ts = stamp_time(sample.stamp, now)
+        started = self.run.started_at or now
+        if ts is None or ts > now + CLOCK_SLACK_S or ts < started - CLOCK_SLACK_S:
+            return None
+        return ts
+
+
 def last_line(data: bytes, width: int = 200) -> str | None:
     """The last non-blank line of new log bytes (a progress bar's latest state included), printable."""
     for line in reversed(re.split(rb"\r\n?|\n", data[-8192:])):
@@ -330,4 +342,7 @@ def last_line(data: bytes, width: int = 200) -> str | None:
 
 def _error_text(err: Any) -> str:
     head = err.exception or err.kind
-    return f"{err.kind}: {head}: {err.message}" if err.message else f"{err.kind}: {head}"
+    text = f"{err.kind}: {head}: {err.message}" if err.message else f"{err.kind}: {head}"
+    chain = getattr(err, "chain", None)
+    return f"{text} (then {chain[-1]})" if chain else text  # the root cause, and what it ended in
+

@@ -35,7 +35,9 @@ class BenchServingSpec(RunSpec):
     url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/\S*)?$", description="server base URL")
     num_prompts: int = Field(default=200, gt=0)
     max_concurrency: int | None = Field(default=None, gt=0)
-    dataset: str = Field(default="random", pattern=r"^[A-Za-z0-9][\w\-]*$", description="--dataset-name")
+    dataset: str = Field(default="random-ids", pattern=r"^[A-Za-z0-9][\w\-]*$",
+                         description="--dataset-name; random-ids needs no download (random samples ShareGPT, which "
+                                     "SGLang fetches from the model hub: a GPU host without internet fails on it)")
     input_len: int | None = Field(default=None, gt=0, description="--random-input-len")
     output_len: int | None = Field(default=None, gt=0, description="--random-output-len")
     extra_args: list[str] = Field(default_factory=list, description="more benchmark flags, as given")

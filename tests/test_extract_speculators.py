@@ -148,7 +148,7 @@ def test_generator_crash_fails_the_run(orch, tmp_path):
     assert doc["status"] == "failed" and doc["phase"] == "failed"
     # `Data generation failed` marks it fatal; the chained traceback's root cause names it
     err = doc["error"]
-    assert err["kind"] == "exception" and err["exception"] == "http.client.RemoteDisconnected"
+    assert err["kind"] == "python_exception" and err["exception"] == "http.client.RemoteDisconnected"
     assert err["message"] == "Remote end closed connection without response"
     assert "http.client.RemoteDisconnected" in doc["reason"]
     log = (Path(doc["remote_dir"]) / "log").read_text()

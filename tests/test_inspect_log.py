@@ -129,5 +129,5 @@ def test_invalid_bytes_and_one_huge_cr_line(orch: Orch, tmp_path: Path) -> None:
     got = json.loads(orch("inspect-log", str(log), "--json", check=0).stdout)
     assert got["engine"] == "speculators" and got["phase"] == "failed"
     assert got["progress"]["done"] == 19999 and got["progress"]["label"] == "Generating hidden states"
-    assert got["error"]["kind"] == "exception" and "Data generation failed" in got["error"]["message"]
+    assert got["error"]["kind"] == "other" and "Data generation failed" in got["error"]["message"]
     assert got["error"]["line"] == 20003

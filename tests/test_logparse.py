@@ -266,6 +266,7 @@ VLLM_0_33 = (
     + "(EngineCore pid=200) INFO 03-01 11:00:45 [gpu_model_runner.py:4000] Graph capturing finished in 5 secs, "
     "took 0.40 GiB\n"
     "(APIServer pid=100) INFO 03-01 11:00:50 [api_server.py:1600] Starting vLLM server on http://0.0.0.0:8000\n"
+    "(APIServer pid=100) INFO:     Application startup complete.\n"
     "(APIServer pid=100) INFO 03-01 11:02:00 [loggers.py:200] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
     "Avg generation throughput: 94.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.1%\n"
     "(APIServer pid=100) INFO 03-01 11:02:00 [metrics.py:100] SpecDecoding metrics: Mean acceptance length: 2.31, "
@@ -481,20 +482,20 @@ CRASHES = {
         "    raise _scheduler_died_error(rank, proc)\n"
         "RuntimeError: Rank 2 scheduler died during initialization (exit code: -9). If exit code is -9 (SIGKILL), "
         "a common cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.\n",
-        "host_oom", "RuntimeError", "Rank 2 scheduler died during initialization (exit code: -9)", True),
+        "killed", "RuntimeError", "Rank 2 scheduler died during initialization (exit code: -9)", True),
     "scheduler_died_exit_1": (
         SGLANG_LOADING
         + "RuntimeError: Rank 2 scheduler died during initialization (exit code: 1). If exit code is -9 (SIGKILL), "
         "a common cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.\n",
-        "scheduler_died", None, "Rank 2 scheduler died during initialization (exit code: 1)", True),
+        "python_exception", "RuntimeError", "Rank 2 scheduler died during initialization (exit code: 1)", True),
     "old_scheduler_dead_sigkill": (
         SGLANG_0_4_10.split("[2025-08-01 08:00:16")[0]
         + "[2025-08-01 08:00:16] Rank 0 scheduler is dead. Please check if there are relevant logs.\n"
         "[2025-08-01 08:00:16] Exit code: -9\n",
-        "host_oom", None, "Exit code: -9", True),
+        "killed", None, "Exit code: -9", True),
     "oom_killer_shell": (
         TRANSFORMERS + "/bin/bash: line 1:  4242 Killed                  python extract.py --model /m\n",
-        "host_oom", None, "Killed", True),
+        "killed", None, "Killed", True),
     "warmup": (
         SGLANG_0_5_23_EAGLE.split("[2026-01-10 10:04:41]")[0]
         + "[2026-01-10 10:05:41] Initialization failed. warmup error: Traceback (most recent call last):\n"
@@ -502,13 +503,13 @@ CRASHES = {
         "_execute_server_warmup\n"
         "    res = requests.post(url + request_name, json=json_data, headers=headers, timeout=600)\n"
         "requests.exceptions.ReadTimeout: HTTPConnectionPool(host='127.0.0.1', port=30000): Read timed out.\n",
-        "warmup_failed", "requests.exceptions.ReadTimeout", "HTTPConnectionPool", True),
+        "timeout", "requests.exceptions.ReadTimeout", "HTTPConnectionPool", True),
     "nccl_rank_prefixed": (
         "".join(f"[rank3]: {line}\n" for line in TB_FRAMES.splitlines())
         + "[rank3]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
         "NCCLUtils.hpp:268, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n"
         "[rank3]: ncclUnhandledCudaError: Call to CUDA function failed.\n",
-        "nccl", "torch.distributed.DistBackendError", "NCCL error in:", False),
+        "nccl", "torch.distributed.DistBackendError", "NCCL error in:", True),
     "nccl_watchdog": (
         "[rank0]:[E101 10:00:00.000000000 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation "
         "timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 "
@@ -539,7 +540,7 @@ CRASHES = {
             "TypeError: DeepseekV2DecoderLayer.forward() missing 1 required positional argument: 'residual'",
         ))
         + "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n",
-        "exception", "TypeError", "DeepseekV2DecoderLayer.forward() missing", True),
+        "python_exception", "TypeError", "DeepseekV2DecoderLayer.forward() missing", True),
     "speculators_empty_message": (
         SPECULATORS_NEW.split("\r")[0]
         + "2026-02-01 10:00:02,000 - speculators.cli.generate_offline_data - ERROR - Data generation failed\n"
@@ -549,7 +550,7 @@ CRASHES = {
         '  File "/opt/speculators/src/speculators/data_generation/custom_worker.py", line 88, in _patched_forward\n'
         "    hidden_states = self.get_input_embeddings(input_ids)\n"
         "TypeError\n",
-        "exception", "TypeError", "", True),
+        "python_exception", "TypeError", "", True),
     "speculators_abort": (
         SPECULATORS_NEW.split("\r")[0]
         + "2026-02-01 10:00:02,000 - speculators.cli.generate_offline_data - ERROR - Data generation failed\n"
@@ -557,14 +558,22 @@ CRASHES = {
         '  File "/opt/speculators/src/speculators/cli/generate_offline_data.py", line 185, in _worker\n'
         "    raise RuntimeError(\n"
         "RuntimeError: Aborting: 10 consecutive samples errored out. The vLLM server may be unreachable.\n",
-        "exception", "RuntimeError", "Aborting: 10 consecutive samples errored out.", True),
+        "python_exception", "RuntimeError", "Aborting: 10 consecutive samples errored out.", True),
     "bare_traceback": (
         TRANSFORMERS
         + "Traceback (most recent call last):\n"
         '  File "/opt/jobs/extract.py", line 40, in <module>\n'
         "    main()\n"
         "KeyError: 'model.layers.61.mlp'\n",
-        "exception", "KeyError", "'model.layers.61.mlp'", False),
+        # nothing caught it: its outermost frame is the script's module level
+        "python_exception", "KeyError", "'model.layers.61.mlp'", True),
+    "caught_traceback": (
+        TRANSFORMERS
+        + "Traceback (most recent call last):\n"
+        '  File "/opt/jobs/extract.py", line 88, in extract_batch\n'
+        "    states = model(**batch, output_hidden_states=True)\n"
+        "KeyError: 'model.layers.61.mlp'\n",
+        "python_exception", "KeyError", "'model.layers.61.mlp'", False),
 }
 
 
@@ -589,7 +598,7 @@ def test_crash(name: str) -> None:
 
 def test_error_context_has_lines_after() -> None:
     p = LogParser()
-    p.feed(CRASHES["bare_traceback"][0].encode() + b"after one\nafter two\n")
+    p.feed(CRASHES["caught_traceback"][0].encode() + b"after one\nafter two\n")
     assert p.error is not None
     assert p.error.context[-2:] == ["after one", "after two"]
     assert p.error.context[-3].startswith("KeyError")
@@ -597,7 +606,7 @@ def test_error_context_has_lines_after() -> None:
 
 def test_tentative_traceback_cleared_by_progress() -> None:
     p = LogParser()
-    log = CRASHES["bare_traceback"][0]
+    log = CRASHES["caught_traceback"][0]
     p.feed(log.encode())
     assert p.error is not None and not p.error.fatal
     # the same bar redrawn at the same count (tqdm closing at exit) is no sign of health
@@ -611,7 +620,7 @@ def test_tentative_traceback_cleared_by_progress() -> None:
 def test_tentative_traceback_cleared_by_decode_stats() -> None:
     p = LogParser()
     p.feed(SGLANG_0_5_5.encode() + b"Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: bad\n")
-    assert p.error is not None and p.error.kind == "exception" and not p.error.fatal
+    assert p.error is not None and p.error.kind == "python_exception" and not p.error.fatal
     p.feed(SGLANG_0_5_5.splitlines(keepends=True)[-1].encode())
     assert p.error is None
 

@@ -14,7 +14,10 @@ from hypothesis import strategies as st
 from orchestrator.logparse import LogParser, inspect_file
 from test_logparse import CRASHES, SGLANG_0_5_23_EAGLE, SPECULATORS_OLD, VLLM_0_11, VLLM_0_33
 
+LOGS = Path(__file__).parent / "logs"
+
 REAL_LOGS = [
+    *(path.read_bytes() for path in sorted(LOGS.glob("*.log"))),
     SGLANG_0_5_23_EAGLE.encode(),
     VLLM_0_11.encode(),
     VLLM_0_33.encode(),
@@ -34,6 +37,12 @@ FRAGMENTS = [
     b"The server is fired up and ready to roll!", b"Load weight begin. avail mem=1.00 GB", b"Killed",
     b"During handling of the above exception, another exception occurred:", b"Data generation complete!",
     b"INFO 10-01 12:00:00 [x.py:1] ", b"Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 2.0 tokens/s",
+    b"(EngineCore_DP0 pid=9) ERROR 10-01 12:00:00 [core.py:1] ", b"(VllmWorker rank=1 pid=5) ", b"**",
+    b"ERROR 11-20 12:00:00 engine.py:366] ", b"[2026-01-02 10:00:00] ", b'  File "x.py", line 1, in <module>',
+    b"The above exception was the direct cause of the following exception:", b"orch-metric loss=0.5 acc=1e-2",
+    b"[02/10/26 11:00:41] ERROR    Data generation failed               generate.py:17",
+    b"                             ", b"Killed process 1 (python)", b"Out of memory: ",
+    b"============ Serving Benchmark Result ============", b"=" * 50, b"Request throughput (req/s):  4.82",
 ]
 
 log_bytes = st.one_of(
@@ -184,3 +193,46 @@ def test_huge_line_without_breaks_is_capped(tmp_path: Path) -> None:
     assert len(json.dumps(p.to_dict())) < 200_000
     p.feed(b"\nThe server is fired up and ready to roll!\n")
     assert p.lines == 2 and p.phase == "ready"
+
+
+def _redraws(n: int, shapes: int = 1) -> bytes:
+    """n '\\r'-ended redraws of one bar; with shapes > 1 the count's width changes along the way."""
+    out = []
+    for i in range(n):
+        done = i if shapes == 1 else (i * 10 ** (i % shapes))
+        out.append(f"Generating hidden states:  10%|\u2588         | {done}/1000000 [00:{i % 60:02d}<01:00,  "
+                   f"2.00it/s]\r")
+    return "".join(out).encode()
+
+
+SKIP_CASES = [
+    b"Generating hidden states:  10%|\xe2\x96\x88         | 1/1000000 [00:00<01:00,  2.00it/s]\n" + _redraws(300)
+    + b"done\n",
+    b"Generating hidden states:  10%|\xe2\x96\x88         | 1/1000000 [00:00<01:00,  2.00it/s]\n" + _redraws(300, 3)
+    + b"\n",
+    # a line that is no redraw inside the run, and a run ended by '\r\n'
+    b"Generating hidden states:  10%|\xe2\x96\x88         | 1/1000000 [00:00<01:00,  2.00it/s]\n" + _redraws(50)
+    + b"Generating hidden states: Killed\r" + _redraws(50) + b"\r\nTraceback (most recent call last):\n",
+    # a label with digits: the run is checked line by line
+    b"Capturing batches (bs=16 avail_mem=20.50 GB):  10%|\xe2\x96\x88         | 1/10 [00:00<00:09,  1.00it/s]\n"
+    + b"".join(b"Capturing batches (bs=16 avail_mem=20.50 GB):  %d0%%|\xe2\x96\x88         | %d/10 "
+               b"[00:0%d<00:09,  1.00it/s]\r" % (i, i, i) for i in range(1, 10)) + b"\n",
+]
+
+
+def _without_fast_path() -> LogParser:
+    p = LogParser()
+    p._skip_redraws = lambda data, start, end: start  # type: ignore[method-assign]
+    return p
+
+
+@given(case=st.sampled_from(SKIP_CASES), points=fractions)
+@settings(max_examples=100, deadline=None)
+def test_redraw_runs_taken_whole_read_as_one_by_one(case: bytes, points: list[float]) -> None:
+    fast, slow = LogParser(), _without_fast_path()
+    for piece in cut(case, points):
+        fast.feed(piece)
+        slow.feed(piece)
+    fast.finish()
+    slow.finish()
+    assert fast.to_dict() == slow.to_dict()

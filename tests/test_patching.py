@@ -11,6 +11,7 @@ import importlib.util
 import py_compile
 import re
 import shutil
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -229,15 +230,104 @@ def test_sglang_patch_logs_each_stage(engine: EngineSource, transport: LocalTran
     assert 'orch_eagle3_debug("draft.fc_out", hidden_states)' in eagle
 
 
-def test_speculators_patch_calls_deepseek_layers_positionally(
-    engine: EngineSource, transport: LocalTransport
+def load_worker(path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """speculators' custom_worker.py as installed, imported against stand-ins for the vLLM modules it
+    names (vLLM itself needs CUDA); torch is the real one."""
+    import sys
+
+    pp = types.SimpleNamespace(is_first_rank=True, is_last_rank=True)
+    stubs = {
+        "vllm": types.ModuleType("vllm"),
+        "vllm.distributed": types.SimpleNamespace(get_pp_group=lambda: pp,
+                                                  get_tp_group=lambda: types.SimpleNamespace(rank_in_group=0)),
+        "vllm.model_executor": types.ModuleType("vllm.model_executor"),
+        "vllm.model_executor.models": types.ModuleType("vllm.model_executor.models"),
+        "vllm.model_executor.models.interfaces": types.SimpleNamespace(supports_eagle3=lambda m: True),
+        "vllm.sequence": types.SimpleNamespace(IntermediateTensors=dict),
+    }
+    for name, module in stubs.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    spec = importlib.util.spec_from_file_location("orch_test_custom_worker", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def deepseek_model(vllm: str, scaling: dict[str, float] | None = None) -> object:
+    """A two-layer DeepseekV2Model as vLLM 0.11.0 or 0.12+ shapes it: 0.11.0's decoder layer has
+    forward(positions, hidden_states, residual) and the model get_input_embeddings; 0.12+'s layer adds
+    llama_4_scaling=None and the model has embed_input_ids instead."""
+    import torch
+
+    seen: list[object] = []
+
+    class Layer011(torch.nn.Module):
+        def forward(self, positions, hidden_states, residual):  # type: ignore[no-untyped-def]
+            seen.append("three arguments")
+            return hidden_states + 1, hidden_states if residual is None else residual
+
+    class Layer012(torch.nn.Module):
+        def forward(self, positions, hidden_states, residual, llama_4_scaling=None):  # type: ignore[no-untyped-def]
+            seen.append(llama_4_scaling)
+            out = hidden_states + 1 if llama_4_scaling is None else hidden_states * llama_4_scaling.flatten()[:1]
+            return out, hidden_states if residual is None else residual
+
+    class DeepseekV2Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Layer011() if vllm == "0.11" else Layer012() for _ in range(2)])
+            self.start_layer, self.end_layer = 0, 2
+            self.config = types.SimpleNamespace(llama_4_scaling=scaling)
+            self.norm = lambda h, r: (h + r, None)
+
+        def _embed(self, ids):  # type: ignore[no-untyped-def]
+            return ids.float()[:, None].repeat(1, 4)
+
+    if vllm == "0.11":
+        DeepseekV2Model.get_input_embeddings = DeepseekV2Model._embed  # type: ignore[attr-defined]
+    else:
+        DeepseekV2Model.embed_input_ids = DeepseekV2Model._embed  # type: ignore[attr-defined]
+    model = DeepseekV2Model()
+    model._extension = types.SimpleNamespace(  # type: ignore[attr-defined]
+        _layer_ids=frozenset({0}), stored=[], _store_captured_states=lambda states: model._extension.stored.append(states))
+    model.seen = seen  # type: ignore[attr-defined]
+    return model
+
+
+@pytest.mark.parametrize("vllm", ["0.11", "0.12"])
+def test_speculators_patch_drives_deepseek_layers_of_either_vllm(
+    engine: EngineSource, transport: LocalTransport, monkeypatch: pytest.MonkeyPatch, vllm: str
 ) -> None:
+    import torch
+
     patching.apply(transport, registry.patch_set(SPEC_SET))
-    worker = engine.path(CUSTOM_WORKER).read_text()
-    assert "positions, hidden_states, residual, llama_4_scaling" in worker
-    assert 'getattr(getattr(model, "config", None), "llama_4_scaling", None)' in worker
-    assert "self.embed_input_ids(input_ids)" in worker
-    assert "self.get_input_embeddings(input_ids)" in worker  # the fallback for other models
+    worker = load_worker(engine.path(CUSTOM_WORKER), monkeypatch)
+    ids, positions = torch.tensor([3, 5]), torch.tensor([0, 1])
+    model = deepseek_model(vllm)
+    out = worker._patched_forward(model, ids, positions)
+    # two layers that each add 1, then the norm adds the residual (the embedding): 3+2+3, 5+2+5
+    assert out[:, 0].tolist() == [8.0, 12.0]
+    # 0.11.0's layers get their three arguments; 0.12's also llama_4_scaling, None without the config
+    assert model.seen == (["three arguments"] * 2 if vllm == "0.11" else [None, None])  # type: ignore[attr-defined]
+    # layer 0's output plus its residual: (3+1)+3, (5+1)+5
+    assert [s.tolist() for s in model._extension.stored[0]] == [[[7.0] * 4, [11.0] * 4]]  # type: ignore[attr-defined]
+    if vllm == "0.12":  # the scale the model's config asks for reaches every layer
+        scaled = deepseek_model(vllm, {"beta": 0.5, "original_max_position_embeddings": 1})
+        worker._patched_forward(scaled, ids, positions)
+        assert all(s is not None for s in scaled.seen)  # type: ignore[attr-defined]
+
+
+def test_unpatched_speculators_worker_fails_on_0_12_models(
+    engine: EngineSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the patch is for: the released worker embeds with a method vLLM 0.12+ models no longer have."""
+    import torch
+
+    worker = load_worker(engine.path(CUSTOM_WORKER), monkeypatch)
+    worker._patched_forward(deepseek_model("0.11"), torch.tensor([3]), torch.tensor([0]))
+    with pytest.raises(AttributeError, match="get_input_embeddings"):
+        worker._patched_forward(deepseek_model("0.12"), torch.tensor([3]), torch.tensor([0]))
 
 
 # --- refusals change nothing ---------------------------------------------------------------------

@@ -131,7 +131,7 @@ def test_until_ready_then_bench_then_stop(tmp_path, ssh_fleet):
     doc = orch.status(2)
     assert doc["status"] == "succeeded" and doc["spec"]["server"] == 1
     log = (Path(doc["remote_dir"]) / "log").read_text()
-    assert f"--base-url http://127.0.0.1:{port} --num-prompts 20 --dataset-name random --max-concurrency 4 " \
+    assert f"--base-url http://127.0.0.1:{port} --num-prompts 20 --dataset-name random-ids --max-concurrency 4 " \
            "--random-input-len 128 --random-output-len 64" in (Path(doc["remote_dir"]) / "job.sh").read_text()
     rows = printed_rows(log)
     expected = {"output_throughput": "Output token throughput (tok/s):", "request_throughput":

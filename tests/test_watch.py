@@ -13,8 +13,8 @@ from orchtest import FAST, Orch, job_cmd
 from orchestrator import launch
 from orchestrator.executor import HostExecutor
 from orchestrator.hosts import local_host
-from orchestrator.record import Status
 from orchestrator.lifecycle import transition
+from orchestrator.record import Status
 from orchestrator.remote import LocalTransport
 from orchestrator.store import Store
 from orchestrator.watch import PollWait, Watcher, WatchOptions
@@ -128,3 +128,66 @@ def test_load_time_predicted_from_history(tmp_path, ssh_fleet):
     second = orch.status(2)
     predicted = second["predicted_ready_at"] - second["started_at"]
     assert predicted == pytest.approx(took, rel=0.01)
+
+
+# Each leaves a process behind in the job's group, as the other ranks of a TP job do when one dies.
+FATAL_LINES = {
+    "nccl on one rank": (
+        "printf '%s\\n' '[rank3]: Traceback (most recent call last):' "
+        "'[rank3]:   File \"/opt/train.py\", line 80, in step' '[rank3]:     dist.all_reduce(t)' "
+        "'[rank3]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356, "
+        "unhandled system error'",
+        "nccl", "torch.distributed.DistBackendError"),
+    "uncaught top-level traceback": (
+        f"{sys.executable} -c 'import json; json.loads(\"\")'",
+        "python_exception", "json.decoder.JSONDecodeError"),
+    "vllm engine core died": (
+        "echo '(APIServer pid=7) ERROR 01-15 03:04:09 [core_client.py:564] Engine core proc EngineCore_0 died "
+        "unexpectedly, shutting down client.'",
+        "other", None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FATAL_LINES))
+def test_a_fatal_line_fails_the_run_and_stops_its_process_group(tmp_path, name):
+    line, kind, exception = FATAL_LINES[name]
+    orch = Orch(tmp_path / "ws")
+    res = orch("run", "command", "--set", f"cmd=sleep 300 & {line}; wait", *FAST, timeout=120)
+    assert res.returncode == 1
+    doc = orch.status(1)
+    assert doc["status"] == "failed" and doc["phase"] == "failed" and "fatal error in log" in doc["reason"]
+    assert (doc["error"]["kind"], doc["error"]["exception"]) == (kind, exception) and doc["exit_code"] is None
+    alive = os.popen(f"ps -eo pgid=,stat= | awk '$1 == {doc['pid']} && $2 !~ /^Z/'").read()
+    assert alive == ""
+
+
+def test_metric_samples_carry_the_lines_own_time(tmp_path):
+    store = Store(tmp_path / "orch.db")
+    run_id = store.create_run("command", "local", {})
+    for s in (Status.PREPARING, Status.LAUNCHING):
+        transition(store, run_id, s)
+    transport = LocalTransport(local_host(tmp_path))
+    paths = launch.RunPaths.for_run(str(tmp_path), run_id)
+    past = time.time() - 100
+    stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(past))
+    later = time.strftime("%m-%d %H:%M:%S", time.localtime(time.time() + 7200))  # a host in another zone
+    script = (
+        f"echo 'INFO {stamp} [loggers.py:127] Engine 000: Avg prompt throughput: 5.0 tokens/s, "
+        "Avg generation throughput: 42.5 tokens/s, Running: 1 reqs'; "
+        f"echo 'INFO {later} [loggers.py:127] Engine 000: Avg prompt throughput: 5.0 tokens/s, "
+        "Avg generation throughput: 43.5 tokens/s, Running: 1 reqs'; "
+        "echo 'orch-metric loss=0.25 acc=0.5'"
+    )
+    pid, start = launch.launch(transport, paths, launch.job_script(script, {}), f"t-{run_id}")
+    store.update_run(run_id, remote_dir=paths.root)
+    transition(store, run_id, Status.RUNNING, pid=pid, pid_start=start)
+    started = store.get_run(run_id).started_at
+    store.update_run(run_id, started_at=past - 10)  # the job began before its first line
+    run = Watcher(store, run_id, HostExecutor(transport), WatchOptions(poll_min=0.05, poll_max=0.2)).run_until_done()
+    assert run.status == "succeeded"
+    series = store.metric_series(run_id, "gen_throughput")
+    assert [v for _, v, _ in series] == [42.5, 43.5]
+    assert series[0][0] == pytest.approx(int(past), abs=1)  # the line's own second, not the poll's
+    assert series[1][0] >= started  # a time the run cannot have printed: the poll time stands in
+    assert [v for _, v, _ in store.metric_series(run_id, "loss")] == [0.25]
+    assert store.latest_metrics(run_id) == {"acc": 0.5, "gen_throughput": 43.5, "loss": 0.25}

@@ -7,20 +7,32 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 # Most specific last: when one failure shows several symptoms the highest rank names it.
-KINDS = ("exception", "scheduler_died", "warmup_failed", "nccl", "host_oom", "cuda_oom")
+#   other             a process gave up (an engine's own 'died' / 'failed to start' line) with no cause shown
+#   python_exception  an exception whose class names nothing more specific
+#   import_error      ImportError / ModuleNotFoundError
+#   timeout           a timeout exception (TimeoutError, requests' ReadTimeout, ...)
+#   config_error      the settings cannot work (vLLM's max model length larger than the KV cache holds)
+#   killed            SIGKILL: a shell's 'Killed', an exit code -9, the kernel's OOM killer
+#   nccl              an NCCL error or watchdog timeout on any rank
+#   cuda_oom          CUDA out of memory
+KINDS = ("other", "python_exception", "import_error", "timeout", "config_error", "killed", "nccl", "cuda_oom")
 RANK = {kind: i for i, kind in enumerate(KINDS)}
-# Kinds that name a cause rather than the fact that some process gave up.
-CAUSES = frozenset({"nccl", "host_oom", "cuda_oom"})
+CHAIN_MAX = 5  # later exceptions kept with a root cause
+CHAIN_CHARS = 300
 
 
 @dataclass
 class LogError:
     kind: str
-    exception: str | None
+    exception: str | None  # the root cause's class when a traceback or an exception line shows it
     message: str
     line: int
     context: list[str] = field(default_factory=list)
     fatal: bool = False
+    # Exceptions raised later in the same failure, 'Class: message', the last one last: the rest of a
+    # chained traceback ('The above exception was the direct cause ...'), or what other processes raised
+    # because of the root cause ('Engine core initialization failed').
+    chain: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -33,76 +45,111 @@ class LogError:
 class Rule(NamedTuple):
     pattern: re.Pattern[str]
     kind: str
-    fatal: bool  # the line itself says the process is going down
+    fatal: bool  # the line itself says the run cannot go on
+    cause: bool  # names why it failed, rather than only that something gave up
 
 
-def rule(pattern: str, kind: str, fatal: bool) -> Rule:
-    return Rule(re.compile(pattern), kind, fatal)
+def rule(pattern: str, kind: str, fatal: bool, cause: bool | None = None) -> Rule:
+    return Rule(re.compile(pattern), kind, fatal, kind not in ("other", "killed") if cause is None else cause)
 
 
-# Symptoms any program can print; engine modules add their own fatal markers.
+# Symptoms any program can print; engine modules add their own markers.
 COMMON_RULES = [
-    rule(
-        r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|cudaErrorMemoryAllocation"
-        r"|CUBLAS_STATUS_ALLOC_FAILED",
-        "cuda_oom",
-        False,
-    ),
+    # Tentative: a caught OOM is retried by the engines, so the process decides.
+    rule(r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|cudaErrorMemoryAllocation"
+         r"|CUBLAS_STATUS_ALLOC_FAILED", "cuda_oom", False),
+    # Any other CUDA error leaves the context unusable: the process cannot go on.
+    rule(r"CUDA error:|CUDA driver error|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|cudaError[A-Z]\w+"
+         r"|an illegal memory access was encountered|device-side assert triggered", "other", True),
     # The kernel's OOM killer, or a child reported dead by SIGKILL (-9), which is what it sends.
-    rule(
-        r"Out of memory: Kill|invoked oom-killer|oom-kill:|[Ee]xit ?code:? *-9\b|exited with code -9\b"
-        r"|killed by signal 9\b|Signal 9 \(SIGKILL\)|^Killed\s*$|^\S+: line \d+: +\d+ Killed\b",
-        "host_oom",
-        True,
-    ),
-    rule(
-        r"DistBackendError|NCCL error|nccl(?:UnhandledCuda|System|Internal|Remote)Error|ncclInvalidUsage"
-        r"|NCCL communicator was aborted",
-        "nccl",
-        False,
-    ),
-    # torch's NCCL watchdog takes the whole process down after a collective timeout.
-    rule(r"Watchdog caught collective operation timeout|NCCL watchdog thread terminated", "nccl", True),
-    # torchrun reporting that a child it launched failed.
-    rule(r"ChildFailedError", "exception", True),
+    rule(r"Out of memory: Kill|invoked oom-killer|oom-kill:|oom_kill_process|[Ee]xit ?code:? *-9\b"
+         r"|exited with code -9\b|killed by signal 9\b|Signal 9 \(SIGKILL\)|signal SIGKILL", "killed", True, True),
+    # A shell's 'Killed' (also glued to the bar it interrupted): SIGKILL, from whom the log may not say.
+    rule(r"^Killed\s*$|\]Killed\s*$|^\S+: line \d+: +\d+ Killed\b", "killed", True, False),
+    # One rank's NCCL failure leaves the others hanging in their next collective.
+    rule(r"DistBackendError|NCCL error|nccl(?:UnhandledCuda|System|Internal|Remote|InvalidArgument)Error"
+         r"|ncclInvalidUsage|NCCL communicator was aborted|Watchdog caught collective operation timeout"
+         r"|NCCL watchdog thread terminated", "nccl", True),
+    # torchrun reporting that a child it launched failed; a crash below Python.
+    rule(r"ChildFailedError|^Fatal Python error: |Segmentation fault|\(core dumped\)"
+         r"|^terminate called after throwing an instance of", "other", True),
+    # vLLM refuses to start with a max model length its KV cache cannot hold.
+    rule(r"max seq len \(\d+\) is larger than|stored in KV cache \(\d+\)"
+         r"|KV cache is needed, which is larger than the available KV cache memory"
+         r"|is greater than the derived max_model_len", "config_error", True),
 ]
 
-# Lines that mention errors without being one.
-HARMLESS = re.compile(r"Ignore import error when loading")
+# Lines that mention errors without being one: SGLang skipping optional models, NCCL's debug output.
+# Python's warnings ('x.py:12: UserWarning: ...') are warnings whatever they quote.
+HARMLESS = re.compile(r"Ignore import error when loading|NCCL (?:INFO|WARN)\b|^\S+\.py:\d+: [A-Z]\w*Warning: ")
+
+# An exception line: 'torch.OutOfMemoryError: CUDA out of memory. ...', or only 'TypeError' when the
+# message is empty. The class's own name is capitalised, which keeps source lines and prose out.
+EXCEPTION_LINE = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::(?: ?(?P<message>.*))?)?$")
+# The same with a message, for lines outside a traceback: only names that say they are errors.
+_BARE_EXCEPTION = re.compile(
+    r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Exit|Interrupt|Failure|Unsupported))"
+    r": (?P<message>\S.*)$"
+)
 
 
-def classify(text: str, rules: list[Rule]) -> tuple[str, bool] | None:
-    """(kind, fatal) from every rule matching `text`: the highest ranked kind, fatal if any rule says so."""
+def exception_line(text: str, bare: bool = False) -> tuple[str, str] | None:
+    """(class, message) of an exception line; also when a user wrapped it in '**' or backticks."""
+    t = text.strip()
+    if t[:1] in ("*", "`") or t[-1:] in ("*", "`"):
+        t = t.strip("*`").strip()
+    m = (_BARE_EXCEPTION if bare else EXCEPTION_LINE).match(t)
+    if m is None:
+        return None
+    return m.group("type"), (m.group("message") or "").strip()
+
+
+def exception_kind(exception: str) -> str:
+    name = exception.rsplit(".", 1)[-1]
+    if name in ("ImportError", "ModuleNotFoundError"):
+        return "import_error"
+    if "Timeout" in name:
+        return "timeout"
+    return "python_exception"
+
+
+def classify(text: str, rules: list[Rule]) -> tuple[str, bool, bool] | None:
+    """(kind, fatal, cause) from every rule matching `text`: the highest ranked kind, fatal if any rule says so."""
     kind: str | None = None
-    fatal = False
+    fatal = cause = False
     for r in rules:
         if r.pattern.search(text):
             if kind is None or RANK[r.kind] > RANK[kind]:
                 kind = r.kind
+                cause = r.cause
             fatal = fatal or r.fatal
-    return None if kind is None else (kind, fatal)
+    return None if kind is None else (kind, fatal, cause)
 
 
-def merge(cur: LogError, new: LogError, chained: bool) -> LogError:
+def merge(cur: LogError, new: LogError, chained: bool, cause: bool, cur_cause: bool = True) -> LogError:
     """What is known after `new` is found while `cur` stands.
 
-    The most specific kind wins and fatal is never taken back. The details (exception, message, line,
-    context) stay with the first root cause: a marker ('scheduler died') keeps the traceback before it,
-    a traceback fills in a marker that had none, a more specific cause replaces them, and a chained or
-    post-mortem traceback does not hide the one that started the failure.
+    Fatal is never taken back. The details (exception, message, line, context) stay with the first root
+    cause: a marker ('scheduler died') keeps the traceback before it, a traceback fills in a marker that had
+    none, a more specific cause replaces them, and a chained or post-mortem exception joins the chain
+    instead of hiding the one that started the failure. A bare 'Killed' after an exception does not
+    rename it: what killed the process is not said; the kernel's OOM-killer line after it does say.
+    `cause` and `cur_cause`: whether the rules that found `new` and `cur` name a cause.
     """
     higher = RANK[new.kind] > RANK[cur.kind]
-    if (cur.exception is None and new.exception is not None) or (
-            higher and (new.kind in CAUSES or cur.exception is None)):
-        take_new = True
+    if cur.exception is None:
+        take_new = new.exception is not None or (cause and (higher or (new.kind == cur.kind and not cur_cause)))
     elif new.exception is None:
         take_new = False
-    elif higher:
-        take_new = True
     else:
-        take_new = not (cur.fatal or chained)
+        take_new = (higher and cause) or not (cur.fatal or chained)
     base = new if take_new else cur
-    kind = new.kind if higher else cur.kind
+    kind = new.kind if higher and (take_new or cause or cur.exception is None) else cur.kind
+    chain = list(base.chain)
+    if not take_new and new.exception is not None and (new.exception, new.message) != (cur.exception, cur.message):
+        entry = f"{new.exception}: {new.message}" if new.message else new.exception
+        if entry[:CHAIN_CHARS] not in chain and len(chain) < CHAIN_MAX:
+            chain.append(entry[:CHAIN_CHARS])
     return LogError(
         kind=kind,
         exception=base.exception,
@@ -110,4 +157,5 @@ def merge(cur: LogError, new: LogError, chained: bool) -> LogError:
         line=base.line,
         context=list(base.context),
         fatal=cur.fatal or new.fatal,
+        chain=chain,
     )

@@ -16,14 +16,14 @@ RULES: list[Rule] = []
 
 # Bars that mean the same in every engine.
 _LOADING_BAR = re.compile(r"checkpoint shards|loading shards|^Loading (?:weights|model)", re.IGNORECASE)
-_CAPTURING_BAR = re.compile(r"^Capturing")
+_CAPTURING_BAR = re.compile(r"^(?:Capturing|Compiling num tokens)")  # SGLang compiles piecewise graphs
 
 
 def metrics(text: str) -> list[tuple[str, float]]:
     return []
 
 
-def line_phase(text: str) -> str | None:
+def line_phase(text: str, phase: str = "starting") -> str | None:
     return None
 
 

@@ -9,14 +9,15 @@ from types import ModuleType
 from typing import Any
 
 from . import generic, sglang, speculators, vllm
-from .errors import COMMON_RULES, HARMLESS, LogError, classify, merge
-from .text import Line, LineSplitter, clean
-from .tqdm import Progress, has_total, match_bar_at, progress_of, redraw_run, search_bar
+from .errors import COMMON_RULES, HARMLESS, RANK, LogError, classify, exception_kind, exception_line, merge
+from .protocol import PROTOCOL, protocol_metrics
+from .text import Line, LineSplitter, RichUnwrapper, clean, strip_ansi
+from .tqdm import SHAPE, Progress, has_total, match_bar_at, progress_of, redraw_line, redraw_run, search_bar
 from .traceback import HEADER, ExceptionEnd, TracebackTracker
 
 PHASES = ("starting", "loading", "capturing", "ready", "running", "finished", "failed")
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 CONTEXT_BEFORE = 20  # lines kept before an error: enough for the end of a traceback
 CONTEXT_AFTER = 5
 CONTEXT_LINE_CHARS = 500
@@ -45,7 +46,19 @@ _ANY_RULE = re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES))
 _METRIC_SOURCES = (sglang.metrics, vllm.metrics)
 _HEALTHY_METRICS = {"gen_throughput"}
 _QUIET_LEVELS = {"DEBUG", "INFO", "WARNING"}
-_SGLANG_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]]*\] ")
+_LOUD_LEVELS = {"ERROR", "CRITICAL"}
+# A server that answers: uvicorn's start lines, or an access-log line with status 200.
+_SERVING = re.compile(r"Application startup complete\.|Uvicorn running on|HTTP/1\.[01]\" 200\b")
+# A job's own last word ('Training finished, exiting ...', 'Extraction complete: ...').
+_DONE = re.compile(
+    r"\b(?:[Tt]raining|[Gg]eneration|[Ee]xtraction|[Ee]valuation|[Bb]enchmark|[Jj]ob|[Ff]ine-?tuning)"
+    r" (?:is )?(?:finished|complete|completed|done)\b(?! with errors?\b)"
+    r"|\bFinished (?:training|generation|extraction|evaluation)\b"
+    r"|\{'train_runtime': |`Trainer\.fit` stopped: "  # HF Trainer's and Lightning's last words
+)
+# bench_serving's result block: the header centred in '=', rows, then a line of '='.
+_BENCH_HEADER = re.compile(r"^=+ Serving Benchmark Result =+$")
+_BENCH_END = re.compile(r"^={20,}$")
 
 
 def _plain_prefix(prefix: str, with_total: bool) -> bool:
@@ -56,11 +69,19 @@ def _plain_prefix(prefix: str, with_total: bool) -> bool:
     return not prefix.lstrip().startswith(("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
 
 
+def _maybe_rich(decoded: str) -> bool:
+    """Cheap first test for the first line of a Rich record, which ends in its 'file.py:NN' column."""
+    if decoded[-1:].isdigit():
+        return True
+    return "\x1b" in decoded and strip_ansi(decoded).rstrip()[-1:].isdigit()
+
+
 @dataclass
 class Metric:
     name: str
     value: float
     line: int
+    stamp: str | None = None  # the line's own time as printed, when it shows one (see text.stamp_time)
 
 
 class LogParser:
@@ -77,7 +98,8 @@ class LogParser:
         # The last bar, so its redraws are recognised cheaply: [text before it, has a total, engine, phase].
         self._bar: list[Any] | None = None
         self._partial: tuple[bytes, Progress | None] | None = None  # parsed unfinished line, by identity
-        self._run_re: tuple[str, bool, re.Pattern[bytes]] | None = None  # compiled for self._bar
+        # Compiled for self._bar: its label, whether it has a total, the run and the line patterns.
+        self._run_re: tuple[str, bool, re.Pattern[bytes], re.Pattern[bytes]] | None = None
         self.error: LogError | None = None
         self.metrics: dict[str, float] = {}
         self.lines = 0
@@ -86,6 +108,8 @@ class LogParser:
         self._recent: deque[str] = deque(maxlen=CONTEXT_BEFORE)
         self._error_after = 0  # lines still to add after the error to its context
         self._error_progress: list[Any] | None = None  # [label, done] when the error was seen
+        self._rich = RichUnwrapper()
+        self._bench = -1  # rows read of a bench_serving result block; -1 outside one
 
     # ---- input ----------------------------------------------------------------------------------
 
@@ -101,6 +125,8 @@ class LogParser:
         found: list[Metric] = []
         for raw, by_cr in self._splitter.finish():
             self._line(raw, by_cr, found)
+        for piece in self._rich.flush():
+            self._rich_piece(piece, found)
         if self.engine is None:
             self.engine = "generic"
         return found
@@ -129,11 +155,29 @@ class LogParser:
         return self._partial[1]
 
     def _line(self, raw: bytes, by_cr: bool, found: list[Metric]) -> None:
-        line = clean(raw.decode("utf-8", "replace"))
-        text = line.text
-        if by_cr and (not text or text.isspace()):
+        decoded = raw.decode("utf-8", "replace")
+        if by_cr and (not decoded or decoded.isspace()):
             return  # what sits in front of a tqdm redraw's '\r': no line of its own
+        if self._rich.piece is not None or _maybe_rich(decoded):
+            pieces, plain = self._rich.feed(strip_ansi(decoded).rstrip())
+            for piece in pieces:
+                self._rich_piece(piece, found)
+            if not plain:
+                return
+        line = clean(decoded)
+        if by_cr and (not line.text or line.text.isspace()):
+            return
         self.lines += 1
+        self._take(line, found)
+
+    def _rich_piece(self, piece: tuple[str, str, str, int], found: list[Metric]) -> None:
+        """One line of a Rich record's message, joined from the physical lines Rich wrapped it into."""
+        text, raw, level, physical = piece
+        self.lines += 1
+        self._take(Line(text=text, raw=raw, source="", level=level), found)
+        self.lines += physical - 1
+
+    def _take(self, line: Line, found: list[Metric]) -> None:
         if not self._redraw(line):
             self._other(line, found)
         if self._ready_re is not None and self._ready_re.search(line.raw):
@@ -164,17 +208,20 @@ class LogParser:
         bar = self._bar
         tentative = self.error is not None and not self.error.fatal
         if (bar is None or not bar[4] or bar[2] != self.engine or self._ready_re is not None
-                or self._tracebacks.open or self._error_after or tentative):
+                or self._tracebacks.open or self._error_after or tentative or self._rich.piece is not None):
             return start
         prefix, with_total = bar[0], bar[1]
         if not data.startswith(prefix.encode(), start):
             return start
         if self._run_re is None or self._run_re[:2] != (prefix, with_total):
-            self._run_re = (prefix, with_total, redraw_run(prefix, with_total))
-        m = self._run_re[2].match(data, start, end)
-        if m is None:
-            return start
-        stop = m.end()
+            self._run_re = (prefix, with_total, redraw_run(prefix, with_total), redraw_line(prefix, with_total))
+        found = self._run_by_shapes(data, start, end) if not any(c.isdigit() for c in prefix) else None
+        if found is None:
+            m = self._run_re[2].match(data, start, end)
+            if m is None:
+                return start
+            found = m.end(), data.count(b"\r", start, m.end())
+        stop, count = found
         # The last CONTEXT_BEFORE lines of the run are all that outlives it.
         tail: list[str] = []
         cut = stop - 1
@@ -185,64 +232,169 @@ class LogParser:
         last = match_bar_at(tail[0], len(prefix), with_total)
         if last is None:
             return start
-        self.lines += data.count(b"\r", start, stop)
+        self.lines += count
         self._pending = last
         if bar[3] is not None:
             self._set_phase(bar[3])
         self._recent.extend(t[:CONTEXT_LINE_CHARS] for t in reversed(tail))
         return stop
 
+    def _run_by_shapes(self, data: bytes, start: int, end: int) -> tuple[int, int] | None:
+        """(end, lines) of the run of redraws from `start` to the next '\\n', when every line in it is one.
+
+        The same run redraw_run matches, found faster: a stretch of redraws differs mostly in its digits, so
+        with digits read as '0' it holds a handful of distinct lines, and only those are matched. None when
+        one of them is no redraw: the regular expression then finds where the run stops.
+        """
+        assert self._run_re is not None
+        nl = data.find(b"\n", start, end)
+        region = data[start:end if nl < 0 else nl].translate(SHAPE)
+        line = self._run_re[3]
+        stop = region.rfind(b"\r") + 1
+        unit = region[:region.find(b"\r") + 1]
+        if unit and not (nl >= 0 and region.endswith(b"\r")):
+            # Most often every line has one shape: k copies of it that tile the run are found by count().
+            k, rest = divmod(stop, len(unit))
+            if not rest and region.count(unit, 0, stop) == k:
+                return (start + stop, k) if line.fullmatch(unit, 0, len(unit) - 1) else None
+        shapes = region.split(b"\r")
+        del shapes[-1]  # the part after the last '\\r': not ended by one, or ended by '\\n'
+        if nl >= 0 and region.endswith(b"\r") and shapes:  # '\\r\\n' ends a line, not a redraw
+            stop -= len(shapes.pop()) + 1
+        if not shapes:
+            return None
+        if all(line.fullmatch(shape) for shape in set(shapes)):
+            return start + stop, len(shapes)
+        return None
+
     def _other(self, line: Line, found: list[Metric]) -> None:
         text = line.text
         m = search_bar(text)
         pure_bar = m is not None and not text[m.end():].strip()
         if self.auto_engine:
+            if line.layout is not None:
+                self._detect_name(line.layout)
             self._detect(text[:m.start()] if m is not None and pure_bar else text)
         if m is not None:
             self._on_progress(m, pure_bar)
-        if line.level in _QUIET_LEVELS:
-            self._on_plain(line, found, errors=False)
-        elif pure_bar:
+        if pure_bar:
             # A bar line carries nothing else, but it ends any traceback it interrupts.
             self._tracebacks.feed(line.source, text)
-        else:
-            self._on_plain(line, found, errors=True)
+            return
+        self._metrics(line, found)
+        self._phase_of(line)
+        self._find_error(line)
 
-    def _on_plain(self, line: Line, found: list[Metric], errors: bool) -> None:
+    def _metrics(self, line: Line, found: list[Metric]) -> None:
         text = line.text
         for source in _METRIC_SOURCES:
             for name, value in source(text):
-                self.metrics[name] = value
-                found.append(Metric(name, value, self.lines))
+                self._sample(name, value, line, found)
                 if name in _HEALTHY_METRICS:
                     self._healthy()
-        phase = _MODULES.get(self.engine, generic).line_phase(text)
+        if PROTOCOL in text:
+            samples = protocol_metrics(text)
+            for name, value in samples:
+                self._sample(name, value, line, found)
+            if samples:
+                self._healthy()  # the job is alive and reporting
+
+    def _sample(self, name: str, value: float, line: Line, found: list[Metric]) -> None:
+        self.metrics[name] = value
+        found.append(Metric(name, value, self.lines, line.stamp))
+
+    def _phase_of(self, line: Line) -> None:
+        text = line.text
+        phase = _MODULES.get(self.engine, generic).line_phase(text, self.phase)
+        if self.phase in ("loading", "capturing", "ready", "running") and _SERVING.search(text):
+            if phase is None and self.phase in ("loading", "capturing"):
+                phase = "ready"  # the server answers: after its weights and graphs, that is all it waits for
+            self._healthy()  # a server that still answers was not killed by a request's traceback
+        if phase is None and _DONE.search(text):
+            phase = "finished"
+        if phase is None:
+            phase = self._bench_block(text)
         if phase is not None:
             if phase in ("ready", "running", "finished"):
                 self._healthy()
             self._set_phase(phase)
-        if errors:
-            self._find_error(line)
+
+    def _bench_block(self, text: str) -> str | None:
+        """'finished' when a bench_serving result block closes after its rows."""
+        if "Serving Benchmark Result" in text and _BENCH_HEADER.match(text.strip()):
+            self._bench = 0
+        elif self._bench >= 0:
+            if _BENCH_END.match(text.strip()):
+                done = self._bench > 0
+                self._bench = -1
+                return "finished" if done else None
+            self._bench += 1
+        return None
 
     def _find_error(self, line: Line) -> None:
         text = line.text
         event = self._tracebacks.feed(line.source, text)
         if event == "frame":
             return  # source lines quoted in a traceback are code, not messages
+        if event == "chain":
+            if self.error is None:
+                self._orphan_root()
+            return
         if isinstance(event, ExceptionEnd):
-            kind, fatal = classify(f"{event.exception}: {event.message}", _RULES) or ("exception", False)
-            self._raise(LogError(kind, event.exception, event.message[:MESSAGE_CHARS], self.lines,
-                                 self._context(line.raw), fatal), event.chained)
+            if line.level in ("DEBUG", "WARNING"):
+                return  # a traceback logged as a warning: something was tried and given up on
+            self._exception(line, event.exception, event.message, event.chained, event.top)
             return
-        if not _ANY_RULE.search(text) or HARMLESS.search(text):
+        quiet = line.level in _QUIET_LEVELS
+        if quiet or HARMLESS.search(text):
             return
-        found = classify(text, _RULES)
-        if found is not None:
-            message = _SGLANG_PREFIX.sub("", text).strip()
+        if line.level in _LOUD_LEVELS and event is None:
+            found = exception_line(text, bare=True)
+            if found is not None:  # 'ValueError: ...' logged at ERROR level without a traceback
+                self._exception(line, found[0], found[1], False, False)
+                return
+        if not _ANY_RULE.search(text):
+            return
+        rules = classify(text, _RULES)
+        if rules is not None:
+            kind, fatal, cause = rules
+            exception = None
+            message = text.strip()
             if event == "start":
                 message = message.replace(HEADER, "").rstrip(" :")
-            self._raise(LogError(found[0], None, message[:MESSAGE_CHARS], self.lines,
-                                 self._context(line.raw), found[1]), False)
+            else:
+                shown = exception_line(text, bare=True)
+                if shown is not None:  # an exception line of a traceback cut before its header
+                    exception, message = shown
+                    kind = max(kind, exception_kind(exception), key=RANK.__getitem__)
+            self._raise(LogError(kind, exception, message[:MESSAGE_CHARS], self.lines, self._context(line.raw),
+                                 fatal), False, cause)
+
+    def _exception(self, line: Line, exception: str, message: str, chained: bool, top: bool) -> None:
+        kind = exception_kind(exception)
+        fatal = top  # nothing caught it: the interpreter exits
+        cause = True
+        rules = classify(f"{exception}: {message}", _RULES)
+        if rules is not None:
+            kind = max(kind, rules[0], key=RANK.__getitem__)
+            fatal = fatal or rules[1]
+        self._raise(LogError(kind, exception, message[:MESSAGE_CHARS], self.lines, self._context(line.raw), fatal),
+                    chained, cause)
+
+    def _orphan_root(self) -> None:
+        """'The above exception ...' whose traceback the log does not hold: its exception line may be there."""
+        back = 0
+        for raw in reversed(self._recent):
+            back += 1
+            text = clean(raw).text
+            if not text.strip() or text[0] in " \t":
+                continue  # blank, or the rest of a message that spans lines
+            found = exception_line(text)  # the line just before the chain's words ends a traceback
+            if found is not None:
+                self._exception(Line(text, raw, "", None), found[0], found[1], False, False)
+                if self.error is not None:
+                    self.error.line = max(1, self.lines - back)
+            return
 
     # ---- state changes --------------------------------------------------------------------------
 
@@ -251,6 +403,15 @@ class LogParser:
             if name == self.engine:
                 return  # only a more specific engine may take over
             if pattern.search(text):
+                self.engine = name
+                return
+
+    def _detect_name(self, name: str) -> None:
+        """An engine named by its own line layout, with the same precedence as by content."""
+        for known, _ in _DETECTION:
+            if known == self.engine:
+                return
+            if known == name:
                 self.engine = name
                 return
 
@@ -281,11 +442,15 @@ class LogParser:
             return
         self.phase = phase
 
-    def _raise(self, new: LogError, chained: bool) -> None:
+    def _raise(self, new: LogError, chained: bool, cause: bool) -> None:
         cur = self.error
         if cur is not None and not cur.fatal and new.line - cur.line > STALE_LINES:
             cur = None
-        err = new if cur is None else merge(cur, new, chained)
+        if cur is None:
+            err = new
+        else:
+            shown = classify(cur.message, _RULES) if cur.exception is None else None
+            err = merge(cur, new, chained, cause, shown is None or shown[2])
         if err != cur:
             if cur is None or err.line != cur.line:
                 self._error_after = CONTEXT_AFTER
@@ -324,6 +489,8 @@ class LogParser:
             "recent": list(self._recent),
             "error_after": self._error_after,
             "error_progress": list(self._error_progress) if self._error_progress is not None else None,
+            "rich": self._rich.to_dict(),
+            "bench": self._bench,
         }
 
     @classmethod
@@ -341,4 +508,6 @@ class LogParser:
         p._recent = deque(d.get("recent", []), maxlen=CONTEXT_BEFORE)
         p._error_after = int(d.get("error_after", 0))
         p._error_progress = d.get("error_progress")
+        p._rich = RichUnwrapper.from_dict(d.get("rich", {}))
+        p._bench = int(d.get("bench", -1))
         return p

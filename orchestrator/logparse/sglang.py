@@ -8,32 +8,40 @@ from .errors import Rule, rule
 
 NAME = "sglang"
 
+# What only SGLang prints (its '[time TPn]' prefix is recognised where lines are cleaned).
 DETECT = re.compile(
-    r"sglang|The server is fired up|Load weight begin\.|Decode batch[ .,\[]|server_args=ServerArgs\("
-    r"|Capture cuda graph begin|Scheduler hit an exception"
+    r"sglang|The server is fired up|Load weight (?:begin|end)\.|Decode batch[ .,\[]|Prefill batch[ .,\[]"
+    r"|server_args=ServerArgs\(|Capture (?:[\w ]+ )?cuda graph (?:begin|end|bs|num tokens)"
+    r"|KV Cache is allocated|Memory pool end\.|Init torch distributed (?:begin|ends)|Scheduler hit an exception",
+    re.IGNORECASE,
 )
 
 RULES: list[Rule] = [
     rule(r"(?:Scheduler|DetokenizerManager|TokenizerManager|DataParallelController|Multi\w*Router)"
-         r" hit an exception", "scheduler_died", True),
-    rule(r"Rank \d+ scheduler is dead|scheduler died during initialization", "scheduler_died", True),
-    rule(r"Subprocess \S+ \(pid=\d+\) crashed with exit code", "scheduler_died", True),
-    rule(r"Received sigquit from a child process|SIGQUIT received\.", "scheduler_died", True),
-    rule(r"Initialization failed\. warmup error", "warmup_failed", True),
+         r" hit an exception", "other", True),
+    rule(r"Rank \d+ scheduler is dead|scheduler died during initialization", "other", True),
+    rule(r"Subprocess \S+ \(pid=\d+\) crashed with exit code", "other", True),
+    rule(r"Received sigquit from a child process|SIGQUIT received\.", "other", True),
+    rule(r"Initialization failed\. warmup error", "other", True),
+    rule(r"Capture cuda graph failed", "other", True),
+    rule(r"Exception in (?:run_tp_server|ModelTpServer|ControllerSingle|run_data_parallel_controller)", "other",
+         True),  # before 0.4
     rule(r"Not enough memory\. Please try to increase --mem-fraction-static|Prefill out of memory"
          r"|Decode out of memory", "cuda_oom", False),
 ]
 
-_LOADING = re.compile(r"Load weight begin\.")
-_CAPTURING = re.compile(r"Capture (?:[\w ]+ )?cuda graph begin", re.IGNORECASE)
+_LOADING = re.compile(r"Load weight begin\.|Init torch distributed begin")
+# Decode graphs, then with piecewise graphs their own begin line and the token sizes they capture.
+_CAPTURING = re.compile(r"Capture (?:[\w ]+ )?cuda graph (?:begin|bs |num tokens)", re.IGNORECASE)
 _READY = re.compile(r"The server is fired up and ready to roll!")
 _DECODE = re.compile(r"Decode batch(?: \[\d+\])?[.,] ")
 
 _NUM = r"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
 _DECODE_FIELDS = [
-    ("accept_len", re.compile(r", accept len: " + _NUM)),
-    ("accept_rate", re.compile(r", accept rate: " + _NUM)),
-    ("gen_throughput", re.compile(r"gen throughput \(token/s\): " + _NUM)),
+    # A following ',' proves the number was printed whole (a log cut mid-line ends in a partial one).
+    ("accept_len", re.compile(r", accept len: " + _NUM + ",")),
+    ("accept_rate", re.compile(r", accept rate: " + _NUM + ",")),
+    ("gen_throughput", re.compile(r"gen throughput \(token/s\): " + _NUM + ",")),
 ]
 _LOAD_END = re.compile(r"Load weight end\. elapsed=" + _NUM + " s")
 # bench_serving rows '{label:<40} {value:<10}'; anchored so 'Peak output token throughput' is not taken.
@@ -69,14 +77,16 @@ def metrics(text: str) -> list[tuple[str, float]]:
     return found
 
 
-def line_phase(text: str) -> str | None:
+def line_phase(text: str, phase: str = "starting") -> str | None:
     if "Decode batch" in text and _DECODE.search(text):
         return "running"
+    if phase == "starting" and "Prefill batch" in text:
+        return "running"  # a log that begins while it serves (a warm-up prefill comes after the load)
     if _READY.search(text):
         return "ready"
     if _LOADING.search(text):
         return "loading"
-    if "raph begin" in text and _CAPTURING.search(text):
+    if "raph " in text and _CAPTURING.search(text):
         return "capturing"
     return None
 

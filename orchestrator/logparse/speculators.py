@@ -16,7 +16,7 @@ DETECT = re.compile(
 
 RULES: list[Rule] = [
     rule(r"Data generation failed|Aborting: \d+ consecutive samples errored out"
-         r"|Fatal: sample \d+ aborted", "exception", True),
+         r"|Fatal: sample \d+ aborted", "other", True),
 ]
 
 _FINISHED = re.compile(r"Data generation complete!")
@@ -24,12 +24,12 @@ _FINISHED = re.compile(r"Data generation complete!")
 metrics = vllm.metrics
 
 
-def line_phase(text: str) -> str | None:
+def line_phase(text: str, phase: str = "starting") -> str | None:
     if _FINISHED.search(text):
         return "finished"
     # The old pipeline runs vLLM in-process, so vLLM's loading lines tell the phase too.
-    phase = vllm.line_phase(text)
-    return None if phase == "ready" else phase
+    found = vllm.line_phase(text, phase)
+    return None if found == "ready" else found
 
 
 def bar_phase(label: str) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -13,18 +14,37 @@ MAX_LINE_BYTES = 64 * 1024  # the rest of a longer line is dropped: a log line n
 _BREAK = re.compile(rb"\r\n?|\n")
 # CSI (colours, cursor moves), OSC (titles, links) and the two-byte escapes.
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
-# vLLM worker prefix, e.g. '(Worker_TP0 pid=123) ' or Ray's '(Worker pid=1, ip=10.0.0.2) '.
-_WORKER = re.compile(r"^\((?P<name>[\w.-]+) pid=\d+(?:, ip=[\w.:-]+)?\) ?")
-# vLLM's logging prefix; its formatter repeats it on every line of a multi-line message.
+# vLLM/Ray process prefix: '(Worker_TP0 pid=123) ', '(EngineCore_DP0 pid=9) ', '(VllmWorker rank=0 pid=5) ',
+# Ray's '(RayWorkerWrapper pid=1, ip=10.0.0.2) '. The name (and rank) keep interleaved tracebacks apart.
+_WORKER = re.compile(r"^\((?:(?P<name>[\w.-]+)(?P<rank> rank=\d+)? )?pid=\d+(?:, ip=[\w.:-]+)?\) ?")
+_VLLM_PROCESS = re.compile(r"APIServer|EngineCore|Worker_|VllmWorker|RayWorker")
+# vLLM's logging prefix, 0.11+ '[file.py:12]' and 0.6 'file.py:12]'; repeated on every line of a record.
 _VLLM_LEVEL = re.compile(
-    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?"
+    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<stamp>\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)?"
+    r" \[?[\w.<>-]+:\d+\] ?"
 )
-# torchrun/TP workers prefix every line of their stderr with '[rank3]: '.
+# torchrun/TP workers prefix every line of their stderr with '[rank3]: ' (or '[rank3]:' before a c10d line).
 _RANK = re.compile(r"^\[rank(?P<rank>\d+)\]: ?")
-# Levels of other formats: Python's '%(asctime)s - %(name)s - LEVEL - ', 'LEVEL:name:', uvicorn's 'INFO:  '.
-_OTHER_LEVEL = re.compile(
-    r"^(?:[^\s]+ [^\s]+ - [^\s]+ - (?P<a>[A-Z]+) - |(?P<b>DEBUG|INFO|WARNING|ERROR|CRITICAL):)"
+# c10d's own prefix: '[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] '.
+_C10D = re.compile(r"^\[(?P<level>[IWEF])\d{3,4} \d\d:\d\d:\d\d\.\d+ [^\]]{0,200}\] ")
+_C10D_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+# SGLang: '[2026-01-02 10:00:00 DP0 TP3] ', also '[2026-01-02 10:00:00.123] ' and the old '[10:00:00 TP0] '.
+_SGLANG = re.compile(
+    r"^\[(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|\d\d:\d\d:\d\d)(?:[.,]\d+)?(?P<tags>(?: [A-Z]{2}\d+)*)\] ")
+# Python logging: '2025-10-01 12:00:00,000 - name - LEVEL - ' (speculators <0.5, wrappers), '... - LEVEL - '.
+_PYLOG = re.compile(
+    r"^(?P<stamp>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(?:[.,]\d+)?(?:[+-]\d\d:?\d\d)?(?: - [^\s]+)? - "
+    r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) - "
 )
+# What a collector puts in front: docker's RFC 3339 time, journald's 'Mon DD HH:MM:SS host unit[pid]: ',
+# docker compose's 'service-1  | '.
+_OUTER = re.compile(
+    r"^(?:(?P<stamp>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)? "
+    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [\w.-]+ [\w.@/-]+(?:\[\d+\])?: "
+    r"|[\w.-]+-\d+ +\| )"
+)
+# Levels that only tag a line: 'LEVEL:name:' (logging's default), uvicorn's 'INFO:     '.
+_OTHER_LEVEL = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):")
 
 
 def strip_ansi(text: str) -> str:
@@ -67,37 +87,87 @@ class TerminalText:
 class Line:
     """One logical line, with what was peeled off its front."""
 
-    text: str  # without ANSI codes, worker/level/rank prefixes
+    text: str  # without ANSI codes and the prefixes of processes, loggers and collectors
     raw: str  # without ANSI codes only
     source: str  # which process wrote it ('' when unknown): keeps interleaved tracebacks apart
-    level: str | None  # logging level when the format shows one
+    level: str | None  # logging level when the format shows one (the innermost, where prefixes nest)
+    stamp: str | None = None  # the line's own time as printed ('2026-01-02 10:00:00', '03-01 11:02:00')
+    layout: str | None = None  # 'vllm' or 'sglang' when a prefix only that engine writes was peeled
 
 
 def clean(decoded: str) -> Line:
     raw = strip_ansi(decoded)
-    text = raw
-    source = ""
-    level: str | None = None
-    if text.startswith("("):
+    line = Line(text=raw, raw=raw, source="", level=None)
+    # Prefixes nest (a collector's time, then a process name, then a logger's level): peel until none is left.
+    for _ in range(6):
+        if not _peel(line):
+            break
+    return line
+
+
+def _peel(line: Line) -> bool:
+    """Take one known prefix off the front of line.text; False when there is none."""
+    text = line.text
+    first = text[:1]
+    m: re.Match[str] | None
+    if first == "(":
         m = _WORKER.match(text)
         if m:
-            source = m.group("name")
-            text = text[m.end():]
-    if text[:1] in ("D", "I", "W", "E", "C"):
+            name = m.group("name") or ""
+            line.source += name + (m.group("rank") or "")
+            if _VLLM_PROCESS.match(name):
+                line.layout = "vllm"
+            line.text = text[m.end():]
+            return True
+        return False
+    if first == "[":
+        if text.startswith("[rank"):
+            m = _RANK.match(text)
+            if m:
+                line.source += "/rank" + m.group("rank")
+                line.text = text[m.end():]
+                return True
+            return False
+        m = _SGLANG.match(text)
+        if m:
+            line.stamp = m.group("stamp")
+            if m.group("tags"):  # only SGLang tags its lines with the ranks
+                line.layout = "sglang"
+            line.text = text[m.end():]
+            return True
+        m = _C10D.match(text)
+        if m:
+            line.level = _C10D_LEVELS[m.group("level")]
+            line.text = text[m.end():]
+            return True
+        return False
+    if first in ("D", "I", "W", "E", "C"):
         m = _VLLM_LEVEL.match(text)
         if m:
-            level = m.group("level")
-            text = text[m.end():]
-    if text.startswith("[rank"):
-        m = _RANK.match(text)
-        if m:
-            source += "/rank" + m.group("rank")
-            text = text[m.end():]
-    if level is None:
+            line.level = m.group("level")
+            line.stamp = m.group("stamp")
+            line.layout = "vllm"
+            line.text = text[m.end():]
+            return True
         m = _OTHER_LEVEL.match(text)
         if m:
-            level = m.group("a") or m.group("b")
-    return Line(text=text, raw=raw, source=source, level=level)
+            line.level = m.group("level")  # the text stays: uvicorn's lines are read whole
+            return False
+    if first.isdigit():
+        m = _PYLOG.match(text)
+        if m:
+            line.level = m.group("level")
+            line.stamp = m.group("stamp").replace("T", " ")
+            line.text = text[m.end():]
+            return True
+    if first.isalnum():
+        m = _OUTER.match(text)
+        if m:
+            if m.group("stamp"):
+                line.stamp = m.group("stamp").replace("T", " ")
+            line.text = text[m.end():]
+            return True
+    return False
 
 
 class LineSplitter:
@@ -156,3 +226,124 @@ class LineSplitter:
         s.buf = d.get("buf", "").encode("latin-1")
         s.pending_cr = bool(d.get("pending_cr", False))
         return s
+
+
+# Rich's log handler (speculators >= 0.5): an optional '[time] ' column (blank when the time repeats), the
+# level padded to 8, the message, and the 'file.py:NN' column flush right on the first line of a record.
+_RICH_FIRST = re.compile(
+    r"^(?P<lead>\[[^\]]{6,30}\] | {10,30})?(?P<level>DEBUG    |INFO     |WARNING  |ERROR    |CRITICAL )"
+    r"(?P<msg>\S.*?)? +(?P<path>[\w.<>-]+:\d+)$"
+)
+# What always starts a line of its own, however long the line before it: the parts of a traceback.
+_RICH_NEW_LINE = re.compile(
+    r"^(?:Traceback \(|File \"|The above exception|During handling"
+    r"|(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b)"
+)
+
+
+class RichUnwrapper:
+    """Joins the message lines Rich wrapped at the console width back into the lines the program logged.
+
+    Every line of a record after the first is indented to the message column. Rich breaks a line only
+    where the next word would not fit, so a continuation whose first word would have fitted on the line
+    before it starts a new line of the message (a traceback line, say); one that would not is a wrap.
+    """
+
+    def __init__(self) -> None:
+        self.col = 0  # where the message column starts
+        self.width = 0  # how wide it is
+        self.level = ""
+        self.piece: str | None = None  # the message line being joined; None outside a Rich record
+        self.last = 0  # length of its last physical part
+        self.raw: list[str] = []  # its physical lines
+
+    def feed(self, raw: str) -> tuple[list[tuple[str, str, str, int]], bool]:
+        """(message lines completed by this physical line: text, raw, level, physical lines; whether the
+        line is no part of a Rich record and is to be read as it is)."""
+        done: list[tuple[str, str, str, int]] = []
+        if self.piece is not None:
+            part = self._continuation(raw)
+            if part is not None:
+                if self._wraps(part):
+                    glue = "" if self.last >= self.width and " " not in self.raw[-1].strip() else " "
+                    self.piece += glue + part
+                    self.raw.append(raw)
+                else:
+                    done.append(self._take())
+                    self.piece, self.raw = part, [raw]
+                self.last = len(part)
+                return done, False
+            done.append(self._take())
+            self.piece = None
+        if not raw[-1:].isdigit() or len(raw) < 40:
+            return done, True
+        m = _RICH_FIRST.match(raw)
+        if m is None:
+            return done, True
+        lead = m.group("lead") or ""
+        self.col = len(lead) + 9
+        self.width = len(raw) - self.col - len(m.group("path")) - 1
+        self.level = m.group("level").strip()
+        self.piece = (m.group("msg") or "").rstrip()
+        self.last = len(self.piece)
+        self.raw = [raw]
+        return done, False
+
+    def flush(self) -> list[tuple[str, str, str, int]]:
+        if self.piece is None:
+            return []
+        done = [self._take()]
+        self.piece = None
+        return done
+
+    def _continuation(self, raw: str) -> str | None:
+        if len(raw) <= self.col:
+            return "" if not raw.strip() else None
+        if not raw.startswith(" " * self.col):
+            return None
+        return raw[self.col:].rstrip()
+
+    def _wraps(self, part: str) -> bool:
+        if not part or part[0] == " " or not self.piece or _RICH_NEW_LINE.match(part):
+            return False
+        return self.last + 1 + len(part.split(" ", 1)[0]) > self.width
+
+    def _take(self) -> tuple[str, str, str, int]:
+        assert self.piece is not None
+        return self.piece, "\n".join(self.raw), self.level, len(self.raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"col": self.col, "width": self.width, "level": self.level, "piece": self.piece,
+                "last": self.last, "raw": list(self.raw)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RichUnwrapper:
+        r = cls()
+        r.col, r.width, r.level = int(d.get("col", 0)), int(d.get("width", 0)), d.get("level", "")
+        r.piece, r.last, r.raw = d.get("piece"), int(d.get("last", 0)), list(d.get("raw", []))
+        return r
+
+
+_YEARLESS = re.compile(r"^\d\d-\d\d \d\d:\d\d:\d\d$")
+_FULL = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$")
+
+
+def stamp_time(stamp: str | None, ref: float) -> float | None:
+    """Epoch seconds of a line's own time (read as local time), or None when there is none.
+
+    vLLM prints no year: the year is the one that puts the time nearest before `ref` (the time it was read).
+    """
+    if not stamp:
+        return None
+    try:
+        if _FULL.match(stamp):
+            return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
+        if _YEARLESS.match(stamp):
+            year = time.localtime(ref).tm_year
+            for y in (year, year - 1):
+                t = time.mktime(time.strptime(f"{y}-{stamp}", "%Y-%m-%d %H:%M:%S"))
+                if t <= ref + 86400:
+                    return t
+    except (ValueError, OverflowError):
+        return None
+    return None

@@ -17,9 +17,10 @@ _TIME = r"(?:\d+:)?\d+:\d\d"
 _RATE = rf"\s*(?:(?P<rate>\?|{_NUM})(?P<unit>[^\s,\]/]*)/s|(?P<inv>{_NUM})s/[^\s,\]]+)"
 
 # '{pct:3.0f}%' then '|bar|' (default), ' Completed | ' (SGLang) or ' ' (ncols=0); then the right part.
-# Bar and postfix are bounded so a long line full of near-bars costs linear time.
+# A pasted bar may have lost its closing '|' to an elision ('|████ ...... 3/4'). Bar and postfix are
+# bounded so a long line full of near-bars costs linear time.
 _WITH_TOTAL = re.compile(
-    rf"(?<![\d.])(?P<pct>\d{{1,3}})%(?:\|[^|]{{0,1000}}\||\s+Completed\s*\|)?\s*"
+    rf"(?<![\d.])(?P<pct>\d{{1,3}})%(?:\|[^|]{{0,1000}}\||\s+Completed\s*\||\|[^|\[\]0-9]{{0,1000}})?\s*"
     rf"(?P<n>{_NUM})/(?P<total>{_NUM}|\?)\s+"
     rf"\[(?P<elapsed>{_TIME})<(?P<remaining>{_TIME}|\?),{_RATE}(?P<postfix>[^\]]{{0,1000}})\]"
 )
@@ -136,9 +137,11 @@ def parse_bar(text: str) -> Progress | None:
 # Byte-level redraw runs. Each byte pattern accepts a strict subset of what the text patterns above accept
 # (ASCII digits and spaces, tqdm's block characters), so a run it takes is parsed line by line the same way.
 _B_NUM = rb"[0-9]+(?:\.[0-9]+)?[kMGTPEZY]?"
-_B_TIME = rb"(?:[0-9]+:)?[0-9]+:[0-9][0-9]"
+_B_TIME = rb"[0-9]+:[0-9][0-9](?::[0-9][0-9])?"  # 'MM:SS' or 'H:MM:SS', without the text pattern's backtracking
 _B_RATE = rb"[ ]*(?:(?:\?|" + _B_NUM + rb")[A-Za-z]*/s|" + _B_NUM + rb"s/[A-Za-z]+)"
-_B_CELLS = rb"(?:[ #0-9]|\xe2\x96[\x88-\x8f]){0,1000}"  # ' ', ascii '#'/digits or U+2588..U+258F
+# ' ', ascii '#'/digits and the bytes of U+2588..U+258F, as one class: a repeated group costs a lot more
+# per byte. Any mix of those bytes decodes to at most as many characters, none of them '|'.
+_B_CELLS = rb"[ #0-9\xe2\x96\x88-\x8f]{0,1000}"
 _B_WITH_TOTAL = (
     rb"[0-9]{1,3}%(?:\|" + _B_CELLS + rb"\||[ ]+Completed[ ]*\|)?[ ]*"
     + _B_NUM + rb"/(?:" + _B_NUM + rb"|\?)[ ]+\[" + _B_TIME + rb"<(?:" + _B_TIME + rb"|\?),"
@@ -154,3 +157,14 @@ def redraw_run(prefix: str, with_total: bool) -> re.Pattern[bytes]:
     """One or more whole lines, each ended by a lone '\\r', that redraw the bar labelled by `prefix`."""
     body = _B_WITH_TOTAL if with_total else _B_NO_TOTAL
     return re.compile(rb"(?>" + re.escape(prefix.encode()) + body + rb"\r(?!\n))++")
+
+
+# Digits read as '0': the byte patterns above treat every digit alike, so a line and its shape match alike.
+SHAPE = bytes.maketrans(b"123456789", b"000000000")
+
+
+def redraw_line(prefix: str, with_total: bool) -> re.Pattern[bytes]:
+    """One whole line (without its '\\r') that redraws the bar labelled by `prefix`; use on shapes only when
+    the prefix has no digits."""
+    body = _B_WITH_TOTAL if with_total else _B_NO_TOTAL
+    return re.compile(re.escape(prefix.encode()) + body)

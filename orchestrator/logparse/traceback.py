@@ -6,14 +6,18 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import exception_line
+
 HEADER = "Traceback (most recent call last):"
-# The last line of a traceback: 'torch.OutOfMemoryError: CUDA out of memory. ...' or only 'TypeError'
-# when the message is empty.
-_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: ?(?P<message>.*))?$")
 _CHAIN = re.compile(
     r"^(?:During handling of the above exception, another exception occurred:"
     r"|The above exception was the direct cause of the following exception:)"
 )
+# The outermost frame of an exception nobody caught: a script's module level, or `python -m`'s runner.
+_TOP_FRAME = re.compile(r', in <module>\s*$|, in _run_module_as_main\b|"<frozen runpy>"')
+# Frame lines that pasted or re-logged tracebacks may show without their indentation.
+_FRAME_LINE = re.compile(r'^(?:File "|\[Previous line repeated|\.\.\.<\d+ lines>\.\.\.|[~^]+\s*$)')
+_HEADLESS_FRAME = re.compile(r'^\s+File "[^"]+", line \d+, in ')
 _MAX_SOURCES = 64  # bound on tracebacks followed at once
 
 
@@ -24,38 +28,56 @@ class ExceptionEnd:
     exception: str
     message: str
     chained: bool  # raised while handling an earlier exception of the same process
+    top: bool  # its outermost frame is the top level: nothing caught it, the interpreter exits
 
 
 class TracebackTracker:
     """Says for each line whether it opens, continues or ends a traceback."""
 
     def __init__(self) -> None:
-        # source -> [mode, chained]; mode 'frames' inside a traceback, 'after' just past its last line.
+        # source -> [mode, chained, top, after_file]; mode 'frames' inside a traceback, 'after' just past
+        # its exception line; after_file: the line before was a 'File ...' line, so this one is its source.
         self.open: dict[str, list[Any]] = {}
 
     def feed(self, source: str, text: str) -> str | ExceptionEnd | None:
-        """'start', 'frame', an ExceptionEnd, or None for a line outside any traceback."""
+        """'start', 'frame', 'chain', an ExceptionEnd, or None for a line outside any traceback."""
         state = self.open.get(source)
         if HEADER in text:
             chained = state is not None and state[0] == "after" and state[1]
-            self._set(source, ["frames", chained])
+            self._set(source, ["frames", chained, None, False])
             return "start"
         if state is None:
+            if _CHAIN.match(text):  # the traceback before it was not in the log (cut, or never printed)
+                self._set(source, ["after", True, None, False])
+                return "chain"
+            if text[:1] in (" ", "\t") and _HEADLESS_FRAME.match(text):
+                # A log that begins inside a traceback: its exception line still ends it. Where its
+                # outermost frame was is not known.
+                self._set(source, ["frames", False, False, True])
+                return "frame"
             return None
         if state[0] == "frames":
-            if not text or text[0] in " \t":
+            after_file, state[3] = state[3], False
+            if text.lstrip().startswith('File "'):
+                if state[2] is None:
+                    state[2] = bool(_TOP_FRAME.search(text))
+                state[3] = True
                 return "frame"
-            m = _EXCEPTION.match(text.rstrip())
-            if m:
-                self.open[source] = ["after", False]
-                return ExceptionEnd(m.group("type"), (m.group("message") or "").strip(), bool(state[1]))
+            if not text or text[0] in " \t" or _FRAME_LINE.match(text):
+                return "frame"
+            found = exception_line(text)
+            if found:
+                self.open[source] = ["after", False, None, False]
+                return ExceptionEnd(found[0], found[1], bool(state[1]), bool(state[2]))
+            if after_file:
+                return "frame"  # a source line that lost its indentation
             del self.open[source]  # something else interrupted it: not a traceback we can finish
             return None
         if not text.strip():
             return None
         if _CHAIN.match(text):
             state[1] = True
-            return "frame"
+            return "chain"
         del self.open[source]
         return None
 
@@ -66,10 +88,10 @@ class TracebackTracker:
         self.open[source] = state
 
     def to_dict(self) -> dict[str, Any]:
-        return {"open": [[k, v[0], v[1]] for k, v in self.open.items()]}
+        return {"open": [[k, *v] for k, v in self.open.items()]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TracebackTracker:
         t = cls()
-        t.open = {k: [mode, chained] for k, mode, chained in d.get("open", [])}
+        t.open = {k: (list(rest) + [None, False])[:4] for k, *rest in d.get("open", [])}
         return t

@@ -1,0 +1,38 @@
+"""Metrics from any job: a line protocol a user's own script can print.
+
+    orch-metric NAME=VALUE [NAME=VALUE ...]
+
+anywhere in a line (after a logging prefix too), e.g. ``print(f"orch-metric loss={loss:.4f} tok_s={rate}")``.
+NAME is a letter or '_' then letters, digits, '_', '.', '-' or '/'; VALUE is a number as Python's float()
+reads it ('3', '-0.25', '1e-3', 'nan' is refused). Pairs are separated by spaces or commas; anything else
+in the line (text after the pairs) is ignored. Each pair is recorded like an engine's metric, with the
+line's own timestamp when the line carries one, so it shows up in `orch status`, sweeps, `compare` and
+reports under NAME.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+PROTOCOL = "orch-metric"
+
+_LINE = re.compile(r"(?:^|[\s:])orch-metric((?:[ ,]+[A-Za-z_][\w.\-/]*=[^\s,]+)+)")
+_PAIR = re.compile(r"([A-Za-z_][\w.\-/]*)=([^\s,]+)")
+_MAX_PAIRS = 64
+
+
+def protocol_metrics(text: str) -> list[tuple[str, float]]:
+    """(name, value) pairs of an 'orch-metric' line; [] for any other line."""
+    m = _LINE.search(text)
+    if m is None:
+        return []
+    found: list[tuple[str, float]] = []
+    for name, raw in _PAIR.findall(m.group(1))[:_MAX_PAIRS]:
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            found.append((name, value))
+    return found
