@@ -103,6 +103,11 @@ class JobState:
     offset: int  # where `data` starts (0 again after the log was truncated)
     data: bytes
     run_dir: bool = True  # the run dir still exists on the host
+    # What a batch scheduler adds: why the job still waits in its queue, the end it decided
+    # ("TIMEOUT: ..."), the job's node.
+    queued: str | None = None
+    cause: str | None = None
+    node: str | None = None
 
 
 def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: int, hold_s: float = 0) -> str:

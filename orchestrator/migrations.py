@@ -223,3 +223,10 @@ def m008(db: Database) -> None:
         " WHERE EXISTS (SELECT 1 FROM events WHERE run_id = runs.id AND kind = 'patch'"
         " AND json_extract(data, '$.applied') IS NOT NULL)"
     )
+
+
+@migration("m009_scheduler_fields")
+def m009(db: Database) -> None:
+    # What a batch scheduler says of a run's job beyond its log (its id is the run's pid).
+    db["runs"].add_column("node", str)  # the node (list) the job runs on
+    db["runs"].add_column("queue_reason", str)  # why it still waits in the queue ("Resources", "Priority")

@@ -124,6 +124,10 @@ def check(store: Store, pb: Playbook[Any], spec: RunSpec, host: Host) -> None:
         if missing:
             raise UsageError(f"patch set {name} needs {' '.join(missing)} in the launch command "
                              f"(debug code does not run under CUDA graph replay)")
+    if spec.patches and host.scheduler:
+        # The engine install on a cluster is shared by every job there: patching it would change it under
+        # other running jobs.
+        raise UsageError(f"{host.name}: patch sets are not applied on a {host.scheduler} cluster")
     pb.check_inputs(spec, host, store.get_run)
 
 
@@ -148,7 +152,8 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         store.update_run(new_id, **(run_fields or {}))
         return new_id
 
-    if pb.exclusive:
+    # On a cluster the queue is the scheduler's: no lease.
+    if pb.exclusive and not executor_for(host, connect(host)).schedules_gpus:
         opts = watch_options(pb, spec, host)
         run_id = lease.take(store, host.name, spec.gpus, create, (opts.poll_min, opts.poll_max), queue=queue,
                             on_wait=on_wait, probe=lambda orphan: probe_orphan(ws, store, orphan))
@@ -167,14 +172,16 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         ctx = Context(ws, store, pb, host, transport, executor_for(host, transport), run_id, spec, paths)
         script = _steps_before_launch(ctx)
         transition(store, run_id, Status.LAUNCHING)
-        pid, pid_start = ctx.executor.launch(paths, script, run_token(ws, store, run_id))
+        gpus = len(spec.gpus) if spec.gpus is not None else None
+        pid, pid_start = ctx.executor.launch(paths, script, run_token(ws, store, run_id), gpus)
     except OrchError as exc:
         end(store, run_id, Status.FAILED, f"before launch: {exc}", ctx)
         raise
     except Exception as exc:  # a bug: the run must not stay `preparing`, and the bug must still show
         end(store, run_id, Status.FAILED, f"before launch: internal error: {type(exc).__name__}: {exc}", ctx)
         raise
-    transition(store, run_id, Status.RUNNING, f"pid {pid} on {host.name}", pid=pid, pid_start=pid_start)
+    transition(store, run_id, Status.RUNNING, f"{ctx.executor.describe((pid, pid_start))} on {host.name}", pid=pid,
+               pid_start=pid_start)
     return ctx
 
 
@@ -183,7 +190,7 @@ def _steps_before_launch(ctx: Context) -> str:
     sets = [registry.patch_set(name) for name in ctx.spec.patches]
     for ps in sets:
         patching.check(ctx.transport, ps)
-    gpu_env = free_gpus(ctx) if ctx.spec.cleanup else {}
+    gpu_env = free_gpus(ctx) if ctx.spec.cleanup and not ctx.executor.schedules_gpus else {}
     applied: list[str] = []
     for ps in sets:
         res = patching.apply(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store)
@@ -403,6 +410,8 @@ def stop(ctx: Context, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], N
     The run is cancelled even when its GPUs then stay busy (that raises, naming what holds them).
     """
     outcome = cancel(ctx, "stopped by user", grace_s)
+    if ctx.executor.schedules_gpus:
+        return f"{ctx.executor.describe((ctx.run.pid or 0, ''))} {outcome}; its GPUs are the scheduler's to free"
     freed = cleanup.after_stop(ctx.transport, ctx.run, ctx.spec.gpus, ctx.event, grace_s=grace_s, timeout_s=timeout_s,
                                sleep=sleep)
     return f"process group {outcome}; {freed}"
@@ -439,11 +448,11 @@ def settle_orphan(ctx: Context) -> Run:
     if run.status.terminal or run.status is Status.RUNNING:
         return run
     if run.status is Status.LAUNCHING and run.remote_dir:
-        # the wrapper may have started: its pid file says so
-        fields = ctx.transport.run(f"cat {quote(ctx.paths.pid)} 2>/dev/null || true", timeout=60).stdout.split()
-        if len(fields) == 2 and fields[0].isdigit():
+        # the job may have started: its run dir says so (the wrapper's pid file, the scheduler's job id)
+        handle = ctx.executor.find(ctx.paths)
+        if handle is not None:
             transition(ctx.store, ctx.run_id, Status.RUNNING, "picked up after its controller died",
-                       pid=int(fields[0]), pid_start=fields[1])
+                       pid=handle[0], pid_start=handle[1])
             return ctx.run
         return end(ctx.store, ctx.run_id, Status.LOST, "its controller died while launching; no job pid was written",
                    ctx)
