@@ -91,7 +91,8 @@ def run(
             waited.append(str(busy))
 
     ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait)
-    err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, pid {ctx.run.pid} in {ctx.paths.root}")
+    job = ctx.executor.describe((ctx.run.pid or 0, ctx.run.pid_start or ""))
+    err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, {job} in {ctx.paths.root}")
     if detach:
         out.print(ctx.run_id)
         return
@@ -204,7 +205,8 @@ def status(
             prog = f"loaded in ~{max(0, doc['predicted_ready_at'] - now):.0f}s (history)"
         metrics = " ".join(f"{k}={v:g}" for k, v in list(doc["metrics"].items())[:3])
         status_text = doc["status"] + (" (stalled)" if doc["stalled"] else "")
-        table.add_row(str(r.id), r.playbook, r.host, status_text, r.phase or "", prog, metrics,
+        phase = f"{r.phase} ({r.queue_reason})" if r.phase == "queued" and r.queue_reason else r.phase or ""
+        table.add_row(str(r.id), r.playbook, r.host, status_text, phase, prog, metrics,
                       _age(now - r.created_at))
     out.print(table)
 
@@ -224,7 +226,7 @@ def _age(seconds: float) -> str:
 
 def _print_run(doc: dict[str, Any]) -> None:
     out.print(f"run {doc['id']} {doc['playbook']} on {doc['host']}: {doc['status']} ({doc['phase']})")
-    for key in ("reason", "exit_code", "pid", "remote_dir"):
+    for key in ("reason", "exit_code", "job_id" if doc.get("job_id") else "pid", "node", "queue_reason", "remote_dir"):
         if doc.get(key) is not None:
             out.print(f"  {key}: {doc[key]}")
     if doc["progress"]:

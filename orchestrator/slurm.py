@@ -31,7 +31,6 @@ from .launch import JobState, RunPaths
 from .remote import Transport, quote
 
 MARK = "slurm:"  # Run.job_id knows it too
-QUERY_INTERVAL_S = 2.0  # the shortest gap between two queue queries of one cluster
 POLL_MARK = "orch-slurm-poll"
 
 # Job states (squeue %T / sacct State); anything not listed as ended counts as still in the system.
@@ -49,8 +48,9 @@ CAUSES = {
     "DEADLINE": "the job reached its deadline",
 }
 
-# The host wrapper, as the batch script: it runs in the run dir on the job's first node.
-BATCH = "#!/bin/bash\n" + launch.WRAPPER
+# The host wrapper, as the batch script: it runs in the run dir on the job's first node, and notes that
+# node (a job that ends between two queue queries is never seen running there).
+BATCH = "#!/bin/bash\nprintf '%s\\n' \"$SLURMD_NODENAME\" > node\n" + launch.WRAPPER
 
 
 def job_name(paths: RunPaths) -> str:
@@ -164,13 +164,12 @@ def parse_sacct(text: str) -> dict[str, JobInfo]:
 class Queue:
     """What the scheduler says about every job this process watches on one cluster, asked once per round.
 
-    A caller gets an answer no older than `interval_s` and asked after its job was first looked up; the
-    first caller of a round asks, the others wait for its answer. Ended jobs are remembered, since a
+    A caller gets an answer no older than `interval_s`; the first caller of a round asks, the others wait
+    for its answer and share it. Ended jobs are remembered, since a
     job gone from squeue never comes back.
     """
 
-    def __init__(self, transport: Transport, interval_s: float = QUERY_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, transport: Transport, interval_s: float, clock: Callable[[], float] = time.monotonic):
         self.transport, self.interval_s, self.clock = transport, interval_s, clock
         self.cond = threading.Condition()
         self.jobs: dict[str, JobInfo] = {}
@@ -187,8 +186,10 @@ class Queue:
             while True:
                 if job_id in self.ended:
                     return self.ended[job_id]
-                fresh = self.asked_at is not None and self.asked_at >= self.watched[job_id] and \
-                    self.clock() - self.asked_at < self.interval_s
+                # an answer of this round serves; one without the job only if asked after the job was
+                # first looked up (a job submitted since is not in it yet)
+                fresh = self.asked_at is not None and self.clock() - self.asked_at < self.interval_s and (
+                    job_id in self.jobs or self.asked_at >= self.watched[job_id])
                 if fresh:
                     return self.jobs.get(job_id)
                 if not self.asking:
@@ -253,12 +254,18 @@ _queues: dict[str, Queue] = {}
 _queues_lock = threading.Lock()
 
 
+def query_interval(host: Host) -> float:
+    """The shortest gap between two queries of a cluster's queue: a third of its shortest poll, 1 s to 10 s
+    (a cluster polled from 30 s sees a job's end by the scheduler within 10 s)."""
+    return min(max(host.default_poll[0] / 3, 1.0), 10.0)
+
+
 def queue_for(transport: Transport) -> Queue:
     """The one queue of a cluster in this process."""
     with _queues_lock:
         q = _queues.get(transport.host.name)
         if q is None or q.transport.host != transport.host:
-            q = _queues[transport.host.name] = Queue(transport)
+            q = _queues[transport.host.name] = Queue(transport, query_interval(transport.host))
         return q
 
 
@@ -267,9 +274,10 @@ def files_command(paths: RunPaths, offset: int, max_bytes: int) -> str:
     return (
         f"d={quote(paths.root)}; [ -d \"$d\" ] && present=1 || present=0\n"
         'ec=none; [ -s "$d/exit_code" ] && ec=$(cat "$d/exit_code")\n'
+        'node=$(head -c 200 "$d/node" 2>/dev/null | tr -cd "A-Za-z0-9_.-"); [ -n "$node" ] || node=-\n'
         'size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)\n'
         f"off={int(offset)}; [ \"$size\" -lt \"$off\" ] && off=0\n"
-        f'echo "{POLL_MARK} $ec $size $off $present"\n'
+        f'echo "{POLL_MARK} $ec $size $off $present $node"\n'
         f'tail -c +$((off + 1)) "$d/log" 2>/dev/null | head -c {int(max_bytes)} | base64 -w0\n'
     )
 
@@ -307,19 +315,21 @@ def read_state(transport: Transport, paths: RunPaths, handle: Handle, offset: in
     out = transport.run(files_command(paths, offset, max_bytes), timeout=120).stdout
     head, _, body = out.partition("\n")
     fields = head.split()
-    if len(fields) != 5 or fields[0] != POLL_MARK:
+    if len(fields) != 6 or fields[0] != POLL_MARK:
         raise OrchError(f"{transport.host.name}: unexpected answer while polling: {head[:200]!r}")
-    _, ec, size, off, present = fields
+    _, ec, size, off, present, node = fields
     exit_code = int(ec) if ec.lstrip("-").isdigit() else None
     state = JobState(info is not None and not info.ended, exit_code, int(size), int(off),
                      base64.b64decode(body.strip() or b""), run_dir=present == "1")
+    started = node != "-"  # the batch script ran: whatever a queue answer of this round still says
+    state.node = node if started else None
     if info is None:
         if exit_code is None:
             state.cause = f"UNKNOWN: Slurm has no record of job {handle[0]}"
         return state
-    state.node = info.node
-    if info.queued:
-        state.queued = info.reason or info.state.lower()
+    state.node = state.node or info.node
+    if info.queued and not started:
+        state.queued = info.reason or "not yet scheduled"
     if info.ended:
         queue_for(transport).forget(info.job_id)
         if info.state in CAUSES:
