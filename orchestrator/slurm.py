@@ -330,6 +330,10 @@ def read_state(transport: Transport, paths: RunPaths, handle: Handle, offset: in
     state.node = state.node or info.node
     if info.queued and not started:
         state.queued = info.reason or "not yet scheduled"
+    if exit_code not in (None, 0) and not info.ended:
+        # A job Slurm stops (time limit, preemption, scancel) exits non-zero before Slurm records why:
+        # the end waits for the scheduler's verdict, one round later.
+        state.exit_code = None
     if info.ended:
         queue_for(transport).forget(info.job_id)
         if info.state in CAUSES:
