@@ -94,9 +94,11 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
-DefMemPerCPU=256
+DefMemPerCPU=64
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=1
+# the node as configured, not as probed: a benchmark may declare more CPUs than the machine has
+SlurmdParameters=config_overrides
 ReturnToService=2
 SlurmctldPidFile={r}/slurmctld.pid
 SlurmdPidFile={r}/slurmd.pid
