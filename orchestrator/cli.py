@@ -18,7 +18,7 @@ from .store import Store, run_document
 from .workspace import LOCAL, Workspace
 
 if TYPE_CHECKING:
-    from .hosts import Inventory
+    from .hosts import Host, Inventory
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run and watch large-model experiments.")
 # No markup: run output, log lines and error messages are data, and `[rank3]` must print as itself.
@@ -395,13 +395,28 @@ def gpus(
     ws = workspace()
     inv = inventory(ws)
     targets = inv.select(None) if all_hosts else [inv.get(h) for h in (host or [LOCAL])]
-    found = gpu.snapshots(targets, open_store(ws), timeout=timeout)
+    clusters = {h.name: _cluster_gpus(h) for h in targets if h.scheduler}  # the scheduler's view, by node
+    found = gpu.snapshots([h for h in targets if not h.scheduler], open_store(ws), timeout=timeout)
     if as_json:
-        emit_json({name: str(s) if isinstance(s, Exception) else gpu.snapshot_to_dict(s) for name, s in found.items()})
+        emit_json({**{name: str(s) if isinstance(s, Exception) else gpu.snapshot_to_dict(s)
+                      for name, s in found.items()}, **clusters})
     else:
-        out.print(gpu.render_table(found))
+        if found:
+            out.print(gpu.render_table(found))
+        for name, nodes in clusters.items():
+            table = Table(f"{name} node", "gpus", "in use", "state", "partitions", box=None)
+            for n in nodes:
+                table.add_row(str(n["node"]), str(n["gpus"]), str(n["used"]), str(n["state"]), _cell(n["partitions"]))
+            out.print(table)
     if any(isinstance(s, Exception) for s in found.values()):
         raise typer.Exit(1)
+
+
+def _cluster_gpus(host: Host) -> list[dict[str, Any]]:
+    from .remote import connect
+    from .slurm import gpus_by_node
+
+    return gpus_by_node(connect(host))
 
 
 patch_app = typer.Typer(help="Patch sets for the engines' installed source.", no_args_is_help=True)

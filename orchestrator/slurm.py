@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from . import launch
 from .errors import OrchError, Unreachable
@@ -367,10 +368,10 @@ def _active(transport: Transport, job: str) -> bool:
     return bool(out.strip()) and _state(out) not in ENDED
 
 
-def gpus_by_node(transport: Transport) -> list[dict[str, object]]:
+def gpus_by_node(transport: Transport) -> list[dict[str, Any]]:
     """The cluster's GPUs per node from the scheduler: total, in use, node state."""
     out = transport.run("sinfo -h -N -O 'NodeList:|,Gres:|,GresUsed:|,StateLong:|,Partition:'", timeout=60).stdout
-    rows: dict[str, dict[str, object]] = {}
+    rows: dict[str, dict[str, Any]] = {}
     for line in out.splitlines():
         parts = [p.strip() for p in line.split("|")]
         if len(parts) < 4 or not parts[0]:
@@ -379,7 +380,7 @@ def gpus_by_node(transport: Transport) -> list[dict[str, object]]:
         row = rows.setdefault(node, {"node": node, "gpus": _gpu_count(gres), "used": _gpu_count(used),
                                      "state": state, "partitions": []})
         if len(parts) > 4 and parts[4]:
-            row["partitions"].append(parts[4])  # type: ignore[attr-defined]
+            row["partitions"].append(parts[4].rstrip("*"))  # "*": the default partition
     return list(rows.values())
 
 

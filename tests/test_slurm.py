@@ -243,3 +243,14 @@ def test_squeue_and_sacct_parsing_is_defensive():
     assert acct["20"].state == "TIMEOUT" and acct["20"].exit_code == 128 + 15 and acct["21"].exit_code == 3
     assert slurm.parse_job_id("4242;cluster\n") == 4242
     assert slurm._gpu_count("gpu:h100:4(S:0-1),gpu:a100:2,shard:8") == 6
+
+
+def test_gpus_of_a_cluster_come_from_the_scheduler(orch, cluster, tmp_path):
+    started = tmp_path / "started"
+    res = orch("run", "command", "--host", "cluster", "--set", f"cmd=touch {started}; sleep 600",
+               "--set", "gpus=[0,1,2]", "--detach", *POLL)
+    assert res.returncode == 0, res.stderr
+    wait_for_file(started)
+    nodes = json.loads(orch("gpus", "--host", "cluster", "--json", check=0).stdout)["cluster"]
+    assert nodes == [{"node": "localhost", "gpus": 8, "used": 3, "state": "mixed", "partitions": ["debug"]}]
+    assert "localhost" in orch("gpus", "--host", "cluster", check=0).stdout
