@@ -19,7 +19,7 @@ from .store import Store, run_document
 from .workspace import LOCAL, Workspace
 
 if TYPE_CHECKING:
-    from .hosts import Inventory
+    from .hosts import Host, Inventory
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run and watch large-model experiments.")
 # No markup: run output, log lines and error messages are data, and `[rank3]` must print as itself.
@@ -93,7 +93,8 @@ def run(
             waited.append(str(busy))
 
     ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait)
-    err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, pid {ctx.run.pid} in {ctx.paths.root}")
+    job = ctx.executor.describe((ctx.run.pid or 0, ctx.run.pid_start or ""))
+    err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, {job} in {ctx.paths.root}")
     if detach:
         _hand_over(ctx)
         out.print(ctx.run_id)
@@ -221,9 +222,10 @@ def status(
             prog = f"loaded in ~{max(0, doc['predicted_ready_at'] - now):.0f}s (history)"
         metrics = " ".join(f"{k}={v:g}" for k, v in list(doc["metrics"].items())[:3])
         status_text = doc["status"] + (" (stalled)" if doc["stalled"] else "")
+        phase = f"{r.phase} ({r.queue_reason})" if r.phase == "queued" and r.queue_reason else r.phase or ""
         # how fresh an active row is: when its watcher last heard from the host
         seen = _age(now - r.heartbeat) + " ago" if r.heartbeat and not r.status.terminal else ""
-        table.add_row(str(r.id), r.playbook, r.host, status_text, r.phase or "", prog, metrics,
+        table.add_row(str(r.id), r.playbook, r.host, status_text, phase, prog, metrics,
                       _age(now - r.created_at), seen)
     out.print(table)
 
@@ -243,7 +245,7 @@ def _age(seconds: float) -> str:
 
 def _print_run(doc: dict[str, Any]) -> None:
     out.print(f"run {doc['id']} {doc['playbook']} on {doc['host']}: {doc['status']} ({doc['phase']})")
-    for key in ("reason", "exit_code", "pid", "remote_dir"):
+    for key in ("reason", "exit_code", "job_id" if doc.get("job_id") else "pid", "node", "queue_reason", "remote_dir"):
         if doc.get(key) is not None:
             out.print(f"  {key}: {doc[key]}")
     if doc["progress"]:
@@ -420,13 +422,28 @@ def gpus(
     ws = workspace()
     inv = inventory(ws)
     targets = inv.select(None) if all_hosts else [inv.get(h) for h in (host or [LOCAL])]
-    found = gpu.snapshots(targets, open_store(ws), timeout=timeout)
+    clusters = {h.name: _cluster_gpus(h) for h in targets if h.scheduler}  # the scheduler's view, by node
+    found = gpu.snapshots([h for h in targets if not h.scheduler], open_store(ws), timeout=timeout)
     if as_json:
-        emit_json({name: str(s) if isinstance(s, Exception) else gpu.snapshot_to_dict(s) for name, s in found.items()})
+        emit_json({**{name: str(s) if isinstance(s, Exception) else gpu.snapshot_to_dict(s)
+                      for name, s in found.items()}, **clusters})
     else:
-        out.print(gpu.render_table(found))
+        if found:
+            out.print(gpu.render_table(found))
+        for name, nodes in clusters.items():
+            table = Table(f"{name} node", "gpus", "in use", "state", "partitions", box=None)
+            for n in nodes:
+                table.add_row(str(n["node"]), str(n["gpus"]), str(n["used"]), str(n["state"]), _cell(n["partitions"]))
+            out.print(table)
     if any(isinstance(s, Exception) for s in found.values()):
         raise typer.Exit(1)
+
+
+def _cluster_gpus(host: Host) -> list[dict[str, Any]]:
+    from .remote import connect
+    from .slurm import gpus_by_node
+
+    return gpus_by_node(connect(host))
 
 
 patch_app = typer.Typer(help="Patch sets for the engines' installed source.", no_args_is_help=True)

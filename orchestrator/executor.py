@@ -3,25 +3,36 @@
 An executor starts a job script in its run dir, reports the job's state with the new bytes of its log,
 and stops it. A job is named by a handle of two values the executor gives meaning to (on a host: the
 wrapper's pid and its start time). `HostExecutor` runs jobs on a host over its transport (SSH, or this
-machine) under `setsid nohup`; a batch scheduler is one more class with the same four methods.
+machine) under `setsid nohup`; `SlurmExecutor` submits them to a Slurm cluster (slurm.py).
 """
 
 from __future__ import annotations
 
-from . import launch
+from . import launch, slurm
 from .hosts import Host
 from .launch import JobState, RunPaths
-from .remote import Transport
+from .remote import Transport, quote
 
 Handle = tuple[int, str]
 
 
 class Executor:
     transport: Transport
+    # The scheduler allocates GPUs and cleans up after jobs: the run flow then does neither GPU cleanup
+    # nor host leases.
+    schedules_gpus = False
 
-    def launch(self, paths: RunPaths, script: str, token: str) -> Handle:
-        """Start the job (idempotent for the same token); its handle."""
+    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> Handle:
+        """Start the job (idempotent for the same token); its handle. `gpus`: how many a scheduler
+        allocates (default: a node's all); a host's GPUs are chosen by the cleanup step instead."""
         raise NotImplementedError
+
+    def find(self, paths: RunPaths) -> Handle | None:
+        """The handle the run dir recorded, for a run whose controller died while launching."""
+        raise NotImplementedError
+
+    def describe(self, handle: Handle) -> str:
+        return f"pid {handle[0]}"
 
     def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0,
              wake: str | None = None, wake_perl: str | None = None) -> JobState:
@@ -41,8 +52,12 @@ class HostExecutor(Executor):
     def __init__(self, transport: Transport):
         self.transport = transport
 
-    def launch(self, paths: RunPaths, script: str, token: str) -> Handle:
+    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> Handle:
         return launch.launch(self.transport, paths, script, token)
+
+    def find(self, paths: RunPaths) -> Handle | None:
+        fields = self.transport.run(f"cat {quote(paths.pid)} 2>/dev/null || true", timeout=60).stdout.split()
+        return (int(fields[0]), fields[1]) if len(fields) == 2 and fields[0].isdigit() else None
 
     def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0,
              wake: str | None = None, wake_perl: str | None = None) -> JobState:
@@ -56,6 +71,35 @@ class HostExecutor(Executor):
         return self.transport.run(launch.tail_command(paths, lines), timeout=60).stdout
 
 
+class SlurmExecutor(Executor):
+    schedules_gpus = True
+
+    def __init__(self, host: Host, transport: Transport):
+        self.host, self.transport = host, transport
+
+    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> Handle:
+        return slurm.submit(self.transport, self.host, paths, script, token, self.host.gpus if gpus is None else gpus)
+
+    def find(self, paths: RunPaths) -> Handle | None:
+        return slurm.find(self.transport, paths)
+
+    def describe(self, handle: Handle) -> str:
+        return f"Slurm job {handle[0]}"
+
+    def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0,
+             wake: str | None = None, wake_perl: str | None = None) -> JobState:
+        # the scheduler is asked once per round for all jobs, so the hold is spent here, not on a node
+        return slurm.read_state(self.transport, paths, handle, offset, max_bytes, hold_s)
+
+    def kill(self, handle: Handle, grace_s: float) -> str:
+        return slurm.cancel(self.transport, handle, grace_s)
+
+    def tail(self, paths: RunPaths, lines: int) -> str:
+        return self.transport.run(launch.tail_command(paths, lines), timeout=60).stdout
+
+
 def executor_for(host: Host, transport: Transport) -> Executor:
     """The executor for a host of the inventory."""
+    if host.scheduler == "slurm":
+        return SlurmExecutor(host, transport)
     return HostExecutor(transport)

@@ -6,7 +6,7 @@ import os
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -35,6 +35,14 @@ class Host(BaseModel):
     poll_min: float | None = Field(default=None, gt=0)
     poll_max: float | None = Field(default=None, gt=0)
     connect_timeout: float = Field(default=10, gt=0)
+    # A batch scheduler: jobs go through it (the address is its login node; none: this machine's).
+    scheduler: Literal["slurm"] | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit: str | None = None  # sbatch --time, e.g. "4:00:00"
+    constraint: str | None = None
+    sbatch_args: list[str] = []  # more sbatch options, each one word: ["--exclusive", "--mem=0"]
 
     @field_validator("*")
     @classmethod
@@ -63,6 +71,11 @@ class Host(BaseModel):
     @property
     def is_local(self) -> bool:
         return self.name == LOCAL
+
+    @property
+    def on_this_machine(self) -> bool:
+        """Commands run here, not over SSH: the local host, or a cluster whose scheduler is this machine's."""
+        return self.is_local or (self.scheduler is not None and self.address is None)
 
     @property
     def default_poll(self) -> tuple[float, float]:

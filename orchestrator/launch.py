@@ -110,6 +110,11 @@ class JobState:
     run_dir: bool = True  # the run dir still exists on the host
     started_at: float | None = None  # the job's own start and end (the host's clock), when known
     ended_at: float | None = None
+    # What a batch scheduler adds: why the job still waits in its queue, the end it decided
+    # ("TIMEOUT: ..."), the job's node.
+    queued: str | None = None
+    cause: str | None = None
+    node: str | None = None
 
 
 KEEPALIVE_S = 5  # a held poll writes a byte to stderr this often, so a dark link is noticed by its silence

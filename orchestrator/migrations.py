@@ -228,3 +228,10 @@ def m008(db: Database) -> None:
 @migration("m009_last_line")
 def m009(db: Database) -> None:
     db["runs"].add_column("last_line", str)  # the log's last line as of the last poll, for the live view
+
+
+@migration("m010_scheduler_fields")
+def m010(db: Database) -> None:
+    # What a batch scheduler says of a run's job beyond its log (its id is the run's pid).
+    db["runs"].add_column("node", str)  # the node (list) the job runs on
+    db["runs"].add_column("queue_reason", str)  # why it still waits in the queue ("Resources", "Priority")

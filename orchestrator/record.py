@@ -73,6 +73,8 @@ class Run:
     end_steps: list[str] = field(default_factory=list)  # the end steps that already ran
     patches_applied: list[str] = field(default_factory=list)  # patch sets this run applied on its host
     unreadable: list[str] = field(default_factory=list)  # JSON columns found damaged (read as None)
+    node: str | None = None  # a scheduler's: the job's node(s)
+    queue_reason: str | None = None  # a scheduler's: why the job still waits in its queue
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Run:
@@ -90,6 +92,11 @@ class Run:
     @property
     def launched(self) -> bool:
         return self.pid is not None
+
+    @property
+    def job_id(self) -> int | None:
+        """The scheduler's id of the job (its handle is the id and "slurm:<job name>")."""
+        return self.pid if (self.pid_start or "").startswith("slurm:") else None
 
     @property
     def watched_by(self) -> Controller | None:

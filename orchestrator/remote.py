@@ -369,7 +369,7 @@ def connect(host: Host) -> Transport:
     with _pool_lock:
         transport = _pool.get(host.name)
         if transport is None or transport.host != host:
-            transport = LocalTransport(host) if host.is_local else SSHTransport(host)
+            transport = LocalTransport(host) if host.on_this_machine else SSHTransport(host)
             _pool[host.name] = transport
         return transport
 

@@ -201,6 +201,7 @@ class Watcher:
         if advanced:
             self.wait.reset()
             fields["progress_at"] = now
+        self._scheduler(state, events, fields)
         self._predict(p, now, fields)
 
         end: tuple[Status, str, dict[str, Any]] | None = None
@@ -218,7 +219,8 @@ class Watcher:
                 end = (Status.FAILED, f"stalled: no progress for {stalled_for:.0f} s; killed", {})
         self.wait.immediate = more
         self._save(new_offset, samples, events, now, end, fields)
-        if stalled_for is not None and self.opts.on_stall == "dump":
+        if stalled_for is not None and self.opts.on_stall == "dump" and not self.executor.schedules_gpus:
+            # (on a cluster the job's processes are on its node, not where this would look)
             text = stall.dump(self.transport, self.handle[0])
             self.store.add_event(self.run_id, "stall-dump", f"{len(text)} bytes of stacks", {"text": text[-65536:]})
         if end and end[0] is Status.FAILED and state.alive:
@@ -232,6 +234,21 @@ class Watcher:
         if self.health is not None:  # ready: the log said so and the endpoint answers
             return self.opts.until_ready and p.phase in SERVING_PHASES and self.health.ok
         return self.opts.until_ready and p.phase == "ready"
+
+    def _scheduler(self, state: launch.JobState, events: list[tuple[str, str, Any]], fields: dict[str, Any]) -> None:
+        """What a batch scheduler adds to the log: the job waits in its queue (phase `queued`, and why),
+        its node. Leaving the queue is news, like a change of phase."""
+        if state.queued is not None:
+            fields["phase"] = "queued"
+            if self.run.phase != "queued" or state.queued != self.run.queue_reason:
+                events.append(("queued", f"waiting in the queue: {state.queued}", None))
+                fields["queue_reason"] = state.queued
+        elif self.run.phase == "queued":
+            fields["queue_reason"] = None
+            self.wait.reset()
+        if state.node and state.node != self.run.node:
+            fields["node"] = state.node
+            events.append(("node", f"on {state.node}", None))
 
     def _predict(self, p: LogParser, now: float, fields: dict[str, Any]) -> None:
         """Never sleep past the predicted finish: the bar's ETA, else the history of this model's loads."""
@@ -272,6 +289,11 @@ class Watcher:
 
     def _judge(self, state: launch.JobState) -> tuple[Status, str, dict[str, Any]] | None:
         err = self.parser.error
+        if state.cause is not None:  # the scheduler ended the job (time limit, node failure, scancel...)
+            status = Status.CANCELLED if state.cause.startswith("CANCELLED") else Status.FAILED
+            if state.cause.startswith("UNKNOWN"):
+                status = Status.LOST
+            return status, state.cause, {"exit_code": state.exit_code, "phase": "failed"}
         if state.exit_code is not None:
             # the job's own view ends with its exit (at the time the host wrote): the log may not have said so
             ended = {"ended_at": state.ended_at} if state.ended_at is not None else {}
@@ -304,14 +326,16 @@ class Watcher:
                                                      for m in samples], now)
             self.store.update_run(
                 self.run_id,
-                log_offset=new_offset,
-                parser_state=p.to_dict(),
-                phase=p.phase,
-                progress=p.progress.to_dict() if p.progress else None,
-                error=p.error.to_dict() if p.error else None,
-                watcher=str(Controller.me()),
-                heartbeat=now,
-                **fields,
+                **{
+                    "log_offset": new_offset,
+                    "parser_state": p.to_dict(),
+                    "phase": p.phase,
+                    "progress": p.progress.to_dict() if p.progress else None,
+                    "error": p.error.to_dict() if p.error else None,
+                    "watcher": str(Controller.me()),
+                    "heartbeat": now,
+                    **fields,  # may say the job is queued
+                },
             )
             if end:
                 status, message, end_fields = end

@@ -11,7 +11,6 @@ from .. import cleanup, gpu, lease, notify, patching, registry
 from ..errors import OrchError, TransitionError
 from ..lifecycle import transition
 from ..record import Run, Status
-from ..remote import quote
 from ..store import Store
 from ..workspace import Workspace
 from .context import END_STEPS, KILL_GRACE_S, LOG_TAIL_LINES, Context, Hosts, open_run
@@ -141,6 +140,8 @@ def stop(ctx: Context, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], N
     The run is cancelled even when its GPUs then stay busy (that raises, naming what holds them).
     """
     outcome = cancel(ctx, "stopped by user", grace_s)
+    if ctx.executor.schedules_gpus:
+        return f"{ctx.executor.describe((ctx.run.pid or 0, ''))} {outcome}; its GPUs are the scheduler's to free"
     freed = cleanup.after_stop(ctx.transport, ctx.run, ctx.spec.gpus, ctx.event, grace_s=grace_s, timeout_s=timeout_s,
                                sleep=sleep)
     return f"process group {outcome}; {freed}"
@@ -189,11 +190,11 @@ def settle_orphan(ctx: Context) -> Run:
     if run.status.terminal or run.status is Status.RUNNING:
         return run
     if run.status is Status.LAUNCHING and run.remote_dir:
-        # the wrapper may have started: its pid file says so
-        fields = ctx.transport.run(f"cat {quote(ctx.paths.pid)} 2>/dev/null || true", timeout=60).stdout.split()
-        if len(fields) == 2 and fields[0].isdigit():
+        # the job may have started: its run dir says so (the wrapper's pid file, the scheduler's job id)
+        handle = ctx.executor.find(ctx.paths)
+        if handle is not None:
             transition(ctx.store, ctx.run_id, Status.RUNNING, "picked up after its controller died",
-                       pid=int(fields[0]), pid_start=fields[1])
+                       pid=handle[0], pid_start=handle[1])
             return ctx.run
         return end(ctx.store, ctx.run_id, Status.LOST, "its controller died while launching; no job pid was written",
                    ctx)

@@ -38,6 +38,10 @@ def check(store: Store, pb: Playbook[Any], spec: RunSpec, host: Host) -> None:
         if missing:
             raise UsageError(f"patch set {name} needs {' '.join(missing)} in the launch command "
                              f"(debug code does not run under CUDA graph replay)")
+    if spec.patches and host.scheduler:
+        # The engine install on a cluster is shared by every job there: patching it would change it under
+        # other running jobs.
+        raise UsageError(f"{host.name}: patch sets are not applied on a {host.scheduler} cluster")
     pb.check_inputs(spec, host, store.get_run)
 
 
@@ -63,7 +67,8 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         store.update_run(new_id, watcher=str(Controller.me()), heartbeat=time.time(), **(run_fields or {}))
         return new_id
 
-    if pb.exclusive:
+    # On a cluster the queue is the scheduler's: no lease.
+    if pb.exclusive and not executor_for(host, connect(host)).schedules_gpus:
         opts = watch_options(pb, spec, host)
         run_id = lease.take(store, host.name, spec.gpus, create, (opts.poll_min, opts.poll_max), queue=queue,
                             on_wait=on_wait, probe=lambda orphan: probe_orphan(ws, store, orphan))
@@ -84,7 +89,8 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         ctx = Context(ws, store, pb, host, transport, executor_for(host, transport), run_id, spec, paths, lock)
         script = _steps_before_launch(ctx)
         transition(store, run_id, Status.LAUNCHING)
-        pid, pid_start = ctx.executor.launch(paths, script, run_token(ws, store, run_id))
+        gpus = len(spec.gpus) if spec.gpus is not None else None
+        pid, pid_start = ctx.executor.launch(paths, script, run_token(ws, store, run_id), gpus)
     except OrchError as exc:
         end(store, run_id, Status.FAILED, f"before launch: {exc}", ctx)
         lock.release()
@@ -93,7 +99,8 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         end(store, run_id, Status.FAILED, f"before launch: internal error: {type(exc).__name__}: {exc}", ctx)
         lock.release()
         raise
-    transition(store, run_id, Status.RUNNING, f"pid {pid} on {host.name}", pid=pid, pid_start=pid_start)
+    transition(store, run_id, Status.RUNNING, f"{ctx.executor.describe((pid, pid_start))} on {host.name}", pid=pid,
+               pid_start=pid_start)
     return ctx
 
 
@@ -102,7 +109,7 @@ def _steps_before_launch(ctx: Context) -> str:
     sets = [registry.patch_set(name) for name in ctx.spec.patches]
     for ps in sets:
         patching.check(ctx.transport, ps)
-    gpu_env = free_gpus(ctx) if ctx.spec.cleanup else {}
+    gpu_env = free_gpus(ctx) if ctx.spec.cleanup and not ctx.executor.schedules_gpus else {}
     applied: list[str] = []
     for ps in sets:
         res = patching.apply(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store)

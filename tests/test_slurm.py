@@ -1,0 +1,256 @@
+"""Runs on a real one-node Slurm cluster with 8 fake GPUs (tests/slurmcluster.py): sbatch, squeue,
+scancel and the scheduler's own ends, through the real `orch` CLI."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from orchestrator import slurm
+from orchestrator.hosts import Host
+from orchestrator.launch import RunPaths
+from orchestrator.remote import LocalTransport
+from orchtest import Orch, kill_controller, wait_for_file
+from slurmcluster import SlurmCluster, missing
+
+POLL = ["--set", "poll_min=0.05", "--set", "poll_max=0.3"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    why = missing()
+    if why:
+        pytest.skip(why)
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm"), gpus=8)
+    saved = os.environ.get("SLURM_CONF")
+    try:
+        c.start()
+        os.environ.update(c.env)  # orch (and its sbatch/squeue) find this cluster, never /etc/slurm
+        yield c
+    finally:
+        c.stop()
+        if saved is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = saved
+
+
+def cluster_toml(shared: Path, **fields: str) -> str:
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in fields.items())
+    return (f"[hosts.cluster]\nscheduler = \"slurm\"\ngpus = 8\nworkdir = {json.dumps(str(shared))}\n"
+            f"python = {json.dumps(sys.executable)}\npoll_min = 0.3\npoll_max = 1\n{extra}")
+
+
+@pytest.fixture
+def orch(tmp_path: Path, cluster: SlurmCluster) -> Iterator[Orch]:
+    o = Orch(tmp_path / "ws", cluster_toml(tmp_path / "shared"))
+    yield o
+    cluster.cancel_all()  # nothing of one test is left holding the node's GPUs for the next
+
+
+def squeue(cluster: SlurmCluster, job_id: int, fmt: str = "%T") -> str:
+    return cluster.client("squeue", "-h", "-t", "all", "-j", str(job_id), "-o", fmt).stdout.strip()
+
+
+def test_command_job_through_sbatch_gets_the_gpus_it_asked_for(orch, cluster):
+    res = orch("run", "command", "--host", "cluster", "--set", "cmd=echo \"CVD=$CUDA_VISIBLE_DEVICES\"",
+               "--set", "gpus=[0,1,2]", *POLL)
+    assert res.returncode == 0, res.stderr
+    doc = orch.status(1)
+    assert doc["status"] == "succeeded" and doc["exit_code"] == 0
+    job_id = doc["job_id"]
+    assert job_id and doc["node"] == "localhost"
+    assert squeue(cluster, job_id, "%j %T") == "orch-1 COMPLETED"
+    visible = orch("logs", "1", check=0).stdout.strip().removeprefix("CVD=").split(",")
+    assert len(visible) == 3  # --gres=gpu:3: three of the node's eight, whichever Slurm chose
+    messages = [e["message"] for e in doc["events"]]
+    assert f"running: Slurm job {job_id} on cluster" in messages
+    assert not [e for e in doc["events"] if e["kind"] == "gpu"]  # GPU cleanup is the scheduler's
+
+
+def test_extract_hidden_states_through_sbatch(orch, cluster):
+    res = orch("run", "extract-hidden-states", "--host", "cluster", "--set", "max_samples=4",
+               "--set", "layers=[1,2]", "--set", "gpus=[0]", *POLL, timeout=400)
+    assert res.returncode == 0, res.stderr
+    doc = orch.status(1)
+    assert doc["status"] == "succeeded" and doc["job_id"] and doc["metrics"]["samples"] == 4
+    manifest = json.loads((Path(doc["remote_dir"]) / "hidden_states" / "manifest.json").read_text())
+    assert manifest["layers"] == [1, 2]
+    assert squeue(cluster, doc["job_id"]) == "COMPLETED"
+
+
+def test_a_job_waiting_for_gpus_is_queued_with_the_reason_then_runs(orch, cluster, tmp_path):
+    release = tmp_path / "release"
+    hold = f"cmd=while [ ! -e {release} ]; do sleep 0.1; done"
+    assert orch("run", "command", "--host", "cluster", "--set", hold, "--detach", *POLL).returncode == 0
+    waiting = orch.spawn("run", "command", "--host", "cluster", "--set", "cmd=echo ran on $CUDA_VISIBLE_DEVICES",
+                         "--set", "gpus=[0,1]", *POLL)
+    try:
+        deadline = time.time() + 60
+        while not any(r["id"] == 2 for r in orch.status()):  # `orch status 2` refuses a run not made yet
+            assert time.time() < deadline and waiting.poll() is None
+            time.sleep(0.1)
+        # the reason is Slurm's latest: "None" or "Priority" right after submission, then "Resources"
+        doc = orch.wait_for(2, lambda d: d["phase"] == "queued" and d["queue_reason"] == "Resources")
+        # no host lease on a cluster: run 2 was submitted while run 1 holds every GPU, and waits in Slurm's queue
+        with sqlite3.connect(orch.db) as db:
+            assert db.execute("SELECT count(*) FROM leases").fetchone()[0] == 0
+        assert doc["status"] == "running" and doc["queue_reason"] == "Resources"
+        assert squeue(cluster, doc["job_id"], "%T %r") == "PENDING Resources"
+        table = orch("status", check=0).stdout
+        assert "queued (Resources)" in table
+        release.touch()
+        assert waiting.wait(timeout=60) == 0, waiting.stderr.read() if waiting.stderr else ""
+    finally:
+        release.touch()
+        if waiting.poll() is None:
+            waiting.kill()
+    doc = orch.status(2)
+    assert doc["status"] == "succeeded" and doc["queue_reason"] is None and doc["phase"] == "finished"
+    kinds = [e["kind"] for e in doc["events"]]
+    assert kinds.index("queued") < kinds.index("node")
+
+
+def test_a_job_over_its_time_limit_ends_with_timeout(tmp_path, cluster):
+    # Slurm's limits are whole minutes, checked every 30 s: this test takes 60-90 s.
+    o = Orch(tmp_path / "ws", cluster_toml(tmp_path / "shared", time_limit="1"))
+    res = o("run", "command", "--host", "cluster", "--set", "cmd=echo started; sleep 600", *POLL, timeout=200)
+    assert res.returncode == 1, res.stderr
+    doc = o.status(1)
+    assert doc["status"] == "failed" and doc["phase"] == "failed"
+    assert doc["reason"].startswith("TIMEOUT: Slurm job") and "time limit" in doc["reason"]
+    assert squeue(cluster, doc["job_id"]) == "TIMEOUT"
+
+
+def test_cancel_uses_scancel(orch, cluster, tmp_path):
+    started = tmp_path / "started"
+    res = orch("run", "command", "--host", "cluster", "--set", f"cmd=touch {started}; sleep 600", "--detach", *POLL)
+    assert res.returncode == 0, res.stderr
+    wait_for_file(started)
+    job_id = orch.status(1)["job_id"]
+    res = orch("cancel", "1", "--grace", "8", check=0)
+    assert "cancelled (stopped)" in res.stderr
+    doc = orch.status(1)
+    assert doc["status"] == "cancelled" and doc["reason"] == "cancelled by user"
+    assert squeue(cluster, job_id) == "CANCELLED"
+    assert subprocess.run(["pgrep", "-f", f"touch {started}; sleep 600"], capture_output=True).returncode == 1
+
+
+def test_a_job_cancelled_in_slurm_ends_the_run_cancelled(orch, cluster, tmp_path):
+    started = tmp_path / "started"
+    proc = orch.spawn("run", "command", "--host", "cluster", "--set", f"cmd=touch {started}; sleep 600", *POLL)
+    wait_for_file(started)
+    cluster.client("scancel", str(orch.status(1)["job_id"]), check=True)
+    assert proc.wait(timeout=60) == 1
+    doc = orch.status(1)
+    assert doc["status"] == "cancelled" and doc["reason"].startswith("CANCELLED: Slurm job")
+
+
+def test_watch_finds_the_job_by_id_after_the_controller_was_killed(orch, cluster, tmp_path):
+    started, release = tmp_path / "started", tmp_path / "release"
+    cmd = f"cmd=touch {started}; while [ ! -e {release} ]; do sleep 0.1; done; echo done"
+    proc = orch.spawn("run", "command", "--host", "cluster", "--set", cmd, *POLL)
+    wait_for_file(started)
+    kill_controller(proc)
+    job_id = orch.status(1)["job_id"]
+    assert squeue(cluster, job_id) == "RUNNING"  # the job outlives its controller
+    release.touch()
+    res = orch("watch", "1", timeout=120)
+    assert res.returncode == 0, res.stderr
+    doc = orch.status(1)
+    assert doc["status"] == "succeeded" and doc["job_id"] == job_id
+    assert "done" in (orch.root / "runs" / "1" / "log.tail").read_text()
+
+
+def test_hostile_host_values_reach_sbatch_as_single_words(tmp_path, cluster):
+    """Every value from hosts.toml and the run dir is one argument of sbatch, never shell text."""
+    shared = tmp_path / "a dir; $(touch pwned) `id`"
+    pwned = Path("pwned")
+    fields = {"partition": "debug", "account": "x$(touch pwned)", "qos": "a b; touch pwned",
+              "time_limit": "5", "constraint": "'\"$HOME", "sbatch_args": ["--comment=$(touch pwned) ;|&"]}
+    host = Host(name="cluster", scheduler="slurm", gpus=2, workdir=str(shared), **fields)
+    paths = RunPaths.for_run(str(shared), 99)  # the runs below are 1
+    # a stand-in sbatch first on PATH records its argv, NUL-separated, and prints a job id
+    fake = tmp_path / "bin" / "sbatch"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/bash\nprintf '%s\\0' \"$@\" > {tmp_path}/argv\necho 77\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    args = slurm.sbatch_args(host, paths, 2)
+    command = slurm.submit_command(paths, "echo hi\n", "tok'en $(x)", args)
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    out = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "77"
+    argv = (tmp_path / "argv").read_text().split("\0")[:-1]
+    assert argv == [*args, "batch.sh"]
+    assert f"--chdir={paths.root}" in argv and "--account=x$(touch pwned)" in argv
+    assert "--comment=$(touch pwned) ;|&" in argv and "--gres=gpu:2" in argv
+    assert not (tmp_path / "pwned").exists() and not pwned.exists()
+    # the real sbatch takes them verbatim (no accounting here: any account goes)...
+    o = Orch(tmp_path / "ws", cluster_toml(shared, account="x$(touch pwned)"))
+    with open(o.root / "hosts.toml", "a") as f:
+        f.write('sbatch_args = ["--comment=$(touch pwned) ;|&"]\n')
+    res = o("run", "command", "--host", "cluster", "--set", "cmd=echo ok", *POLL)
+    assert res.returncode == 0, res.stderr
+    assert squeue(cluster, o.status(1)["job_id"], "%a|%k") == "x$(touch pwned)|$(touch pwned) ;|&"
+    # ...or refuses one it cannot parse, and the run fails before launch with sbatch's reason
+    o2 = Orch(tmp_path / "ws2", cluster_toml(shared / "2", constraint="'\"$HOME"))
+    res = o2("run", "command", "--host", "cluster", "--set", "cmd=touch ran", *POLL)
+    assert res.returncode == 1 and "Invalid feature specification" in res.stderr
+    assert o2.status(1)["status"] == "failed"
+    assert not (tmp_path / "pwned").exists() and not pwned.exists() and not list(shared.rglob("pwned"))
+
+
+def test_one_scheduler_query_serves_every_watcher_of_a_round(cluster, tmp_path):
+    host = Host(name="cluster-q", scheduler="slurm", gpus=8, workdir=str(tmp_path), poll_min=3)
+    transport = LocalTransport(host)
+    ids = [cluster.client("sbatch", "--parsable", "-o", "/dev/null", "--wrap", "sleep 30", check=True).stdout.strip()
+           for _ in range(6)]
+    queue = slurm.Queue(transport, interval_s=slurm.query_interval(host))
+    answers: dict[str, slurm.JobInfo | None] = {}
+    threads = [threading.Thread(target=lambda i=i: answers.__setitem__(i, queue.lookup(i))) for i in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    time.sleep(0.1)
+    assert all(answers[i] and answers[i].state in ("RUNNING", "PENDING") for i in ids)
+    assert queue.calls == 1
+    before = queue.calls
+    for i in ids:
+        queue.lookup(i)
+    assert queue.calls == before  # the same round: no new query
+    cluster.client("scancel", *ids)
+
+
+def test_squeue_and_sacct_parsing_is_defensive():
+    jobs = slurm.parse_squeue("12|PENDING||orch-3|Resources\n13|RUNNING|gpu[01-02]|orch-4|None\n"
+                              "garbage\n14|CANCELLED by 0|n1|orch-5|(null)\n15_3|COMPLETING+|n1|x|a|b\n")
+    assert jobs["12"].queued and jobs["12"].reason == "Resources" and jobs["12"].node is None
+    assert jobs["13"].node == "gpu[01-02]" and not jobs["13"].ended
+    assert jobs["14"].state == "CANCELLED" and jobs["14"].ended and jobs["14"].reason is None
+    assert jobs["15_3"].state == "COMPLETING" and jobs["15_3"].reason == "a|b"
+    acct = slurm.parse_sacct("20|TIMEOUT|n1|orch-1|0:15\n21|COMPLETED|n2|orch-2|3:0\nJobID|State\n")
+    assert acct["20"].state == "TIMEOUT" and acct["20"].exit_code == 128 + 15 and acct["21"].exit_code == 3
+    assert slurm.parse_job_id("4242;cluster\n") == 4242
+    assert slurm._gpu_count("gpu:h100:4(S:0-1),gpu:a100:2,shard:8") == 6
+
+
+def test_gpus_of_a_cluster_come_from_the_scheduler(orch, cluster, tmp_path):
+    started = tmp_path / "started"
+    res = orch("run", "command", "--host", "cluster", "--set", f"cmd=touch {started}; sleep 600",
+               "--set", "gpus=[0,1,2]", "--detach", *POLL)
+    assert res.returncode == 0, res.stderr
+    wait_for_file(started)
+    nodes = json.loads(orch("gpus", "--host", "cluster", "--json", check=0).stdout)["cluster"]
+    assert nodes == [{"node": "localhost", "gpus": 8, "used": 3, "state": "mixed", "partitions": ["debug"]}]
+    assert "localhost" in orch("gpus", "--host", "cluster", check=0).stdout
