@@ -267,6 +267,8 @@ def watch(ctx: Context, *, until_ready: bool = False, on_update: Callable[[Watch
     """Watch the run until it ends (or, with until_ready, is ready); an ended run is finished."""
     run = ctx.run
     if not run.status.terminal:
+        if not run.launched:
+            raise OrchError(f"run {run.id} never launched ({run.status})")
         run = watcher(ctx, until_ready=until_ready, on_update=on_update, sleep=sleep).run_until_done()
     return finish(ctx) if run.status.terminal else run
 
