@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+from typer.core import TyperArgument, TyperOption
 
 from ..errors import UsageError
 from ..store import Store
@@ -14,15 +15,43 @@ from ..workspace import Workspace
 if TYPE_CHECKING:
     from ..hosts import Inventory
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run and watch large-model experiments.")
+app = typer.Typer(no_args_is_help=True, help="Run and watch large-model experiments.")
+
+# Help shows Python type names (`<bool>` after a flag, `<list[str]>`); a person reads TEXT, NUMBER, or nothing.
+_TYPE_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "path": "PATH"}
+_option_type = TyperOption.display_type_rich
+
+
+def _option_metavar(self: TyperOption, ctx: typer.Context) -> str | None:
+    if self.is_flag:
+        return None
+    shown = _option_type(self, ctx)
+    if self.metavar is not None or shown is None:
+        return shown
+    bare = shown.strip("<>.").removeprefix("list[").removesuffix("]")
+    return _TYPE_WORDS.get(bare, bare) + ("..." if shown.endswith("...") else "")
+
+
+TyperOption.display_type_rich = _option_metavar  # type: ignore[method-assign,assignment]
+TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]  # its name says it
 
 
 class State:
     hosts_file: Path | None = None
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"orch {version('orch')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _global(hosts: Path | None = typer.Option(None, "--hosts", help="inventory file (default hosts.toml)")) -> None:
+def _global(hosts: Path | None = typer.Option(None, "--hosts", help="inventory file (default hosts.toml)"),
+            _: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                   help="print orch's version and exit")) -> None:
     State.hosts_file = hosts
 
 

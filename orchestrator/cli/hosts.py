@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from ..workspace import LOCAL
 from .app import app, inventory, open_store, workspace
-from .render import cell, emit_json, out
+from .render import emit_json, table
 
 
 @app.command()
@@ -34,10 +33,7 @@ def hosts(
         emit_json(rows)
     else:
         cols = ["name", "address", "gpus", "tags"] + (["ok", "uname", "error"] if check else [])
-        table = Table(*cols, box=None)
-        for r in rows:
-            table.add_row(*[cell(r.get(c)) for c in cols])
-        out.print(table)
+        table(cols, [[r.get(c) for c in cols] for r in rows])
     if check and not all(r["ok"] for r in rows):
         raise typer.Exit(1)
 
@@ -57,9 +53,9 @@ def gpus(
     targets = inv.select(None) if all_hosts else [inv.get(h) for h in (host or [LOCAL])]
     found = gpu.snapshots(targets, open_store(ws), timeout=timeout)
     if as_json:
-        emit_json({name: str(s) if isinstance(s, Exception) else gpu.snapshot_to_dict(s) for name, s in found.items()})
+        emit_json({name: gpu.host_document(name, s) for name, s in found.items()})
     else:
-        out.print(gpu.render_table(found))
+        table(gpu.TABLE_HEADERS, gpu.table_rows(found))
     if any(isinstance(s, Exception) for s in found.values()):
         raise typer.Exit(1)
 

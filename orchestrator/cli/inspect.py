@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
+from .. import shapes
 from ..errors import UsageError
 from .app import app, open_store, parse_run_id, workspace
-from .render import emit_json, out, progress_line
+from .render import emit_json, out, progress_line, table
 
 
 @app.command("inspect-log")
@@ -27,6 +27,7 @@ def inspect_log(path: Path = typer.Argument(..., help="any log file, of any size
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     e = found["error"]
     found["error"] = {k: e[k] for k in ("kind", "exception", "message", "line")} if e else None
+    found["progress"], found["metrics"] = shapes.progress(found["progress"]), shapes.metrics(found["metrics"])
     if as_json:
         emit_json(found)
         return
@@ -47,26 +48,20 @@ def compare(
     all_keys: bool = typer.Option(False, "--all", help="every spec key, not only those that differ"),
 ) -> None:
     """Specs and metrics of runs side by side, with ratios against the first run."""
-    from rich.text import Text
-
     from .. import report
 
     found = report.compare(open_store(workspace()), [parse_run_id(r) for r in run_ids], all_keys)
     if as_json:
         emit_json(found)
         return
-    table = Table("", *(f"run {i}" for i in found["runs"]), box=None)
-    for key, values in found["spec"].items():
-        # Text cells: a value such as "[bold]" is data, not markup
-        table.add_row(key, *(Text("-" if v is None else v if isinstance(v, str) else json.dumps(v)) for v in values))
-    if found["spec"] and found["metrics"]:
-        table.add_section()
+    rows = [[key, *("-" if v is None else v if isinstance(v, str) else json.dumps(v) for v in values)]
+            for key, values in found["spec"].items()]
     for name, m in found["metrics"].items():
         cells = []
         for i, (v, r) in enumerate(zip(m["values"], m["ratios"])):
             cell = "-" if v is None else f"{v:g}"
             cells.append(cell + (f" ({r:.2f}x)" if i and r is not None else ""))
-        table.add_row(name, *cells)
-    out.print(table)
+        rows.append([name, *cells])
+    table(["", *(f"run {i}" for i in found["runs"])], rows)
 
 

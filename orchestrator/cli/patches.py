@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from ..store import Store
 from ..workspace import LOCAL
 from .app import app, inventory, open_store, workspace
-from .render import emit_json, out
+from .render import emit_json, out, table
 
 patch_app = typer.Typer(help="Patch sets for the engines' installed source.", no_args_is_help=True)
 app.add_typer(patch_app, name="patch")
@@ -29,11 +28,9 @@ def patch_list(as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         emit_json(rows)
         return
-    table = Table("name", "package", "versions", "files", "requires", "revert after", box=None)
-    for r in rows:
-        table.add_row(r["name"], r["package"], r["versions"], str(len(r["files"])), " ".join(r["requires_flags"]),
-                      "yes" if r["revert_after"] else "no")
-    out.print(table)
+    table(["name", "package", "versions", "files", "requires", "revert after"],
+          [[r["name"], r["package"], r["versions"], len(r["files"]), " ".join(r["requires_flags"]),
+            "yes" if r["revert_after"] else "no"] for r in rows])
 
 
 def _patch_target(name: str | None, host: str) -> tuple[Any, Any, Store]:

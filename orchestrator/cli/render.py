@@ -45,3 +45,61 @@ def age(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f}{unit}"
     return f"{seconds:.0f}s"
+
+
+def table(headers: list[str], rows: list[list[Any]], *, title: str | None = None) -> None:
+    """A table on a terminal; off one (a pipe, a file) tab-separated lines, no value ever cut or wrapped."""
+    cells = [[cell(v) for v in row] for row in rows]
+    if not out.is_terminal:
+        if title:
+            sys.stdout.write(title + "\n")
+        for line in [headers, *cells]:
+            # one record per line: a tab or newline inside a value would split it
+            sys.stdout.write("\t".join(v.replace("\t", " ").replace("\n", "; ") for v in line) + "\n")
+        sys.stdout.flush()
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(*headers, box=None, title=title)
+    for column in t.columns:
+        column.overflow = "fold"  # a long name wraps, it is never cut to `sglang-eagle3-h…`
+    for row in cells:
+        t.add_row(*(Text(v) for v in row))  # Text: a value such as "[bold]" is data, not markup
+    out.print(t)
+
+
+def shown_of(shown: int, total: int, noun: str) -> None:
+    """Tell (on stderr, so stdout stays data) that a listing was limited."""
+    if shown < total:
+        err.print(f"showing {shown} of {total} {noun} (--limit N shows more)")
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{secs:02d}s"
+
+
+def summary_lines(doc: dict[str, Any]) -> list[str]:
+    """The end of `orch run` / `orch watch`: how it went and what to do next."""
+    rid, status = doc["id"], doc["status"]
+    metrics = " ".join(f"{k}={v:g}" for k, v in list(doc["metrics"].items())[:6])
+    where = f"{doc['host']}:{doc['outputs']['remote_dir']}" if doc["outputs"]["remote_dir"] else None
+    if status in ("succeeded", "running"):
+        lines = [f"run {rid} {status}" + (f" in {duration(doc['duration_s'])}" if status == "succeeded"
+                                          else f" ({doc['phase']})")]
+        if metrics:
+            lines.append(f"  metrics: {metrics}")
+        if where:
+            lines.append(f"  run dir: {where}")
+        if doc["outputs"]["manifest"]:
+            lines.append(f"  outputs: {doc['outputs']['manifest']}")
+    else:
+        lines = [f"run {rid} {status}" + (f": {doc['cause']}" if doc["cause"] else "")]
+        lines += [f"  | {line}" for line in doc["log_lines"]]
+    lines.append("  next: " + "   ".join(doc["next"]))
+    return lines

@@ -1,4 +1,4 @@
-"""Commands on runs: run, watch, status, logs, cancel, stop."""
+"""Commands on runs: run, rerun, watch, status, logs, cancel, stop, rm, gc."""
 
 from __future__ import annotations
 
@@ -9,34 +9,71 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.table import Table
 
-from ..errors import OrchError
-from ..record import Run, Status
-from ..store import run_document
+from ..errors import UsageError
+from ..record import Status
+from ..shapes import run_document
 from ..workspace import LOCAL
 from .app import app, inventory, open_store, parse_run_id, workspace
-from .render import age, emit_json, err, out, progress_line
+from .catalog import RunCommand
+from .render import age, emit_json, err, out, progress_line, shown_of, summary_lines, table
+
+RUN_EXAMPLES = """Examples:
+
+  orch run command --set 'cmd=python train.py' --detach
+
+  orch run extract-hidden-states --host gpu01 --set model=/data/kimi --set 'layers=[2,30,58]'
+
+  orch run serve-eagle3 --host gpu01 -f eagle3.toml --until-ready
+"""
 
 
-@app.command()
+@app.command(cls=RunCommand, epilog=RUN_EXAMPLES)
 def run(
-    playbook: str = typer.Argument(..., help="command, extract-hidden-states, serve-eagle3, bench-serving"),
-    host: str = typer.Option(LOCAL, "--host", "-H"),
-    file: Path | None = typer.Option(None, "--file", "-f", help="spec TOML"),
-    sets: list[str] = typer.Option([], "--set", help="key=value (value parsed as a TOML literal)"),
+    playbook: str = typer.Argument(..., metavar="PLAYBOOK", help="see `orch playbooks`"),
+    host: str = typer.Option(LOCAL, "--host", "-H", metavar="HOST"),
+    file: Path | None = typer.Option(None, "--file", "-f", metavar="SPEC.toml", help="spec TOML"),
+    sets: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="a spec key (value read as a TOML literal)"),
     detach: bool = typer.Option(False, "--detach", help="return right after a good launch"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the remote commands instead"),
     until_ready: bool = typer.Option(False, "--until-ready", help="return once the job is ready"),
     queue: bool = typer.Option(False, "--queue", help="wait while the host (or GPU set) is busy"),
+    as_json: bool = typer.Option(False, "--json", help="the end-of-run summary (or the launch) as JSON"),
 ) -> None:
     """Run a playbook on a host and watch it to the end."""
-    from .. import registry, runflow
+    from .. import registry
     from .. import spec as specmod
 
-    ws = workspace()
     pb = registry.playbook(playbook)
-    spec = specmod.load(pb.Spec, file, sets)
+    _start(pb, specmod.load(pb.Spec, file, sets), host, detach, dry_run, until_ready, queue, as_json)
+
+
+@app.command(epilog="Example:\n\n  orch rerun 7 --set batch_size=8 --host gpu02")
+def rerun(
+    run_id: str = typer.Argument(..., metavar="ID"),
+    host: str | None = typer.Option(None, "--host", "-H", metavar="HOST", help="default: the run's host"),
+    sets: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="change a spec key"),
+    detach: bool = typer.Option(False, "--detach", help="return right after a good launch"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the remote commands instead"),
+    until_ready: bool = typer.Option(False, "--until-ready", help="return once the job is ready"),
+    queue: bool = typer.Option(False, "--queue", help="wait while the host (or GPU set) is busy"),
+    as_json: bool = typer.Option(False, "--json", help="the end-of-run summary (or the launch) as JSON"),
+) -> None:
+    """Run a run's playbook again with its spec, changed by --set."""
+    from .. import registry
+    from .. import spec as specmod
+
+    old = open_store(workspace()).get_run(parse_run_id(run_id))
+    pb = registry.playbook(old.playbook)
+    spec = specmod.build(pb.Spec, specmod.merge_sets(old.spec, sets, pb.Spec), source=f"spec of run {old.id}")
+    _start(pb, spec, host or old.host, detach, dry_run, until_ready, queue, as_json)
+
+
+def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_ready: bool, queue: bool,
+           as_json: bool) -> None:
+    from .. import runflow
+
+    ws = workspace()
     target = inventory(ws).get(host)
     store = open_store(ws)
     if dry_run:
@@ -46,32 +83,35 @@ def run(
 
     def on_wait(busy: Exception) -> None:
         if not waited:
-            err.print(f"waiting: {busy}".removesuffix("; --queue waits"), markup=False)
+            err.print(f"waiting: {busy}".removesuffix("; --queue waits"))
             waited.append(str(busy))
 
     ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait)
     err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, pid {ctx.run.pid} in {ctx.paths.root}")
     if detach:
-        out.print(ctx.run_id)
+        if as_json:
+            emit_json(run_document(store, ctx.run, with_events=False))
+        else:
+            out.print(ctx.run_id)
         return
-    _follow(ctx, until_ready)
+    _follow(ctx, until_ready, as_json)
 
 
 @app.command()
-def watch(run_id: str = typer.Argument(...), until_ready: bool = typer.Option(False, "--until-ready")) -> None:
+def watch(run_id: str = typer.Argument(..., metavar="ID"), until_ready: bool = typer.Option(False, "--until-ready"),
+          as_json: bool = typer.Option(False, "--json", help="the end-of-run summary as JSON")) -> None:
     """Resume watching a run (after a detach, Ctrl-C or a dead controller)."""
     from .. import runflow
 
     ws = workspace()
-    ctx = runflow.open_run(ws, open_store(ws), parse_run_id(run_id), inventory(ws))
-    _follow(ctx, until_ready)
+    _follow(runflow.open_run(ws, open_store(ws), parse_run_id(run_id), inventory(ws)), until_ready, as_json)
 
 
-def _follow(ctx: Any, until_ready: bool) -> None:
+def _follow(ctx: Any, until_ready: bool, as_json: bool) -> None:
     """Watch through the run flow, showing its events and a live progress line; Ctrl-C detaches."""
     from rich.live import Live
 
-    from .. import runflow
+    from .. import outcome, runflow
 
     live = Live(console=err, transient=True, refresh_per_second=4)
     seen = len(ctx.store.events(ctx.run_id))
@@ -92,24 +132,32 @@ def _follow(ctx: Any, until_ready: bool) -> None:
         ctx.event("detached", "watch interrupted; the job keeps running")
         err.print(f"detached; run {ctx.run_id} keeps running — `orch watch {ctx.run_id}` resumes")
         raise typer.Exit(0)
-    _finish(final)
+    doc = outcome.summary(ctx.ws, ctx.store, final)
+    if as_json:
+        emit_json(doc)
+    for line in summary_lines(doc):
+        err.print(line)
+    raise typer.Exit(0 if final.status in (Status.SUCCEEDED, Status.RUNNING) else 1)
 
 
-def _finish(run: Run) -> None:
-    line = f"run {run.id} {run.status}"
-    if run.reason and run.status is not Status.SUCCEEDED:
-        line += f": {run.reason}"
-    err.print(line)
-    raise typer.Exit(0 if run.status in (Status.SUCCEEDED, Status.RUNNING) else 1)
+STATUS_EXAMPLES = """Examples:
+
+  orch status --status running --host gpu01
+
+  orch status 7 --json
+"""
 
 
-@app.command()
+@app.command(epilog=STATUS_EXAMPLES)
 def status(
-    run_id: str | None = typer.Argument(None),
+    run_id: str | None = typer.Argument(None, metavar="ID"),
     as_json: bool = typer.Option(False, "--json"),
     refresh: bool = typer.Option(False, "--refresh", help="poll the host of every active run once"),
-    limit: int = typer.Option(50, "--limit", "-n"),
-    timeout: float = typer.Option(30.0, help="seconds per host for --refresh"),
+    limit: int = typer.Option(50, "--limit", "-n", metavar="N"),
+    statuses: list[Status] = typer.Option([], "--status", help="only runs in this status (repeatable)"),
+    host: str | None = typer.Option(None, "--host", "-H", metavar="HOST", help="only runs on this host"),
+    playbook: str | None = typer.Option(None, "--playbook", metavar="PLAYBOOK", help="only runs of this playbook"),
+    timeout: float = typer.Option(30.0, metavar="SECONDS", help="seconds per host for --refresh"),
 ) -> None:
     """Show runs, newest first, or one run in full."""
     ws = workspace()
@@ -117,37 +165,34 @@ def status(
     if refresh:
         from .. import runflow
 
-        runflow.refresh(ws, store, [parse_run_id(run_id)] if run_id else None, timeout,
-                        lambda message: err.print(message, markup=False))
+        runflow.refresh(ws, store, [parse_run_id(run_id)] if run_id else None, timeout, err.print)
     if run_id is not None:
         doc = run_document(store, store.get_run(parse_run_id(run_id)))
-        if as_json:
-            emit_json(doc)
-        else:
-            _print_run(doc)
+        emit_json(doc) if as_json else _print_run(doc)
         return
-    runs = store.list_runs(limit=limit)
+    filters: dict[str, Any] = {"statuses": [s.value for s in statuses] or None, "host": host, "playbook": playbook}
+    runs = store.list_runs(limit=limit, **filters)
+    shown_of(len(runs), store.count_runs(**filters) if len(runs) == limit else len(runs), "runs")
+    docs = [run_document(store, r, with_events=False) for r in runs]
     if as_json:
-        emit_json([run_document(store, r, with_events=False) for r in runs])
+        emit_json(docs)
         return
-    table = Table("id", "playbook", "host", "status", "phase", "progress", "metrics", "age", box=None)
     now = time.time()
-    for r in runs:
-        doc = run_document(store, r, with_events=False)
+    rows = []
+    for doc in docs:
         p = doc["progress"]
-        prog = f"{p['label'] or ''} {p['done']:g}/{p['total']:g}" if p and p.get("total") else ""
-        if not p and doc["predicted_ready_at"] and r.status is Status.RUNNING:
+        prog = f"{p['label'] or ''} {p['done']:g}/{p['total']:g}".strip() if p and p.get("total") else ""
+        if not p and doc["predicted_ready_at"] and doc["status"] == "running":
             prog = f"loaded in ~{max(0, doc['predicted_ready_at'] - now):.0f}s (history)"
         metrics = " ".join(f"{k}={v:g}" for k, v in list(doc["metrics"].items())[:3])
-        status_text = doc["status"] + (" (stalled)" if doc["stalled"] else "")
-        table.add_row(str(r.id), r.playbook, r.host, status_text, r.phase or "", prog, metrics,
-                      age(now - r.created_at))
-    out.print(table)
+        rows.append([doc["id"], doc["playbook"], doc["host"], doc["status"] + (" (stalled)" if doc["stalled"] else ""),
+                     doc["phase"], prog, metrics, age(now - doc["created_at"])])
+    table(["id", "playbook", "host", "status", "phase", "progress", "metrics", "age"], rows)
 
 
 def _print_run(doc: dict[str, Any]) -> None:
     out.print(f"run {doc['id']} {doc['playbook']} on {doc['host']}: {doc['status']} ({doc['phase']})")
-    for key in ("reason", "exit_code", "pid", "remote_dir"):
+    for key in ("reason", "exit_code", "pid", "remote_dir", "duration_s"):
         if doc.get(key) is not None:
             out.print(f"  {key}: {doc[key]}")
     if doc["progress"]:
@@ -167,49 +212,113 @@ def _print_run(doc: dict[str, Any]) -> None:
         out.print(f"  {time.strftime('%m-%d %H:%M:%S', time.localtime(e['ts']))} {e['kind']}: {e['message']}")
 
 
-@app.command()
+@app.command(epilog="Examples:\n\n  orch logs 7 -n 200\n\n  orch logs 7 -f")
 def logs(
-    run_id: str = typer.Argument(...),
-    lines: int = typer.Option(40, "-n", "--lines"),
-    follow: bool = typer.Option(False, "-f", "--follow"),
+    run_id: str = typer.Argument(..., metavar="ID"),
+    lines: int = typer.Option(40, "-n", "--lines", metavar="N"),
+    follow: bool = typer.Option(False, "-f", "--follow", help="print new lines as they come, until the job ends"),
+    as_json: bool = typer.Option(False, "--json", help="{run_id, source, note, lines}"),
 ) -> None:
-    """Print the last lines of a run's log (from the host)."""
+    """Print the last lines of a run's log: from its host, or the tail kept locally when the host is down."""
     from .. import runflow
 
     ws = workspace()
     store = open_store(ws)
-    row = store.get_run(parse_run_id(run_id))
-    if not row.remote_dir:
-        raise OrchError(f"run {row.id} has no log ({row.status})")
-    ctx = runflow.open_run(ws, store, row, inventory(ws))
-    sys.stdout.write(runflow.log_tail(ctx, lines))
+    rid = parse_run_id(run_id)
+    found = runflow.read_log(ws, store, rid, lines, inventory(ws))
+    if found.fallback:
+        err.print(f"orch: {found.fallback}")
+    if as_json:
+        emit_json({"run_id": rid, "source": "local" if found.fallback else "host", "note": found.fallback,
+                   "lines": found.text.splitlines()})
+        return
+    sys.stdout.write(found.text)
     sys.stdout.flush()
-    if follow:
+    if follow and not found.fallback:
         def write(data: bytes) -> None:
             sys.stdout.buffer.write(data)
             sys.stdout.flush()
 
-        runflow.follow_log(ctx, write)
+        runflow.follow_log(runflow.open_run(ws, store, rid, inventory(ws)), write)
 
 
 @app.command()
-def cancel(run_id: str = typer.Argument(...),
-           grace: float = typer.Option(10.0, help="seconds between SIGTERM and SIGKILL")) -> None:
+def cancel(run_id: str = typer.Argument(..., metavar="ID"),
+           grace: float = typer.Option(10.0, metavar="SECONDS", help="seconds between SIGTERM and SIGKILL"),
+           as_json: bool = typer.Option(False, "--json")) -> None:
     """Kill a run's process group; its status becomes cancelled."""
     from .. import runflow
 
     ws = workspace()
     ctx = runflow.open_run(ws, open_store(ws), parse_run_id(run_id), inventory(ws))
     outcome = runflow.cancel(ctx, "cancelled by user", grace)
+    if as_json:
+        emit_json({"id": ctx.run_id, "status": ctx.run.status.value, "process_group": outcome})
     err.print(f"run {ctx.run_id} cancelled ({outcome})")
 
 
 @app.command("stop")
-def stop_cmd(run_id: str = typer.Argument(...),
-             grace: float = typer.Option(10.0, help="seconds between SIGTERM and SIGKILL")) -> None:
+def stop_cmd(run_id: str = typer.Argument(..., metavar="ID"),
+             grace: float = typer.Option(10.0, metavar="SECONDS", help="seconds between SIGTERM and SIGKILL"),
+             as_json: bool = typer.Option(False, "--json")) -> None:
     """End a run (a server): stop its process group, mark it cancelled, wait until its GPUs are free."""
     from .. import runflow
 
     ws = workspace()
     ctx = runflow.open_run(ws, open_store(ws), parse_run_id(run_id), inventory(ws))
-    err.print(f"run {ctx.run_id} stopped: {runflow.stop(ctx, grace)}")
+    outcome = runflow.stop(ctx, grace)
+    if as_json:
+        emit_json({"id": ctx.run_id, "status": ctx.run.status.value, "outcome": outcome})
+    err.print(f"run {ctx.run_id} stopped: {outcome}")
+
+
+@app.command("rm", epilog="Example:\n\n  orch rm 3 4 5")
+def rm(run_ids: list[str] = typer.Argument(..., metavar="ID..."),
+       keep_remote: bool = typer.Option(False, "--keep-remote", help="leave the run dirs on the hosts"),
+       as_json: bool = typer.Option(False, "--json")) -> None:
+    """Remove ended runs: their records, local artifacts and remote run dirs (never an active run)."""
+    ws = workspace()
+    store = open_store(ws)
+    _remove(ws, store, [store.get_run(parse_run_id(r)) for r in run_ids], keep_remote, as_json)
+
+
+@app.command("gc", epilog="Example:\n\n  orch gc --older-than 30d --dry-run")
+def gc(older_than: str = typer.Option(..., "--older-than", metavar="AGE", help="e.g. 30d, 12h, 90m"),
+       keep_remote: bool = typer.Option(False, "--keep-remote", help="leave the run dirs on the hosts"),
+       dry_run: bool = typer.Option(False, "--dry-run", help="list what would be removed"),
+       as_json: bool = typer.Option(False, "--json")) -> None:
+    """Remove ended runs older than AGE (runs of a sweep stay with their sweep)."""
+    from .. import retention
+
+    ws = workspace()
+    store = open_store(ws)
+    found = retention.older_than(store, _seconds(older_than))
+    if dry_run:
+        if as_json:
+            emit_json([{"id": r.id, "status": r.status.value, "remote_dir": r.remote_dir} for r in found])
+        else:
+            table(["id", "playbook", "host", "status", "remote dir"],
+                  [[r.id, r.playbook, r.host, r.status.value, r.remote_dir] for r in found])
+        return
+    _remove(ws, store, found, keep_remote, as_json)
+
+
+def _seconds(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+    number, unit = text[:-1], text[-1:]
+    if unit not in units or not number.replace(".", "", 1).isdigit():
+        raise UsageError(f"not an age: {text!r} (e.g. 30d, 12h, 90m, 45s)")
+    return float(number) * units[unit]
+
+
+def _remove(ws: Any, store: Any, runs: list[Any], keep_remote: bool, as_json: bool) -> None:
+    from .. import retention
+
+    done = retention.remove(ws, store, runs, inventory(ws), keep_remote=keep_remote)
+    if as_json:
+        emit_json([{"id": d.run_id, "removed": d.ok, "remote": d.remote} for d in done])
+    else:
+        for d in done:
+            err.print(f"run {d.run_id} {'removed' if d.ok else 'kept'}: {d.remote}")
+    if not all(d.ok for d in done):
+        raise typer.Exit(1)

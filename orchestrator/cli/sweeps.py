@@ -6,10 +6,9 @@ import time
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from .app import app, open_store, workspace
-from .render import age, emit_json, err, out
+from .render import age, emit_json, err, out, table
 
 sweep_app = typer.Typer(help="Grids of runs over hosts: run (or resume), status, cancel.", no_args_is_help=True)
 app.add_typer(sweep_app, name="sweep")
@@ -19,7 +18,9 @@ app.add_typer(sweep_app, name="sweep")
 def sweep_run(file: Path = typer.Argument(..., help="sweep file (TOML)"),
               detach: bool = typer.Option(False, "--detach", help="run the controller in the background"),
               instance: str = typer.Option(
-                  "", "--instance", help="which run of this file (e.g. a date); another instance is a new sweep")) -> None:
+                  "", "--instance", help="which run of this file (e.g. a date); another instance is a new sweep"),
+              as_json: bool = typer.Option(False, "--json", help="the sweep at its end (as `sweep status ID --json`)"),
+              ) -> None:
     """Run every point of a sweep; the same file (and instance) again resumes it."""
     from .. import sweep
 
@@ -27,9 +28,11 @@ def sweep_run(file: Path = typer.Argument(..., help="sweep file (TOML)"),
     if detach:
         sweep_id, log = sweep.detach(ws, file, instance)
         err.print(f"sweep {sweep_id} runs in the background; log: {log}", markup=False)
-        out.print(sweep_id)
+        emit_json({"id": sweep_id, "log": str(log)}) if as_json else out.print(sweep_id)
         return
     doc = sweep.run(ws, file, echo=lambda line: err.print(line, markup=False), instance=instance)
+    if as_json:
+        emit_json(sweep.document(open_store(ws), doc["id"]))
     counts = ", ".join(f"{n} {s}" for s, n in sorted(doc["counts"].items()))
     err.print(f"sweep {doc['id']} ({doc['name']}) {doc['status']}: {counts}", markup=False)
     raise typer.Exit(0 if doc["status"] == "succeeded" else 1)
@@ -47,34 +50,35 @@ def sweep_status(ref: str | None = typer.Argument(None, metavar="[SWEEP]", help=
         if as_json:
             emit_json(docs)
             return
-        table = Table("id", "name", "instance", "playbook", "status", "points", "age", box=None)
-        for d in docs:
-            table.add_row(str(d["id"]), d["name"], d["instance"], d["playbook"], d["status"],
-                          " ".join(f"{n} {s}" for s, n in sorted(d["counts"].items())), age(time.time() - d["created_at"]))
-        out.print(table)
+        table(["id", "name", "instance", "playbook", "status", "points", "age"],
+              [[d["id"], d["name"], d["instance"], d["playbook"], d["status"],
+                " ".join(f"{n} {s}" for s, n in sorted(d["counts"].items())), age(time.time() - d["created_at"])]
+               for d in docs])
         return
     doc = sweep.document(store, sweep.resolve(store, ref))
     if as_json:
         emit_json(doc)
         return
     title = f"{doc['name']} {doc['instance']}" if doc["instance"] else doc["name"]
-    out.print(f"sweep {doc['id']} {title} ({doc['playbook']}): {doc['status']}", markup=False)
-    table = Table("#", "point", "host", "status", "run", "tries", "metrics", "reason", box=None)
+    rows = []
     for p in doc["points"]:
         metrics = " ".join(f"{k}={v:g}" for k, v in list(p["metrics"].items())[:3])
-        table.add_row(str(p["index"]), sweep.label(p["point"]), p["host"] + (f":{p['gpus']}" if p["gpus"] else ""),
-                      p["status"], str(p["run_id"] or ""), str(p["attempts"]), metrics,
-                      (p["reason"] or "")[:80] if p["status"] != "succeeded" else "")
-    out.print(table)
+        rows.append([p["index"], sweep.label(p["point"]), p["host"] + (f":{p['gpus']}" if p["gpus"] else ""),
+                     p["status"], p["run_id"], p["attempts"], metrics, p["reason"] if p["status"] != "succeeded" else ""])
+    table(["#", "point", "host", "status", "run", "tries", "metrics", "reason"], rows,
+          title=f"sweep {doc['id']} {title} ({doc['playbook']}): {doc['status']}")
 
 
 @sweep_app.command("cancel")
 def sweep_cancel(ref: str = typer.Argument(..., metavar="SWEEP", help="id or name"),
-                 grace: float = typer.Option(10.0, help="seconds between SIGTERM and SIGKILL")) -> None:
+                 grace: float = typer.Option(10.0, metavar="SECONDS", help="seconds between SIGTERM and SIGKILL"),
+                 as_json: bool = typer.Option(False, "--json")) -> None:
     """Cancel the queued points and stop the running ones."""
     from .. import sweep
 
     res = sweep.cancel(workspace(), ref, grace)
+    if as_json:
+        emit_json(res)
     stopped = ", ".join(f"run {r} ({o})" for r, o in res["stopped"].items()) or "no runs"
     err.print(f"sweep {res['sweep_id']} cancelled: {res['queued_cancelled']} queued point(s), stopped {stopped}",
               markup=False)
@@ -125,10 +129,8 @@ def cron_list(as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         emit_json([e.to_dict() for e in found])
         return
-    table = Table("id", "schedule", "sweep", "workspace", "enabled", box=None)
-    for e in found:
-        table.add_row(e.id, e.schedule, e.file or "?", e.workspace or "?", "yes" if e.enabled else "no")
-    out.print(table)
+    table(["id", "schedule", "sweep", "workspace", "enabled"],
+          [[e.id, e.schedule, e.file or "?", e.workspace or "?", "yes" if e.enabled else "no"] for e in found])
 
 
 @cron_app.command("remove")
