@@ -168,11 +168,13 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         script = _steps_before_launch(ctx)
         transition(store, run_id, Status.LAUNCHING)
         pid, pid_start = ctx.executor.launch(paths, script, run_token(ws, store, run_id))
+    # A run that never launched has no job, so no phase: it does not pretend to be `starting`.
     except OrchError as exc:
-        end(store, run_id, Status.FAILED, f"before launch: {exc}", ctx)
+        end(store, run_id, Status.FAILED, f"before launch: {exc}", ctx, phase=None)
         raise
     except Exception as exc:  # a bug: the run must not stay `preparing`, and the bug must still show
-        end(store, run_id, Status.FAILED, f"before launch: internal error: {type(exc).__name__}: {exc}", ctx)
+        end(store, run_id, Status.FAILED, f"before launch: internal error: {type(exc).__name__}: {exc}", ctx,
+            phase=None)
         raise
     transition(store, run_id, Status.RUNNING, f"pid {pid} on {host.name}", pid=pid, pid_start=pid_start)
     return ctx
@@ -449,7 +451,8 @@ def settle_orphan(ctx: Context) -> Run:
             return ctx.run
         return end(ctx.store, ctx.run_id, Status.LOST, "its controller died while launching; no job pid was written",
                    ctx)
-    return end(ctx.store, ctx.run_id, Status.FAILED, f"its controller died before launch ({run.status})", ctx)
+    return end(ctx.store, ctx.run_id, Status.FAILED, f"its controller died before launch ({run.status})", ctx,
+               phase=None)
 
 
 def probe_orphan(ws: Workspace, store: Store, run: Run) -> None:

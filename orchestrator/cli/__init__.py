@@ -28,9 +28,8 @@ def main(argv: list[str] | None = None) -> None:
             err.print(f"  {line}", markup=False)
         sys.exit(exc.exit_code)
     finally:
-        from ..remote import close_all
-
-        close_all()
+        if "orchestrator.remote" in sys.modules:  # connections to close (a command that made none skips the import)
+            sys.modules["orchestrator.remote"].close_all()
         if "orchestrator.notify" in sys.modules:  # notifications still being sent: a bounded wait
             sys.modules["orchestrator.notify"].drain()
 

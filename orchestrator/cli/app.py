@@ -11,6 +11,7 @@ from typer.core import TyperArgument, TyperOption
 from ..errors import UsageError
 from ..store import Store
 from ..workspace import Workspace
+from .render import err
 
 if TYPE_CHECKING:
     from ..hosts import Inventory
@@ -61,6 +62,20 @@ def workspace() -> Workspace:
 
 def open_store(ws: Workspace) -> Store:
     return Store(ws.db_path)
+
+
+def read_store(ws: Workspace) -> Store:
+    """For commands that only read: a missing database is not created; an empty one in memory stands in."""
+    return Store(ws.db_path) if ws.db_path.exists() else Store(":memory:")
+
+
+def no_runs_note(ws: Workspace) -> None:
+    """Say where orch looked when there is no database there (a folder that is no workspace, or a new one)."""
+    if not ws.db_path.exists():
+        import os
+
+        where = "$ORCH_HOME" if os.environ.get("ORCH_HOME") else "the current directory"
+        err.print(f"orch: no runs here: {ws.db_path} does not exist (the workspace is {where}: {ws.root})")
 
 
 def inventory(ws: Workspace) -> Inventory:

@@ -7,7 +7,7 @@ from typing import Any
 import typer
 
 from ..workspace import LOCAL
-from .app import app, inventory, open_store, workspace
+from .app import app, inventory, read_store, workspace
 from .render import emit_json, table
 
 
@@ -51,7 +51,7 @@ def gpus(
     ws = workspace()
     inv = inventory(ws)
     targets = inv.select(None) if all_hosts else [inv.get(h) for h in (host or [LOCAL])]
-    found = gpu.snapshots(targets, open_store(ws), timeout=timeout)
+    found = gpu.snapshots(targets, read_store(ws), timeout=timeout)
     if as_json:
         emit_json({name: gpu.host_document(name, s) for name, s in found.items()})
     else:

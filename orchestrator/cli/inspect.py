@@ -9,7 +9,7 @@ import typer
 
 from .. import shapes
 from ..errors import UsageError
-from .app import app, open_store, parse_run_id, workspace
+from .app import app, parse_run_id, read_store, workspace
 from .render import emit_json, out, progress_line, table
 
 
@@ -50,7 +50,7 @@ def compare(
     """Specs and metrics of runs side by side, with ratios against the first run."""
     from .. import report
 
-    found = report.compare(open_store(workspace()), [parse_run_id(r) for r in run_ids], all_keys)
+    found = report.compare(read_store(workspace()), [parse_run_id(r) for r in run_ids], all_keys)
     if as_json:
         emit_json(found)
         return

@@ -8,7 +8,7 @@ import typer
 
 from ..store import Store
 from ..workspace import LOCAL
-from .app import app, inventory, open_store, workspace
+from .app import app, inventory, open_store, read_store, workspace
 from .render import emit_json, out, table
 
 patch_app = typer.Typer(help="Patch sets for the engines' installed source.", no_args_is_help=True)
@@ -33,14 +33,14 @@ def patch_list(as_json: bool = typer.Option(False, "--json")) -> None:
             "yes" if r["revert_after"] else "no"] for r in rows])
 
 
-def _patch_target(name: str | None, host: str) -> tuple[Any, Any, Store]:
+def _patch_target(name: str | None, host: str, writes: bool = True) -> tuple[Any, Any, Store]:
     from .. import registry
     from ..remote import connect
 
     ws = workspace()
     target = inventory(ws).get(host)
     ps = registry.patch_set(name) if name else None
-    return ps, connect(target), open_store(ws)
+    return ps, connect(target), open_store(ws) if writes else read_store(ws)
 
 
 def _print_patch_result(res: Any, as_json: bool) -> None:
@@ -60,7 +60,7 @@ def patch_check(name: str, host: str = typer.Option(LOCAL, "--host", "-H"),
     """Would the set apply on the host? Changes nothing."""
     from .. import patching
 
-    ps, transport, _ = _patch_target(name, host)
+    ps, transport, _ = _patch_target(name, host, writes=False)
     _print_patch_result(patching.check(transport, ps), as_json)
 
 
@@ -93,7 +93,7 @@ def patch_status(host: str = typer.Option(LOCAL, "--host", "-H"), as_json: bool 
 
     from .. import patching, registry
 
-    _, transport, store = _patch_target(None, host)
+    _, transport, store = _patch_target(None, host, writes=False)
     applied = patching.status(transport, registry.patch_sets(loadable_only=True), store)
     if as_json:
         emit_json([{**dataclasses.asdict(a), "intact": a.intact} for a in applied])

@@ -14,7 +14,7 @@ from ..errors import UsageError
 from ..record import Status
 from ..shapes import run_document
 from ..workspace import LOCAL
-from .app import app, inventory, open_store, parse_run_id, workspace
+from .app import app, inventory, no_runs_note, open_store, parse_run_id, read_store, workspace
 from .catalog import RunCommand
 from .render import age, emit_json, err, out, progress_line, shown_of, summary_lines, table
 
@@ -63,7 +63,7 @@ def rerun(
     from .. import registry
     from .. import spec as specmod
 
-    old = open_store(workspace()).get_run(parse_run_id(run_id))
+    old = read_store(workspace()).get_run(parse_run_id(run_id))
     pb = registry.playbook(old.playbook)
     spec = specmod.build(pb.Spec, specmod.merge_sets(old.spec, sets, pb.Spec), source=f"spec of run {old.id}")
     _start(pb, spec, host or old.host, detach, dry_run, until_ready, queue, as_json)
@@ -161,7 +161,7 @@ def status(
 ) -> None:
     """Show runs, newest first, or one run in full."""
     ws = workspace()
-    store = open_store(ws)
+    store = open_store(ws) if refresh else read_store(ws)
     if refresh:
         from .. import runflow
 
@@ -172,6 +172,8 @@ def status(
         return
     filters: dict[str, Any] = {"statuses": [s.value for s in statuses] or None, "host": host, "playbook": playbook}
     runs = store.list_runs(limit=limit, **filters)
+    if not runs:
+        no_runs_note(ws)
     shown_of(len(runs), store.count_runs(**filters) if len(runs) == limit else len(runs), "runs")
     docs = [run_document(store, r, with_events=False) for r in runs]
     if as_json:
@@ -191,7 +193,8 @@ def status(
 
 
 def _print_run(doc: dict[str, Any]) -> None:
-    out.print(f"run {doc['id']} {doc['playbook']} on {doc['host']}: {doc['status']} ({doc['phase']})")
+    phase = f" ({doc['phase']})" if doc["phase"] else ""
+    out.print(f"run {doc['id']} {doc['playbook']} on {doc['host']}: {doc['status']}{phase}")
     for key in ("reason", "exit_code", "pid", "remote_dir", "duration_s"):
         if doc.get(key) is not None:
             out.print(f"  {key}: {doc[key]}")
@@ -223,7 +226,7 @@ def logs(
     from .. import runflow
 
     ws = workspace()
-    store = open_store(ws)
+    store = read_store(ws)
     rid = parse_run_id(run_id)
     found = runflow.read_log(ws, store, rid, lines, inventory(ws))
     if found.fallback:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from .app import app, open_store, workspace
+from .app import app, no_runs_note, open_store, read_store, workspace
 from .render import age, emit_json, err, out, table
 
 sweep_app = typer.Typer(help="Grids of runs over hosts: run (or resume), status, cancel.", no_args_is_help=True)
@@ -44,9 +44,12 @@ def sweep_status(ref: str | None = typer.Argument(None, metavar="[SWEEP]", help=
     """Sweeps, newest first, or one sweep point by point."""
     from .. import sweep
 
-    store = open_store(workspace())
+    ws = workspace()
+    store = read_store(ws)
     if ref is None:
         docs = sweep.list_sweeps(store)
+        if not docs:
+            no_runs_note(ws)
         if as_json:
             emit_json(docs)
             return
