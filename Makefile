@@ -29,3 +29,4 @@ lint: setup
 bench: setup
 	$(BIN)/python bench/detection_lag.py
 	$(BIN)/python bench/inspect_log.py
+	$(BIN)/python bench/status_startup.py

@@ -55,3 +55,7 @@ class HostKeyError(Unreachable):
     """The host's key is unknown or changed; never accepted silently."""
 
     exit_code = 2
+
+
+class AuthFailed(HostKeyError):
+    """The host refused our user or key. Like a host-key refusal it does not heal on retry (hence the base)."""

@@ -20,10 +20,9 @@ from . import launch
 from .errors import OrchError
 from .record import ACTIVE
 from .remote import Transport, connect, quote
+from .shapes import times
 
 if TYPE_CHECKING:
-    from rich.table import Table
-
     from .hosts import Host
     from .store import Store
 
@@ -243,34 +242,44 @@ def _mib(v: int | None) -> str:
     return "?" if v is None else str(v)
 
 
-def describe_process(p: GpuProcess, width: int = 80) -> str:
+def describe_process(p: GpuProcess, width: int | None = 80) -> str:
     command = p.command or "command unknown: not visible on the host"
-    if len(command) > width:
+    if width is not None and len(command) > width:
         command = command[: width - 1] + "…"
     owner = f"run {p.run_id}" if p.run_id is not None else (p.user or "?")
     return f"pid {p.pid} [{owner}] {command} ({_mib(p.used_memory_mib)} MiB)"
 
 
-def render_table(snapshots_by_host: Mapping[str, GpuSnapshot | None | Exception]) -> Table:
-    """`orch gpus`: per GPU its memory, utilisation and processes; processes of orch runs show the run id."""
-    from rich.table import Table
-    from rich.text import Text  # cells as Text: commands and errors are data, never markup
+TABLE_HEADERS = ["host", "gpu", "memory MiB", "util", "processes"]
 
-    table = Table("host", "gpu", "memory MiB", "util", "processes")
+
+def table_rows(snapshots_by_host: Mapping[str, GpuSnapshot | None | Exception]) -> list[list[str]]:
+    """`orch gpus`: per GPU its memory, utilisation and processes; processes of orch runs show the run id."""
+    rows = []
     for host, snap in snapshots_by_host.items():
         if isinstance(snap, Exception):
-            table.add_row(host, "", "", "", Text(f"error: {snap}", style="red"))
+            rows.append([host, "", "", "", f"error: {snap}"])
         elif snap is None:
-            table.add_row(host, "-", "", "", "CPU host (no nvidia-smi)")
+            rows.append([host, "-", "", "", "CPU host (no nvidia-smi)"])
         elif not snap.gpus:
-            table.add_row(host, "-", "", "", "no GPUs reported")
+            rows.append([host, "-", "", "", "no GPUs reported"])
         else:
             for g in snap.gpus:
                 util = "?" if g.utilization_pct is None else f"{g.utilization_pct}%"
-                procs = Text("\n".join(describe_process(p) for p in g.processes) or "-")
-                memory = f"{_mib(g.memory_used_mib)} / {_mib(g.memory_total_mib)}"
-                table.add_row(host, str(g.index), memory, util, procs)
-    return table
+                procs = "\n".join(describe_process(p, width=None) for p in g.processes) or "-"
+                rows.append([host, str(g.index), f"{_mib(g.memory_used_mib)} / {_mib(g.memory_total_mib)}", util, procs])
+    return rows
+
+
+def host_document(name: str, found: GpuSnapshot | None | Exception) -> dict[str, Any]:
+    """A host in `orch gpus --json`: always an object, whether it answered, has no nvidia-smi, or failed."""
+    doc: dict[str, Any] = {"name": name, "ok": not isinstance(found, Exception),
+                           "error": str(found) if isinstance(found, Exception) else None,
+                           "nvidia_smi": isinstance(found, GpuSnapshot), "gpus": []}
+    if isinstance(found, GpuSnapshot):
+        doc["gpus"] = asdict(found)["gpus"]
+        doc.update(times(taken_at=found.taken_at))
+    return doc
 
 
 # --- freeing --------------------------------------------------------------------------------------
@@ -393,11 +402,12 @@ __all__ = [
     "GpuProcess",
     "GpuSnapshot",
     "attribute",
+    "host_document",
     "kill_pids",
     "parse_snapshot",
-    "render_table",
     "snapshot",
     "snapshot_to_dict",
     "snapshots",
+    "table_rows",
     "wait_until_free",
 ]

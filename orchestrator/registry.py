@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import sys
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,13 @@ def playbook(name: str) -> Playbook[Any]:
 
 def playbooks() -> list[Playbook[Any]]:
     return [playbook(n) for n in playbook_names()]
+
+
+def summary(pb: Playbook[Any]) -> str:
+    """One line on what a playbook does: its module's docstring (or its class's), without the name prefix."""
+    doc = sys.modules[type(pb).__module__].__doc__ or type(pb).__doc__ or ""
+    first = doc.strip().splitlines()[0] if doc.strip() else ""
+    return first.removeprefix(f"`{pb.name}`:").strip()
 
 
 def _did_you_mean(word: str, known: Any) -> str:

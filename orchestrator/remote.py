@@ -6,10 +6,14 @@ named policy `ssh_retry`; one connection per host is kept and reused.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import errno
+import hashlib
 import io
 import os
 import shlex
+import socket
 import subprocess
 import threading
 import time
@@ -20,7 +24,7 @@ from typing import Any
 
 import tenacity
 
-from .errors import HostKeyError, RemoteError, Unreachable
+from .errors import AuthFailed, HostKeyError, RemoteError, Unreachable
 from .hosts import Host
 
 quote = shlex.quote
@@ -189,6 +193,31 @@ class _SaveNewKeyPolicy:
             f.write(sep + f"{hostname} {key.get_name()} {key.get_base64()}\n".encode())
 
 
+def _fingerprint(key: Any) -> str:
+    """`SHA256:...`, as ssh and ssh-keygen -l print it."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class _UnknownKey(Exception):
+    pass
+
+
+class _RefuseUnknownKey:
+    """Refuse a host key that is not in known_hosts, saying which key it was and how to trust it."""
+
+    def __init__(self, known_name: str, port: int | None):
+        self.known_name, self.port = known_name, port
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        address = self.known_name.strip("[").split("]")[0]
+        scan = f"ssh-keyscan {'-p ' + str(self.port) + ' ' if self.port not in (None, 22) else ''}{address}"
+        raise _UnknownKey(
+            f"unknown host key for {self.known_name}: it offers {key.get_name()} {_fingerprint(key)}. "
+            f"If that is the host's key (ask its admin, or compare `ssh-keygen -lf` on the host), add it: "
+            f"{scan} >> ~/.ssh/known_hosts — or set accept_new_host_key = true for this host")
+
+
 class SSHTransport(Transport):
     retry_sleep: Callable[[float], None] = staticmethod(time.sleep)  # type: ignore[assignment]
 
@@ -224,22 +253,44 @@ class SSHTransport(Transport):
             conn.open()
             conn.transport.set_keepalive(KEEPALIVE_S)
         except paramiko.BadHostKeyException as exc:
-            raise HostKeyError(host.name, f"host key changed for {exc.hostname}; refusing to connect") from None
+            raise HostKeyError(host.name, self._changed_key(exc)) from None
         except paramiko.AuthenticationException as exc:
             # a wrong key or user does not heal on retry
-            raise HostKeyError(
-                host.name, f"authentication failed for user {conn.user!r}: {str(exc) or type(exc).__name__}"
+            raise AuthFailed(
+                host.name, f"authentication failed for user {conn.user!r} at {self._where()}: "
+                f"{str(exc) or type(exc).__name__} (is the key in identity_file or your ssh-agent authorized there?)"
             ) from None
+        except _UnknownKey as exc:
+            raise HostKeyError(host.name, str(exc)) from None
+        except paramiko.ssh_exception.NoValidConnectionsError as exc:
+            refused = all(getattr(e, "errno", None) == errno.ECONNREFUSED for e in exc.errors.values())
+            what = "connection refused" if refused else str(exc)
+            raise Unreachable(host.name, f"{what} at {self._where()} (is sshd running there, on that port?)") from None
+        except socket.gaierror:
+            raise Unreachable(host.name, f"no such host: {host.address or host.name!r} does not resolve (DNS); "
+                              "check address in hosts.toml or your ~/.ssh/config") from None
+        except TimeoutError:
+            raise Unreachable(host.name, f"no answer from {self._where()} within {host.connect_timeout:g} s") from None
         except paramiko.SSHException as exc:
-            if "not found in known_hosts" in str(exc) or "Server" in str(exc) and "not found" in str(exc):
-                raise HostKeyError(
-                    host.name,
-                    f"unknown host key ({exc}); add it to known_hosts or set accept_new_host_key = true",
-                ) from None
             raise Unreachable(host.name, str(exc) or type(exc).__name__) from None
         except (OSError, EOFError) as exc:
             raise Unreachable(host.name, str(exc) or type(exc).__name__) from None
         return conn
+
+    def _where(self) -> str:
+        return f"{self.host.address or self.host.name}:{self.host.port or 22}"
+
+    def _known_name(self) -> str:
+        """The host as known_hosts names it: `addr`, or `[addr]:port` off port 22."""
+        address = self.host.address or self.host.name
+        return address if self.host.port in (None, 22) else f"[{address}]:{self.host.port}"
+
+    def _changed_key(self, exc: Any) -> str:
+        files = " and ".join(f for f in ("~/.ssh/known_hosts", self.host.known_hosts) if f)
+        return (f"host key changed for {self._known_name()}: it offers {exc.key.get_name()} {_fingerprint(exc.key)}, "
+                f"known_hosts has {_fingerprint(exc.expected_key)}; refusing to connect. If the host was reinstalled "
+                f"(ask its admin), remove the old key: ssh-keygen -R '{self._known_name()}'"
+                + (f" -f {self.host.known_hosts}" if self.host.known_hosts else "") + f" (in {files}), then connect again")
 
     def _check_host_keys(self, client: Any, paramiko: Any) -> None:
         client.load_system_host_keys()
@@ -251,7 +302,7 @@ class SSHTransport(Transport):
                 _SaveNewKeyPolicy(extra or os.path.expanduser("~/.ssh/known_hosts"))
             )
         else:
-            client.set_missing_host_key_policy(paramiko.RejectPolicy())
+            client.set_missing_host_key_policy(_RefuseUnknownKey(self._known_name(), self.host.port))
 
     def _connection(self) -> Any:
         if self._conn is None or not self._conn.is_connected:
@@ -282,7 +333,7 @@ class SSHTransport(Transport):
                     if isinstance(exc, _ConnectionLost):
                         raise
                     if isinstance(exc, paramiko.AuthenticationException):
-                        raise HostKeyError(self.host.name, f"authentication failed: {exc}") from None
+                        raise AuthFailed(self.host.name, f"authentication failed: {exc}") from None
                     raise Unreachable(self.host.name, str(exc) or type(exc).__name__) from None
         raise AssertionError("unreachable")  # tenacity reraises
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from . import specdoc
 from .checks import bad_env_names, value_problem
 from .errors import OrchError, SpecError
 
@@ -23,11 +25,11 @@ class RunSpec(BaseModel):
     poll_min: float | None = Field(default=None, gt=0, description="first poll interval, s (host default)")
     poll_max: float | None = Field(default=None, gt=0, description="longest poll interval, s (host default)")
     stall_factor: float = Field(default=5.0, gt=1, description="stalled after this many usual gaps")
-    on_stall: Literal["warn", "kill", "dump"] = "warn"
-    cleanup: bool = True
+    on_stall: Literal["warn", "kill", "dump"] = Field(default="warn", description="what a stall does (dump: py-spy)")
+    cleanup: bool = Field(default=True, description="stop stale orch runs on the GPUs and wait until free")
     gpus: list[int] | None = Field(default=None, description="GPU indices the run needs (default: all)")
-    kill_foreign: bool = False
-    patches: list[str] = Field(default_factory=list)
+    kill_foreign: bool = Field(default=False, description="also kill processes orch did not start")
+    patches: list[str] = Field(default_factory=list, description="patch sets applied before launch")
     python: str | None = Field(default=None, description="interpreter on the host (default: the host's)")
     notify: list[str] = Field(default_factory=list, description="http(s) URLs told (JSON POST) when the run ends")
     notify_timeout_s: float = Field(default=30.0, gt=0, description="bound on retries of one notification")
@@ -115,17 +117,16 @@ def merge_sets(values: dict[str, Any], sets: list[str], spec_cls: type[BaseModel
 S = TypeVar("S", bound=BaseModel)
 
 
-def build(spec_cls: type[S], values: dict[str, Any], source: str = "spec") -> S:
-    """Validate; every invalid field is reported in one message."""
+def build(spec_cls: type[S], values: dict[str, Any], source: str = "spec",
+          origin: Callable[[str], str] | None = None) -> S:
+    """Validate; every invalid field is reported, one per line (origin names where a key came from)."""
     try:
         return spec_cls.model_validate(values)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "spec"
-            msg = err["msg"].removeprefix("Value error, ")
-            problems.append(f"{where}: {msg}")
-        raise SpecError(f"invalid {source}: " + "; ".join(problems)) from None
+        lines = specdoc.problems(spec_cls, exc, origin)
+        if len(lines) == 1:
+            raise SpecError(f"invalid {source}: {lines[0]}") from None
+        raise SpecError(f"invalid {source}, {len(lines)} problems:\n" + "\n".join(lines)) from None
 
 
 def stored(spec_cls: type[S], run_id: int, value: Any, readable: bool = True) -> S:
@@ -153,4 +154,11 @@ def load(spec_cls: type[S], file: Path | None = None, sets: list[str] | None = N
             raise SpecError(f"{file}: invalid TOML: {exc}") from None
         except OSError as exc:  # a directory, no permission
             raise SpecError(f"cannot read spec file {file}: {exc.strerror or exc}") from None
-    return build(spec_cls, merge_sets(values, sets or [], spec_cls))
+    set_keys = [item.partition("=")[0].strip() for item in sets or []]
+
+    def origin(key: str) -> str:
+        if any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in set_keys):
+            return "--set"
+        return str(file) if file is not None else ""
+
+    return build(spec_cls, merge_sets(values, sets or [], spec_cls), origin=origin)

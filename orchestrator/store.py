@@ -162,16 +162,30 @@ class Store:
             self._cols = [r[1] for r in self.conn.execute("PRAGMA table_info(runs)")]
         return self._cols
 
-    def list_runs(self, *, limit: int = 50, statuses: Iterable[str] | None = None) -> list[Run]:
-        sql = "SELECT * FROM runs"
+    def list_runs(self, *, limit: int = 50, statuses: Iterable[str] | None = None, host: str | None = None,
+                  playbook: str | None = None) -> list[Run]:
+        where, args = self._run_filter(statuses, host, playbook)
+        rows = self.conn.execute(f"SELECT * FROM runs{where} ORDER BY id DESC LIMIT ?", [*args, limit])
+        return [self._decode(r) for r in rows]
+
+    def count_runs(self, *, statuses: Iterable[str] | None = None, host: str | None = None,
+                   playbook: str | None = None) -> int:
+        where, args = self._run_filter(statuses, host, playbook)
+        return int(self.conn.execute(f"SELECT COUNT(*) FROM runs{where}", args).fetchone()[0])
+
+    @staticmethod
+    def _run_filter(statuses: Iterable[str] | None, host: str | None, playbook: str | None) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
         args: list[Any] = []
         if statuses is not None:
             statuses = list(statuses)
-            sql += f" WHERE status IN ({','.join('?' * len(statuses))})"
+            clauses.append(f"status IN ({','.join('?' * len(statuses))})")
             args += statuses
-        sql += " ORDER BY id DESC LIMIT ?"
-        args.append(limit)
-        return [self._decode(r) for r in self.conn.execute(sql, args)]
+        for column, value in (("host", host), ("playbook", playbook)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                args.append(value)
+        return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
 
     def update_run(self, run_id: int, **fields: Any) -> None:
         if not fields:
@@ -243,36 +257,3 @@ def _data(text: str | None) -> Any:
     except ValueError:
         return None
 
-
-def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, Any]:
-    """The JSON shape of a run that `orch status --json` prints."""
-    progress, error = run.progress, run.error
-    doc = {
-        "id": run.id,
-        "playbook": run.playbook,
-        "host": run.host,
-        "status": run.status.value,
-        "phase": run.phase,
-        "stalled": run.stalled,
-        "progress": {k: progress.get(k) for k in ("label", "done", "total", "rate_per_s", "eta_s")}
-        if progress
-        else None,
-        "error": {k: error.get(k) for k in ("kind", "exception", "message")} if error else None,
-        "reason": run.reason,
-        "predicted_ready_at": run.predicted_at,
-        "metrics": store.latest_metrics(run.id),
-        "exit_code": run.exit_code,
-        "pid": run.pid,
-        "job_id": run.job_id,
-        "node": run.node,
-        "queue_reason": run.queue_reason,
-        "remote_dir": run.remote_dir,
-        "created_at": run.created_at,
-        "started_at": run.started_at,
-        "ended_at": run.ended_at,
-        "spec": None if "spec" in run.unreadable else run.spec,
-        "end_steps": run.end_steps,  # the end steps that ran (outputs, log tail, patch revert, notify)
-    }
-    if with_events:
-        doc["events"] = [{k: e[k] for k in ("ts", "kind", "message")} for e in store.events(run.id)]
-    return doc

@@ -11,7 +11,7 @@ from orchestrator.playbook import JobContext, Playbook, Prepared, RunSpec, check
 
 class CommandSpec(RunSpec):
     cmd: str = Field(min_length=1, description="command line, run by bash in the run dir unless cwd is set")
-    cwd: str | None = None
+    cwd: str | None = Field(default=None, description="working dir on the host (default: the run dir)")
     ready_pattern: str | None = Field(default=None, description="regex of the line that marks the job ready")
     engine: str | None = Field(default=None, description="log format hint: sglang, vllm, speculators, ...")
 

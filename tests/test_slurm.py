@@ -251,6 +251,6 @@ def test_gpus_of_a_cluster_come_from_the_scheduler(orch, cluster, tmp_path):
                "--set", "gpus=[0,1,2]", "--detach", *POLL)
     assert res.returncode == 0, res.stderr
     wait_for_file(started)
-    nodes = json.loads(orch("gpus", "--host", "cluster", "--json", check=0).stdout)["cluster"]
+    nodes = json.loads(orch("gpus", "--host", "cluster", "--json", check=0).stdout)["cluster"]["nodes"]
     assert nodes == [{"node": "localhost", "gpus": 8, "used": 3, "state": "mixed", "partitions": ["debug"]}]
     assert "localhost" in orch("gpus", "--host", "cluster", check=0).stdout

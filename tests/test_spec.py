@@ -26,14 +26,37 @@ def test_file_then_sets(tmp_path):
     assert (spec.model, spec.layers, spec.batch_size) == ("/m", [3, 4], 2)
 
 
-def test_all_invalid_fields_in_one_message():
+def test_all_invalid_fields_in_one_message_one_per_line():
     with pytest.raises(SpecError) as exc:
         load(ExtractSpec, None, ["batch_size=0", "dtype=int3", "colour=blue", "layers=x"])
-    msg = str(exc.value)
-    for field in ("batch_size", "dtype", "colour", "layers"):
-        assert field in msg
-    assert "\n" not in msg
+    head, *lines = str(exc.value).splitlines()
+    assert head == "invalid spec, 4 problems:"
+    assert sorted(lines) == [
+        "batch_size = 0 (--set): must be greater than 0",
+        "colour = \"blue\" (--set): unknown key; not a key of this spec",
+        "dtype = \"int3\" (--set): must be 'float32', 'bfloat16' or 'float16'",
+        "layers = \"x\" (--set): must be a valid list (expected list of integer or none)",
+    ]
     assert exc.value.exit_code == 2
+
+
+def test_spec_errors_name_the_file_the_key_and_a_close_key(tmp_path):
+    f = tmp_path / "spec.toml"
+    f.write_text('cmdd = "python x.py"\ngpu = [0]\non_stall = "kil"\n')
+    with pytest.raises(SpecError) as exc:
+        load(CommandSpec, f, ["poll_min=-1"])
+    lines = str(exc.value).splitlines()[1:]
+    assert f'cmdd = "python x.py" ({f}): unknown key; did you mean \'cmd\'?' in lines
+    assert f"gpu = [0] ({f}): unknown key; did you mean 'gpus'?" in lines
+    assert f'on_stall = "kil" ({f}): must be \'warn\', \'kill\' or \'dump\'; did you mean \'kill\'?' in lines
+    assert "poll_min = -1 (--set): must be greater than 0" in lines
+    assert any(line.startswith("cmd: required (text") for line in lines)
+
+
+def test_one_problem_is_one_line():
+    with pytest.raises(SpecError) as exc:
+        load(CommandSpec, None, ["cmd=true", "stall_factor=1"])
+    assert str(exc.value) == "invalid spec: stall_factor = 1 (--set): must be greater than 1"
 
 
 def test_command_needs_cmd_and_a_valid_regex():

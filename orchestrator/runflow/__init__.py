@@ -11,13 +11,48 @@ Modules below this one never call up into it: the lease and GPU cleanup get call
 
 from __future__ import annotations
 
-from .context import END_STEPS, KILL_GRACE_S, Context, follow_log, log_tail, open_run, watch_options
+from .context import (
+    END_STEPS,
+    KILL_GRACE_S,
+    Context,
+    LogText,
+    follow_log,
+    log_tail,
+    open_run,
+    read_log,
+    watch_options,
+)
 from .ending import cancel, end, finish, free_gpus, notification, settle_orphan, stop, stop_quietly
 from .follow import keep_watching, poll, probe_orphan, refresh, watch, watcher
 from .starting import DryRunTransport, check, dry_run, run_token, start
 
 __all__ = [
-    "END_STEPS", "KILL_GRACE_S", "Context", "DryRunTransport", "cancel", "check", "dry_run", "end", "finish",
-    "follow_log", "free_gpus", "keep_watching", "log_tail", "notification", "open_run", "poll", "probe_orphan",
-    "refresh", "run_token", "settle_orphan", "start", "stop", "stop_quietly", "watch", "watch_options", "watcher",
+    "END_STEPS",
+    "KILL_GRACE_S",
+    "Context",
+    "DryRunTransport",
+    "LogText",
+    "cancel",
+    "check",
+    "dry_run",
+    "end",
+    "finish",
+    "follow_log",
+    "free_gpus",
+    "keep_watching",
+    "log_tail",
+    "notification",
+    "open_run",
+    "poll",
+    "probe_orphan",
+    "read_log",
+    "refresh",
+    "run_token",
+    "settle_orphan",
+    "start",
+    "stop",
+    "stop_quietly",
+    "watch",
+    "watch_options",
+    "watcher",
 ]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import registry
-from ..errors import OrchError
+from ..errors import HostError, OrchError, Unreachable
 from ..executor import Executor, executor_for
 from ..hosts import Host, Inventory
 from ..launch import RunPaths
@@ -111,6 +111,29 @@ def watch_options(pb: Playbook[Any], spec: RunSpec, host: Host, until_ready: boo
 
 def log_tail(ctx: Context, lines: int) -> str:
     return ctx.executor.tail(ctx.paths, lines)
+
+
+@dataclass
+class LogText:
+    text: str
+    fallback: str | None = None  # why the text is the local copy, not the host's log
+
+
+def read_log(ws: Workspace, store: Store, run_id: int, lines: int, hosts: Hosts | None = None) -> LogText:
+    """The last lines of a run's log from its host or, when the host cannot be reached (or is no longer in
+    the inventory), from the tail fetched when the run ended."""
+    run = store.get_run(run_id)
+    if not run.remote_dir:
+        raise OrchError(f"run {run.id} has no log: it never reached its host ({run.status}"
+                        + (f": {run.reason})" if run.reason else ")"))
+    local = ws.runs_dir / str(run.id) / "log.tail"
+    try:
+        return LogText(log_tail(open_run(ws, store, run, hosts, any_spec=True), lines))
+    except (Unreachable, HostError) as exc:
+        if not local.is_file():
+            raise
+        kept = local.read_text(errors="replace").splitlines(keepends=True)[-lines:] if lines > 0 else []
+        return LogText("".join(kept), f"{exc}; showing the tail kept when the run ended ({local})")
 
 
 def follow_log(ctx: Context, write: Callable[[bytes], None], sleep: Callable[[float], None] = time.sleep) -> None:

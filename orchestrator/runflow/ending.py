@@ -198,4 +198,5 @@ def settle_orphan(ctx: Context) -> Run:
             return ctx.run
         return end(ctx.store, ctx.run_id, Status.LOST, "its controller died while launching; no job pid was written",
                    ctx)
-    return end(ctx.store, ctx.run_id, Status.FAILED, f"its controller died before launch ({run.status})", ctx)
+    return end(ctx.store, ctx.run_id, Status.FAILED, f"its controller died before launch ({run.status})", ctx,
+               phase=None)

@@ -42,6 +42,8 @@ def watch(ctx: Context, *, until_ready: bool = False, on_update: Callable[[Run],
         if ctx.lock is None:
             lock = WatchLock(ctx.ws, ctx.run_id)
             ctx.lock = lock if lock.acquire() else None
+        if not run.launched:
+            raise OrchError(f"run {run.id} never launched ({run.status})")
         if ctx.lock is not None:
             run = watcher(ctx, until_ready=until_ready, on_update=on_update, sleep=sleep,
                           live=live).run_until_done()

@@ -91,12 +91,14 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         transition(store, run_id, Status.LAUNCHING)
         gpus = len(spec.gpus) if spec.gpus is not None else None
         pid, pid_start = ctx.executor.launch(paths, script, run_token(ws, store, run_id), gpus)
+    # A run that never launched has no job, so no phase: it does not pretend to be `starting`.
     except OrchError as exc:
-        end(store, run_id, Status.FAILED, f"before launch: {exc}", ctx)
+        end(store, run_id, Status.FAILED, f"before launch: {exc}", ctx, phase=None)
         lock.release()
         raise
     except Exception as exc:  # a bug: the run must not stay `preparing`, and the bug must still show
-        end(store, run_id, Status.FAILED, f"before launch: internal error: {type(exc).__name__}: {exc}", ctx)
+        end(store, run_id, Status.FAILED, f"before launch: internal error: {type(exc).__name__}: {exc}", ctx,
+            phase=None)
         lock.release()
         raise
     transition(store, run_id, Status.RUNNING, f"{ctx.executor.describe((pid, pid_start))} on {host.name}", pid=pid,

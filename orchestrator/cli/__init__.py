@@ -1,0 +1,37 @@
+"""The `orch` command: parse, call one library function, render, choose the exit code (in `main`)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from ..errors import OrchError
+from . import catalog, hosts, inspect, patches, runs, sweeps  # noqa: F401 - each registers its commands
+from .app import app
+from .render import err
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Exit codes in one place: 0 ok, 1 the run failed or an operation failed, 2 bad input.
+
+    Typer's standalone mode already maps usage errors to 2 and typer.Exit to its code; OrchErrors
+    become one message without a traceback; anything else is a bug and keeps its traceback.
+    """
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="orch", standalone_mode=True)
+    except OrchError as exc:
+        first, *rest = str(exc).splitlines() or [type(exc).__name__]
+        err.print(f"orch: {first}", markup=False)
+        for line in rest:
+            err.print(f"  {line}", markup=False)
+        sys.exit(exc.exit_code)
+    finally:
+        if "orchestrator.remote" in sys.modules:  # connections to close (a command that made none skips the import)
+            sys.modules["orchestrator.remote"].close_all()
+        if "orchestrator.notify" in sys.modules:  # notifications still being sent: a bounded wait
+            sys.modules["orchestrator.notify"].drain()
+
+
+__all__ = ["app", "main"]

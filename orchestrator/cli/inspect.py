@@ -1,0 +1,67 @@
+"""Looking back: inspect-log (what orch reads in any log) and compare (runs side by side)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from .. import shapes
+from ..errors import UsageError
+from .app import app, parse_run_id, read_store, workspace
+from .render import emit_json, out, progress_line, table
+
+
+@app.command("inspect-log")
+def inspect_log(path: Path = typer.Argument(..., help="any log file, of any size"),
+                as_json: bool = typer.Option(False, "--json")) -> None:
+    """What orch reads in a log: engine, phase, progress, the error that ended it, metrics."""
+    from ..logparse import inspect_file
+
+    if not path.is_file():
+        raise UsageError(f"no such log file: {path}")
+    try:
+        found = inspect_file(path)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    e = found["error"]
+    found["error"] = {k: e[k] for k in ("kind", "exception", "message", "line")} if e else None
+    found["progress"], found["metrics"] = shapes.progress(found["progress"]), shapes.metrics(found["metrics"])
+    if as_json:
+        emit_json(found)
+        return
+    out.print(f"engine: {found['engine']}  phase: {found['phase']}", markup=False)
+    if found["progress"]:
+        out.print("progress: " + progress_line(found["progress"], found["phase"]))
+    if e:
+        out.print(f"error (line {e['line']}): {e['kind']}: {e['exception'] or ''} {e['message']}".rstrip(),
+                  markup=False)
+    if found["metrics"]:
+        out.print("metrics: " + " ".join(f"{k}={v:g}" for k, v in found["metrics"].items()), markup=False)
+
+
+@app.command()
+def compare(
+    run_ids: list[str] = typer.Argument(..., help="two or more run ids; ratios are against the first"),
+    as_json: bool = typer.Option(False, "--json"),
+    all_keys: bool = typer.Option(False, "--all", help="every spec key, not only those that differ"),
+) -> None:
+    """Specs and metrics of runs side by side, with ratios against the first run."""
+    from .. import report
+
+    found = report.compare(read_store(workspace()), [parse_run_id(r) for r in run_ids], all_keys)
+    if as_json:
+        emit_json(found)
+        return
+    rows = [[key, *("-" if v is None else v if isinstance(v, str) else json.dumps(v) for v in values)]
+            for key, values in found["spec"].items()]
+    for name, m in found["metrics"].items():
+        cells = []
+        for i, (v, r) in enumerate(zip(m["values"], m["ratios"])):
+            cell = "-" if v is None else f"{v:g}"
+            cells.append(cell + (f" ({r:.2f}x)" if i and r is not None else ""))
+        rows.append([name, *cells])
+    table(["", *(f"run {i}" for i in found["runs"])], rows)
+
+

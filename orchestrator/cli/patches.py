@@ -1,0 +1,109 @@
+"""orch patch: list, check, apply, revert and status of patch sets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from ..store import Store
+from ..workspace import LOCAL
+from .app import app, inventory, open_store, read_store, workspace
+from .render import emit_json, out, table
+
+patch_app = typer.Typer(help="Patch sets for the engines' installed source.", no_args_is_help=True)
+app.add_typer(patch_app, name="patch")
+
+
+@patch_app.command("list")
+def patch_list(as_json: bool = typer.Option(False, "--json")) -> None:
+    """The patch sets orch knows (its own and those of installed packages)."""
+    from .. import registry
+
+    sets = registry.patch_sets()
+    rows: list[dict[str, Any]] = [
+        {"name": p.name, "package": p.package, "versions": p.versions, "files": sorted(p.files),
+         "requires_flags": list(p.requires_flags), "revert_after": p.revert_after,
+         "set_hash": p.set_hash, "description": p.description} for p in sets]
+    if as_json:
+        emit_json(rows)
+        return
+    table(["name", "package", "versions", "files", "requires", "revert after"],
+          [[r["name"], r["package"], r["versions"], len(r["files"]), " ".join(r["requires_flags"]),
+            "yes" if r["revert_after"] else "no"] for r in rows])
+
+
+def _patch_target(name: str | None, host: str, writes: bool = True) -> tuple[Any, Any, Store]:
+    from .. import registry
+    from ..remote import connect
+
+    ws = workspace()
+    target = inventory(ws).get(host)
+    ps = registry.patch_set(name) if name else None
+    return ps, connect(target), open_store(ws) if writes else read_store(ws)
+
+
+def _print_patch_result(res: Any, as_json: bool) -> None:
+    if as_json:
+        import dataclasses
+
+        emit_json(dataclasses.asdict(res))
+        return
+    out.print(f"{res.set_name} {res.action} on {res.host}: {res.package} {res.version or ''} at {res.root}")
+    for f in res.files:
+        out.print(f"  {f.state:9} {f.file}")
+
+
+@patch_app.command("check")
+def patch_check(name: str, host: str = typer.Option(LOCAL, "--host", "-H"),
+                as_json: bool = typer.Option(False, "--json")) -> None:
+    """Would the set apply on the host? Changes nothing."""
+    from .. import patching
+
+    ps, transport, _ = _patch_target(name, host, writes=False)
+    _print_patch_result(patching.check(transport, ps), as_json)
+
+
+@patch_app.command("apply")
+def patch_apply(name: str, host: str = typer.Option(LOCAL, "--host", "-H"),
+                as_json: bool = typer.Option(False, "--json")) -> None:
+    """Apply every file of the set, or none."""
+    from .. import patching
+
+    ps, transport, store = _patch_target(name, host)
+    _print_patch_result(patching.apply(transport, ps, store=store), as_json)
+
+
+@patch_app.command("revert")
+def patch_revert(name: str, host: str = typer.Option(LOCAL, "--host", "-H"),
+                 force: bool = typer.Option(False, "--force", help="revert files changed since patching"),
+                 as_json: bool = typer.Option(False, "--json")) -> None:
+    """Restore the original bytes of every file the set patched."""
+    from .. import patching, registry
+
+    _, transport, store = _patch_target(None, host)
+    known = {p.name: p for p in registry.patch_sets(loadable_only=True)}
+    _print_patch_result(patching.revert(transport, known.get(name, name), force=force, store=store), as_json)
+
+
+@patch_app.command("status")
+def patch_status(host: str = typer.Option(LOCAL, "--host", "-H"), as_json: bool = typer.Option(False, "--json")) -> None:
+    """Which sets are applied on the host, by which run, and whether the files still match."""
+    import dataclasses
+
+    from .. import patching, registry
+
+    _, transport, store = _patch_target(None, host, writes=False)
+    applied = patching.status(transport, registry.patch_sets(loadable_only=True), store)
+    if as_json:
+        emit_json([{**dataclasses.asdict(a), "intact": a.intact} for a in applied])
+        return
+    if not applied:
+        out.print(f"no patch sets applied on {host}")
+    for a in applied:
+        run = f"run {a.run_id}" if a.run_id else "by hand"
+        state = "files match" if a.intact else "FILES CHANGED: " + ", ".join(
+            f.file for f in a.files if f.state != "applied")
+        out.print(f"{a.set_name} on {a.package} {a.version} ({run}): {state}")
+
+

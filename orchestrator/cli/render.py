@@ -1,0 +1,105 @@
+"""How the CLI shows things: the two consoles, JSON, tables, the progress line, ages."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+
+# No markup: run output, log lines and error messages are data, and `[rank3]` must print as itself.
+out = Console(highlight=False, soft_wrap=True, markup=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+
+
+def emit_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+def progress_line(progress: dict[str, Any] | None, phase: str | None) -> str:
+    p = progress or {}
+    phase = phase or "?"
+    if not p:
+        return f"{phase}"
+    total = p.get("total")
+    frac = (p["done"] / total) if total else None
+    bar = ""
+    if frac is not None:
+        filled = int(30 * min(max(frac, 0), 1))
+        bar = "" + "█" * filled + "" + "░" * (30 - filled) + f" {100 * frac:5.1f}% "
+    eta = f" eta {p['eta_s']:.0f}s" if p.get("eta_s") is not None else ""
+    rate = f" {p['rate_per_s']:.2f}/s" if p.get("rate_per_s") else ""
+    done = f"{p['done']:g}/{total:g}" if total else f"{p['done']:g}"
+    return f"{phase} {p.get('label') or ''} {bar}{done}{rate}{eta}"
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def table(headers: list[str], rows: list[list[Any]], *, title: str | None = None) -> None:
+    """A table on a terminal; off one (a pipe, a file) tab-separated lines, no value ever cut or wrapped."""
+    cells = [[cell(v) for v in row] for row in rows]
+    if not out.is_terminal:
+        if title:
+            sys.stdout.write(title + "\n")
+        for line in [headers, *cells]:
+            # one record per line: a tab or newline inside a value would split it
+            sys.stdout.write("\t".join(v.replace("\t", " ").replace("\n", "; ") for v in line) + "\n")
+        sys.stdout.flush()
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(*headers, box=None, title=title)
+    for column in t.columns:
+        column.overflow = "fold"  # a long name wraps, it is never cut to `sglang-eagle3-h…`
+    for row in cells:
+        t.add_row(*(Text(v) for v in row))  # Text: a value such as "[bold]" is data, not markup
+    out.print(t)
+
+
+def shown_of(shown: int, total: int, noun: str) -> None:
+    """Tell (on stderr, so stdout stays data) that a listing was limited."""
+    if shown < total:
+        err.print(f"showing {shown} of {total} {noun} (--limit N shows more)")
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{secs:02d}s"
+
+
+def summary_lines(doc: dict[str, Any]) -> list[str]:
+    """The end of `orch run` / `orch watch`: how it went and what to do next."""
+    rid, status = doc["id"], doc["status"]
+    metrics = " ".join(f"{k}={v:g}" for k, v in list(doc["metrics"].items())[:6])
+    where = f"{doc['host']}:{doc['outputs']['remote_dir']}" if doc["outputs"]["remote_dir"] else None
+    if status in ("succeeded", "running"):
+        lines = [f"run {rid} {status}" + (f" in {duration(doc['duration_s'])}" if status == "succeeded"
+                                          else f" ({doc['phase']})")]
+        if metrics:
+            lines.append(f"  metrics: {metrics}")
+        if where:
+            lines.append(f"  run dir: {where}")
+        if doc["outputs"]["manifest"]:
+            lines.append(f"  outputs: {doc['outputs']['manifest']}")
+    else:
+        lines = [f"run {rid} {status}" + (f": {doc['cause']}" if doc["cause"] else "")]
+        lines += [f"  | {line}" for line in doc["log_lines"]]
+    lines.append("  next: " + "   ".join(doc["next"]))
+    return lines

@@ -1,0 +1,369 @@
+"""Commands on runs: run, rerun, watch, status, logs, cancel, stop, rm, gc."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from ..errors import UsageError
+from ..record import Run, Status
+from ..shapes import run_document
+from ..workspace import LOCAL
+from .app import app, inventory, no_runs_note, open_store, parse_run_id, read_store, workspace
+from .catalog import RunCommand
+from .render import age, emit_json, err, out, progress_line, shown_of, summary_lines, table
+
+RUN_EXAMPLES = """Examples:
+
+  orch run command --set 'cmd=python train.py' --detach
+
+  orch run extract-hidden-states --host gpu01 --set model=/data/kimi --set 'layers=[2,30,58]'
+
+  orch run serve-eagle3 --host gpu01 -f eagle3.toml --until-ready
+"""
+
+
+@app.command(cls=RunCommand, epilog=RUN_EXAMPLES)
+def run(
+    playbook: str = typer.Argument(..., metavar="PLAYBOOK", help="see `orch playbooks`"),
+    host: str = typer.Option(LOCAL, "--host", "-H", metavar="HOST"),
+    file: Path | None = typer.Option(None, "--file", "-f", metavar="SPEC.toml", help="spec TOML"),
+    sets: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="a spec key (value read as a TOML literal)"),
+    detach: bool = typer.Option(False, "--detach", help="return right after a good launch"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the remote commands instead"),
+    until_ready: bool = typer.Option(False, "--until-ready", help="return once the job is ready"),
+    queue: bool = typer.Option(False, "--queue", help="wait while the host (or GPU set) is busy"),
+    as_json: bool = typer.Option(False, "--json", help="the end-of-run summary (or the launch) as JSON"),
+) -> None:
+    """Run a playbook on a host and watch it to the end."""
+    from .. import registry
+    from .. import spec as specmod
+
+    pb = registry.playbook(playbook)
+    _start(pb, specmod.load(pb.Spec, file, sets), host, detach, dry_run, until_ready, queue, as_json)
+
+
+@app.command(epilog="Example:\n\n  orch rerun 7 --set batch_size=8 --host gpu02")
+def rerun(
+    run_id: str = typer.Argument(..., metavar="ID"),
+    host: str | None = typer.Option(None, "--host", "-H", metavar="HOST", help="default: the run's host"),
+    sets: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="change a spec key"),
+    detach: bool = typer.Option(False, "--detach", help="return right after a good launch"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the remote commands instead"),
+    until_ready: bool = typer.Option(False, "--until-ready", help="return once the job is ready"),
+    queue: bool = typer.Option(False, "--queue", help="wait while the host (or GPU set) is busy"),
+    as_json: bool = typer.Option(False, "--json", help="the end-of-run summary (or the launch) as JSON"),
+) -> None:
+    """Run a run's playbook again with its spec, changed by --set."""
+    from .. import registry
+    from .. import spec as specmod
+
+    old = read_store(workspace()).get_run(parse_run_id(run_id))
+    pb = registry.playbook(old.playbook)
+    spec = specmod.build(pb.Spec, specmod.merge_sets(old.spec, sets, pb.Spec), source=f"spec of run {old.id}")
+    _start(pb, spec, host or old.host, detach, dry_run, until_ready, queue, as_json)
+
+
+def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_ready: bool, queue: bool,
+           as_json: bool) -> None:
+    from .. import runflow
+
+    ws = workspace()
+    target = inventory(ws).get(host)
+    store = open_store(ws)
+    if dry_run:
+        runflow.dry_run(ws, store, pb, spec, target, out.print)
+        return
+    waited: list[str] = []
+
+    def on_wait(busy: Exception) -> None:
+        if not waited:
+            err.print(f"waiting: {busy}".removesuffix("; --queue waits"))
+            waited.append(str(busy))
+
+    ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait)
+    job = ctx.executor.describe((ctx.run.pid or 0, ctx.run.pid_start or ""))
+    err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, {job} in {ctx.paths.root}")
+    if detach:
+        _hand_over(ctx)
+        if as_json:
+            emit_json(run_document(store, ctx.run, with_events=False))
+        else:
+            out.print(ctx.run_id)
+        return
+    _follow(ctx, until_ready, as_json)
+
+
+def _hand_over(ctx: Any) -> None:
+    """This process stops watching the run; a background watcher keeps it (see watching.py)."""
+    from .. import watching
+
+    ctx.release()
+    watching.ensure_watched(ctx.ws, ctx.store, [ctx.run])
+
+
+@app.command()
+def watch(run_id: str = typer.Argument(..., metavar="ID"), until_ready: bool = typer.Option(False, "--until-ready"),
+          as_json: bool = typer.Option(False, "--json", help="the end-of-run summary as JSON"),
+          background: bool = typer.Option(False, "--background", hidden=True,
+                                          help="watch to the end without output (what orch starts for a run)")) -> None:
+    """Resume watching a run (after a detach, Ctrl-C or a dead controller)."""
+    from .. import runflow
+
+    ws = workspace()
+    ctx = runflow.open_run(ws, open_store(ws), parse_run_id(run_id), inventory(ws), any_spec=background)
+    if background:
+        runflow.keep_watching(ctx)
+        return
+    _follow(ctx, until_ready, as_json)
+
+
+def _follow(ctx: Any, until_ready: bool, as_json: bool) -> None:
+    """Watch through the run flow, showing its events and a live progress line; Ctrl-C detaches."""
+    from rich.live import Live
+
+    from .. import outcome, runflow
+    from ..liveview import PlainProgress, RunView
+
+    tty = err.is_terminal
+    view = RunView(ctx.run)
+    # a person at a terminal: the line is drawn anew every second; elsewhere, a plain line now and then
+    live = Live(view, console=err, transient=True, refresh_per_second=1, auto_refresh=tty)
+    plain = None if tty else PlainProgress(err.print)
+    seen = len(ctx.store.events(ctx.run_id))
+
+    def show(run: Run) -> None:
+        nonlocal seen
+        events = ctx.store.events(ctx.run_id)
+        for e in events[seen:]:
+            if e["kind"] != "status" or e["message"].split(":")[0] in ("running",):
+                live.console.print(f"{time.strftime('%H:%M:%S', time.localtime(e['ts']))} {e['kind']}: {e['message']}")
+        seen = len(events)
+        view.update(run)
+        if plain is not None:
+            plain.update(run)
+
+    try:
+        with live:
+            final = runflow.watch(ctx, until_ready=until_ready, on_update=show, live=tty)
+    except KeyboardInterrupt:
+        ctx.event("detached", "watch interrupted; the job keeps running")
+        _hand_over(ctx)
+        err.print(f"detached; run {ctx.run_id} keeps running, watched in the background — "
+                  f"`orch watch {ctx.run_id}` follows it again")
+        raise typer.Exit(0)
+    doc = outcome.summary(ctx.ws, ctx.store, final)
+    if as_json:
+        emit_json(doc)
+    for line in summary_lines(doc):
+        err.print(line)
+    raise typer.Exit(0 if final.status in (Status.SUCCEEDED, Status.RUNNING) else 1)
+
+
+STATUS_EXAMPLES = """Examples:
+
+  orch status --status running --host gpu01
+
+  orch status 7 --json
+"""
+
+
+@app.command(epilog=STATUS_EXAMPLES)
+def status(
+    run_id: str | None = typer.Argument(None, metavar="ID"),
+    as_json: bool = typer.Option(False, "--json"),
+    refresh: bool = typer.Option(False, "--refresh", help="poll the host of every active run once"),
+    limit: int = typer.Option(50, "--limit", "-n", metavar="N"),
+    statuses: list[Status] = typer.Option([], "--status", help="only runs in this status (repeatable)"),
+    host: str | None = typer.Option(None, "--host", "-H", metavar="HOST", help="only runs on this host"),
+    playbook: str | None = typer.Option(None, "--playbook", metavar="PLAYBOOK", help="only runs of this playbook"),
+    timeout: float = typer.Option(30.0, metavar="SECONDS", help="seconds per host for --refresh"),
+) -> None:
+    """Show runs, newest first, or one run in full."""
+    ws = workspace()
+    store = open_store(ws) if refresh else read_store(ws)
+    if refresh:
+        from .. import runflow
+
+        runflow.refresh(ws, store, [parse_run_id(run_id)] if run_id else None, timeout, err.print)
+    from .. import watching
+
+    watching.ensure_watched(ws, store)  # a run whose watcher died gets a new one
+    if run_id is not None:
+        doc = run_document(store, store.get_run(parse_run_id(run_id)))
+        emit_json(doc) if as_json else _print_run(doc)
+        return
+    filters: dict[str, Any] = {"statuses": [s.value for s in statuses] or None, "host": host, "playbook": playbook}
+    runs = store.list_runs(limit=limit, **filters)
+    if not runs:
+        no_runs_note(ws)
+    shown_of(len(runs), store.count_runs(**filters) if len(runs) == limit else len(runs), "runs")
+    docs = [run_document(store, r, with_events=False) for r in runs]
+    by_id = {r.id: r for r in runs}
+    if as_json:
+        emit_json(docs)
+        return
+    now = time.time()
+    rows = []
+    for doc in docs:
+        p = doc["progress"]
+        prog = f"{p['label'] or ''} {p['done']:g}/{p['total']:g}".strip() if p and p.get("total") else ""
+        if not p and doc["predicted_ready_at"] and doc["status"] == "running":
+            prog = f"loaded in ~{max(0, doc['predicted_ready_at'] - now):.0f}s (history)"
+        metrics = " ".join(f"{k}={v:g}" for k, v in list(doc["metrics"].items())[:3])
+        phase = f"{doc['phase']} ({doc['queue_reason']})" if doc["phase"] == "queued" and doc["queue_reason"] \
+            else doc["phase"]
+        # how fresh an active row is: when its watcher last heard from the host
+        run = by_id[doc["id"]]
+        seen = age(now - run.heartbeat) + " ago" if run.heartbeat and not run.status.terminal else ""
+        rows.append([doc["id"], doc["playbook"], doc["host"], doc["status"] + (" (stalled)" if doc["stalled"] else ""),
+                     phase, prog, metrics, age(now - doc["created_at"]), seen])
+    table(["id", "playbook", "host", "status", "phase", "progress", "metrics", "age", "seen"], rows)
+
+
+def _print_run(doc: dict[str, Any]) -> None:
+    phase = f" ({doc['phase']})" if doc["phase"] else ""
+    out.print(f"run {doc['id']} {doc['playbook']} on {doc['host']}: {doc['status']}{phase}")
+    for key in ("reason", "exit_code", "job_id" if doc.get("job_id") else "pid", "node", "queue_reason", "remote_dir",
+                "duration_s"):
+        if doc.get(key) is not None:
+            out.print(f"  {key}: {doc[key]}")
+    if doc["progress"]:
+        out.print("  progress: " + progress_line(doc["progress"], doc["phase"]))
+    if doc["predicted_ready_at"] and doc["phase"] in ("starting", "loading"):
+        left = doc["predicted_ready_at"] - time.time()
+        out.print(f"  loading should end in ~{max(left, 0):.0f} s (earlier runs of this model here)")
+    if doc["stalled"]:
+        out.print("  stalled: no progress for longer than usual")
+    if doc["error"]:
+        e = doc["error"]
+        out.print(f"  error: {e['kind']}: {e['exception'] or ''} {e['message']}")
+    for k, v in doc["metrics"].items():
+        out.print(f"  {k} = {v:g}")
+    out.print("  spec: " + json.dumps(doc["spec"]))
+    for e in doc["events"]:
+        out.print(f"  {time.strftime('%m-%d %H:%M:%S', time.localtime(e['ts']))} {e['kind']}: {e['message']}")
+
+
+@app.command(epilog="Examples:\n\n  orch logs 7 -n 200\n\n  orch logs 7 -f")
+def logs(
+    run_id: str = typer.Argument(..., metavar="ID"),
+    lines: int = typer.Option(40, "-n", "--lines", metavar="N"),
+    follow: bool = typer.Option(False, "-f", "--follow", help="print new lines as they come, until the job ends"),
+    as_json: bool = typer.Option(False, "--json", help="{run_id, source, note, lines}"),
+) -> None:
+    """Print the last lines of a run's log: from its host, or the tail kept locally when the host is down."""
+    from .. import runflow
+    from ..logparse.text import TerminalText, terminal_safe
+
+    ws = workspace()
+    store = read_store(ws)
+    rid = parse_run_id(run_id)
+    found = runflow.read_log(ws, store, rid, lines, inventory(ws))
+    if found.fallback:
+        err.print(f"orch: {found.fallback}")
+    if as_json:
+        emit_json({"run_id": rid, "source": "local" if found.fallback else "host", "note": found.fallback,
+                   "lines": found.text.splitlines()})
+        return
+    tty = sys.stdout.isatty()  # a terminal acts on escape sequences in the log; a file or pipe gets it as is
+    sys.stdout.write(terminal_safe(found.text) if tty else found.text)
+    sys.stdout.flush()
+    if follow and not found.fallback:
+        screen = TerminalText()
+
+        def write(data: bytes) -> None:
+            if tty:
+                sys.stdout.write(screen.feed(data))
+            else:
+                sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+
+        runflow.follow_log(runflow.open_run(ws, store, rid, inventory(ws)), write)
+
+
+@app.command()
+def cancel(run_id: str = typer.Argument(..., metavar="ID"),
+           grace: float = typer.Option(10.0, metavar="SECONDS", help="seconds between SIGTERM and SIGKILL"),
+           as_json: bool = typer.Option(False, "--json")) -> None:
+    """Kill a run's process group; its status becomes cancelled."""
+    from .. import runflow
+
+    ws = workspace()
+    ctx = runflow.open_run(ws, open_store(ws), parse_run_id(run_id), inventory(ws))
+    outcome = runflow.cancel(ctx, "cancelled by user", grace)
+    if as_json:
+        emit_json({"id": ctx.run_id, "status": ctx.run.status.value, "process_group": outcome})
+    err.print(f"run {ctx.run_id} cancelled ({outcome})")
+
+
+@app.command("stop")
+def stop_cmd(run_id: str = typer.Argument(..., metavar="ID"),
+             grace: float = typer.Option(10.0, metavar="SECONDS", help="seconds between SIGTERM and SIGKILL"),
+             as_json: bool = typer.Option(False, "--json")) -> None:
+    """End a run (a server): stop its process group, mark it cancelled, wait until its GPUs are free."""
+    from .. import runflow
+
+    ws = workspace()
+    ctx = runflow.open_run(ws, open_store(ws), parse_run_id(run_id), inventory(ws))
+    outcome = runflow.stop(ctx, grace)
+    if as_json:
+        emit_json({"id": ctx.run_id, "status": ctx.run.status.value, "outcome": outcome})
+    err.print(f"run {ctx.run_id} stopped: {outcome}")
+
+
+@app.command("rm", epilog="Example:\n\n  orch rm 3 4 5")
+def rm(run_ids: list[str] = typer.Argument(..., metavar="ID..."),
+       keep_remote: bool = typer.Option(False, "--keep-remote", help="leave the run dirs on the hosts"),
+       as_json: bool = typer.Option(False, "--json")) -> None:
+    """Remove ended runs: their records, local artifacts and remote run dirs (never an active run)."""
+    ws = workspace()
+    store = open_store(ws)
+    _remove(ws, store, [store.get_run(parse_run_id(r)) for r in run_ids], keep_remote, as_json)
+
+
+@app.command("gc", epilog="Example:\n\n  orch gc --older-than 30d --dry-run")
+def gc(older_than: str = typer.Option(..., "--older-than", metavar="AGE", help="e.g. 30d, 12h, 90m"),
+       keep_remote: bool = typer.Option(False, "--keep-remote", help="leave the run dirs on the hosts"),
+       dry_run: bool = typer.Option(False, "--dry-run", help="list what would be removed"),
+       as_json: bool = typer.Option(False, "--json")) -> None:
+    """Remove ended runs older than AGE (runs of a sweep stay with their sweep)."""
+    from .. import retention
+
+    ws = workspace()
+    store = open_store(ws)
+    found = retention.older_than(store, _seconds(older_than))
+    if dry_run:
+        if as_json:
+            emit_json([{"id": r.id, "status": r.status.value, "remote_dir": r.remote_dir} for r in found])
+        else:
+            table(["id", "playbook", "host", "status", "remote dir"],
+                  [[r.id, r.playbook, r.host, r.status.value, r.remote_dir] for r in found])
+        return
+    _remove(ws, store, found, keep_remote, as_json)
+
+
+def _seconds(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+    number, unit = text[:-1], text[-1:]
+    if unit not in units or not number.replace(".", "", 1).isdigit():
+        raise UsageError(f"not an age: {text!r} (e.g. 30d, 12h, 90m, 45s)")
+    return float(number) * units[unit]
+
+
+def _remove(ws: Any, store: Any, runs: list[Any], keep_remote: bool, as_json: bool) -> None:
+    from .. import retention
+
+    done = retention.remove(ws, store, runs, inventory(ws), keep_remote=keep_remote)
+    if as_json:
+        emit_json([{"id": d.run_id, "removed": d.ok, "remote": d.remote} for d in done])
+    else:
+        for d in done:
+            err.print(f"run {d.run_id} {'removed' if d.ok else 'kept'}: {d.remote}")
+    if not all(d.ok for d in done):
+        raise typer.Exit(1)

@@ -1,0 +1,77 @@
+"""The JSON shapes `--json` prints, one per noun (README "JSON output"): integers for counts, one
+progress object everywhere, ISO 8601 times beside epoch seconds."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from .record import Run
+from .store import Store
+
+PROGRESS_KEYS = ("label", "done", "total", "percent", "rate_per_s", "eta_s", "elapsed_s")
+
+
+def number(value: Any) -> Any:
+    """A whole float as an int (12 shards, not 12.0); anything else as it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+
+def times(**stamps: float | None) -> dict[str, Any]:
+    """`created_at` (epoch seconds) and `created_at_iso` side by side, for each stamp given."""
+    doc: dict[str, Any] = {}
+    for name, ts in stamps.items():
+        doc[name] = ts
+        doc[f"{name}_iso"] = iso(ts)
+    return doc
+
+
+def progress(p: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The progress object of `orch status` and `orch inspect-log` alike."""
+    if not p:
+        return None
+    doc = {k: number(p.get(k)) for k in PROGRESS_KEYS}
+    if doc["percent"] is None and doc["total"]:
+        doc["percent"] = round(100 * doc["done"] / doc["total"], 1)
+    return doc
+
+
+def metrics(values: dict[str, float]) -> dict[str, Any]:
+    return {k: number(v) for k, v in values.items()}
+
+
+def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, Any]:
+    """A run as `orch status --json` prints it."""
+    error = run.error
+    doc = {
+        "id": run.id,
+        "playbook": run.playbook,
+        "host": run.host,
+        "status": run.status.value,
+        "phase": run.phase,
+        "stalled": run.stalled,
+        "progress": progress(run.progress),
+        "error": {k: error.get(k) for k in ("kind", "exception", "message")} if error else None,
+        "reason": run.reason,
+        "metrics": metrics(store.latest_metrics(run.id)),
+        "exit_code": run.exit_code,
+        "pid": run.pid,
+        "job_id": run.job_id,
+        "node": run.node,
+        "queue_reason": run.queue_reason,
+        "remote_dir": run.remote_dir,
+        "sweep_id": run.sweep_id,
+        **times(created_at=run.created_at, started_at=run.started_at, ended_at=run.ended_at,
+                predicted_ready_at=run.predicted_at),
+        "duration_s": round(run.ended_at - run.started_at, 3) if run.ended_at and run.started_at else None,
+        "spec": None if "spec" in run.unreadable else run.spec,
+        "end_steps": run.end_steps,  # the end steps that ran (outputs, log tail, patch revert, notify)
+    }
+    if with_events:
+        doc["events"] = [{"ts": e["ts"], "ts_iso": iso(e["ts"]), "kind": e["kind"], "message": e["message"]}
+                         for e in store.events(run.id)]
+    return doc

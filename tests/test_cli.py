@@ -1,0 +1,172 @@
+"""The CLI as a person and a script meet it: discovery, spec errors, piped output and JSON shapes,
+the end-of-run summary, filters, the local log fallback, rerun/rm/gc, and a folder that is no workspace."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchtest import FAST, Orch
+
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture
+def orch(tmp_path, ssh_fleet) -> Orch:
+    return Orch(tmp_path / "ws", ssh_fleet.hosts_toml(test1={"workdir": str(tmp_path / "remote1")}))
+
+
+def test_playbooks_and_their_spec_keys(tmp_path):
+    orch = Orch(tmp_path / "ws")
+    listed = orch("playbooks", check=0).stdout.splitlines()
+    assert listed[0].split("\t") == ["name", "engine", "summary"]
+    names = [line.split("\t")[0] for line in listed[1:]]
+    assert names == ["bench-serving", "command", "extract-hidden-states", "serve-eagle3"]
+    shown = orch("run", "command", "--help", check=0).stdout
+    rows = {line.split("\t")[0]: line.split("\t")[1:] for line in shown.splitlines() if "\t" in line}
+    assert rows["cmd"][:2] == ["text (length >= 1)", "required"]
+    assert rows["stall_factor"] == ["number (> 1)", "5.0", "stalled after this many usual gaps"]
+    assert rows["on_stall"][0] == 'one of "warn", "kill", "dump"'
+    assert "<bool>" not in shown and "<str>" not in shown
+    # every key of every playbook, as JSON
+    docs = json.loads(orch("playbooks", "--json", check=0).stdout)
+    extract = next(d for d in docs if d["name"] == "extract-hidden-states")
+    assert {"key": "max_length", "type": "integer", "default": 256, "required": False, "bounds": "> 0",
+            "description": "hf only"} in extract["fields"]
+    assert orch("--version", check=0).stdout.strip().startswith("orch 0.")
+
+
+def test_spec_errors_name_the_file_key_value_and_a_close_key(tmp_path):
+    orch = Orch(tmp_path / "ws")
+    spec = tmp_path / "job.toml"
+    spec.write_text('cmdd = "python x.py"\ngpu = [0]\n')
+    res = orch("run", "command", "-f", str(spec), "--set", "stall_factor=0")
+    assert res.returncode == 2
+    assert res.stderr.splitlines() == [
+        "orch: invalid spec, 4 problems:",
+        "  stall_factor = 0 (--set): must be greater than 1",
+        "  cmd: required (text: command line, run by bash in the run dir unless cwd is set), not given",
+        f"  cmdd = \"python x.py\" ({spec}): unknown key; did you mean 'cmd'?",
+        f"  gpu = [0] ({spec}): unknown key; did you mean 'gpus'?",
+    ]
+    assert not (orch.root / "runs" / "1").exists()
+
+
+def test_end_of_run_summary(tmp_path):
+    orch = Orch(tmp_path / "ws")
+    ok = orch("run", "command", "--set", "cmd=echo done", *FAST, check=0).stderr.splitlines()
+    assert ok[-3].startswith("run 1 succeeded in ") and ok[-3].endswith(" s")
+    assert ok[-2:] == [f"  run dir: local:{orch.root / 'runs' / '1'}", "  next: orch status 1"]
+    bad = orch("run", "command", "--set", "cmd=echo loading; .venv/bin/python -c 1", *FAST)
+    assert bad.returncode == 1
+    lines = bad.stderr.splitlines()
+    assert lines[-4:-2] == ["run 2 failed: exit code 127", "  | loading"]
+    assert ".venv/bin/python: No such file or directory" in lines[-2] and lines[-1] == "  next: orch logs 2"
+    summary = json.loads(orch("watch", "2", "--json").stdout)
+    assert summary["status"] == "failed" and summary["cause"] == "exit code 127"
+    assert summary["next"] == ["orch logs 2"] and summary["log_lines"][-1] == lines[-2].removeprefix("  | ")
+
+
+def test_piped_output_is_never_cut_and_json_shapes(tmp_path):
+    orch = Orch(tmp_path / "ws")
+    patches = orch("patch", "list", check=0).stdout
+    assert any(line.split("\t")[0] == "sglang-eagle3-hidden-debug" for line in patches.splitlines())
+    cmd = "python3 -c 'print(\"x\" * 300)'  # " + "a long comment " * 10
+    orch("run", "command", "--set", f"cmd={cmd}", *FAST, check=0)
+    orch("run", "command", "--set", "cmd=false", *FAST)
+    table = orch("status", check=0).stdout.splitlines()
+    assert len(table) == 3 and all(len(line.split("\t")) == 8 for line in table)
+    doc = orch.status(1)
+    assert doc["created_at_iso"].endswith("+00:00") and abs(doc["created_at"] - time.time()) < 120
+    assert isinstance(doc["duration_s"], float) and doc["events"][0]["ts_iso"]
+    # filters, and a limited listing says so (on stderr: stdout stays data)
+    failed = orch("status", "--status", "failed", "--json", check=0)
+    assert [d["id"] for d in json.loads(failed.stdout)] == [2]
+    assert [d["id"] for d in orch.status()] == [2, 1]
+    assert orch("status", "--host", "nowhere", "--json", check=0).stdout.strip() == "[]"
+    limited = orch("status", "-n", "1", check=0)
+    assert "showing 1 of 2 runs" in limited.stderr and len(limited.stdout.splitlines()) == 2
+    gpus = json.loads(orch("gpus", "--json", check=0).stdout)
+    assert set(gpus["local"]) >= {"name", "ok", "error", "nvidia_smi", "gpus"}
+
+
+def test_inspect_log_progress_is_the_status_progress(tmp_path):
+    orch = Orch(tmp_path / "ws")
+    log = tmp_path / "log"
+    log.write_bytes(b"Loading safetensors checkpoint shards:  50% Completed | 6/12 [00:03<00:03,  2.00it/s]\n")
+    found = json.loads(orch("inspect-log", str(log), "--json", check=0).stdout)
+    assert found["progress"]["done"] == 6 and found["progress"]["total"] == 12
+    assert isinstance(found["progress"]["total"], int)
+    assert list(found["progress"]) == ["label", "done", "total", "percent", "rate_per_s", "eta_s", "elapsed_s"]
+
+
+def test_logs_fall_back_to_the_local_tail_when_the_host_is_down(orch, ssh_fleet_restarts):
+    res = orch("run", "command", "--host", "test1", "--set", "cmd=echo from-the-job", *FAST)
+    assert res.returncode == 0, res.stderr
+    assert orch("logs", "1", check=0).stdout == "from-the-job\n"
+    ssh_fleet_restarts.server(1).stop()
+    down = orch("logs", "1", "--json")
+    assert down.returncode == 0, down.stderr
+    doc = json.loads(down.stdout)
+    assert doc["source"] == "local" and doc["lines"] == ["from-the-job"]
+    assert "connection refused at 127.0.0." in doc["note"] and "log.tail" in doc["note"]
+
+
+def test_rerun_rm_and_gc(orch, tmp_path):
+    assert orch("run", "command", "--host", "test1", "--set", "cmd=echo one", *FAST).returncode == 0
+    res = orch("rerun", "1", "--set", "cmd=echo two", "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["id"] == 2
+    assert orch.status(2)["spec"]["cmd"] == "echo two" and orch.status(2)["host"] == "test1"
+    assert orch("logs", "2", check=0).stdout == "two\n"
+    running = orch("run", "command", "--host", "test1", "--set", "cmd=sleep 30", "--detach", *FAST, check=0)
+    assert running.stdout.strip() == "3"
+    refused = orch("rm", "3")
+    assert refused.returncode == 2 and "cancel it first" in refused.stderr
+    orch("cancel", "3", "--grace", "1", check=0)
+    remote1 = tmp_path / "remote1" / "runs"
+    assert sorted(os.listdir(remote1)) == ["1", "2", "3"]
+    gone = orch("rm", "3", "--json", check=0)
+    assert json.loads(gone.stdout) == [{"id": 3, "removed": True, "remote": f"removed test1:{remote1 / '3'}"}]
+    assert sorted(os.listdir(remote1)) == ["1", "2"] and not (orch.root / "runs" / "3").exists()
+    assert orch("gc", "--older-than", "1h", "--json", check=0).stdout.strip() == "[]"
+    time.sleep(1.1)
+    listed = json.loads(orch("gc", "--older-than", "1s", "--dry-run", "--json", check=0).stdout)
+    assert [r["id"] for r in listed] == [1, 2] and sorted(os.listdir(remote1)) == ["1", "2"]
+    orch("gc", "--older-than", "1s", check=0)
+    assert orch.status() == [] and os.listdir(remote1) == []
+    assert orch("gc", "--older-than", "soon").returncode == 2
+
+
+def test_read_commands_outside_a_workspace_create_nothing(tmp_path):
+    empty = tmp_path / "nowhere"
+    empty.mkdir()
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("ORCH_HOME", None)
+    for args in (["status"], ["status", "--json"], ["sweep", "status"], ["gpus"]):
+        res = subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=empty, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        if args[0] != "gpus":
+            assert f"{empty / 'runs' / 'orch.db'} does not exist (the workspace is the current directory" in res.stderr
+    res = subprocess.run([sys.executable, "-m", "orchestrator", "logs", "1"], cwd=empty, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "no run 1" in res.stderr
+    assert os.listdir(empty) == []
+
+
+def test_the_shipped_inventory_checks_out_of_the_box(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    shutil.copy(ROOT / "hosts.toml", ws / "hosts.toml")
+    orch = Orch.__new__(Orch)
+    orch.root, orch.env = ws, {**os.environ, "ORCH_HOME": str(ws), "COLUMNS": "200"}
+    hosts = json.loads(orch("hosts", "--check", "--json", check=0).stdout)
+    assert [(h["name"], h["ok"]) for h in hosts] == [("local", True)]
