@@ -3,13 +3,14 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench
+.PHONY: setup system demo test test-fast lint bench
 
 $(BIN)/orch: pyproject.toml
+	@echo "setting up $(VENV): pip, torch (CPU), orch with its job and test extras"
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[job,test]'
+	$(BIN)/pip install --progress-bar on --upgrade pip
+	$(BIN)/pip install --progress-bar on torch==2.13.0
+	$(BIN)/pip install --progress-bar on -e '.[job,test]'
 	touch $@
 
 setup: $(BIN)/orch
@@ -18,8 +19,15 @@ setup: $(BIN)/orch
 demo: setup
 	$(BIN)/orch run extract-hidden-states
 
-test: setup
+# The Debian packages the tests drive for real (sshd, cron, chromium, Slurm, iproute2).
+system:
+	.ci/system-packages
+
+test: setup system
 	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q tests/fast
 
 lint: setup
 	$(BIN)/ruff check orchestrator playbooks

@@ -1,50 +1,64 @@
-"""How fast does a watcher notice that a 64-shard load ended (ready or crash), and at what cost in calls?
+"""How fast does a watcher hear that a server is ready, crashed, or hit a fatal line and hung — in real
+seconds, over real SSH — and how many round trips does watching cost over a long quiet serve?
 
-An emulated SGLang 0.5.23 server (tests/fakes/sglang_emulator.py) loads 64 shards as one `\\r`-redrawn
-bar, then becomes ready, or crashes mid-load, or crashes an hour into serving. Time is scaled down by
-SCALE (one emulated second = SCALE real seconds). Three watchers read the same log with the same
-parser, differing only in when they poll:
-  orch      backoff 30 s -> 600 s, reset on progress, capped at the bar's ETA + 30 s, each wait
-            spent on the host inside the next poll and cut short when the job dies
-  fixed30   a fixed 30 s poll with the sleep on the controller (a shell loop)
-  sleep600  the manual `sleep 600; tail -40 log` habit
-Lag = time from the line being printed to the status/phase being recorded, in emulated seconds.
-Remote calls = shell round trips to the host. Writes bench/RESULTS.md (its own section).
+An emulated SGLang 0.5.23 server (tests/fakes/sglang_emulator.py) on a real sshd on loopback
+(tests/sshd.py) loads 64 shards, turns ready, serves, then (a) crashes and exits, (b) prints a fatal
+scheduler line and hangs (the other ranks of a TP job), or (c) keeps serving, quiet. Every watcher reads
+the same job at the same time, each with a database of its own:
+  orch       the watcher as orch runs it: polls held on the host 5 s -> 60 s (backoff, reset on
+             progress), each hold ended early by the job's death or a line that matters
+  fixed5     the same reading, a fixed 5 s poll with the sleep on the controller (a shell loop)
+  sleep600   the `sleep 600; tail -40 log` habit, scaled down 100x (its lag is reported unscaled)
+  tail-F     `tail -F log` streamed over one SSH channel, parsed as it comes: the physical limit
+Lag: from the emulator printing the line (its --events file) to the watcher recording it. Round trips:
+remote shell calls while watching the quiet serve. Writes its section of bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
-import random
 import statistics
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from orchestrator import launch  # noqa: E402
-from orchestrator.executor import HostExecutor  # noqa: E402
-from orchestrator.hosts import local_host  # noqa: E402
-from orchestrator.record import Status  # noqa: E402
-from orchestrator.lifecycle import transition  # noqa: E402
-from orchestrator.remote import LocalTransport, Result, quote  # noqa: E402
-from orchestrator.store import Store  # noqa: E402
-from orchestrator.watch import Watcher, WatchOptions  # noqa: E402
+from sshd import SSHFleet
 
-SCALE = 1 / 300  # 600 emulated seconds = 2 real seconds
+from orchestrator import launch
+from orchestrator.executor import HostExecutor
+from orchestrator.hosts import Host
+from orchestrator.lifecycle import transition
+from orchestrator.logparse import LogParser
+from orchestrator.record import Status
+from orchestrator.remote import Result, SSHTransport, quote
+from orchestrator.store import Store
+from orchestrator.watch import Watcher, WatchOptions
+
 EMULATOR = ROOT / "tests" / "fakes" / "sglang_emulator.py"
-SHARD_S = 9.4  # a 64-shard checkpoint loading in 10 minutes
 REPEATS = 5
-POLICIES = {"orch": (30, 600), "fixed30": (30, 30), "sleep600": (600, 600)}
-# The moment of a crash is drawn per repeat (the same draws for every watcher), so no watcher is
-# flattered by where its poll grid happens to fall.
+SCALE = 100  # sleep600 polls every 600 / SCALE real seconds; its lag is multiplied back
+QUIET_S = 180.0  # the quiet serve over which round trips are counted
 SCENARIOS = {
-    "ready after 64 shards": (lambda rnd: [], "ready", True),
-    "crash at a shard 16-56": (lambda rnd: ["--fail-at-shard", str(rnd.randint(16, 56))], "crash", False),
-    "crash 50-70 min after ready": (
-        lambda rnd: ["--crash-after-ready", f"{rnd.uniform(3000, 4200) * SCALE:.4f}"], "crash", False),
+    "crash and exit": (["--serve-after", "4", "--crash-after-ready", "0"], "crash"),
+    "fatal line, ranks hang": (["--serve-after", "4", "--crash-after-ready", "0", "--linger"], "crash"),
+    "ready, keeps serving": (["--serve-after", "5"], "ready"),
 }
+
+
+class CountingTransport(SSHTransport):
+    def __init__(self, host: Host):
+        super().__init__(host)
+        self.calls = 0
+
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None,
+            idle_timeout: float | None = None) -> Result:
+        self.calls += 1
+        return super().run(command, check=check, timeout=timeout, idle_timeout=idle_timeout)
 
 
 class PlainPoller(Watcher):
@@ -54,92 +68,144 @@ class PlainPoller(Watcher):
         self.sleep(seconds)
 
 
-class CountingTransport(LocalTransport):
-    calls = 0
-
-    def run(self, command: str, *, check: bool = True, timeout: float | None = None,
-            idle_timeout: float | None = None) -> Result:
-        self.calls += 1
-        return super().run(command, check=check, timeout=timeout, idle_timeout=idle_timeout)
-
-
-def one(tmp: Path, name: str, extra: list[str], event: str, until_ready: bool) -> tuple[float, int]:
-    host = local_host(tmp)
-    transport = CountingTransport(host)
-    store = Store(tmp / "orch.db")
-    run_id = store.create_run("command", "local", {})
-    for s in (Status.PREPARING, Status.LAUNCHING):
-        transition(store, run_id, s)
-    paths = launch.RunPaths.for_run(str(tmp), run_id)
+def record_for(tmp: Path, name: str, paths: launch.RunPaths, pid: int, start: str) -> tuple[Store, int]:
+    """A database of this watcher's own, holding the one running job."""
+    store = Store(tmp / f"{name}.db")
+    run_id = store.create_run("command", "test1", {})
+    for status in (Status.PREPARING, Status.LAUNCHING):
+        transition(store, run_id, status)
     store.update_run(run_id, remote_dir=paths.root)
-    events = tmp / f"events-{run_id}"
-    cmd = " ".join(quote(a) for a in [sys.executable, str(EMULATOR), "--shards", "64",
-                                      "--shard-time", str(SHARD_S * SCALE), "--capture-time", str(20 * SCALE),
-                                      "--events", str(events), *extra])
-    pid, start = launch.launch(transport, paths, launch.job_script(cmd, {}), f"bench-{run_id}")
     transition(store, run_id, Status.RUNNING, pid=pid, pid_start=start)
-    lo, hi = POLICIES[name]
-    opts = WatchOptions(poll_min=lo * SCALE, poll_max=hi * SCALE, until_ready=until_ready, engine="sglang",
-                        kill_grace_s=0.5)
-    transport.calls = 0
-    watcher = Watcher if name == "orch" else PlainPoller
-    watcher(store, run_id, HostExecutor(transport), opts).run_until_done()
-    calls = transport.calls
-    # when the watcher recorded it: the ready phase, or the run's end
-    kind, message = ("phase", "ready") if until_ready else ("status", "failed")
-    seen = next(e["ts"] for e in store.events(run_id) if e["kind"] == kind and e["message"].startswith(message))
-    printed = next(float(line.split()[0]) for line in events.read_text().splitlines() if line.endswith(event))
-    launch.kill(transport, pid, start, 0.5)
+    return store, run_id
+
+
+def polled(host: Host, tmp: Path, name: str, paths: launch.RunPaths, pid: int, start: str, until: str,
+           out: dict[str, Any]) -> None:
+    """Watch with orch's watcher (or the plain poller) until the event; when it was recorded, the calls."""
+    transport = CountingTransport(host)
+    store, run_id = record_for(tmp, name, paths, pid, start)
+    lo, hi, cls, scale = {"orch": (5, 60, Watcher, 1), "fixed5": (5, 5, PlainPoller, 1),
+                          "sleep600": (600 / SCALE, 600 / SCALE, PlainPoller, SCALE)}[name]
+    opts = WatchOptions(poll_min=lo, poll_max=hi, until_ready=until == "ready", engine="sglang", kill_grace_s=0.5)
+    if name != "orch":  # no host-side hold, no waking on lines
+        opts.ready_pattern = None
+    watcher = cls(store, run_id, HostExecutor(transport), opts)
+    if until == "quiet":  # count round trips only: poll, then wait as the watcher would, to the deadline
+        deadline = time.time() + QUIET_S
+        while time.time() < deadline:
+            watcher.poll_once()
+            watcher._hold_next(min(watcher.wait(None), max(0.0, deadline - time.time())))
+        out[name] = {"calls": transport.calls}
+    else:
+        watcher.run_until_done()
+        kind, message = ("phase", "ready") if until == "ready" else ("status", "failed")
+        seen = next(e["ts"] for e in store.events(run_id) if e["kind"] == kind and e["message"].startswith(message))
+        out[name] = {"seen": seen, "scale": scale, "calls": transport.calls}
+    transport.close()
     store.close()
-    return (seen - printed) / SCALE, calls
+
+
+def streamed(host: Host, paths: launch.RunPaths, until: str, out: dict[str, Any], stop: threading.Event) -> None:
+    """`tail -F` over one SSH channel, each chunk parsed as it arrives."""
+    transport = SSHTransport(host)
+    conn = transport._connection()
+    channel = conn.client.get_transport().open_session()
+    channel.exec_command(f"tail -c +1 -F {quote(paths.log)} 2>/dev/null")
+    channel.settimeout(0.2)
+    parser = LogParser(engine="sglang")
+    while not stop.is_set():
+        try:
+            data = channel.recv(65536)
+        except TimeoutError:
+            continue
+        if not data:
+            break
+        parser.feed(data)
+        if (until == "ready" and parser.phase in ("ready", "running")) or (
+                until == "crash" and parser.error is not None and parser.error.fatal):
+            out["tail-F"] = {"seen": time.time(), "scale": 1, "calls": 1}
+            break
+    channel.close()
+    transport.close()
+
+
+def one(host: Host, tmp: Path, flags: list[str], event: str, quiet: bool = False) -> tuple[dict[str, Any], float]:
+    events = tmp / "events"
+    transport = SSHTransport(host)
+    paths = launch.RunPaths.for_run(host.workdir, int(time.time() * 1000) % 10**9)
+    cmd = " ".join(quote(a) for a in [sys.executable, str(EMULATOR), "--shards", "64", "--shard-time", "0.05",
+                                      "--capture-time", "0.5", "--events", str(events), *flags])
+    if quiet:
+        cmd += " --serve-after " + str(QUIET_S + 30)
+    pid, start = launch.launch(transport, paths, launch.job_script(cmd, {}), f"bench-{paths.root}")
+    out: dict[str, Any] = {}
+    stop = threading.Event()
+    until = "quiet" if quiet else event
+    names = ["orch", "fixed5"] if quiet else ["orch", "fixed5", "sleep600"]
+    threads = [threading.Thread(target=polled, args=(host, tmp, n, paths, pid, start, until, out)) for n in names]
+    if not quiet:
+        threads.append(threading.Thread(target=streamed, args=(host, paths, event, out, stop)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=QUIET_S + 900)
+    stop.set()
+    launch.kill(transport, pid, start, 0.5)
+    transport.close()
+    printed = next(float(line.split()[0]) for line in events.read_text().splitlines() if line.endswith(event))
+    return out, printed
 
 
 def main() -> None:
-    rows = []
-    for scenario, (draw, event, until_ready) in SCENARIOS.items():
-        for name in POLICIES:
-            lags, calls = [], []
-            rnd = random.Random(scenario)
-            for _ in range(REPEATS):
-                with tempfile.TemporaryDirectory() as tmp:
-                    lag, n = one(Path(tmp), name, draw(rnd), event, until_ready)
-                lags.append(lag)
-                calls.append(n)
-            rows.append((scenario, name, statistics.median(lags), statistics.median(calls)))
-            print(f"{scenario:24} {name:9} lag {rows[-1][2]:7.1f} s  calls {rows[-1][3]:5.0f}", flush=True)
-    write(rows)
+    with tempfile.TemporaryDirectory() as tmp, SSHFleet(1, root=Path(tmp) / "sshd") as fleet:
+        host = Host(name="test1", **fleet.host_entry(1))
+        rows: list[tuple[str, str, float, float]] = []
+        for scenario, (flags, event) in SCENARIOS.items():
+            lags: dict[str, list[float]] = {}
+            for i in range(REPEATS):
+                work = Path(tmp) / f"{scenario[:5]}-{i}"
+                work.mkdir()
+                out, printed = one(host, work, flags, event)
+                for name, found in out.items():
+                    lags.setdefault(name, []).append((found["seen"] - printed) * found["scale"])
+            for name, values in lags.items():
+                rows.append((scenario, name, statistics.median(values), max(values)))
+                print(f"{scenario:24} {name:9} median {rows[-1][2]:7.2f} s  max {rows[-1][3]:7.2f} s", flush=True)
+        work = Path(tmp) / "quiet"
+        work.mkdir()
+        quiet, _ = one(host, work, [], "ready", quiet=True)
+        print(f"quiet serve of {QUIET_S:.0f} s: orch {quiet['orch']['calls']} round trips,"
+              f" fixed5 {quiet['fixed5']['calls']}", flush=True)
+    write(rows, quiet)
 
 
-def write(rows: list[tuple[str, str, float, float]]) -> None:
-    base = {s: {n: (lag, c) for sc, n, lag, c in rows if sc == s} for s in SCENARIOS}
+def write(rows: list[tuple[str, str, float, float]], quiet: dict[str, Any]) -> None:
     lines = [
         "## Detection lag (bench/detection_lag.py)",
         "",
-        f"Emulated SGLang 0.5.23 server, 64 shards at {SHARD_S} s each, time scaled by {SCALE:.5f};"
-        f" median of {REPEATS} runs; lag in emulated seconds from the line being printed to the status"
-        " being recorded; calls = remote shell round trips while watching.",
-        "orch: backoff 30 s -> 600 s, reset on progress, capped at the ETA, each wait spent on the host"
-        " inside the next poll and cut short when the job dies; fixed30: a 30 s poll with the sleep on"
-        " the controller (a shell loop); sleep600: the `sleep 600; tail -40 log` habit. Scaled down, the"
-        " host-side check every hold/10 real seconds is worth up to 60 emulated seconds of orch's lag"
-        " after ready; unscaled it checks every second.",
+        f"Real time over a real sshd on loopback: an emulated SGLang 0.5.23 server loads 64 shards, turns ready,"
+        f" serves, then crashes and exits, or prints a fatal scheduler line and hangs, or keeps serving; every"
+        f" watcher reads the same job at once. Lag in real seconds from the line being printed to it being"
+        f" recorded, median and max of {REPEATS} runs. orch: polls held on the host 5 s -> 60 s, woken by the"
+        f" job's death or a line that matters; fixed5: a 5 s poll with the sleep on the controller;"
+        f" sleep600: `sleep 600; tail` (run 1/{SCALE} scale, lag scaled back); tail-F: the log streamed over"
+        " one SSH channel, the physical limit.",
         "",
-        "| scenario | watcher | median lag (s) | remote calls | lag vs sleep600 | calls vs fixed30 |",
-        "|---|---|---:|---:|---:|---:|",
+        "| scenario | watcher | median lag (s) | max lag (s) |",
+        "|---|---|---:|---:|",
     ]
-    for scenario, name, lag, calls in rows:
-        manual, fixed = base[scenario]["sleep600"], base[scenario]["fixed30"]
-        lines.append(f"| {scenario} | {name} | {lag:.1f} | {calls:.0f} | {lag / manual[0]:.2f}x |"
-                     f" {calls / fixed[1]:.2f}x |")
-    section = "\n".join(lines) + "\n"
+    lines += [f"| {scenario} | {name} | {median:.2f} | {worst:.2f} |" for scenario, name, median, worst in rows]
+    o, f = quiet["orch"]["calls"], quiet["fixed5"]["calls"]
+    lines += ["", f"Round trips over a {QUIET_S:.0f} s quiet serve: orch {o}, fixed5 {f} ({o / f:.2f}x).", ""]
+    section = "\n".join(lines)
     results = ROOT / "bench" / "RESULTS.md"
     text = results.read_text() if results.exists() else "# Benchmark results\n\n"
     start = text.find("## Detection lag")
     if start >= 0:
         end = text.find("\n## ", start + 1)
-        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+        text = text[:start] + section + (text[end:] if end >= 0 else "\n")
     else:
-        text = text.rstrip("\n") + "\n\n" + section
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
     results.write_text(text)
     print(f"wrote {results}")
 

@@ -30,6 +30,7 @@ from .logparse.wake import WAKE
 from .record import Run, Status
 from .store import Store
 
+FATAL_GRACE_S = 1.0  # after a fatal line, how long a living process has to exit by itself
 MAX_CHUNK = 4 << 20  # bytes read per poll; a longer backlog is read by immediate re-polls
 CLOCK_SLACK_S = 300.0  # how far a log line's own time may lie outside the run and still be believed
 
@@ -54,6 +55,7 @@ class PollWait(tenacity.wait.wait_base):
         self.lo, self.hi, self.clock = lo, hi, clock
         self.streak = 0
         self.finish_at: float | None = None  # epoch seconds the job is predicted to finish
+        self.look_again_at: float | None = None  # a poll no later than this, whatever the backoff
         self.immediate = False
 
     def reset(self) -> None:
@@ -66,6 +68,8 @@ class PollWait(tenacity.wait.wait_base):
         self.streak += 1
         if self.finish_at is not None:
             interval = min(interval, max(0.0, self.finish_at - self.clock()) + self.lo)
+        if self.look_again_at is not None:
+            interval = min(interval, max(0.0, self.look_again_at - self.clock()))
         return max(interval, 0.0)
 
 
@@ -100,6 +104,7 @@ class Watcher:
         self.wait = PollWait(opts.poll_min, opts.poll_max, clock)
         self.hold = 0.0  # seconds the next poll waits on the host (the backoff interval)
         self.unreachable_since: float | None = None
+        self.fatal_since: float | None = None  # a fatal line was read while the process lived on
         self.health = HealthWatch(opts.health.ask, opts.health.grace_s, store, run_id) if opts.health else None
         self._load()
 
@@ -309,6 +314,13 @@ class Watcher:
             why = "the process is gone and wrote no exit code (killed with its wrapper, OOM killer or reboot)"
             return Status.LOST, why, {"phase": "failed"}
         if err is not None and err.fatal:
+            # A process that printed its own end usually exits a moment later: its exit code says more.
+            # One that lingers (the other ranks of a TP job hang) is stopped after the grace.
+            now = self.clock()
+            self.fatal_since = self.fatal_since or now
+            if now - self.fatal_since < FATAL_GRACE_S:
+                self.wait.look_again_at = self.fatal_since + FATAL_GRACE_S
+                return None
             return Status.FAILED, f"fatal error in log: {_error_text(err)}", {}
         return None
 
