@@ -43,11 +43,14 @@ EMULATOR = ROOT / "tests" / "fakes" / "sglang_emulator.py"
 REPEATS = 5
 SCALE = 100  # sleep600 polls every 600 / SCALE real seconds; its lag is multiplied back
 QUIET_S = 180.0  # the quiet serve over which round trips are counted
+# (emulator flags, the event it marks, what the watcher records: the run's end, the fatal error, ready)
 SCENARIOS = {
-    "crash and exit": (["--serve-after", "4", "--crash-after-ready", "0"], "crash"),
-    "fatal line, ranks hang": (["--serve-after", "4", "--crash-after-ready", "0", "--linger"], "crash"),
-    "ready, keeps serving": (["--serve-after", "5"], "ready"),
+    "crash and exit": (["--serve-after", "4", "--crash-after-ready", "0"], "crash", "end"),
+    "fatal line, ranks hang": (["--serve-after", "4", "--crash-after-ready", "0", "--linger"], "crash", "fatal"),
+    "ready, keeps serving": (["--serve-after", "5"], "ready", "ready"),
 }
+# The event each watcher writes when it knows: the run ended (failed or lost), the fatal error read, ready.
+RECORDED = {"end": (("status",), ("failed", "lost")), "fatal": (("error",), ("",)), "ready": (("phase",), ("ready",))}
 
 
 class CountingTransport(SSHTransport):
@@ -98,8 +101,8 @@ def polled(host: Host, tmp: Path, name: str, paths: launch.RunPaths, pid: int, s
         out[name] = {"calls": transport.calls}
     else:
         watcher.run_until_done()
-        kind, message = ("phase", "ready") if until == "ready" else ("status", "failed")
-        seen = next(e["ts"] for e in store.events(run_id) if e["kind"] == kind and e["message"].startswith(message))
+        kinds, messages = RECORDED[until]
+        seen = next(e["ts"] for e in store.events(run_id) if e["kind"] in kinds and e["message"].startswith(messages))
         out[name] = {"seen": seen, "scale": scale, "calls": transport.calls}
     transport.close()
     store.close()
@@ -122,14 +125,15 @@ def streamed(host: Host, paths: launch.RunPaths, until: str, out: dict[str, Any]
             break
         parser.feed(data)
         if (until == "ready" and parser.phase in ("ready", "running")) or (
-                until == "crash" and parser.error is not None and parser.error.fatal):
+                until != "ready" and parser.error is not None and parser.error.fatal):
             out["tail-F"] = {"seen": time.time(), "scale": 1, "calls": 1}
             break
     channel.close()
     transport.close()
 
 
-def one(host: Host, tmp: Path, flags: list[str], event: str, quiet: bool = False) -> tuple[dict[str, Any], float]:
+def one(host: Host, tmp: Path, flags: list[str], event: str, until: str = "end",
+        quiet: bool = False) -> tuple[dict[str, Any], float]:
     events = tmp / "events"
     transport = SSHTransport(host)
     paths = launch.RunPaths.for_run(host.workdir, int(time.time() * 1000) % 10**9)
@@ -140,11 +144,11 @@ def one(host: Host, tmp: Path, flags: list[str], event: str, quiet: bool = False
     pid, start = launch.launch(transport, paths, launch.job_script(cmd, {}), f"bench-{paths.root}")
     out: dict[str, Any] = {}
     stop = threading.Event()
-    until = "quiet" if quiet else event
+    until = "quiet" if quiet else until
     names = ["orch", "fixed5"] if quiet else ["orch", "fixed5", "sleep600"]
     threads = [threading.Thread(target=polled, args=(host, tmp, n, paths, pid, start, until, out)) for n in names]
     if not quiet:
-        threads.append(threading.Thread(target=streamed, args=(host, paths, event, out, stop)))
+        threads.append(threading.Thread(target=streamed, args=(host, paths, until, out, stop)))
     for t in threads:
         t.start()
     for t in threads:
@@ -160,12 +164,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, SSHFleet(1, root=Path(tmp) / "sshd") as fleet:
         host = Host(name="test1", **fleet.host_entry(1))
         rows: list[tuple[str, str, float, float]] = []
-        for scenario, (flags, event) in SCENARIOS.items():
+        for scenario, (flags, event, until) in SCENARIOS.items():
             lags: dict[str, list[float]] = {}
             for i in range(REPEATS):
                 work = Path(tmp) / f"{scenario[:5]}-{i}"
                 work.mkdir()
-                out, printed = one(host, work, flags, event)
+                out, printed = one(host, work, flags, event, until)
                 for name, found in out.items():
                     lags.setdefault(name, []).append((found["seen"] - printed) * found["scale"])
             for name, values in lags.items():

@@ -30,7 +30,7 @@ from .logparse.wake import WAKE
 from .record import Run, Status
 from .store import Store
 
-FATAL_GRACE_S = 1.0  # after a fatal line, how long a living process has to exit by itself
+FATAL_GRACE_S = 0.5  # after a fatal line, how long a living process has to exit by itself
 MAX_CHUNK = 4 << 20  # bytes read per poll; a longer backlog is read by immediate re-polls
 CLOCK_SLACK_S = 300.0  # how far a log line's own time may lie outside the run and still be believed
 

@@ -1,0 +1,103 @@
+"""What every way of running commands on a host offers: `run` a shell command, `put` a file; and the
+local one. Every value placed into a command goes through `quote`."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import RemoteError
+from .hosts import Host
+
+quote = shlex.quote
+
+DEFAULT_TIMEOUT_S = 120.0  # a call given no timeout of its own: a host that stops answering never hangs orch
+
+
+@dataclass
+class Result:
+    host: str
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def check(self) -> Result:
+        if not self.ok:
+            raise RemoteError(self.host, self.command, self.exit_code, self.stdout + self.stderr)
+        return self
+
+
+def env_exports(env: dict[str, str]) -> str:
+    """`export K=V` lines; names are validated identifiers, values are quoted."""
+    for key in env:
+        if not key.isidentifier():
+            raise ValueError(f"not an environment variable name: {key!r}")
+    return "".join(f"export {k}={quote(str(v))}\n" for k, v in env.items())
+
+
+class Transport:
+    """Runs shell commands on one host. Subclasses: LocalTransport, SSHTransport."""
+
+    host: Host
+
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None,
+            idle_timeout: float | None = None) -> Result:
+        """Run a shell command; `timeout` bounds the whole call (default DEFAULT_TIMEOUT_S), `idle_timeout`
+        the silence between two pieces of output (a command that writes a byte now and then while it
+        waits: its silence means the link went dark)."""
+        raise NotImplementedError
+
+    def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def home(self) -> str:
+        if not hasattr(self, "_home"):
+            self._home = self.run('printf %s "$HOME"').stdout
+        return self._home
+
+    def expand(self, path: str) -> str:
+        """Expand a leading ~ on the host, since quoting stops the remote shell from doing it."""
+        if path == "~" or path.startswith("~/"):
+            return self.home() + path[1:]
+        return path
+
+
+class LocalTransport(Transport):
+    def __init__(self, host: Host):
+        self.host = host
+
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None,
+            idle_timeout: float | None = None) -> Result:
+        timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
+        try:
+            proc = subprocess.run(
+                ["bash", "-c", command], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise RemoteError(self.host.name, command, None, "", reason=f"timed out after {timeout} s")
+        result = Result(
+            self.host.name,
+            command,
+            proc.returncode,
+            proc.stdout.decode(errors="replace"),
+            proc.stderr.decode(errors="replace"),
+        )
+        return result.check() if check else result
+
+    def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
+        target = Path(self.expand(path))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_bytes(data)
+        tmp.chmod(mode)
+        tmp.replace(target)
