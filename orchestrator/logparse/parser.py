@@ -12,7 +12,16 @@ from . import generic, sglang, speculators, vllm
 from .errors import COMMON_RULES, HARMLESS, RANK, LogError, classify, exception_kind, exception_line, merge
 from .protocol import PROTOCOL, protocol_metrics
 from .text import Line, LineSplitter, RichUnwrapper, clean, strip_ansi
-from .tqdm import SHAPE, Progress, has_total, match_bar_at, progress_of, redraw_line, redraw_run, search_bar
+from .tqdm import (
+    Progress,
+    has_total,
+    match_bar_at,
+    progress_of,
+    redraw_line,
+    redraw_run,
+    run_by_shapes,
+    search_bar,
+)
 from .traceback import HEADER, ExceptionEnd, TracebackTracker
 
 PHASES = ("starting", "loading", "capturing", "ready", "running", "finished", "failed")
@@ -215,7 +224,7 @@ class LogParser:
             return start
         if self._run_re is None or self._run_re[:2] != (prefix, with_total):
             self._run_re = (prefix, with_total, redraw_run(prefix, with_total), redraw_line(prefix, with_total))
-        found = self._run_by_shapes(data, start, end) if not any(c.isdigit() for c in prefix) else None
+        found = run_by_shapes(data, start, end, self._run_re[3]) if not any(c.isdigit() for c in prefix) else None
         if found is None:
             m = self._run_re[2].match(data, start, end)
             if m is None:
@@ -238,34 +247,6 @@ class LogParser:
             self._set_phase(bar[3])
         self._recent.extend(t[:CONTEXT_LINE_CHARS] for t in reversed(tail))
         return stop
-
-    def _run_by_shapes(self, data: bytes, start: int, end: int) -> tuple[int, int] | None:
-        """(end, lines) of the run of redraws from `start` to the next '\\n', when every line in it is one.
-
-        The same run redraw_run matches, found faster: a stretch of redraws differs mostly in its digits, so
-        with digits read as '0' it holds a handful of distinct lines, and only those are matched. None when
-        one of them is no redraw: the regular expression then finds where the run stops.
-        """
-        assert self._run_re is not None
-        nl = data.find(b"\n", start, end)
-        region = data[start:end if nl < 0 else nl].translate(SHAPE)
-        line = self._run_re[3]
-        stop = region.rfind(b"\r") + 1
-        unit = region[:region.find(b"\r") + 1]
-        if unit and not (nl >= 0 and region.endswith(b"\r")):
-            # Most often every line has one shape: k copies of it that tile the run are found by count().
-            k, rest = divmod(stop, len(unit))
-            if not rest and region.count(unit, 0, stop) == k:
-                return (start + stop, k) if line.fullmatch(unit, 0, len(unit) - 1) else None
-        shapes = region.split(b"\r")
-        del shapes[-1]  # the part after the last '\\r': not ended by one, or ended by '\\n'
-        if nl >= 0 and region.endswith(b"\r") and shapes:  # '\\r\\n' ends a line, not a redraw
-            stop -= len(shapes.pop()) + 1
-        if not shapes:
-            return None
-        if all(line.fullmatch(shape) for shape in set(shapes)):
-            return start + stop, len(shapes)
-        return None
 
     def _other(self, line: Line, found: list[Metric]) -> None:
         text = line.text

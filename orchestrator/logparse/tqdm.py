@@ -168,3 +168,31 @@ def redraw_line(prefix: str, with_total: bool) -> re.Pattern[bytes]:
     the prefix has no digits."""
     body = _B_WITH_TOTAL if with_total else _B_NO_TOTAL
     return re.compile(re.escape(prefix.encode()) + body)
+
+
+def run_by_shapes(data: bytes, start: int, end: int, line: re.Pattern[bytes]) -> tuple[int, int] | None:
+    """(end, lines) of the run of redraws from `start` to the next '\\n', when every line in it is one
+    (`line`: redraw_line's pattern for the bar).
+
+    The same run redraw_run matches, found faster: a stretch of redraws differs mostly in its digits, so
+    with digits read as '0' it holds a handful of distinct lines, and only those are matched. None when
+    one of them is no redraw: the regular expression then finds where the run stops.
+    """
+    nl = data.find(b"\n", start, end)
+    region = data[start:end if nl < 0 else nl].translate(SHAPE)
+    stop = region.rfind(b"\r") + 1
+    unit = region[:region.find(b"\r") + 1]
+    if unit and not (nl >= 0 and region.endswith(b"\r")):
+        # Most often every line has one shape: k copies of it that tile the run are found by count().
+        k, rest = divmod(stop, len(unit))
+        if not rest and region.count(unit, 0, stop) == k:
+            return (start + stop, k) if line.fullmatch(unit, 0, len(unit) - 1) else None
+    shapes = region.split(b"\r")
+    del shapes[-1]  # the part after the last '\\r': not ended by one, or ended by '\\n'
+    if nl >= 0 and region.endswith(b"\r") and shapes:  # '\\r\\n' ends a line, not a redraw
+        stop -= len(shapes.pop()) + 1
+    if not shapes:
+        return None
+    if all(line.fullmatch(shape) for shape in set(shapes)):
+        return start + stop, len(shapes)
+    return None
