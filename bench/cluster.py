@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,8 @@ from orchestrator.workspace import Workspace  # noqa: E402
 
 ENDED = set(slurm.ENDED)
 
+
+from results import write_section  # noqa: E402
 
 def by_orch(tmp: Path, jobs: int, sleep_s: float) -> dict[str, float]:
     ws_root = tmp / "ws"
@@ -99,14 +100,6 @@ def by_hand(cluster: SlurmCluster, jobs: int, sleep_s: float, per_job: bool) -> 
             time.sleep(1.0)
     wall = time.perf_counter() - t0
     return {"wall": wall, "calls": calls, "rounds": rounds, "per_round": calls / rounds}
-
-
-def write_section(text: str) -> None:
-    path = ROOT / "bench" / "RESULTS.md"
-    old = path.read_text() if path.exists() else "# Benchmark results\n"
-    pattern = re.compile(r"^## Cluster\n.*?(?=^## |\Z)", re.S | re.M)
-    new = pattern.sub(lambda _: text, old) if pattern.search(old) else old.rstrip("\n") + "\n\n" + text
-    path.write_text(new)
 
 
 def main() -> None:

@@ -38,6 +38,7 @@ from orchestrator.record import Status
 from orchestrator.remote import Result, SSHTransport, quote
 from orchestrator.store import Store
 from orchestrator.watch import Watcher, WatchOptions
+from results import write_section
 
 EMULATOR = ROOT / "tests" / "fakes" / "sglang_emulator.py"
 REPEATS = 5
@@ -201,17 +202,8 @@ def write(rows: list[tuple[str, str, float, float]], quiet: dict[str, Any]) -> N
     lines += [f"| {scenario} | {name} | {median:.2f} | {worst:.2f} |" for scenario, name, median, worst in rows]
     o, f = quiet["orch"]["calls"], quiet["fixed5"]["calls"]
     lines += ["", f"Round trips over a {QUIET_S:.0f} s quiet serve: orch {o}, fixed5 {f} ({o / f:.2f}x).", ""]
-    section = "\n".join(lines)
-    results = ROOT / "bench" / "RESULTS.md"
-    text = results.read_text() if results.exists() else "# Benchmark results\n\n"
-    start = text.find("## Detection lag")
-    if start >= 0:
-        end = text.find("\n## ", start + 1)
-        text = text[:start] + section + (text[end:] if end >= 0 else "\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    results.write_text(text)
-    print(f"wrote {results}")
+    write_section("\n".join(lines))
+    print("wrote the detection lag section of bench/RESULTS.md")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
@@ -32,6 +31,8 @@ REPEATS = 3
 RUNS = 100_000
 ORCH = [sys.executable, "-m", "orchestrator"]
 
+
+from results import write_section  # noqa: E402
 
 def median_wall(fn: Callable[[], None], repeats: int = REPEATS) -> float:
     walls = []
@@ -88,17 +89,6 @@ def status_with_many_runs(tmp: Path) -> tuple[float, float]:
     table = median_wall(lambda: run(ORCH + ["status"], env))
     as_json = median_wall(lambda: run(ORCH + ["status", "--json"], env))
     return table, as_json
-
-
-def write_section(text: str) -> None:
-    path = ROOT / "bench" / "RESULTS.md"
-    old = path.read_text() if path.exists() else "# Benchmark results\n"
-    pattern = re.compile(r"^## Fan-out\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(old):
-        new = pattern.sub(lambda _: text, old)
-    else:
-        new = old.rstrip("\n") + "\n\n" + text
-    path.write_text(new)
 
 
 def main() -> None:

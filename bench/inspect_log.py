@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "RESULTS.md"
+from results import RESULTS, write_section  # noqa: E402
 SECTION = "## inspect-log"
 REDRAWS_PER_STRETCH = 2000
 TOTAL_SAMPLES = 100_000_000  # above every count drawn: a bar past its total is another case
@@ -244,14 +244,7 @@ def write_results(rows: list[dict[str, object]], note: str) -> None:
                    "`translate` and `read`; Python runs once per run and per ordinary line (the vLLM INFO lines "
                    "between stretches), which is where the new rules (prefixes, Rich, fatal, orch-metric) cost.")]
     section = "\n".join(lines) + "\n"
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\n"
-    start = text.find(SECTION)
-    if start >= 0:
-        end = text.find("\n## ", start + 1)
-        text = text[:start] + section + ("\n" + text[end + 1:] if end >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    RESULTS.write_text(text)
+    write_section(section)
     print(f"wrote {RESULTS}")
 
 

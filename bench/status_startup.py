@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "bench" / "RESULTS.md"
+from results import write_section  # noqa: E402
 SECTION = "## orch status start-up"
 ORCH = Path(sys.executable).parent / "orch"
 QUERY = "SELECT * FROM runs ORDER BY id DESC LIMIT 50"
@@ -135,14 +135,7 @@ def write_results(args: argparse.Namespace, medians: dict[str, float], imports: 
               "Top-level imports (`python -X importtime`, cumulative):", ""]
     lines += [f"- `{name}` {1000 * s:.0f} ms" for name, s in imports]
     section = "\n".join(lines) + "\n"
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\n"
-    start = text.find(SECTION)
-    if start >= 0:
-        end = text.find("\n## ", start + 1)
-        text = text[:start] + section + ("\n" + text[end + 1:] if end >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    RESULTS.write_text(text)
+    write_section(section)
     print(section)
 
 

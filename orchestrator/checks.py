@@ -35,3 +35,11 @@ def unprintable(text: str) -> str | None:
         if not char.isprintable():
             return f"U+{ord(char):04X}"
     return None
+
+
+def passable(value: Any) -> Any:
+    """The value, or ValueError naming what no field may hold (a Pydantic validator for every field)."""
+    problem = value_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .checks import bad_env_names, value_problem
+from .checks import bad_env_names, passable
 from .errors import HostError, UsageError
 from .workspace import LOCAL
 
@@ -44,13 +44,7 @@ class Host(BaseModel):
     constraint: str | None = None
     sbatch_args: list[str] = []  # more sbatch options, each one word: ["--exclusive", "--mem=0"]
 
-    @field_validator("*")
-    @classmethod
-    def _passable(cls, value: Any) -> Any:
-        problem = value_problem(value)
-        if problem:
-            raise ValueError(problem)
-        return value
+    _passable = field_validator("*")(classmethod(lambda cls, value: passable(value)))
 
     @field_validator("env")
     @classmethod

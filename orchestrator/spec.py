@@ -11,7 +11,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from . import specdoc
-from .checks import bad_env_names, value_problem
+from .checks import bad_env_names, passable
 from .errors import OrchError, SpecError
 
 
@@ -34,13 +34,7 @@ class RunSpec(BaseModel):
     notify: list[str] = Field(default_factory=list, description="http(s) URLs told (JSON POST) when the run ends")
     notify_timeout_s: float = Field(default=30.0, gt=0, description="bound on retries of one notification")
 
-    @field_validator("*")
-    @classmethod
-    def _passable(cls, value: Any) -> Any:
-        problem = value_problem(value)
-        if problem:
-            raise ValueError(problem)
-        return value
+    _passable = field_validator("*")(classmethod(lambda cls, value: passable(value)))
 
     @field_validator("notify")
     @classmethod

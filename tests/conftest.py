@@ -8,6 +8,8 @@ from typing import Iterator
 import pytest
 
 from orchestrator.hosts import Host
+from orchestrator.store import Store
+from orchestrator.workspace import Workspace
 
 from orchtest import stop_background_watchers
 from sshd import SSHFleet  # tests/ is on sys.path (rootdir-relative, no __init__.py)
@@ -42,6 +44,19 @@ def private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     _isolate(monkeypatch, home)
     yield home
     stop_background_watchers(home)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Workspace:
+    """A workspace of the test's own (no hosts.toml: the built-in `local` host only)."""
+    return Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
+
+
+@pytest.fixture
+def store(ws: Workspace) -> Iterator[Store]:
+    s = Store(ws.db_path)
+    yield s
+    s.close()
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -104,18 +104,6 @@ def no_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Workspace:
-    return Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
-
-
-@pytest.fixture
-def store(ws: Workspace) -> Iterator[Store]:
-    s = Store(ws.db_path)
-    yield s
-    s.close()
-
-
-@pytest.fixture
 def procs() -> Iterator[list[subprocess.Popen]]:
     """Foreign processes a test starts; whatever is left is killed at the end."""
     started: list[subprocess.Popen] = []

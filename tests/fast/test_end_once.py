@@ -23,18 +23,6 @@ FAST = {"poll_min": 0.05, "poll_max": 0.2}
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Workspace:
-    return Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
-
-
-@pytest.fixture
-def store(ws: Workspace) -> Iterator[Store]:
-    s = Store(ws.db_path)
-    yield s
-    s.close()
-
-
-@pytest.fixture
 def receiver() -> Iterator[Receiver]:
     r = Receiver()
     yield r

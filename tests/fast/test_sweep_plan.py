@@ -23,13 +23,6 @@ def ws(tmp_path: Path) -> Workspace:
     return Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
 
 
-@pytest.fixture
-def store(ws: Workspace) -> Iterator[Store]:
-    s = Store(ws.db_path)
-    yield s
-    s.close()
-
-
 def write(ws: Workspace, body: str) -> Path:
     path = ws.root / "s.toml"
     path.write_text(body)
