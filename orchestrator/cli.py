@@ -72,6 +72,7 @@ def run(
     dry_run: bool = typer.Option(False, "--dry-run", help="print the remote commands instead"),
     until_ready: bool = typer.Option(False, "--until-ready", help="return once the job is ready"),
     queue: bool = typer.Option(False, "--queue", help="wait while the host (or GPU set) is busy"),
+    replace: bool = typer.Option(False, "--replace", help="stop the orch run holding the host (or GPU set) first"),
 ) -> None:
     """Run a playbook on a host and watch it to the end."""
     from . import registry, runflow
@@ -92,7 +93,7 @@ def run(
             err.print(f"waiting: {busy}".removesuffix("; --queue waits"), markup=False)
             waited.append(str(busy))
 
-    ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait)
+    ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait, replace=replace)
     job = ctx.executor.describe((ctx.run.pid or 0, ctx.run.pid_start or ""))
     err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, {job} in {ctx.paths.root}")
     if detach:

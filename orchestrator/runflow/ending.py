@@ -134,12 +134,12 @@ def cancel(ctx: Context, reason: str, grace_s: float = KILL_GRACE_S) -> str:
 
 
 def stop(ctx: Context, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], None] = time.sleep,
-         timeout_s: float = gpu.CLEANUP_TIMEOUT_S) -> str:
+         timeout_s: float = gpu.CLEANUP_TIMEOUT_S, reason: str = "stopped by user") -> str:
     """End a run (a server, usually) and leave its GPUs free: cancel it, then wait until its GPUs are free.
 
     The run is cancelled even when its GPUs then stay busy (that raises, naming what holds them).
     """
-    outcome = cancel(ctx, "stopped by user", grace_s)
+    outcome = cancel(ctx, reason, grace_s)
     if ctx.executor.schedules_gpus:
         return f"{ctx.executor.describe((ctx.run.pid or 0, ''))} {outcome}; its GPUs are the scheduler's to free"
     freed = cleanup.after_stop(ctx.transport, ctx.run, ctx.spec.gpus, ctx.event, grace_s=grace_s, timeout_s=timeout_s,

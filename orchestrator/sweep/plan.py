@@ -33,6 +33,7 @@ class SweepFile(BaseModel):
     retries: int = Field(default=1, ge=0, description="extra attempts for failures that are the fleet's fault")
     retry_backoff_s: float = Field(default=30.0, ge=0)
     fail_fast: bool = False
+    replace: bool = Field(default=False, description="a point stops the orch run (not of this sweep) holding its host")
     notify: list[str] = Field(default_factory=list, description="URLs told when the sweep finishes")
 
     @model_validator(mode="after")
