@@ -22,8 +22,7 @@ from ..spec import RunSpec
 from ..store import Store
 from ..watching import WatchLock
 from ..workspace import Workspace
-from .context import Context, watch_options
-from .context import Hosts, open_run
+from .context import Context, Hosts, open_run, watch_options
 from .ending import end, file_states, free_gpus, stop
 from .follow import probe_orphan
 
@@ -121,7 +120,7 @@ def take_replacing(ws: Workspace, store: Store, host: Host, gpus: list[int] | No
     with store.tx():
         run_id = create()
     sweep_id = store.get_run(run_id).sweep_id
-    probe = lambda orphan: probe_orphan(ws, store, orphan)  # noqa: E731
+    probe = lambda orphan: probe_orphan(ws, store, orphan)
     replaced: set[int] = set()
     try:
         while True:

@@ -18,6 +18,7 @@ from ..errors import UsageError
 from ..hosts import NAME_PATTERN, Host, Inventory
 from ..store import Store
 from ..workspace import Workspace
+from .objective import Objective
 
 
 class SweepFile(BaseModel):
@@ -35,6 +36,7 @@ class SweepFile(BaseModel):
     fail_fast: bool = False
     replace: bool = Field(default=False, description="a point stops the orch run (not of this sweep) holding its host")
     notify: list[str] = Field(default_factory=list, description="URLs told when the sweep finishes")
+    objective: Objective | None = Field(default=None, description="the metric (and goal) that picks the best point")
 
     @model_validator(mode="after")
     def _where(self) -> SweepFile:
