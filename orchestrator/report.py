@@ -26,11 +26,14 @@ def ratio(value: float | None, base: float | None) -> float | None:
     return round(value / base, RATIO_DIGITS)
 
 
-def compare(store: Store, ids: list[int], all_keys: bool = False) -> dict[str, Any]:
+def compare(store: Store, ids: list[int], all_keys: bool = False, baseline: int | None = None) -> dict[str, Any]:
     """Specs (only the keys that differ unless `all_keys`) and latest metrics of runs, in the order given.
 
-    A key or metric a run lacks is None for it; ratios are each run's value over the first run's.
+    A key or metric a run lacks is None for it; ratios are each run's value over the first run's, which
+    is the baseline run when one is given (it comes first, whether or not it is among `ids`).
     """
+    if baseline is not None:
+        ids = [baseline, *(i for i in ids if i != baseline)]
     if len(ids) < 2:
         raise UsageError("compare needs at least two runs")
     runs = [store.get_run(i) for i in ids]  # an unknown id raises NotFound (bad input)
@@ -45,7 +48,7 @@ def compare(store: Store, ids: list[int], all_keys: bool = False) -> dict[str, A
     for name in sorted(_ordered_union(latest)):
         values = [m.get(name) for m in latest]
         metrics[name] = {"values": values, "ratios": [ratio(v, values[0]) for v in values]}
-    return {"runs": list(ids), "spec": spec, "metrics": metrics}
+    return {"runs": list(ids), "baseline": ids[0], "spec": spec, "metrics": metrics}
 
 
 def _ordered_union(dicts: list[dict[str, Any]]) -> list[str]:
