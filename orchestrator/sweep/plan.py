@@ -18,7 +18,7 @@ from ..errors import UsageError
 from ..hosts import NAME_PATTERN, Host, Inventory
 from ..store import Store
 from ..workspace import Workspace
-from .objective import Objective
+from ..objective import Objective
 
 
 class SweepFile(BaseModel):

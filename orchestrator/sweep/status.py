@@ -6,7 +6,7 @@ from typing import Any
 
 from ..store import Store
 from . import db
-from .objective import Objective, best, of_doc
+from ..objective import Objective, best, of_doc
 from .record import INTERRUPTED, PointRow, SweepStatus
 
 
