@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .. import registry, runflow
 from ..errors import UsageError
 from ..hosts import NAME_PATTERN, Host, Inventory
+from ..objective import Objective
 from ..store import Store
 from ..workspace import Workspace
-from ..objective import Objective
 
 
 class SweepFile(BaseModel):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..objective import Objective, best, of_doc
 from ..store import Store
 from . import db
-from ..objective import Objective, best, of_doc
 from .record import INTERRUPTED, PointRow, SweepStatus
 
 
