@@ -89,11 +89,15 @@ def _revert_patches(ctx: Context) -> None:
 
 
 def notification(store: Store, run: Run) -> dict[str, Any]:
-    """What a run's notification says: who, where, how it ended, and its latest metrics."""
+    """What a run's notification says: who, where, how it ended, and its latest metrics — also as one
+    line of `text` (and `content`), the fields chat webhooks (Slack, Teams; Discord) display."""
+    metrics = store.latest_metrics(run.id)
+    line = notify.summary(f"orch run {run.id} ({run.playbook} on {run.host}) {run.status.value}",
+                          run.reason if run.status is not Status.SUCCEEDED else None, metrics)
     return {
         "event": "run.ended", "run_id": run.id, "playbook": run.playbook, "host": run.host,
         "status": run.status.value, "error_kind": (run.error or {}).get("kind"), "reason": run.reason,
-        "metrics": store.latest_metrics(run.id), "started_at": run.started_at, "ended_at": run.ended_at,
+        "metrics": metrics, "started_at": run.started_at, "ended_at": run.ended_at, "text": line, "content": line,
     }
 
 
