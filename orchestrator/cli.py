@@ -261,6 +261,13 @@ def _print_run(doc: dict[str, Any]) -> None:
         out.print(f"  error: {e['kind']}: {e['exception'] or ''} {e['message']}")
     for k, v in doc["metrics"].items():
         out.print(f"  {k} = {v:g}")
+    if doc.get("eagle3_debug"):
+        table = Table("stage", "layer", "part", "shape", "dtype", "mean |x|", "calls", box=None, padding=(0, 1, 0, 4))
+        for r in doc["eagle3_debug"]:
+            table.add_row(r["stage"], _cell(r["layer"]), r["part"], r["shape"], _cell(r["dtype"]),
+                          "-" if r["absmean"] is None else f"{r['absmean']:.5g}", str(r["calls"]))
+        out.print("  hidden-state debug ([orch-eagle3-debug] lines):")
+        out.print(table)
     out.print("  spec: " + json.dumps(doc["spec"]))
     for e in doc["events"]:
         out.print(f"  {time.strftime('%m-%d %H:%M:%S', time.localtime(e['ts']))} {e['kind']}: {e['message']}")

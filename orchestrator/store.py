@@ -212,6 +212,13 @@ class Store:
                  for s in samples],
             )
 
+    def add_eagle3_debug(self, run_id: int, records: Iterable[dict[str, Any]], ts: float) -> None:
+        """Rows of the debug patch set's table (records from logparse.eagle3_debug, with their log line)."""
+        cols = ("line", "stage", "layer", "call", "part", "parts", "shape", "dtype", "absmean")
+        with self.tx() as c:
+            c.executemany(f"INSERT INTO eagle3_debug (run_id, ts, {', '.join(cols)}) VALUES (?, ?{', ?' * len(cols)})",
+                          [(run_id, ts, *(r.get(k) for k in cols)) for r in records])
+
     def latest_metrics(self, run_id: int) -> dict[str, float]:
         rows = self.conn.execute(
             "SELECT name, value FROM metrics WHERE id IN"
@@ -244,6 +251,21 @@ def _data(text: str | None) -> Any:
         return None
 
 
+def eagle3_debug_table(store: Store, run_id: int) -> list[dict[str, Any]]:
+    """The debug patch set's table for a run: per stage, layer and part, the latest call's shape, dtype
+    and mean |x|, with how many calls were logged; in the order the stages first appeared."""
+    rows = store.conn.execute(
+        "SELECT stage, layer, part, parts, call, shape, dtype, absmean FROM eagle3_debug WHERE run_id = ?"
+        " ORDER BY id", (run_id,))
+    table: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for stage, layer, part, parts, call, shape, dtype, absmean in rows:
+        key = (stage, layer, part)
+        calls = table[key]["calls"] + 1 if key in table else 1
+        table[key] = {"stage": stage, "layer": layer, "part": f"{part}/{parts}", "shape": shape, "dtype": dtype,
+                      "absmean": absmean, "call": call, "calls": calls}
+    return list(table.values())
+
+
 def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, Any]:
     """The JSON shape of a run that `orch status --json` prints."""
     progress, error = run.progress, run.error
@@ -274,5 +296,6 @@ def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, 
         "end_steps": run.end_steps,  # the end steps that ran (outputs, log tail, patch revert, notify)
     }
     if with_events:
+        doc["eagle3_debug"] = eagle3_debug_table(store, run.id)
         doc["events"] = [{k: e[k] for k in ("ts", "kind", "message")} for e in store.events(run.id)]
     return doc
