@@ -47,6 +47,8 @@ class Entry:
     log: str | None
     enabled: bool
     command: str
+    next_run: float | None = None  # epoch seconds, local time's schedule
+    last_run: dict[str, Any] | None = None  # from the entry's log: started, ended, result
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -177,25 +179,86 @@ def _orch_jobs(tab: Any) -> list[Any]:
     return [job for job in tab if (job.comment or "").startswith(TAG)]
 
 
-def install(ws: Workspace, file: Path, at: str) -> Entry:
-    """Add a crontab line that runs the sweep at `at`; validates everything before touching the crontab."""
+def install(ws: Workspace, file: Path, at: str, dry_run: bool = False) -> Entry:
+    """Add a crontab line that runs the sweep at `at`; validates everything before touching the crontab.
+
+    The same file on the same schedule twice is refused (it would run the sweep twice a night); with
+    dry_run the entry is returned without writing anything.
+    """
     schedule = check_schedule(at)
     path = check_sweep_file(file)
     check_one_line(ws, path)
     tab = _tab()
-    taken = {job.comment[len(TAG):] for job in _orch_jobs(tab)}
+    jobs = _orch_jobs(tab)
+    for job in jobs:
+        other = _entry(job)
+        if other.file == str(path) and _same_schedule(other.schedule, schedule):
+            raise UsageError(f"cron entry {other.id} already runs {path} at {other.schedule!r} "
+                             f"(`orch cron remove {other.id}` first)")
+    taken = {job.comment[len(TAG):] for job in jobs}
     entry_id = secrets.token_hex(3)
     while entry_id in taken:
         entry_id = secrets.token_hex(3)
-    cron_dir(ws).mkdir(parents=True, exist_ok=True)
+    if not dry_run:
+        cron_dir(ws).mkdir(parents=True, exist_ok=True)
     job = tab.new(command=cron_command(ws, entry_id, path), comment=TAG + entry_id)
     job.setall(schedule)
-    _write(tab)
+    if not dry_run:
+        _write(tab)
     return _entry(job)
 
 
-def entries() -> list[Entry]:
-    return [_entry(job) for job in _orch_jobs(_tab())]
+def _same_schedule(a: str, b: str) -> bool:
+    from crontab import CronSlices
+
+    return str(CronSlices(a)) == str(CronSlices(b))
+
+
+def entries(now: float | None = None) -> list[Entry]:
+    """orch's entries, each with its next run and what its last firing came to."""
+    found = []
+    for job in _orch_jobs(_tab()):
+        entry = _entry(job)
+        entry.next_run = _next_run(job, now)
+        entry.last_run = last_run(Path(entry.log), entry.id) if entry.log else None
+        found.append(entry)
+    return found
+
+
+def _next_run(job: Any, now: float | None) -> float | None:
+    from datetime import datetime
+
+    try:
+        when = job.schedule(date_from=datetime.fromtimestamp(time.time() if now is None else now)).get_next()
+    except (ImportError, ValueError, KeyError):  # a schedule croniter cannot iterate (@reboot)
+        return None
+    return float(when.timestamp())
+
+
+_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) orch:(\w+) (start|end|skipped)(?::? ?)(.*)$")
+
+
+def last_run(log: Path, entry_id: str) -> dict[str, Any] | None:
+    """The entry's last firing from its log: when it started (and ended) and its result — succeeded,
+    failed (exit N), skipped (the previous sweep still ran) or running."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    last: dict[str, Any] | None = None
+    for line in lines:
+        m = _LOG_LINE.match(line)
+        if not m or m.group(2) != entry_id:
+            continue
+        at, what, rest = m.group(1), m.group(3), m.group(4)
+        if what == "start":
+            last = {"started": at, "ended": None, "result": "running"}
+        elif what == "skipped":
+            last = {"started": at, "ended": at, "result": "skipped: " + rest.removeprefix(": ")}
+        elif last is not None:
+            code = rest.rsplit(" ", 1)[-1]
+            last.update(ended=at, result="succeeded" if code == "0" else f"failed (exit {code})")
+    return last
 
 
 def remove(entry_id: str) -> Entry:

@@ -235,3 +235,14 @@ def m010(db: Database) -> None:
     # What a batch scheduler says of a run's job beyond its log (its id is the run's pid).
     db["runs"].add_column("node", str)  # the node (list) the job runs on
     db["runs"].add_column("queue_reason", str)  # why it still waits in the queue ("Resources", "Priority")
+
+
+@migration("m011_eagle3_debug")
+def m011(db: Database) -> None:
+    # The sglang-eagle3-hidden-debug patch set's lines, one row per tensor logged (logparse/eagle3_debug.py).
+    db["eagle3_debug"].create(
+        {"id": int, "run_id": int, "ts": float, "line": int, "stage": str, "layer": int, "call": int, "part": int,
+         "parts": int, "shape": str, "dtype": str, "absmean": float},
+        pk="id", foreign_keys=[("run_id", "runs", "id")],
+    )
+    db["eagle3_debug"].create_index(["run_id", "stage"])

@@ -32,6 +32,18 @@ _pending: list[_Send] = []
 _pending_lock = threading.Lock()
 
 
+SUMMARY_METRICS = 3
+SUMMARY_CHARS = 300
+
+
+def summary(head: str, reason: str | None, metrics: dict[str, float]) -> str:
+    """One line a person reads in a chat: what ended and how, why when it failed, its first metrics."""
+    line = head + (f": {' '.join(reason.split())}" if reason else "")
+    shown = " ".join(f"{k}={v:g}" for k, v in list(metrics.items())[:SUMMARY_METRICS])
+    line += f" — {shown}" if shown else ""
+    return line if len(line) <= SUMMARY_CHARS else line[:SUMMARY_CHARS - 1] + "…"
+
+
 class NotifyError(Exception):
     """One attempt failed (HTTP status, refused, timed out)."""
 

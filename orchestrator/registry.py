@@ -25,6 +25,7 @@ BUILTIN_PLAYBOOKS = {
     "extract-hidden-states": "playbooks.extract_hidden_states:ExtractHiddenStates",
     "serve-eagle3": "playbooks.serve_eagle3:ServeEagle3",
     "bench-serving": "playbooks.bench_serving:BenchServing",
+    "serve-bench": "playbooks.serve_bench:ServeBench",
 }
 BUILTIN_PATCH_SETS = "playbooks.patches"
 

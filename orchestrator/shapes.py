@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .record import Run
-from .store import Store
+from .store import Store, eagle3_debug_table
 
 PROGRESS_KEYS = ("label", "done", "total", "percent", "rate_per_s", "eta_s", "elapsed_s")
 
@@ -72,6 +72,7 @@ def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, 
         "end_steps": run.end_steps,  # the end steps that ran (outputs, log tail, patch revert, notify)
     }
     if with_events:
+        doc["eagle3_debug"] = eagle3_debug_table(store, run.id)
         doc["events"] = [{"ts": e["ts"], "ts_iso": iso(e["ts"]), "kind": e["kind"], "message": e["message"]}
                          for e in store.events(run.id)]
     return doc

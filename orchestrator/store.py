@@ -226,6 +226,13 @@ class Store:
                  for s in samples],
             )
 
+    def add_eagle3_debug(self, run_id: int, records: Iterable[dict[str, Any]], ts: float) -> None:
+        """Rows of the debug patch set's table (records from logparse.eagle3_debug, with their log line)."""
+        cols = ("line", "stage", "layer", "call", "part", "parts", "shape", "dtype", "absmean")
+        with self.tx() as c:
+            c.executemany(f"INSERT INTO eagle3_debug (run_id, ts, {', '.join(cols)}) VALUES (?, ?{', ?' * len(cols)})",
+                          [(run_id, ts, *(r.get(k) for k in cols)) for r in records])
+
     def latest_metrics(self, run_id: int) -> dict[str, float]:
         rows = self.conn.execute(
             "SELECT name, value FROM metrics WHERE id IN"
@@ -256,4 +263,19 @@ def _data(text: str | None) -> Any:
         return load_json(text) if text else None
     except ValueError:
         return None
+
+
+def eagle3_debug_table(store: Store, run_id: int) -> list[dict[str, Any]]:
+    """The debug patch set's table for a run: per stage, layer and part, the latest call's shape, dtype
+    and mean |x|, with how many calls were logged; in the order the stages first appeared."""
+    rows = store.conn.execute(
+        "SELECT stage, layer, part, parts, call, shape, dtype, absmean FROM eagle3_debug WHERE run_id = ?"
+        " ORDER BY id", (run_id,))
+    table: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for stage, layer, part, parts, call, shape, dtype, absmean in rows:
+        key = (stage, layer, part)
+        calls = table[key]["calls"] + 1 if key in table else 1
+        table[key] = {"stage": stage, "layer": layer, "part": f"{part}/{parts}", "shape": shape, "dtype": dtype,
+                      "absmean": absmean, "call": call, "calls": calls}
+    return list(table.values())
 

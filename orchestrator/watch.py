@@ -336,6 +336,8 @@ class Watcher:
             if samples:
                 self.store.add_metrics(self.run_id, [(m.name, m.value, m.line, self._sample_ts(m, now))
                                                      for m in samples], now)
+            if p.debug:  # the debug patch set's lines
+                self.store.add_eagle3_debug(self.run_id, p.take_debug(), now)
             self.store.update_run(
                 self.run_id,
                 **{

@@ -6,7 +6,7 @@ run it measured is its `server` spec field.
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchestrator.playbook import (
     SERVING_PHASES,
@@ -16,6 +16,7 @@ from orchestrator.playbook import (
     NotFound,
     Playbook,
     Prepared,
+    Remote,
     RunSpec,
     Status,
     UsageError,
@@ -58,6 +59,50 @@ class BenchServingSpec(RunSpec):
         return self
 
 
+class BenchSettings(BaseModel):
+    """The benchmark's own settings, shared by `bench-serving` and the `bench` table of `serve-bench`."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    num_prompts: int = Field(default=200, gt=0)
+    max_concurrency: int | None = Field(default=None, gt=0)
+    dataset: str = Field(default="random-ids", pattern=r"^[A-Za-z0-9][\w\-]*$",
+                         description="--dataset-name; random-ids needs no download")
+    input_len: int | None = Field(default=None, gt=0, description="--random-input-len")
+    output_len: int | None = Field(default=None, gt=0, description="--random-output-len")
+    extra_args: list[str] = Field(default_factory=list, description="more benchmark flags, as given")
+    launcher: str | None = Field(default=None, description="what follows python; default by SGLang version")
+
+    @field_validator("launcher")
+    @classmethod
+    def _launcher(cls, text: str | None) -> str | None:
+        if text is not None:
+            split_launcher(text)
+        return text
+
+
+def bench_module(remote: Remote, python: str, launcher: str | None) -> list[str]:
+    """The benchmark's module in the installed SGLang's spelling (nothing to add with a launcher given)."""
+    if launcher is not None:
+        return []
+    version = installed_version(remote, python)
+    new = version is not None and release(version) >= MODULE_SINCE
+    return split_launcher(MODULE if new else LEGACY_MODULE)
+
+
+def bench_argv(python: str, s: BenchSettings | BenchServingSpec, url: str, module: list[str]) -> list[str]:
+    """The benchmark's command line against the server at `url`."""
+    launcher = split_launcher(s.launcher) if s.launcher is not None else []
+    args = ["--backend", "sglang", "--base-url", url, "--num-prompts", str(s.num_prompts), "--dataset-name", s.dataset]
+    if s.max_concurrency is not None:
+        args += ["--max-concurrency", str(s.max_concurrency)]
+    if s.input_len is not None:
+        args += ["--random-input-len", str(s.input_len)]
+    if s.output_len is not None:
+        args += ["--random-output-len", str(s.output_len)]
+    return [python, *launcher, *module, *args, *s.extra_args]
+
+
 def base_url(find_run: FindRun, spec: BenchServingSpec, host: Host) -> str:
     """The server's URL; a `server` run must be a running, ready server on the same host."""
     if spec.url is not None:
@@ -86,22 +131,8 @@ class BenchServing(Playbook[BenchServingSpec]):
         base_url(find_run, spec, host)
 
     def prepare(self, job: JobContext[BenchServingSpec]) -> Prepared:
-        if job.spec.launcher is not None:
-            return Prepared()
-        version = installed_version(job.remote, job.python)
-        new = version is not None and release(version) >= MODULE_SINCE
-        return Prepared(args=split_launcher(MODULE if new else LEGACY_MODULE))
+        return Prepared(args=bench_module(job.remote, job.python, job.spec.launcher))
 
     def command(self, job: JobContext[BenchServingSpec], prepared: Prepared) -> str:
-        spec = job.spec
-        launcher = split_launcher(spec.launcher) if spec.launcher is not None else []
-        args = ["--backend", "sglang", "--base-url", base_url(job.find_run, spec, job.host),
-                "--num-prompts", str(spec.num_prompts), "--dataset-name", spec.dataset]
-        if spec.max_concurrency is not None:
-            args += ["--max-concurrency", str(spec.max_concurrency)]
-        if spec.input_len is not None:
-            args += ["--random-input-len", str(spec.input_len)]
-        if spec.output_len is not None:
-            args += ["--random-output-len", str(spec.output_len)]
-        argv = [job.python, *launcher, *prepared.args, *args, *spec.extra_args]
+        argv = bench_argv(job.python, job.spec, base_url(job.find_run, job.spec, job.host), prepared.args)
         return " ".join(quote(a) for a in argv)

@@ -27,6 +27,7 @@ from orchestrator.playbook import (
     Run,
     RunSpec,
     Status,
+    UsageError,
     quote,
 )
 
@@ -52,6 +53,7 @@ class ExtractSpec(RunSpec):
                                 "speculators <0.5: --train-data-path; >=0.5: preprocessed data dir")
     layers: list[int] | None = Field(default=None, description="layer indices; default [2, L//2, L-3]")
     output_dir: str | None = Field(default=None, description="default: <run dir>/hidden_states")
+    clear_output: bool = Field(default=False, description="empty a non-empty output_dir first (else refused)")
     max_samples: int | None = Field(default=None, gt=0, description="hf default 32; speculators: all")
     batch_size: int | None = Field(default=None, gt=0,
                                    description="hf default 4; speculators <0.5 --batch-size, >=0.5 --concurrency")
@@ -185,6 +187,8 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
         return job.spec.output_dir or posixpath.join(job.paths.root, "hidden_states")
 
     def prepare(self, job: JobContext[ExtractSpec]) -> Prepared:
+        if job.spec.output_dir:
+            self._check_output_dir(job)
         if job.spec.backend == "hf":
             for name, src in ((SCRIPT, JOBS / SCRIPT), (PROMPTS, DATA / PROMPTS)):
                 job.remote.put(src.read_bytes(), posixpath.join(job.paths.root, name))
@@ -193,6 +197,23 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
         if pipeline_of(version) == "new":
             job.remote.put((JOBS / WAIT).read_bytes(), posixpath.join(job.paths.root, WAIT))
         return Prepared(env={VERSION_VAR: version})
+
+    def _check_output_dir(self, job: JobContext[ExtractSpec]) -> None:
+        """Old and new shards in one directory are indistinguishable to a trainer: a non-empty output_dir
+        is refused, or with clear_output emptied (and what was there recorded)."""
+        out = quote(self.output_dir(job))
+        res = job.remote.run(f"[ -d {out} ] && find {out} -mindepth 1 | wc -l && du -sk {out} | cut -f1 || echo 0",
+                             check=False, timeout=300)
+        words = res.stdout.split()
+        entries = int(words[0]) if words and words[0].isdigit() else 0
+        if not entries:
+            return
+        kib = words[1] if len(words) > 1 else "?"
+        if not job.spec.clear_output:
+            raise UsageError(f"output_dir {self.output_dir(job)} is not empty ({entries} entries, {kib} KiB); "
+                             "set clear_output = true to clear it first")
+        job.remote.run(f"find {out} -mindepth 1 -delete", timeout=600)
+        job.event("prepare", f"cleared output_dir {self.output_dir(job)}: {entries} entries, {kib} KiB")
 
     def _speculators_version(self, job: JobContext[ExtractSpec]) -> str:
         """One remote call: the installed version (unless the spec forces one) and the scripts present."""

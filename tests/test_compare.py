@@ -89,7 +89,7 @@ def test_cli(tmp_path):
     ids = three_runs(store)
     store.close()
     got = json.loads(orch("compare", *map(str, ids), "--json", check=0).stdout)
-    assert got["runs"] == ids and list(got) == ["runs", "spec", "metrics"]
+    assert got["runs"] == ids and list(got) == ["runs", "baseline", "spec", "metrics"] and got["baseline"] == ids[0]
     assert got["metrics"]["gen_throughput"]["ratios"] == [1.0, 1.0586, 0.0]
     assert "cmd" not in got["spec"]
     assert "cmd" in json.loads(orch("compare", *map(str, ids), "--json", "--all", check=0).stdout)["spec"]
@@ -99,6 +99,24 @@ def test_cli(tmp_path):
     assert rows["gen_throughput"] == ["88.8", "94", "(1.06x)"]
     assert rows["accept_rate"] == ["0.19", "0.47", "(2.47x)"]
     assert rows["speculative_num_steps"] == ["3", "5"]
+
+
+def test_cli_baseline(tmp_path):
+    orch = Orch(tmp_path / "ws")
+    store = Store(orch.db)
+    a, b, c = three_runs(store)
+    store.close()
+    # the baseline comes first whatever the order given, and every other run is measured against it
+    got = json.loads(orch("compare", str(b), str(c), "--baseline", str(a), "--json", check=0).stdout)
+    assert got["runs"] == [a, b, c] and got["baseline"] == a
+    assert got["metrics"]["gen_throughput"]["ratios"] == [1.0, 1.0586, 0.0]
+    table = orch("compare", str(b), "--baseline", str(a), check=0).stdout
+    rows = {cells[0]: cells[1:] for cells in (line.split("\t") for line in table.splitlines())}  # piped: tabs
+    assert rows[""] == [f"run {a} (baseline)", f"run {b}"]
+    assert rows["gen_throughput"][1] == "88.8 → 94 (1.06x)"
+    assert rows["accept_rate"][1] == "0.19 → 0.47 (2.47x)"
+    res = orch("compare", str(b), "--baseline", "x")
+    assert res.returncode == 2 and res.stderr.strip() == "orch: not a run id: 'x'"
 
 
 @pytest.mark.parametrize("args, message", [

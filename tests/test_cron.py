@@ -81,6 +81,46 @@ def test_install_list_remove_touch_only_orch_lines(orch, crontab):
     assert "orch:" not in crontab() and FOREIGN in crontab()
 
 
+def test_a_duplicate_is_refused_and_dry_run_writes_nothing(orch, crontab):
+    nightly = str(orch.root / "nightly.toml")
+    before = crontab()
+    res = orch("cron", "install", nightly, "--at", "0 2 * * *", "--dry-run", check=0)
+    line = res.stdout.strip()
+    assert line.startswith("0 2 * * * cd ") and "cron fire" in line and line.split(" # orch:")[1]
+    assert crontab() == before and not (orch.root / "runs" / "cron").exists()
+    entry = json.loads(orch("cron", "install", nightly, "--at", "0 2 * * *", "--json", check=0).stdout)
+    after = crontab()
+    # the same file and schedule (however spaced) again: refused, one clear line, nothing written
+    for at in ("0 2 * * *", "0  2 * *  *"):
+        res = orch("cron", "install", nightly, "--at", at)
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip().splitlines() == [
+            f"orch: cron entry {entry['id']} already runs {nightly} at '0 2 * * *' (`orch cron remove {entry['id']}` first)"]
+        assert orch("cron", "install", nightly, "--at", at, "--dry-run").returncode == 2
+    assert crontab() == after
+    # another schedule of the same file is another entry
+    orch("cron", "install", nightly, "--at", "30 3 * * *", check=0)
+    assert crontab().count("# orch:") == 2
+
+
+def test_list_shows_the_next_run_and_the_last_with_its_result(orch, crontab):
+    nightly = str(orch.root / "nightly.toml")
+    entry = json.loads(orch("cron", "install", nightly, "--at", "0 2 * * *", "--json", check=0).stdout)
+    (listed,) = json.loads(orch("cron", "list", "--json", check=0).stdout)
+    assert listed["last_run"] is None
+    nxt = time.localtime(listed["next_run"])
+    assert (nxt.tm_hour, nxt.tm_min) == (2, 0) and 0 < listed["next_run"] - time.time() <= 86400
+    orch("cron", "fire", entry["id"], nightly, "--instance", "2031-01-01", check=0)
+    (listed,) = json.loads(orch("cron", "list", "--json", check=0).stdout)
+    assert listed["last_run"]["result"] == "succeeded" and listed["last_run"]["ended"] is not None
+    (orch.root / "nightly.toml").write_text(SWEEP.replace('cmd = "echo done"', 'cmd = "exit 3"'))
+    orch("cron", "fire", entry["id"], nightly, "--instance", "2031-01-02", check=1)
+    (listed,) = json.loads(orch("cron", "list", "--json", check=0).stdout)
+    assert listed["last_run"]["result"] == "failed (exit 1)"
+    table = orch("cron", "list", check=0).stdout
+    assert time.strftime("%Y-%m-%d 02:00", nxt) in table and ": failed (exit 1)" in table
+
+
 def cron_sh(command: str) -> subprocess.CompletedProcess:
     """Run a crontab command as cron does: /bin/sh, HOME/LOGNAME/SHELL and PATH=/usr/bin:/bin only."""
     env = {"HOME": os.environ.get("HOME", "/root"), "LOGNAME": "root", "SHELL": "/bin/sh", "PATH": "/usr/bin:/bin"}
@@ -240,7 +280,11 @@ def test_the_real_crontab_program_for_a_throwaway_user():
         entry = json.loads(res.stdout)
         line = next(ln for ln in their_crontab().splitlines() if ln.endswith(f"# orch:{entry['id']}"))
         assert line.startswith("0 2 * * * cd ") and f"ORCH_HOME={ws}" in line and FOREIGN in their_crontab()
-        assert [e["id"] for e in json.loads(orch("cron", "list", "--json").stdout)] == [entry["id"]]
+        (listed,) = json.loads(orch("cron", "list", "--json").stdout)
+        assert listed["id"] == entry["id"] and time.localtime(listed["next_run"]).tm_hour == 2
+        dup = orch("cron", "install", str(ws / "nightly.toml"), "--at", "0 2 * * *")
+        assert dup.returncode == 2 and f"cron entry {entry['id']} already runs" in dup.stderr
+        assert their_crontab().count("# orch:") == 1
         assert orch("cron", "remove", entry["id"]).returncode == 0
         assert "orch:" not in their_crontab() and FOREIGN in their_crontab()
     finally:

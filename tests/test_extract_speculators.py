@@ -264,3 +264,30 @@ def test_flag_mapping():
     assert server_argv(bare, "py") == ["py", "/s/launch_vllm.py", "/m", "--", "--host", "127.0.0.1", "--port", "8000"]
     assert [pipeline_of(v) for v in ("0.3.0", "0.4.0.1", "0.5.0", "0.9.0", "1.0.0rc1")] == \
         ["old", "old", "new", "new", "new"]
+
+
+def test_a_non_empty_output_dir_is_refused_unless_cleared(orch, tmp_path):
+    out = tmp_path / "shared-out"
+    (out / "old").mkdir(parents=True)
+    (out / "data_0.pt").write_bytes(b"an earlier run's shard")
+    (out / "old" / "data_9.pt").write_bytes(b"x" * 4096)
+    sets = spec_sets(speculators_version="0.3.0", dataset=str(PROMPTS), layers=[2, 16, 29], max_samples=2,
+                     batch_size=2, seq_length=24, tp=1, output_dir=str(out))
+    res = orch("run", "extract-hidden-states", "--host", "test1", *sets, timeout=120)
+    assert res.returncode == 2, res.stderr
+    (line,) = res.stderr.strip().splitlines()  # one clear line
+    assert f"output_dir {out} is not empty (3 entries, " in line and line.endswith(
+        "KiB); set clear_output = true to clear it first"), line
+    assert (out / "data_0.pt").read_bytes() == b"an earlier run's shard"  # nothing touched
+    refused = orch.status(1)
+    assert refused["status"] == "failed" and refused["pid"] is None
+
+    res = orch("run", "extract-hidden-states", "--host", "test1", *sets, "--set", "clear_output=true", timeout=180)
+    assert res.returncode == 0, res.stderr
+    doc = orch.status(2)
+    assert doc["status"] == "succeeded" and doc["metrics"]["samples"] == 2
+    cleared = [e["message"] for e in doc["events"] if e["kind"] == "prepare" and "cleared" in e["message"]]
+    assert cleared and cleared[0].startswith(f"cleared output_dir {out}: 3 entries, ")
+    assert not (out / "old").exists()
+    assert sorted(p.name for p in out.glob("data_*.pt")) == ["data_0.pt", "data_1.pt"]
+    assert (out / "data_0.pt").read_bytes() != b"an earlier run's shard"

@@ -238,13 +238,15 @@ def test_spec_accepts_only_http_urls():
 def test_run_end_is_announced_after_retries(tmp_path, receiver):
     r = receiver(fail=2)
     orch = Orch(tmp_path / "ws")
-    res = orch("run", "command", "--set", "cmd=echo gen_throughput: 88.8", "--set",
+    res = orch("run", "command", "--set", "cmd=echo orch-metric gen_throughput=88.8", "--set",
                f'notify=["{r.url}"]', *FAST)
     assert res.returncode == 0, res.stderr
     assert r.attempts == 3 and len(r.bodies) == 1
     doc = r.bodies[0]
     assert doc["event"] == "run.ended" and doc["run_id"] == 1 and doc["status"] == "succeeded"
     assert doc["playbook"] == "command" and doc["host"] == "local" and doc["error_kind"] is None
+    # the line a chat webhook shows
+    assert doc["text"] == doc["content"] == "orch run 1 (command on local) succeeded — gen_throughput=88.8"
     assert not [e for e in orch.status(1)["events"] if e["kind"] == "warning"]
 
 
@@ -275,9 +277,20 @@ def test_sweep_end_is_announced(tmp_path, receiver):
     orch = Orch(tmp_path / "ws")
     (orch.root / "s.toml").write_text(
         f'name = "n"\nplaybook = "command"\nhosts = ["local"]\nnotify = ["{r.url}"]\n'
-        '[spec]\ncmd = "true"\npoll_min = 0.05\npoll_max = 0.3\n[matrix]\n"env.X" = ["1", "2"]\n')
+        'objective = { metric = "x", goal = "min" }\n'
+        '[spec]\ncmd = "echo orch-metric x=$X"\npoll_min = 0.05\npoll_max = 0.3\n[matrix]\n"env.X" = ["2", "1"]\n')
     orch("sweep", "run", str(orch.root / "s.toml"), check=0)
     assert r.attempts == 2 and len(r.bodies) == 1
     doc = r.bodies[0]
     assert doc["event"] == "sweep.finished" and doc["sweep_id"] == 1 and doc["status"] == "succeeded"
     assert [p["status"] for p in doc["points"]] == ["succeeded", "succeeded"] and doc["counts"] == {"succeeded": 2}
+    assert doc["text"] == "orch sweep 1 (n) succeeded: 2 succeeded; best env.X=1 (run 2) — x=1"
+
+
+def test_the_summary_is_one_bounded_line():
+    from orchestrator.notify import summary
+
+    assert summary("orch run 3 (command on gpu01) failed", "exit code 3:\nTraceback  x", {}) == \
+        "orch run 3 (command on gpu01) failed: exit code 3: Traceback x"
+    long = summary("orch run 1 (command on h) failed", "y" * 1000, {"a": 1.5})
+    assert len(long) == 300 and long.endswith("…") and "\n" not in long

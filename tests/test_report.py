@@ -58,31 +58,27 @@ def test_report_html_and_charts(tmp_path):
     store = sweep_store(tmp_path / "orch.db")
     with pytest.raises(UsageError, match="no metric 'tput'"):
         report.sweep_report(store, 7, tmp_path / "r", metric="tput")
-    page = report.sweep_report(store, 7, tmp_path / "r")
+    # no objective in the sweep: nothing is called best
+    assert "No objective" in report.sweep_report(store, 7, tmp_path / "r0").read_text()
+    page = report.sweep_report(store, 7, tmp_path / "r", metric="gen_throughput")
     text = page.read_text()
     # the spec key that differs is a column; the ones all points share are not
     assert "<th>batch</th>" in text and "<th>cmd</th>" not in text and "env.A" not in text
-    assert "Best point: run 3 by gen_throughput (higher is better)" in text
-    assert text.count("&#9733; best") == 1 and "<td>3 &#9733; best</td>" in text
+    assert "Best point: batch=16 (run 3) by gen_throughput (higher is better)" in text
+    assert text.count("&#9733; best") == 1 and "<td>batch=16 &#9733; best</td>" in text
     for png in ("metrics.png", "series.png"):
         assert f'src="{png}"' in text
         with Image.open(page.parent / png) as im:
             assert im.size[0] > 500 and len(im.convert("RGB").getcolors(1 << 20) or []) > 20
     # choosing latency picks the same point by the lower value
-    assert "Best point: run 3 by ttft_ms (lower is better)" in report.sweep_report(
+    assert "Best point: batch=16 (run 3) by ttft_ms (lower is better)" in report.sweep_report(
         store, 7, tmp_path / "r2", metric="ttft_ms").read_text()
 
 
 def test_report_renders_in_headless_chromium(tmp_path):
-    page = report.sweep_report(sweep_store(tmp_path / "orch.db"), 7, tmp_path / "r")
+    page = report.sweep_report(sweep_store(tmp_path / "orch.db"), 7, tmp_path / "r", metric="gen_throughput")
     shot = tmp_path / "shot.png"
-    subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,1600",
-         page.as_uri()],
-        check=True, capture_output=True, timeout=60,
-    )
+    screenshot(page, shot, tmp_path / "profile")
     with Image.open(shot) as im:
         rgb = im.convert("RGB")
         assert rgb.size == (1200, 1600)
@@ -96,6 +92,15 @@ def test_report_renders_in_headless_chromium(tmp_path):
     assert sum(1 for p in pixels if p == (0xd3, 0xf9, 0xd8)) > 500
 
 
+def screenshot(page: Path, shot: Path, profile: Path, size: str = "1200,1600") -> None:
+    subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={profile}", f"--screenshot={shot}", f"--window-size={size}", page.as_uri()],
+        check=True, capture_output=True, timeout=60,
+    )
+
+
 def test_sweep_report_command(tmp_path):
     """A real sweep on the local host whose job prints SGLang decode lines, then `orch sweep report`."""
     from orchtest import Orch
@@ -106,6 +111,7 @@ def test_sweep_report_command(tmp_path):
     cmd = f'for i in 1 2 3; do echo "{line}"; sleep 0.1; done'
     (orch.root / "s.toml").write_text(
         'name = "tput"\nplaybook = "command"\nhosts = ["local"]\n'
+        'objective = { metric = "gen_throughput", goal = "max" }\n'
         f'[spec]\nengine = "sglang"\npoll_min = 0.05\npoll_max = 0.3\ncmd = {json.dumps(cmd)}\n'
         '[matrix]\n"env.G" = ["40.5", "97.25", "60.0"]\n')
     orch("sweep", "run", str(orch.root / "s.toml"), check=0, timeout=120)
@@ -114,6 +120,64 @@ def test_sweep_report_command(tmp_path):
     assert res.stdout.strip() == str(page)
     text = page.read_text()
     assert "<th>env.G</th>" in text and "<td>97.25</td>" in text
-    assert "by gen_throughput (higher is better)" in text and text.count("&#9733; best") == 1
+    assert "Best point: env.G=97.25 (run 2) by gen_throughput (higher is better)" in text
+    assert text.count("&#9733; best") == 1
+    assert "<h1>tput — " in text and " — sweep 1 on local</h1>" in text
+    assert text.count('<a href="../../') == 3 and '<a href="../../2/log.tail">log</a>' in text
+    assert (orch.root / "runs" / "2" / "log.tail").exists()
     assert (page.parent / "metrics.png").exists() and (page.parent / "series.png").exists()
     assert orch("sweep", "report", "nope").returncode == 2
+
+
+def test_two_nights_of_a_serve_bench_grid_in_headless_chromium(tmp_path):
+    """A serve-bench grid (SGLang and bench emulators) run as two nights of one file on the local host: the
+    report's axis shows the swept values, the best is marked, the trend covers both nights."""
+    from orchtest import Orch
+    from sshd import free_port
+
+    fakes = Path(__file__).parent / "fakes"
+    orch = Orch(tmp_path / "ws")
+    flags = ["--shards", "2", "--shard-time", "0.01", "--capture-time", "0.01", "--decode-stats", "1",
+             "--serve-after", "600"]
+    (orch.root / "grid.toml").write_text(f"""
+name = "eagle3-nightly"
+playbook = "serve-bench"
+hosts = ["local"]
+objective = {{ metric = "output_throughput", goal = "max" }}
+[spec]
+model = "/models/target"
+draft_model = "/models/draft"
+launcher = "{fakes / 'sglang_emulator.py'}"
+extra_args = {json.dumps(flags)}
+port = {free_port("127.0.0.1")}
+poll_min = 0.05
+poll_max = 0.3
+bench = {{ num_prompts = 8, input_len = 64, output_len = 32, launcher = "{fakes / 'bench_serving_emulator.py'}" }}
+[matrix]
+num_steps = [2, 3]
+eagle_topk = [1, 4]
+""")
+    for night in ("2025-06-01", "2025-06-02"):
+        res = orch("sweep", "run", str(orch.root / "grid.toml"), "--instance", night, timeout=180)
+        assert res.returncode == 0, res.stderr
+    res = orch("sweep", "report", "eagle3-nightly", check=0)
+    page = Path(res.stdout.strip())
+    assert page == orch.root / "runs" / "sweeps" / "2" / "report.html"
+    text = page.read_text()
+    assert "<h1>eagle3-nightly — 2025-06-02 — sweep 2 on local</h1>" in text
+    # rows and axis labelled by the swept values (the point's keys in order), the run id a column of its own
+    assert all(f"<td>eagle_topk={k} num_steps={n}" in text for n in (2, 3) for k in (1, 4))
+    assert text.count("&#9733; best") == 1 and "by output_throughput (higher is better)" in text
+    assert "<h2>Nights of this sweep file</h2>" in text and "<td>2025-06-01</td>" in text
+    assert 'src="trend.png"' in text and (page.parent / "trend.png").exists()
+    assert text.count('">log</a>') == 4
+    shot = tmp_path / "shot.png"
+    screenshot(page, shot, tmp_path / "profile", "1200,2400")
+    with Image.open(shot) as im:
+        rgb = im.convert("RGB")
+        pixels = list(rgb.get_flattened_data()) if hasattr(rgb, "get_flattened_data") else list(rgb.getdata())
+    assert sum(1 for p in pixels if p == (0xd3, 0xf9, 0xd8)) > 500  # the best row's fill
+    assert sum(1 for p in pixels if p == (0x2b, 0x8a, 0x3e)) > 200  # best bar and the nights' best line
+    # the trend chart's own pixels: two nights, one line per point plus the best
+    with Image.open(page.parent / "trend.png") as im:
+        assert len(im.convert("RGB").getcolors(1 << 20) or []) > 20

@@ -46,11 +46,13 @@ def compare(
     run_ids: list[str] = typer.Argument(..., help="two or more run ids; ratios are against the first"),
     as_json: bool = typer.Option(False, "--json"),
     all_keys: bool = typer.Option(False, "--all", help="every spec key, not only those that differ"),
+    baseline: str | None = typer.Option(None, "--baseline", metavar="ID", help="the run the others are measured against"),
 ) -> None:
-    """Specs and metrics of runs side by side, with ratios against the first run."""
+    """Specs and metrics of runs side by side, with ratios against the first run (or the baseline)."""
     from .. import report
 
-    found = report.compare(read_store(workspace()), [parse_run_id(r) for r in run_ids], all_keys)
+    base = parse_run_id(baseline) if baseline is not None else None
+    found = report.compare(read_store(workspace()), [parse_run_id(r) for r in run_ids], all_keys, base)
     if as_json:
         emit_json(found)
         return
@@ -60,8 +62,11 @@ def compare(
         cells = []
         for i, (v, r) in enumerate(zip(m["values"], m["ratios"])):
             cell = "-" if v is None else f"{v:g}"
+            if i and base is not None and v is not None and m["values"][0] is not None:
+                cell = f"{m['values'][0]:g} → {cell}"  # against the baseline, as people write it
             cells.append(cell + (f" ({r:.2f}x)" if i and r is not None else ""))
         rows.append([name, *cells])
-    table(["", *(f"run {i}" for i in found["runs"])], rows)
+    table(["", *(f"run {i}" + (" (baseline)" if base is not None and not n else "") for n, i in enumerate(found["runs"]))],
+          rows)
 
 

@@ -38,6 +38,7 @@ def run(
     dry_run: bool = typer.Option(False, "--dry-run", help="print the remote commands instead"),
     until_ready: bool = typer.Option(False, "--until-ready", help="return once the job is ready"),
     queue: bool = typer.Option(False, "--queue", help="wait while the host (or GPU set) is busy"),
+    replace: bool = typer.Option(False, "--replace", help="stop the orch run holding the host (or GPU set) first"),
     as_json: bool = typer.Option(False, "--json", help="the end-of-run summary (or the launch) as JSON"),
 ) -> None:
     """Run a playbook on a host and watch it to the end."""
@@ -45,7 +46,7 @@ def run(
     from .. import spec as specmod
 
     pb = registry.playbook(playbook)
-    _start(pb, specmod.load(pb.Spec, file, sets), host, detach, dry_run, until_ready, queue, as_json)
+    _start(pb, specmod.load(pb.Spec, file, sets), host, detach, dry_run, until_ready, queue, replace, as_json)
 
 
 @app.command(epilog="Example:\n\n  orch rerun 7 --set batch_size=8 --host gpu02")
@@ -57,6 +58,7 @@ def rerun(
     dry_run: bool = typer.Option(False, "--dry-run", help="print the remote commands instead"),
     until_ready: bool = typer.Option(False, "--until-ready", help="return once the job is ready"),
     queue: bool = typer.Option(False, "--queue", help="wait while the host (or GPU set) is busy"),
+    replace: bool = typer.Option(False, "--replace", help="stop the orch run holding the host (or GPU set) first"),
     as_json: bool = typer.Option(False, "--json", help="the end-of-run summary (or the launch) as JSON"),
 ) -> None:
     """Run a run's playbook again with its spec, changed by --set."""
@@ -66,11 +68,11 @@ def rerun(
     old = read_store(workspace()).get_run(parse_run_id(run_id))
     pb = registry.playbook(old.playbook)
     spec = specmod.build(pb.Spec, specmod.merge_sets(old.spec, sets, pb.Spec), source=f"spec of run {old.id}")
-    _start(pb, spec, host or old.host, detach, dry_run, until_ready, queue, as_json)
+    _start(pb, spec, host or old.host, detach, dry_run, until_ready, queue, replace, as_json)
 
 
 def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_ready: bool, queue: bool,
-           as_json: bool) -> None:
+           replace: bool, as_json: bool) -> None:
     from .. import runflow
 
     ws = workspace()
@@ -86,7 +88,7 @@ def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_rea
             err.print(f"waiting: {busy}".removesuffix("; --queue waits"))
             waited.append(str(busy))
 
-    ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait)
+    ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait, replace=replace)
     job = ctx.executor.describe((ctx.run.pid or 0, ctx.run.pid_start or ""))
     err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, {job} in {ctx.paths.root}")
     if detach:
@@ -245,6 +247,11 @@ def _print_run(doc: dict[str, Any]) -> None:
         out.print(f"  error: {e['kind']}: {e['exception'] or ''} {e['message']}")
     for k, v in doc["metrics"].items():
         out.print(f"  {k} = {v:g}")
+    if doc.get("eagle3_debug"):
+        out.print("  hidden-state debug ([orch-eagle3-debug] lines):")
+        table(["stage", "layer", "part", "shape", "dtype", "mean |x|", "calls"],
+              [[r["stage"], r["layer"], r["part"], r["shape"], r["dtype"],
+                "-" if r["absmean"] is None else f"{r['absmean']:.5g}", r["calls"]] for r in doc["eagle3_debug"]])
     out.print("  spec: " + json.dumps(doc["spec"]))
     for e in doc["events"]:
         out.print(f"  {time.strftime('%m-%d %H:%M:%S', time.localtime(e['ts']))} {e['kind']}: {e['message']}")

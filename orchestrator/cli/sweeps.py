@@ -89,7 +89,7 @@ def sweep_cancel(ref: str = typer.Argument(..., metavar="SWEEP", help="id or nam
 
 @sweep_app.command("report")
 def sweep_report(ref: str = typer.Argument(..., metavar="SWEEP", help="id or name"),
-                 metric: str | None = typer.Option(None, help="picks the best point (default: the first metric)"),
+                 metric: str | None = typer.Option(None, help="picks the best point (default: the sweep file's objective)"),
                  chart: list[str] = typer.Option([], "--chart", help="metric drawn per point (default: all)"),
                  series: list[str] = typer.Option([], "--series", help="metric drawn over time (default: sampled ones)")) -> None:
     """Write runs/sweeps/<id>/report.html: the points, their spec differences and metrics, charts."""
@@ -112,13 +112,16 @@ app.add_typer(cron_app, name="cron")
 @cron_app.command("install")
 def cron_install(file: Path = typer.Argument(..., help="sweep file"),
                  at: str = typer.Option(..., "--at", help="cron schedule, e.g. '0 2 * * *'"),
-                 as_json: bool = typer.Option(False, "--json")) -> None:
+                 as_json: bool = typer.Option(False, "--json"),
+                 dry_run: bool = typer.Option(False, "--dry-run", help="print the crontab line, change nothing")) -> None:
     """Run a sweep on a schedule; a night whose previous sweep still runs is skipped."""
     from .. import cron
 
-    entry = cron.install(workspace(), file, at)
+    entry = cron.install(workspace(), file, at, dry_run=dry_run)
     if as_json:
         emit_json(entry.to_dict())
+    elif dry_run:
+        out.print(f"{entry.schedule} {entry.command} # orch:{entry.id}", markup=False, soft_wrap=True)
     else:
         out.print(f"cron entry {entry.id}: {entry.schedule} {entry.file} (log {entry.log})", markup=False)
 
@@ -132,8 +135,12 @@ def cron_list(as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         emit_json([e.to_dict() for e in found])
         return
-    table(["id", "schedule", "sweep", "workspace", "enabled"],
-          [[e.id, e.schedule, e.file or "?", e.workspace or "?", "yes" if e.enabled else "no"] for e in found])
+    rows = []
+    for e in found:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.next_run)) if e.next_run else "-"
+        last = f"{e.last_run['started']}: {e.last_run['result']}" if e.last_run else "never"
+        rows.append([e.id, e.schedule, e.file or "?", e.workspace or "?", "yes" if e.enabled else "no", when, last])
+    table(["id", "schedule", "sweep", "workspace", "enabled", "next", "last"], rows)
 
 
 @cron_app.command("remove")

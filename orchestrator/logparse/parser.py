@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from . import generic, sglang, speculators, vllm
+from . import eagle3_debug, generic, sglang, speculators, vllm
 from .errors import COMMON_RULES, HARMLESS, RANK, LogError, classify, exception_kind, exception_line, merge
 from .protocol import PROTOCOL, protocol_metrics
 from .text import Line, LineSplitter, RichUnwrapper, clean, strip_ansi
@@ -119,6 +119,7 @@ class LogParser:
         self._error_progress: list[Any] | None = None  # [label, done] when the error was seen
         self._rich = RichUnwrapper()
         self._bench = -1  # rows read of a bench_serving result block; -1 outside one
+        self.debug: list[dict[str, Any]] = []  # debug patch lines since the last take_debug(); not state
 
     # ---- input ----------------------------------------------------------------------------------
 
@@ -263,8 +264,17 @@ class LogParser:
             self._tracebacks.feed(line.source, text)
             return
         self._metrics(line, found)
+        if eagle3_debug.PREFIX in text:
+            record = eagle3_debug.parse(text)
+            if record is not None:
+                self.debug.append({**record, "line": self.lines})
         self._phase_of(line)
         self._find_error(line)
+
+    def take_debug(self) -> list[dict[str, Any]]:
+        """The debug patch set's records read since the last call."""
+        taken, self.debug = self.debug, []
+        return taken
 
     def _metrics(self, line: Line, found: list[Metric]) -> None:
         text = line.text

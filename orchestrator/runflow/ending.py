@@ -89,11 +89,15 @@ def _revert_patches(ctx: Context) -> None:
 
 
 def notification(store: Store, run: Run) -> dict[str, Any]:
-    """What a run's notification says: who, where, how it ended, and its latest metrics."""
+    """What a run's notification says: who, where, how it ended, and its latest metrics — also as one
+    line of `text` (and `content`), the fields chat webhooks (Slack, Teams; Discord) display."""
+    metrics = store.latest_metrics(run.id)
+    line = notify.summary(f"orch run {run.id} ({run.playbook} on {run.host}) {run.status.value}",
+                          run.reason if run.status is not Status.SUCCEEDED else None, metrics)
     return {
         "event": "run.ended", "run_id": run.id, "playbook": run.playbook, "host": run.host,
         "status": run.status.value, "error_kind": (run.error or {}).get("kind"), "reason": run.reason,
-        "metrics": store.latest_metrics(run.id), "started_at": run.started_at, "ended_at": run.ended_at,
+        "metrics": metrics, "started_at": run.started_at, "ended_at": run.ended_at, "text": line, "content": line,
     }
 
 
@@ -134,12 +138,12 @@ def cancel(ctx: Context, reason: str, grace_s: float = KILL_GRACE_S) -> str:
 
 
 def stop(ctx: Context, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], None] = time.sleep,
-         timeout_s: float = gpu.CLEANUP_TIMEOUT_S) -> str:
+         timeout_s: float = gpu.CLEANUP_TIMEOUT_S, reason: str = "stopped by user") -> str:
     """End a run (a server, usually) and leave its GPUs free: cancel it, then wait until its GPUs are free.
 
     The run is cancelled even when its GPUs then stay busy (that raises, naming what holds them).
     """
-    outcome = cancel(ctx, "stopped by user", grace_s)
+    outcome = cancel(ctx, reason, grace_s)
     if ctx.executor.schedules_gpus:
         return f"{ctx.executor.describe((ctx.run.pid or 0, ''))} {outcome}; its GPUs are the scheduler's to free"
     freed = cleanup.after_stop(ctx.transport, ctx.run, ctx.spec.gpus, ctx.event, grace_s=grace_s, timeout_s=timeout_s,

@@ -22,8 +22,8 @@ from ..spec import RunSpec
 from ..store import Store
 from ..watching import WatchLock
 from ..workspace import Workspace
-from .context import Context, watch_options
-from .ending import end, file_states, free_gpus
+from .context import Context, Hosts, open_run, watch_options
+from .ending import end, file_states, free_gpus, stop
 from .follow import probe_orphan
 
 
@@ -53,11 +53,12 @@ def run_token(ws: Workspace, store: Store, run_id: int) -> str:
 
 def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: Host, *, queue: bool = False,
           on_wait: Callable[[lease.Busy], None] | None = None,
-          run_fields: dict[str, Any] | None = None) -> Context:
+          run_fields: dict[str, Any] | None = None, replace: bool = False) -> Context:
     """Create the run and take it to `running`; on any failure the run ends `failed` with the reason.
 
     The run is created together with its lease on the host (or its GPU set): a busy host raises
-    lease.Busy naming the holder, or with queue waits for it.
+    lease.Busy naming the holder, or with queue waits for it; with replace the holder is stopped
+    instead (see `take_replacing`).
     """
     check(store, pb, spec, host)
 
@@ -70,8 +71,12 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     # On a cluster the queue is the scheduler's: no lease.
     if pb.exclusive and not executor_for(host, connect(host)).schedules_gpus:
         opts = watch_options(pb, spec, host)
-        run_id = lease.take(store, host.name, spec.gpus, create, (opts.poll_min, opts.poll_max), queue=queue,
-                            on_wait=on_wait, probe=lambda orphan: probe_orphan(ws, store, orphan))
+        poll = (opts.poll_min, opts.poll_max)
+        if replace:
+            run_id = take_replacing(ws, store, host, spec.gpus, create, poll, queue=queue, on_wait=on_wait)
+        else:
+            run_id = lease.take(store, host.name, spec.gpus, create, poll, queue=queue,
+                                on_wait=on_wait, probe=lambda orphan: probe_orphan(ws, store, orphan))
     else:
         with store.tx():
             run_id = create()
@@ -104,6 +109,52 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     transition(store, run_id, Status.RUNNING, f"{ctx.executor.describe((pid, pid_start))} on {host.name}", pid=pid,
                pid_start=pid_start)
     return ctx
+
+
+def take_replacing(ws: Workspace, store: Store, host: Host, gpus: list[int] | None, create: Callable[[], int],
+                   poll: tuple[float, float], *, queue: bool = False,
+                   on_wait: Callable[[lease.Busy], None] | None = None) -> int:
+    """`--replace`: the new run is created first, so the runs holding its host (or GPU set) are stopped
+    through the normal cancel path with a reason that names it; once their GPUs are free it takes
+    the lease. A holder of the same sweep is a sibling point, never replaced: it is waited for (queue)
+    or reported like any busy host.
+    """
+    with store.tx():
+        run_id = create()
+    sweep_id = store.get_run(run_id).sweep_id
+    probe = lambda orphan: probe_orphan(ws, store, orphan)
+    replaced: set[int] = set()
+    try:
+        while True:
+            try:
+                return lease.acquire(store, host.name, gpus, lambda: run_id, poll[1], probe)
+            except lease.Busy as busy:
+                holder = store.get_run(busy.lease.run_id)
+                if holder.id in replaced:  # stopped, yet it holds on: never a loop
+                    raise
+                if sweep_id is not None and holder.sweep_id == sweep_id:
+                    if not queue:
+                        raise
+                    if on_wait is not None:
+                        on_wait(busy)
+                    time.sleep(min(poll[0], 5.0))
+                    continue
+                replaced.add(holder.id)
+                outcome = replace_run(ws, store, holder.id, run_id, {host.name: host})
+                store.add_event(run_id, "replaced", f"run {holder.id} ({holder.playbook}): {outcome}",
+                                {"run_id": holder.id})
+    except BaseException as exc:
+        what = str(exc) if isinstance(exc, OrchError) else f"{type(exc).__name__}: {exc}"
+        end(store, run_id, Status.FAILED, f"before launch: replacing the holder: {what}")
+        raise
+
+
+def replace_run(ws: Workspace, store: Store, holder_id: int, new_id: int, hosts: Hosts) -> str:
+    """Stop a run another replaces: cancelled (its end steps run) naming the new run, then its GPUs free."""
+    other = open_run(ws, store, holder_id, hosts, any_spec=True)
+    if other.run.status.terminal:
+        return f"already {other.run.status}"  # it ended meanwhile; acquire drops its lease
+    return stop(other, reason=f"replaced by run {new_id}")
 
 
 def _steps_before_launch(ctx: Context) -> str:

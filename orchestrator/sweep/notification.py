@@ -7,16 +7,29 @@ from typing import Any
 from .. import notify
 from ..store import Store
 from . import db
+from .plan import label
 
 POINT_FIELDS = ("index", "point", "host", "status", "run_id", "metrics")
 
 
 def payload(sweep_id: int, doc: dict[str, Any]) -> dict[str, Any]:
-    """The outcome, and each point's status and metrics, from the sweep's status document."""
+    """The outcome, and each point's status and metrics, from the sweep's status document; also as one
+    line of `text` (and `content`) for chat webhooks."""
+    title = f"{doc['name']} {doc['instance']}" if doc.get("instance") else doc["name"]
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(doc["counts"].items()))
+    best = doc.get("best")
+    if best:
+        pt = next(p for p in doc["points"] if p["index"] == best["index"])
+        metrics = {best["metric"]: best["value"]}
+        head = f"orch sweep {sweep_id} ({title}) {doc['status']}: {counts}; best {label(pt['point'])} (run {best['run_id']})"
+    else:
+        metrics, head = {}, f"orch sweep {sweep_id} ({title}) {doc['status']}: {counts}"
+    line = notify.summary(head, None, metrics)
     return {
         "event": "sweep.finished", "sweep_id": sweep_id,
         "name": doc["name"], "playbook": doc["playbook"], "status": doc["status"], "counts": doc["counts"],
-        "points": [{k: p[k] for k in POINT_FIELDS} for p in doc["points"]],
+        "points": [{k: p[k] for k in POINT_FIELDS} for p in doc["points"]], "best": best,
+        "text": line, "content": line,
     }
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .. import registry, runflow
 from ..errors import UsageError
 from ..hosts import NAME_PATTERN, Host, Inventory
+from ..objective import Objective
 from ..store import Store
 from ..workspace import Workspace
 
@@ -33,7 +34,9 @@ class SweepFile(BaseModel):
     retries: int = Field(default=1, ge=0, description="extra attempts for failures that are the fleet's fault")
     retry_backoff_s: float = Field(default=30.0, ge=0)
     fail_fast: bool = False
+    replace: bool = Field(default=False, description="a point stops the orch run (not of this sweep) holding its host")
     notify: list[str] = Field(default_factory=list, description="URLs told when the sweep finishes")
+    objective: Objective | None = Field(default=None, description="the metric (and goal) that picks the best point")
 
     @model_validator(mode="after")
     def _where(self) -> SweepFile:

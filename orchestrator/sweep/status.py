@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..objective import Objective, best, of_doc
 from ..store import Store
 from . import db
 from .record import INTERRUPTED, PointRow, SweepStatus
@@ -30,13 +31,27 @@ def document(store: Store, sweep_id: int) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for pt in points:
         counts[pt["status"]] = counts.get(pt["status"], 0) + 1
+    objective = of_doc(store.conn.execute("SELECT doc FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()[0])
     return {
         "id": row.id, "name": row.name, "instance": row.instance, "playbook": row.playbook,
         "status": status, "path": row.path,
         "file_hash": row.file_hash, "created_at": row.created_at, "ended_at": row.ended_at,
         "controller": str(row.controller) if row.controller else None, "notify": row.notify, "counts": counts,
+        "objective": objective.model_dump() if objective else None, "best": best_point(objective, points),
         "points": points,
     }
+
+
+def best_point(objective: Objective | None, points: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The succeeded point that is best by the objective: its index, run and value."""
+    if objective is None:
+        return None
+    found = best(objective, ((p, p["metrics"]) for p in points if p["status"] == "succeeded"))
+    if found is None:
+        return None
+    p, value = found
+    return {"index": p["index"], "run_id": p["run_id"], "metric": objective.metric, "goal": objective.goal,
+            "value": value}
 
 
 def list_sweeps(store: Store, limit: int = 50) -> list[dict[str, Any]]:

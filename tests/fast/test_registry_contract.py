@@ -22,6 +22,7 @@ REQUIRED: dict[str, dict[str, Any]] = {
     "command": {"cmd": "true"},
     "serve-eagle3": {"model": "/m", "draft_model": "/d"},
     "bench-serving": {"url": "http://127.0.0.1:30000"},
+    "serve-bench": {"model": "/m", "draft_model": "/d"},
 }
 # A command line the user means as shell; the interpreter the test stubs; names the registry looks up
 # (a hostile one is refused there, see test_patching).
