@@ -235,3 +235,11 @@ def m010(db: Database) -> None:
     # What a batch scheduler says of a run's job beyond its log (its id is the run's pid).
     db["runs"].add_column("node", str)  # the node (list) the job runs on
     db["runs"].add_column("queue_reason", str)  # why it still waits in the queue ("Resources", "Priority")
+
+
+@migration("m011_dashboard_indexes")
+def m011(db: Database) -> None:
+    # The dashboard's runs table filters by host and playbook, newest first, over 100 000s of runs; an
+    # index on one column also holds the rowid, so `WHERE host = ? ORDER BY id DESC LIMIT n` walks it.
+    db["runs"].create_index(["host"])
+    db["runs"].create_index(["playbook"])
