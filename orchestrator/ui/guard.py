@@ -26,7 +26,7 @@ def is_loopback(bind: str) -> bool:
 class Guard:
     token: str
     allow_actions: bool
-    reads_need_token: bool  # listening beyond loopback: every API call shows the token
+    reads_need_token: bool  # every API call shows the token (one was given: always so beyond loopback)
     hosts: frozenset[str] | None  # the Host headers answered (loopback: no DNS rebinding); None: any
 
     @classmethod
@@ -38,7 +38,8 @@ class Guard:
             raise UsageError("the token must be at least 16 characters")
         names = {"localhost", "127.0.0.1", "[::1]", bind if ":" not in bind else f"[{bind.strip('[]')}]"}
         hosts = frozenset(f"{n}:{port}" for n in names) if loopback else None
-        return cls(token or secrets.token_urlsafe(24), allow_actions, not loopback, hosts)
+        # a token given is asked of every API call (beyond loopback it must be); a made-up one only of actions
+        return cls(token or secrets.token_urlsafe(24), allow_actions, token is not None, hosts)
 
     def host_ok(self, headers: Mapping[str, str]) -> bool:
         return self.hosts is None or headers.get("host", "") in self.hosts

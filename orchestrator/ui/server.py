@@ -235,11 +235,10 @@ def serve(ws: Workspace, port: int = 8765, bind: str = "127.0.0.1", allow_action
     """`orch ui`: serve the dashboard until interrupted."""
     import uvicorn
 
-    guard = Guard.make(bind, port, allow_actions, token)  # refuses before anything listens
+    Guard.make(bind, port, allow_actions, token)  # refuses before anything listens
     sock = listen(bind, port)
-    if port == 0:  # a free port, chosen by the system: the Host check needs the one it chose
-        port = sock.getsockname()[1]
-        guard = Guard.make(bind, port, allow_actions, guard.token)
+    port = sock.getsockname()[1]  # port 0: the free one the system chose, which the Host check needs
+    guard = Guard.make(bind, port, allow_actions, token)
     app = make_app(ws, guard)
     echo(f"orch ui: {url(bind, port, guard)}")
     if allow_actions:

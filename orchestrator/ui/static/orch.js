@@ -366,7 +366,7 @@ function timeline(steps, end) {
 
 function errorBox(e) {
   const lines = (e.context || []).map((l) => h("div", {class: e.message && l.includes(e.message) ? "errline" : ""}, l || " "));
-  return h("div", {class: "errbox", id: "error"},
+  return h("div", {class: "errbox"},
     h("div", {}, h("b", {}, e.kind), " ", e.exception || "", " ", e.message || "",
       e.line ? h("span", {class: "muted"}, ` (log line ${e.line})`) : ""),
     (e.chain || []).map((c) => h("div", {class: "muted"}, `then: ${c}`)),
