@@ -287,7 +287,7 @@ def sweep(orch: Orch) -> None:
     orch("sweep", "run", str(orch.root / "s.toml"), check=0, timeout=180)
 
 
-def test_sweep_pivot_marks_the_best(orch: Orch, dashboards: list[Dashboard]) -> None:
+def test_sweep_pivot_marks_the_best(orch: Orch, dashboards: list[Dashboard], browser: Any, tmp_path: Path) -> None:
     sweep(orch)
     ui = serve(dashboards, orch)
     doc = ui.get("/api/sweeps/1")
@@ -298,6 +298,17 @@ def test_sweep_pivot_marks_the_best(orch: Orch, dashboards: list[Dashboard]) -> 
     assert doc["trend"] == [{"sweep_id": 1, "instance": "", "created_at": doc["created_at"], "best": 97.25}]
     assert [s["id"] for s in ui.get("/api/sweeps")] == [1]
     assert ui.get("/api/runs?sweep=1")["count"] == 3 and ui.get("/api/runs?sweep=2")["count"] == 0
+    browser.get(ui.base + "/sweeps/1")
+    marked = wait_until(lambda: browser.execute_script(
+        "const r = document.querySelector('table.pivot tr.best'); return r && [r.dataset.point, r.innerText]"), 10)
+    assert int(marked[0]) == best and "97.25" in marked[1] and "★" in marked[1]
+    assert browser.execute_script("return document.querySelectorAll('table.pivot tbody tr').length") == 3
+    assert browser.execute_script("return document.querySelectorAll('table.pivot td.best').length") >= 1
+    points = browser.execute_script("return [...document.querySelectorAll('.chart svg')].map(s => s.dataset.points)")
+    assert points[0] == "3"  # the objective against env.G, a point each
+    run_link = browser.find_element("css selector", "table.pivot tr.best a")
+    assert run_link.get_attribute("href").endswith(f"/runs/{doc['points'][best]['run_id']}")
+    browser.save_screenshot(str(tmp_path / "sweep.png"))
 
 
 def test_gpus_when_asked_with_the_run_holding_each(orch: Orch, dashboards: list[Dashboard], tmp_path: Path) -> None:

@@ -410,12 +410,13 @@ async function sweepPage(main, id) {
   const problems = h("div");
   const body = h("div");
   main.replaceChildren(problems, body);
-  every(3000, async () => {
+  const draw = async () => {
     const d = await api(`/api/sweeps/${id}${objective ? "?objective=" + encodeURIComponent(objective) : ""}`);
     objective = d.objective || "";
     const pick = h("select", {name: "objective", onchange: () => {
       objective = pick.value;
       history.replaceState(null, "", `/sweeps/${id}?objective=${encodeURIComponent(objective)}`);
+      draw().catch((e) => problems.replaceChildren(h("p", {class: "error"}, String(e.message))));
     }}, d.metrics.map((m) => h("option", {value: m}, `${m} (${d.lower_is_better[m] ? "lower" : "higher"} is better)`)));
     pick.value = objective;
     const bestRow = objective ? d.best[objective] : null;
@@ -430,8 +431,10 @@ async function sweepPage(main, id) {
       })));
     const charts = objective ? d.keys.map((k) => {
       const labels = [...new Set(d.points.map((p) => fmt((p.point || {})[k])))];
-      const pts = d.points.filter((p) => objective in p.metrics).map((p) => [labels.indexOf(fmt((p.point || {})[k])), p.metrics[objective]]);
-      return pts.length ? chart(`${objective} by ${k}`, pts, {labels, scatter: true}) : "";
+      const scored = d.points.filter((p) => objective in p.metrics);
+      const pts = scored.map((p) => [labels.indexOf(fmt((p.point || {})[k])), p.metrics[objective]]);
+      const best = scored.findIndex((p) => p.index === bestRow);
+      return pts.length ? chart(`${objective} by ${k}`, pts, {labels, scatter: true, best}) : "";
     }) : [];
     const trend = d.trend.length > 1 ? chart(`best ${objective} over the sweeps named ${d.name}`,
       d.trend.map((t) => [t.created_at, t.best]), {time: true}) : "";
@@ -440,8 +443,9 @@ async function sweepPage(main, id) {
       h("div", {class: "filters"}, "objective: ", d.metrics.length ? pick : h("span", {class: "muted"}, "no metrics yet")),
       table(["#", ...d.keys, "status", "run", "host", "tries", ...d.metrics], rows, {class: "pivot"}),
       section("Charts", h("div", {class: "charts"}, charts, trend)));
-    return ACTIVE.has(d.status) || d.status === "running" ? undefined : false;
-  }, problems);
+    return ACTIVE.has(d.status) ? undefined : false;  // a finished sweep no longer changes
+  };
+  every(3000, draw, problems);
 }
 
 // --- hosts ---------------------------------------------------------------------------------------
