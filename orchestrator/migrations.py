@@ -246,3 +246,11 @@ def m011(db: Database) -> None:
         pk="id", foreign_keys=[("run_id", "runs", "id")],
     )
     db["eagle3_debug"].create_index(["run_id", "stage"])
+
+
+@migration("m012_dashboard_indexes")
+def m012(db: Database) -> None:
+    # The dashboard's runs table filters by host and playbook, newest first, over 100 000s of runs; an
+    # index on one column also holds the rowid, so `WHERE host = ? ORDER BY id DESC LIMIT n` walks it.
+    db["runs"].create_index(["host"])
+    db["runs"].create_index(["playbook"])

@@ -1,0 +1,64 @@
+"""What keeps the dashboard safe by default: read-only on loopback; a token for actions, and for
+everything when it listens beyond loopback; actions only from the dashboard's own pages."""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..errors import UsageError
+
+TOKEN_HEADER = "x-orch-token"
+
+
+def is_loopback(bind: str) -> bool:
+    if bind == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bind.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+@dataclass(frozen=True)
+class Guard:
+    token: str
+    allow_actions: bool
+    reads_need_token: bool  # every API call shows the token (one was given: always so beyond loopback)
+    hosts: frozenset[str] | None  # the Host headers answered (loopback: no DNS rebinding); None: any
+
+    @classmethod
+    def make(cls, bind: str, port: int, allow_actions: bool = False, token: str | None = None) -> Guard:
+        loopback = is_loopback(bind)
+        if not loopback and not token:
+            raise UsageError(f"--bind {bind} lets other machines in: give a --token (or ORCH_UI_TOKEN) they must show")
+        if token is not None and len(token) < 16:
+            raise UsageError("the token must be at least 16 characters")
+        names = {"localhost", "127.0.0.1", "[::1]", bind if ":" not in bind else f"[{bind.strip('[]')}]"}
+        hosts = frozenset(f"{n}:{port}" for n in names) if loopback else None
+        # a token given is asked of every API call (beyond loopback it must be); a made-up one only of actions
+        return cls(token or secrets.token_urlsafe(24), allow_actions, token is not None, hosts)
+
+    def host_ok(self, headers: Mapping[str, str]) -> bool:
+        return self.hosts is None or headers.get("host", "") in self.hosts
+
+    def token_ok(self, headers: Mapping[str, str]) -> bool:
+        return secrets.compare_digest(headers.get(TOKEN_HEADER, "").encode(), self.token.encode())
+
+    def same_origin(self, headers: Mapping[str, str], scheme: str) -> bool:
+        """A browser says where a request comes from: only the dashboard's own pages may act."""
+        origin = headers.get("origin")
+        site = headers.get("sec-fetch-site")
+        return origin == f"{scheme}://{headers.get('host', '')}" and site in (None, "same-origin")
+
+    def action_refusal(self, headers: Mapping[str, str], scheme: str) -> str | None:
+        """Why an action is refused, or None when it may run."""
+        if not self.allow_actions:
+            return "actions are off: start the dashboard with --allow-actions"
+        if not self.same_origin(headers, scheme):
+            return "actions are taken only from the dashboard's own pages (same origin)"
+        if not self.token_ok(headers):
+            return "actions need the token `orch ui` printed when it started"
+        return None

@@ -1,0 +1,200 @@
+"""What the dashboard's pages show, as JSON documents: a run, a sweep as a pivot, the hosts, a compare."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from .. import registry, report, sweep
+from ..errors import OrchError
+from ..hosts import Inventory
+from ..record import Run
+from ..shapes import run_document
+from ..store import Store
+from ..workspace import Workspace
+
+SERIES_POINTS = 600  # a chart needs no more points than it has pixels
+SERIES_ROWS = 200_000  # the newest samples of a run that a chart reads at most
+OUTPUTS_BYTES = 256 << 10
+TREND_SWEEPS = 30
+END_PHASES = ("finished", "failed")
+
+
+# a run -----------------------------------------------------------------------------------------------
+def run_page(ws: Workspace, store: Store, run_id: int) -> dict[str, Any]:
+    """Everything the run page shows except the log tail and the metric series (fetched on their own)."""
+    run = store.get_run(run_id)
+    doc = run_document(store, run)
+    doc.update({
+        "sweep_id": run.sweep_id, "point": run.point and _json(run.point), "last_line": run.last_line,
+        "heartbeat": run.heartbeat, "progress_at": run.progress_at, "watcher": run.watcher,
+        "error": run.error,  # in full: the line number, the lines around it, the chained exceptions
+        "timeline": timeline(run, doc["events"]),
+        "spec_keys": spec_keys(run),
+        "patches": [dict(r) for r in store.db["patch_records"].rows_where("run_id = ?", [run_id], order_by="id")],
+        "outputs": outputs(ws, run_id),
+        "reproduce": reproduce(run),
+    })
+    return doc
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def timeline(run: Run, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The phases the run went through, each with when it began, then its end."""
+    steps = [{"phase": "created", "ts": run.created_at}]
+    if run.started_at is not None:
+        steps.append({"phase": "starting", "ts": run.started_at})
+    for e in events:
+        ended = run.ended_at is not None and e["message"] in END_PHASES  # the end itself says how it ended
+        if e["kind"] == "phase" and e["message"] != steps[-1]["phase"] and not ended:
+            steps.append({"phase": e["message"], "ts": e["ts"]})
+    if run.ended_at is not None:
+        steps.append({"phase": run.status.value, "ts": run.ended_at})
+    return steps
+
+
+def _defaults(playbook: str) -> dict[str, Any]:
+    try:
+        fields = registry.playbook(playbook).Spec.model_fields
+    except OrchError:  # a playbook no longer installed: every key counts as set
+        return {}
+    return {name: f.get_default(call_default_factory=True) for name, f in fields.items() if not f.is_required()}
+
+
+_UNSET = object()
+
+
+def spec_keys(run: Run) -> list[dict[str, Any]]:
+    """The spec's keys, those that differ from the playbook's defaults first."""
+    defaults = _defaults(run.playbook)
+    rows = [{"key": k, "value": v, "changed": defaults.get(k, _UNSET) != v} for k, v in (run.spec or {}).items()]
+    return sorted(rows, key=lambda r: not r["changed"])
+
+
+def outputs(ws: Workspace, run_id: int) -> Any:
+    """The outputs manifest the run's end wrote (runs/<id>/outputs.json), if any."""
+    path = ws.runs_dir / str(run_id) / "outputs.json"
+    try:
+        with path.open("rb") as f:
+            return json.loads(f.read(OUTPUTS_BYTES))
+    except (OSError, ValueError):
+        return None
+
+
+def _set_arg(key: str, value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [a for k, v in value.items() for a in _set_arg(f"{key}.{k}", v)]
+    if value is None:
+        return []
+    # strings as they are (a str field takes `--set cmd=...` raw); anything else as a TOML literal,
+    # which JSON's numbers, booleans and arrays of them are
+    return ["--set", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
+
+
+def reproduce(run: Run) -> str:
+    """The command that starts this run again: its playbook and host, and the keys it set."""
+    argv = ["orch", "run", run.playbook, "--host", run.host]
+    for row in spec_keys(run):
+        if row["changed"]:
+            argv += _set_arg(row["key"], row["value"])
+    return shlex.join(argv)
+
+
+def metric_series(store: Store, run_id: int) -> dict[str, list[list[float]]]:
+    """Each metric of a run over time, [[ts, value], ...], thinned to at most SERIES_POINTS points."""
+    series: dict[str, list[list[float]]] = {}
+    rows = store.conn.execute(
+        "SELECT name, ts, value FROM (SELECT id, name, ts, value FROM metrics WHERE run_id = ?"
+        " ORDER BY id DESC LIMIT ?) ORDER BY id", (run_id, SERIES_ROWS))
+    for name, ts, value in rows:
+        series.setdefault(name, []).append([ts, value])
+    for name, points in series.items():
+        if len(points) > SERIES_POINTS:
+            step = len(points) / SERIES_POINTS
+            series[name] = [points[int(i * step)] for i in range(SERIES_POINTS - 1)] + [points[-1]]
+    return series
+
+
+# a sweep ---------------------------------------------------------------------------------------------
+def sweep_page(store: Store, sweep_id: int, objective: str | None = None) -> dict[str, Any]:
+    """The sweep as a pivot: a row per point, its swept keys and latest metrics, the best marked."""
+    doc = sweep.document(store, sweep_id)
+    points = doc["points"]
+    keys = list(dict.fromkeys(k for p in points for k in (p["point"] or {})))
+    names = sorted(dict.fromkeys(n for p in points for n in p["metrics"]))
+    best = {n: _best(points, n) for n in names}
+    if objective not in names:
+        objective = names[0] if names else None
+    doc.update({
+        "keys": keys, "metrics": names, "best": best, "objective": objective,
+        "lower_is_better": {n: report.lower_is_better(n) for n in names},
+        "trend": trend(store, doc["name"], objective) if objective else [],
+    })
+    return doc
+
+
+def _best(points: list[dict[str, Any]], metric: str) -> int | None:
+    """The index of the best point by a metric (its run's latest value)."""
+    scored = [(p["metrics"][metric], p["index"]) for p in points if metric in p["metrics"]]
+    if not scored:
+        return None
+    return (min if report.lower_is_better(metric) else max)(scored)[1]
+
+
+def trend(store: Store, name: str, metric: str) -> list[dict[str, Any]]:
+    """The best value of a metric in each earlier sweep of the same name (a nightly file's nights)."""
+    rows = store.conn.execute("SELECT id, instance, created_at FROM sweeps WHERE name = ? ORDER BY id DESC LIMIT ?",
+                              (name, TREND_SWEEPS)).fetchall()
+    pick = min if report.lower_is_better(metric) else max
+    found = []
+    for sweep_id, instance, created_at in reversed(rows):
+        values = [v for (v,) in store.conn.execute(
+            "SELECT value FROM metrics WHERE id IN (SELECT MAX(m.id) FROM metrics m JOIN runs r ON r.id = m.run_id"
+            " WHERE r.sweep_id = ? AND m.name = ? GROUP BY m.run_id)", (sweep_id, metric))]
+        if values:
+            found.append({"sweep_id": sweep_id, "instance": instance, "created_at": created_at, "best": pick(values)})
+    return found
+
+
+def sweeps_page(store: Store) -> list[dict[str, Any]]:
+    return sweep.list_sweeps(store, limit=200)
+
+
+# hosts and compare -----------------------------------------------------------------------------------
+def hosts_page(ws: Workspace, store: Store) -> list[dict[str, Any]]:
+    """The inventory, with each host's active and total runs (GPUs and reachability are asked on demand)."""
+    inv = Inventory.load(ws.hosts_file, ws.root)
+    counts: dict[str, dict[str, int]] = {}
+    for host, status, n in store.conn.execute("SELECT host, status, COUNT(*) FROM runs GROUP BY host, status"):
+        counts.setdefault(host, {})[status] = n
+    return [{"name": h.name, "address": h.address or h.name, "gpus": h.gpus, "tags": h.tags,
+             "scheduler": h.scheduler, "runs": counts.get(h.name, {})} for h in inv.hosts.values()]
+
+
+def gpus(ws: Workspace, store: Store, names: list[str], timeout: float) -> dict[str, Any]:
+    """A GPU snapshot of each named host (who holds each GPU included), or its error in words."""
+    from .. import gpu
+
+    inv = Inventory.load(ws.hosts_file, ws.root)
+    found = gpu.snapshots([inv.get(n) for n in names], store, timeout=timeout)
+    return {name: {"error": str(s)} if isinstance(s, Exception) else {"snapshot": gpu.snapshot_to_dict(s)}
+            for name, s in found.items()}
+
+
+def reachability(ws: Workspace, names: list[str], timeout: float) -> dict[str, Any]:
+    from .. import fleet
+
+    inv = Inventory.load(ws.hosts_file, ws.root)
+    return fleet.check([inv.get(n) for n in names], timeout)
+
+
+def compare(store: Store, ids: list[int], all_keys: bool) -> dict[str, Any]:
+    return report.compare(store, ids, all_keys)
+
