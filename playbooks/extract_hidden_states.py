@@ -43,7 +43,9 @@ VERSION_VAR = "ORCH_SPECULATORS_VERSION"  # the version prepare() chose by, reco
 GENERATOR = "data_generation_offline.py"
 LAUNCHER = "launch_vllm.py"
 _VERSION = re.compile(r"^(\d+(?:\.\d+)*)")
-_SPECULATORS_ONLY = ("tp", "seq_length", "scripts_dir", "speculators_version", "port", "vllm_args")
+_SPECULATORS_ONLY = ("tp", "seq_length", "scripts_dir", "speculators_version", "port", "vllm_args",
+                     "trust_remote_code", "include_last_layer")
+STORE_DIR = "vllm_hidden_states"  # >=0.5: the server's own store, in the run dir (its default is shared /tmp)
 
 
 class ExtractSpec(RunSpec):
@@ -67,6 +69,9 @@ class ExtractSpec(RunSpec):
     seq_length: int | None = Field(default=None, gt=0, description="<0.5 --seq-length; >=0.5 vLLM --max-model-len")
     port: int | None = Field(default=None, ge=1, le=65535, description=f">=0.5: vLLM server port ({DEFAULT_PORT})")
     vllm_args: list[str] | None = Field(default=None, description=">=0.5: extra vLLM server flags")
+    trust_remote_code: bool | None = Field(default=None, description=">=0.5: launch_vllm.py --trust-remote-code")
+    include_last_layer: bool | None = Field(
+        default=None, description=">=0.5: false passes launch_vllm.py --no-include-last-layer")
     server_timeout: float = Field(default=3600, gt=0, description=">=0.5: seconds for the server to answer")
 
     @field_validator("speculators_version")
@@ -126,12 +131,19 @@ def old_argv(s: ExtractSpec, python: str, out: str) -> list[str]:
     return argv
 
 
-def server_argv(s: ExtractSpec, python: str) -> list[str]:
-    """speculators >= 0.5: launch_vllm.py MODEL [--target-layer-ids ...] -- <vLLM serve flags>."""
+def server_argv(s: ExtractSpec, python: str, store: str | None = None) -> list[str]:
+    """speculators >= 0.5: launch_vllm.py MODEL [its own flags] -- <vLLM serve flags>. `store`: where the
+    server keeps hidden states (a run's own dir, not the shared default under /tmp)."""
     assert s.scripts_dir and s.model
     argv = [python, posixpath.join(s.scripts_dir, LAUNCHER), s.model]
+    if store is not None:
+        argv += ["--hidden-states-path", store]
     if s.layers is not None:
         argv += ["--target-layer-ids", *map(str, s.layers)]
+    if s.include_last_layer is False:
+        argv.append("--no-include-last-layer")
+    if s.trust_remote_code:
+        argv.append("--trust-remote-code")
     argv += ["--", "--host", "127.0.0.1", "--port", str(s.port or DEFAULT_PORT)]
     if s.tp is not None:
         argv += ["--tensor-parallel-size", str(s.tp)]
@@ -158,13 +170,13 @@ def shell(argv: list[str]) -> str:
     return " ".join(quote(a) for a in argv)
 
 
-def new_pipeline_script(s: ExtractSpec, python: str, out: str) -> str:
+def new_pipeline_script(s: ExtractSpec, python: str, out: str, store: str | None = None) -> str:
     """Server in the background, wait for it, generate, and stop the server whatever happened."""
     port = str(s.port or DEFAULT_PORT)
     health = f"http://127.0.0.1:{port}/health"
     return "\n".join([
         f"{shell([python, WAIT, 'free', '127.0.0.1', port])} || exit 1",
-        f"{shell(server_argv(s, python))} &",
+        f"{shell(server_argv(s, python, store))} &",
         "server=$!",
         # vLLM shuts its engine processes down on SIGTERM; give it 60 s before SIGKILL.
         ('stop_server() { kill -TERM "$server" 2>/dev/null || return 0; for _ in $(seq 600); do '
@@ -247,7 +259,7 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
         if s.backend == "speculators":
             if pipeline_of(prepared.env[VERSION_VAR]) == "old":
                 return shell(old_argv(s, job.python, out))
-            return new_pipeline_script(s, job.python, out)
+            return new_pipeline_script(s, job.python, out, posixpath.join(job.paths.root, STORE_DIR))
         args = [job.python, SCRIPT, "--output-dir", out,
                 "--max-samples", str(s.max_samples or HF_DEFAULTS["max_samples"]),
                 "--batch-size", str(s.batch_size or HF_DEFAULTS["batch_size"]),

@@ -262,6 +262,12 @@ def test_flag_mapping():
     assert old_argv(bare, "py", "/o") == ["py", "/s/data_generation_offline.py", "--target-model-path", "/m",
                                           "--train-data-path", "/d", "--output-dir", "/o"]
     assert server_argv(bare, "py") == ["py", "/s/launch_vllm.py", "/m", "--", "--host", "127.0.0.1", "--port", "8000"]
+    # launch_vllm.py's own flags go before `--`; its store is the run's own dir, never the shared /tmp one
+    own = ExtractSpec(backend="speculators", scripts_dir="/s", model="/m", dataset="/d", trust_remote_code=True,
+                      include_last_layer=False, layers=[2])
+    assert server_argv(own, "py", "/w/runs/7/vllm_hidden_states") == [
+        "py", "/s/launch_vllm.py", "/m", "--hidden-states-path", "/w/runs/7/vllm_hidden_states", "--target-layer-ids",
+        "2", "--no-include-last-layer", "--trust-remote-code", "--", "--host", "127.0.0.1", "--port", "8000"]
     assert [pipeline_of(v) for v in ("0.3.0", "0.4.0.1", "0.5.0", "0.9.0", "1.0.0rc1")] == \
         ["old", "old", "new", "new", "new"]
 
