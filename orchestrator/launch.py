@@ -22,6 +22,9 @@ START_TIME = "sed 's/.*) //' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f20"
 LIVE_START = "sed -n 's/.*) [^Z] //p' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f19"
 # The live (non-zombie) pids of a process group.
 GROUP_PIDS = "ps -eo pid=,pgid=,stat= | awk -v g={pid} '$2 == g && $3 !~ /^Z/ {{print $1}}'"
+# The mark the wrapper leaves in the environment of everything the job starts ("pid:start" of the wrapper),
+# so members that outlive it can still be told from a later group that took the same id.
+JOB_MARK = "ORCH_JOB"
 
 # Runs in the run dir as the session leader, so its pid is also the job's process group id. The log is
 # opened for appending, so a log truncated under the job (copytruncate rotation) gets no hole of zeros.
@@ -29,7 +32,9 @@ GROUP_PIDS = "ps -eo pid=,pgid=,stat= | awk -v g={pid} '$2 == g && $3 !~ /^Z/ {{
 # the end time first, so a run seen ended has both.
 WRAPPER = f"""\
 date +%s.%N > started_at
-echo "$$ $({START_TIME.format(pid='$$')})" > pid.tmp && mv pid.tmp pid
+start=$({START_TIME.format(pid='$$')})
+export {JOB_MARK}="$$:$start"
+echo "$$ $start" > pid.tmp && mv pid.tmp pid
 bash ./job.sh >> log 2>&1 < /dev/null
 code=$?
 date +%s.%N > ended_at
@@ -115,6 +120,8 @@ class JobState:
     queued: str | None = None
     cause: str | None = None
     node: str | None = None
+    # the wrapper itself lives; False while `alive` means its process group runs on without it
+    wrapper: bool = True
 
 
 KEEPALIVE_S = 5  # a held poll writes a byte to stderr this often, so a dark link is noticed by its silence
@@ -130,7 +137,9 @@ def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: 
     since the last check. Liveness is read before the exit code, and both before the log, so a job
     seen dead has its last bytes in this same answer.
     """
-    alive = f'[ "$({LIVE_START.format(pid=int(pid))})" = {quote(start)} ]'
+    wrapper = f'[ "$({LIVE_START.format(pid=int(pid))})" = {quote(start)} ]'
+    # the job lives while its wrapper does, or while members of its group provably its run on without it
+    alive = f'{{ {wrapper} || [ -n "$(ours)" ]; }}' if start.isdigit() else wrapper
     hold = ""
     if hold_s > 0:
         step = 1.0 if hold_s >= 5 else max(hold_s / 10, 0.02)
@@ -160,15 +169,17 @@ def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: 
     # A run dir that vanished (a reboot cleaning /tmp, a wiped scratch disk) is reported, not an error:
     # with the process gone too, the run is lost.
     return (
-        f"d={quote(paths.root)}\n"
+        (ours_function(pid, start) if start.isdigit() else "")
+        + f"d={quote(paths.root)}\n"
         + hold
+        + f"if {wrapper}; then wrapper=1; else wrapper=0; fi\n"
         + f"if {alive}; then alive=1; else alive=0; fi\n"
         '[ -d "$d" ] && present=1 || present=0\n'  # after the hold: the dir may have gone during it
         'ec=none; [ -s "$d/exit_code" ] && ec=$(cat "$d/exit_code")\n'
         'size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)\n'
         f"off={int(offset)}; [ \"$size\" -lt \"$off\" ] && off=0\n"
         'began=$(cat "$d/started_at" 2>/dev/null); ended=$(cat "$d/ended_at" 2>/dev/null)\n'
-        f'echo "{POLL_MARK} $alive $ec $size $off $present ${{began:-none}} ${{ended:-none}}"\n'
+        f'echo "{POLL_MARK} $alive $ec $size $off $present ${{began:-none}} ${{ended:-none}} $wrapper"\n'
         f'tail -c +$((off + 1)) "$d/log" 2>/dev/null | head -c {int(max_bytes)} | base64 -w0\n'
     )
 
@@ -189,14 +200,14 @@ def read_state(transport: Transport, paths: RunPaths, pid: int, start: str, offs
     out = transport.run(command, timeout=hold_s + 60, idle_timeout=4 * KEEPALIVE_S).stdout
     head, _, body = out.partition("\n")
     fields = head.split()
-    if len(fields) not in (6, 8) or fields[0] != POLL_MARK:
+    if len(fields) != 9 or fields[0] != POLL_MARK:
         raise OrchError(f"{transport.host.name}: unexpected answer while polling: {head[:200]!r}")
-    _, alive, ec, size, off, present, *times = fields
+    _, alive, ec, size, off, present, *times, wrapper = fields
     exit_code = int(ec) if ec.lstrip("-").isdigit() else None
     data = base64.b64decode(body.strip() or b"")
     began, ended = (_epoch(t) for t in times) if times else (None, None)
     return JobState(alive == "1", exit_code, int(size), int(off), data, run_dir=present == "1",
-                    started_at=began, ended_at=ended)
+                    started_at=began, ended_at=ended, wrapper=wrapper == "1")
 
 
 def group_pids_command(pgid: int) -> str:
@@ -204,15 +215,43 @@ def group_pids_command(pgid: int) -> str:
     return GROUP_PIDS.format(pid=int(pgid))
 
 
-def kill_command(pid: int, start: str, grace_s: float) -> str:
-    steps = max(1, int(grace_s * 10))
-    group_alive = f'[ -n "$({group_pids_command(pid)})" ]'
+def ours_function(pid: int, start: str) -> str:
+    """Defines the shell function `ours`: what of the job's process group is provably the job's, now.
+
+    It prints `group` while the group's leader (the wrapper, a zombie included) has the job's start time
+    and the group has live members: then every member is the job's. With no process at all at the pid
+    (the wrapper died and its group runs on; a group's id is not handed out again while the group lives)
+    it prints the members that started after the wrapper and carry its mark. Nothing when the pid is
+    another process now: the job's group is gone.
+    """
+    p, s = int(pid), quote(start)
+    mark = quote(f"{JOB_MARK}={p}:{start}")
     return (
-        f'if [ "$({START_TIME.format(pid=int(pid))})" != {quote(start)} ]; then echo gone; exit 0; fi\n'
-        f"{group_alive} || {{ echo gone; exit 0; }}\n"
-        f"kill -TERM -- -{int(pid)} 2>/dev/null\n"
-        f"for _ in $(seq {steps}); do sleep 0.1; {group_alive} || {{ echo stopped; exit 0; }}; done\n"
-        f"kill -KILL -- -{int(pid)} 2>/dev/null; echo killed\n"
+        "ours() {\n"
+        f"  s=$({START_TIME.format(pid=p)})\n"
+        f'  if [ "$s" = {s} ]; then [ -n "$({GROUP_PIDS.format(pid=p)})" ] && echo group; return 0; fi\n'
+        '  [ -n "$s" ] && return 0\n'
+        f"  for m in $({GROUP_PIDS.format(pid=p)}); do\n"
+        f'    ms=$({START_TIME.format(pid="$m")}); [ "${{ms:-0}}" -ge {s} ] 2>/dev/null || continue\n'
+        f"    tr '\\0' '\\n' < /proc/$m/environ 2>/dev/null | grep -qxF {mark} && echo \"$m\"\n"
+        "  done\n"
+        "}\n"
+    )
+
+
+def kill_command(pid: int, start: str, grace_s: float) -> str:
+    """SIGTERM, a grace period, SIGKILL; the job's identity is proved again right before each signal, so a
+    pid recycled meanwhile (an init that reaps at once) is never signalled, nor a group it leads."""
+    if not start.isdigit():  # no start time recorded: nothing can be proved to be the job
+        return "echo gone\n"
+    steps = max(1, int(grace_s * 10))
+    return (
+        ours_function(pid, start)
+        + 'sig() { w=$(ours); [ -n "$w" ] || return 1\n'
+        f'  if [ "$w" = group ]; then kill -"$1" -- -{int(pid)}; else kill -"$1" $w; fi 2>/dev/null; return 0; }}\n'
+        "sig TERM || { echo gone; exit 0; }\n"
+        f'for _ in $(seq {steps}); do sleep 0.1; [ -n "$(ours)" ] || {{ echo stopped; exit 0; }}; done\n'
+        "if sig KILL; then echo killed; else echo stopped; fi\n"
     )
 
 

@@ -100,6 +100,7 @@ class Watcher:
         self.wait = PollWait(opts.poll_min, opts.poll_max, clock)
         self.hold = 0.0  # seconds the next poll waits on the host (the backoff interval)
         self.unreachable_since: float | None = None
+        self._wrapper_gone = False
         self.health = HealthWatch(opts.health.ask, opts.health.grace_s, store, run_id) if opts.health else None
         self._load()
 
@@ -202,6 +203,7 @@ class Watcher:
             self.wait.reset()
             fields["progress_at"] = now
         self._scheduler(state, events, fields)
+        self._wrapper(state, events)
         self._predict(p, now, fields)
 
         end: tuple[Status, str, dict[str, Any]] | None = None
@@ -249,6 +251,15 @@ class Watcher:
         if state.node and state.node != self.run.node:
             fields["node"] = state.node
             events.append(("node", f"on {state.node}", None))
+
+    def _wrapper(self, state: launch.JobState, events: list[tuple[str, str, Any]]) -> None:
+        """Say once that the wrapper died while its job's process group runs on: the run stays running
+        (its GPUs are in use, and `cancel` still stops it), but its exit code will never be written."""
+        if state.wrapper or not state.alive or self._wrapper_gone:
+            return
+        self._wrapper_gone = True
+        if not any(e["kind"] == "wrapper" for e in self.store.events(self.run_id)):
+            events.append(("wrapper", "the wrapper is gone but the job's process group runs on", None))
 
     def _predict(self, p: LogParser, now: float, fields: dict[str, Any]) -> None:
         """Never sleep past the predicted finish: the bar's ETA, else the history of this model's loads."""
