@@ -55,3 +55,7 @@ class HostKeyError(Unreachable):
     """The host's key is unknown or changed; never accepted silently."""
 
     exit_code = 2
+
+
+class DatabaseUnavailable(OrchError):
+    """The workspace's database is locked past the busy timeout, read-only, or cannot be opened."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import tenacity
 
 from . import history, launch, stall
 from .controller import Controller
-from .errors import RemoteError, TransitionError, Unreachable
+from .errors import DatabaseUnavailable, RemoteError, TransitionError, Unreachable
 from .executor import Executor
 from .health import SERVING_PHASES, HealthCheck, HealthWatch
 from .launch import RunPaths
@@ -101,6 +102,7 @@ class Watcher:
         self.hold = 0.0  # seconds the next poll waits on the host (the backoff interval)
         self.unreachable_since: float | None = None
         self._wrapper_gone = False
+        self.db_trouble_since: float | None = None  # the database refused a write: the poll is read again
         self.health = HealthWatch(opts.health.ask, opts.health.grace_s, store, run_id) if opts.health else None
         self._load()
 
@@ -139,7 +141,28 @@ class Watcher:
 
     # one poll -------------------------------------------------------------------------------
     def poll_once(self) -> bool:
-        """Poll the host once and record what changed. True when the wait is over."""
+        """Poll the host once and record what changed. True when the wait is over.
+
+        A database that refuses the write (locked past its busy timeout, read-only for a while) does not
+        end the watch: nothing of the poll was recorded, so the record is read back and the same log
+        bytes are polled again later — the run stays watched and nothing is lost.
+        """
+        try:
+            if self.db_trouble_since is not None:
+                self._load()
+            done = self._poll()
+        except DatabaseUnavailable as exc:
+            if self.db_trouble_since is None:
+                self.db_trouble_since = self.clock()
+                print(f"orch: run {self.run_id}: {exc}; will try again", file=sys.stderr)
+            return False
+        if self.db_trouble_since is not None:
+            since, self.db_trouble_since = self.db_trouble_since, None
+            self.store.add_event(self.run_id, "database", f"the database refused writes for "
+                                 f"{self.clock() - since:.0f} s; nothing was lost")
+        return done
+
+    def _poll(self) -> bool:
         self.wait.immediate = False
         hold, self.hold = self.hold, 0.0
         try:
@@ -170,8 +193,9 @@ class Watcher:
 
     def _note_unreachable(self, reason: str) -> None:
         if self.unreachable_since is None:
-            self.unreachable_since = self.clock()
-            self.store.add_event(self.run_id, "unreachable", reason)
+            now = self.clock()
+            self.store.add_event(self.run_id, "unreachable", reason)  # first: a refused write is tried again
+            self.unreachable_since = now
 
     def _record(self, state: launch.JobState) -> bool:
         p = self.parser

@@ -4,16 +4,24 @@ purpose (ns_last_pid), a full disk (a tmpfs), rotated logs, a database locked or
 from __future__ import annotations
 
 import os
+import shlex
 import signal
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 
-from orchtest import FAST, TESTS, Orch
+from orchestrator import registry, runflow
+from orchestrator.hosts import Host
+from orchestrator.store import Store
+from orchestrator.workspace import Workspace
+
+from orchtest import FAST, JOB, TESTS, Orch
 
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 
@@ -130,3 +138,55 @@ def test_a_dead_wrapper_leaves_the_run_running_and_cancel_stops_its_group(orch: 
     assert res.returncode == 0, res.stderr
     wait_for(lambda: not alive(child), timeout=10)
     assert orch.status(run_id)["status"] == "cancelled"
+
+
+# --- 8: a database locked past its busy timeout, or read-only ----------------------------------------
+
+
+def test_a_database_locked_past_its_busy_timeout_leaves_the_run_watched(tmp_path: Path, ssh_fleet) -> None:
+    ws = Workspace(root=tmp_path / "ws", hosts_file=tmp_path / "ws" / "hosts.toml")
+    store = Store(ws.db_path, busy_timeout_s=0.3)
+    host = Host(name="test1", **ssh_fleet.host_entry(1, workdir=str(tmp_path / "remote")))
+    pb = registry.playbook("command")
+    job = " ".join(shlex.quote(a) for a in (sys.executable, str(JOB), "--steps", "30", "--sleep", "0.1"))
+    ctx = runflow.start(ws, store, pb, pb.Spec(cmd=job, poll_min=0.05, poll_max=0.3), host)
+
+    def hold_the_lock() -> None:  # another process's transaction, ten times longer than the busy timeout
+        other = sqlite3.connect(ws.db_path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        time.sleep(3)
+        other.execute("COMMIT")
+        other.close()
+
+    locker = threading.Thread(target=hold_the_lock)
+    locker.start()
+    run = runflow.watch(ctx)
+    locker.join()
+    assert run.status == "succeeded" and run.progress and run.progress["done"] == 30
+    events = store.events(ctx.run_id)
+    assert any(e["kind"] == "database" and "nothing was lost" in e["message"] for e in events)
+    assert [e["message"] for e in events if e["kind"] == "phase"].count("running") <= 1  # read once
+
+
+@pytest.fixture
+def read_only_runs(tmp_path: Path):
+    """A workspace whose runs/ (the database's folder) is a read-only mount."""
+    orch = Orch(tmp_path / "ws")
+    orch("status", check=0)  # the database exists
+    runs = str(orch.root / "runs")
+    if subprocess.run(["mount", "--bind", runs, runs]).returncode != 0:
+        pytest.skip("needs mount (root)")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", runs], check=True)
+        yield orch
+    finally:
+        subprocess.run(["umount", runs], check=True)
+
+
+@pytest.mark.parametrize("args", [["status"], ["run", "command", "--set", "cmd=true"]])
+def test_a_read_only_database_is_one_line_at_once(read_only_runs: Orch, args: list[str]) -> None:
+    began = time.monotonic()
+    res = read_only_runs(*args)
+    assert time.monotonic() - began < 15
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert res.stderr.startswith("orch: ") and "cannot be written" in res.stderr
