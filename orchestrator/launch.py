@@ -7,6 +7,7 @@ taken for the job), writes the combined stdout+stderr to `log`, and the exit cod
 from __future__ import annotations
 
 import base64
+import hashlib
 import posixpath
 from dataclasses import dataclass
 
@@ -76,22 +77,45 @@ def job_script(body: str, env: dict[str, str], cwd: str | None = None) -> str:
     return head + body.rstrip("\n") + "\n"
 
 
-def launch_command(paths: RunPaths, script: str, token: str) -> str:
+# Bytes of job script sent inside the launch command itself. One argument of `bash -c` holds at most
+# 128 KiB (MAX_ARG_STRLEN), base64 adds a third: a bigger script is uploaded first.
+INLINE_SCRIPT_MAX = 32 << 10
+
+
+def stage_script(transport: Transport, paths: RunPaths, script: str, token: str) -> str | None:
+    """Upload a script too big to travel inside one command, beside the run dir (whose owner is not known
+    yet); its path, or None for a script sent inline."""
+    data = script.encode()
+    if len(data) <= INLINE_SCRIPT_MAX:
+        return None
+    staged = f"{paths.root}.{hashlib.sha256(token.encode()).hexdigest()[:16]}.job.sh"
+    transport.put(data, staged)
+    return staged
+
+
+def write_script(script: str, staged: str | None, name: str = "job.sh") -> str:
+    """Shell lines that write the job script into the current dir: the staged upload moved in, or inline."""
+    if staged is not None:
+        return f"mv -f {quote(staged)} {name} || exit 93\n"
+    return f"printf %s {base64.b64encode(script.encode()).decode()} | base64 -d > {name}\n"
+
+
+def launch_command(paths: RunPaths, script: str, token: str, staged: str | None = None) -> str:
     """One remote call: create the run dir, write the scripts, start the wrapper detached, print the pid.
 
     Idempotent for the same token, so a retry after a dropped connection never starts the job twice;
     a run dir left by another workspace's run of the same id is refused, never reused.
     """
     root = quote(paths.root)
-    job_b64 = base64.b64encode(script.encode()).decode()
     wrapper_b64 = base64.b64encode(WRAPPER.encode()).decode()
+    drop = f"rm -f {quote(staged)}; " if staged is not None else ""  # an upload that is not needed after all
     return (
         f"mkdir -p {root} && cd {root} || exit 96\n"
-        f"if [ -e token ]; then [ \"$(cat token)\" = {quote(token)} ] && [ -s pid ] && cat pid && exit 0; "
-        "echo \"run dir in use by another run: $(pwd)\" >&2; exit 94; fi\n"
+        f"if [ -e token ]; then [ \"$(cat token)\" = {quote(token)} ] && [ -s pid ] && {{ {drop}cat pid; exit 0; }}; "
+        f"{drop}echo \"run dir in use by another run: $(pwd)\" >&2; exit 94; fi\n"
         f"printf '%s' {quote(token)} > token\n"
-        f"printf %s {job_b64} | base64 -d > job.sh\n"
-        f"printf %s {wrapper_b64} | base64 -d > wrapper.sh\n"
+        + write_script(script, staged)
+        + f"printf %s {wrapper_b64} | base64 -d > wrapper.sh\n"
         "setsid nohup bash ./wrapper.sh > /dev/null 2>&1 < /dev/null &\n"
         "for _ in $(seq 200); do [ -s pid ] && break; sleep 0.05; done\n"
         "cat pid\n"
@@ -99,7 +123,8 @@ def launch_command(paths: RunPaths, script: str, token: str) -> str:
 
 
 def launch(transport: Transport, paths: RunPaths, script: str, token: str) -> tuple[int, str]:
-    out = transport.run(launch_command(paths, script, token), timeout=60).stdout.split()
+    staged = stage_script(transport, paths, script, token)
+    out = transport.run(launch_command(paths, script, token, staged), timeout=60).stdout.split()
     if len(out) != 2 or not out[0].isdigit():
         raise OrchError(f"{transport.host.name}: the job did not start (wrapper wrote {out!r})")
     return int(out[0]), out[1]

@@ -190,3 +190,21 @@ def test_a_read_only_database_is_one_line_at_once(read_only_runs: Orch, args: li
     assert time.monotonic() - began < 15
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert res.stderr.startswith("orch: ") and "cannot be written" in res.stderr
+
+
+# --- 15: a job script bigger than one command line ---------------------------------------------------
+
+
+def test_a_job_script_of_300_kib_is_uploaded_and_runs(orch: Orch) -> None:
+    body = "echo first\n" + "".join(f": line {i} {'x' * 90}\n" for i in range(3000)) + "echo last-line-ran\n"
+    assert len(body) > 300 << 10
+    spec = orch.root / "big.toml"
+    spec.write_text(f"cmd = '''\n{body}'''\n")
+    res = orch("run", "command", "--host", "test1", "-f", str(spec), *FAST)
+    assert res.returncode == 0, res.stderr
+    doc = orch.status(1)
+    assert doc["status"] == "succeeded"
+    assert "last-line-ran" in orch("logs", "1", "-n", "3", check=0).stdout
+    run_dir = Path(doc["remote_dir"])
+    assert body in (run_dir / "job.sh").read_text()
+    assert [p.name for p in run_dir.parent.iterdir()] == ["1"]  # the upload was moved into place
