@@ -147,13 +147,16 @@ class JobState:
     node: str | None = None
     # the wrapper itself lives; False while `alive` means its process group runs on without it
     wrapper: bool = True
+    inode: int | None = None  # the identity of the file `data` is from
+    rotated: bool = False  # `data` is the rest of a rotated log (`size` is that file's); the new one is next
 
 
 KEEPALIVE_S = 5  # a held poll writes a byte to stderr this often, so a dark link is noticed by its silence
 
 
 def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: int, hold_s: float = 0,
-                 wake: str | None = None, wake_perl: str | None = None) -> str:
+                 wake: str | None = None, wake_perl: str | None = None, inode: int | None = None,
+                 mark: str | None = None) -> str:
     """One remote call that answers: is the job alive, its exit code, and the new bytes of its log.
 
     With `hold_s`, the call first waits on the host until the job dies, a new log line matches `wake`
@@ -202,11 +205,58 @@ def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: 
         '[ -d "$d" ] && present=1 || present=0\n'  # after the hold: the dir may have gone during it
         'ec=none; [ -s "$d/exit_code" ] && ec=$(cat "$d/exit_code")\n'
         'size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)\n'
-        f"off={int(offset)}; [ \"$size\" -lt \"$off\" ] && off=0\n"
-        'began=$(cat "$d/started_at" 2>/dev/null); ended=$(cat "$d/ended_at" 2>/dev/null)\n'
-        f'echo "{POLL_MARK} $alive $ec $size $off $present ${{began:-none}} ${{ended:-none}} $wrapper"\n'
-        f'tail -c +$((off + 1)) "$d/log" 2>/dev/null | head -c {int(max_bytes)} | base64 -w0\n'
+        + _rotation(int(offset), inode, mark)
+        + 'began=$(cat "$d/started_at" 2>/dev/null); ended=$(cat "$d/ended_at" 2>/dev/null)\n'
+        f'echo "{POLL_MARK} $alive $ec $size $off $present ${{began:-none}} ${{ended:-none}} $wrapper $ino $rot"\n'
+        f'tail -c +$((off + 1)) "$src" 2>/dev/null | head -c {int(max_bytes)} | base64 -w0\n'
     )
+
+
+TAIL_MARK = 64  # bytes before the offset that must still be there, or the log was rewritten under it
+
+
+def tail_mark(tail: bytes) -> str:
+    """What the poll compares the bytes before its offset with."""
+    return f"{len(tail)}:{hashlib.md5(tail).hexdigest()}"
+
+
+def _rotation(offset: int, inode: int | None, mark: str | None = None) -> str:
+    """Shell lines choosing the file the poll reads (`src`) and from where (`off`), by the log's identity.
+
+    Renamed away (another inode at `log`): the old file, found by its inode in the run dir, is read on
+    while the new log is empty (the wrapper's output still goes to the old one), else to its end and then
+    the new log from 0. Truncated in place (copytruncate: same inode, shorter): the rest of the copy,
+    `log.1`, then the log from 0. Truncated and written past the offset again is told by `mark`: the
+    bytes before the offset are not those read there. `rot=1` says the bytes are the rest of an old
+    file, the new one next.
+    """
+    lines = ['ino=$(stat -c %i "$d/log" 2>/dev/null || echo none); src="$d/log"; rot=0\n', f"off={offset}\n"]
+    same = "true"
+    if mark is not None and offset > 0:
+        n, digest = mark.split(":")
+        lines.append(f'same() {{ [ "$(tail -c +$(({offset} - {int(n)} + 1)) "$1" 2>/dev/null | head -c {int(n)} '
+                     f'| md5sum | cut -c1-32)" = {quote(digest)} ]; }}\n')
+        same = "same"
+    if inode is not None:
+        old = f'src=$old; off={offset}; size=$osize; ino={int(inode)}'
+        lines.append(
+            f'if [ "$ino" != {int(inode)} ]; then\n'
+            f'  off=0; old=$(find "$d" -maxdepth 1 -type f -inum {int(inode)} 2>/dev/null | head -n 1)\n'
+            '  if [ -n "$old" ]; then\n'
+            '    osize=$(stat -c %s "$old" 2>/dev/null || echo 0)\n'
+            f'    if [ "$size" -eq 0 ]; then {old}\n'
+            f'    elif [ "$osize" -gt {offset} ]; then {old}; rot=1\n'
+            "    fi\n"
+            "  fi\n"
+            f'elif [ "$size" -lt "$off" ] || ! {same} "$d/log"; then\n'
+            '  if [ -f "$d/log.1" ] && [ "$(stat -c %s "$d/log.1")" -gt "$off" ] && '
+            f'{same} "$d/log.1"; then src="$d/log.1"; rot=1; size=$(stat -c %s "$d/log.1")\n'
+            "  else off=0\n"
+            "  fi\n"
+            "fi\n"
+        )
+    lines.append('[ "$rot" = 0 ] && [ "$size" -lt "$off" ] && off=0\n')
+    return "".join(lines)
 
 
 def _epoch(text: str) -> float | None:
@@ -218,21 +268,22 @@ def _epoch(text: str) -> float | None:
 
 def read_state(transport: Transport, paths: RunPaths, pid: int, start: str, offset: int,
                max_bytes: int = 4 << 20, hold_s: float = 0, wake: str | None = None,
-               wake_perl: str | None = None) -> JobState:
-    command = poll_command(paths, pid, start, offset, max_bytes, hold_s, wake, wake_perl)
+               wake_perl: str | None = None, inode: int | None = None, mark: str | None = None) -> JobState:
+    command = poll_command(paths, pid, start, offset, max_bytes, hold_s, wake, wake_perl, inode, mark)
     # the answer starts at once after a hold, and a held poll writes a byte every KEEPALIVE_S: silence
     # for longer than a few of those is a link gone dark, noticed long before the timeout
     out = transport.run(command, timeout=hold_s + 60, idle_timeout=4 * KEEPALIVE_S).stdout
     head, _, body = out.partition("\n")
     fields = head.split()
-    if len(fields) != 9 or fields[0] != POLL_MARK:
+    if len(fields) != 11 or fields[0] != POLL_MARK:
         raise OrchError(f"{transport.host.name}: unexpected answer while polling: {head[:200]!r}")
-    _, alive, ec, size, off, present, *times, wrapper = fields
+    _, alive, ec, size, off, present, *times, wrapper, ino, rot = fields
     exit_code = int(ec) if ec.lstrip("-").isdigit() else None
     data = base64.b64decode(body.strip() or b"")
     began, ended = (_epoch(t) for t in times) if times else (None, None)
     return JobState(alive == "1", exit_code, int(size), int(off), data, run_dir=present == "1",
-                    started_at=began, ended_at=ended, wrapper=wrapper == "1")
+                    started_at=began, ended_at=ended, wrapper=wrapper == "1",
+                    inode=int(ino) if ino.isdigit() else None, rotated=rot == "1")
 
 
 def group_pids_command(pgid: int) -> str:

@@ -235,3 +235,11 @@ def m010(db: Database) -> None:
     # What a batch scheduler says of a run's job beyond its log (its id is the run's pid).
     db["runs"].add_column("node", str)  # the node (list) the job runs on
     db["runs"].add_column("queue_reason", str)  # why it still waits in the queue ("Resources", "Priority")
+
+
+@migration("m011_log_inode")
+def m011(db: Database) -> None:
+    # Which log file the offset is in, and the bytes just before it (hex): a rotation is told by identity,
+    # a log truncated and grown past the offset again by its content, not by its size.
+    db["runs"].add_column("log_inode", int)
+    db["runs"].add_column("log_tail", str)

@@ -111,6 +111,8 @@ class Watcher:
         self.run = run
         self.paths = RunPaths(run.remote_dir or "")
         self.offset = run.log_offset
+        self.inode = run.log_inode
+        self.tail = bytes.fromhex(run.log_tail) if run.log_tail else b""  # the bytes before the offset
         state = run.parser_state
         self.parser = (
             LogParser.from_dict(state)
@@ -167,7 +169,8 @@ class Watcher:
         hold, self.hold = self.hold, 0.0
         try:
             state = self.executor.poll(self.paths, self.handle, self.offset, MAX_CHUNK, hold_s=hold, wake=WAKE,
-                                       wake_perl=self.opts.ready_pattern)
+                                       wake_perl=self.opts.ready_pattern, inode=self.inode,
+                                       mark=launch.tail_mark(self.tail) if self.tail else None)
         except (Unreachable, RemoteError) as exc:
             if isinstance(exc, RemoteError) and exc.remote_exit_code is not None:
                 raise  # the poll itself failed on the host: not a passing network fault
@@ -201,10 +204,18 @@ class Watcher:
         p = self.parser
         before = (p.phase, p.progress.done if p.progress else None, p.error)
         events: list[tuple[str, str, Any]] = []
-        if state.offset < self.offset:
-            events.append(("log", f"log truncated (size {state.size} < offset {self.offset}); reading from 0", None))
         new_offset = state.offset + len(state.data)
         more = new_offset < state.size
+        inode = state.inode
+        if state.rotated:  # the rest of a rotated log: once read, the new log from its start
+            more = True
+            if new_offset >= state.size:
+                new_offset, inode = 0, None  # the new file's inode is learnt by the next poll
+                events.append(("log", "log rotated; read the old file to its end, now the new one from 0", None))
+        elif state.offset < self.offset:
+            events.append(("log", "log replaced; reading the new one from 0"
+                           if self.inode is not None and inode != self.inode else
+                           f"log truncated (size {state.size} < offset {self.offset}); reading from 0", None))
         samples = p.feed(state.data)
         ended = state.exit_code is not None or not state.alive
         if ended and not more:
@@ -244,6 +255,10 @@ class Watcher:
             if stalled_for is not None and self.opts.on_stall == "kill":
                 end = (Status.FAILED, f"stalled: no progress for {stalled_for:.0f} s; killed", {})
         self.wait.immediate = more
+        # the bytes before the new offset: the poll checks they are still there
+        tail = b"" if new_offset == 0 else ((self.tail if state.offset == self.offset else b"") + state.data)
+        tail = tail[-launch.TAIL_MARK:]
+        fields.update(log_inode=inode, log_tail=tail.hex())
         self._save(new_offset, samples, events, now, end, fields)
         if stalled_for is not None and self.opts.on_stall == "dump" and not self.executor.schedules_gpus:
             # (on a cluster the job's processes are on its node, not where this would look)
@@ -253,7 +268,7 @@ class Watcher:
             # A fatal line or a stall while processes linger: stop them so the GPUs are freed.
             outcome = self.executor.kill(self.handle, self.opts.kill_grace_s)
             self.store.add_event(self.run_id, "stopped", f"process group: {outcome}")
-        self.offset = new_offset
+        self.offset, self.inode, self.tail = new_offset, inode, tail
         self.run = self.store.get_run(self.run_id)
         if end:
             return True

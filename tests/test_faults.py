@@ -208,3 +208,40 @@ def test_a_job_script_of_300_kib_is_uploaded_and_runs(orch: Orch) -> None:
     run_dir = Path(doc["remote_dir"])
     assert body in (run_dir / "job.sh").read_text()
     assert [p.name for p in run_dir.parent.iterdir()] == ["1"]  # the upload was moved into place
+
+
+# --- 17: log rotation by identity ---------------------------------------------------------------------
+
+# How each kind rotates the run's log, and how the job writes it: through the wrapper's file descriptor
+# (which follows the file wherever it is renamed), or by opening `log` anew for each line.
+ROTATIONS = {
+    "copytruncate": ("cp log log.1 && truncate -s 0 log", "echo"),
+    "rename, then the job reopens": ("mv log log.1", "to_log"),
+    "rename, create; the job keeps its file": ("mv log log.1 && : > log", "echo"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ROTATIONS))
+def test_a_rotated_log_loses_no_line(orch: Orch, tmp_path: Path, kind: str) -> None:
+    rotate, write = ROTATIONS[kind]
+    marker, go = tmp_path / "rotate-now", tmp_path / "go-on"
+    cmd = (f"to_log() {{ echo \"$@\" >> log; }}\n"
+           f"for i in $(seq 1 40); do {write} \"orch-metric n=$i\"; done\n"
+           f"touch {marker}; while [ ! -e {go} ]; do sleep 0.02; done\n"
+           f"for i in $(seq 41 80); do {write} \"orch-metric n=$i\"; done\n")
+    spec = orch.root / "rot.toml"
+    spec.write_text(f"cmd = '''\n{cmd}'''\npoll_min = 2\npoll_max = 2\n")
+    proc = orch.spawn("run", "command", "--host", "test1", "-f", str(spec))
+    try:
+        wait_for(marker.exists)
+        run_dir = Path(orch.status(1)["remote_dir"])
+        subprocess.run(["bash", "-c", rotate], cwd=run_dir, check=True)  # while the watcher holds its poll
+        go.touch()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        proc.kill()
+    doc = orch.status(1)
+    assert doc["status"] == "succeeded"
+    series = sqlite3.connect(orch.db).execute(
+        "SELECT value FROM metrics WHERE run_id = 1 AND name = 'n' ORDER BY id").fetchall()
+    assert [int(v) for (v,) in series] == list(range(1, 81))  # every line, once, in order
