@@ -46,6 +46,10 @@ class Executor:
         """Stop the job, provably this one: 'gone' | 'stopped' | 'killed'."""
         raise NotImplementedError
 
+    def explain_loss(self, paths: RunPaths, handle: Handle) -> str | None:
+        """Why a job is gone without an exit code, as far as its host can tell (None: it cannot)."""
+        return None
+
     def tail(self, paths: RunPaths, lines: int) -> str:
         raise NotImplementedError
 
@@ -69,6 +73,9 @@ class HostExecutor(Executor):
 
     def kill(self, handle: Handle, grace_s: float) -> str:
         return launch.kill(self.transport, handle[0], handle[1], grace_s)
+
+    def explain_loss(self, paths: RunPaths, handle: Handle) -> str | None:
+        return launch.explain_loss(self.transport, paths, handle[1])
 
     def tail(self, paths: RunPaths, lines: int) -> str:
         return self.transport.run(launch.tail_command(paths, lines), timeout=60).stdout

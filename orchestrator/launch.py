@@ -286,6 +286,37 @@ def read_state(transport: Transport, paths: RunPaths, pid: int, start: str, offs
                     inode=int(ino) if ino.isdigit() else None, rotated=rot == "1")
 
 
+DISK_FULL_KIB = 64  # less room than this on the run dir's disk: the wrapper could not write the exit code
+
+
+def loss_command(paths: RunPaths, start: str) -> str:
+    """What the host can say of a job gone without an exit code: the room left on its run dir's disk, and
+    the kernel's last OOM kill since the job started (empty where the kernel log cannot be read)."""
+    since = f"$(( {int(start)} / $(getconf CLK_TCK) ))" if start.isdigit() else "0"
+    return (
+        f"df -Pk {quote(paths.root)} 2>/dev/null | awk 'NR == 2 {{print \"free\", $4}}'\n"
+        f"dmesg 2>/dev/null | awk -F'[][]' -v t={since} '/oom-kill|Out of memory|Killed process/ && $2 + 0 >= t' "
+        "| tail -n 1 | sed 's/^/oom /'\n"
+    )
+
+
+def explain_loss(transport: Transport, paths: RunPaths, start: str) -> str:
+    """Why a job is gone without an exit code, as far as its host can tell."""
+    free, oom = None, ""
+    for line in transport.run(loss_command(paths, start), timeout=60, check=False).stdout.splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "free" and rest.strip().isdigit():
+            free = int(rest)
+        elif word == "oom":
+            oom = rest.strip()
+    if free is not None and free < DISK_FULL_KIB:
+        return (f"the job ended but its exit code could not be written: the disk of {paths.root} is full "
+                f"({free} KiB free)")
+    if oom:
+        return f"killed by the kernel's OOM killer: {oom[:200]}"
+    return "the process is gone and wrote no exit code (killed by SIGKILL with its wrapper, or the host rebooted)"
+
+
 def group_pids_command(pgid: int) -> str:
     """Lists the live (non-zombie) pids of a process group."""
     return GROUP_PIDS.format(pid=int(pgid))

@@ -356,11 +356,19 @@ class Watcher:
             return Status.LOST, f"the run dir {self.paths.root} is gone from the host, and the process too", {
                 "phase": "failed"}
         if not state.alive:
-            why = "the process is gone and wrote no exit code (killed with its wrapper, OOM killer or reboot)"
-            return Status.LOST, why, {"phase": "failed"}
+            return Status.LOST, self._loss(), {"phase": "failed"}
         if err is not None and err.fatal:
             return Status.FAILED, f"fatal error in log: {_error_text(err)}", {}
         return None
+
+    def _loss(self) -> str:
+        """Why the job is gone without an exit code: a full disk, the OOM killer, or a SIGKILL or reboot."""
+        why = None
+        try:
+            why = self.executor.explain_loss(self.paths, self.handle)
+        except (Unreachable, RemoteError):
+            pass  # the host stopped answering just now: say what is known
+        return why or "the process is gone and wrote no exit code (killed with its wrapper, or the host rebooted)"
 
     def _save(self, new_offset: int, samples: list[Any], events: list[tuple[str, str, Any]], now: float,
               end: tuple[Status, str, dict[str, Any]] | None, fields: dict[str, Any]) -> None:

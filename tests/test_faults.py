@@ -245,3 +245,39 @@ def test_a_rotated_log_loses_no_line(orch: Orch, tmp_path: Path, kind: str) -> N
     series = sqlite3.connect(orch.db).execute(
         "SELECT value FROM metrics WHERE run_id = 1 AND name = 'n' ORDER BY id").fetchall()
     assert [int(v) for (v,) in series] == list(range(1, 81))  # every line, once, in order
+
+
+# --- 18: what the host can say of a job gone without an exit code ------------------------------------
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path):
+    """A 1 MiB tmpfs, to be the host's workdir."""
+    where = tmp_path / "small"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)]).returncode != 0:
+        pytest.skip("needs mount (root)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+def test_a_full_disk_is_named_not_taken_for_the_oom_killer(tmp_path: Path, ssh_fleet, full_disk: Path) -> None:
+    orch = Orch(tmp_path / "ws", ssh_fleet.hosts_toml(test1={"workdir": str(full_disk)}))
+    res = orch("run", "command", "--host", "test1", "--set", "cmd=head -c 4M /dev/zero > fill; true", *FAST)
+    assert res.returncode == 1
+    doc = orch.status(1)
+    assert doc["status"] == "lost" and "disk" in doc["reason"] and "is full" in doc["reason"]
+    assert "OOM" not in doc["reason"]
+
+
+def test_a_sigkill_without_an_oom_line_is_not_called_oom(orch: Orch) -> None:
+    res = orch("run", "command", "--host", "test1", "--detach", "--set", "cmd=sleep 300", *FAST, check=0)
+    run_id = int(res.stdout)
+    run_dir = Path(orch.status(run_id)["remote_dir"])
+    wrapper = int((run_dir / "pid").read_text().split()[0])
+    os.killpg(wrapper, signal.SIGKILL)  # everything, by hand
+    assert orch("watch", str(run_id)).returncode == 1
+    doc = orch.status(run_id)
+    assert doc["status"] == "lost" and "SIGKILL" in doc["reason"] and "OOM" not in doc["reason"]
