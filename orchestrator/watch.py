@@ -363,6 +363,8 @@ class Watcher:
 
     def _loss(self) -> str:
         """Why the job is gone without an exit code: a full disk, the OOM killer, or a SIGKILL or reboot."""
+        if self._wrapper_gone:
+            return "the wrapper was killed; the job's processes ran on without it and are gone now (no exit code)"
         why = None
         try:
             why = self.executor.explain_loss(self.paths, self.handle)
