@@ -59,3 +59,7 @@ class HostKeyError(Unreachable):
 
 class AuthFailed(HostKeyError):
     """The host refused our user or key. Like a host-key refusal it does not heal on retry (hence the base)."""
+
+
+class DatabaseUnavailable(OrchError):
+    """The workspace's database is locked past the busy timeout, read-only, or cannot be opened."""

@@ -35,14 +35,20 @@ class Executor:
         return f"pid {handle[0]}"
 
     def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0,
-             wake: str | None = None, wake_perl: str | None = None) -> JobState:
-        """Is the job alive, its exit code, and its log's bytes from `offset`. May first wait up to `hold_s`
-        for news: the job's end, or a new log line matching `wake` (extended regex) or `wake_perl`."""
+             wake: str | None = None, wake_perl: str | None = None, inode: int | None = None,
+             mark: str | None = None) -> JobState:
+        """Is the job alive, its exit code, and its log's bytes from `offset` (of the file with `inode`, when
+        known: a rotated log is read to its end first; `mark`: launch.tail_mark of the bytes before it). May first wait up to `hold_s` for news: the job's
+        end, or a new log line matching `wake` (extended regex) or `wake_perl`."""
         raise NotImplementedError
 
     def kill(self, handle: Handle, grace_s: float) -> str:
         """Stop the job, provably this one: 'gone' | 'stopped' | 'killed'."""
         raise NotImplementedError
+
+    def explain_loss(self, paths: RunPaths, handle: Handle) -> str | None:
+        """Why a job is gone without an exit code, as far as its host can tell (None: it cannot)."""
+        return None
 
     def tail(self, paths: RunPaths, lines: int) -> str:
         raise NotImplementedError
@@ -60,12 +66,16 @@ class HostExecutor(Executor):
         return (int(fields[0]), fields[1]) if len(fields) == 2 and fields[0].isdigit() else None
 
     def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0,
-             wake: str | None = None, wake_perl: str | None = None) -> JobState:
+             wake: str | None = None, wake_perl: str | None = None, inode: int | None = None,
+             mark: str | None = None) -> JobState:
         return launch.read_state(self.transport, paths, handle[0], handle[1], offset, max_bytes, hold_s=hold_s,
-                                 wake=wake, wake_perl=wake_perl)
+                                 wake=wake, wake_perl=wake_perl, inode=inode, mark=mark)
 
     def kill(self, handle: Handle, grace_s: float) -> str:
         return launch.kill(self.transport, handle[0], handle[1], grace_s)
+
+    def explain_loss(self, paths: RunPaths, handle: Handle) -> str | None:
+        return launch.explain_loss(self.transport, paths, handle[1])
 
     def tail(self, paths: RunPaths, lines: int) -> str:
         return self.transport.run(launch.tail_command(paths, lines), timeout=60).stdout
@@ -87,7 +97,8 @@ class SlurmExecutor(Executor):
         return f"Slurm job {handle[0]}"
 
     def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0,
-             wake: str | None = None, wake_perl: str | None = None) -> JobState:
+             wake: str | None = None, wake_perl: str | None = None, inode: int | None = None,
+             mark: str | None = None) -> JobState:
         # the scheduler is asked once per round for all jobs, so the hold is spent here, not on a node
         return slurm.read_state(self.transport, paths, handle, offset, max_bytes, hold_s)
 

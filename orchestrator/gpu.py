@@ -320,16 +320,18 @@ def foreign_list(procs: list[GpuProcess]) -> str:
 
 
 def kill_pids_command(procs: list[GpuProcess], grace_s: float) -> str:
-    """SIGTERM each process still alive with the start time seen in the snapshot, wait, then SIGKILL."""
+    """SIGTERM each process still alive with the start time seen in the snapshot, wait, then SIGKILL; each
+    pid's start time is checked right before its own signal, so a pid recycled meanwhile is left alone."""
     steps = max(1, int(grace_s * 10))
     pairs = " ".join(f"{int(p.pid)}:{quote(p.start or 'unknown')}" for p in procs)
     live = launch.LIVE_START.format(pid="${x%%:*}")  # a zombie counts as gone
     return (
         f"alive() {{ for x in {pairs}; do [ \"$({live})\" = \"${{x#*:}}\" ] && echo \"${{x%%:*}}\"; done; }}\n"
-        'pids=$(alive); [ -z "$pids" ] && { echo gone; exit 0; }\n'
-        "kill -TERM $pids 2>/dev/null\n"
+        f"sig() {{ n=0; for x in {pairs}; do [ \"$({live})\" = \"${{x#*:}}\" ] && kill -\"$1\" \"${{x%%:*}}\" "
+        "2>/dev/null && n=1; done; [ $n = 1 ]; }\n"
+        "sig TERM || { echo gone; exit 0; }\n"
         f'for _ in $(seq {steps}); do sleep 0.1; [ -z "$(alive)" ] && {{ echo stopped; exit 0; }}; done\n'
-        "pids=$(alive); [ -n \"$pids\" ] && kill -KILL $pids 2>/dev/null; echo killed\n"
+        "if sig KILL; then echo killed; else echo stopped; fi\n"
     )
 
 

@@ -7,6 +7,7 @@ taken for the job), writes the combined stdout+stderr to `log`, and the exit cod
 from __future__ import annotations
 
 import base64
+import hashlib
 import posixpath
 from dataclasses import dataclass
 
@@ -22,6 +23,9 @@ START_TIME = "sed 's/.*) //' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f20"
 LIVE_START = "sed -n 's/.*) [^Z] //p' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f19"
 # The live (non-zombie) pids of a process group.
 GROUP_PIDS = "ps -eo pid=,pgid=,stat= | awk -v g={pid} '$2 == g && $3 !~ /^Z/ {{print $1}}'"
+# The mark the wrapper leaves in the environment of everything the job starts ("pid:start" of the wrapper),
+# so members that outlive it can still be told from a later group that took the same id.
+JOB_MARK = "ORCH_JOB"
 
 # Runs in the run dir as the session leader, so its pid is also the job's process group id. The log is
 # opened for appending, so a log truncated under the job (copytruncate rotation) gets no hole of zeros.
@@ -29,7 +33,9 @@ GROUP_PIDS = "ps -eo pid=,pgid=,stat= | awk -v g={pid} '$2 == g && $3 !~ /^Z/ {{
 # the end time first, so a run seen ended has both.
 WRAPPER = f"""\
 date +%s.%N > started_at
-echo "$$ $({START_TIME.format(pid='$$')})" > pid.tmp && mv pid.tmp pid
+start=$({START_TIME.format(pid='$$')})
+export {JOB_MARK}="$$:$start"
+echo "$$ $start" > pid.tmp && mv pid.tmp pid
 bash ./job.sh >> log 2>&1 < /dev/null
 code=$?
 date +%s.%N > ended_at
@@ -71,22 +77,45 @@ def job_script(body: str, env: dict[str, str], cwd: str | None = None) -> str:
     return head + body.rstrip("\n") + "\n"
 
 
-def launch_command(paths: RunPaths, script: str, token: str) -> str:
+# Bytes of job script sent inside the launch command itself. One argument of `bash -c` holds at most
+# 128 KiB (MAX_ARG_STRLEN), base64 adds a third: a bigger script is uploaded first.
+INLINE_SCRIPT_MAX = 32 << 10
+
+
+def stage_script(transport: Transport, paths: RunPaths, script: str, token: str) -> str | None:
+    """Upload a script too big to travel inside one command, beside the run dir (whose owner is not known
+    yet); its path, or None for a script sent inline."""
+    data = script.encode()
+    if len(data) <= INLINE_SCRIPT_MAX:
+        return None
+    staged = f"{paths.root}.{hashlib.sha256(token.encode()).hexdigest()[:16]}.job.sh"
+    transport.put(data, staged)
+    return staged
+
+
+def write_script(script: str, staged: str | None, name: str = "job.sh") -> str:
+    """Shell lines that write the job script into the current dir: the staged upload moved in, or inline."""
+    if staged is not None:
+        return f"mv -f {quote(staged)} {name} || exit 93\n"
+    return f"printf %s {base64.b64encode(script.encode()).decode()} | base64 -d > {name}\n"
+
+
+def launch_command(paths: RunPaths, script: str, token: str, staged: str | None = None) -> str:
     """One remote call: create the run dir, write the scripts, start the wrapper detached, print the pid.
 
     Idempotent for the same token, so a retry after a dropped connection never starts the job twice;
     a run dir left by another workspace's run of the same id is refused, never reused.
     """
     root = quote(paths.root)
-    job_b64 = base64.b64encode(script.encode()).decode()
     wrapper_b64 = base64.b64encode(WRAPPER.encode()).decode()
+    drop = f"rm -f {quote(staged)}; " if staged is not None else ""  # an upload that is not needed after all
     return (
         f"mkdir -p {root} && cd {root} || exit 96\n"
-        f"if [ -e token ]; then [ \"$(cat token)\" = {quote(token)} ] && [ -s pid ] && cat pid && exit 0; "
-        "echo \"run dir in use by another run: $(pwd)\" >&2; exit 94; fi\n"
+        f"if [ -e token ]; then [ \"$(cat token)\" = {quote(token)} ] && [ -s pid ] && {{ {drop}cat pid; exit 0; }}; "
+        f"{drop}echo \"run dir in use by another run: $(pwd)\" >&2; exit 94; fi\n"
         f"printf '%s' {quote(token)} > token\n"
-        f"printf %s {job_b64} | base64 -d > job.sh\n"
-        f"printf %s {wrapper_b64} | base64 -d > wrapper.sh\n"
+        + write_script(script, staged)
+        + f"printf %s {wrapper_b64} | base64 -d > wrapper.sh\n"
         "setsid nohup bash ./wrapper.sh > /dev/null 2>&1 < /dev/null &\n"
         "for _ in $(seq 200); do [ -s pid ] && break; sleep 0.05; done\n"
         "cat pid\n"
@@ -94,7 +123,8 @@ def launch_command(paths: RunPaths, script: str, token: str) -> str:
 
 
 def launch(transport: Transport, paths: RunPaths, script: str, token: str) -> tuple[int, str]:
-    out = transport.run(launch_command(paths, script, token), timeout=60).stdout.split()
+    staged = stage_script(transport, paths, script, token)
+    out = transport.run(launch_command(paths, script, token, staged), timeout=60).stdout.split()
     if len(out) != 2 or not out[0].isdigit():
         raise OrchError(f"{transport.host.name}: the job did not start (wrapper wrote {out!r})")
     return int(out[0]), out[1]
@@ -115,13 +145,18 @@ class JobState:
     queued: str | None = None
     cause: str | None = None
     node: str | None = None
+    # the wrapper itself lives; False while `alive` means its process group runs on without it
+    wrapper: bool = True
+    inode: int | None = None  # the identity of the file `data` is from
+    rotated: bool = False  # `data` is the rest of a rotated log (`size` is that file's); the new one is next
 
 
 KEEPALIVE_S = 5  # a held poll writes a byte to stderr this often, so a dark link is noticed by its silence
 
 
 def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: int, hold_s: float = 0,
-                 wake: str | None = None, wake_perl: str | None = None) -> str:
+                 wake: str | None = None, wake_perl: str | None = None, inode: int | None = None,
+                 mark: str | None = None) -> str:
     """One remote call that answers: is the job alive, its exit code, and the new bytes of its log.
 
     With `hold_s`, the call first waits on the host until the job dies, a new log line matches `wake`
@@ -130,7 +165,9 @@ def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: 
     since the last check. Liveness is read before the exit code, and both before the log, so a job
     seen dead has its last bytes in this same answer.
     """
-    alive = f'[ "$({LIVE_START.format(pid=int(pid))})" = {quote(start)} ]'
+    wrapper = f'[ "$({LIVE_START.format(pid=int(pid))})" = {quote(start)} ]'
+    # the job lives while its wrapper does, or while members of its group provably its run on without it
+    alive = f'{{ {wrapper} || [ -n "$(ours)" ]; }}' if start.isdigit() else wrapper
     hold = ""
     if hold_s > 0:
         step = 1.0 if hold_s >= 5 else max(hold_s / 10, 0.02)
@@ -160,17 +197,66 @@ def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: 
     # A run dir that vanished (a reboot cleaning /tmp, a wiped scratch disk) is reported, not an error:
     # with the process gone too, the run is lost.
     return (
-        f"d={quote(paths.root)}\n"
+        (ours_function(pid, start) if start.isdigit() else "")
+        + f"d={quote(paths.root)}\n"
         + hold
+        + f"if {wrapper}; then wrapper=1; else wrapper=0; fi\n"
         + f"if {alive}; then alive=1; else alive=0; fi\n"
         '[ -d "$d" ] && present=1 || present=0\n'  # after the hold: the dir may have gone during it
         'ec=none; [ -s "$d/exit_code" ] && ec=$(cat "$d/exit_code")\n'
         'size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)\n'
-        f"off={int(offset)}; [ \"$size\" -lt \"$off\" ] && off=0\n"
-        'began=$(cat "$d/started_at" 2>/dev/null); ended=$(cat "$d/ended_at" 2>/dev/null)\n'
-        f'echo "{POLL_MARK} $alive $ec $size $off $present ${{began:-none}} ${{ended:-none}}"\n'
-        f'tail -c +$((off + 1)) "$d/log" 2>/dev/null | head -c {int(max_bytes)} | base64 -w0\n'
+        + _rotation(int(offset), inode, mark)
+        + 'began=$(cat "$d/started_at" 2>/dev/null); ended=$(cat "$d/ended_at" 2>/dev/null)\n'
+        f'echo "{POLL_MARK} $alive $ec $size $off $present ${{began:-none}} ${{ended:-none}} $wrapper $ino $rot"\n'
+        f'tail -c +$((off + 1)) "$src" 2>/dev/null | head -c {int(max_bytes)} | base64 -w0\n'
     )
+
+
+TAIL_MARK = 64  # bytes before the offset that must still be there, or the log was rewritten under it
+
+
+def tail_mark(tail: bytes) -> str:
+    """What the poll compares the bytes before its offset with."""
+    return f"{len(tail)}:{hashlib.md5(tail).hexdigest()}"
+
+
+def _rotation(offset: int, inode: int | None, mark: str | None = None) -> str:
+    """Shell lines choosing the file the poll reads (`src`) and from where (`off`), by the log's identity.
+
+    Renamed away (another inode at `log`): the old file, found by its inode in the run dir, is read on
+    while the new log is empty (the wrapper's output still goes to the old one), else to its end and then
+    the new log from 0. Truncated in place (copytruncate: same inode, shorter): the rest of the copy,
+    `log.1`, then the log from 0. Truncated and written past the offset again is told by `mark`: the
+    bytes before the offset are not those read there. `rot=1` says the bytes are the rest of an old
+    file, the new one next.
+    """
+    lines = ['ino=$(stat -c %i "$d/log" 2>/dev/null || echo none); src="$d/log"; rot=0\n', f"off={offset}\n"]
+    same = "true"
+    if mark is not None and offset > 0:
+        n, digest = mark.split(":")
+        lines.append(f'same() {{ [ "$(tail -c +$(({offset} - {int(n)} + 1)) "$1" 2>/dev/null | head -c {int(n)} '
+                     f'| md5sum | cut -c1-32)" = {quote(digest)} ]; }}\n')
+        same = "same"
+    if inode is not None:
+        old = f'src=$old; off={offset}; size=$osize; ino={int(inode)}'
+        lines.append(
+            f'if [ "$ino" != {int(inode)} ]; then\n'
+            f'  off=0; old=$(find "$d" -maxdepth 1 -type f -inum {int(inode)} 2>/dev/null | head -n 1)\n'
+            '  if [ -n "$old" ]; then\n'
+            '    osize=$(stat -c %s "$old" 2>/dev/null || echo 0)\n'
+            f'    if [ "$size" -eq 0 ]; then {old}\n'
+            f'    elif [ "$osize" -gt {offset} ]; then {old}; rot=1\n'
+            "    fi\n"
+            "  fi\n"
+            f'elif [ "$size" -lt "$off" ] || ! {same} "$d/log"; then\n'
+            '  if [ -f "$d/log.1" ] && [ "$(stat -c %s "$d/log.1")" -gt "$off" ] && '
+            f'{same} "$d/log.1"; then src="$d/log.1"; rot=1; size=$(stat -c %s "$d/log.1")\n'
+            "  else off=0\n"
+            "  fi\n"
+            "fi\n"
+        )
+    lines.append('[ "$rot" = 0 ] && [ "$size" -lt "$off" ] && off=0\n')
+    return "".join(lines)
 
 
 def _epoch(text: str) -> float | None:
@@ -182,21 +268,53 @@ def _epoch(text: str) -> float | None:
 
 def read_state(transport: Transport, paths: RunPaths, pid: int, start: str, offset: int,
                max_bytes: int = 4 << 20, hold_s: float = 0, wake: str | None = None,
-               wake_perl: str | None = None) -> JobState:
-    command = poll_command(paths, pid, start, offset, max_bytes, hold_s, wake, wake_perl)
+               wake_perl: str | None = None, inode: int | None = None, mark: str | None = None) -> JobState:
+    command = poll_command(paths, pid, start, offset, max_bytes, hold_s, wake, wake_perl, inode, mark)
     # the answer starts at once after a hold, and a held poll writes a byte every KEEPALIVE_S: silence
     # for longer than a few of those is a link gone dark, noticed long before the timeout
     out = transport.run(command, timeout=hold_s + 60, idle_timeout=4 * KEEPALIVE_S).stdout
     head, _, body = out.partition("\n")
     fields = head.split()
-    if len(fields) not in (6, 8) or fields[0] != POLL_MARK:
+    if len(fields) != 11 or fields[0] != POLL_MARK:
         raise OrchError(f"{transport.host.name}: unexpected answer while polling: {head[:200]!r}")
-    _, alive, ec, size, off, present, *times = fields
+    _, alive, ec, size, off, present, *times, wrapper, ino, rot = fields
     exit_code = int(ec) if ec.lstrip("-").isdigit() else None
     data = base64.b64decode(body.strip() or b"")
     began, ended = (_epoch(t) for t in times) if times else (None, None)
     return JobState(alive == "1", exit_code, int(size), int(off), data, run_dir=present == "1",
-                    started_at=began, ended_at=ended)
+                    started_at=began, ended_at=ended, wrapper=wrapper == "1",
+                    inode=int(ino) if ino.isdigit() else None, rotated=rot == "1")
+
+
+DISK_FULL_KIB = 64  # less room than this on the run dir's disk: the wrapper could not write the exit code
+
+
+def loss_command(paths: RunPaths, start: str) -> str:
+    """What the host can say of a job gone without an exit code: the room left on its run dir's disk, and
+    the kernel's last OOM kill since the job started (empty where the kernel log cannot be read)."""
+    since = f"$(( {int(start)} / $(getconf CLK_TCK) ))" if start.isdigit() else "0"
+    return (
+        f"df -Pk {quote(paths.root)} 2>/dev/null | awk 'NR == 2 {{print \"free\", $4}}'\n"
+        f"dmesg 2>/dev/null | awk -F'[][]' -v t={since} '/oom-kill|Out of memory|Killed process/ && $2 + 0 >= t' "
+        "| tail -n 1 | sed 's/^/oom /'\n"
+    )
+
+
+def explain_loss(transport: Transport, paths: RunPaths, start: str) -> str:
+    """Why a job is gone without an exit code, as far as its host can tell."""
+    free, oom = None, ""
+    for line in transport.run(loss_command(paths, start), timeout=60, check=False).stdout.splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "free" and rest.strip().isdigit():
+            free = int(rest)
+        elif word == "oom":
+            oom = rest.strip()
+    if free is not None and free < DISK_FULL_KIB:
+        return (f"the job ended but its exit code could not be written: the disk of {paths.root} is full "
+                f"({free} KiB free)")
+    if oom:
+        return f"killed by the kernel's OOM killer: {oom[:200]}"
+    return "the process is gone and wrote no exit code (killed by SIGKILL with its wrapper, or the host rebooted)"
 
 
 def group_pids_command(pgid: int) -> str:
@@ -204,15 +322,43 @@ def group_pids_command(pgid: int) -> str:
     return GROUP_PIDS.format(pid=int(pgid))
 
 
-def kill_command(pid: int, start: str, grace_s: float) -> str:
-    steps = max(1, int(grace_s * 10))
-    group_alive = f'[ -n "$({group_pids_command(pid)})" ]'
+def ours_function(pid: int, start: str) -> str:
+    """Defines the shell function `ours`: what of the job's process group is provably the job's, now.
+
+    It prints `group` while the group's leader (the wrapper, a zombie included) has the job's start time
+    and the group has live members: then every member is the job's. With no process at all at the pid
+    (the wrapper died and its group runs on; a group's id is not handed out again while the group lives)
+    it prints the members that started after the wrapper and carry its mark. Nothing when the pid is
+    another process now: the job's group is gone.
+    """
+    p, s = int(pid), quote(start)
+    mark = quote(f"{JOB_MARK}={p}:{start}")
     return (
-        f'if [ "$({START_TIME.format(pid=int(pid))})" != {quote(start)} ]; then echo gone; exit 0; fi\n'
-        f"{group_alive} || {{ echo gone; exit 0; }}\n"
-        f"kill -TERM -- -{int(pid)} 2>/dev/null\n"
-        f"for _ in $(seq {steps}); do sleep 0.1; {group_alive} || {{ echo stopped; exit 0; }}; done\n"
-        f"kill -KILL -- -{int(pid)} 2>/dev/null; echo killed\n"
+        "ours() {\n"
+        f"  s=$({START_TIME.format(pid=p)})\n"
+        f'  if [ "$s" = {s} ]; then [ -n "$({GROUP_PIDS.format(pid=p)})" ] && echo group; return 0; fi\n'
+        '  [ -n "$s" ] && return 0\n'
+        f"  for m in $({GROUP_PIDS.format(pid=p)}); do\n"
+        f'    ms=$({START_TIME.format(pid="$m")}); [ "${{ms:-0}}" -ge {s} ] 2>/dev/null || continue\n'
+        f"    tr '\\0' '\\n' < /proc/$m/environ 2>/dev/null | grep -qxF {mark} && echo \"$m\"\n"
+        "  done\n"
+        "}\n"
+    )
+
+
+def kill_command(pid: int, start: str, grace_s: float) -> str:
+    """SIGTERM, a grace period, SIGKILL; the job's identity is proved again right before each signal, so a
+    pid recycled meanwhile (an init that reaps at once) is never signalled, nor a group it leads."""
+    if not start.isdigit():  # no start time recorded: nothing can be proved to be the job
+        return "echo gone\n"
+    steps = max(1, int(grace_s * 10))
+    return (
+        ours_function(pid, start)
+        + 'sig() { w=$(ours); [ -n "$w" ] || return 1\n'
+        f'  if [ "$w" = group ]; then kill -"$1" -- -{int(pid)}; else kill -"$1" $w; fi 2>/dev/null; return 0; }}\n'
+        "sig TERM || { echo gone; exit 0; }\n"
+        f'for _ in $(seq {steps}); do sleep 0.1; [ -n "$(ours)" ] || {{ echo stopped; exit 0; }}; done\n'
+        "if sig KILL; then echo killed; else echo stopped; fi\n"
     )
 
 

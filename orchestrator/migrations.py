@@ -254,3 +254,11 @@ def m012(db: Database) -> None:
     # index on one column also holds the rowid, so `WHERE host = ? ORDER BY id DESC LIMIT n` walks it.
     db["runs"].create_index(["host"])
     db["runs"].create_index(["playbook"])
+
+
+@migration("m013_log_inode")
+def m013(db: Database) -> None:
+    # Which log file the offset is in, and the bytes just before it (hex): a rotation is told by identity,
+    # a log truncated and grown past the offset again by its content, not by its size.
+    db["runs"].add_column("log_inode", int)
+    db["runs"].add_column("log_tail", str)

@@ -75,6 +75,8 @@ class Run:
     unreadable: list[str] = field(default_factory=list)  # JSON columns found damaged (read as None)
     node: str | None = None  # a scheduler's: the job's node(s)
     queue_reason: str | None = None  # a scheduler's: why the job still waits in its queue
+    log_inode: int | None = None  # the inode of the log file `log_offset` is in
+    log_tail: str | None = None  # the log's last bytes before `log_offset`, hex
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Run:

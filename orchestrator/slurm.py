@@ -71,22 +71,22 @@ def sbatch_args(host: Host, paths: RunPaths, gpus: int) -> list[str]:
     return args + list(host.sbatch_args)
 
 
-def submit_command(paths: RunPaths, script: str, token: str, args: list[str]) -> str:
+def submit_command(paths: RunPaths, script: str, token: str, args: list[str], staged: str | None = None) -> str:
     """One call on the login node: write the scripts to the run dir, sbatch the wrapper, print the job id.
 
     Idempotent for the same token (a retry prints the job id submitted before); a failed sbatch leaves
     no token behind, so the launch can be tried again.
     """
     root = quote(paths.root)
-    job_b64 = base64.b64encode(script.encode()).decode()
     batch_b64 = base64.b64encode(BATCH.encode()).decode()
+    drop = f"rm -f {quote(staged)}; " if staged is not None else ""  # an upload that is not needed after all
     return (
         f"mkdir -p {root} && cd {root} || exit 96\n"
-        f"if [ -e token ]; then [ \"$(cat token)\" = {quote(token)} ] && [ -s job_id ] && cat job_id && exit 0; "
-        "echo \"run dir in use by another run: $(pwd)\" >&2; exit 94; fi\n"
+        f"if [ -e token ]; then [ \"$(cat token)\" = {quote(token)} ] && [ -s job_id ] && {{ {drop}cat job_id; exit 0; }}; "
+        f"{drop}echo \"run dir in use by another run: $(pwd)\" >&2; exit 94; fi\n"
         f"printf '%s' {quote(token)} > token\n"
-        f"printf %s {job_b64} | base64 -d > job.sh\n"
-        f"printf %s {batch_b64} | base64 -d > batch.sh\n"
+        + launch.write_script(script, staged)
+        + f"printf %s {batch_b64} | base64 -d > batch.sh\n"
         f"sbatch {' '.join(quote(a) for a in args)} batch.sh > job_id.tmp || {{ rm -f token job_id.tmp; exit 95; }}\n"
         "mv job_id.tmp job_id && cat job_id\n"
     )
@@ -287,7 +287,9 @@ Handle = tuple[int, str]
 
 
 def submit(transport: Transport, host: Host, paths: RunPaths, script: str, token: str, gpus: int) -> Handle:
-    out = transport.run(submit_command(paths, script, token, sbatch_args(host, paths, gpus)), timeout=120).stdout
+    staged = launch.stage_script(transport, paths, script, token)
+    out = transport.run(submit_command(paths, script, token, sbatch_args(host, paths, gpus), staged),
+                        timeout=120).stdout
     return parse_job_id(out), MARK + job_name(paths)
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import tenacity
 
 from . import migrations
-from .errors import NotFound, UsageError
+from .errors import DatabaseUnavailable, NotFound, UsageError
 from .record import JSON_FIELDS, Run
 
 if TYPE_CHECKING:
@@ -51,12 +51,26 @@ def load_json(text: str) -> Any:
     return json.loads(text, parse_constant=_refuse_constant)
 
 
+BUSY_TIMEOUT_S = 60.0  # how long a write waits for another process's transaction
+
+
+def _busy(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
+
+
+def _unavailable(exc: sqlite3.OperationalError) -> bool:
+    """Locked, read-only, not openable, full: the database's state, not a bug in a statement."""
+    text = str(exc).lower()
+    return _busy(exc) or any(w in text for w in ("readonly", "read-only", "unable to open", "disk i/o", "is full"))
+
+
 def _use_wal(conn: sqlite3.Connection) -> None:
     """Switch a database to WAL once. Two processes creating it at once can meet SQLITE_BUSY here,
-    which the busy timeout does not cover, so the switch is retried briefly."""
+    which the busy timeout does not cover, so the switch is retried briefly (a read-only database
+    is not: it will not change its mind)."""
     retrying = tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type(sqlite3.OperationalError),
-        stop=tenacity.stop_after_delay(30),
+        retry=tenacity.retry_if_exception(_busy),
+        stop=tenacity.stop_after_delay(10),
         wait=tenacity.wait_random_exponential(multiplier=0.01, max=0.5),
         reraise=True,
     )
@@ -67,21 +81,36 @@ def _use_wal(conn: sqlite3.Connection) -> None:
 
 
 class Store:
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str, busy_timeout_s: float = BUSY_TIMEOUT_S):
         self.path = Path(path)
+        self.busy_timeout_s = busy_timeout_s
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(self.path), timeout=60, isolation_level=None, check_same_thread=False)
         try:
-            conn.execute("PRAGMA busy_timeout = 60000")
+            conn = sqlite3.connect(str(self.path), timeout=busy_timeout_s, isolation_level=None,
+                                   check_same_thread=False)
+        except sqlite3.OperationalError as exc:
+            raise self.unavailable(exc) from None
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
             _use_wal(conn)
             conn.execute("PRAGMA synchronous = NORMAL")
             self.conn = conn
             self.migrate()
-        except sqlite3.DatabaseError as exc:  # OperationalError (locked, read-only) is a subclass: not ours
+        except sqlite3.DatabaseError as exc:
             conn.close()
             if isinstance(exc, sqlite3.OperationalError):
-                raise
+                raise self.unavailable(exc) from None
             raise UsageError(f"{self.path}: not an orch database ({exc})") from None
+
+    def unavailable(self, exc: sqlite3.OperationalError) -> Exception:
+        """The one line for a database that cannot be used now; other errors (a bug) unchanged."""
+        if _busy(exc):
+            return DatabaseUnavailable(f"{self.path}: the database is locked by another process "
+                                       f"(waited {self.busy_timeout_s:g} s); try again")
+        if _unavailable(exc):
+            return DatabaseUnavailable(f"{self.path}: the database cannot be written ({exc}); "
+                                       "check that it and its folder are writable and the disk has room")
+        return exc
 
     @functools.cached_property
     def db(self) -> Database:
@@ -111,14 +140,19 @@ class Store:
         if self.conn.in_transaction:
             yield self.conn
             return
-        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise self.unavailable(exc) from None
         try:
             yield self.conn
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        else:
             self.conn.execute("COMMIT")
+        except BaseException as exc:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError):
+                raise self.unavailable(exc) from None
+            raise
 
     def close(self) -> None:
         self.conn.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import tenacity
 
 from . import history, launch, stall
 from .controller import Controller
-from .errors import RemoteError, TransitionError, Unreachable
+from .errors import DatabaseUnavailable, RemoteError, TransitionError, Unreachable
 from .executor import Executor
 from .health import SERVING_PHASES, HealthCheck, HealthWatch
 from .launch import RunPaths
@@ -105,6 +106,8 @@ class Watcher:
         self.hold = 0.0  # seconds the next poll waits on the host (the backoff interval)
         self.unreachable_since: float | None = None
         self.fatal_since: float | None = None  # a fatal line was read while the process lived on
+        self._wrapper_gone = False
+        self.db_trouble_since: float | None = None  # the database refused a write: the poll is read again
         self.health = HealthWatch(opts.health.ask, opts.health.grace_s, store, run_id) if opts.health else None
         self._load()
 
@@ -113,6 +116,8 @@ class Watcher:
         self.run = run
         self.paths = RunPaths(run.remote_dir or "")
         self.offset = run.log_offset
+        self.inode = run.log_inode
+        self.tail = bytes.fromhex(run.log_tail) if run.log_tail else b""  # the bytes before the offset
         state = run.parser_state
         self.parser = (
             LogParser.from_dict(state)
@@ -143,12 +148,34 @@ class Watcher:
 
     # one poll -------------------------------------------------------------------------------
     def poll_once(self) -> bool:
-        """Poll the host once and record what changed. True when the wait is over."""
+        """Poll the host once and record what changed. True when the wait is over.
+
+        A database that refuses the write (locked past its busy timeout, read-only for a while) does not
+        end the watch: nothing of the poll was recorded, so the record is read back and the same log
+        bytes are polled again later — the run stays watched and nothing is lost.
+        """
+        try:
+            if self.db_trouble_since is not None:
+                self._load()
+            done = self._poll()
+        except DatabaseUnavailable as exc:
+            if self.db_trouble_since is None:
+                self.db_trouble_since = self.clock()
+                print(f"orch: run {self.run_id}: {exc}; will try again", file=sys.stderr)
+            return False
+        if self.db_trouble_since is not None:
+            since, self.db_trouble_since = self.db_trouble_since, None
+            self.store.add_event(self.run_id, "database", f"the database refused writes for "
+                                 f"{self.clock() - since:.0f} s; nothing was lost")
+        return done
+
+    def _poll(self) -> bool:
         self.wait.immediate = False
         hold, self.hold = self.hold, 0.0
         try:
             state = self.executor.poll(self.paths, self.handle, self.offset, MAX_CHUNK, hold_s=hold, wake=WAKE,
-                                       wake_perl=self.opts.ready_pattern)
+                                       wake_perl=self.opts.ready_pattern, inode=self.inode,
+                                       mark=launch.tail_mark(self.tail) if self.tail else None)
         except (Unreachable, RemoteError) as exc:
             if isinstance(exc, RemoteError) and exc.remote_exit_code is not None:
                 raise  # the poll itself failed on the host: not a passing network fault
@@ -174,17 +201,26 @@ class Watcher:
 
     def _note_unreachable(self, reason: str) -> None:
         if self.unreachable_since is None:
-            self.unreachable_since = self.clock()
-            self.store.add_event(self.run_id, "unreachable", reason)
+            now = self.clock()
+            self.store.add_event(self.run_id, "unreachable", reason)  # first: a refused write is tried again
+            self.unreachable_since = now
 
     def _record(self, state: launch.JobState) -> bool:
         p = self.parser
         before = (p.phase, p.progress.done if p.progress else None, p.error)
         events: list[tuple[str, str, Any]] = []
-        if state.offset < self.offset:
-            events.append(("log", f"log truncated (size {state.size} < offset {self.offset}); reading from 0", None))
         new_offset = state.offset + len(state.data)
         more = new_offset < state.size
+        inode = state.inode
+        if state.rotated:  # the rest of a rotated log: once read, the new log from its start
+            more = True
+            if new_offset >= state.size:
+                new_offset, inode = 0, None  # the new file's inode is learnt by the next poll
+                events.append(("log", "log rotated; read the old file to its end, now the new one from 0", None))
+        elif state.offset < self.offset:
+            events.append(("log", "log replaced; reading the new one from 0"
+                           if self.inode is not None and inode != self.inode else
+                           f"log truncated (size {state.size} < offset {self.offset}); reading from 0", None))
         samples = p.feed(state.data)
         ended = state.exit_code is not None or not state.alive
         if ended and not more:
@@ -207,6 +243,7 @@ class Watcher:
             self.wait.reset()
             fields["progress_at"] = now
         self._scheduler(state, events, fields)
+        self._wrapper(state, events)
         self._predict(p, now, fields)
 
         end: tuple[Status, str, dict[str, Any]] | None = None
@@ -223,6 +260,10 @@ class Watcher:
             if stalled_for is not None and self.opts.on_stall == "kill":
                 end = (Status.FAILED, f"stalled: no progress for {stalled_for:.0f} s; killed", {})
         self.wait.immediate = more
+        # the bytes before the new offset: the poll checks they are still there
+        tail = b"" if new_offset == 0 else ((self.tail if state.offset == self.offset else b"") + state.data)
+        tail = tail[-launch.TAIL_MARK:]
+        fields.update(log_inode=inode, log_tail=tail.hex())
         self._save(new_offset, samples, events, now, end, fields)
         if stalled_for is not None and self.opts.on_stall == "dump" and not self.executor.schedules_gpus:
             # (on a cluster the job's processes are on its node, not where this would look)
@@ -232,7 +273,7 @@ class Watcher:
             # A fatal line or a stall while processes linger: stop them so the GPUs are freed.
             outcome = self.executor.kill(self.handle, self.opts.kill_grace_s)
             self.store.add_event(self.run_id, "stopped", f"process group: {outcome}")
-        self.offset = new_offset
+        self.offset, self.inode, self.tail = new_offset, inode, tail
         self.run = self.store.get_run(self.run_id)
         if end:
             return True
@@ -254,6 +295,15 @@ class Watcher:
         if state.node and state.node != self.run.node:
             fields["node"] = state.node
             events.append(("node", f"on {state.node}", None))
+
+    def _wrapper(self, state: launch.JobState, events: list[tuple[str, str, Any]]) -> None:
+        """Say once that the wrapper died while its job's process group runs on: the run stays running
+        (its GPUs are in use, and `cancel` still stops it), but its exit code will never be written."""
+        if state.wrapper or not state.alive or self._wrapper_gone:
+            return
+        self._wrapper_gone = True
+        if not any(e["kind"] == "wrapper" for e in self.store.events(self.run_id)):
+            events.append(("wrapper", "the wrapper is gone but the job's process group runs on", None))
 
     def _predict(self, p: LogParser, now: float, fields: dict[str, Any]) -> None:
         """Never sleep past the predicted finish: the bar's ETA, else the history of this model's loads."""
@@ -311,8 +361,7 @@ class Watcher:
             return Status.LOST, f"the run dir {self.paths.root} is gone from the host, and the process too", {
                 "phase": "failed"}
         if not state.alive:
-            why = "the process is gone and wrote no exit code (killed with its wrapper, OOM killer or reboot)"
-            return Status.LOST, why, {"phase": "failed"}
+            return Status.LOST, self._loss(), {"phase": "failed"}
         if err is not None and err.fatal:
             # A process that printed its own end usually exits a moment later: its exit code says more.
             # One that lingers (the other ranks of a TP job hang) is stopped after the grace.
@@ -323,6 +372,17 @@ class Watcher:
                 return None
             return Status.FAILED, f"fatal error in log: {_error_text(err)}", {}
         return None
+
+    def _loss(self) -> str:
+        """Why the job is gone without an exit code: a full disk, the OOM killer, or a SIGKILL or reboot."""
+        if self._wrapper_gone:
+            return "the wrapper was killed; the job's processes ran on without it and are gone now (no exit code)"
+        why = None
+        try:
+            why = self.executor.explain_loss(self.paths, self.handle)
+        except (Unreachable, RemoteError):
+            pass  # the host stopped answering just now: say what is known
+        return why or "the process is gone and wrote no exit code (killed with its wrapper, or the host rebooted)"
 
     def _save(self, new_offset: int, samples: list[Any], events: list[tuple[str, str, Any]], now: float,
               end: tuple[Status, str, dict[str, Any]] | None, fields: dict[str, Any]) -> None:

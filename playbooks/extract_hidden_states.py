@@ -81,6 +81,14 @@ class ExtractSpec(RunSpec):
             raise ValueError(f"not a version: {v!r}")
         return v
 
+    @field_validator("model", "dataset", "scripts_dir", "output_dir")
+    @classmethod
+    def _not_blank(cls, v: str | None) -> str | None:
+        # a blank path would pass as "given" and fail on the host after GPU cleanup (or mean the tiny model)
+        if v is not None and not v.strip():
+            raise ValueError("must not be empty (leave it out for the default)")
+        return v
+
     @field_validator("layers")
     @classmethod
     def _layers(cls, v: list[int] | None) -> list[int] | None:

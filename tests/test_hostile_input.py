@@ -207,3 +207,19 @@ def test_sweep_refs_that_only_look_numeric(tmp_path):
 def test_a_spec_file_that_is_a_directory(tmp_path):
     orch = Orch(tmp_path / "ws")
     one_line(orch("run", "command", "-f", str(tmp_path)), 2, "cannot read spec file")
+
+
+# empty paths -------------------------------------------------------------------------------------------
+SPECULATORS = {"backend": '"speculators"', "model": '"/data/m"', "dataset": '"/data/d"', "scripts_dir": '"/opt/s"'}
+
+
+@pytest.mark.parametrize("field, value", [("model", '""'), ("dataset", '"  "'), ("scripts_dir", '""'),
+                                          ("output_dir", '""')])
+def test_empty_paths_of_the_speculators_backend_are_refused_up_front(tmp_path, ssh_fleet, field, value):
+    remote = tmp_path / "remote"
+    orch = Orch(tmp_path / "ws", ssh_fleet.hosts_toml(test1={"workdir": str(remote)}))
+    spec = {**SPECULATORS, field: value}
+    (orch.root / "spec.toml").write_text("".join(f"{k} = {v}\n" for k, v in spec.items()))
+    one_line(orch("run", "extract-hidden-states", "--host", "test1", "-f", str(orch.root / "spec.toml")), 2,
+             field, "must not be empty")
+    assert not remote.exists() and no_runs(orch)

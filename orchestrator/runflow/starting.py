@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import lease, patching, registry
+from .. import lease, patching, registry, watching
 from ..controller import Controller
-from ..errors import OrchError, UsageError
+from ..errors import DatabaseUnavailable, OrchError, UsageError
 from ..executor import executor_for
 from ..hosts import Host
 from ..launch import RunPaths, job_script, launch_command
@@ -106,8 +106,14 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
             phase=None)
         lock.release()
         raise
-    transition(store, run_id, Status.RUNNING, f"{ctx.executor.describe((pid, pid_start))} on {host.name}", pid=pid,
-               pid_start=pid_start)
+    try:
+        transition(store, run_id, Status.RUNNING, f"{ctx.executor.describe((pid, pid_start))} on {host.name}",
+                   pid=pid, pid_start=pid_start)
+    except DatabaseUnavailable:
+        # the job runs but its record could not say so: a background watcher picks it up from its run dir
+        lock.release()
+        watching.spawn(ws, run_id)
+        raise
     return ctx
 
 

@@ -1,0 +1,284 @@
+"""Faults on the host side, with real parts: real sshd on loopback, real processes, pids recycled on
+purpose (ns_last_pid), a full disk (a tmpfs), rotated logs, a database locked or read-only."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+
+from orchestrator import registry, runflow
+from orchestrator.hosts import Host
+from orchestrator.store import Store
+from orchestrator.workspace import Workspace
+
+from orchtest import FAST, JOB, TESTS, Orch
+
+NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
+
+
+def alive(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_for(predicate, timeout: float = 20, step: float = 0.01) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(step)
+
+
+def recycle(pid: int, timeout: float = 10) -> subprocess.Popen:
+    """A new process with exactly this pid, leading a process group of its own (as a pid recycled by an
+    init that reaps at once would be): ns_last_pid makes the kernel hand it out next."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        NS_LAST_PID.write_text(str(pid - 1))
+        proc = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        if proc.pid == pid:
+            return proc
+        proc.kill()  # another fork took it first: try again
+        proc.wait()
+    raise AssertionError(f"pid {pid} could not be recycled")
+
+
+@pytest.fixture
+def orch(tmp_path, ssh_fleet) -> Orch:
+    overrides = {f"test{i}": {"workdir": str(tmp_path / f"remote{i}")} for i in (1, 2)}
+    return Orch(tmp_path / "ws", ssh_fleet.hosts_toml(**overrides))
+
+
+# --- 4: identity proved before every signal ----------------------------------------------------------
+
+
+# Runs as a process of its own that reaps orphans at once, as tini or systemd do (this machine's init
+# reaps late, so a dead pid would linger as a zombie and never be recycled in time).
+RECYCLE_SCENARIO = """
+import ctypes, os, signal, sys, threading, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from test_faults import alive, recycle, wait_for
+from orchestrator import launch
+from orchestrator.hosts import local_host
+from orchestrator.launch import RunPaths
+from orchestrator.remote import connect
+
+ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the job's processes are reaped here
+
+
+def reap():
+    while True:
+        try:
+            os.waitid(os.P_ALL, 0, os.WEXITED)
+        except ChildProcessError:
+            time.sleep(0.001)
+
+
+threading.Thread(target=reap, daemon=True).start()
+root = Path(sys.argv[1])
+transport = connect(local_host(root))
+# the job ignores SIGTERM (its wrapper does not): the group outlives its leader into the grace window
+pid, start = launch.launch(transport, RunPaths(str(root / "run")), launch.job_script("trap '' TERM; sleep 300", {}), "t4")
+wait_for(lambda: alive(pid))
+outcome = []
+killer = threading.Thread(target=lambda: outcome.append(launch.kill(transport, pid, start, grace_s=4)))
+killer.start()
+wait_for(lambda: not Path(f"/proc/{pid}").exists(), step=0.001)  # SIGTERM ended the wrapper; its job lingers
+os.killpg(pid, signal.SIGKILL)  # the job ends too, and the group's id is free again: recycled at once
+stranger = recycle(pid)
+killer.join(timeout=30)
+print(outcome[0], "survived" if alive(stranger.pid) else "signalled")
+stranger.kill()
+"""
+
+
+@pytest.mark.skipif(not os.access(NS_LAST_PID, os.W_OK), reason="needs to write ns_last_pid (root)")
+def test_a_pid_recycled_in_the_grace_window_is_never_signalled(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "-c", RECYCLE_SCENARIO, str(tmp_path), str(TESTS)], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["stopped", "survived"]
+
+
+# --- 10: the wrapper dies, its job runs on -----------------------------------------------------------
+
+
+def test_a_dead_wrapper_leaves_the_run_running_and_cancel_stops_its_group(orch: Orch) -> None:
+    res = orch("run", "command", "--host", "test1", "--detach", "--set", "cmd=sleep 300 & echo $! > child; wait",
+               *FAST, check=0)
+    run_id = int(res.stdout)
+    run_dir = Path(orch.status(run_id)["remote_dir"])
+    wait_for(lambda: (run_dir / "child").exists() and (run_dir / "child").read_text().strip())
+    child = int((run_dir / "child").read_text())
+    wrapper = int((run_dir / "pid").read_text().split()[0])
+    os.kill(wrapper, signal.SIGKILL)  # only the wrapper
+    wait_for(lambda: not alive(wrapper))
+    orch("status", "--refresh", str(run_id), check=0)
+    doc = orch.status(run_id)
+    assert doc["status"] == "running" and alive(child)
+    assert any(e["kind"] == "wrapper" for e in doc["events"])
+    # its lease still holds the host: the GPUs are still in use
+    busy = orch("run", "command", "--host", "test1", "--set", "cmd=true", *FAST)
+    assert busy.returncode == 1 and f"busy with run {run_id}" in busy.stderr
+    res = orch("cancel", str(run_id), "--grace", "2")
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: not alive(child), timeout=10)
+    assert orch.status(run_id)["status"] == "cancelled"
+
+
+# --- 8: a database locked past its busy timeout, or read-only ----------------------------------------
+
+
+def test_a_database_locked_past_its_busy_timeout_leaves_the_run_watched(tmp_path: Path, ssh_fleet) -> None:
+    ws = Workspace(root=tmp_path / "ws", hosts_file=tmp_path / "ws" / "hosts.toml")
+    store = Store(ws.db_path, busy_timeout_s=0.3)
+    host = Host(name="test1", **ssh_fleet.host_entry(1, workdir=str(tmp_path / "remote")))
+    pb = registry.playbook("command")
+    job = " ".join(shlex.quote(a) for a in (sys.executable, str(JOB), "--steps", "30", "--sleep", "0.1"))
+    ctx = runflow.start(ws, store, pb, pb.Spec(cmd=job, poll_min=0.05, poll_max=0.3), host)
+
+    def hold_the_lock() -> None:  # another process's transaction, ten times longer than the busy timeout
+        other = sqlite3.connect(ws.db_path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        time.sleep(3)
+        other.execute("COMMIT")
+        other.close()
+
+    locker = threading.Thread(target=hold_the_lock)
+    locker.start()
+    run = runflow.watch(ctx)
+    locker.join()
+    assert run.status == "succeeded" and run.progress and run.progress["done"] == 30
+    events = store.events(ctx.run_id)
+    assert any(e["kind"] == "database" and "nothing was lost" in e["message"] for e in events)
+    assert [e["message"] for e in events if e["kind"] == "phase"].count("running") <= 1  # read once
+
+
+@pytest.fixture
+def read_only_runs(tmp_path: Path):
+    """A workspace whose runs/ (the database's folder) is a read-only mount."""
+    orch = Orch(tmp_path / "ws")
+    runs = orch.root / "runs"
+    runs.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(runs)]).returncode != 0:
+        pytest.skip("needs mount (root)")
+    try:
+        orch("run", "command", "--set", "cmd=true", check=0)  # the database exists, with a run in it
+        subprocess.run(["mount", "-o", "remount,ro", str(runs)], check=True)
+        yield orch
+    finally:
+        subprocess.run(["umount", "-l", str(runs)], check=True)
+
+
+@pytest.mark.parametrize("args", [["status"], ["run", "command", "--set", "cmd=true"]])
+def test_a_read_only_database_is_one_line_at_once(read_only_runs: Orch, args: list[str]) -> None:
+    began = time.monotonic()
+    res = read_only_runs(*args)
+    assert time.monotonic() - began < 15
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert res.stderr.startswith("orch: ") and "cannot be written" in res.stderr
+
+
+# --- 15: a job script bigger than one command line ---------------------------------------------------
+
+
+def test_a_job_script_of_300_kib_is_uploaded_and_runs(orch: Orch) -> None:
+    body = "echo first\n" + "".join(f": line {i} {'x' * 90}\n" for i in range(3000)) + "echo last-line-ran\n"
+    assert len(body) > 300 << 10
+    spec = orch.root / "big.toml"
+    spec.write_text(f"cmd = '''\n{body}'''\n")
+    res = orch("run", "command", "--host", "test1", "-f", str(spec), *FAST)
+    assert res.returncode == 0, res.stderr
+    doc = orch.status(1)
+    assert doc["status"] == "succeeded"
+    assert "last-line-ran" in orch("logs", "1", "-n", "3", check=0).stdout
+    run_dir = Path(doc["remote_dir"])
+    assert body in (run_dir / "job.sh").read_text()
+    assert [p.name for p in run_dir.parent.iterdir()] == ["1"]  # the upload was moved into place
+
+
+# --- 17: log rotation by identity ---------------------------------------------------------------------
+
+# How each kind rotates the run's log, and how the job writes it: through the wrapper's file descriptor
+# (which follows the file wherever it is renamed), or by opening `log` anew for each line.
+ROTATIONS = {
+    "copytruncate": ("cp log log.1 && truncate -s 0 log", "echo"),
+    "rename, then the job reopens": ("mv log log.1", "to_log"),
+    "rename, create; the job keeps its file": ("mv log log.1 && : > log", "echo"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ROTATIONS))
+def test_a_rotated_log_loses_no_line(orch: Orch, tmp_path: Path, kind: str) -> None:
+    rotate, write = ROTATIONS[kind]
+    marker, go = tmp_path / "rotate-now", tmp_path / "go-on"
+    cmd = (f"to_log() {{ echo \"$@\" >> log; }}\n"
+           f"for i in $(seq 1 40); do {write} \"orch-metric n=$i\"; done\n"
+           f"touch {marker}; while [ ! -e {go} ]; do sleep 0.02; done\n"
+           f"for i in $(seq 41 80); do {write} \"orch-metric n=$i\"; done\n")
+    spec = orch.root / "rot.toml"
+    spec.write_text(f"cmd = '''\n{cmd}'''\npoll_min = 2\npoll_max = 2\n")
+    proc = orch.spawn("run", "command", "--host", "test1", "-f", str(spec))
+    try:
+        wait_for(marker.exists)
+        run_dir = Path(orch.status(1)["remote_dir"])
+        subprocess.run(["bash", "-c", rotate], cwd=run_dir, check=True)  # while the watcher holds its poll
+        go.touch()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        proc.kill()
+    doc = orch.status(1)
+    assert doc["status"] == "succeeded"
+    series = sqlite3.connect(orch.db).execute(
+        "SELECT value FROM metrics WHERE run_id = 1 AND name = 'n' ORDER BY id").fetchall()
+    assert [int(v) for (v,) in series] == list(range(1, 81))  # every line, once, in order
+
+
+# --- 18: what the host can say of a job gone without an exit code ------------------------------------
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path):
+    """A 1 MiB tmpfs, to be the host's workdir."""
+    where = tmp_path / "small"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)]).returncode != 0:
+        pytest.skip("needs mount (root)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+def test_a_full_disk_is_named_not_taken_for_the_oom_killer(tmp_path: Path, ssh_fleet, full_disk: Path) -> None:
+    orch = Orch(tmp_path / "ws", ssh_fleet.hosts_toml(test1={"workdir": str(full_disk)}))
+    res = orch("run", "command", "--host", "test1", "--set", "cmd=head -c 4M /dev/zero > fill; true", *FAST)
+    assert res.returncode == 1
+    doc = orch.status(1)
+    assert doc["status"] == "lost" and "disk" in doc["reason"] and "is full" in doc["reason"]
+    assert "OOM" not in doc["reason"]
+
+
+def test_a_sigkill_without_an_oom_line_is_not_called_oom(orch: Orch) -> None:
+    res = orch("run", "command", "--host", "test1", "--detach", "--set", "cmd=sleep 300", *FAST, check=0)
+    run_id = int(res.stdout)
+    run_dir = Path(orch.status(run_id)["remote_dir"])
+    wrapper = int((run_dir / "pid").read_text().split()[0])
+    os.killpg(wrapper, signal.SIGKILL)  # everything, by hand
+    assert orch("watch", str(run_id)).returncode == 1
+    doc = orch.status(run_id)
+    assert doc["status"] == "lost" and "SIGKILL" in doc["reason"] and "OOM" not in doc["reason"]
