@@ -35,6 +35,8 @@ class Host(BaseModel):
     poll_min: float | None = Field(default=None, gt=0)
     poll_max: float | None = Field(default=None, gt=0)
     connect_timeout: float = Field(default=10, gt=0)
+    # A run whose host has not answered for this long ends `lost` (its job may live on, unwatchable).
+    unreachable_give_up_s: float = Field(default=86400.0, gt=0)
     # A batch scheduler: jobs go through it (the address is its login node; none: this machine's).
     scheduler: Literal["slurm"] | None = None
     partition: str | None = None

@@ -47,6 +47,7 @@ class WatchOptions:
     on_stall: str = "warn"  # warn | kill | dump
     kill_grace_s: float = 10.0
     health: HealthCheck | None = None  # a server's endpoint, asked while it is ready; see health.py
+    give_up_s: float | None = None  # a host silent for this long: the run ends lost
 
 
 class PollWait(tenacity.wait.wait_base):
@@ -180,7 +181,10 @@ class Watcher:
             if isinstance(exc, RemoteError) and exc.remote_exit_code is not None:
                 raise  # the poll itself failed on the host: not a passing network fault
             # unreachable, or no answer in time (a link that went dark mid-call): try again later
-            self._note_unreachable(exc.reason if isinstance(exc, Unreachable) else str(exc))
+            reason = exc.reason if isinstance(exc, Unreachable) else str(exc)
+            self._note_unreachable(reason)
+            if self._given_up(reason):
+                return True
             self.sleep(hold)  # nothing to wait on over there: wait here
             return False
         if self.unreachable_since is not None:
@@ -204,6 +208,20 @@ class Watcher:
             now = self.clock()
             self.store.add_event(self.run_id, "unreachable", reason)  # first: a refused write is tried again
             self.unreachable_since = now
+
+    def _given_up(self, reason: str) -> bool:
+        """A host silent past the bound: the run ends lost, saying for how long and why."""
+        silent = self.clock() - (self.unreachable_since or self.clock())
+        if self.opts.give_up_s is None or silent < self.opts.give_up_s:
+            return False
+        try:
+            transition(self.store, self.run_id, Status.LOST,
+                       f"the host has not answered for {silent:.0f} s (unreachable_give_up_s): {reason}",
+                       phase="failed")
+        except TransitionError:
+            pass  # someone else ended it meanwhile
+        self.run = self.store.get_run(self.run_id)
+        return True
 
     def _record(self, state: launch.JobState) -> bool:
         p = self.parser

@@ -208,3 +208,19 @@ def test_a_link_gone_dark_mid_watch_is_noticed_within_30_s(tmp_path: Path, ssh_f
     link.link(True)
     doc = orch.wait_for(run_id, lambda d: event_time(d, "reconnected", "") is not None, timeout=60)
     orch("cancel", str(run_id), "--grace", "1", check=0)
+
+
+def test_a_host_that_never_comes_back_ends_the_run_lost(tmp_path: Path, ssh_fleet_restarts) -> None:
+    fleet = ssh_fleet_restarts
+    orch = Orch(tmp_path / "ws", fleet.hosts_toml(test2={"workdir": str(tmp_path / "r2"), "unreachable_give_up_s": 3}))
+    res = orch("run", "command", "--host", "test2", "--detach", "--set", "poll_min=0.2", "--set", "poll_max=1",
+               "--set", job_cmd("--steps", "600", "--sleep", "0.1"), check=0)
+    run_id = int(res.stdout)
+    doc = orch.wait_for(run_id, lambda d: d["progress"] is not None, timeout=60)
+    fleet.server(2).stop()
+    try:
+        doc = orch.wait_for(run_id, lambda d: d["status"] == "lost", timeout=90)
+        assert "has not answered for" in doc["reason"] and "unreachable_give_up_s" in doc["reason"]
+        assert event_time(doc, "unreachable", "") is not None
+    finally:
+        os.killpg(doc["pid"], signal.SIGKILL)  # the job lived on, out of reach

@@ -106,6 +106,7 @@ def watch_options(pb: Playbook[Any], spec: RunSpec, host: Host, until_ready: boo
         stall_factor=spec.stall_factor,
         on_stall=spec.on_stall,
         health=pb.health(spec, host),
+        give_up_s=host.unreachable_give_up_s,
     )
 
 
