@@ -254,3 +254,11 @@ def m012(db: Database) -> None:
     # index on one column also holds the rowid, so `WHERE host = ? ORDER BY id DESC LIMIT n` walks it.
     db["runs"].create_index(["host"])
     db["runs"].create_index(["playbook"])
+
+
+@migration("m013_run_labels")
+def m013(db: Database) -> None:
+    # What a person calls a run and what they note on it (`orch run --name/--tag/--note`, `orch tag`, `orch note`).
+    db["runs"].add_column("name", str)
+    db["runs"].add_column("tags", str)  # JSON list, filtered with json_each
+    db["runs"].add_column("note", str)

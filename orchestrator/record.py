@@ -39,7 +39,7 @@ ALLOWED: dict[Status, frozenset[Status]] = {
 
 
 # Columns stored as JSON text.
-JSON_FIELDS = ("spec", "parser_state", "progress", "error", "end_steps", "patches_applied")
+JSON_FIELDS = ("spec", "parser_state", "progress", "error", "end_steps", "patches_applied", "tags")
 
 
 @dataclass
@@ -75,6 +75,9 @@ class Run:
     unreadable: list[str] = field(default_factory=list)  # JSON columns found damaged (read as None)
     node: str | None = None  # a scheduler's: the job's node(s)
     queue_reason: str | None = None  # a scheduler's: why the job still waits in its queue
+    name: str | None = None  # a person's name for the run
+    tags: list[str] = field(default_factory=list)
+    note: str | None = None  # a person's notes, one a line
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Run:
@@ -84,7 +87,7 @@ class Run:
         values["stalled"] = bool(values.get("stalled"))
         for key in ("spec",):
             values[key] = values.get(key) or {}
-        for key in ("end_steps", "patches_applied", "unreadable"):
+        for key in ("end_steps", "patches_applied", "tags", "unreadable"):
             values[key] = list(values.get(key) or [])
         values["log_offset"] = values.get("log_offset") or 0
         return cls(**values)

@@ -82,7 +82,7 @@ def test_piped_output_is_never_cut_and_json_shapes(tmp_path):
     orch("run", "command", "--set", f"cmd={cmd}", *FAST, check=0)
     orch("run", "command", "--set", "cmd=false", *FAST)
     table = orch("status", check=0).stdout.splitlines()
-    assert len(table) == 3 and all(len(line.split("\t")) == 9 for line in table)
+    assert len(table) == 3 and all(len(line.split("\t")) == 10 for line in table)
     doc = orch.status(1)
     assert doc["created_at_iso"].endswith("+00:00") and abs(doc["created_at"] - time.time()) < 120
     assert isinstance(doc["duration_s"], float) and doc["events"][0]["ts_iso"]
@@ -170,3 +170,44 @@ def test_the_shipped_inventory_checks_out_of_the_box(tmp_path):
     orch.root, orch.env = ws, {**os.environ, "ORCH_HOME": str(ws), "COLUMNS": "200"}
     hosts = json.loads(orch("hosts", "--check", "--json", check=0).stdout)
     assert [(h["name"], h["ok"]) for h in hosts] == [("local", True)]
+
+
+def test_names_tags_and_notes_and_the_filters_on_them(tmp_path):
+    orch = Orch(tmp_path / "ws")
+    res = orch("run", "command", "--set", "cmd=true", "--name", "fp8 baseline", "--tag", "fp8", "--tag", "base",
+               "--tag", "fp8", "--note", "first try", *FAST)
+    assert res.returncode == 0, res.stderr
+    orch("run", "command", "--set", "cmd=true", *FAST, check=0)
+    doc = orch.status(1)
+    assert (doc["name"], doc["tags"], doc["note"]) == ("fp8 baseline", ["fp8", "base"], "first try")
+    assert orch.status(2)["tags"] == [] and orch.status(2)["name"] is None
+    rows = [line.split("\t") for line in orch("status", check=0).stdout.splitlines()]
+    assert rows[0][:3] == ["id", "name", "playbook"] and rows[2][:2] == ["1", "fp8 baseline"]
+    assert [d["id"] for d in json.loads(orch("status", "--tag", "fp8", "--json", check=0).stdout)] == [1]
+    # added later; a tag already there stays once
+    assert json.loads(orch("tag", "2", "fp8", "late", "--json", check=0).stdout)["tags"] == ["fp8", "late"]
+    orch("tag", "2", "late", check=0)
+    orch("note", "1", "second thought", check=0)
+    assert orch.status(1)["note"] == "first try\nsecond thought" and orch.status(2)["tags"] == ["fp8", "late"]
+    assert [d["id"] for d in json.loads(orch("status", "--tag", "fp8", "--json", check=0).stdout)] == [2, 1]
+    assert "note: second thought" in orch("status", "1", check=0).stdout
+    assert orch("tag", "9", "x").returncode == 2 and not (orch.root / "runs" / "9").exists()
+    # --rerun takes its own labels; a run's labels are not copied
+    assert json.loads(orch("rerun", "1", "--name", "again", "--detach", "--json").stdout)["name"] == "again"
+
+
+def test_status_filters_by_sweep_and_age(tmp_path):
+    import sqlite3
+
+    orch = Orch(tmp_path / "ws")
+    for _ in range(3):
+        orch("run", "command", "--set", "cmd=true", *FAST, check=0)
+    with sqlite3.connect(orch.db) as db:  # run 1 is three days old and run 2 belongs to a sweep
+        db.execute("UPDATE runs SET created_at = created_at - 3 * 86400 WHERE id = 1")
+        db.execute("UPDATE runs SET sweep_id = 5 WHERE id = 2")
+    ids = lambda *args: [d["id"] for d in json.loads(orch("status", *args, "--json", check=0).stdout)]
+    assert ids("--since", "2h") == [3, 2] and ids("--since", "4d") == [3, 2, 1]
+    assert ids("--sweep", "5") == [2] and ids("--sweep", "5", "--since", "1h") == [2] and ids("--sweep", "6") == []
+    limited = orch("status", "--since", "1d", "-n", "1", check=0)
+    assert "showing 1 of 2 runs" in limited.stderr
+    assert orch("status", "--since", "yesterday").returncode == 2
