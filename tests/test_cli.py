@@ -211,3 +211,47 @@ def test_status_filters_by_sweep_and_age(tmp_path):
     limited = orch("status", "--since", "1d", "-n", "1", check=0)
     assert "showing 1 of 2 runs" in limited.stderr
     assert orch("status", "--since", "yesterday").returncode == 2
+
+
+def test_logs_all_and_pull_copy_the_whole_run_dir(orch, tmp_path):
+    # a log of several chunks, with bytes that are no UTF-8
+    cmd = "cmd=head -c 2500000 /dev/zero | tr '\\0' x; printf '\\n\\377\\376 end\\n'; echo out > result.txt"
+    assert orch("run", "command", "--host", "test1", "--set", cmd, *FAST).returncode == 0
+    remote = tmp_path / "remote1" / "runs" / "1"
+    res = subprocess.run([sys.executable, "-m", "orchestrator", "logs", "1", "--all"], env=orch.env,
+                         capture_output=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == (remote / "log").read_bytes() and len(res.stdout) > 2_500_000
+    assert res.stdout.endswith(b"\n\xff\xfe end\n")
+    pulled = orch("pull", "1", "--json")
+    assert pulled.returncode == 0, pulled.stderr
+    doc = json.loads(pulled.stdout)
+    into = orch.root / "runs" / "1" / "pulled"
+    assert doc["to"] == str(into) and doc["files"] == len([p for p in remote.rglob("*") if p.is_file()])
+    assert (into / "log").read_bytes() == (remote / "log").read_bytes()
+    assert (into / "result.txt").read_text() == "out\n"
+    too_big = orch("pull", "1", "--to", str(tmp_path / "small"), "--max-size", "1M")
+    assert too_big.returncode == 2 and "more than --max-size 1.0 MiB" in too_big.stderr
+    assert not (tmp_path / "small").exists()
+    elsewhere = orch("pull", "1", "--to", str(tmp_path / "mine"), check=0)
+    assert elsewhere.stdout.strip() == str(tmp_path / "mine") and (tmp_path / "mine" / "result.txt").is_file()
+
+
+def test_ssh_opens_the_run_dir_on_its_host(orch, tmp_path, ssh_fleet):
+    import shlex
+
+    assert orch("run", "command", "--host", "test1", "--set", "cmd=echo hi > mark", *FAST).returncode == 0
+    entry = ssh_fleet.host_entry(1)
+    remote = tmp_path / "remote1" / "runs" / "1"
+    printed = orch("ssh", "1", "--print", check=0).stdout.strip()
+    assert shlex.split(printed) == [
+        "ssh", "-t", "-p", str(entry["port"]), "-i", entry["identity_file"],
+        "-o", f'UserKnownHostsFile=~/.ssh/known_hosts "{entry["known_hosts"]}"', "-o", "ConnectTimeout=10",
+        "--", f"{entry['user']}@{entry['address']}", f"cd {shlex.quote(str(remote))} && exec $SHELL -l"]
+    there = orch("ssh", "1", "--command", "pwd; cat mark")
+    assert there.returncode == 0, there.stderr
+    assert there.stdout.splitlines() == [str(remote), "hi"]
+    local = orch("run", "command", "--set", "cmd=true", *FAST, check=0)
+    assert local.returncode == 0
+    on_here = orch("ssh", "2", "--print")
+    assert on_here.returncode == 2 and f"cd {orch.root / 'runs' / '2'}" in on_here.stderr

@@ -310,10 +310,11 @@ def _label(run_id: str, as_json: bool, **labels: Any) -> None:
         err.print(f"run {run.id}: tags {', '.join(run.tags) or '-'}; {notes} note line(s)")
 
 
-@app.command(epilog="Examples:\n\n  orch logs 7 -n 200\n\n  orch logs 7 -f")
+@app.command(epilog="Examples:\n\n  orch logs 7 -n 200\n\n  orch logs 7 -f\n\n  orch logs 7 --all > run7.log")
 def logs(
     run_id: str = typer.Argument(..., metavar="ID"),
     lines: int = typer.Option(40, "-n", "--lines", metavar="N"),
+    whole: bool = typer.Option(False, "--all", help="the whole log from the host, streamed"),
     follow: bool = typer.Option(False, "-f", "--follow", help="print new lines as they come, until the job ends"),
     as_json: bool = typer.Option(False, "--json", help="{run_id, source, note, lines}"),
 ) -> None:
@@ -324,6 +325,9 @@ def logs(
     ws = workspace()
     store = read_store(ws)
     rid = parse_run_id(run_id)
+    if whole:
+        _whole_log(runflow.open_run(ws, store, rid, inventory(ws), any_spec=True))
+        return
     found = runflow.read_log(ws, store, rid, lines, inventory(ws))
     if found.fallback:
         err.print(f"orch: {found.fallback}")
@@ -345,6 +349,65 @@ def logs(
             sys.stdout.flush()
 
         runflow.follow_log(runflow.open_run(ws, store, rid, inventory(ws)), write)
+
+
+def _whole_log(ctx: Any) -> None:
+    from ..logparse.text import TerminalText
+    from ..runflow import fetching
+
+    screen = TerminalText() if sys.stdout.isatty() else None  # as `logs -f`: a terminal gets it made safe
+
+    def write(data: bytes) -> None:
+        if screen is not None:
+            sys.stdout.write(screen.feed(data))
+        else:
+            sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+
+    fetching.stream_log(ctx, write)
+
+
+@app.command(epilog="Examples:\n\n  orch pull 7\n\n  orch pull 7 --to results/run7 --max-size 4G")
+def pull(run_id: str = typer.Argument(..., metavar="ID"),
+         to: Path | None = typer.Option(None, "--to", metavar="DIR", help="default: runs/<id>/pulled"),
+         max_size: str = typer.Option("1G", "--max-size", metavar="SIZE", help="copy nothing above this (512M, 2G)"),
+         as_json: bool = typer.Option(False, "--json", help="{id, to, files, bytes}")) -> None:
+    """Copy a run's remote dir (its log, outputs manifest and what the job left there) here."""
+    from .. import runflow
+    from ..runflow import fetching
+
+    ws = workspace()
+    store = read_store(ws)
+    ctx = runflow.open_run(ws, store, parse_run_id(run_id), inventory(ws), any_spec=True)
+    limit = fetching.parse_size(max_size)
+    done = fetching.pull(ctx, to or ws.runs_dir / str(ctx.run_id) / "pulled", limit)
+    if as_json:
+        emit_json({"id": ctx.run_id, "to": str(done.to), "files": done.files, "bytes": done.size})
+    else:
+        err.print(f"run {ctx.run_id}: {done.files} files, {done.size} bytes from {ctx.host.name}:{ctx.paths.root}")
+        out.print(str(done.to))
+
+
+@app.command(epilog="Examples:\n\n  orch ssh 7\n\n  orch ssh 7 --print\n\n  orch ssh 7 --command 'ls -l'")
+def ssh(run_id: str = typer.Argument(..., metavar="ID"),
+        show: bool = typer.Option(False, "--print", help="print the ssh command instead of running it"),
+        command: str | None = typer.Option(None, "--command", "-c", metavar="CMD",
+                                           help="run CMD in the run dir instead of a shell")) -> None:
+    """Open a login shell on the run's host, in its run dir."""
+    import os
+
+    from ..runflow import fetching
+
+    ws = workspace()
+    run = read_store(ws).get_run(parse_run_id(run_id))
+    if not run.remote_dir:
+        raise UsageError(f"run {run.id} has no run dir: it never reached its host")
+    argv = fetching.ssh_command(inventory(ws).get(run.host), run.remote_dir, command)
+    if show:
+        out.print(fetching.shell_line(argv))
+        return
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)  # the shell is the person's now: ssh's exit status is ours
 
 
 @app.command()
