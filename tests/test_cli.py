@@ -117,6 +117,13 @@ def test_logs_fall_back_to_the_local_tail_when_the_host_is_down(orch, ssh_fleet_
     doc = json.loads(down.stdout)
     assert doc["source"] == "local" and doc["lines"] == ["from-the-job"]
     assert "connection refused at 127.0.0." in doc["note"] and "log.tail" in doc["note"]
+    assert "attempt" not in down.stderr  # under --json stderr keeps to the one note
+    # without --json each retry says what failed and which attempt it was
+    plain = orch("logs", "1")
+    retries = [line for line in plain.stderr.splitlines() if "retrying in" in line]
+    assert [line.split("(attempt ")[1].split(")")[0] for line in retries] == ["1 of 4", "2 of 4", "3 of 4"]
+    assert all(line.startswith("orch: ") and "connection refused at 127.0.0." in line for line in retries)
+    assert plain.stdout == "from-the-job\n"
 
 
 def test_rerun_rm_and_gc(orch, tmp_path):
