@@ -262,3 +262,12 @@ def test_ssh_opens_the_run_dir_on_its_host(orch, tmp_path, ssh_fleet):
     assert local.returncode == 0
     on_here = orch("ssh", "2", "--print")
     assert on_here.returncode == 2 and f"cd {orch.root / 'runs' / '2'}" in on_here.stderr
+
+
+def test_patch_status_keeps_to_runs_in_the_workspace(tmp_path):
+    orch = Orch(tmp_path / "ws")
+    res = orch("patch", "status", "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == []
+    assert sorted(os.listdir(orch.root)) == ["hosts.toml", "runs"]
+    assert [p.name for p in (orch.root / "runs" / "patcher").iterdir()][0].startswith("patcher-")
