@@ -262,3 +262,11 @@ def m013(db: Database) -> None:
     # a log truncated and grown past the offset again by its content, not by its size.
     db["runs"].add_column("log_inode", int)
     db["runs"].add_column("log_tail", str)
+
+
+@migration("m014_run_labels")
+def m014(db: Database) -> None:
+    # What a person calls a run and what they note on it (`orch run --name/--tag/--note`, `orch tag`, `orch note`).
+    db["runs"].add_column("name", str)
+    db["runs"].add_column("tags", str)  # JSON list, filtered with json_each
+    db["runs"].add_column("note", str)

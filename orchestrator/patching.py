@@ -38,8 +38,10 @@ from .patchset import NAME_PATTERN, PatchError, PatchSet, load, missing_flags, s
 from .remote import Transport, quote
 from .store import Store
 
-# Where, under the host's workdir, the patcher script and the per-set state live.
-REMOTE_DIR = "patches"
+# Where, under the host's workdir, the patcher script and the per-set state live. The script is orch's
+# own file, so it sits under runs/ (on the local host the workdir is the workspace, whose root is the
+# user's); the state stays where hosts already keep it, since a revert must find what an apply left.
+REMOTE_DIR = "runs/patcher"
 STATE_DIR = "patches/state"
 # The patcher's exit status when its script is not on the host yet (it is then uploaded, once).
 SCRIPT_MISSING = 97

@@ -39,7 +39,7 @@ ALLOWED: dict[Status, frozenset[Status]] = {
 
 
 # Columns stored as JSON text.
-JSON_FIELDS = ("spec", "parser_state", "progress", "error", "end_steps", "patches_applied")
+JSON_FIELDS = ("spec", "parser_state", "progress", "error", "end_steps", "patches_applied", "tags")
 
 
 @dataclass
@@ -77,6 +77,9 @@ class Run:
     queue_reason: str | None = None  # a scheduler's: why the job still waits in its queue
     log_inode: int | None = None  # the inode of the log file `log_offset` is in
     log_tail: str | None = None  # the log's last bytes before `log_offset`, hex
+    name: str | None = None  # a person's name for the run
+    tags: list[str] = field(default_factory=list)
+    note: str | None = None  # a person's notes, one a line
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Run:
@@ -86,7 +89,7 @@ class Run:
         values["stalled"] = bool(values.get("stalled"))
         for key in ("spec",):
             values[key] = values.get(key) or {}
-        for key in ("end_steps", "patches_applied", "unreadable"):
+        for key in ("end_steps", "patches_applied", "tags", "unreadable"):
             values[key] = list(values.get(key) or [])
         values["log_offset"] = values.get("log_offset") or 0
         return cls(**values)

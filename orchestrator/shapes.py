@@ -49,6 +49,9 @@ def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, 
     error = run.error
     doc = {
         "id": run.id,
+        "name": run.name,
+        "tags": run.tags,
+        "note": run.note,
         "playbook": run.playbook,
         "host": run.host,
         "status": run.status.value,

@@ -67,13 +67,28 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, Unreachable) and not isinstance(exc, (HostKeyError, _ConnectionLost))
 
 
-def ssh_retry(sleep: Callable[[float], None] = time.sleep, attempts: int = 4) -> tenacity.Retrying:
+ATTEMPTS = 4
+# Told of each retry in words (what failed, attempt N of M, the wait); the CLI points it at stderr, except
+# under --json. None: retries are silent (a background watcher, the library in tests).
+retry_notice: Callable[[str], None] | None = None
+
+
+def _tell_retry(state: tenacity.RetryCallState, attempts: int) -> None:
+    if retry_notice is None or state.outcome is None:
+        return
+    wait = state.next_action.sleep if state.next_action else 0
+    retry_notice(f"{state.outcome.exception()} (attempt {state.attempt_number} of {attempts}); "
+                 f"retrying in {wait:.1f} s")
+
+
+def ssh_retry(sleep: Callable[[float], None] = time.sleep, attempts: int = ATTEMPTS) -> tenacity.Retrying:
     """The retry policy for SSH calls: a few quick reconnects for refused/reset/timed-out connections."""
     return tenacity.Retrying(
         retry=tenacity.retry_if_exception(_is_transient),
         stop=tenacity.stop_after_attempt(attempts),
         wait=tenacity.wait_exponential(multiplier=0.5, max=8),
         sleep=sleep,
+        before_sleep=lambda state: _tell_retry(state, attempts),
         reraise=True,
     )
 

@@ -197,29 +197,49 @@ class Store:
         return self._cols
 
     def list_runs(self, *, limit: int = 50, statuses: Iterable[str] | None = None, host: str | None = None,
-                  playbook: str | None = None) -> list[Run]:
-        where, args = self._run_filter(statuses, host, playbook)
+                  playbook: str | None = None, tag: str | None = None, sweep_id: int | None = None,
+                  since: float | None = None) -> list[Run]:
+        where, args = self._run_filter(statuses, host, playbook, tag, sweep_id, since)
         rows = self.conn.execute(f"SELECT * FROM runs{where} ORDER BY id DESC LIMIT ?", [*args, limit])
         return [self._decode(r) for r in rows]
 
     def count_runs(self, *, statuses: Iterable[str] | None = None, host: str | None = None,
-                   playbook: str | None = None) -> int:
-        where, args = self._run_filter(statuses, host, playbook)
+                   playbook: str | None = None, tag: str | None = None, sweep_id: int | None = None,
+                   since: float | None = None) -> int:
+        where, args = self._run_filter(statuses, host, playbook, tag, sweep_id, since)
         return int(self.conn.execute(f"SELECT COUNT(*) FROM runs{where}", args).fetchone()[0])
 
     @staticmethod
-    def _run_filter(statuses: Iterable[str] | None, host: str | None, playbook: str | None) -> tuple[str, list[Any]]:
+    def _run_filter(statuses: Iterable[str] | None, host: str | None, playbook: str | None, tag: str | None,
+                    sweep_id: int | None, since: float | None) -> tuple[str, list[Any]]:
+        """A WHERE clause for the filters given (each one ANDed); `since` is epoch seconds of creation."""
         clauses: list[str] = []
         args: list[Any] = []
         if statuses is not None:
             statuses = list(statuses)
             clauses.append(f"status IN ({','.join('?' * len(statuses))})")
             args += statuses
-        for column, value in (("host", host), ("playbook", playbook)):
+        for column, value in (("host", host), ("playbook", playbook), ("sweep_id", sweep_id)):
             if value is not None:
                 clauses.append(f"{column} = ?")
                 args.append(value)
+        if since is not None:
+            clauses.append("created_at >= ?")
+            args.append(since)
+        if tag is not None:
+            clauses.append("EXISTS (SELECT 1 FROM json_each(runs.tags) WHERE value = ?)")
+            args.append(tag)
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
+
+    def label_run(self, run_id: int, *, tags: Iterable[str] = (), note: str | None = None) -> Run:
+        """Add tags (each once) and a note line to a run; the run as it is then."""
+        with self.tx():
+            run = self.get_run(run_id)
+            fields: dict[str, Any] = {"tags": run.tags + [t for t in dict.fromkeys(tags) if t not in run.tags]}
+            if note:
+                fields["note"] = f"{run.note}\n{note}" if run.note else note
+            self.update_run(run_id, **fields)
+            return self.get_run(run_id)
 
     def update_run(self, run_id: int, **fields: Any) -> None:
         if not fields:

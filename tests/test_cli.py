@@ -82,7 +82,7 @@ def test_piped_output_is_never_cut_and_json_shapes(tmp_path):
     orch("run", "command", "--set", f"cmd={cmd}", *FAST, check=0)
     orch("run", "command", "--set", "cmd=false", *FAST)
     table = orch("status", check=0).stdout.splitlines()
-    assert len(table) == 3 and all(len(line.split("\t")) == 9 for line in table)
+    assert len(table) == 3 and all(len(line.split("\t")) == 10 for line in table)
     doc = orch.status(1)
     assert doc["created_at_iso"].endswith("+00:00") and abs(doc["created_at"] - time.time()) < 120
     assert isinstance(doc["duration_s"], float) and doc["events"][0]["ts_iso"]
@@ -117,6 +117,13 @@ def test_logs_fall_back_to_the_local_tail_when_the_host_is_down(orch, ssh_fleet_
     doc = json.loads(down.stdout)
     assert doc["source"] == "local" and doc["lines"] == ["from-the-job"]
     assert "connection refused at 127.0.0." in doc["note"] and "log.tail" in doc["note"]
+    assert "attempt" not in down.stderr  # under --json stderr keeps to the one note
+    # without --json each retry says what failed and which attempt it was
+    plain = orch("logs", "1")
+    retries = [line for line in plain.stderr.splitlines() if "retrying in" in line]
+    assert [line.split("(attempt ")[1].split(")")[0] for line in retries] == ["1 of 4", "2 of 4", "3 of 4"]
+    assert all(line.startswith("orch: ") and "connection refused at 127.0.0." in line for line in retries)
+    assert plain.stdout == "from-the-job\n"
 
 
 def test_rerun_rm_and_gc(orch, tmp_path):
@@ -170,3 +177,97 @@ def test_the_shipped_inventory_checks_out_of_the_box(tmp_path):
     orch.root, orch.env = ws, {**os.environ, "ORCH_HOME": str(ws), "COLUMNS": "200"}
     hosts = json.loads(orch("hosts", "--check", "--json", check=0).stdout)
     assert [(h["name"], h["ok"]) for h in hosts] == [("local", True)]
+
+
+def test_names_tags_and_notes_and_the_filters_on_them(tmp_path):
+    orch = Orch(tmp_path / "ws")
+    res = orch("run", "command", "--set", "cmd=true", "--name", "fp8 baseline", "--tag", "fp8", "--tag", "base",
+               "--tag", "fp8", "--note", "first try", *FAST)
+    assert res.returncode == 0, res.stderr
+    orch("run", "command", "--set", "cmd=true", *FAST, check=0)
+    doc = orch.status(1)
+    assert (doc["name"], doc["tags"], doc["note"]) == ("fp8 baseline", ["fp8", "base"], "first try")
+    assert orch.status(2)["tags"] == [] and orch.status(2)["name"] is None
+    rows = [line.split("\t") for line in orch("status", check=0).stdout.splitlines()]
+    assert rows[0][:3] == ["id", "name", "playbook"] and rows[2][:2] == ["1", "fp8 baseline"]
+    assert [d["id"] for d in json.loads(orch("status", "--tag", "fp8", "--json", check=0).stdout)] == [1]
+    # added later; a tag already there stays once
+    assert json.loads(orch("tag", "2", "fp8", "late", "--json", check=0).stdout)["tags"] == ["fp8", "late"]
+    orch("tag", "2", "late", check=0)
+    orch("note", "1", "second thought", check=0)
+    assert orch.status(1)["note"] == "first try\nsecond thought" and orch.status(2)["tags"] == ["fp8", "late"]
+    assert [d["id"] for d in json.loads(orch("status", "--tag", "fp8", "--json", check=0).stdout)] == [2, 1]
+    assert "note: second thought" in orch("status", "1", check=0).stdout
+    assert orch("tag", "9", "x").returncode == 2 and not (orch.root / "runs" / "9").exists()
+    # --rerun takes its own labels; a run's labels are not copied
+    assert json.loads(orch("rerun", "1", "--name", "again", "--detach", "--json").stdout)["name"] == "again"
+
+
+def test_status_filters_by_sweep_and_age(tmp_path):
+    import sqlite3
+
+    orch = Orch(tmp_path / "ws")
+    for _ in range(3):
+        orch("run", "command", "--set", "cmd=true", *FAST, check=0)
+    with sqlite3.connect(orch.db) as db:  # run 1 is three days old and run 2 belongs to a sweep
+        db.execute("UPDATE runs SET created_at = created_at - 3 * 86400 WHERE id = 1")
+        db.execute("UPDATE runs SET sweep_id = 5 WHERE id = 2")
+    ids = lambda *args: [d["id"] for d in json.loads(orch("status", *args, "--json", check=0).stdout)]
+    assert ids("--since", "2h") == [3, 2] and ids("--since", "4d") == [3, 2, 1]
+    assert ids("--sweep", "5") == [2] and ids("--sweep", "5", "--since", "1h") == [2] and ids("--sweep", "6") == []
+    limited = orch("status", "--since", "1d", "-n", "1", check=0)
+    assert "showing 1 of 2 runs" in limited.stderr
+    assert orch("status", "--since", "yesterday").returncode == 2
+
+
+def test_logs_all_and_pull_copy_the_whole_run_dir(orch, tmp_path):
+    # a log of several chunks, with bytes that are no UTF-8
+    cmd = "cmd=head -c 2500000 /dev/zero | tr '\\0' x; printf '\\n\\377\\376 end\\n'; echo out > result.txt"
+    assert orch("run", "command", "--host", "test1", "--set", cmd, *FAST).returncode == 0
+    remote = tmp_path / "remote1" / "runs" / "1"
+    res = subprocess.run([sys.executable, "-m", "orchestrator", "logs", "1", "--all"], env=orch.env,
+                         capture_output=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == (remote / "log").read_bytes() and len(res.stdout) > 2_500_000
+    assert res.stdout.endswith(b"\n\xff\xfe end\n")
+    pulled = orch("pull", "1", "--json")
+    assert pulled.returncode == 0, pulled.stderr
+    doc = json.loads(pulled.stdout)
+    into = orch.root / "runs" / "1" / "pulled"
+    assert doc["to"] == str(into) and doc["files"] == len([p for p in remote.rglob("*") if p.is_file()])
+    assert (into / "log").read_bytes() == (remote / "log").read_bytes()
+    assert (into / "result.txt").read_text() == "out\n"
+    too_big = orch("pull", "1", "--to", str(tmp_path / "small"), "--max-size", "1M")
+    assert too_big.returncode == 2 and "more than --max-size 1.0 MiB" in too_big.stderr
+    assert not (tmp_path / "small").exists()
+    elsewhere = orch("pull", "1", "--to", str(tmp_path / "mine"), check=0)
+    assert elsewhere.stdout.strip() == str(tmp_path / "mine") and (tmp_path / "mine" / "result.txt").is_file()
+
+
+def test_ssh_opens_the_run_dir_on_its_host(orch, tmp_path, ssh_fleet):
+    import shlex
+
+    assert orch("run", "command", "--host", "test1", "--set", "cmd=echo hi > mark", *FAST).returncode == 0
+    entry = ssh_fleet.host_entry(1)
+    remote = tmp_path / "remote1" / "runs" / "1"
+    printed = orch("ssh", "1", "--print", check=0).stdout.strip()
+    assert shlex.split(printed) == [
+        "ssh", "-t", "-p", str(entry["port"]), "-i", entry["identity_file"],
+        "-o", f'UserKnownHostsFile=~/.ssh/known_hosts "{entry["known_hosts"]}"', "-o", "ConnectTimeout=10",
+        "--", f"{entry['user']}@{entry['address']}", f"cd {shlex.quote(str(remote))} && exec $SHELL -l"]
+    there = orch("ssh", "1", "--command", "pwd; cat mark")
+    assert there.returncode == 0, there.stderr
+    assert there.stdout.splitlines() == [str(remote), "hi"]
+    local = orch("run", "command", "--set", "cmd=true", *FAST, check=0)
+    assert local.returncode == 0
+    on_here = orch("ssh", "2", "--print")
+    assert on_here.returncode == 2 and f"cd {orch.root / 'runs' / '2'}" in on_here.stderr
+
+
+def test_patch_status_keeps_to_runs_in_the_workspace(tmp_path):
+    orch = Orch(tmp_path / "ws")
+    res = orch("patch", "status", "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == []
+    assert sorted(os.listdir(orch.root)) == ["hosts.toml", "runs"]
+    assert [p.name for p in (orch.root / "runs" / "patcher").iterdir()][0].startswith("patcher-")

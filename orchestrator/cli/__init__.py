@@ -8,7 +8,7 @@ import typer
 
 from ..errors import OrchError
 from . import catalog, dashboard, hosts, inspect, patches, runs, sweeps  # noqa: F401 - each registers its commands
-from .app import app
+from .app import State, app
 from .render import err
 
 
@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     become one message without a traceback; anything else is a bug and keeps its traceback.
     """
     command = typer.main.get_command(app)
+    State.quiet_retries = "--json" in (sys.argv[1:] if argv is None else argv)
     try:
         command.main(args=argv, prog_name="orch", standalone_mode=True)
     except OrchError as exc:

@@ -40,6 +40,7 @@ TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-
 
 class State:
     hosts_file: Path | None = None
+    quiet_retries = False  # --json: stderr carries no retry lines (stdout is the document)
 
 
 def _version(value: bool) -> None:
@@ -80,8 +81,11 @@ def no_runs_note(ws: Workspace) -> None:
 
 
 def inventory(ws: Workspace) -> Inventory:
+    from .. import ssh
     from ..hosts import Inventory  # pydantic: only for the commands that need hosts
 
+    if not State.quiet_retries:  # every command that reaches a host comes through here
+        ssh.retry_notice = lambda line: err.print(f"orch: {line}")
     return Inventory.load(ws.hosts_file, ws.root)
 
 

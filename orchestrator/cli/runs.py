@@ -1,4 +1,4 @@
-"""Commands on runs: run, rerun, watch, status, logs, cancel, stop, rm, gc."""
+"""Commands on runs: run, rerun, watch, status, note, tag, logs, pull, ssh, cancel, stop, rm, gc."""
 
 from __future__ import annotations
 
@@ -40,13 +40,17 @@ def run(
     queue: bool = typer.Option(False, "--queue", help="wait while the host (or GPU set) is busy"),
     replace: bool = typer.Option(False, "--replace", help="stop the orch run holding the host (or GPU set) first"),
     as_json: bool = typer.Option(False, "--json", help="the end-of-run summary (or the launch) as JSON"),
+    name: str | None = typer.Option(None, "--name", metavar="NAME", help="a name for the run, shown by status"),
+    tags: list[str] = typer.Option([], "--tag", metavar="TAG", help="a tag on the run (repeatable)"),
+    note: str | None = typer.Option(None, "--note", metavar="TEXT", help="a note on the run"),
 ) -> None:
     """Run a playbook on a host and watch it to the end."""
     from .. import registry
     from .. import spec as specmod
 
     pb = registry.playbook(playbook)
-    _start(pb, specmod.load(pb.Spec, file, sets), host, detach, dry_run, until_ready, queue, replace, as_json)
+    _start(pb, specmod.load(pb.Spec, file, sets), host, detach, dry_run, until_ready, queue, replace, as_json,
+           _labels(name, tags, note))
 
 
 @app.command(epilog="Example:\n\n  orch rerun 7 --set batch_size=8 --host gpu02")
@@ -60,6 +64,9 @@ def rerun(
     queue: bool = typer.Option(False, "--queue", help="wait while the host (or GPU set) is busy"),
     replace: bool = typer.Option(False, "--replace", help="stop the orch run holding the host (or GPU set) first"),
     as_json: bool = typer.Option(False, "--json", help="the end-of-run summary (or the launch) as JSON"),
+    name: str | None = typer.Option(None, "--name", metavar="NAME", help="a name for the run, shown by status"),
+    tags: list[str] = typer.Option([], "--tag", metavar="TAG", help="a tag on the run (repeatable)"),
+    note: str | None = typer.Option(None, "--note", metavar="TEXT", help="a note on the run"),
 ) -> None:
     """Run a run's playbook again with its spec, changed by --set."""
     from .. import registry
@@ -68,11 +75,18 @@ def rerun(
     old = read_store(workspace()).get_run(parse_run_id(run_id))
     pb = registry.playbook(old.playbook)
     spec = specmod.build(pb.Spec, specmod.merge_sets(old.spec, sets, pb.Spec), source=f"spec of run {old.id}")
-    _start(pb, spec, host or old.host, detach, dry_run, until_ready, queue, replace, as_json)
+    _start(pb, spec, host or old.host, detach, dry_run, until_ready, queue, replace, as_json,
+           _labels(name, tags, note))
+
+
+def _labels(name: str | None, tags: list[str], note: str | None) -> dict[str, Any]:
+    """The run's own columns for a name, tags and a note (what was given)."""
+    fields: dict[str, Any] = {"name": name, "tags": list(dict.fromkeys(tags)) or None, "note": note}
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_ready: bool, queue: bool,
-           replace: bool, as_json: bool) -> None:
+           replace: bool, as_json: bool, labels: dict[str, Any]) -> None:
     from .. import runflow
 
     ws = workspace()
@@ -88,7 +102,8 @@ def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_rea
             err.print(f"waiting: {busy}".removesuffix("; --queue waits"))
             waited.append(str(busy))
 
-    ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait, replace=replace)
+    ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait, replace=replace,
+                        run_fields=labels)
     job = ctx.executor.describe((ctx.run.pid or 0, ctx.run.pid_start or ""))
     err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, {job} in {ctx.paths.root}")
     if detach:
@@ -171,6 +186,10 @@ STATUS_EXAMPLES = """Examples:
 
   orch status --status running --host gpu01
 
+  orch status --tag baseline --since 3d
+
+  orch status --sweep 4
+
   orch status 7 --json
 """
 
@@ -184,6 +203,9 @@ def status(
     statuses: list[Status] = typer.Option([], "--status", help="only runs in this status (repeatable)"),
     host: str | None = typer.Option(None, "--host", "-H", metavar="HOST", help="only runs on this host"),
     playbook: str | None = typer.Option(None, "--playbook", metavar="PLAYBOOK", help="only runs of this playbook"),
+    tag: str | None = typer.Option(None, "--tag", metavar="TAG", help="only runs with this tag"),
+    sweep: int | None = typer.Option(None, "--sweep", metavar="ID", help="only runs of this sweep"),
+    since: str | None = typer.Option(None, "--since", metavar="AGE", help="only runs created within AGE (2h, 3d)"),
     timeout: float = typer.Option(30.0, metavar="SECONDS", help="seconds per host for --refresh"),
 ) -> None:
     """Show runs, newest first, or one run in full."""
@@ -200,7 +222,9 @@ def status(
         doc = run_document(store, store.get_run(parse_run_id(run_id)))
         emit_json(doc) if as_json else _print_run(doc)
         return
-    filters: dict[str, Any] = {"statuses": [s.value for s in statuses] or None, "host": host, "playbook": playbook}
+    filters: dict[str, Any] = {"statuses": [s.value for s in statuses] or None, "host": host, "playbook": playbook,
+                               "tag": tag, "sweep_id": sweep,
+                               "since": time.time() - _seconds(since) if since is not None else None}
     runs = store.list_runs(limit=limit, **filters)
     if not runs:
         no_runs_note(ws)
@@ -223,14 +247,19 @@ def status(
         # how fresh an active row is: when its watcher last heard from the host
         run = by_id[doc["id"]]
         seen = age(now - run.heartbeat) + " ago" if run.heartbeat and not run.status.terminal else ""
-        rows.append([doc["id"], doc["playbook"], doc["host"], doc["status"] + (" (stalled)" if doc["stalled"] else ""),
+        rows.append([doc["id"], doc["name"], doc["playbook"], doc["host"], doc["status"] + (" (stalled)" if doc["stalled"] else ""),
                      phase, prog, metrics, age(now - doc["created_at"]), seen])
-    table(["id", "playbook", "host", "status", "phase", "progress", "metrics", "age", "seen"], rows)
+    table(["id", "name", "playbook", "host", "status", "phase", "progress", "metrics", "age", "seen"], rows)
 
 
 def _print_run(doc: dict[str, Any]) -> None:
     phase = f" ({doc['phase']})" if doc["phase"] else ""
-    out.print(f"run {doc['id']} {doc['playbook']} on {doc['host']}: {doc['status']}{phase}")
+    name = f" ({doc['name']})" if doc["name"] else ""
+    out.print(f"run {doc['id']}{name} {doc['playbook']} on {doc['host']}: {doc['status']}{phase}")
+    if doc["tags"]:
+        out.print("  tags: " + ", ".join(doc["tags"]))
+    for line in (doc["note"] or "").splitlines():
+        out.print(f"  note: {line}")
     for key in ("reason", "exit_code", "job_id" if doc.get("job_id") else "pid", "node", "queue_reason", "remote_dir",
                 "duration_s"):
         if doc.get(key) is not None:
@@ -257,10 +286,35 @@ def _print_run(doc: dict[str, Any]) -> None:
         out.print(f"  {time.strftime('%m-%d %H:%M:%S', time.localtime(e['ts']))} {e['kind']}: {e['message']}")
 
 
-@app.command(epilog="Examples:\n\n  orch logs 7 -n 200\n\n  orch logs 7 -f")
+@app.command(epilog="Example:\n\n  orch note 7 'baseline for the fp8 sweep'")
+def note(run_id: str = typer.Argument(..., metavar="ID"), text: str = typer.Argument(..., metavar="TEXT"),
+         as_json: bool = typer.Option(False, "--json", help="the run as `status ID --json` shows it")) -> None:
+    """Add a note to a run (kept one a line, under the ones it has)."""
+    _label(run_id, as_json, note=text)
+
+
+@app.command(epilog="Example:\n\n  orch tag 7 baseline fp8")
+def tag(run_id: str = typer.Argument(..., metavar="ID"), tags: list[str] = typer.Argument(..., metavar="TAG..."),
+        as_json: bool = typer.Option(False, "--json", help="the run as `status ID --json` shows it")) -> None:
+    """Add tags to a run (`orch status --tag TAG` lists the runs with one)."""
+    _label(run_id, as_json, tags=tags)
+
+
+def _label(run_id: str, as_json: bool, **labels: Any) -> None:
+    store = read_store(workspace())  # no database: no run to label, and none created
+    run = store.label_run(parse_run_id(run_id), **labels)
+    if as_json:
+        emit_json(run_document(store, run, with_events=False))
+    else:
+        notes = len((run.note or "").splitlines())
+        err.print(f"run {run.id}: tags {', '.join(run.tags) or '-'}; {notes} note line(s)")
+
+
+@app.command(epilog="Examples:\n\n  orch logs 7 -n 200\n\n  orch logs 7 -f\n\n  orch logs 7 --all > run7.log")
 def logs(
     run_id: str = typer.Argument(..., metavar="ID"),
     lines: int = typer.Option(40, "-n", "--lines", metavar="N"),
+    whole: bool = typer.Option(False, "--all", help="the whole log from the host, streamed"),
     follow: bool = typer.Option(False, "-f", "--follow", help="print new lines as they come, until the job ends"),
     as_json: bool = typer.Option(False, "--json", help="{run_id, source, note, lines}"),
 ) -> None:
@@ -271,6 +325,9 @@ def logs(
     ws = workspace()
     store = read_store(ws)
     rid = parse_run_id(run_id)
+    if whole:
+        _whole_log(runflow.open_run(ws, store, rid, inventory(ws), any_spec=True))
+        return
     found = runflow.read_log(ws, store, rid, lines, inventory(ws))
     if found.fallback:
         err.print(f"orch: {found.fallback}")
@@ -292,6 +349,65 @@ def logs(
             sys.stdout.flush()
 
         runflow.follow_log(runflow.open_run(ws, store, rid, inventory(ws)), write)
+
+
+def _whole_log(ctx: Any) -> None:
+    from ..logparse.text import TerminalText
+    from ..runflow import fetching
+
+    screen = TerminalText() if sys.stdout.isatty() else None  # as `logs -f`: a terminal gets it made safe
+
+    def write(data: bytes) -> None:
+        if screen is not None:
+            sys.stdout.write(screen.feed(data))
+        else:
+            sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+
+    fetching.stream_log(ctx, write)
+
+
+@app.command(epilog="Examples:\n\n  orch pull 7\n\n  orch pull 7 --to results/run7 --max-size 4G")
+def pull(run_id: str = typer.Argument(..., metavar="ID"),
+         to: Path | None = typer.Option(None, "--to", metavar="DIR", help="default: runs/<id>/pulled"),
+         max_size: str = typer.Option("1G", "--max-size", metavar="SIZE", help="copy nothing above this (512M, 2G)"),
+         as_json: bool = typer.Option(False, "--json", help="{id, to, files, bytes}")) -> None:
+    """Copy a run's remote dir (its log, outputs manifest and what the job left there) here."""
+    from .. import runflow
+    from ..runflow import fetching
+
+    ws = workspace()
+    store = read_store(ws)
+    ctx = runflow.open_run(ws, store, parse_run_id(run_id), inventory(ws), any_spec=True)
+    limit = fetching.parse_size(max_size)
+    done = fetching.pull(ctx, to or ws.runs_dir / str(ctx.run_id) / "pulled", limit)
+    if as_json:
+        emit_json({"id": ctx.run_id, "to": str(done.to), "files": done.files, "bytes": done.size})
+    else:
+        err.print(f"run {ctx.run_id}: {done.files} files, {done.size} bytes from {ctx.host.name}:{ctx.paths.root}")
+        out.print(str(done.to))
+
+
+@app.command(epilog="Examples:\n\n  orch ssh 7\n\n  orch ssh 7 --print\n\n  orch ssh 7 --command 'ls -l'")
+def ssh(run_id: str = typer.Argument(..., metavar="ID"),
+        show: bool = typer.Option(False, "--print", help="print the ssh command instead of running it"),
+        command: str | None = typer.Option(None, "--command", "-c", metavar="CMD",
+                                           help="run CMD in the run dir instead of a shell")) -> None:
+    """Open a login shell on the run's host, in its run dir."""
+    import os
+
+    from ..runflow import fetching
+
+    ws = workspace()
+    run = read_store(ws).get_run(parse_run_id(run_id))
+    if not run.remote_dir:
+        raise UsageError(f"run {run.id} has no run dir: it never reached its host")
+    argv = fetching.ssh_command(inventory(ws).get(run.host), run.remote_dir, command)
+    if show:
+        out.print(fetching.shell_line(argv))
+        return
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)  # the shell is the person's now: ssh's exit status is ours
 
 
 @app.command()
