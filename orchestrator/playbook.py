@@ -79,6 +79,10 @@ class Playbook(Generic[S]):
     def check_inputs(self, spec: S, host: Host, find_run: FindRun) -> None:
         """Refuse (UsageError) input that only other runs or the inventory can judge, before the run exists."""
 
+    def preflight(self, job: JobContext[S]) -> None:
+        """Look at the host, read-only, before anything there is changed (GPU cleanup, patches): refuse
+        (UsageError) what the host says cannot work."""
+
     def prepare(self, job: JobContext[S]) -> Prepared:
         """Look at the host and upload what the job needs into its run dir."""
         return Prepared()

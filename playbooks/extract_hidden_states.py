@@ -206,9 +206,13 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
     def output_dir(self, job: JobContext[ExtractSpec]) -> str:
         return job.spec.output_dir or posixpath.join(job.paths.root, "hidden_states")
 
-    def prepare(self, job: JobContext[ExtractSpec]) -> Prepared:
+    def preflight(self, job: JobContext[ExtractSpec]) -> None:
         if job.spec.output_dir:
-            self._check_output_dir(job)
+            self._output_dir_entries(job)  # refuses a non-empty one before cleanup or patches touch the host
+
+    def prepare(self, job: JobContext[ExtractSpec]) -> Prepared:
+        if job.spec.output_dir and job.spec.clear_output:
+            self._clear_output_dir(job)
         if job.spec.backend == "hf":
             for name, src in ((SCRIPT, JOBS / SCRIPT), (PROMPTS, DATA / PROMPTS)):
                 job.remote.put(src.read_bytes(), posixpath.join(job.paths.root, name))
@@ -218,22 +222,25 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
             job.remote.put((JOBS / WAIT).read_bytes(), posixpath.join(job.paths.root, WAIT))
         return Prepared(env={VERSION_VAR: version})
 
-    def _check_output_dir(self, job: JobContext[ExtractSpec]) -> None:
+    def _output_dir_entries(self, job: JobContext[ExtractSpec]) -> tuple[int, str]:
         """Old and new shards in one directory are indistinguishable to a trainer: a non-empty output_dir
-        is refused, or with clear_output emptied (and what was there recorded)."""
+        is refused unless clear_output says to empty it. (entries, KiB) of what is there."""
         out = quote(self.output_dir(job))
         res = job.remote.run(f"[ -d {out} ] && find {out} -mindepth 1 | wc -l && du -sk {out} | cut -f1 || echo 0",
                              check=False, timeout=300)
         words = res.stdout.split()
         entries = int(words[0]) if words and words[0].isdigit() else 0
-        if not entries:
-            return
         kib = words[1] if len(words) > 1 else "?"
-        if not job.spec.clear_output:
+        if entries and not job.spec.clear_output:
             raise UsageError(f"output_dir {self.output_dir(job)} is not empty ({entries} entries, {kib} KiB); "
                              "set clear_output = true to clear it first")
-        job.remote.run(f"find {out} -mindepth 1 -delete", timeout=600)
-        job.event("prepare", f"cleared output_dir {self.output_dir(job)}: {entries} entries, {kib} KiB")
+        return entries, kib
+
+    def _clear_output_dir(self, job: JobContext[ExtractSpec]) -> None:
+        entries, kib = self._output_dir_entries(job)
+        if entries:
+            job.remote.run(f"find {quote(self.output_dir(job))} -mindepth 1 -delete", timeout=600)
+            job.event("prepare", f"cleared output_dir {self.output_dir(job)}: {entries} entries, {kib} KiB")
 
     def _speculators_version(self, job: JobContext[ExtractSpec]) -> str:
         """One remote call: the installed version (unless the spec forces one) and the scripts present."""

@@ -287,6 +287,7 @@ def test_a_non_empty_output_dir_is_refused_unless_cleared(orch, tmp_path):
     assert (out / "data_0.pt").read_bytes() == b"an earlier run's shard"  # nothing touched
     refused = orch.status(1)
     assert refused["status"] == "failed" and refused["pid"] is None
+    assert not any(e["kind"] in ("gpu", "patch") for e in refused["events"])  # refused before cleanup ran
 
     res = orch("run", "extract-hidden-states", "--host", "test1", *sets, "--set", "clear_output=true", timeout=180)
     assert res.returncode == 0, res.stderr

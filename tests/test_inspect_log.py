@@ -101,7 +101,8 @@ def test_json_shape_exactly(orch: Orch, tmp_path: Path) -> None:
     sglang_crash(log)
     got = json.loads(orch("inspect-log", str(log), "--json", check=0).stdout)
     assert list(got) == ["engine", "phase", "progress", "error", "metrics"]
-    assert set(got["error"]) == {"kind", "exception", "message", "line"}
+    assert set(got["error"]) == {"kind", "exception", "message", "line", "fatal", "chain"}
+    assert got["error"]["fatal"] is True and got["error"]["chain"] == []  # the scheduler's own death line
     assert set(got["progress"]) == {"label", "done", "total", "percent", "elapsed_s", "eta_s", "rate_per_s"}
     assert isinstance(got["error"]["line"], int) and isinstance(got["metrics"], dict)
     empty = tmp_path / "empty.log"

@@ -26,7 +26,7 @@ def inspect_log(path: Path = typer.Argument(..., help="any log file, of any size
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     e = found["error"]
-    found["error"] = {k: e[k] for k in ("kind", "exception", "message", "line")} if e else None
+    found["error"] = {k: e.get(k) for k in ("kind", "exception", "message", "line", "fatal", "chain")} if e else None
     found["progress"], found["metrics"] = shapes.progress(found["progress"]), shapes.metrics(found["metrics"])
     if as_json:
         emit_json(found)

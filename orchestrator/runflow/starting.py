@@ -168,6 +168,7 @@ def _steps_before_launch(ctx: Context) -> str:
     sets = [registry.patch_set(name) for name in ctx.spec.patches]
     for ps in sets:
         patching.check(ctx.transport, ps)
+    ctx.pb.preflight(ctx.job())
     gpu_env = free_gpus(ctx) if ctx.spec.cleanup and not ctx.executor.schedules_gpus else {}
     applied: list[str] = []
     for ps in sets:
