@@ -434,3 +434,45 @@ def test_in_the_browser(orch: Orch, dashboards: list[Dashboard], browser: Any, t
         browser.save_screenshot(str(shots / (page.strip("/").split("?")[0] + ".png")))
     logs = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE" and "favicon" not in e["message"]]
     assert not logs, logs
+
+
+def test_in_the_browser_with_an_ssh_host_and_the_engine_emulator(tmp_path: Path, ssh_fleet: Any, dashboards: list[Dashboard],
+                                                                 browser: Any) -> None:
+    """Runs made by the real run flow on a real sshd host with the SGLang emulator: the runs page follows a
+    server through its phases without a reload; a crashed one's page shows its cause and log lines, and
+    the served one's page charts its decode throughput."""
+    emulator = Path(__file__).parent / "fakes" / "sglang_emulator.py"
+    orch = Orch(tmp_path / "ws", ssh_fleet.hosts_toml(test1={"workdir": str(tmp_path / "r1")}))
+
+    def serve_cmd(*flags: str) -> str:
+        argv = [sys.executable, str(emulator), "--shards", "12", "--shard-time", "0.25", *flags]
+        return "cmd=" + " ".join(shlex.quote(a) for a in argv)
+
+    orch("run", "command", "--host", "test1", *FAST, "--set", "engine=sglang",
+         "--set", serve_cmd("--fail-at-shard", "3", "--crash", "cuda_oom"), check=1)
+    served = int(orch("run", "command", "--host", "test1", "--detach", *FAST, "--set", "engine=sglang", "--set",
+                      serve_cmd("--decode-stats", "12", "--decode-interval", "0.2"), check=0).stdout)
+    ui = serve(dashboards, orch)
+    browser.get(ui.base + "/")
+    wait_until(lambda: row_of(browser, served), 10)
+    browser.execute_script("window.notReloaded = true")
+    texts: list[str] = []
+
+    def ended() -> bool:
+        row = row_of(browser, served)
+        texts.append(row["text"])
+        return row["status"] == "succeeded"
+
+    wait_until(ended, 90)
+    assert browser.execute_script("return window.notReloaded") is True
+    assert any("loading" in t for t in texts) and any("running" in t or "ready" in t for t in texts), texts
+    browser.get(ui.base + "/runs/1")  # the crash: its cause and the log lines around it
+    error = "return document.getElementById('error')?.textContent || ''"
+    wait_until(lambda: "OutOfMemoryError" in browser.execute_script(error), 10)
+    assert "CUDA out of memory" in browser.execute_script(error)
+    browser.get(ui.base + f"/runs/{served}")
+    points = wait_until(lambda: browser.execute_script(
+        "const c = [...document.querySelectorAll('#charts svg')].map(s => Number(s.dataset.points));"
+        "return c.length && Math.max(...c)"), 10)
+    assert points >= 12  # gen throughput, one point per decode line
+    browser.save_screenshot(str(tmp_path / "ssh-run.png"))
