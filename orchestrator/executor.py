@@ -8,6 +8,8 @@ machine) under `setsid nohup`; `SlurmExecutor` submits them to a Slurm cluster (
 
 from __future__ import annotations
 
+import posixpath
+
 from . import launch, slurm
 from .hosts import Host
 from .launch import JobState, RunPaths
@@ -62,7 +64,9 @@ class HostExecutor(Executor):
         return launch.launch(self.transport, paths, script, token)
 
     def find(self, paths: RunPaths) -> Handle | None:
-        fields = self.transport.run(f"cat {quote(paths.pid)} 2>/dev/null || true", timeout=60).stdout.split()
+        old = posixpath.join(paths.root, "pid")  # a run dir from before the control folder
+        fields = self.transport.run(f"cat {quote(paths.pid)} 2>/dev/null || cat {quote(old)} 2>/dev/null || true",
+                                    timeout=60).stdout.split()
         return (int(fields[0]), fields[1]) if len(fields) == 2 and fields[0].isdigit() else None
 
     def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0,

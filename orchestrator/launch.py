@@ -1,7 +1,7 @@
 """Start a job under `setsid nohup` in its remote run dir, read its state, and stop its process group.
 
 The wrapper records `pid start_time` (start time in clock ticks from /proc, so a reused pid is never
-taken for the job), writes the combined stdout+stderr to `log`, and the exit code to `exit_code`.
+taken for the job), writes the combined stdout+stderr to `log`, and the exit code to `.orch/exit_code`.
 """
 
 from __future__ import annotations
@@ -27,19 +27,25 @@ GROUP_PIDS = "ps -eo pid=,pgid=,stat= | awk -v g={pid} '$2 == g && $3 !~ /^Z/ {{
 # so members that outlive it can still be told from a later group that took the same id.
 JOB_MARK = "ORCH_JOB"
 
+# orch's own files of a run (pid, exit code, start and end, token) are in a folder of the run dir, out of
+# the way of a job that writes `./exit_code` or `./pid` in its working dir (the run dir by default).
+CONTROL = ".orch"
+# The control folder of a poll's `$d`, or the run dir itself for a run launched before there was one.
+CONTROL_OF_D = f'c="$d/{CONTROL}"; [ -d "$c" ] || c="$d"\n'
+
 # Runs in the run dir as the session leader, so its pid is also the job's process group id. The log is
 # opened for appending, so a log truncated under the job (copytruncate rotation) gets no hole of zeros.
 # The job's own start and end times (epoch seconds, the host's clock) are written beside its exit code;
 # the end time first, so a run seen ended has both.
 WRAPPER = f"""\
-date +%s.%N > started_at
+date +%s.%N > {CONTROL}/started_at
 start=$({START_TIME.format(pid='$$')})
 export {JOB_MARK}="$$:$start"
-echo "$$ $start" > pid.tmp && mv pid.tmp pid
+echo "$$ $start" > {CONTROL}/pid.tmp && mv {CONTROL}/pid.tmp {CONTROL}/pid
 bash ./job.sh >> log 2>&1 < /dev/null
 code=$?
-date +%s.%N > ended_at
-echo $code > exit_code.tmp && mv exit_code.tmp exit_code
+date +%s.%N > {CONTROL}/ended_at
+echo $code > {CONTROL}/exit_code.tmp && mv {CONTROL}/exit_code.tmp {CONTROL}/exit_code
 """
 
 POLL_MARK = "orch-poll"
@@ -65,8 +71,12 @@ class RunPaths:
         return posixpath.join(self.root, "log")
 
     @property
+    def control(self) -> str:
+        return posixpath.join(self.root, CONTROL)
+
+    @property
     def pid(self) -> str:
-        return posixpath.join(self.root, "pid")
+        return posixpath.join(self.control, "pid")
 
 
 def job_script(body: str, env: dict[str, str], cwd: str | None = None) -> str:
@@ -111,14 +121,16 @@ def launch_command(paths: RunPaths, script: str, token: str, staged: str | None 
     drop = f"rm -f {quote(staged)}; " if staged is not None else ""  # an upload that is not needed after all
     return (
         f"mkdir -p {root} && cd {root} || exit 96\n"
-        f"if [ -e token ]; then [ \"$(cat token)\" = {quote(token)} ] && [ -s pid ] && {{ {drop}cat pid; exit 0; }}; "
+        # a token at the top: a run dir of the layout before the control folder, never reused either
+        f"if [ -e {CONTROL}/token ] || [ -e token ]; then [ \"$(cat {CONTROL}/token 2>/dev/null)\" = {quote(token)} ] "
+        f"&& [ -s {CONTROL}/pid ] && {{ {drop}cat {CONTROL}/pid; exit 0; }}; "
         f"{drop}echo \"run dir in use by another run: $(pwd)\" >&2; exit 94; fi\n"
-        f"printf '%s' {quote(token)} > token\n"
+        f"mkdir -p {CONTROL} && printf '%s' {quote(token)} > {CONTROL}/token\n"
         + write_script(script, staged)
-        + f"printf %s {wrapper_b64} | base64 -d > wrapper.sh\n"
-        "setsid nohup bash ./wrapper.sh > /dev/null 2>&1 < /dev/null &\n"
-        "for _ in $(seq 200); do [ -s pid ] && break; sleep 0.05; done\n"
-        "cat pid\n"
+        + f"printf %s {wrapper_b64} | base64 -d > {CONTROL}/wrapper.sh\n"
+        f"setsid nohup bash ./{CONTROL}/wrapper.sh > /dev/null 2>&1 < /dev/null &\n"
+        f"for _ in $(seq 200); do [ -s {CONTROL}/pid ] && break; sleep 0.05; done\n"
+        f"cat {CONTROL}/pid\n"
     )
 
 
@@ -190,7 +202,7 @@ def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: 
             ])
         # a deadline, not a count of steps, so the checks' own time does not stretch the hold
         hold = (f"end=$(( $(date +%s%N) + {int(hold_s * 1e9)} )); seen={int(offset)}; beat=0\n"
-                f'while {alive} && [ ! -s "$d/exit_code" ] && [ "$(date +%s%N)" -lt "$end" ]; do\n'
+                f'while {alive} && [ ! -s "$c/exit_code" ] && [ "$(date +%s%N)" -lt "$end" ]; do\n'
                 f"  {check}sleep {step:.3f}\n"
                 f"  beat=$((beat + 1)); [ $((beat % {beats})) -eq 0 ] && printf . >&2\n"
                 "done\n")
@@ -199,14 +211,15 @@ def poll_command(paths: RunPaths, pid: int, start: str, offset: int, max_bytes: 
     return (
         (ours_function(pid, start) if start.isdigit() else "")
         + f"d={quote(paths.root)}\n"
+        + CONTROL_OF_D
         + hold
         + f"if {wrapper}; then wrapper=1; else wrapper=0; fi\n"
         + f"if {alive}; then alive=1; else alive=0; fi\n"
         '[ -d "$d" ] && present=1 || present=0\n'  # after the hold: the dir may have gone during it
-        'ec=none; [ -s "$d/exit_code" ] && ec=$(cat "$d/exit_code")\n'
+        'ec=none; [ -s "$c/exit_code" ] && ec=$(cat "$c/exit_code")\n'
         'size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)\n'
         + _rotation(int(offset), inode, mark)
-        + 'began=$(cat "$d/started_at" 2>/dev/null); ended=$(cat "$d/ended_at" 2>/dev/null)\n'
+        + 'began=$(cat "$c/started_at" 2>/dev/null); ended=$(cat "$c/ended_at" 2>/dev/null)\n'
         f'echo "{POLL_MARK} $alive $ec $size $off $present ${{began:-none}} ${{ended:-none}} $wrapper $ino $rot"\n'
         f'tail -c +$((off + 1)) "$src" 2>/dev/null | head -c {int(max_bytes)} | base64 -w0\n'
     )

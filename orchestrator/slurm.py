@@ -51,7 +51,7 @@ CAUSES = {
 
 # The host wrapper, as the batch script: it runs in the run dir on the job's first node, and notes that
 # node (a job that ends between two queue queries is never seen running there).
-BATCH = "#!/bin/bash\nprintf '%s\\n' \"$SLURMD_NODENAME\" > node\n" + launch.WRAPPER
+BATCH = f"#!/bin/bash\nprintf '%s\\n' \"$SLURMD_NODENAME\" > {launch.CONTROL}/node\n" + launch.WRAPPER
 
 
 def job_name(paths: RunPaths) -> str:
@@ -77,18 +77,20 @@ def submit_command(paths: RunPaths, script: str, token: str, args: list[str], st
     Idempotent for the same token (a retry prints the job id submitted before); a failed sbatch leaves
     no token behind, so the launch can be tried again.
     """
-    root = quote(paths.root)
+    root, C = quote(paths.root), launch.CONTROL
     batch_b64 = base64.b64encode(BATCH.encode()).decode()
     drop = f"rm -f {quote(staged)}; " if staged is not None else ""  # an upload that is not needed after all
     return (
         f"mkdir -p {root} && cd {root} || exit 96\n"
-        f"if [ -e token ]; then [ \"$(cat token)\" = {quote(token)} ] && [ -s job_id ] && {{ {drop}cat job_id; exit 0; }}; "
+        f"if [ -e {C}/token ] || [ -e token ]; then [ \"$(cat {C}/token 2>/dev/null)\" = {quote(token)} ] "
+        f"&& [ -s {C}/job_id ] && {{ {drop}cat {C}/job_id; exit 0; }}; "
         f"{drop}echo \"run dir in use by another run: $(pwd)\" >&2; exit 94; fi\n"
-        f"printf '%s' {quote(token)} > token\n"
+        f"mkdir -p {C} && printf '%s' {quote(token)} > {C}/token\n"
         + launch.write_script(script, staged)
-        + f"printf %s {batch_b64} | base64 -d > batch.sh\n"
-        f"sbatch {' '.join(quote(a) for a in args)} batch.sh > job_id.tmp || {{ rm -f token job_id.tmp; exit 95; }}\n"
-        "mv job_id.tmp job_id && cat job_id\n"
+        + f"printf %s {batch_b64} | base64 -d > {C}/batch.sh\n"
+        f"sbatch {' '.join(quote(a) for a in args)} {C}/batch.sh > {C}/job_id.tmp || "
+        f"{{ rm -f {C}/token {C}/job_id.tmp; exit 95; }}\n"
+        f"mv {C}/job_id.tmp {C}/job_id && cat {C}/job_id\n"
     )
 
 
@@ -274,8 +276,9 @@ def files_command(paths: RunPaths, offset: int, max_bytes: int) -> str:
     """The run dir's side of a poll: exit code, log size and the log's new bytes (as launch.poll_command)."""
     return (
         f"d={quote(paths.root)}; [ -d \"$d\" ] && present=1 || present=0\n"
-        'ec=none; [ -s "$d/exit_code" ] && ec=$(cat "$d/exit_code")\n'
-        'node=$(head -c 200 "$d/node" 2>/dev/null | tr -cd "A-Za-z0-9_.-"); [ -n "$node" ] || node=-\n'
+        + launch.CONTROL_OF_D
+        + 'ec=none; [ -s "$c/exit_code" ] && ec=$(cat "$c/exit_code")\n'
+        'node=$(head -c 200 "$c/node" 2>/dev/null | tr -cd "A-Za-z0-9_.-"); [ -n "$node" ] || node=-\n'
         'size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)\n'
         f"off={int(offset)}; [ \"$size\" -lt \"$off\" ] && off=0\n"
         f'echo "{POLL_MARK} $ec $size $off $present $node"\n'
@@ -295,7 +298,8 @@ def submit(transport: Transport, host: Host, paths: RunPaths, script: str, token
 
 def find(transport: Transport, paths: RunPaths) -> Handle | None:
     """The job a run dir was submitted as (for a run whose controller died while launching)."""
-    out = transport.run(f"cat {quote(paths.root)}/job_id 2>/dev/null || true", timeout=60).stdout
+    out = transport.run(f"cat {quote(paths.control)}/job_id 2>/dev/null || cat {quote(paths.root)}/job_id 2>/dev/null"
+                        " || true", timeout=60).stdout
     try:
         return parse_job_id(out), MARK + job_name(paths)
     except OrchError:

@@ -124,7 +124,7 @@ def test_a_dead_wrapper_leaves_the_run_running_and_cancel_stops_its_group(orch: 
     run_dir = Path(orch.status(run_id)["remote_dir"])
     wait_for(lambda: (run_dir / "child").exists() and (run_dir / "child").read_text().strip())
     child = int((run_dir / "child").read_text())
-    wrapper = int((run_dir / "pid").read_text().split()[0])
+    wrapper = int((run_dir / ".orch" / "pid").read_text().split()[0])
     os.kill(wrapper, signal.SIGKILL)  # only the wrapper
     wait_for(lambda: not alive(wrapper))
     orch("status", "--refresh", str(run_id), check=0)
@@ -277,8 +277,20 @@ def test_a_sigkill_without_an_oom_line_is_not_called_oom(orch: Orch) -> None:
     res = orch("run", "command", "--host", "test1", "--detach", "--set", "cmd=sleep 300", *FAST, check=0)
     run_id = int(res.stdout)
     run_dir = Path(orch.status(run_id)["remote_dir"])
-    wrapper = int((run_dir / "pid").read_text().split()[0])
+    wrapper = int((run_dir / ".orch" / "pid").read_text().split()[0])
     os.killpg(wrapper, signal.SIGKILL)  # everything, by hand
     assert orch("watch", str(run_id)).returncode == 1
     doc = orch.status(run_id)
     assert doc["status"] == "lost" and "SIGKILL" in doc["reason"] and "OOM" not in doc["reason"]
+
+
+# --- 19: orch's control files out of the job's way ------------------------------------------------------
+def test_a_job_writing_exit_code_and_pid_in_its_dir_does_not_end_its_own_run(tmp_path: Path, ssh_fleet: Any) -> None:
+    orch = Orch(tmp_path / "ws", ssh_fleet.hosts_toml(test1={"workdir": str(tmp_path / "r1")}))
+    res = orch("run", "command", "--host", "test1", *FAST,
+               "--set", "cmd=echo 0 > exit_code; echo 1 1 > pid; echo done > ended_at; sleep 1; exit 3")
+    doc = orch.status(1)
+    assert res.returncode == 1 and doc["status"] == "failed" and doc["exit_code"] == 3, (doc, res.stderr)
+    run_dir = Path(doc["remote_dir"])
+    assert (run_dir / "exit_code").read_text().strip() == "0"  # the job's own file, left as it wrote it
+    assert (run_dir / ".orch" / "exit_code").read_text().strip() == "3"

@@ -138,7 +138,7 @@ def test_job_killed_from_outside(orch, how):
     run_id = int(res.stdout)
     doc = orch.status(run_id)
     pid_dir = Path(doc["remote_dir"])
-    wrapper = int((pid_dir / "pid").read_text().split()[0])
+    wrapper = int((pid_dir / ".orch" / "pid").read_text().split()[0])
     time.sleep(0.5)
     if how == "job":
         # the job (a child of the wrapper) dies; the wrapper writes exit code 137

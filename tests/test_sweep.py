@@ -326,7 +326,7 @@ def test_stale_leases_are_recovered(orch, tmp_path):
     res = orch("run", "command", "--host", "test1", "--set", "cmd=true")
     assert res.returncode == 1
     assert f"busy with run {detached} (its controller" in res.stderr and "the job still runs" in res.stderr
-    exit_code = Path(orch.status(detached)["remote_dir"]) / "exit_code"
+    exit_code = Path(orch.status(detached)["remote_dir"]) / ".orch" / "exit_code"
     deadline = time.time() + 30
     while not exit_code.exists() and time.time() < deadline:  # the job ends; nobody watches it now
         time.sleep(0.05)
