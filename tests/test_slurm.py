@@ -254,3 +254,56 @@ def test_gpus_of_a_cluster_come_from_the_scheduler(orch, cluster, tmp_path):
     nodes = json.loads(orch("gpus", "--host", "cluster", "--json", check=0).stdout)["cluster"]["nodes"]
     assert nodes == [{"node": "localhost", "gpus": 8, "used": 3, "state": "mixed", "partitions": ["debug"]}]
     assert "localhost" in orch("gpus", "--host", "cluster", check=0).stdout
+
+
+def test_a_sweep_with_max_parallel_never_runs_more_jobs_at_once_and_resumes_by_job_id(orch, cluster, tmp_path):
+    sweep_file = orch.root / "s.toml"
+    sweep_file.write_text("""name = "grid"\nplaybook = "command"\nhosts = ["cluster"]\nmax_parallel = 2
+[spec]\ncmd = "sleep 3; echo point $A$B"\ngpus = [0]\npoll_min = 0.05\npoll_max = 0.3
+[matrix]\n"env.A" = ["x", "y"]\n"env.B" = ["1", "2", "3"]\n""")
+    seen: list[int] = []  # the cluster's jobs not ended, sampled all along: none is submitted past the bound
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            out = cluster.client("squeue", "-h", "-t", "PENDING,RUNNING,CONFIGURING,COMPLETING", "-o", "%i").stdout
+            seen.append(len(out.split()))
+            time.sleep(0.1)
+
+    def rows() -> list[sqlite3.Row]:
+        if not orch.db.exists():
+            return []
+        with sqlite3.connect(orch.db) as db:
+            db.row_factory = sqlite3.Row
+            try:
+                return db.execute("SELECT * FROM runs ORDER BY id").fetchall()
+            except sqlite3.OperationalError:  # the database is still being created
+                return []
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        proc = orch.spawn("sweep", "run", str(sweep_file))
+        deadline = time.time() + 90
+        while not (sum(r["status"] == "succeeded" for r in rows()) >= 1
+                   and sum(r["status"] == "running" and r["pid"] is not None for r in rows()) == 2):
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        kill_controller(proc)
+        interrupted = {r["id"]: r["pid"] for r in rows() if r["status"] == "running"}
+        res = orch("sweep", "run", str(sweep_file), timeout=180)
+        assert res.returncode == 0, res.stderr
+    finally:
+        done.set()
+        sampler.join()
+    final = rows()
+    assert len(final) == 6 and all(r["status"] == "succeeded" for r in final)
+    assert len({r["point"] for r in final}) == 6
+    assert seen and max(seen) <= 2 and 2 in seen
+    # the interrupted jobs were found again by their Slurm job ids and watched to their end
+    for run_id, job_id in interrupted.items():
+        assert f"watching run {run_id} again" in res.stderr
+        assert next(r for r in final if r["id"] == run_id)["pid"] == job_id
+    # the jobs' own start and end times (one GPU each: Slurm alone would run all six at once): two at a time
+    spans = [(r["started_at"], r["ended_at"]) for r in final]
+    assert max(sum(s <= start < e for s, e in spans) for start, _ in spans) == 2
