@@ -23,6 +23,8 @@ from orchestrator.remote import LocalTransport
 from orchtest import Orch, kill_controller, wait_for_file
 from slurmcluster import SlurmCluster, missing
 
+pytest_plugins = ["engine_src"]  # engine: real sglang 0.5.23 source
+
 POLL = ["--set", "poll_min=0.05", "--set", "poll_max=0.3"]
 
 
@@ -307,3 +309,27 @@ def test_a_sweep_with_max_parallel_never_runs_more_jobs_at_once_and_resumes_by_j
     # the jobs' own start and end times (one GPU each: Slurm alone would run all six at once): two at a time
     spans = [(r["started_at"], r["ended_at"]) for r in final]
     assert max(sum(s <= start < e for s, e in spans) for start, _ in spans) == 2
+
+
+def test_a_patch_set_goes_to_the_runs_own_overlay_never_to_the_shared_install(tmp_path, cluster, engine):
+    o = Orch(tmp_path / "ws", cluster_toml(tmp_path / "shared").replace(sys.executable, engine.python))
+    before = engine.snapshot("sglang")
+    # the top-level name only: importing sglang would need its dependencies
+    where = "import importlib.util as u; print('found', u.find_spec('sglang').submodule_search_locations[0])"
+    cmd = f"cmd={engine.python} -c \"{where}\" --cuda-graph-backend-decode=disabled --cuda-graph-backend-prefill=disabled"
+    res = o("run", "command", "--host", "cluster", "--set", cmd, "--set", 'patches=["sglang-eagle3-hidden-debug"]',
+            *POLL)
+    assert res.returncode == 0, res.stderr
+    doc = o.status(1)
+    assert doc["status"] == "succeeded" and doc["job_id"]
+    overlay = Path(doc["remote_dir"]) / "overlay"
+    patched = overlay / "sglang" / "srt" / "models" / "llama_eagle3.py"
+    # the job imported the run's patched copy, first on its PYTHONPATH
+    assert o("logs", "1", check=0).stdout.strip() == f"found {overlay / 'sglang'}"
+    assert 'orch_eagle3_debug("draft.input_hidden", hidden_states)' in patched.read_text()
+    # the install every other job uses never changed, and has nothing to revert
+    assert engine.snapshot("sglang") == before
+    events = [e["message"] for e in doc["events"] if e["kind"] == "patch"]
+    assert len(events) == 1 and f"the run's copy in {overlay}" in events[0] and "applied" in events[0]
+    assert "sglang-eagle3-hidden-debug" not in o("patch", "status", "--host", "cluster", "--json", check=0).stdout
+

@@ -17,7 +17,7 @@ from ..launch import RunPaths, job_script, launch_command
 from ..lifecycle import transition
 from ..playbook import JobContext, Playbook, Prepared
 from ..record import Status
-from ..remote import Result, Transport, connect
+from ..remote import Result, Transport, connect, quote
 from ..spec import RunSpec
 from ..store import Store
 from ..watching import WatchLock
@@ -38,10 +38,6 @@ def check(store: Store, pb: Playbook[Any], spec: RunSpec, host: Host) -> None:
         if missing:
             raise UsageError(f"patch set {name} needs {' '.join(missing)} in the launch command "
                              f"(debug code does not run under CUDA graph replay)")
-    if spec.patches and host.scheduler:
-        # The engine install on a cluster is shared by every job there: patching it would change it under
-        # other running jobs.
-        raise UsageError(f"{host.name}: patch sets are not applied on a {host.scheduler} cluster")
     pb.check_inputs(spec, host, store.get_run)
 
 
@@ -160,24 +156,30 @@ def replace_run(ws: Workspace, store: Store, holder_id: int, new_id: int, hosts:
 def _steps_before_launch(ctx: Context) -> str:
     # Patch sets are checked (read-only) first, so a set that does not apply changes nothing anywhere.
     sets = [registry.patch_set(name) for name in ctx.spec.patches]
-    for ps in sets:
-        patching.check(ctx.transport, ps)
+    checked = [patching.check(ctx.transport, ps) for ps in sets]
     gpu_env = free_gpus(ctx) if ctx.spec.cleanup and not ctx.executor.schedules_gpus else {}
+    # On a cluster every job shares the engine install: the sets go to the run's own copy instead.
+    overlay = patching.make_overlay(ctx.transport, ctx.paths.root, checked) if sets and ctx.host.scheduler else None
     applied: list[str] = []
     for ps in sets:
-        res = patching.apply(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store)
+        res = patching.apply(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store, overlay=overlay)
         applied.append(ps.name)
         ctx.store.update_run(ctx.run_id, patches_applied=applied)
-        ctx.event("patch", f"{ps.name} on {res.package} {res.version}: " + file_states(res),
+        where = f" (the run's copy in {overlay.path})" if overlay else ""
+        ctx.event("patch", f"{ps.name} on {res.package} {res.version}{where}: " + file_states(res),
                   {"applied": ps.name, "set_hash": ps.set_hash, "files": [f.__dict__ for f in res.files]})
     job = ctx.job()
-    return _job_script(ctx, job, ctx.pb.prepare(job), gpu_env)
+    return _job_script(ctx, job, ctx.pb.prepare(job), gpu_env, overlay)
 
 
-def _job_script(ctx: Context, job: JobContext[Any], prepared: Prepared, gpu_env: dict[str, str]) -> str:
+def _job_script(ctx: Context, job: JobContext[Any], prepared: Prepared, gpu_env: dict[str, str],
+                overlay: patching.Overlay | None = None) -> str:
     """The job's environment (host, spec, GPUs, then what prepare added), working dir and command lines."""
     env = {**ctx.host.env, **ctx.spec.env, **gpu_env, **prepared.env}
-    return job_script(ctx.pb.command(job, prepared), env, ctx.pb.cwd(ctx.spec))
+    body = ctx.pb.command(job, prepared)
+    if overlay is not None:  # the patched copies come before the install, whatever PYTHONPATH held
+        body = f"export PYTHONPATH={quote(overlay.path)}${{PYTHONPATH:+:$PYTHONPATH}}\n{body}"
+    return job_script(body, env, ctx.pb.cwd(ctx.spec))
 
 
 class DryRunTransport(Transport):
