@@ -21,7 +21,7 @@ from orchestrator.hosts import Host
 from orchestrator.launch import RunPaths
 from orchestrator.remote import LocalTransport
 from orchtest import Orch, kill_controller, wait_for_file
-from slurmcluster import SlurmCluster, missing
+from slurmcluster import SlurmCluster, free_port, missing
 
 pytest_plugins = ["engine_src"]  # engine: real sglang 0.5.23 source
 
@@ -333,3 +333,19 @@ def test_a_patch_set_goes_to_the_runs_own_overlay_never_to_the_shared_install(tm
     assert len(events) == 1 and f"the run's copy in {overlay}" in events[0] and "applied" in events[0]
     assert "sglang-eagle3-hidden-debug" not in o("patch", "status", "--host", "cluster", "--json", check=0).stdout
 
+
+def test_hosts_check_asks_the_scheduler_too(orch, cluster, tmp_path):
+    res = orch("hosts", "--check", "--json", check=0)
+    row = next(r for r in json.loads(res.stdout) if r["name"] == "cluster")
+    assert row["ok"] and row["uname"] and row["scheduler"] == "slurm: debug* (1 nodes)"
+    # a controller that does not answer: the host is not ok, with sinfo's reason
+    conf = tmp_path / "slurm.conf"
+    text = cluster.conf.read_text()
+    conf.write_text("\n".join(f"SlurmctldPort={free_port()}" if line.startswith("SlurmctldPort") else line
+                              for line in text.splitlines()) + "\n")
+    assert "SlurmctldPort" in text
+    orch.env["SLURM_CONF"] = str(conf)
+    res = orch("hosts", "--check", "--json", "--timeout", "20")
+    assert res.returncode == 1
+    row = next(r for r in json.loads(res.stdout) if r["name"] == "cluster")
+    assert not row["ok"] and "Unable to contact slurm controller" in row["error"]
