@@ -108,6 +108,10 @@ class Overlay:
     path: str  # <run dir>/overlay: the copies of the packages' top-level folders
     state_dir: str  # the patcher's state for the copies, apart from the host's
 
+    @classmethod
+    def of(cls, run_root: str) -> Overlay:
+        return cls(f"{run_root}/overlay", f"{run_root}/overlay-state")
+
 
 def check(transport: Transport, ps: PatchSet) -> PatchResult:
     """Would the set apply (or is it already applied) on this host? Changes nothing."""
@@ -117,7 +121,7 @@ def check(transport: Transport, ps: PatchSet) -> PatchResult:
 def make_overlay(transport: Transport, run_root: str, checked: Iterable[PatchResult]) -> Overlay:
     """Copy the top-level folder of each checked set's package, from the install it was checked on, into
     the run dir; the sets are then applied to the copies (`apply(..., overlay=...)`)."""
-    overlay = Overlay(f"{run_root}/overlay", f"{run_root}/overlay-state")
+    overlay = Overlay.of(run_root)
     folders = sorted({f"{res.root}/{res.package}" for res in checked})
     # a run dir another workspace's run holds (its token) is never written to
     transport.run(f"test ! -e {quote(run_root)}/token && mkdir -p {quote(overlay.path)} && "

@@ -206,12 +206,17 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host:
     next_id = store.conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM runs").fetchone()[0]
     paths = RunPaths.for_run(transport.expand(host.workdir), next_id)
     ctx = Context(ws, store, pb, host, transport, executor_for(host, transport), next_id, spec, paths)
+    overlay = patching.Overlay.of(paths.root) if spec.patches and host.scheduler else None
     for name in spec.patches:
         ps = registry.patch_set(name)
+        if overlay is not None:
+            echo(f"# patch set {name}: check, then apply {len(ps.files)} file(s) to the run's copy of {ps.package} "
+                 f"in {overlay.path} (first on the job's PYTHONPATH)\n")
+            continue
         echo(f"# patch set {name}: check, then apply {len(ps.files)} file(s) of {ps.package} {ps.versions}"
              + (" (reverted when the run ends)" if ps.revert_after else "") + "\n")
     gpu_env: dict[str, str] = {}
-    if spec.cleanup:
+    if spec.cleanup and not host.scheduler:  # a cluster's GPUs are its scheduler's
         which = ",".join(map(str, spec.gpus)) if spec.gpus is not None else "every GPU of the host"
         echo(f"# GPU cleanup of {which}: stop stale orch runs there"
              + (", kill foreign processes" if spec.kill_foreign else ", refuse foreign processes")
@@ -219,6 +224,6 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host:
         if spec.gpus is not None:
             gpu_env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.gpus))}
     job = ctx.job(dry_run=True)
-    script = _job_script(ctx, job, pb.prepare(job), gpu_env)
+    script = _job_script(ctx, job, pb.prepare(job), gpu_env, overlay)
     echo(f"# job.sh for run {next_id}:\n{script}")
     transport.run(launch_command(paths, script, run_token(ws, store, next_id)))
