@@ -59,17 +59,23 @@ def fan_out(items: dict[str, T], fn: Callable[[T], R], timeout: float,
     return {name: results[name] for name in items}
 
 
-def check(hosts: list[Host], timeout: float) -> dict[str, dict[str, Any]]:
-    """`orch hosts --check`: one round trip to every host, in parallel; per host ok, uname or error, seconds."""
+def check(hosts: list[Host], timeout: float,
+          scheduler: Callable[[Host, float], str] | None = None) -> dict[str, dict[str, Any]]:
+    """`orch hosts --check`: one round trip to every host, in parallel; per host ok, uname or error, seconds.
+    A cluster's scheduler must answer too (`scheduler`: its probe, one more round trip)."""
     from .remote import probe
 
     def one(host: Host) -> dict[str, Any]:
         t0 = time.monotonic()
         try:
-            return {"ok": True, "uname": probe(host, timeout), "seconds": round(time.monotonic() - t0, 3)}
+            found = {"ok": True, "uname": probe(host, timeout)}
+            if host.scheduler and scheduler is not None:
+                found["scheduler"] = scheduler(host, timeout)
+            return {**found, "seconds": round(time.monotonic() - t0, 3)}
         except OrchError as exc:
             return {"ok": False, "error": str(exc), "seconds": round(time.monotonic() - t0, 3)}
 
-    found = fan_out({h.name: h for h in hosts}, one, timeout + 1)  # +1: probe's own timeout comes first
+    rounds = 2 if scheduler is not None and any(h.scheduler for h in hosts) else 1
+    found = fan_out({h.name: h for h in hosts}, one, timeout * rounds + 1)  # +1: the probes' own timeouts first
     return {name: {"ok": False, "error": str(res), "seconds": timeout} if isinstance(res, OrchError) else res
             for name, res in found.items()}

@@ -102,16 +102,45 @@ class AppliedSet:
 # --- talking to the host -------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Overlay:
+    """A run's own copy of the packages its sets patch, first on its job's PYTHONPATH: on a cluster every
+    job shares one engine install, which must never change under them."""
+
+    path: str  # <run dir>/overlay: the copies of the packages' top-level folders
+    state_dir: str  # the patcher's state for the copies, apart from the host's
+
+    @classmethod
+    def of(cls, run_root: str) -> Overlay:
+        return cls(f"{run_root}/overlay", f"{run_root}/overlay-state")
+
+
 def check(transport: Transport, ps: PatchSet) -> PatchResult:
     """Would the set apply (or is it already applied) on this host? Changes nothing."""
     return _result(transport, ps.name, "check", _call(transport, _request(transport, ps, "check")))
 
 
+def make_overlay(transport: Transport, run_root: str, checked: Iterable[PatchResult]) -> Overlay:
+    """Copy the top-level folder of each checked set's package, from the install it was checked on, into
+    the run dir; the sets are then applied to the copies (`apply(..., overlay=...)`)."""
+    overlay = Overlay.of(run_root)
+    folders = sorted({f"{res.root}/{res.package}" for res in checked})
+    # a run dir another workspace's run holds (its token) is never written to
+    transport.run(f"test ! -e {quote(run_root)}/token && mkdir -p {quote(overlay.path)} && "
+                  f"cp -a -- {' '.join(map(quote, folders))} {quote(overlay.path)}/", timeout=600)
+    return overlay
+
+
 def apply(
-    transport: Transport, ps: PatchSet, *, run_id: int | None = None, store: Store | None = None
+    transport: Transport, ps: PatchSet, *, run_id: int | None = None, store: Store | None = None,
+    overlay: Overlay | None = None,
 ) -> PatchResult:
-    """Apply every file of the set or none; a set already applied and intact is left as it is."""
-    reply = _call(transport, _request(transport, ps, "apply", run_id=run_id))
+    """Apply every file of the set or none; a set already applied and intact is left as it is. With an
+    overlay, to its copy of the package (found through PYTHONPATH), never to the install."""
+    request = _request(transport, ps, "apply", run_id=run_id)
+    if overlay is not None:
+        request["state_dir"] = overlay.state_dir
+    reply = _call(transport, request, pythonpath=overlay.path if overlay else None)
     result = _result(transport, ps.name, "apply", reply)
     _record(store, result, run_id)
     return result
@@ -200,7 +229,7 @@ def _request(transport: Transport, ps: PatchSet, action: str, run_id: int | None
     }
 
 
-def _call(transport: Transport, request: dict[str, Any]) -> dict[str, Any]:
+def _call(transport: Transport, request: dict[str, Any], pythonpath: str | None = None) -> dict[str, Any]:
     """Run the patcher on the host with `request` and return its reply; refusals raise PatchError.
 
     One round trip in the usual case: the script is named by its content hash and uploaded only when
@@ -219,6 +248,8 @@ def _call(transport: Transport, request: dict[str, Any]) -> dict[str, Any]:
     else:
         feed = f"<<'ORCH_PATCH_REQUEST'\n{payload}ORCH_PATCH_REQUEST\n"
     python = quote(transport.host.python)
+    if pythonpath is not None:  # the patcher finds the package where the job's python will
+        python = f"PYTHONPATH={quote(pythonpath)} {python}"
     command = f"test -f {quote(script)} || exit {SCRIPT_MISSING}; {python} {quote(script)} {feed}"
     result = transport.run(command, check=False)
     if result.exit_code == SCRIPT_MISSING and not result.stdout:
@@ -301,12 +332,14 @@ def _record(store: Store | None, result: PatchResult, run_id: int | None) -> Non
 __all__ = [
     "AppliedSet",
     "FileResult",
+    "Overlay",
     "PatchError",
     "PatchResult",
     "PatchSet",
     "apply",
     "check",
     "load",
+    "make_overlay",
     "missing_flags",
     "revert",
     "set_names",

@@ -374,6 +374,13 @@ def _active(transport: Transport, job: str) -> bool:
     return bool(out.strip()) and _state(out) not in ENDED
 
 
+def ping(transport: Transport, timeout: float) -> str:
+    """`orch hosts --check` on a cluster: the scheduler answers; its partitions and their node counts."""
+    out = transport.run("sinfo -h -o '%P %D'", timeout=timeout).stdout
+    partitions = [line.split() for line in out.splitlines() if len(line.split()) == 2]
+    return "slurm: " + (", ".join(f"{name} ({nodes} nodes)" for name, nodes in partitions) or "no partitions")
+
+
 def gpus_by_node(transport: Transport) -> list[dict[str, Any]]:
     """The cluster's GPUs per node from the scheduler: total, in use, node state."""
     out = transport.run("sinfo -h -N -O 'NodeList:|,Gres:|,GresUsed:|,StateLong:|,Partition:'", timeout=60).stdout

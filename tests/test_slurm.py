@@ -21,7 +21,9 @@ from orchestrator.hosts import Host
 from orchestrator.launch import RunPaths
 from orchestrator.remote import LocalTransport
 from orchtest import Orch, kill_controller, wait_for_file
-from slurmcluster import SlurmCluster, missing
+from slurmcluster import SlurmCluster, free_port, missing
+
+pytest_plugins = ["engine_src"]  # engine: real sglang 0.5.23 source
 
 POLL = ["--set", "poll_min=0.05", "--set", "poll_max=0.3"]
 
@@ -254,3 +256,96 @@ def test_gpus_of_a_cluster_come_from_the_scheduler(orch, cluster, tmp_path):
     nodes = json.loads(orch("gpus", "--host", "cluster", "--json", check=0).stdout)["cluster"]["nodes"]
     assert nodes == [{"node": "localhost", "gpus": 8, "used": 3, "state": "mixed", "partitions": ["debug"]}]
     assert "localhost" in orch("gpus", "--host", "cluster", check=0).stdout
+
+
+def test_a_sweep_with_max_parallel_never_runs_more_jobs_at_once_and_resumes_by_job_id(orch, cluster, tmp_path):
+    sweep_file = orch.root / "s.toml"
+    sweep_file.write_text("""name = "grid"\nplaybook = "command"\nhosts = ["cluster"]\nmax_parallel = 2
+[spec]\ncmd = "sleep 3; echo point $A$B"\ngpus = [0]\npoll_min = 0.05\npoll_max = 0.3
+[matrix]\n"env.A" = ["x", "y"]\n"env.B" = ["1", "2", "3"]\n""")
+    seen: list[int] = []  # the cluster's jobs not ended, sampled all along: none is submitted past the bound
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            out = cluster.client("squeue", "-h", "-t", "PENDING,RUNNING,CONFIGURING,COMPLETING", "-o", "%i").stdout
+            seen.append(len(out.split()))
+            time.sleep(0.1)
+
+    def rows() -> list[sqlite3.Row]:
+        if not orch.db.exists():
+            return []
+        with sqlite3.connect(orch.db) as db:
+            db.row_factory = sqlite3.Row
+            try:
+                return db.execute("SELECT * FROM runs ORDER BY id").fetchall()
+            except sqlite3.OperationalError:  # the database is still being created
+                return []
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        proc = orch.spawn("sweep", "run", str(sweep_file))
+        deadline = time.time() + 90
+        while not (sum(r["status"] == "succeeded" for r in rows()) >= 1
+                   and sum(r["status"] == "running" and r["pid"] is not None for r in rows()) == 2):
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        kill_controller(proc)
+        interrupted = {r["id"]: r["pid"] for r in rows() if r["status"] == "running"}
+        res = orch("sweep", "run", str(sweep_file), timeout=180)
+        assert res.returncode == 0, res.stderr
+    finally:
+        done.set()
+        sampler.join()
+    final = rows()
+    assert len(final) == 6 and all(r["status"] == "succeeded" for r in final)
+    assert len({r["point"] for r in final}) == 6
+    assert seen and max(seen) <= 2 and 2 in seen
+    # the interrupted jobs were found again by their Slurm job ids and watched to their end
+    for run_id, job_id in interrupted.items():
+        assert f"watching run {run_id} again" in res.stderr
+        assert next(r for r in final if r["id"] == run_id)["pid"] == job_id
+    # the jobs' own start and end times (one GPU each: Slurm alone would run all six at once): two at a time
+    spans = [(r["started_at"], r["ended_at"]) for r in final]
+    assert max(sum(s <= start < e for s, e in spans) for start, _ in spans) == 2
+
+
+def test_a_patch_set_goes_to_the_runs_own_overlay_never_to_the_shared_install(tmp_path, cluster, engine):
+    o = Orch(tmp_path / "ws", cluster_toml(tmp_path / "shared").replace(sys.executable, engine.python))
+    before = engine.snapshot("sglang")
+    # the top-level name only: importing sglang would need its dependencies
+    where = "import importlib.util as u; print('found', u.find_spec('sglang').submodule_search_locations[0])"
+    cmd = f"cmd={engine.python} -c \"{where}\" --cuda-graph-backend-decode=disabled --cuda-graph-backend-prefill=disabled"
+    res = o("run", "command", "--host", "cluster", "--set", cmd, "--set", 'patches=["sglang-eagle3-hidden-debug"]',
+            *POLL)
+    assert res.returncode == 0, res.stderr
+    doc = o.status(1)
+    assert doc["status"] == "succeeded" and doc["job_id"]
+    overlay = Path(doc["remote_dir"]) / "overlay"
+    patched = overlay / "sglang" / "srt" / "models" / "llama_eagle3.py"
+    # the job imported the run's patched copy, first on its PYTHONPATH
+    assert o("logs", "1", check=0).stdout.strip() == f"found {overlay / 'sglang'}"
+    assert 'orch_eagle3_debug("draft.input_hidden", hidden_states)' in patched.read_text()
+    # the install every other job uses never changed, and has nothing to revert
+    assert engine.snapshot("sglang") == before
+    events = [e["message"] for e in doc["events"] if e["kind"] == "patch"]
+    assert len(events) == 1 and f"the run's copy in {overlay}" in events[0] and "applied" in events[0]
+    assert "sglang-eagle3-hidden-debug" not in o("patch", "status", "--host", "cluster", "--json", check=0).stdout
+
+
+def test_hosts_check_asks_the_scheduler_too(orch, cluster, tmp_path):
+    res = orch("hosts", "--check", "--json", check=0)
+    row = next(r for r in json.loads(res.stdout) if r["name"] == "cluster")
+    assert row["ok"] and row["uname"] and row["scheduler"] == "slurm: debug* (1 nodes)"
+    # a controller that does not answer: the host is not ok, with sinfo's reason
+    conf = tmp_path / "slurm.conf"
+    text = cluster.conf.read_text()
+    conf.write_text("\n".join(f"SlurmctldPort={free_port()}" if line.startswith("SlurmctldPort") else line
+                              for line in text.splitlines()) + "\n")
+    assert "SlurmctldPort" in text
+    orch.env["SLURM_CONF"] = str(conf)
+    res = orch("hosts", "--check", "--json", "--timeout", "20")
+    assert res.returncode == 1
+    row = next(r for r in json.loads(res.stdout) if r["name"] == "cluster")
+    assert not row["ok"] and "Unable to contact slurm controller" in row["error"]

@@ -26,16 +26,23 @@ def hosts(
     if check:
         from .. import fleet
 
-        found = fleet.check(list(inv.hosts.values()), timeout)
+        found = fleet.check(list(inv.hosts.values()), timeout, scheduler=_ping_scheduler)
         for row in rows:
             row.update(found[row["name"]])
     if as_json:
         emit_json(rows)
     else:
-        cols = ["name", "address", "gpus", "tags"] + (["ok", "uname", "error"] if check else [])
+        cols = ["name", "address", "gpus", "tags"] + (["ok", "uname", "scheduler", "error"] if check else [])
         table(cols, [[r.get(c) for c in cols] for r in rows])
     if check and not all(r["ok"] for r in rows):
         raise typer.Exit(1)
+
+
+def _ping_scheduler(host: Any, timeout: float) -> str:
+    from ..remote import connect
+    from ..slurm import ping
+
+    return ping(connect(host), timeout)
 
 
 def _cluster_gpus(host: Any) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from ..launch import RunPaths, job_script, launch_command
 from ..lifecycle import transition
 from ..playbook import JobContext, Playbook, Prepared
 from ..record import Status
-from ..remote import Result, Transport, connect
+from ..remote import Result, Transport, connect, quote
 from ..spec import RunSpec
 from ..store import Store
 from ..watching import WatchLock
@@ -38,10 +38,6 @@ def check(store: Store, pb: Playbook[Any], spec: RunSpec, host: Host) -> None:
         if missing:
             raise UsageError(f"patch set {name} needs {' '.join(missing)} in the launch command "
                              f"(debug code does not run under CUDA graph replay)")
-    if spec.patches and host.scheduler:
-        # The engine install on a cluster is shared by every job there: patching it would change it under
-        # other running jobs.
-        raise UsageError(f"{host.name}: patch sets are not applied on a {host.scheduler} cluster")
     pb.check_inputs(spec, host, store.get_run)
 
 
@@ -166,25 +162,31 @@ def replace_run(ws: Workspace, store: Store, holder_id: int, new_id: int, hosts:
 def _steps_before_launch(ctx: Context) -> str:
     # Patch sets are checked (read-only) first, so a set that does not apply changes nothing anywhere.
     sets = [registry.patch_set(name) for name in ctx.spec.patches]
-    for ps in sets:
-        patching.check(ctx.transport, ps)
+    checked = [patching.check(ctx.transport, ps) for ps in sets]
     ctx.pb.preflight(ctx.job())
     gpu_env = free_gpus(ctx) if ctx.spec.cleanup and not ctx.executor.schedules_gpus else {}
+    # On a cluster every job shares the engine install: the sets go to the run's own copy instead.
+    overlay = patching.make_overlay(ctx.transport, ctx.paths.root, checked) if sets and ctx.host.scheduler else None
     applied: list[str] = []
     for ps in sets:
-        res = patching.apply(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store)
+        res = patching.apply(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store, overlay=overlay)
         applied.append(ps.name)
         ctx.store.update_run(ctx.run_id, patches_applied=applied)
-        ctx.event("patch", f"{ps.name} on {res.package} {res.version}: " + file_states(res),
+        where = f" (the run's copy in {overlay.path})" if overlay else ""
+        ctx.event("patch", f"{ps.name} on {res.package} {res.version}{where}: " + file_states(res),
                   {"applied": ps.name, "set_hash": ps.set_hash, "files": [f.__dict__ for f in res.files]})
     job = ctx.job()
-    return _job_script(ctx, job, ctx.pb.prepare(job), gpu_env)
+    return _job_script(ctx, job, ctx.pb.prepare(job), gpu_env, overlay)
 
 
-def _job_script(ctx: Context, job: JobContext[Any], prepared: Prepared, gpu_env: dict[str, str]) -> str:
+def _job_script(ctx: Context, job: JobContext[Any], prepared: Prepared, gpu_env: dict[str, str],
+                overlay: patching.Overlay | None = None) -> str:
     """The job's environment (host, spec, GPUs, then what prepare added), working dir and command lines."""
     env = {**ctx.host.env, **ctx.spec.env, **gpu_env, **prepared.env}
-    return job_script(ctx.pb.command(job, prepared), env, ctx.pb.cwd(ctx.spec))
+    body = ctx.pb.command(job, prepared)
+    if overlay is not None:  # the patched copies come before the install, whatever PYTHONPATH held
+        body = f"export PYTHONPATH={quote(overlay.path)}${{PYTHONPATH:+:$PYTHONPATH}}\n{body}"
+    return job_script(body, env, ctx.pb.cwd(ctx.spec))
 
 
 class DryRunTransport(Transport):
@@ -211,12 +213,17 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host:
     next_id = store.conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM runs").fetchone()[0]
     paths = RunPaths.for_run(transport.expand(host.workdir), next_id)
     ctx = Context(ws, store, pb, host, transport, executor_for(host, transport), next_id, spec, paths)
+    overlay = patching.Overlay.of(paths.root) if spec.patches and host.scheduler else None
     for name in spec.patches:
         ps = registry.patch_set(name)
+        if overlay is not None:
+            echo(f"# patch set {name}: check, then apply {len(ps.files)} file(s) to the run's copy of {ps.package} "
+                 f"in {overlay.path} (first on the job's PYTHONPATH)\n")
+            continue
         echo(f"# patch set {name}: check, then apply {len(ps.files)} file(s) of {ps.package} {ps.versions}"
              + (" (reverted when the run ends)" if ps.revert_after else "") + "\n")
     gpu_env: dict[str, str] = {}
-    if spec.cleanup:
+    if spec.cleanup and not host.scheduler:  # a cluster's GPUs are its scheduler's
         which = ",".join(map(str, spec.gpus)) if spec.gpus is not None else "every GPU of the host"
         echo(f"# GPU cleanup of {which}: stop stale orch runs there"
              + (", kill foreign processes" if spec.kill_foreign else ", refuse foreign processes")
@@ -224,6 +231,6 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host:
         if spec.gpus is not None:
             gpu_env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.gpus))}
     job = ctx.job(dry_run=True)
-    script = _job_script(ctx, job, pb.prepare(job), gpu_env)
+    script = _job_script(ctx, job, pb.prepare(job), gpu_env, overlay)
     echo(f"# job.sh for run {next_id}:\n{script}")
     transport.run(launch_command(paths, script, run_token(ws, store, next_id)))

@@ -37,6 +37,8 @@ class SweepFile(BaseModel):
     replace: bool = Field(default=False, description="a point stops the orch run (not of this sweep) holding its host")
     notify: list[str] = Field(default_factory=list, description="URLs told when the sweep finishes")
     objective: Objective | None = Field(default=None, description="the metric (and goal) that picks the best point")
+    max_parallel: int | None = Field(default=None, ge=1,
+                                     description="at most this many points at once on each cluster host")
 
     @model_validator(mode="after")
     def _where(self) -> SweepFile:
@@ -51,6 +53,7 @@ class Point:
     diff: dict[str, Any]  # dotted key -> value: what this point changes in the base spec
     spec: Any  # the playbook's Spec, validated
     host: str
+    cluster: bool = False  # its host has a scheduler, which picks the GPUs
 
     @property
     def key(self) -> str:
@@ -63,7 +66,8 @@ class Point:
     @property
     def lane(self) -> str:
         gpus = self.spec.gpus
-        return self.host if gpus is None else f"{self.host}:{','.join(map(str, sorted(gpus)))}"
+        # a cluster's points share one lane, as wide as max_parallel: the scheduler places them
+        return self.host if gpus is None or self.cluster else f"{self.host}:{','.join(map(str, sorted(gpus)))}"
 
 
 @dataclass
@@ -184,5 +188,5 @@ def plan(ws: Workspace, store: Store, path: Path, instance: str = "") -> Plan:
             runflow.check(store, pb, spec, host)
         except UsageError as exc:
             raise UsageError(f"invalid point {i} ({label(diff)}): {exc}") from None
-        points.append(Point(i, diff, spec, host.name))
+        points.append(Point(i, diff, spec, host.name, cluster=host.scheduler is not None))
     return Plan(path, _hash(text), file, pb, hosts, points, instance)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -46,7 +47,8 @@ class Attempt:
 
 
 class Runner:
-    """A thread per lane (a host, or a GPU set of a host), one point at a time in each."""
+    """A thread per lane (a host, or a GPU set of a host), one point at a time in each; a cluster's lane has
+    up to max_parallel threads."""
 
     def __init__(self, ws: Workspace, p: Plan, sweep_id: int, echo: Callable[[str], None],
                  sleep: Callable[[float], None] = time.sleep):
@@ -56,11 +58,11 @@ class Runner:
         self._beat = 0.0
 
     def run(self) -> None:
-        lanes: dict[str, list[Point]] = {}
-        for pt in self.plan.points:
-            lanes.setdefault(pt.lane, []).append(pt)
-        threads = [threading.Thread(target=self._lane, args=(pts,), name=f"sweep-{name}", daemon=True)
-                   for name, pts in lanes.items()]
+        lanes: dict[str, deque[Point]] = {}
+        for pt in self._order(self.plan.points):
+            lanes.setdefault(pt.lane, deque()).append(pt)
+        threads = [threading.Thread(target=self._lane, args=(pts,), name=f"sweep-{name}-{n}", daemon=True)
+                   for name, pts in lanes.items() for n in range(self._width(pts))]
         for t in threads:
             t.start()
         for t in threads:
@@ -69,10 +71,31 @@ class Runner:
         if self.errors:
             raise self.errors[0]
 
-    def _lane(self, points: list[Point]) -> None:
+    def _width(self, points: deque[Point]) -> int:
+        """How many threads take points from a lane: a host or GPU set runs one point at a time, a cluster
+        as many as max_parallel (default: all, queued by the scheduler)."""
+        if not points[0].cluster:
+            return 1
+        return min(self.plan.file.max_parallel or len(points), len(points))
+
+    def _order(self, points: list[Point]) -> list[Point]:
+        """Points whose runs a dead controller left going come first: a lane watches them again before it
+        starts a new point, so a resumed cluster lane never runs more than its width."""
         store = Store(self.ws.db_path)
         try:
-            for pt in points:
+            live = {store.get_run(run_id).point for run_id in db.active_runs(store, self.sweep_id)}
+        finally:
+            store.close()
+        return sorted(points, key=lambda pt: pt.key not in live)
+
+    def _lane(self, points: deque[Point]) -> None:
+        store = Store(self.ws.db_path)
+        try:
+            while True:
+                try:
+                    pt = points.popleft()  # atomic: a cluster lane's threads share its queue
+                except IndexError:
+                    break
                 self._point(store, pt)
         except BaseException as exc:  # noqa: BLE001 - a bug: the main thread re-raises it
             self.errors.append(exc)

@@ -49,6 +49,14 @@ def test_points_asking_for_gpus_get_their_own_lanes(ws: Workspace, store: Store)
     assert [pt.lane for pt in p.points] == ["c:0,1", "c:2"]
 
 
+def test_a_clusters_points_share_one_lane_bounded_by_max_parallel(ws: Workspace, store: Store) -> None:
+    with open(ws.hosts_file, "a") as f:
+        f.write("[hosts.k]\nscheduler = 'slurm'\ngpus = 8\nworkdir = '/shared'\n")
+    p = plan(ws, store, write(ws, HEAD + "hosts = ['k']\nmax_parallel = 2\n[spec]\ncmd = 'true'\n"
+                              "[matrix]\ngpus = [[1, 0], [2]]\n"))
+    assert [pt.lane for pt in p.points] == ["k", "k"] and p.file.max_parallel == 2
+
+
 @pytest.mark.parametrize("body, message", [
     ("name = 'x'\nplaybook = 'command'\n", "give either hosts = [...] or tags = [...]"),
     (HEAD + "hosts = ['a']\ntags = ['gpu']\n", "give either hosts"),
@@ -58,6 +66,7 @@ def test_points_asking_for_gpus_get_their_own_lanes(ws: Workspace, store: Store)
     (HEAD + "hosts = ['a']\n[matrix]\ncmd = []\n", "matrix.cmd: expected a non-empty list"),
     (HEAD + "hosts = ['a']\n[spec]\ncmd = 'true'\n[[include]]\n", "include[0]: an empty point"),
     ("name = 'x'\nplaybook = 'nope'\nhosts = ['a']\n", "unknown playbook"),
+    (HEAD + "hosts = ['a']\nmax_parallel = 0\n", "max_parallel: Input should be greater than or equal to 1"),
     (HEAD + "hosts = ['a']\nretries = -1\n", "retries"),
     (HEAD + "hosts = ['a']\nsurprise = 1\n", "surprise"),
     ("name = 'bad name!'\nplaybook = 'command'\nhosts = ['a']\n", "name"),
