@@ -127,7 +127,7 @@ def make_overlay(transport: Transport, run_root: str, checked: Iterable[PatchRes
     folders = sorted({f"{res.root}/{res.package}" for res in checked})
     # a run dir another workspace's run holds (its token) is never written to
     tokens = f"{quote(run_root)}/token {quote(run_root)}/.orch/token"  # either layout of a run dir
-    transport.run(f"for t in {tokens}; do test ! -e "$t" || exit 1; done; mkdir -p {quote(overlay.path)} && "
+    transport.run(f"for t in {tokens}; do test ! -e \"$t\" || exit 1; done; mkdir -p {quote(overlay.path)} && "
                   f"cp -a -- {' '.join(map(quote, folders))} {quote(overlay.path)}/", timeout=600)
     return overlay
 
