@@ -96,3 +96,12 @@ def stop_background_watchers(home: Path) -> None:
                 os.kill(int(proc.name), signal.SIGKILL)
         except OSError:
             continue  # gone meanwhile, or not ours to read
+
+
+def alive(pid: int) -> bool:
+    """Alive and not a zombie (nothing may reap orphans in a container)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

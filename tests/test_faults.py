@@ -21,18 +21,9 @@ from orchestrator.hosts import Host
 from orchestrator.store import Store
 from orchestrator.workspace import Workspace
 
-from orchtest import FAST, JOB, TESTS, Orch
+from orchtest import FAST, JOB, TESTS, Orch, alive
 
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
-
-
-def alive(pid: int) -> bool:
-    """Alive and not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def wait_for(predicate, timeout: float = 20, step: float = 0.01) -> None:

@@ -26,6 +26,7 @@ from orchestrator.remote import connect
 from orchestrator.spec import RunSpec
 from orchestrator.store import Store
 from orchestrator.workspace import Workspace
+from orchtest import alive
 
 pytest_plugins = ["engine_src"]  # engine: real sglang 0.5.23 source, for a patch set inside a run
 
@@ -41,15 +42,6 @@ class FastSpec(RunSpec):
 
 
 # --- fixtures and helpers --------------------------------------------------------------------------
-
-
-def alive(pid: int) -> bool:
-    """Alive and not a zombie (nothing may reap orphans in a container)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def wait_for(predicate: Any, timeout: float = 10) -> None:
