@@ -270,3 +270,8 @@ def m014(db: Database) -> None:
     db["runs"].add_column("name", str)
     db["runs"].add_column("tags", str)  # JSON list, filtered with json_each
     db["runs"].add_column("note", str)
+
+
+@migration("m015_host_lease")
+def m015(db: Database) -> None:
+    db["runs"].add_column("host_lease", int, not_null_default=0)  # the run holds lease files on its host

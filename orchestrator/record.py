@@ -70,6 +70,7 @@ class Run:
     sweep_id: int | None = None
     point: str | None = None
     last_line: str | None = None  # the log's last line as of the last poll
+    host_lease: bool = False  # it holds lease files on its host (hostlease.py)
     end_steps: list[str] = field(default_factory=list)  # the end steps that already ran
     patches_applied: list[str] = field(default_factory=list)  # patch sets this run applied on its host
     unreadable: list[str] = field(default_factory=list)  # JSON columns found damaged (read as None)
@@ -87,6 +88,7 @@ class Run:
         values = {k: v for k, v in row.items() if k in known}
         values["status"] = Status(values["status"])
         values["stalled"] = bool(values.get("stalled"))
+        values["host_lease"] = bool(values.get("host_lease"))
         for key in ("spec",):
             values[key] = values.get(key) or {}
         for key in ("end_steps", "patches_applied", "tags", "unreadable"):

@@ -21,7 +21,7 @@ from orchestrator.hosts import Host
 from orchestrator.store import Store
 from orchestrator.workspace import Workspace
 
-from orchtest import FAST, JOB, TESTS, Orch, alive
+from orchtest import FAST, JOB, TESTS, Orch, alive, job_cmd
 
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 
@@ -285,3 +285,27 @@ def test_a_job_writing_exit_code_and_pid_in_its_dir_does_not_end_its_own_run(tmp
     run_dir = Path(doc["remote_dir"])
     assert (run_dir / "exit_code").read_text().strip() == "0"  # the job's own file, left as it wrote it
     assert (run_dir / ".orch" / "exit_code").read_text().strip() == "3"
+
+
+# --- 22: two workspaces on one workdir ------------------------------------------------------------------
+def test_two_workspaces_on_one_workdir_never_hold_the_same_gpus(tmp_path: Path, ssh_fleet: Any) -> None:
+    shared = str(tmp_path / "shared-workdir")
+    a = Orch(tmp_path / "ws-a", ssh_fleet.hosts_toml(test1={"workdir": shared}))
+    b = Orch(tmp_path / "ws-b", ssh_fleet.hosts_toml(test1={"workdir": shared}))
+    long_job = job_cmd("--steps", "600", "--sleep", "0.1")
+    held = int(a("run", "command", "--host", "test1", "--detach", *FAST, "--set", "gpus=[0]", "--set", long_job,
+                 check=0).stdout)
+    # b's run 1 would land in a's run dir 1: refused before GPU cleanup or anything else touches the host
+    res = b("run", "command", "--host", "test1", *FAST, "--set", "gpus=[1]", "--set", "cmd=true")
+    assert res.returncode == 1 and "run dir in use by another workspace's run" in res.stderr, res.stderr
+    assert not any(e["kind"] == "gpu" for e in b.status(1)["events"])
+    # GPU 0 is a's, whatever b's database says; GPU 1 is free
+    res = b("run", "command", "--host", "test1", *FAST, "--set", "gpus=[0]", "--set", "cmd=true")
+    assert res.returncode == 1 and "GPUs 0 held by another workspace's run" in res.stderr, res.stderr
+    assert b("run", "command", "--host", "test1", *FAST, "--set", "gpus=[1]", "--set", "cmd=true").returncode == 0
+    leases = Path(shared) / "leases"
+    assert sorted(p.name for p in leases.iterdir() if not p.name.startswith(".")) == ["gpu-0"]  # b's freed
+    a("cancel", str(held), "--grace", "1", check=0)
+    a.wait_for(held, lambda d: len(d["end_steps"]) == 4, timeout=60)
+    assert not (leases / "gpu-0").exists()
+    assert b("run", "command", "--host", "test1", *FAST, "--set", "gpus=[0]", "--set", "cmd=true").returncode == 0

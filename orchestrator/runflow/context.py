@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -91,6 +92,18 @@ def open_run(ws: Workspace, store: Store, run: Run | int, hosts: Hosts | None = 
     transport = connect(host)
     root = record.remote_dir or RunPaths.for_run(transport.expand(host.workdir), record.id).root
     return Context(ws, store, pb, host, transport, executor_for(host, transport), record.id, spec, RunPaths(root))
+
+
+def run_token(ws: Workspace, store: Store, run_id: int) -> str:
+    """Names this run of this workspace in its remote dir, so another workspace's run N is not taken for it."""
+    created = store.conn.execute("SELECT created_at FROM runs WHERE id = ?", (run_id,)).fetchone()
+    return f"{socket.gethostname()}:{ws.db_path}:{run_id}:{created[0] if created else 0}"
+
+
+def holds_host(ctx: Context) -> bool:
+    """Does the run hold its host (or GPU set) while it runs? A client of a server does not, nor a job the
+    scheduler places."""
+    return ctx.pb.exclusive and not ctx.executor.schedules_gpus
 
 
 def watch_options(pb: Playbook[Any], spec: RunSpec, host: Host, until_ready: bool = False) -> WatchOptions:

@@ -7,13 +7,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import cleanup, gpu, lease, notify, patching, registry
+from .. import cleanup, gpu, hostlease, lease, notify, patching, registry
 from ..errors import OrchError, TransitionError
 from ..lifecycle import transition
 from ..record import Run, Status
 from ..store import Store
 from ..workspace import Workspace
-from .context import END_STEPS, KILL_GRACE_S, LOG_TAIL_LINES, Context, Hosts, open_run
+from .context import END_STEPS, KILL_GRACE_S, LOG_TAIL_LINES, Context, Hosts, open_run, run_token
 
 
 def end(store: Store, run_id: int, status: Status, message: str, ctx: Context | None = None,
@@ -49,8 +49,20 @@ def finish(ctx: Context) -> Run:
                 what = str(exc) if isinstance(exc, OrchError) else f"{type(exc).__name__}: {exc}"
                 ctx.event("warning", f"{name}: {what}")
     finally:
+        _release_host(ctx)
         lease.release(ctx.store, ctx.run_id)  # the host (or GPU set) is free for the next run
     return ctx.run
+
+
+def _release_host(ctx: Context) -> None:
+    """Drop the run's lease files on its host; one left behind (the host unreachable) goes stale with the run."""
+    if not ctx.run.host_lease:
+        return
+    try:
+        hostlease.release(ctx.transport, ctx.transport.expand(ctx.host.workdir), run_token(ctx.ws, ctx.store, ctx.run_id))
+        ctx.store.update_run(ctx.run_id, host_lease=0)
+    except OrchError:
+        pass
 
 
 def _claim_step(store: Store, run_id: int, name: str) -> bool:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import lease, patching, registry, watching
+from .. import hostlease, lease, patching, registry, watching
 from ..controller import Controller
 from ..errors import DatabaseUnavailable, OrchError, UsageError
 from ..executor import executor_for
@@ -22,7 +21,7 @@ from ..spec import RunSpec
 from ..store import Store
 from ..watching import WatchLock
 from ..workspace import Workspace
-from .context import Context, Hosts, open_run, watch_options
+from .context import Context, Hosts, holds_host, open_run, run_token, watch_options
 from .ending import end, file_states, free_gpus, stop
 from .follow import probe_orphan
 
@@ -39,12 +38,6 @@ def check(store: Store, pb: Playbook[Any], spec: RunSpec, host: Host) -> None:
             raise UsageError(f"patch set {name} needs {' '.join(missing)} in the launch command "
                              f"(debug code does not run under CUDA graph replay)")
     pb.check_inputs(spec, host, store.get_run)
-
-
-def run_token(ws: Workspace, store: Store, run_id: int) -> str:
-    """Names this run of this workspace in its remote dir, so another workspace's run N is not taken for it."""
-    created = store.conn.execute("SELECT created_at FROM runs WHERE id = ?", (run_id,)).fetchone()
-    return f"{socket.gethostname()}:{ws.db_path}:{run_id}:{created[0] if created else 0}"
 
 
 def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: Host, *, queue: bool = False,
@@ -164,6 +157,10 @@ def _steps_before_launch(ctx: Context) -> str:
     sets = [registry.patch_set(name) for name in ctx.spec.patches]
     checked = [patching.check(ctx.transport, ps) for ps in sets]
     ctx.pb.preflight(ctx.job())
+    if holds_host(ctx):  # another workspace sharing this workdir sees the run too, before anything changes
+        hostlease.take(ctx.transport, ctx.transport.expand(ctx.host.workdir), ctx.paths,
+                       run_token(ctx.ws, ctx.store, ctx.run_id), ctx.spec.gpus)
+        ctx.store.update_run(ctx.run_id, host_lease=1)
     gpu_env = free_gpus(ctx) if ctx.spec.cleanup and not ctx.executor.schedules_gpus else {}
     # On a cluster every job shares the engine install: the sets go to the run's own copy instead.
     overlay = patching.make_overlay(ctx.transport, ctx.paths.root, checked) if sets and ctx.host.scheduler else None
@@ -223,6 +220,10 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host:
         echo(f"# patch set {name}: check, then apply {len(ps.files)} file(s) of {ps.package} {ps.versions}"
              + (" (reverted when the run ends)" if ps.revert_after else "") + "\n")
     gpu_env: dict[str, str] = {}
+    if holds_host(ctx):
+        what = "the host" if spec.gpus is None else "GPUs " + ",".join(map(str, spec.gpus))
+        echo(f"# lease of {what} in {host.workdir}/{hostlease.DIR}/ (refused while another workspace's run"
+             " holds it)\n")
     if spec.cleanup and not host.scheduler:  # a cluster's GPUs are its scheduler's
         which = ",".join(map(str, spec.gpus)) if spec.gpus is not None else "every GPU of the host"
         echo(f"# GPU cleanup of {which}: stop stale orch runs there"
