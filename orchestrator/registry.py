@@ -26,6 +26,7 @@ BUILTIN_PLAYBOOKS = {
     "serve-eagle3": "playbooks.serve_eagle3:ServeEagle3",
     "bench-serving": "playbooks.bench_serving:BenchServing",
     "serve-bench": "playbooks.serve_bench:ServeBench",
+    "train-draft": "playbooks.train_draft:TrainDraft",
 }
 BUILTIN_PATCH_SETS = "playbooks.patches"
 

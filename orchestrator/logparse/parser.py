@@ -52,8 +52,8 @@ _MODULES: dict[str | None, ModuleType] = {
 # Markers are distinctive enough to be looked for whatever the engine.
 _RULES = COMMON_RULES + sglang.RULES + vllm.RULES + speculators.RULES
 _ANY_RULE = re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES))
-_METRIC_SOURCES = (sglang.metrics, vllm.metrics)
-_HEALTHY_METRICS = {"gen_throughput"}
+_METRIC_SOURCES = (sglang.metrics, vllm.metrics, speculators.train_metrics)
+_HEALTHY_METRICS = {"gen_throughput", "train/loss"}
 _QUIET_LEVELS = {"DEBUG", "INFO", "WARNING"}
 _LOUD_LEVELS = {"ERROR", "CRITICAL"}
 # A server that answers: uvicorn's start lines, or an access-log line with status 200.
@@ -264,6 +264,12 @@ class LogParser:
             self._tracebacks.feed(line.source, text)
             return
         self._metrics(line, found)
+        epochs = speculators.epoch_progress(text)
+        if epochs is not None:
+            done, total = epochs
+            self._progress, self._pending = Progress("epoch", done, total, round(done / total * 100, 4),
+                                                     None, None, None), None
+            self._set_phase("running")
         if eagle3_debug.PREFIX in text:
             record = eagle3_debug.parse(text)
             if record is not None:

@@ -1,7 +1,14 @@
-"""speculators hidden-state generation: the old in-process vLLM pipeline and the new vLLM-server client."""
+"""speculators: hidden-state generation (the old in-process vLLM pipeline, the new vLLM-server client) and
+EAGLE-3 draft training (scripts/train.py, 0.3 to 0.6).
+
+The trainer logs through Rich with its dict formatter: a step is `train/loss=1.234, train/full_acc_0=0.512,
+..., epoch=0, lr=1.00e-04`, a validation pass `val/loss_epoch=..., epoch=0`; each pair under `train/` or
+`val/` is a metric of that name, `lr` too. `Training epoch K/N started|completed` is the run's progress
+(K-1 or K of N epochs): its per-step bars are Rich's, which draw nothing off a terminal."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from . import vllm
@@ -11,7 +18,7 @@ NAME = "speculators"
 
 DETECT = re.compile(
     r"speculators|Generating hidden states|Data generation complete!|EAGLE Offline Data Generation"
-    r"|data_generation_offline|hidden_states_generator"
+    r"|data_generation_offline|hidden_states_generator|Training epoch \d+/\d+ started"
 )
 
 RULES: list[Rule] = [
@@ -22,6 +29,32 @@ RULES: list[Rule] = [
 _FINISHED = re.compile(r"Data generation complete!")
 
 metrics = vllm.metrics
+
+_TRAIN_LINE = re.compile(r"(?:^|[\s,])(?:train|val)/\w+=")
+_TRAIN_PAIR = re.compile(r"(?:^|(?<=[\s,]))((?:train|val)/\w+|lr)=(-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)(?=,|\s|$)")
+_EPOCH = re.compile(r"\bTraining epoch (\d+)/(\d+) (started|completed)\b")
+_MAX_PAIRS = 64
+
+
+def train_metrics(text: str) -> list[tuple[str, float]]:
+    """The trainer's step and validation metrics: [] for any other line."""
+    if "/" not in text or not _TRAIN_LINE.search(text):
+        return []
+    found = [(name, float(value)) for name, value in _TRAIN_PAIR.findall(text)[:_MAX_PAIRS]]
+    return [(n, v) for n, v in found if math.isfinite(v)]
+
+
+def epoch_progress(text: str) -> tuple[float, float] | None:
+    """(epochs done, epochs) of a `Training epoch K/N started|completed` line."""
+    if "Training epoch" not in text:
+        return None
+    m = _EPOCH.search(text)
+    if m is None:
+        return None
+    k, n = int(m.group(1)), int(m.group(2))
+    if n <= 0 or not 0 < k <= n:
+        return None
+    return float(k if m.group(3) == "completed" else k - 1), float(n)
 
 
 def line_phase(text: str, phase: str = "starting") -> str | None:

@@ -23,6 +23,7 @@ REQUIRED: dict[str, dict[str, Any]] = {
     "serve-eagle3": {"model": "/m", "draft_model": "/d"},
     "bench-serving": {"url": "http://127.0.0.1:30000"},
     "serve-bench": {"model": "/m", "draft_model": "/d"},
+    "train-draft": {"scripts_dir": "/s", "verifier": "/m", "hidden_states": "/h", "data_path": "/d"},
 }
 # A command line the user means as shell; the interpreter the test stubs; names the registry looks up
 # (a hostile one is refused there, see test_patching).

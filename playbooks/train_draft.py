@@ -1,0 +1,211 @@
+"""`train-draft`: train an EAGLE-3 draft model on extracted hidden states with speculators' scripts/train.py.
+
+The step after `extract-hidden-states` (backend speculators). The hidden states come from a finished
+extract run (`from_run = N`: its output_dir on the same host) or from a path (`hidden_states`). The
+speculators version installed for the host's python (or `speculators_version`) picks the arguments, as
+scripts/train.py names them:
+  0.3.x-0.4.x  --data-path is the folder of `data_{i}.pt` files the old extraction wrote.
+  0.5.x-0.6.x  --data-path is the preprocessed dataset, --hidden-states-path the `hs_{i}.safetensors`
+               folder, --on-missing what to do for a sample without hidden states.
+From 0.7 the script reads a config file instead of these flags: refused.
+
+The trainer logs through Rich: each step a `train/loss=…, train/full_acc_0=…, epoch=0, lr=…` line, each
+epoch `Training epoch K/N started|completed`; the log parser reads both (loss metrics, epoch progress).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+
+from pydantic import Field, field_validator, model_validator
+
+from orchestrator.playbook import (
+    FindRun,
+    Host,
+    JobContext,
+    NotFound,
+    OrchError,
+    Outputs,
+    Playbook,
+    Prepared,
+    Run,
+    RunSpec,
+    Status,
+    UsageError,
+    quote,
+)
+
+TRAINER = "train.py"
+EXTRACT = "extract-hidden-states"
+NEW_ARGS = (0, 5)  # --hidden-states-path and --on-missing from here on
+CONFIG_FIRST = (0, 7)  # scripts/train.py takes a config file instead of these flags
+VERSION_VAR = "ORCH_SPECULATORS_VERSION"
+# Rich wraps its log lines at the console width, 80 columns off a terminal: room for a whole metrics line.
+COLUMNS = "400"
+_VERSION = re.compile(r"^(\d+(?:\.\d+)*)")
+
+
+class TrainDraftSpec(RunSpec):
+    scripts_dir: str = Field(description="the speculators repo's scripts/ dir on the host")
+    verifier: str = Field(description="--verifier-name-or-path: the target model the hidden states came from")
+    from_run: int | None = Field(default=None, gt=0, description="a succeeded extract-hidden-states run "
+                                 "(backend speculators) on this host: its output_dir is the hidden states")
+    hidden_states: str | None = Field(default=None, description="the hidden-states dir, instead of from_run")
+    data_path: str | None = Field(default=None, description=">=0.5: --data-path, the preprocessed dataset "
+                                  "(default: the extract run's dataset)")
+    output_dir: str | None = Field(default=None, description="--save-path (default: <run dir>/checkpoints)")
+    epochs: int | None = Field(default=None, gt=0, description="--epochs (script default 20)")
+    lr: float | None = Field(default=None, gt=0, description="--lr (script default 1e-4)")
+    total_seq_len: int | None = Field(default=None, gt=0, description="--total-seq-len: tokens packed per "
+                                      "batch, the script's batch size (default 8192)")
+    num_layers: int | None = Field(default=None, gt=0, description="--num-layers of the draft model")
+    on_missing: str | None = Field(default=None, pattern=r"^(generate|skip|warn|raise)$",
+                                   description=">=0.5: --on-missing (default here: warn)")
+    speculators_version: str | None = Field(default=None, description="force the arguments (default: installed)")
+    extra_args: list[str] = Field(default_factory=list, description="more train.py flags, passed as given")
+
+    @field_validator("speculators_version")
+    @classmethod
+    def _version(cls, v: str | None) -> str | None:
+        if v is not None and not _VERSION.match(v):
+            raise ValueError(f"not a version: {v!r}")
+        return v
+
+    @field_validator("scripts_dir", "verifier", "hidden_states", "data_path", "output_dir")
+    @classmethod
+    def _not_blank(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("must not be empty (leave it out for the default)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TrainDraftSpec:
+        if (self.from_run is None) == (self.hidden_states is None):
+            raise ValueError("give exactly one of from_run (an extract run) and hidden_states (a path)")
+        return self
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    m = _VERSION.match(text.strip())
+    if not m:
+        raise OrchError(f"not a speculators version: {text.strip()!r}")
+    return tuple(int(p) for p in m.group(1).split("."))
+
+
+def extract_run(find_run: FindRun, spec: TrainDraftSpec, host: Host) -> Run:
+    """The extract run `from_run` names: succeeded, backend speculators, on this host."""
+    assert spec.from_run is not None
+    try:
+        run = find_run(spec.from_run)
+    except NotFound:
+        raise UsageError(f"from_run: no run {spec.from_run}") from None
+    where = f"from_run: run {run.id} ({run.playbook} on {run.host}, {run.status})"
+    if run.playbook != EXTRACT or run.spec.get("backend") != "speculators":
+        raise UsageError(f"{where} is not an {EXTRACT} run with backend speculators")
+    if run.host != host.name:
+        raise UsageError(f"{where} is not on {host.name}")
+    if run.status is not Status.SUCCEEDED:
+        raise UsageError(f"{where} did not succeed")
+    if not run.spec.get("output_dir") and not run.remote_dir:
+        raise UsageError(f"{where} has no output_dir on record")
+    return run
+
+
+def hidden_states_dir(find_run: FindRun, spec: TrainDraftSpec, host: Host) -> str:
+    if spec.hidden_states is not None:
+        return spec.hidden_states
+    run = extract_run(find_run, spec, host)
+    return str(run.spec.get("output_dir") or posixpath.join(str(run.remote_dir), "hidden_states"))
+
+
+def dataset_dir(find_run: FindRun, spec: TrainDraftSpec, host: Host) -> str | None:
+    if spec.data_path is not None or spec.from_run is None:
+        return spec.data_path
+    dataset = extract_run(find_run, spec, host).spec.get("dataset")
+    return str(dataset) if dataset else None
+
+
+def train_argv(s: TrainDraftSpec, python: str, version: str, hidden: str, data: str | None,
+               save: str) -> list[str]:
+    argv = [python, posixpath.join(s.scripts_dir, TRAINER), "--verifier-name-or-path", s.verifier]
+    if parse_version(version) >= NEW_ARGS:
+        if data is None:
+            raise UsageError("speculators >= 0.5 needs data_path (the preprocessed dataset) or a from_run "
+                             "whose spec names its dataset")
+        argv += ["--data-path", data, "--hidden-states-path", hidden, "--on-missing", s.on_missing or "warn"]
+    else:
+        argv += ["--data-path", hidden]
+    argv += ["--save-path", save]
+    for flag, value in (("--epochs", s.epochs), ("--lr", s.lr), ("--total-seq-len", s.total_seq_len),
+                        ("--num-layers", s.num_layers)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + list(s.extra_args)
+
+
+def shell(argv: list[str]) -> str:
+    return " ".join(quote(a) for a in argv)
+
+
+class TrainDraft(Playbook[TrainDraftSpec]):
+    name = "train-draft"
+    Spec = TrainDraftSpec
+    engine = "speculators"
+
+    def check_inputs(self, spec: TrainDraftSpec, host: Host, find_run: FindRun) -> None:
+        if spec.from_run is not None:
+            extract_run(find_run, spec, host)
+        if spec.speculators_version is not None and parse_version(spec.speculators_version) >= CONFIG_FIRST:
+            raise UsageError(f"speculators {spec.speculators_version}: train.py takes a config file from 0.7; "
+                             "supported: 0.3 to 0.6")
+
+    def output_dir(self, job: JobContext[TrainDraftSpec]) -> str:
+        return job.spec.output_dir or posixpath.join(job.paths.root, "checkpoints")
+
+    def prepare(self, job: JobContext[TrainDraftSpec]) -> Prepared:
+        return Prepared(env={VERSION_VAR: self._version(job), "COLUMNS": COLUMNS})
+
+    def _version(self, job: JobContext[TrainDraftSpec]) -> str:
+        """One remote call: the installed version (unless the spec forces one) and whether train.py is there."""
+        s = job.spec
+        probe = ("import importlib.metadata as m\ntry:\n print('version', m.version('speculators'))\n"
+                 "except m.PackageNotFoundError:\n print('version none')")
+        cmd = "" if s.speculators_version else f"{quote(job.python)} -c {quote(probe)} 2>&1\n"
+        cmd += f"test -f {quote(posixpath.join(s.scripts_dir, TRAINER))} && echo script found\n"
+        res = job.remote.run(cmd + "true", timeout=120)
+        if job.dry_run:
+            return s.speculators_version or ".".join(map(str, NEW_ARGS))
+        said = dict(line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("version ", "script ")))
+        version = s.speculators_version or said.get("version", "none")
+        if version == "none" or not _VERSION.match(version):
+            raise OrchError(f"speculators is not installed for {job.python} on {job.host.name} "
+                            f"(set speculators_version): {res.stdout.strip()[-200:]}")
+        if parse_version(version) >= CONFIG_FIRST:
+            raise OrchError(f"speculators {version}: train.py takes a config file from 0.7; supported: 0.3 to 0.6")
+        if "script" not in said:
+            raise OrchError(f"{TRAINER} not found in {s.scripts_dir} on {job.host.name} "
+                            "(scripts_dir: the scripts/ folder of the speculators repo)")
+        job.event("prepare", f"speculators {version}: train.py {'>=0.5' if parse_version(version) >= NEW_ARGS else '<0.5'} arguments")
+        return version
+
+    def command(self, job: JobContext[TrainDraftSpec], prepared: Prepared) -> str:
+        hidden = hidden_states_dir(job.find_run, job.spec, job.host)
+        data = dataset_dir(job.find_run, job.spec, job.host)
+        return shell(train_argv(job.spec, job.python, prepared.env[VERSION_VAR], hidden, data, self.output_dir(job)))
+
+    def finish(self, job: JobContext[TrainDraftSpec], run: Run) -> Outputs:
+        """One remote call: the checkpoints (one folder per epoch) train.py saved, also after a failure."""
+        out = self.output_dir(job)
+        cmd = (f"cd {quote(out)} 2>/dev/null || {{ echo 0 0 -; exit 0; }}\n"
+               "n=0; last=-; for d in $(ls -1 | grep -E '^[0-9]+$' | sort -n); do "
+               "[ -d \"$d\" ] && n=$((n+1)) && last=$d; done\n"
+               "echo $n $(du -sb . | cut -f1) $last\n")
+        fields = job.remote.run(cmd).stdout.split()
+        if len(fields) != 3 or not fields[0].isdigit() or not fields[1].isdigit():
+            raise OrchError(f"unexpected answer listing {out}: {' '.join(fields)[:200]!r}")
+        checkpoints, size = int(fields[0]), int(fields[1])
+        last = None if fields[2] == "-" else posixpath.join(out, fields[2])
+        found = {"output_dir": out, "hidden_states": hidden_states_dir(job.find_run, job.spec, job.host),
+                 "checkpoints": checkpoints, "last_checkpoint": last, "bytes": size}
+        return Outputs(found, [("checkpoints", checkpoints), ("output_mb", round(size / 2**20, 3))])

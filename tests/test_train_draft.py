@@ -1,0 +1,115 @@
+"""`train-draft`: speculators' EAGLE-3 training on an extract run's hidden states, over the real sshd fleet.
+
+scripts/train.py is a tests-only stand-in (tests/fakes/speculators_emulator/scripts/train.py) with the real
+script's arguments and log lines.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from orchtest import FAST, Orch
+
+from orchestrator.errors import UsageError
+from orchestrator.hosts import Host
+from orchestrator.record import Run, Status
+from playbooks.train_draft import TrainDraftSpec, hidden_states_dir, train_argv
+
+SCRIPTS = Path(__file__).parent / "fakes" / "speculators_emulator" / "scripts"
+PROMPTS = Path(__file__).parents[1] / "playbooks" / "data" / "prompts.jsonl"
+MODEL = "/models/Llama-3.1-8B-Instruct"
+
+
+@pytest.fixture
+def orch(tmp_path, ssh_fleet) -> Orch:
+    return Orch(tmp_path / "ws", ssh_fleet.hosts_toml(test1={"workdir": str(tmp_path / "remote1")}))
+
+
+def sets(**values: object) -> list[str]:
+    return [a for k, v in values.items() for a in ("--set", f"{k}={v if isinstance(v, str) else json.dumps(v)}")]
+
+
+def test_trains_on_an_extract_run_with_loss_and_progress(orch):
+    assert orch("run", "extract-hidden-states", "--host", "test1", *FAST,
+                *sets(backend="speculators", scripts_dir=str(SCRIPTS), model=MODEL, speculators_version="0.3.0",
+                      dataset=str(PROMPTS), max_samples=6, batch_size=2), timeout=180).returncode == 0
+    res = orch("run", "train-draft", "--host", "test1", *FAST,
+               *sets(scripts_dir=str(SCRIPTS), verifier=MODEL, from_run=1, speculators_version="0.4.0",
+                     epochs=2, lr=3e-4, total_seq_len=4096), timeout=180)
+    assert res.returncode == 0, res.stderr
+    doc = orch.status(2)
+    assert doc["status"] == "succeeded" and doc["exit_code"] == 0
+    assert doc["progress"]["label"] == "epoch" and doc["progress"]["done"] == doc["progress"]["total"] == 2
+    m = doc["metrics"]
+    assert 0 < m["train/loss"] < m["train/loss_2"] * 3 and m["lr"] == pytest.approx(3e-4)
+    assert m["checkpoints"] == 2 and m["output_mb"] > 0
+    extract = Path(orch.status(1)["remote_dir"]) / "hidden_states"
+    outputs = json.loads((orch.root / "runs" / "2" / "outputs.json").read_text())
+    assert outputs["hidden_states"] == str(extract)
+    assert outputs["last_checkpoint"] == str(Path(doc["remote_dir"]) / "checkpoints" / "1")
+    log = (Path(doc["remote_dir"]) / "log").read_text()
+    assert f"--data-path {extract}" in (Path(doc["remote_dir"]) / "job.sh").read_text()
+    assert log.count("train/loss=") == 6  # 3 steps (6 samples / 2) per epoch
+
+
+def test_no_samples_fails_the_run(orch, tmp_path):
+    (tmp_path / "empty").mkdir()
+    res = orch("run", "train-draft", "--host", "test1", *FAST,
+               *sets(scripts_dir=str(SCRIPTS), verifier=MODEL, hidden_states=str(tmp_path / "empty"),
+                     speculators_version="0.4.0"), timeout=180)
+    assert res.returncode != 0
+    doc = orch.status(1)
+    assert doc["status"] == "failed" and "no training samples" in json.dumps(doc["error"])
+
+
+def test_from_run_must_be_a_succeeded_speculators_extract_on_the_host(orch):
+    res = orch("run", "train-draft", "--host", "test1", *FAST,
+               *sets(scripts_dir=str(SCRIPTS), verifier=MODEL, from_run=7), timeout=60)
+    assert res.returncode != 0 and "from_run: no run 7" in res.stderr
+
+
+def run_of(**kw: object) -> Run:
+    base = {"id": 3, "playbook": "extract-hidden-states", "host": "h", "status": Status.SUCCEEDED,
+            "spec": {"backend": "speculators", "output_dir": "/hs", "dataset": "/prep"}, "remote_dir": "/r/3"}
+    return Run(**{**base, **kw})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("run", "message"), [
+    (run_of(playbook="serve-eagle3"), "is not an extract-hidden-states run"),
+    (run_of(spec={"backend": "hf"}), "with backend speculators"),
+    (run_of(host="other"), "is not on h"),
+    (run_of(status=Status.FAILED), "did not succeed"),
+])
+def test_from_run_refusals(run, message):
+    spec = TrainDraftSpec(scripts_dir="/s", verifier="/m", from_run=3)
+    with pytest.raises(UsageError, match=message):
+        hidden_states_dir(lambda _id: run, spec, Host(name="h"))
+
+
+def test_from_run_resolves_the_output_dir():
+    spec = TrainDraftSpec(scripts_dir="/s", verifier="/m", from_run=3)
+    assert hidden_states_dir(lambda _id: run_of(), spec, Host(name="h")) == "/hs"
+    default = run_of(spec={"backend": "speculators", "output_dir": None})
+    assert hidden_states_dir(lambda _id: default, spec, Host(name="h")) == "/r/3/hidden_states"
+
+
+def test_arguments_of_each_version():
+    spec = TrainDraftSpec(scripts_dir="/s", verifier="/m", hidden_states="/hs", epochs=3, lr=1e-4,
+                          extra_args=["--ttt-steps", "4"])
+    assert train_argv(spec, "py", "0.4.0", "/hs", None, "/out") == [
+        "py", "/s/train.py", "--verifier-name-or-path", "/m", "--data-path", "/hs", "--save-path", "/out",
+        "--epochs", "3", "--lr", "0.0001", "--ttt-steps", "4"]
+    assert train_argv(spec, "py", "0.6.0", "/hs", "/prep", "/out")[4:10] == [
+        "--data-path", "/prep", "--hidden-states-path", "/hs", "--on-missing", "warn"]
+    with pytest.raises(UsageError, match="needs data_path"):
+        train_argv(spec, "py", "0.5.0", "/hs", None, "/out")
+
+
+@pytest.mark.parametrize("values", [
+    {}, {"from_run": 1, "hidden_states": "/hs"}, {"hidden_states": " "}, {"hidden_states": "/h", "on_missing": "x"},
+])
+def test_bad_specs(values):
+    with pytest.raises(ValueError):
+        TrainDraftSpec.model_validate({"scripts_dir": "/s", "verifier": "/m", **values})
