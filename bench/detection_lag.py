@@ -37,7 +37,8 @@ from orchestrator.logparse import LogParser
 from orchestrator.record import Status
 from orchestrator.remote import Result, SSHTransport, quote
 from orchestrator.store import Store
-from orchestrator.watch import Watcher, WatchOptions
+from orchestrator.polling import WatchOptions
+from orchestrator.watch import Watcher
 from results import write_section
 
 EMULATOR = ROOT / "tests" / "fakes" / "sglang_emulator.py"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import posixpath
+import signal
 from dataclasses import dataclass
 
 from .errors import OrchError
@@ -385,3 +386,12 @@ def tail_command(paths: RunPaths, lines: int) -> str:
 
 
 __all__ = ["RunPaths", "job_script", "kill", "launch", "read_state"]
+
+
+def describe_exit(code: int) -> str:
+    if code > 128:
+        try:
+            return f"exit code {code} (killed by {signal.Signals(code - 128).name})"
+        except ValueError:
+            pass
+    return f"exit code {code}"

@@ -8,12 +8,9 @@ dies: backing off saves round trips without leaving a crash unnoticed for the wh
 
 from __future__ import annotations
 
-import re
-import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import tenacity
@@ -22,12 +19,14 @@ from . import history, launch, stall
 from .controller import Controller
 from .errors import DatabaseUnavailable, RemoteError, TransitionError, Unreachable
 from .executor import Executor
-from .health import SERVING_PHASES, HealthCheck, HealthWatch
-from .launch import RunPaths
+from .health import SERVING_PHASES, HealthWatch
+from .launch import RunPaths, describe_exit
 from .lifecycle import transition
 from .logparse import LogParser, Metric, stamp_time
-from .logparse.text import terminal_safe
+from .logparse.errors import describe as _error_text
+from .logparse.text import last_line
 from .logparse.wake import WAKE
+from .polling import PollWait, WatchOptions
 from .record import Run, Status
 from .store import Store
 
@@ -36,56 +35,8 @@ MAX_CHUNK = 4 << 20  # bytes read per poll; a longer backlog is read by immediat
 CLOCK_SLACK_S = 300.0  # how far a log line's own time may lie outside the run and still be believed
 
 
-@dataclass
-class WatchOptions:
-    poll_min: float
-    poll_max: float
-    until_ready: bool = False
-    ready_pattern: str | None = None
-    engine: str | None = None
-    stall_factor: float = 5.0
-    on_stall: str = "warn"  # warn | kill | dump
-    kill_grace_s: float = 10.0
-    health: HealthCheck | None = None  # a server's endpoint, asked while it is ready; see health.py
-    give_up_s: float | None = None  # a host silent for this long: the run ends lost
-
-
-class PollWait(tenacity.wait.wait_base):
-    """Tenacity wait strategy with a streak that resets on progress and a cap at the predicted finish."""
-
-    def __init__(self, lo: float, hi: float, clock: Callable[[], float]):
-        self.lo, self.hi, self.clock = lo, hi, clock
-        self.streak = 0
-        self.finish_at: float | None = None  # epoch seconds the job is predicted to finish
-        self.look_again_at: float | None = None  # a poll no later than this, whatever the backoff
-        self.immediate = False
-
-    def reset(self) -> None:
-        self.streak = 0
-
-    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
-        if self.immediate:
-            return 0.0
-        interval = min(self.hi, self.lo * 2**self.streak)
-        self.streak += 1
-        if self.finish_at is not None:
-            interval = min(interval, max(0.0, self.finish_at - self.clock()) + self.lo)
-        if self.look_again_at is not None:
-            interval = min(interval, max(0.0, self.look_again_at - self.clock()))
-        return max(interval, 0.0)
-
-
 class _Conflict(Exception):
     """Another watcher recorded this run's log first."""
-
-
-def describe_exit(code: int) -> str:
-    if code > 128:
-        try:
-            return f"exit code {code} (killed by {signal.Signals(code - 128).name})"
-        except ValueError:
-            pass
-    return f"exit code {code}"
 
 
 class Watcher:
@@ -445,20 +396,3 @@ class Watcher:
         if ts is None or ts > now + CLOCK_SLACK_S or ts < started - CLOCK_SLACK_S:
             return None
         return ts
-
-
-def last_line(data: bytes, width: int = 200) -> str | None:
-    """The last non-blank line of new log bytes (a progress bar's latest state included), printable."""
-    for line in reversed(re.split(rb"\r\n?|\n", data[-8192:])):
-        text = terminal_safe(line.decode(errors="replace")).strip()
-        if text:
-            return text[:width]
-    return None
-
-
-def _error_text(err: Any) -> str:
-    head = err.exception or err.kind
-    text = f"{err.kind}: {head}: {err.message}" if err.message else f"{err.kind}: {head}"
-    chain = getattr(err, "chain", None)
-    return f"{text} (then {chain[-1]})" if chain else text  # the root cause, and what it ended in
-

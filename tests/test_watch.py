@@ -17,7 +17,8 @@ from orchestrator.lifecycle import transition
 from orchestrator.record import Status
 from orchestrator.remote import LocalTransport
 from orchestrator.store import Store
-from orchestrator.watch import PollWait, Watcher, WatchOptions
+from orchestrator.polling import PollWait, WatchOptions
+from orchestrator.watch import Watcher
 
 EMULATOR = Path(__file__).parent / "fakes" / "sglang_emulator.py"
 

@@ -159,3 +159,11 @@ def merge(cur: LogError, new: LogError, chained: bool, cause: bool, cur_cause: b
         fatal=cur.fatal or new.fatal,
         chain=chain,
     )
+
+
+def describe(err: Any) -> str:
+    """An error in one line: kind, exception and message, and what a chain ended in."""
+    head = err.exception or err.kind
+    text = f"{err.kind}: {head}: {err.message}" if err.message else f"{err.kind}: {head}"
+    chain = getattr(err, "chain", None)
+    return f"{text} (then {chain[-1]})" if chain else text  # the root cause, and what it ended in

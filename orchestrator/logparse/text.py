@@ -347,3 +347,12 @@ def stamp_time(stamp: str | None, ref: float) -> float | None:
     except (ValueError, OverflowError):
         return None
     return None
+
+
+def last_line(data: bytes, width: int = 200) -> str | None:
+    """The last non-blank line of new log bytes (a progress bar's latest state included), printable."""
+    for line in reversed(re.split(rb"\r\n?|\n", data[-8192:])):
+        text = terminal_safe(line.decode(errors="replace")).strip()
+        if text:
+            return text[:width]
+    return None

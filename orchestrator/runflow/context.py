@@ -14,11 +14,11 @@ from ..executor import Executor, executor_for
 from ..hosts import Host, Inventory
 from ..launch import RunPaths
 from ..playbook import JobContext, Playbook
+from ..polling import WatchOptions
 from ..record import Run
 from ..remote import Transport, connect, quote
 from ..spec import RunSpec, stored
 from ..store import Store
-from ..watch import WatchOptions
 from ..watching import WatchLock
 from ..workspace import Workspace
 
