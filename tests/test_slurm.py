@@ -193,7 +193,7 @@ def test_hostile_host_values_reach_sbatch_as_single_words(tmp_path, cluster):
     out = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "77"
     argv = (tmp_path / "argv").read_text().split("\0")[:-1]
-    assert argv == [*args, "batch.sh"]
+    assert argv == [*args, ".orch/batch.sh"]  # the batch script sits with the run's other control files
     assert f"--chdir={paths.root}" in argv and "--account=x$(touch pwned)" in argv
     assert "--comment=$(touch pwned) ;|&" in argv and "--gres=gpu:2" in argv
     assert not (tmp_path / "pwned").exists() and not pwned.exists()
