@@ -197,8 +197,9 @@ class Watcher:
         now = self.clock()
 
         after = (p.phase, p.progress.done if p.progress else None, p.error)
-        if after[0] != before[0]:
-            events.append(("phase", p.phase, None))
+        # every phase the log went through, not just the last: a backlog read in one poll passes several
+        events += [("phase", phase, None) for phase in p.phases_passed]
+        p.phases_passed.clear()
         if p.error is not None and p.error != before[2]:
             events.append(("error", _error_text(p.error), p.error.to_dict()))
         fields: dict[str, Any] = {}

@@ -102,6 +102,7 @@ class LogParser:
         self.ready_pattern = ready_pattern
         self._ready_re = re.compile(ready_pattern) if ready_pattern else None
         self.phase = "starting"
+        self.phases_passed: list[str] = []  # every phase entered since the caller last emptied it
         self._progress: Progress | None = None
         self._pending: re.Match[str] | None = None  # latest redraw, turned into Progress when asked for
         # The last bar, so its redraws are recognised cheaply: [text before it, has a total, engine, phase].
@@ -437,6 +438,8 @@ class LogParser:
     def _set_phase(self, phase: str) -> None:
         if self.phase == "failed" or (self.phase == "finished" and phase != "failed"):
             return
+        if phase != self.phase:
+            self.phases_passed.append(phase)
         self.phase = phase
 
     def _raise(self, new: LogError, chained: bool, cause: bool) -> None:
