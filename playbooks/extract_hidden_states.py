@@ -42,7 +42,7 @@ DEFAULT_PORT = 8000  # vLLM's
 VERSION_VAR = "ORCH_SPECULATORS_VERSION"  # the version prepare() chose by, recorded in job.sh
 GENERATOR = "data_generation_offline.py"
 LAUNCHER = "launch_vllm.py"
-_VERSION = re.compile(r"^(\d+(?:\.\d+)*)")
+VERSION_RE = re.compile(r"^(\d+(?:\.\d+)*)")
 _SPECULATORS_ONLY = ("tp", "seq_length", "scripts_dir", "speculators_version", "port", "vllm_args",
                      "trust_remote_code", "include_last_layer")
 STORE_DIR = "vllm_hidden_states"  # >=0.5: the server's own store, in the run dir (its default is shared /tmp)
@@ -77,7 +77,7 @@ class ExtractSpec(RunSpec):
     @field_validator("speculators_version")
     @classmethod
     def _version(cls, v: str | None) -> str | None:
-        if v is not None and not _VERSION.match(v):
+        if v is not None and not VERSION_RE.match(v):
             raise ValueError(f"not a version: {v!r}")
         return v
 
@@ -114,8 +114,15 @@ class ExtractSpec(RunSpec):
         return self
 
 
+def version_probe(python: str) -> str:
+    """A shell line printing `version X` (or `version none`): the speculators the host's python has."""
+    code = ("import importlib.metadata as m\ntry:\n print('version', m.version('speculators'))\n"
+            "except m.PackageNotFoundError:\n print('version none')")
+    return f"{quote(python)} -c {quote(code)} 2>&1\n"
+
+
 def parse_version(text: str) -> tuple[int, ...]:
-    m = _VERSION.match(text.strip())
+    m = VERSION_RE.match(text.strip())
     if not m:
         raise OrchError(f"not a speculators version: {text.strip()!r}")
     return tuple(int(p) for p in m.group(1).split("."))
@@ -246,9 +253,7 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
         """One remote call: the installed version (unless the spec forces one) and the scripts present."""
         s = job.spec
         assert s.scripts_dir  # the spec's validator requires it for this backend
-        probe = ("import importlib.metadata as m\ntry:\n print('version', m.version('speculators'))\n"
-                 "except m.PackageNotFoundError:\n print('version none')")
-        cmd = "" if s.speculators_version else f"{quote(job.python)} -c {quote(probe)} 2>&1\n"
+        cmd = "" if s.speculators_version else version_probe(job.python)
         for name in (GENERATOR, LAUNCHER):
             cmd += f"test -f {quote(posixpath.join(s.scripts_dir, name))} && echo script {name}\n"
         res = job.remote.run(cmd + "true", timeout=120)
@@ -257,7 +262,7 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
         said = [line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("version ", "script "))]
         scripts = {value for key, value in said if key == "script"}
         version = s.speculators_version or next((value for key, value in said if key == "version"), "none")
-        if version == "none" or not _VERSION.match(version):
+        if version == "none" or not VERSION_RE.match(version):
             raise OrchError(f"speculators is not installed for {job.python} on {job.host.name} "
                             f"(set speculators_version to choose the pipeline): {res.stdout.strip()[-200:]}")
         needed = [GENERATOR] + ([LAUNCHER] if pipeline_of(version) == "new" else [])

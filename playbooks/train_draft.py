@@ -16,7 +16,6 @@ epoch `Training epoch K/N started|completed`; the log parser reads both (loss me
 from __future__ import annotations
 
 import posixpath
-import re
 
 from pydantic import Field, field_validator, model_validator
 
@@ -36,14 +35,14 @@ from orchestrator.playbook import (
     quote,
 )
 
+from .extract_hidden_states import VERSION_RE, VERSION_VAR, parse_version, shell, version_probe
+
 TRAINER = "train.py"
 EXTRACT = "extract-hidden-states"
 NEW_ARGS = (0, 5)  # --hidden-states-path and --on-missing from here on
 CONFIG_FIRST = (0, 7)  # scripts/train.py takes a config file instead of these flags
-VERSION_VAR = "ORCH_SPECULATORS_VERSION"
 # Rich wraps its log lines at the console width, 80 columns off a terminal: room for a whole metrics line.
 COLUMNS = "400"
-_VERSION = re.compile(r"^(\d+(?:\.\d+)*)")
 
 
 class TrainDraftSpec(RunSpec):
@@ -68,7 +67,7 @@ class TrainDraftSpec(RunSpec):
     @field_validator("speculators_version")
     @classmethod
     def _version(cls, v: str | None) -> str | None:
-        if v is not None and not _VERSION.match(v):
+        if v is not None and not VERSION_RE.match(v):
             raise ValueError(f"not a version: {v!r}")
         return v
 
@@ -84,13 +83,6 @@ class TrainDraftSpec(RunSpec):
         if (self.from_run is None) == (self.hidden_states is None):
             raise ValueError("give exactly one of from_run (an extract run) and hidden_states (a path)")
         return self
-
-
-def parse_version(text: str) -> tuple[int, ...]:
-    m = _VERSION.match(text.strip())
-    if not m:
-        raise OrchError(f"not a speculators version: {text.strip()!r}")
-    return tuple(int(p) for p in m.group(1).split("."))
 
 
 def extract_run(find_run: FindRun, spec: TrainDraftSpec, host: Host) -> Run:
@@ -144,10 +136,6 @@ def train_argv(s: TrainDraftSpec, python: str, version: str, hidden: str, data: 
     return argv + list(s.extra_args)
 
 
-def shell(argv: list[str]) -> str:
-    return " ".join(quote(a) for a in argv)
-
-
 class TrainDraft(Playbook[TrainDraftSpec]):
     name = "train-draft"
     Spec = TrainDraftSpec
@@ -169,16 +157,14 @@ class TrainDraft(Playbook[TrainDraftSpec]):
     def _version(self, job: JobContext[TrainDraftSpec]) -> str:
         """One remote call: the installed version (unless the spec forces one) and whether train.py is there."""
         s = job.spec
-        probe = ("import importlib.metadata as m\ntry:\n print('version', m.version('speculators'))\n"
-                 "except m.PackageNotFoundError:\n print('version none')")
-        cmd = "" if s.speculators_version else f"{quote(job.python)} -c {quote(probe)} 2>&1\n"
+        cmd = "" if s.speculators_version else version_probe(job.python)
         cmd += f"test -f {quote(posixpath.join(s.scripts_dir, TRAINER))} && echo script found\n"
         res = job.remote.run(cmd + "true", timeout=120)
         if job.dry_run:
             return s.speculators_version or ".".join(map(str, NEW_ARGS))
         said = dict(line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("version ", "script ")))
         version = s.speculators_version or said.get("version", "none")
-        if version == "none" or not _VERSION.match(version):
+        if version == "none" or not VERSION_RE.match(version):
             raise OrchError(f"speculators is not installed for {job.python} on {job.host.name} "
                             f"(set speculators_version): {res.stdout.strip()[-200:]}")
         if parse_version(version) >= CONFIG_FIRST:
