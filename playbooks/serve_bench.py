@@ -17,10 +17,18 @@ from pathlib import Path
 
 from pydantic import Field
 
-from orchestrator.playbook import HealthCheck, Host, JobContext, Playbook, Prepared, http_probe, quote
+from orchestrator.playbook import HealthCheck, Host, JobContext, Playbook, Prepared, quote
 
 from .bench_serving import BenchSettings, bench_argv, bench_module
-from .serve_eagle3 import ServeEagle3Spec, installed_version, no_graph_flags, server_args, split_launcher
+from .serve_eagle3 import (
+    ServeEagle3Spec,
+    engine_argv,
+    health_check,
+    installed_version,
+    no_graph_flags,
+    server_args,
+    split_launcher,
+)
 
 WAIT = "wait_http.py"
 JOBS = Path(__file__).parent / "jobs"
@@ -77,10 +85,7 @@ class ServeBench(Playbook[ServeBenchSpec]):
         return script(job.spec, job.python, prepared.args, module)
 
     def engine_argv(self, spec: ServeBenchSpec) -> list[str] | None:
-        argv = [spec.python or "python", *split_launcher(spec.launcher), *server_args(spec)]
-        if spec.debug:  # prepare() adds these (or the older spelling, for an older engine)
-            argv += [f for f in no_graph_flags(None) if f not in argv]
-        return argv
+        return engine_argv(spec)
 
     def health(self, spec: ServeBenchSpec, host: Host) -> HealthCheck | None:
-        return HealthCheck(http_probe(spec.port, spec.python or host.python), spec.health_grace_s)
+        return health_check(spec, host)

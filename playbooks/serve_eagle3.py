@@ -108,6 +108,18 @@ def server_args(spec: ServeEagle3Spec) -> list[str]:
     return args + list(spec.extra_args)
 
 
+def engine_argv(spec: ServeEagle3Spec) -> list[str]:
+    """The server's command line as a patch set's flag check sees it."""
+    argv = [spec.python or "python", *split_launcher(spec.launcher), *server_args(spec)]
+    if spec.debug:  # prepare() adds these (or the older spelling, for an older engine)
+        argv += [f for f in no_graph_flags(None) if f not in argv]
+    return argv
+
+
+def health_check(spec: ServeEagle3Spec, host: Host) -> HealthCheck:
+    return HealthCheck(http_probe(spec.port, spec.python or host.python), spec.health_grace_s)
+
+
 class ServeEagle3(Playbook[ServeEagle3Spec]):
     name = "serve-eagle3"
     Spec = ServeEagle3Spec
@@ -125,10 +137,7 @@ class ServeEagle3(Playbook[ServeEagle3Spec]):
         return " ".join(quote(a) for a in argv)
 
     def engine_argv(self, spec: ServeEagle3Spec) -> list[str] | None:
-        argv = [spec.python or "python", *split_launcher(spec.launcher), *server_args(spec)]
-        if spec.debug:  # prepare() adds these (or the older spelling, for an older engine)
-            argv += [f for f in no_graph_flags(None) if f not in argv]
-        return argv
+        return engine_argv(spec)
 
     def health(self, spec: ServeEagle3Spec, host: Host) -> HealthCheck | None:
-        return HealthCheck(http_probe(spec.port, spec.python or host.python), spec.health_grace_s)
+        return health_check(spec, host)
