@@ -11,6 +11,7 @@ from __future__ import annotations
 import posixpath
 
 from . import launch, slurm
+from .agent import AgentLink, data_of
 from .hosts import Host
 from .launch import JobState, RunPaths
 from .remote import Transport, quote
@@ -23,6 +24,9 @@ class Executor:
     # The scheduler allocates GPUs and cleans up after jobs: the run flow then does neither GPU cleanup
     # nor host leases.
     schedules_gpus = False
+    # The host's agent pushes the job's log and end as they happen to one watcher per host (hostwatch.py);
+    # otherwise each run is polled by a watcher of its own.
+    streams = False
 
     def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> Handle:
         """Start the job (idempotent for the same token); its handle. `gpus`: how many a scheduler
@@ -57,6 +61,8 @@ class Executor:
 
 
 class HostExecutor(Executor):
+    streams = True
+
     def __init__(self, transport: Transport):
         self.transport = transport
 
@@ -113,8 +119,55 @@ class SlurmExecutor(Executor):
         return self.transport.run(launch.tail_command(paths, lines), timeout=60).stdout
 
 
+class AgentExecutor(HostExecutor):
+    """A host's jobs driven through its running agent: signals, lookups and tails are requests on the
+    agent's channel instead of shell commands."""
+
+    def __init__(self, transport: Transport, link: AgentLink):
+        super().__init__(transport)
+        self.link = link
+
+    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> Handle:
+        job = self.link.call("launch", dir=paths.root, script=script, wrapper=launch.WRAPPER, token=token)
+        return int(job["pid"]), str(job["start"])
+
+    def find(self, paths: RunPaths) -> Handle | None:
+        job = self.link.call("find", dir=paths.root)["job"]
+        return (int(job["pid"]), str(job["start"])) if job else None
+
+    def kill(self, handle: Handle, grace_s: float) -> str:
+        return str(self.link.call("kill", timeout=grace_s + 30, pid=handle[0], start=handle[1],
+                                  grace_s=grace_s)["outcome"])
+
+    def explain_loss(self, paths: RunPaths, handle: Handle) -> str | None:
+        reason = self.link.call("loss", dir=paths.root, start=handle[1])["reason"]
+        return str(reason) if reason else None
+
+    def tail(self, paths: RunPaths, lines: int) -> str:
+        return str(self.link.call("tail", path=paths.log, lines=lines)["text"])
+
+
+def pushed_state(doc: dict[str, object]) -> JobState:
+    """The job's state as the agent pushed it."""
+    def num(key: str) -> float | None:
+        value = doc.get(key)
+        return float(value) if isinstance(value, (int, float)) else None
+
+    exit_code, inode = doc.get("exit_code"), doc.get("inode")
+    return JobState(
+        alive=bool(doc.get("alive")), exit_code=exit_code if isinstance(exit_code, int) else None,
+        size=int(num("size") or 0), offset=int(num("offset") or 0), data=data_of(doc),
+        run_dir=bool(doc.get("run_dir", True)), started_at=num("started_at"), ended_at=num("ended_at"),
+        wrapper=bool(doc.get("wrapper", True)), inode=inode if isinstance(inode, int) else None,
+        rotated=bool(doc.get("rotated")))
+
+
+def executor_class(host: Host) -> type[Executor]:
+    return SlurmExecutor if host.scheduler == "slurm" else HostExecutor
+
+
 def executor_for(host: Host, transport: Transport) -> Executor:
     """The executor for a host of the inventory."""
-    if host.scheduler == "slurm":
+    if executor_class(host) is SlurmExecutor:
         return SlurmExecutor(host, transport)
     return HostExecutor(transport)

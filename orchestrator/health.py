@@ -112,4 +112,13 @@ class HealthWatch:
         return [], None
 
 
-__all__ = ["GRACE_S", "SERVING_PHASES", "HealthCheck", "HealthWatch", "ask", "health_command", "probe"]
+def answering(events: list[dict[str, Any]]) -> bool:
+    """Does the run's health endpoint answer, by the last `health` event recorded?"""
+    for e in reversed(events):
+        if e["kind"] == "health":
+            data = e["data"] or {}
+            return bool(data.get("answered")) and data.get("down_since") is None
+    return False
+
+
+__all__ = ["GRACE_S", "SERVING_PHASES", "HealthCheck", "HealthWatch", "answering", "ask", "health_command", "probe"]

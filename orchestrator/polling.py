@@ -38,6 +38,10 @@ class PollWait(tenacity.wait.wait_base):
         self.streak = 0
 
     def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        return self.next_interval()
+
+    def next_interval(self) -> float:
+        """Seconds until the next look; each call lengthens the streak."""
         if self.immediate:
             return 0.0
         interval = min(self.hi, self.lo * 2**self.streak)

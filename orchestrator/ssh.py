@@ -20,7 +20,7 @@ import tenacity
 
 from .errors import AuthFailed, HostKeyError, RemoteError, Unreachable
 from .hosts import Host
-from .transport import DEFAULT_TIMEOUT_S, Result, Transport, quote
+from .transport import DEFAULT_TIMEOUT_S, Result, Stream, Transport, quote
 
 KEEPALIVE_S = 15  # SSH keepalives, so an idle connection through NAT stays up
 
@@ -57,6 +57,29 @@ class _Watchdog:
 
     def stop(self) -> None:
         self._done.set()
+
+
+class _ChannelStream(Stream):
+    """A command's stdin and stdout over one SSH channel of the host's connection."""
+
+    def __init__(self, channel: Any):
+        self.channel = channel
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.channel.sendall(data)
+        except Exception as exc:  # socket errors and paramiko's SSHException alike: the channel is gone
+            raise EOFError(f"the channel is closed: {exc}") from exc
+
+    def recv(self, n: int) -> bytes:
+        try:
+            return bytes(self.channel.recv(n))
+        except Exception:  # noqa: BLE001 - a channel that fails to read has ended
+            return b""
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.channel.close()
 
 
 class _ConnectionLost(Unreachable):
@@ -310,6 +333,14 @@ class SSHTransport(Transport):
                 sftp.posix_rename(tmp, target)
 
         self._call(go)
+
+    def stream(self, command: str) -> Stream:
+        def go(conn: Any) -> Stream:
+            channel = conn.transport.open_session(timeout=DEFAULT_TIMEOUT_S)
+            channel.exec_command(command)
+            return _ChannelStream(channel)
+
+        return self._call(go)
 
     @staticmethod
     def _lost(conn: Any, grace: float = 0.5) -> bool:

@@ -42,6 +42,53 @@ def env_exports(env: dict[str, str]) -> str:
     return "".join(f"export {k}={quote(str(v))}\n" for k, v in env.items())
 
 
+class Stream:
+    """Both ends of a long-lived command: bytes to its stdin, bytes from its stdout."""
+
+    def send(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def recv(self, n: int) -> bytes:
+        """Up to n bytes as they come; b"" once the command's output ended."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class _ProcessStream(Stream):
+    def __init__(self, proc: subprocess.Popen[bytes]):
+        self.proc = proc
+
+    def send(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError) as exc:
+            raise EOFError("the command's input is closed") from exc
+
+    def recv(self, n: int) -> bytes:
+        assert self.proc.stdout is not None
+        try:
+            return self.proc.stdout.read1(n)  # type: ignore[attr-defined]  # a BufferedReader
+        except ValueError:  # closed by close() from another thread
+            return b""
+
+    def close(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 class Transport:
     """Runs shell commands on one host. Subclasses: LocalTransport, SSHTransport."""
 
@@ -55,6 +102,10 @@ class Transport:
         raise NotImplementedError
 
     def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
+        raise NotImplementedError
+
+    def stream(self, command: str) -> Stream:
+        """Start a long-lived command whose stdin and stdout are a byte stream (its stderr is dropped)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -101,3 +152,8 @@ class LocalTransport(Transport):
         tmp.write_bytes(data)
         tmp.chmod(mode)
         tmp.replace(target)
+
+    def stream(self, command: str) -> Stream:
+        proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)
+        return _ProcessStream(proc)

@@ -59,6 +59,9 @@ class Watcher:
         self.unreachable_since: float | None = None
         self.fatal_since: float | None = None  # a fatal line was read while the process lived on
         self._wrapper_gone = False
+        self.needs_stop = False
+        self.recorded = False
+        self._health_due = 0.0  # a server's endpoint is asked at most once per poll_min
         self.db_trouble_since: float | None = None  # the database refused a write: the poll is read again
         self.health = HealthWatch(opts.health.ask, opts.health.grace_s, store, run_id) if opts.health else None
         self._load()
@@ -100,17 +103,23 @@ class Watcher:
 
     # one poll -------------------------------------------------------------------------------
     def poll_once(self) -> bool:
-        """Poll the host once and record what changed. True when the wait is over.
+        """Poll the host once and record what changed. True when the wait is over."""
+        return self.guarded(self._poll)
+
+    def guarded(self, step: Callable[[], bool]) -> bool:
+        """Run one step of the watch (a poll, or recording a pushed state) with the database's trouble
+        kept out of the way.
 
         A database that refuses the write (locked past its busy timeout, read-only for a while) does not
-        end the watch: nothing of the poll was recorded, so the record is read back and the same log
-        bytes are polled again later — the run stays watched and nothing is lost.
+        end the watch: nothing of the step was recorded, so the record is read back and the same log
+        bytes are read again later — the run stays watched and nothing is lost.
         """
         try:
             if self.db_trouble_since is not None:
                 self._load()
-            done = self._poll()
+            done = step()
         except DatabaseUnavailable as exc:
+            self.recorded = False
             if self.db_trouble_since is None:
                 self.db_trouble_since = self.clock()
                 print(f"orch: run {self.run_id}: {exc}; will try again", file=sys.stderr)
@@ -132,12 +141,19 @@ class Watcher:
             if isinstance(exc, RemoteError) and exc.remote_exit_code is not None:
                 raise  # the poll itself failed on the host: not a passing network fault
             # unreachable, or no answer in time (a link that went dark mid-call): try again later
-            reason = exc.reason if isinstance(exc, Unreachable) else str(exc)
-            self._note_unreachable(reason)
-            if self._given_up(reason):
+            if self.lost_touch(exc.reason if isinstance(exc, Unreachable) else str(exc)):
                 return True
             self.sleep(hold)  # nothing to wait on over there: wait here
             return False
+        done = self.absorb(state)
+        self.stop_if_needed()
+        return done
+
+    def absorb(self, state: launch.JobState) -> bool:
+        """Record one state of the job (a poll's answer, or what its host's agent pushed): True when the
+        wait is over. `recorded` says whether it went in; when not (another writer was first, the
+        database refused), the caller reads the log again from `offset`."""
+        self.recorded = False
         if self.unreachable_since is not None:
             self.store.add_event(self.run_id, "reconnected", f"host answered again after "
                                  f"{self.clock() - self.unreachable_since:.0f} s")
@@ -147,9 +163,23 @@ class Watcher:
         except _Conflict:
             self._load()
             return self.status.terminal
+        self.recorded = True
         if self.on_update:
             self.on_update(self)
         return done
+
+    def lost_touch(self, reason: str) -> bool:
+        """The host did not answer: say so once; True when it has been silent past the give-up bound
+        (the run then ended lost)."""
+        self._note_unreachable(reason)
+        return self._given_up(reason)
+
+    def stop_if_needed(self) -> None:
+        """A fatal line or a stall ended the run while its processes linger: stop them, the GPUs are freed."""
+        if self.needs_stop:
+            self.needs_stop = False
+            outcome = self.executor.kill(self.handle, self.opts.kill_grace_s)
+            self.store.add_event(self.run_id, "stopped", f"process group: {outcome}")
 
     def _hold_next(self, seconds: float) -> None:
         self.hold = seconds
@@ -219,7 +249,9 @@ class Watcher:
         end: tuple[Status, str, dict[str, Any]] | None = None
         if not more:
             end = self._judge(state)
-            if end is None and self.health is not None and state.alive and p.phase in SERVING_PHASES:
+            if (end is None and self.health is not None and state.alive and p.phase in SERVING_PHASES
+                    and now >= self._health_due):
+                self._health_due = now + self.opts.poll_min
                 health_events, end = self.health.poll(self.transport, now)
                 if health_events:  # a change of health, like a change of phase, is looked at again soon
                     self.wait.reset()
@@ -240,9 +272,7 @@ class Watcher:
             text = stall.dump(self.transport, self.handle[0])
             self.store.add_event(self.run_id, "stall-dump", f"{len(text)} bytes of stacks", {"text": text[-65536:]})
         if end and end[0] is Status.FAILED and state.alive:
-            # A fatal line or a stall while processes linger: stop them so the GPUs are freed.
-            outcome = self.executor.kill(self.handle, self.opts.kill_grace_s)
-            self.store.add_event(self.run_id, "stopped", f"process group: {outcome}")
+            self.needs_stop = True  # stop_if_needed: the caller decides where the grace is waited
         self.offset, self.inode, self.tail = new_offset, inode, tail
         self.run = self.store.get_run(self.run_id)
         if end:

@@ -1,13 +1,15 @@
-"""Every active run is always watched: who watches a run, and a watcher for a run nobody watches.
+"""Every active run is always watched: who watches a run, and a watcher for a host nobody watches.
 
-Whoever polls a run holds its lock, `runs/<id>/watch.lock` (an flock, so it is gone with its process):
-`orch run` and `orch watch` in a terminal, a sweep's controller, or a background watcher (`orch watch ID
---background`) that orch starts for a run nobody watches — right after `orch run --detach`, and from any
-`orch status` that finds an active run unwatched (its watcher was killed, the machine rebooted). Anyone
-else who wants to follow the run reads its record instead of polling the host a second time.
+A host whose agent streams (an SSH host, this machine) has one watcher per workspace, `orch watch-host
+NAME --background` (hostwatch.py), found by its lock `runs/watchers/<host>.lock`; it follows every active
+run there, holding each run's lock, `runs/<id>/watch.lock`, while it does. A run on a Slurm cluster is
+polled by a watcher of its own that holds the run's lock: `orch run` or `orch watch` in a terminal, a
+sweep's controller, or `orch watch ID --background`. Either is started for a run nobody watches — right
+after `orch run`, and from any `orch status` that finds an active run unwatched (its watcher was killed,
+the machine rebooted). Everyone else follows the run by its record instead of asking the host again.
 
-A process per run rather than one service: nothing to install or supervise, it lives as long as its run
-and takes no other run down with it, and the lock makes a duplicate harmless (it exits at once).
+The locks are flocks, gone with their process, so a duplicate watcher is harmless: it exits at once.
+Nothing to install or supervise: a host's watcher lives as long as the host has active runs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from types import TracebackType
 from typing import Self
 
 from .controller import STALE_FACTOR
+from .errors import OrchError
+from .executor import executor_class
+from .hosts import Inventory
 from .record import ACTIVE, Run
 from .store import Store
 from .workspace import Workspace
@@ -30,11 +35,11 @@ from .workspace import Workspace
 FOLLOW_S = 0.5  # how often a follower reads the record
 
 
-class WatchLock:
-    """The run's watch lock, taken without waiting; `held` says whether this process has it."""
+class FileLock:
+    """An flock taken without waiting; `held` says whether this process has it."""
 
-    def __init__(self, ws: Workspace, run_id: int):
-        self.path = ws.run_dir(run_id) / "watch.lock"
+    def __init__(self, path: Path):
+        self.path = path
         self._fd: int | None = None
 
     @property
@@ -65,6 +70,25 @@ class WatchLock:
         self.release()
 
 
+class WatchLock(FileLock):
+    """The run's watch lock: whoever follows the run on its host holds it."""
+
+    def __init__(self, ws: Workspace, run_id: int):
+        super().__init__(ws.run_dir(run_id) / "watch.lock")
+
+
+def host_lock_path(ws: Workspace, host: str) -> Path:
+    folder = ws.runs_dir / "watchers"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{host}.lock"
+
+
+def host_watched(ws: Workspace, host: str) -> bool:
+    """Does a process on this machine watch the host (hold its lock)?"""
+    with FileLock(host_lock_path(ws, host)) as lock:
+        return not lock.held
+
+
 def watched_here(ws: Workspace, run_id: int) -> bool:
     """Does a process on this machine hold the run's watch lock?"""
     with WatchLock(ws, run_id) as lock:
@@ -77,27 +101,52 @@ def watched_elsewhere(run: Run, poll_max: float) -> bool:
     return who is not None and not who.is_local and who.alive(run.heartbeat, STALE_FACTOR * poll_max)
 
 
-def spawn(ws: Workspace, run_id: int) -> None:
-    """Start a background watcher for the run: its own session, so it outlives this command."""
-    log = ws.run_dir(run_id) / "watcher.log"
+def _spawn(ws: Workspace, log: Path, args: list[str]) -> None:
+    """Start a background orch command in its own session, so it outlives this one."""
     package_root = str(Path(__file__).resolve().parent.parent)
     env = {**os.environ, "ORCH_HOME": str(ws.root),
            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    argv = [sys.executable, "-m", "orchestrator", "--hosts", str(ws.hosts_file), "watch", str(run_id), "--background"]
+    argv = [sys.executable, "-m", "orchestrator", "--hosts", str(ws.hosts_file), *args, "--background"]
     with open(log, "ab") as out:
         subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                          start_new_session=True)
 
 
+def spawn(ws: Workspace, run_id: int) -> None:
+    """Start a background watcher for one run (a run on a Slurm cluster)."""
+    _spawn(ws, ws.run_dir(run_id) / "watcher.log", ["watch", str(run_id)])
+
+
+def spawn_host(ws: Workspace, host: str) -> None:
+    """Start the host's watcher, which follows every active run there; its output in runs/watchers/."""
+    _spawn(ws, host_lock_path(ws, host).with_suffix(".log"), ["watch-host", host])
+
+
+def streams(ws: Workspace) -> Callable[[str], bool]:
+    """Whether a host of the inventory is followed by its host's watcher (its agent streams)."""
+    try:
+        hosts = Inventory.load(ws.hosts_file, ws.root).hosts
+    except OrchError:
+        hosts = {}
+    return lambda name: name in hosts and executor_class(hosts[name]).streams
+
+
 def ensure_watched(ws: Workspace, store: Store, runs: list[Run] | None = None, poll_max: float = 600.0) -> list[int]:
-    """Start a background watcher for each active run that nobody watches; the ids it started one for."""
+    """Start a watcher for each active run that nobody watches: its host's watcher for a host whose agent
+    streams, else one of its own. The ids of the runs it started one for."""
     if runs is None:
         runs = store.list_runs(limit=100_000, statuses=[s.value for s in ACTIVE])
-    started = []
+    started, hosts_started = [], set()
+    streaming = streams(ws) if runs else None
     for run in runs:
         if run.status.terminal or watched_elsewhere(run, poll_max) or watched_here(ws, run.id):
             continue
-        spawn(ws, run.id)
+        if streaming is not None and streaming(run.host):
+            if run.host not in hosts_started and not host_watched(ws, run.host):
+                spawn_host(ws, run.host)
+            hosts_started.add(run.host)
+        else:
+            spawn(ws, run.id)
         started.append(run.id)
     return started
 

@@ -134,9 +134,25 @@ def watch(run_id: str = typer.Argument(..., metavar="ID"), until_ready: bool = t
     ws = workspace()
     ctx = runflow.open_run(ws, open_store(ws), parse_run_id(run_id), inventory(ws), any_spec=background)
     if background:
-        runflow.keep_watching(ctx)
+        if ctx.executor.streams:  # its host's watcher follows it, with the host's other runs
+            from .. import hostwatch
+
+            hostwatch.serve(ws, ctx.host.name)
+        else:
+            runflow.keep_watching(ctx)
         return
     _follow(ctx, until_ready, as_json)
+
+
+@app.command("watch-host", hidden=True)
+def watch_host(name: str = typer.Argument(..., metavar="HOST"),
+               background: bool = typer.Option(False, "--background", hidden=True)) -> None:
+    """Follow every active run of a host until none is left (what orch starts for a host)."""
+    from .. import hostwatch
+
+    ws = workspace()
+    inventory(ws).get(name)  # an unknown host: one line, exit 2
+    hostwatch.serve(ws, name)
 
 
 def _follow(ctx: Any, until_ready: bool, as_json: bool) -> None:

@@ -8,12 +8,20 @@ from collections.abc import Callable
 from .. import lease
 from ..controller import STALE_FACTOR
 from ..errors import OrchError
-from ..health import SERVING_PHASES
+from ..health import SERVING_PHASES, answering
 from ..hosts import Inventory
 from ..record import ACTIVE, Run, Status
 from ..store import Store
 from ..watch import Watcher
-from ..watching import WatchLock, follow_record
+from ..watching import (
+    FOLLOW_S,
+    WatchLock,
+    follow_record,
+    host_watched,
+    spawn_host,
+    watched_elsewhere,
+    watched_here,
+)
 from ..workspace import Workspace
 from .context import LIVE_HOLD_S, Context, open_run, watch_options
 from .ending import finish, settle_orphan
@@ -32,13 +40,16 @@ def watch(ctx: Context, *, until_ready: bool = False, on_update: Callable[[Run],
           sleep: Callable[[float], None] = time.sleep, live: bool = False) -> Run:
     """Watch the run until it ends (or, with until_ready, is ready); an ended run is finished.
 
-    Only the run's watcher polls its host; while another process on this machine is that watcher, this
+    On a host whose agent streams, the host's watcher follows the run and this process its record. On a
+    cluster only the run's watcher polls; while another process on this machine is that watcher, this
     one follows the record, and takes over when that process is gone.
     """
     while True:
         run = ctx.run
         if run.status.terminal:
             return finish(ctx)
+        if ctx.executor.streams and run.launched:
+            return _follow_host(ctx, until_ready, on_update, sleep)
         if ctx.lock is None:
             lock = WatchLock(ctx.ws, ctx.run_id)
             ctx.lock = lock if lock.acquire() else None
@@ -53,6 +64,32 @@ def watch(ctx: Context, *, until_ready: bool = False, on_update: Callable[[Run],
             return finish(ctx)  # its watcher did; finding nothing left to do
         if until_ready and run.phase in SERVING_PHASES:
             return run
+
+
+SPAWN_AGAIN_S = 10.0  # a host watcher just started takes a moment to hold its lock
+
+
+def _follow_host(ctx: Context, until_ready: bool, on_update: Callable[[Run], None] | None,
+                 sleep: Callable[[float], None]) -> Run:
+    """Follow the run's record while its host's watcher follows the run (started here when missing)."""
+    ctx.release()  # a starter's lock: the host's watcher takes the run over
+    needs_health = until_ready and watch_options(ctx.pb, ctx.spec, ctx.host).health is not None
+    spawned_at = -SPAWN_AGAIN_S
+    while True:
+        run = ctx.run
+        if on_update is not None:
+            on_update(run)
+        if run.status.terminal:
+            return finish(ctx)
+        if until_ready and run.phase in SERVING_PHASES and (not needs_health or answering(ctx.store.events(run.id))):
+            return run
+        now = time.monotonic()
+        if (now - spawned_at >= SPAWN_AGAIN_S and not watched_here(ctx.ws, ctx.run_id)
+                and not watched_elsewhere(run, watch_options(ctx.pb, ctx.spec, ctx.host).poll_max)
+                and not host_watched(ctx.ws, ctx.host.name)):
+            spawn_host(ctx.ws, ctx.host.name)
+            spawned_at = now
+        sleep(FOLLOW_S)
 
 
 def keep_watching(ctx: Context, sleep: Callable[[float], None] = time.sleep) -> Run | None:

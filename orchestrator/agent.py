@@ -1,0 +1,210 @@
+"""orch's end of a host agent (hostjobs/agent.py): placed on the host, started over one channel, spoken
+to in JSON lines.
+
+The agent's file is named by its content hash under `<workdir>/runs/agent/`, uploaded once per version
+and checked at the handshake (its own hash of itself), like the patcher. One reader thread takes the
+agent's lines apart: replies go to the request that waits for them, pushes (a run's new log bytes, its
+end, a heartbeat) into `pushes`. A link that stays silent past SILENT_S (the agent beats every 2 s) is
+closed: `alive` turns False and whoever holds the link makes a new one.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import itertools
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import RemoteError, Unreachable
+from .remote import Transport, quote
+from .transport import Stream
+
+SOURCE = Path(__file__).resolve().parent / "hostjobs" / "agent.py"
+REMOTE_DIR = "runs/agent"
+SILENT_S = 20.0  # no line from the agent for this long: the link went dark
+PING_S = 5.0  # the agent exits after a minute without a word from us
+MISSING = 97  # the bootstrap's exit status when the agent's file is not on the host yet
+
+
+def source() -> bytes:
+    return SOURCE.read_bytes()
+
+
+def digest() -> str:
+    return hashlib.sha256(source()).hexdigest()
+
+
+def remote_path(transport: Transport) -> str:
+    workdir = transport.expand(transport.host.workdir)
+    return f"{workdir}/{REMOTE_DIR}/agent-{digest()[:16]}.py"
+
+
+def bootstrap(transport: Transport) -> str:
+    """The one shell line that starts the agent (it is uploaded first when the host lacks this version)."""
+    path = remote_path(transport)
+    return f"test -f {quote(path)} || exit {MISSING}; exec {quote(transport.host.python)} -u {quote(path)}"
+
+
+class AgentError(RemoteError):
+    """An op the agent refused or failed, in its own words."""
+
+    def __init__(self, host: str, op: str, message: str):
+        super().__init__(host, f"agent {op}", None, "", reason=message)
+        self.message = message
+
+
+@dataclass
+class Push:
+    kind: str  # state | beat | trouble | closed
+    key: str | None = None
+    doc: dict[str, Any] = field(default_factory=dict)
+
+
+class AgentLink:
+    """One running agent on a host, over one channel of the host's connection."""
+
+    def __init__(self, transport: Transport, stream: Stream):
+        self.transport = transport
+        self.host = transport.host.name
+        self._stream = stream
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, tuple[threading.Event, list[dict[str, Any]]]] = {}
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self.pushes: queue.Queue[Push] = queue.Queue()
+        self.heard = time.monotonic()
+        self.alive = True
+        self.info: dict[str, Any] = {}
+        threading.Thread(target=self._read, name=f"orch-agent-{self.host}", daemon=True).start()
+        threading.Thread(target=self._keep, name=f"orch-agent-ping-{self.host}", daemon=True).start()
+
+    @classmethod
+    def start(cls, transport: Transport, timeout: float = 60) -> AgentLink:
+        """Place the agent when missing, start it, and check at the handshake that it is this version."""
+        command = bootstrap(transport)
+        check = transport.run(f"test -f {quote(remote_path(transport))} || echo missing", timeout=timeout)
+        if check.stdout.strip() == "missing":
+            transport.put(source(), remote_path(transport), 0o644)
+        link = cls(transport, transport.stream(command))
+        try:
+            info = link.call("hello", timeout=timeout)
+        except (AgentError, Unreachable) as exc:
+            link.close()
+            raise Unreachable(transport.host.name, f"the agent did not start with {transport.host.python}: "
+                              f"{getattr(exc, 'message', exc)} (is python 3.8 or newer there?)") from None
+        if info.get("sha256") != digest():
+            link.close()
+            raise Unreachable(transport.host.name, "the agent on the host is not the one orch placed "
+                              f"({remote_path(transport)} was changed there)")
+        link.info = info
+        return link
+
+    # requests ---------------------------------------------------------------------------------------
+    def call(self, op: str, timeout: float = 60, **args: Any) -> dict[str, Any]:
+        """Send one request and wait for its reply; raises AgentError for a refusal, Unreachable when the
+        link ends or the reply does not come in time."""
+        rid = next(self._ids)
+        done, box = threading.Event(), list[dict[str, Any]]()
+        with self._lock:
+            if not self.alive:
+                raise Unreachable(self.host, "the agent's channel is closed")
+            self._waiting[rid] = (done, box)
+        try:
+            self._send({"id": rid, "op": op, **args})
+            if not done.wait(timeout):
+                raise Unreachable(self.host, f"the agent gave no answer to {op} within {timeout:g} s")
+        finally:
+            with self._lock:
+                self._waiting.pop(rid, None)
+        reply = box[0]
+        if reply.get("closed"):
+            raise Unreachable(self.host, "the agent's channel closed before it answered")
+        if not reply.get("ok"):
+            raise AgentError(self.host, op, str(reply.get("error")))
+        result: dict[str, Any] = reply.get("result") or {}
+        return result
+
+    def tell(self, op: str, **args: Any) -> None:
+        """A request whose reply nobody waits for (follow, poke): sent, its answer dropped."""
+        self._send({"id": None, "op": op, **args})
+
+    def _send(self, doc: dict[str, Any]) -> None:
+        data = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
+        try:
+            with self._send_lock:
+                self._stream.send(data)
+        except EOFError as exc:
+            self._end()
+            raise Unreachable(self.host, f"the agent's channel is closed: {exc}") from None
+
+    # the reader ---------------------------------------------------------------------------------------
+    def _read(self) -> None:
+        buf = b""
+        while True:
+            chunk = self._stream.recv(1 << 18)
+            if not chunk:
+                break
+            self.heard = time.monotonic()
+            buf += chunk
+            if b"\n" not in chunk:
+                continue
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                if line:
+                    self._dispatch(line)
+        self._end()
+
+    def _dispatch(self, line: bytes) -> None:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            return  # not a line of the agent's (a login banner, a shell's word): ignored
+        if not isinstance(doc, dict):
+            return
+        if "push" in doc:
+            self.pushes.put(Push(str(doc["push"]), doc.get("key"), doc))
+            return
+        rid = doc.get("id")
+        with self._lock:
+            waiter = self._waiting.get(rid) if isinstance(rid, int) else None
+        if waiter is not None:
+            waiter[1].append(doc)
+            waiter[0].set()
+
+    def _keep(self) -> None:
+        """Ping the agent (it exits after a minute without a word) and close a link gone silent."""
+        while self.alive:
+            time.sleep(1.0)
+            if time.monotonic() - self.heard > SILENT_S:
+                self.close()
+                return
+            if int(time.monotonic()) % int(PING_S) == 0:
+                try:
+                    self.tell("ping")
+                except Unreachable:
+                    return
+
+    def _end(self) -> None:
+        with self._lock:
+            if not self.alive:
+                return
+            self.alive = False
+            waiting = list(self._waiting.values())
+        for done, box in waiting:
+            box.append({"closed": True})
+            done.set()
+        self.pushes.put(Push("closed"))
+
+    def close(self) -> None:
+        self._end()
+        self._stream.close()
+
+
+def data_of(doc: dict[str, Any]) -> bytes:
+    return base64.b64decode(doc.get("data") or "")

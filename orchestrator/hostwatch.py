@@ -1,0 +1,300 @@
+"""One watcher per (workspace, host): one connection, one agent, every active run of the host followed.
+
+The host's agent (hostjobs/agent.py) pushes each run's new log bytes, its end and its liveness as they
+happen; the host watcher hands each push to that run's `Watcher`, whose parser decides what it means,
+and which records it. Quiet runs are looked at again on the backoff (`poll_min` → `poll_max`), for the
+stall detector, a server's health endpoint and the `seen` column. The end of a run (stopping processes
+that linger after a fatal line, the end steps) happens on a thread of its own, so one run's end steps
+never delay the news of another.
+
+Found by an flock per host (`runs/watchers/<host>.lock`); started by `orch run`, `orch watch`, `orch
+status`, a sweep or the dashboard when a host with active runs has none (`watching.ensure_watched`);
+gone LINGER_S after its host's last active run ended. While it follows a run it holds that run's watch
+lock too, so nobody else polls it.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .agent import AgentLink, Push
+from .controller import STALE_FACTOR
+from .errors import OrchError, Unreachable
+from .executor import AgentExecutor, pushed_state
+from .hosts import Host, Inventory
+from .record import ACTIVE, Run, Status
+from .runflow import Context, finish, open_run, settle_orphan, watch_options
+from .store import Store
+from .watch import Watcher
+from .watching import FileLock, WatchLock, host_lock_path, watched_elsewhere
+from .workspace import Workspace
+
+SYNC_S = 1.0  # how often the record is read for runs started, ended or cancelled meanwhile
+LINGER_S = 5.0  # with no active run left, how long to wait for a new one before exiting
+RESYNC_S = 1.0  # after a state that could not be recorded, the agent re-reads the log this much later
+RECONNECT_MAX_S = 30.0
+
+
+@dataclass
+class Followed:
+    ctx: Context
+    watcher: Watcher
+    lock: WatchLock
+    due: float  # monotonic time of the next look at a quiet run
+    resync_at: float | None = None
+
+
+class HostWatcher:
+    def __init__(self, ws: Workspace, host_name: str, hosts: Inventory | None = None,
+                 echo: Callable[[str], None] | None = None):
+        self.ws = ws
+        self.hosts = hosts or Inventory.load(ws.hosts_file, ws.root)
+        self.host: Host = self.hosts.get(host_name)
+        self.store = Store(ws.db_path)
+        self.echo = echo or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.runs: dict[int, Followed] = {}
+        self.link: AgentLink | None = None
+        self.executor: AgentExecutor | None = None
+        self.starters = 0  # runs whose starter is still at work on them
+        self._retry_at = 0.0
+        self._retry_s = 1.0
+        self._enders: list[threading.Thread] = []
+
+    # the loop -----------------------------------------------------------------------------------------
+    def serve(self) -> bool:
+        """Watch the host's runs until none is left; False when another process is its watcher."""
+        lock = FileLock(host_lock_path(self.ws, self.host.name))
+        if not lock.acquire():
+            return False
+        try:
+            self._loop()
+        finally:
+            for thread in self._enders:
+                thread.join()
+            for f in self.runs.values():
+                f.lock.release()
+            if self.link is not None:
+                self.link.close()
+            self.store.close()
+            lock.release()
+        return True
+
+    def _loop(self) -> None:
+        next_sync = 0.0
+        idle_since: float | None = None
+        while True:
+            now = time.monotonic()
+            if now >= next_sync:
+                self._sync()
+                next_sync = now + SYNC_S
+            if self.runs or self.starters:
+                idle_since = None
+            else:
+                idle_since = idle_since or now
+                if now - idle_since > LINGER_S:
+                    return
+            if self.runs and (self.link is None or not self.link.alive) and now >= self._retry_at:
+                self._connect()
+            self._look_again(now)
+            wait = max(0.0, min([next_sync, *(f.due for f in self.runs.values())]) - time.monotonic())
+            if self.link is None or not self.link.alive:
+                time.sleep(min(wait, 0.5))
+                continue
+            try:
+                push = self.link.pushes.get(timeout=min(wait, 0.5))
+            except queue.Empty:
+                continue
+            self._take(push)
+            while self.link is not None:  # whatever else came meanwhile, before the next look at the record
+                try:
+                    self._take(self.link.pushes.get_nowait())
+                except queue.Empty:
+                    break
+
+    def _connect(self) -> None:
+        from .remote import connect
+
+        transport = connect(self.host)
+        try:
+            self.link = AgentLink.start(transport)
+        except OrchError as exc:
+            self.link = None
+            reason = exc.reason if isinstance(exc, Unreachable) else str(exc)
+            for f in list(self.runs.values()):
+                if f.watcher.lost_touch(reason):
+                    self._end(f)
+            self._retry_at = time.monotonic() + self._retry_s
+            self._retry_s = min(RECONNECT_MAX_S, self._retry_s * 2)
+            return
+        self._retry_s = 1.0
+        if self.executor is None:
+            self.executor = AgentExecutor(transport, self.link)
+        self.executor.link = self.link
+        for f in self.runs.values():
+            self._follow(f)
+
+    def _follow(self, f: Followed) -> None:
+        w = f.watcher
+        if self.link is None or not self.link.alive:
+            return
+        f.resync_at = None
+        try:
+            self.link.tell("follow", key=str(w.run_id), dir=w.paths.root, pid=w.handle[0], start=w.handle[1],
+                           offset=w.offset, inode=w.inode, tail=w.tail.hex())
+        except Unreachable:
+            pass  # the link's end is a push of its own: handled there
+
+    def _look_again(self, now: float) -> None:
+        """Ask the agent for the state of quiet runs whose next look is due, and re-read those whose
+        last state could not be recorded."""
+        if self.link is None or not self.link.alive:
+            return
+        due = []
+        for f in self.runs.values():
+            if f.resync_at is not None:
+                if now >= f.resync_at:
+                    self._follow(f)
+            elif now >= f.due:
+                due.append(str(f.watcher.run_id))
+                f.due = now + self._interval(f)
+        if due:
+            try:
+                self.link.tell("poke", keys=due)
+            except Unreachable:
+                pass
+
+    @staticmethod
+    def _interval(f: Followed) -> float:
+        wait = f.watcher.wait
+        wait.immediate = False  # a backlog comes by itself: the agent pushes it chunk after chunk
+        return wait.next_interval()
+
+    # pushes -------------------------------------------------------------------------------------------
+    def _take(self, push: Push) -> None:
+        if push.kind == "closed":
+            self._lost_link("the agent's channel closed (the link went dark, or the agent was killed)")
+            return
+        if push.kind != "state" or push.key is None or not push.key.isdigit():
+            return
+        f = self.runs.get(int(push.key))
+        if f is None:
+            return
+        w = f.watcher
+        state = pushed_state(push.doc)
+        if state.offset != w.offset and not (state.offset == 0 and not state.rotated):
+            f.resync_at = f.resync_at or time.monotonic()  # the agent read on past the record: again from it
+            return
+        done = w.guarded(lambda: w.absorb(state))
+        if not w.recorded and not done:
+            f.resync_at = time.monotonic() + RESYNC_S
+        f.due = time.monotonic() + self._interval(f)
+        if done:
+            self._end(f)
+
+    def _lost_link(self, reason: str) -> None:
+        if self.link is not None:
+            self.link.close()
+            self.link.transport.close()  # the next connect starts afresh, not on a dead connection
+        self.link = None
+        for f in list(self.runs.values()):
+            if f.watcher.lost_touch(reason):
+                self._end(f)
+
+    # the record ---------------------------------------------------------------------------------------
+    def _sync(self) -> None:
+        """Follow the host's runs that became active, settle those whose starter died, drop ended ones."""
+        active = {r.id: r for r in self.store.list_runs(limit=100_000, statuses=[s.value for s in ACTIVE],
+                                                        host=self.host.name)}
+        for run_id in [i for i in self.runs if i not in active]:
+            self._end(self.runs[run_id])  # ended elsewhere (cancel, stop): its end steps once, here or there
+        self.starters = 0
+        for run in active.values():
+            if run.id in self.runs:
+                continue
+            try:
+                if run.status is Status.RUNNING and run.launched:
+                    self._adopt(run)
+                elif run.status in (Status.PENDING, Status.PREPARING, Status.LAUNCHING):
+                    self._starting(run)
+            except OrchError as exc:
+                self.echo(f"orch: run {run.id} on {self.host.name}: {exc}")
+
+    def _adopt(self, run: Run) -> None:
+        from . import lease
+
+        poll_max = self.host.default_poll[1]
+        if watched_elsewhere(run, poll_max):
+            return
+        lock = WatchLock(self.ws, run.id)
+        if not lock.acquire():
+            return  # someone on this machine polls it already
+        try:
+            ctx = open_run(self.ws, self.store, run, self.hosts, any_spec=True)
+            if not ctx.executor.streams:
+                lock.release()
+                return
+            watcher = Watcher(self.store, run.id, self.executor or ctx.executor,
+                              watch_options(ctx.pb, ctx.spec, ctx.host))
+        except BaseException:
+            lock.release()
+            raise
+        lease.adopt(self.store, run.id)  # the lease names a live watcher again
+        f = Followed(ctx, watcher, lock, due=time.monotonic())
+        self.runs[run.id] = f
+        self._follow(f)
+
+    def _starting(self, run: Run) -> None:
+        """A run its starter is preparing or launching: left alone while the starter lives, settled once
+        it died (ended when it never launched, picked up when its job started)."""
+        starter = run.watched_by
+        ctx = open_run(self.ws, self.store, run, self.hosts, any_spec=True)
+        poll_max = watch_options(ctx.pb, ctx.spec, ctx.host).poll_max
+        if starter is not None and starter.alive(run.heartbeat, STALE_FACTOR * poll_max):
+            self.starters += 1
+            return
+        with WatchLock(self.ws, run.id) as lock:
+            if lock.held:
+                settle_orphan(ctx)
+
+    def _end(self, f: Followed) -> None:
+        """The run ended (or was ended elsewhere): stop following it; on a thread of its own, stop what
+        of its job lingers and run its end steps."""
+        run_id = f.watcher.run_id
+        self.runs.pop(run_id, None)
+        if self.link is not None and self.link.alive:
+            try:
+                self.link.tell("unfollow", key=str(run_id))
+            except Unreachable:
+                pass
+        needs_stop = f.watcher.needs_stop
+        thread = threading.Thread(target=self._finish, args=(f, needs_stop), name=f"orch-end-{run_id}")
+        self._enders = [t for t in self._enders if t.is_alive()] + [thread]
+        thread.start()
+
+    def _finish(self, f: Followed, needs_stop: bool) -> None:
+        store = Store(self.ws.db_path)
+        try:
+            w = f.watcher
+            if needs_stop and self.executor is not None:
+                try:
+                    outcome = self.executor.kill(w.handle, w.opts.kill_grace_s)
+                except OrchError as exc:
+                    outcome = f"not stopped: {exc}"
+                store.add_event(w.run_id, "stopped", f"process group: {outcome}")
+            ctx = open_run(self.ws, store, w.run_id, self.hosts, any_spec=True)
+            finish(ctx)
+        except OrchError as exc:
+            self.echo(f"orch: run {f.watcher.run_id}: end steps: {exc}")
+        finally:
+            store.close()
+            f.lock.release()
+
+
+def serve(ws: Workspace, host_name: str) -> bool:
+    """`orch watch-host NAME`: the host's watcher, until its last active run ended."""
+    return HostWatcher(ws, host_name).serve()
