@@ -27,7 +27,7 @@ from .transport import Stream
 
 SOURCE = Path(__file__).resolve().parent / "hostjobs" / "agent.py"
 REMOTE_DIR = "runs/agent"
-SILENT_S = 20.0  # no line from the agent for this long: the link went dark
+SILENT_S = 15.0  # no line from the agent for this long (it beats every 2 s): the link went dark
 PING_S = 5.0  # the agent exits after a minute without a word from us
 MISSING = 97  # the bootstrap's exit status when the agent's file is not on the host yet
 

@@ -1,0 +1,116 @@
+"""One watcher per host: real `orch` processes, real agents, real sshd, real SQLite; faults mid-run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from orchtest import FAST, Orch, job_cmd, wait_for_file
+
+
+def processes(home: Path, word: bytes) -> list[int]:
+    """Pids of orch's processes started with this HOME whose command line has `word`."""
+    marker = f"HOME={home}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if word in argv and marker in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def agents(workdir: Path) -> list[int]:
+    """Pids of agents running from a host's workdir."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(a.startswith(str(workdir / "runs" / "agent").encode()) for a in argv):
+                found.append(int(proc.name))
+    return found
+
+
+@pytest.fixture
+def orch(tmp_path: Path, ssh_fleet) -> Orch:
+    overrides = {f"test{i}": {"workdir": str(tmp_path / f"remote{i}")} for i in (1, 2)}
+    return Orch(tmp_path / "ws", ssh_fleet.hosts_toml(**overrides))
+
+
+def detach(orch: Orch, host: str, *job: str, gpu: int = 0) -> int:
+    res = orch("run", "command", "--host", host, "--detach", "--set", job_cmd(*job), "--set", f"gpus=[{gpu}]",
+               *FAST, check=0)
+    return int(res.stdout)
+
+
+def test_runs_on_one_host_share_one_watcher_and_one_agent(orch: Orch, tmp_path: Path, private_home: Path) -> None:
+    ids = [detach(orch, "test1", "--steps", "150", "--sleep", "0.1", gpu=i) for i in range(4)]
+    for run_id in ids:
+        orch.wait_for(run_id, lambda d: d["progress"] is not None)
+    assert all(orch.status(i)["status"] == "running" for i in ids)
+    assert len(processes(private_home, b"watch-host")) == 1
+    assert len(agents(tmp_path / "remote1")) == 1
+    for run_id in ids:
+        doc = orch.wait_for(run_id, lambda d: d["status"] == "succeeded", timeout=90)
+        assert doc["progress"]["done"] == 150
+        assert [e["message"] for e in doc["events"] if e["kind"] == "phase"].count("running") == 1
+    deadline = time.time() + 30  # gone once its host has no active run
+    while processes(private_home, b"watch-host"):
+        assert time.time() < deadline, "the host's watcher outlived its last run"
+        time.sleep(0.2)
+
+
+def test_a_killed_host_watcher_is_restarted_by_status_and_no_event_is_lost_or_doubled(
+        orch: Orch, tmp_path: Path, private_home: Path) -> None:
+    marker = tmp_path / "half"
+    run_id = detach(orch, "test1", "--steps", "40", "--sleep", "0.1", "--marker", str(marker))
+    wait_for_file(marker)
+    [watcher] = processes(private_home, b"watch-host")
+    os.kill(watcher, signal.SIGKILL)
+    before = orch.status(run_id)["events"]
+    time.sleep(1.0)
+    orch("status", check=0)  # finds the run unwatched and starts its host's watcher again
+    doc = orch.wait_for(run_id, lambda d: d["status"] == "succeeded", timeout=90)
+    assert doc["events"][: len(before)] == before
+    assert doc["progress"]["done"] == 40
+    phases = [e["message"] for e in doc["events"] if e["kind"] == "phase"]
+    assert len(phases) == len(set(phases)), phases
+
+
+def test_an_agent_killed_on_the_host_is_started_again(orch: Orch, tmp_path: Path) -> None:
+    marker = tmp_path / "half"
+    run_id = detach(orch, "test2", "--steps", "40", "--sleep", "0.1", "--marker", str(marker))
+    wait_for_file(marker)
+    [agent] = agents(tmp_path / "remote2")
+    os.kill(agent, signal.SIGKILL)
+    doc = orch.wait_for(run_id, lambda d: d["status"] == "succeeded", timeout=90)
+    assert doc["progress"]["done"] == 40
+    kinds = [e["kind"] for e in doc["events"]]
+    assert "unreachable" in kinds and "reconnected" in kinds
+    assert agent not in agents(tmp_path / "remote2")
+
+
+def test_a_fatal_line_while_the_ranks_hang_fails_the_run_and_stops_its_group(orch: Orch, tmp_path: Path) -> None:
+    script = tmp_path / "hang.sh"
+    script.write_text("echo 'Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01]'\n"
+                      "sleep 300 &\n"
+                      "echo '[rank3]:[E ProcessGroupNCCL.cpp:1316] [PG 0 Rank 3] Watchdog caught collective "
+                      "operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE) ran for 600000 milliseconds'\n"
+                      "wait\n")
+    res = orch("run", "command", "--host", "test1", "--detach", "--set", f"cmd=bash {script}", *FAST, check=0)
+    run_id = int(res.stdout)
+    doc = orch.wait_for(run_id, lambda d: d["status"] == "failed", timeout=60)
+    assert "fatal error in log" in doc["reason"]
+    doc = orch.wait_for(run_id, lambda d: any(e["kind"] == "stopped" for e in d["events"]), timeout=30)
+    assert "stopped" in next(e["message"] for e in doc["events"] if e["kind"] == "stopped")
