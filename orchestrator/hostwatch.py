@@ -64,6 +64,7 @@ class HostWatcher:
         self._retry_at = 0.0
         self._retry_s = 1.0
         self._enders: list[threading.Thread] = []
+        self.stopping = threading.Event()  # set from another thread: the loop ends at its next turn
 
     # the loop -----------------------------------------------------------------------------------------
     def serve(self) -> bool:
@@ -87,7 +88,7 @@ class HostWatcher:
     def _loop(self) -> None:
         next_sync = 0.0
         idle_since: float | None = None
-        while True:
+        while not self.stopping.is_set():
             now = time.monotonic()
             if now >= next_sync:
                 self._sync()

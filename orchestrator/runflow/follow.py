@@ -9,7 +9,7 @@ from .. import lease
 from ..controller import STALE_FACTOR
 from ..errors import OrchError
 from ..health import SERVING_PHASES, answering
-from ..hosts import Inventory
+from ..hosts import Host, Inventory
 from ..record import ACTIVE, Run, Status
 from ..store import Store
 from ..watch import Watcher
@@ -48,7 +48,7 @@ def watch(ctx: Context, *, until_ready: bool = False, on_update: Callable[[Run],
         run = ctx.run
         if run.status.terminal:
             return finish(ctx)
-        if ctx.executor.streams and run.launched:
+        if ctx.executor.streams and run.launched and _inventory_host(ctx) == ctx.host:
             return _follow_host(ctx, until_ready, on_update, sleep)
         if ctx.lock is None:
             lock = WatchLock(ctx.ws, ctx.run_id)
@@ -64,6 +64,15 @@ def watch(ctx: Context, *, until_ready: bool = False, on_update: Callable[[Run],
             return finish(ctx)  # its watcher did; finding nothing left to do
         if until_ready and run.phase in SERVING_PHASES:
             return run
+
+
+def _inventory_host(ctx: Context) -> Host | None:
+    """The run's host as the workspace's inventory has it (the host's watcher reads that one); None for a
+    host made in process and known to no inventory."""
+    try:
+        return Inventory.load(ctx.ws.hosts_file, ctx.ws.root).hosts.get(ctx.host.name)
+    except OrchError:
+        return None
 
 
 SPAWN_AGAIN_S = 10.0  # a host watcher just started takes a moment to hold its lock

@@ -1,0 +1,212 @@
+"""What watching a fleet costs the controller: one watcher per host (the agent streaming) against one
+watcher process per run (each polling over its own SSH connection), on the same jobs in the same run.
+
+    python bench/fleet_watch.py [--hosts 16] [--per-host 8] [--quiet-s 30]
+
+Real sshd hosts on loopback (tests/sshd.py). Every job prints an SGLang decode line a second while a flag
+file exists, then goes quiet. Measured on this machine, for orch's side only (the agents on the hosts are
+counted apart): orch processes, SSH connections from this machine to the hosts (ESTABLISHED TCP sockets
+to the sshd ports), their total resident memory, and the CPU they take over a quiet stretch. Writes the
+`## Fleet watch` section of bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from sshd import SSHFleet  # noqa: E402
+
+from results import write_section  # noqa: E402
+
+DECODE = ("[2026-12-02 10:00:00 TP0] Decode batch. #running-req: 8, #token: 4096, token usage: 0.05, "
+          "accept len: 2.91, gen throughput (token/s): 94.00, #queue-req: 0")
+
+
+def job(flag: Path) -> str:
+    return (f"while [ -e {shlex.quote(str(flag))} ]; do echo {shlex.quote(DECODE)}; sleep 1; done; "
+            "exec sleep 100000")
+
+
+def pids_with(word: str, ws: Path) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if word.encode() in argv and f"ORCH_HOME={ws}".encode() in env:
+            found.append(int(proc.name))
+    return found
+
+
+def rss_mib(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+def cpu_s(pids: list[int]) -> float:
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def connections(fleet: SSHFleet) -> int:
+    """ESTABLISHED TCP connections from this machine to the fleet's sshd ports."""
+    targets = set()
+    for s in fleet.servers:
+        a, b, c, d = (int(x) for x in s.address.split("."))
+        targets.add(f"{d:02X}{c:02X}{b:02X}{a:02X}:{s.port:04X}")
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[2] in targets and fields[3] == "01":
+            count += 1
+    return count
+
+
+def measure(label: str, fleet: SSHFleet, pids: list[int], flag: Path, quiet_s: float) -> dict[str, float]:
+    time.sleep(10)  # steady state: every run followed, lines flowing
+    sample = {"processes": len(pids), "connections": connections(fleet), "rss_mib": rss_mib(pids)}
+    flag.unlink()
+    time.sleep(5)
+    before = cpu_s(pids)
+    time.sleep(quiet_s)
+    sample["quiet_cpu_pct"] = 100 * (cpu_s(pids) - before) / quiet_s
+    flag.touch()
+    print(f"{label}: {sample}", flush=True)
+    return sample
+
+
+def legacy_watch(ws: str, run_id: int) -> None:
+    """One run's watcher as a process of its own, polling over its own connection (the old shape)."""
+    from orchestrator.executor import HostExecutor
+    from orchestrator.runflow import open_run, watch_options
+    from orchestrator.ssh import SSHTransport
+    from orchestrator.store import Store
+    from orchestrator.watch import Watcher
+    from orchestrator.workspace import Workspace
+
+    w = Workspace.find()
+    store = Store(w.db_path)
+    ctx = open_run(w, store, run_id)
+    Watcher(store, run_id, HostExecutor(SSHTransport(ctx.host)), watch_options(ctx.pb, ctx.spec, ctx.host)).run_until_done()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hosts", type=int, default=16)
+    ap.add_argument("--per-host", type=int, default=8)
+    ap.add_argument("--quiet-s", type=float, default=30.0)
+    ap.add_argument("--legacy-watch", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.legacy_watch:
+        legacy_watch(*args.legacy_watch[:1], int(args.legacy_watch[1]))
+        return
+    with tempfile.TemporaryDirectory() as tmp, SSHFleet(args.hosts, root=Path(tmp) / "sshd") as fleet:
+        fleet.start()
+        ws_root = Path(tmp) / "ws"
+        ws_root.mkdir()
+        (ws_root / "hosts.toml").write_text(fleet.hosts_toml())
+        os.environ["ORCH_HOME"] = str(ws_root)
+        from orchestrator import registry, remote, runflow, watching
+        from orchestrator.hosts import Inventory
+        from orchestrator.store import Store
+        from orchestrator.workspace import Workspace
+
+        ws = Workspace.find()
+        store = Store(ws.db_path)
+        inv = Inventory.load(ws.hosts_file, ws.root)
+        pb = registry.playbook("command")
+        flag = Path(tmp) / "chatty"
+        flag.touch()
+        t0 = time.time()
+        ids, pids = [], []
+        for h in range(1, args.hosts + 1):
+            for g in range(args.per_host):
+                spec = pb.Spec.model_validate({"cmd": job(flag), "gpus": [g]})
+                ctx = runflow.start(ws, store, pb, spec, inv.get(f"test{h}"))
+                ctx.release()
+                ids.append(ctx.run_id)
+                pids.append(ctx.run.pid)
+        started = time.time() - t0
+        remote.close_all()  # the starter's connections: only the watchers' are counted
+        print(f"{len(ids)} runs started in {started:.0f} s", flush=True)
+        watching.ensure_watched(ws, store)
+        deadline = time.time() + 120
+        while len(pids_with("watch-host", ws_root)) < args.hosts and time.time() < deadline:
+            time.sleep(0.5)
+        agent = measure("one watcher per host", fleet, pids_with("watch-host", ws_root), flag, args.quiet_s)
+        followed = sum(1 for i in ids if store.get_run(i).phase == "running")
+        for pid in pids_with("watch-host", ws_root):
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(1)
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        legacy = [subprocess.Popen([sys.executable, __file__, "--legacy-watch", str(ws_root), str(i)], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in ids]
+        time.sleep(20)  # 128 interpreters start on 2 cores
+        old = measure("a watcher per run", fleet, [p.pid for p in legacy], flag, args.quiet_s)
+        for p in legacy:
+            p.kill()
+        for p in legacy:
+            p.wait()
+        for pid in pids:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        store.close()
+    write(args, agent, old, followed, len(ids))
+
+
+def write(args: argparse.Namespace, agent: dict[str, float], old: dict[str, float], followed: int, runs: int) -> None:
+    def ratio(key: str) -> str:
+        return f"{old[key] / agent[key]:.1f}x" if agent[key] else "-"
+
+    rows = [("orch processes", "processes", "{:.0f}"), ("SSH connections", "connections", "{:.0f}"),
+            ("resident memory (MiB)", "rss_mib", "{:.0f}"), ("CPU, quiet runs (% of a core)", "quiet_cpu_pct", "{:.2f}")]
+    lines = [
+        "## Fleet watch (bench/fleet_watch.py)",
+        "",
+        f"{runs} active runs over {args.hosts} real sshd hosts on loopback ({args.per_host} per host), each printing"
+        " an SGLang decode line a second; then quiet for the CPU figure (its mean over"
+        f" {args.quiet_s:.0f} s). orch's side only: its watcher processes (the controller that started the runs is not"
+        " counted), their ESTABLISHED connections to the sshd ports, their resident memory. Both rows watch the same jobs in"
+        f" the same run; {followed} of {runs} runs were recorded `running` by their host's watcher.",
+        "",
+        "| | one watcher per host (agent) | a watcher per run | per-run / per-host |",
+        "|---|---:|---:|---:|",
+    ]
+    lines += [f"| {name} | {fmt.format(agent[key])} | {fmt.format(old[key])} | {ratio(key)} |"
+              for name, key, fmt in rows]
+    write_section("\n".join(lines) + "\n")
+    print("wrote the fleet watch section of bench/RESULTS.md")
+
+
+if __name__ == "__main__":
+    main()
