@@ -25,7 +25,7 @@ from ..workspace import Workspace
 KILL_GRACE_S = 10.0
 LIVE_HOLD_S = 2.0  # the longest a poll holds while a person watches
 LOG_TAIL_LINES = 200
-END_STEPS = ("outputs", "log tail", "patch revert", "notify")
+END_STEPS = ("log to end", "outputs", "log tail", "patch revert", "notify")
 
 
 @dataclass
