@@ -26,7 +26,7 @@ from .context import (
 )
 from .ending import cancel, end, finish, free_gpus, notification, settle_orphan, stop, stop_quietly
 from .follow import keep_watching, poll, probe_orphan, refresh, watch, watcher
-from .starting import DryRunTransport, check, dry_run, run_token, start
+from .starting import DryRunTransport, busy_message, check, dry_run, run_token, start
 
 __all__ = [
     "END_STEPS",
@@ -34,6 +34,7 @@ __all__ = [
     "Context",
     "DryRunTransport",
     "LogText",
+    "busy_message",
     "cancel",
     "check",
     "dry_run",
