@@ -275,3 +275,32 @@ def m014(db: Database) -> None:
 @migration("m015_host_lease")
 def m015(db: Database) -> None:
     db["runs"].add_column("host_lease", int, not_null_default=0)  # the run holds lease files on its host
+
+
+@migration("m016_run_ids_never_reused")
+def m016(db: Database) -> None:
+    # AUTOINCREMENT: a run id once given is never given again, even after `orch rm` of the newest run, so an
+    # id in a note, a chat message or a host's run dir names one run for good. SQLite cannot alter a key:
+    # the table is rebuilt from its own definition (foreign keys are not enforced here, so the rows of
+    # events and metrics keep pointing at the same ids), and its indexes made again.
+    import re
+
+    conn = db.conn
+    (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'runs'").fetchone()
+    sql, found = re.subn(r"""(["\[`]?id["\]`]?\s+INTEGER\s+PRIMARY\s+KEY)(?!\s+AUTOINCREMENT)""",
+                         r"\1 AUTOINCREMENT", sql, count=1, flags=re.IGNORECASE)
+    if not found:
+        return  # already so
+    indexes = [row[0] for row in conn.execute(
+        "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'runs' AND sql IS NOT NULL")]
+    conn.execute(re.sub(r"""^CREATE TABLE\s+["\[`]?runs["\]`]?""", 'CREATE TABLE "runs_new"', sql))
+    conn.execute("INSERT INTO runs_new SELECT * FROM runs")
+    conn.execute("DROP TABLE runs")
+    conn.execute("ALTER TABLE runs_new RENAME TO runs")
+    for index in indexes:
+        conn.execute(index)
+    # ids removed before now stay used too, as far as the runs' events remember them
+    (used,) = conn.execute("SELECT MAX((SELECT COALESCE(MAX(id), 0) FROM runs),"
+                           " (SELECT COALESCE(MAX(run_id), 0) FROM events))").fetchone()
+    conn.execute("DELETE FROM sqlite_sequence WHERE name = 'runs'")
+    conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('runs', ?)", (used,))

@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+# Latencies, durations (load times) and losses improve downwards; throughputs, rates per second, acceptance
+# and counts upwards. `tokens_per_s` is a rate (higher), `load_weight_s` a duration (lower).
+_LOWER = re.compile(r"(_ms|(?<!per)_s|_sec|_seconds|_time|latency|ttft|tpot|itl|loss|elapsed)$|latency|ttft|loss")
+
+
+def lower_is_better(metric: str) -> bool:
+    """A metric's direction, from its name: latencies, load times and losses are better lower."""
+    return bool(_LOWER.search(metric.lower()))
+
+
+def goal_of(metric: str) -> Literal["max", "min"]:
+    return "min" if lower_is_better(metric) else "max"
 
 
 class Objective(BaseModel):
@@ -13,6 +27,11 @@ class Objective(BaseModel):
 
     metric: str = Field(min_length=1, description="a metric every point records, e.g. output_throughput")
     goal: Literal["max", "min"] = "max"
+
+    @classmethod
+    def of_metric(cls, metric: str) -> Objective:
+        """A bare metric as an objective, in the metric's own direction."""
+        return cls(metric=metric, goal=goal_of(metric))
 
     def better(self, a: float, b: float) -> bool:
         return a > b if self.goal == "max" else a < b

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from .errors import UsageError
-from .objective import Objective, best, of_doc
+from .objective import Objective, best, lower_is_better, of_doc
 from .record import Status
 from .store import Store
 
@@ -33,6 +33,13 @@ def ratio(value: float | None, base: float | None) -> float | None:
     return round(value / base, RATIO_DIGITS)
 
 
+def _better(value: float | None, base: float | None, lower: bool) -> bool | None:
+    """Is the value better than the baseline's, in the metric's direction (None: equal, or one missing)?"""
+    if value is None or base is None or value == base:
+        return None
+    return value < base if lower else value > base
+
+
 def compare(store: Store, ids: list[int], all_keys: bool = False, baseline: int | None = None) -> dict[str, Any]:
     """Specs (only the keys that differ unless `all_keys`) and latest metrics of runs, in the order given.
 
@@ -51,10 +58,12 @@ def compare(store: Store, ids: list[int], all_keys: bool = False, baseline: int 
         if all_keys or any(v != values[0] for v in values[1:]):
             spec[key] = values
     latest = [store.latest_metrics(i) for i in ids]
-    metrics: dict[str, dict[str, list[float | None]]] = {}
+    metrics: dict[str, dict[str, Any]] = {}
     for name in sorted(_ordered_union(latest)):
         values = [m.get(name) for m in latest]
-        metrics[name] = {"values": values, "ratios": [ratio(v, values[0]) for v in values]}
+        lower = lower_is_better(name)
+        metrics[name] = {"values": values, "ratios": [ratio(v, values[0]) for v in values], "lower_is_better": lower,
+                         "better": [None, *(_better(v, values[0], lower) for v in values[1:])]}
     return {"runs": list(ids), "baseline": ids[0], "spec": spec, "metrics": metrics}
 
 
@@ -70,11 +79,6 @@ def _ordered_union(dicts: list[dict[str, Any]]) -> list[str]:
 MAX_BAR_CHARTS = 6
 MAX_SERIES_CHARTS = 4
 MAX_NIGHTS = 30
-
-
-def lower_is_better(metric: str) -> bool:
-    """Latencies (`*_ms`) improve downwards; everything else (throughput, acceptance) upwards."""
-    return metric.endswith("_ms")
 
 
 def _swept_label(diff: dict[str, Any]) -> str:
@@ -107,9 +111,8 @@ def sweep_points(store: Store, sweep_id: int) -> list[dict[str, Any]]:
 
 
 def best_point(points: list[dict[str, Any]], metric: str | Objective) -> int | None:
-    """Index of the best point by the objective (a bare metric: latencies lower, others higher)."""
-    objective = metric if isinstance(metric, Objective) else Objective(
-        metric=metric, goal="min" if lower_is_better(metric) else "max")
+    """Index of the best point by the objective (a bare metric: in its own direction)."""
+    objective = metric if isinstance(metric, Objective) else Objective.of_metric(metric)
     found = best(objective, ((i, p["metrics"]) for i, p in enumerate(points)))
     return None if found is None else int(found[0])
 
@@ -168,7 +171,7 @@ def sweep_report(store: Store, sweep_id: int, out_dir: Any, metric: str | None =
     if metric is not None:
         if metric not in names:
             raise UsageError(f"no metric {metric!r} in sweep {sweep_id} (known: {', '.join(names) or 'none'})")
-        objective = Objective(metric=metric, goal="min" if lower_is_better(metric) else "max")
+        objective = Objective.of_metric(metric)
     # the best of the points that succeeded: a failed run's last figures are not a result
     ok = [(i, p["metrics"]) for i, p in enumerate(points) if p["run"].status is Status.SUCCEEDED]
     found = best(objective, ok) if objective else None
@@ -230,21 +233,41 @@ def _bar_charts(points: list[dict[str, Any]], names: list[str], objective: Objec
     fig, axes = plt.subplots(len(names), 1, figsize=(9, 2.9 * len(names)), squeeze=False)
     labels = [p["label"].replace(" ", "\n") for p in points]  # the swept values, one per line
     for ax, name in zip(axes[:, 0], names):
-        values = [p["metrics"].get(name, 0.0) for p in points]
+        values = [p["metrics"].get(name) for p in points]
         mine = best_i if objective is not None and name == objective.metric else None  # best: by the objective only
         colors = [BEST_COLOR if i == mine else OTHER_COLOR for i in range(len(points))]
-        ax.bar(range(len(points)), values, color=colors)
+        shown = [float("nan") if v is None else v for v in values]  # a point without the metric: no bar
+        bars = ax.bar(range(len(points)), shown, color=colors)
+        ax.bar_label(bars, labels=["" if v is None else f"{v:g}" for v in values], fontsize=7, padding=2)
         ax.set_xticks(range(len(points)), labels)
+        zoomed = _zoom(ax, [v for v in values if v is not None])
         lower = objective.goal == "min" if objective is not None and name == objective.metric else lower_is_better(name)
         title = f"{name} ({'lower' if lower else 'higher'} is better)"
         if objective is not None and name == objective.metric:
             title += " — the objective; best in green"
+        if zoomed:
+            title += " — axis zoomed to the values"
         ax.set_title(title, fontsize=10)
         ax.tick_params(axis="x", labelsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return str(path.name)
+
+
+ZOOM_BELOW = 0.5  # zoom when the values span less than this share of the largest: bars from 0 would hide it
+
+
+def _zoom(ax: Any, values: list[float]) -> bool:
+    """The axis around the values rather than from 0, so a 4 % difference shows; True when zoomed."""
+    if not values:
+        return False
+    lo, hi = min(values), max(values)
+    if lo <= 0 or (hi - lo) >= ZOOM_BELOW * hi:
+        return False
+    pad = (hi - lo) * 0.25 or hi * 0.02
+    ax.set_ylim(max(lo - pad, 0.0), hi + pad)
+    return True
 
 
 def _trend_chart(trend: list[dict[str, Any]], objective: Objective, path: Any) -> str:
@@ -298,6 +321,8 @@ def _cell(value: Any) -> str:
 
 def _html(title: str, points: list[dict[str, Any]], keys: list[str], names: list[str], objective: Objective | None,
           best_i: int | None, images: list[str], links: list[str], trend: list[dict[str, Any]]) -> str:
+    if objective is not None and objective.metric in names:  # the value that decides comes first
+        names = [objective.metric, *(n for n in names if n != objective.metric)]
     head = ["point", "run", "status", *keys, *names, "log"]
     rows = []
     for i, p in enumerate(points):
@@ -326,9 +351,10 @@ def _html(title: str, points: list[dict[str, Any]], keys: list[str], names: list
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>
-body {{ font-family: sans-serif; margin: 24px; color: #222; }}
-table {{ border-collapse: collapse; margin: 12px 0; }}
-th, td {{ border: 1px solid #ccc; padding: 4px 10px; text-align: right; }}
+body {{ font-family: sans-serif; margin: 24px; color: #222; max-width: 1232px; }}
+table {{ border-collapse: collapse; margin: 12px 0; max-width: 100%; font-size: 13px; }}
+th, td {{ border: 1px solid #ccc; padding: 3px 6px; text-align: right; }}
+th {{ font-size: 12px; overflow-wrap: anywhere; }}  /* long metric names wrap: the table fits the page */
 th {{ background: #e7f5ff; }}
 tr.best td {{ background: #d3f9d8; font-weight: bold; }}
 img {{ display: block; margin: 16px 0; max-width: 100%; }}

@@ -170,6 +170,11 @@ class Store:
             self.add_event(run_id, "status", "pending", ts=now)
         return run_id
 
+    def next_run_id(self) -> int:
+        """The id the next run will get (ids are never reused: removed runs' ids stay taken)."""
+        row = self.conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'runs'").fetchone()
+        return int(row[0] if row else 0) + 1
+
     def get_run(self, run_id: int) -> Run:
         row = self.conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:

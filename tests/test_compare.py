@@ -45,10 +45,13 @@ def test_differences_and_ratios(tmp_path):
     m = got["metrics"]
     assert list(m) == ["accept_len", "accept_rate", "gen_throughput", "load_weight_s"]
     # the latest value of each series counts
-    assert m["gen_throughput"] == {"values": [88.8, 94.0, 0.0], "ratios": [1.0, 1.0586, 0.0]}
-    assert m["accept_rate"] == {"values": [0.19, 0.47, None], "ratios": [1.0, 2.4737, None]}
-    # no ratio against a run that lacks the metric
-    assert m["load_weight_s"] == {"values": [None, None, 245.3], "ratios": [None, None, None]}
+    assert m["gen_throughput"] == {"values": [88.8, 94.0, 0.0], "ratios": [1.0, 1.0586, 0.0],
+                                   "lower_is_better": False, "better": [None, True, False]}
+    assert m["accept_rate"] == {"values": [0.19, 0.47, None], "ratios": [1.0, 2.4737, None],
+                                "lower_is_better": False, "better": [None, True, None]}
+    # no ratio against a run that lacks the metric; a load time is better lower
+    assert m["load_weight_s"] == {"values": [None, None, 245.3], "ratios": [None, None, None],
+                                  "lower_is_better": True, "better": [None, None, None]}
 
 
 def test_all_keys_and_order_given(tmp_path):
@@ -59,7 +62,8 @@ def test_all_keys_and_order_given(tmp_path):
     assert got["spec"]["cmd"] == [BASE["cmd"]] * 2 and got["spec"]["poll_min"] == [None, None]
     assert set(got["spec"]) == {"cmd", "env.NCCL_DEBUG", "patches", "poll_min", "speculative_num_steps"}
     # ratios against a first value of 0 are undefined, not infinite
-    assert got["metrics"]["gen_throughput"] == {"values": [0.0, 88.8], "ratios": [None, None]}
+    assert got["metrics"]["gen_throughput"]["values"] == [0.0, 88.8]
+    assert got["metrics"]["gen_throughput"]["ratios"] == [None, None]
     assert got["metrics"]["load_weight_s"]["ratios"] == [1.0, None]
 
 

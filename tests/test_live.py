@@ -77,11 +77,11 @@ def test_a_killed_watcher_is_replaced_and_nothing_is_recorded_twice(orch: Orch, 
         stop_background_watchers(Path(os.environ["HOME"]))
         time.sleep(0.5)
         orch("status", check=0)  # finds it unwatched and starts a new watcher
-    doc = orch.wait_for(run_id, lambda d: d["status"] == "succeeded" and len(d["end_steps"]) == 4, timeout=90)
+    doc = orch.wait_for(run_id, lambda d: d["status"] == "succeeded" and len(d["end_steps"]) == 5, timeout=90)
     phases = [e["message"] for e in doc["events"] if e["kind"] == "phase"]
     assert phases == sorted(set(phases), key=phases.index), phases  # each phase change once
     finished = [e["message"] for e in doc["events"] if e["kind"] == "finished"]
-    assert sorted(finished) == sorted(["outputs", "log tail", "patch revert", "notify"])
+    assert sorted(finished) == sorted(["log to end", "outputs", "log tail", "patch revert", "notify"])
     db = sqlite3.connect(orch.db)
     (samples,) = db.execute("SELECT COUNT(*) FROM metrics WHERE run_id = ? AND name = 'gen_throughput'",
                             (run_id,)).fetchone()

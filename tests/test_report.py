@@ -16,6 +16,9 @@ from orchestrator.errors import UsageError
 from orchestrator.record import Status
 from orchestrator.lifecycle import transition
 from orchestrator.store import Store
+from test_ui import browser
+
+__all__ = ["browser"]  # the fixture
 
 CHROMIUM = shutil.which("chromium") or "chromium"
 
@@ -181,3 +184,32 @@ eagle_topk = [1, 4]
     # the trend chart's own pixels: two nights, one line per point plus the best
     with Image.open(page.parent / "trend.png") as im:
         assert len(im.convert("RGB").getcolors(1 << 20) or []) > 20
+
+
+def test_bars_are_zoomed_to_the_values_so_a_small_gain_shows():
+    plt = report._pyplot()
+    fig, (close, apart) = plt.subplots(2, 1)
+    assert report._zoom(close, [88.8, 92.8])  # a 4.5 % gain: the axis starts near the values, not at 0
+    lo, hi = close.get_ylim()
+    assert 80 < lo < 88.8 and 92.8 < hi < 95
+    assert not report._zoom(apart, [10.0, 100.0])  # far apart: from 0 already shows it
+    assert apart.get_ylim()[0] <= 0
+    plt.close(fig)
+
+
+def test_the_report_puts_the_objective_first_and_fits_1280_px(tmp_path, browser):
+    store = sweep_store(tmp_path / "orch.db")
+    for run_id in (2, 3, 4):  # a wide table: many metrics with long names
+        store.add_metrics(run_id, [(f"speculative_decoding_metric_with_a_long_name_{i}", 1234.5678 * run_id, None)
+                                   for i in range(12)], ts=1.0)
+    page = report.sweep_report(store, 7, tmp_path / "r", metric="ttft_ms")
+    text = page.read_text()
+    head = text[text.index("<tr><th>"):text.index("</tr>")]
+    assert head.index("<th>ttft_ms</th>") < head.index("<th>gen_throughput</th>")  # the objective's column first
+    browser.set_window_size(1280, 900)
+    browser.get(page.as_uri())
+    width = browser.execute_script("return document.documentElement.clientWidth")
+    assert browser.execute_script("return document.documentElement.scrollWidth") <= width
+    table = browser.execute_script("return document.querySelector('table').getBoundingClientRect().right")
+    assert table <= width
+    browser.save_screenshot(str(tmp_path / "report-1280.png"))

@@ -41,6 +41,40 @@ def test_each_earlier_schema_migrates(tmp_path, stop_before):
     assert store.patch_records("local") == []
 
 
+def test_a_removed_runs_id_is_never_given_again(tmp_path):
+    store = Store(tmp_path / "orch.db")
+    ids = [store.create_run("command", "local", {}) for _ in range(3)]
+    store.conn.execute("DELETE FROM runs WHERE id = ?", (ids[-1],))  # as `orch rm` of the newest run does
+    assert store.next_run_id() == ids[-1] + 1
+    assert store.create_run("command", "local", {}) == ids[-1] + 1
+
+
+def test_ids_removed_before_the_never_reused_schema_stay_taken(tmp_path):
+    path = tmp_path / "orch.db"
+    old = Store.__new__(Store)
+    old.path = path
+    old.conn = sqlite3.connect(path, isolation_level=None)
+    from sqlite_utils import Database
+
+    old.db = Database(old.conn)
+    old.migrate(stop_before="m016_run_ids_never_reused")
+    add = ("INSERT INTO runs (playbook, host, status, phase, spec, created_at, log_offset)"
+           " VALUES ('command', 'local', 'running', 'loading', '{}', 1.0, 10)")
+    for _ in range(3):
+        old.conn.execute(add)
+    old.conn.execute("INSERT INTO events (run_id, ts, kind, message) VALUES (3, 1.0, 'status', 'pending')")
+    old.conn.execute("INSERT INTO metrics (run_id, name, value, ts) VALUES (2, 'tok_s', 88.8, 1.0)")
+    old.conn.execute("DELETE FROM runs WHERE id = 3")  # its events were left, as an old `rm` may have
+    old.conn.close()
+    store = Store(path)
+    assert [r.id for r in store.list_runs()] == [2, 1]
+    assert store.latest_metrics(2) == {"tok_s": 88.8}
+    assert store.create_run("command", "local", {}) == 4
+    indexes = {r[0] for r in store.conn.execute("SELECT name FROM sqlite_master WHERE tbl_name = 'runs'"
+                                                " AND type = 'index'")}
+    assert {"idx_runs_status", "idx_runs_host", "idx_runs_playbook", "idx_runs_sweep_id"} <= indexes
+
+
 def test_sweeps_before_instances_keep_their_identity(tmp_path):
     path = tmp_path / "orch.db"
     old = Store.__new__(Store)

@@ -295,7 +295,8 @@ def test_two_runs_racing_for_one_host_then_queue(orch):
         time.sleep(0.02)
     _, errs = first.communicate()
     assert first.returncode == 1, errs
-    assert "orch: host test1 is busy with run 1 (started by pid" in errs and "--queue waits" in errs
+    assert "orch: host test1 is busy with run 1 (command, " in errs
+    assert "--queue waits for it to end, --replace stops it first" in errs
     queued = orch.spawn(*args, "--queue")
     winner = b if first is a else a
     assert winner.wait(timeout=60) == 0
@@ -328,7 +329,8 @@ def test_stale_leases_are_recovered(orch, tmp_path):
     stop_background_watchers(Path(os.environ["HOME"]))  # its watcher dies too (a reboot of this machine)
     res = orch("run", "command", "--host", "test1", "--set", "cmd=true")
     assert res.returncode == 1
-    assert f"busy with run {detached} (its controller" in res.stderr and "the job still runs" in res.stderr
+    assert f"busy with run {detached} (command, running" in res.stderr
+    assert "its controller is gone but the job still runs" in res.stderr
     exit_code = Path(orch.status(detached)["remote_dir"]) / ".orch" / "exit_code"
     deadline = time.time() + 30
     while not exit_code.exists() and time.time() < deadline:  # the job ends; nobody watches it now

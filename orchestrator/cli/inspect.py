@@ -10,7 +10,7 @@ import typer
 from .. import shapes
 from ..errors import UsageError
 from .app import app, parse_run_id, read_store, workspace
-from .render import emit_json, out, progress_line, table
+from .render import BETTER, WORSE, Styled, emit_json, out, progress_line, table
 
 
 @app.command("inspect-log")
@@ -60,12 +60,13 @@ def compare(
             for key, values in found["spec"].items()]
     for name, m in found["metrics"].items():
         cells = []
-        for i, (v, r) in enumerate(zip(m["values"], m["ratios"])):
+        for i, (v, r, better) in enumerate(zip(m["values"], m["ratios"], m["better"])):
             cell = "-" if v is None else f"{v:g}"
             if i and base is not None and v is not None and m["values"][0] is not None:
                 cell = f"{m['values'][0]:g} → {cell}"  # against the baseline, as people write it
-            cells.append(cell + (f" ({r:.2f}x)" if i and r is not None else ""))
-        rows.append([name, *cells])
+            cell += f" ({r:.2f}x)" if i and r is not None else ""
+            cells.append(Styled(cell, None if better is None else BETTER if better else WORSE))
+        rows.append([name, *cells])  # on a terminal: green where better than the first run, red where worse
     table(["", *(f"run {i}" + (" (baseline)" if base is not None and not n else "") for n, i in enumerate(found["runs"]))],
           rows)
 

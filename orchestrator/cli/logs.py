@@ -51,7 +51,7 @@ def logs(
                 sys.stdout.buffer.write(data)
             sys.stdout.flush()
 
-        runflow.follow_log(runflow.open_run(ws, store, rid, inventory(ws)), write)
+        runflow.follow_log(runflow.open_run(ws, store, rid, inventory(ws)), write, offset=found.end)
 
 
 def _whole_log(ctx: Any) -> None:

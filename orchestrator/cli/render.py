@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, Self
 
 from rich.console import Console
 
@@ -34,9 +34,25 @@ def progress_line(progress: dict[str, Any] | None, phase: str | None) -> str:
     return f"{phase} {p.get('label') or ''} {bar}{done}{rate}{eta}"
 
 
+class Styled(str):
+    """A table value coloured on a terminal (off one, its plain text)."""
+
+    style: str | None = None
+
+    def __new__(cls, text: str, style: str | None) -> Self:
+        obj = super().__new__(cls, text)
+        obj.style = style
+        return obj
+
+
+BETTER, WORSE = "green", "red"
+
+
 def cell(value: Any) -> str:
     if value is None:
         return ""
+    if isinstance(value, str):
+        return value  # a Styled value keeps its colour
     return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
@@ -65,7 +81,8 @@ def table(headers: list[str], rows: list[list[Any]], *, title: str | None = None
     for column in t.columns:
         column.overflow = "fold"  # a long name wraps, it is never cut to `sglang-eagle3-h…`
     for row in cells:
-        t.add_row(*(Text(v) for v in row))  # Text: a value such as "[bold]" is data, not markup
+        # Text: a value such as "[bold]" is data, not markup
+        t.add_row(*(Text(v, style=getattr(v, "style", None) or "") for v in row))
     out.print(t)
 
 

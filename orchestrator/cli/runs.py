@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from ..errors import UsageError
+from ..errors import OrchError, UsageError
 from ..record import Run, Status
 from ..shapes import run_document
 from ..workspace import LOCAL
@@ -86,7 +86,7 @@ def _labels(name: str | None, tags: list[str], note: str | None) -> dict[str, An
 
 def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_ready: bool, queue: bool,
            replace: bool, as_json: bool, labels: dict[str, Any]) -> None:
-    from .. import runflow
+    from .. import lease, runflow
 
     ws = workspace()
     target = inventory(ws).get(host)
@@ -96,13 +96,17 @@ def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_rea
         return
     waited: list[str] = []
 
-    def on_wait(busy: Exception) -> None:
+    def on_wait(busy: lease.Busy) -> None:
         if not waited:
-            err.print(f"waiting: {busy}".removesuffix("; --queue waits"))
-            waited.append(str(busy))
+            line = runflow.busy_message(store, busy, ways_on=False)
+            err.print(f"waiting: {line}")
+            waited.append(line)
 
-    ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait, replace=replace,
-                        run_fields=labels)
+    try:
+        ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait, replace=replace,
+                            run_fields=labels)
+    except lease.Busy as busy:
+        raise OrchError(runflow.busy_message(store, busy)) from None
     job = ctx.executor.describe((ctx.run.pid or 0, ctx.run.pid_start or ""))
     err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, {job} in {ctx.paths.root}")
     if detach:

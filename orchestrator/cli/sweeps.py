@@ -35,6 +35,9 @@ def sweep_run(file: Path = typer.Argument(..., help="sweep file (TOML)"),
         emit_json(sweep.document(open_store(ws), doc["id"]))
     counts = ", ".join(f"{n} {s}" for s, n in sorted(doc["counts"].items()))
     err.print(f"sweep {doc['id']} ({doc['name']}) {doc['status']}: {counts}", markup=False)
+    verdict = sweep.best_line(sweep.document(open_store(ws), doc["id"]))
+    if verdict:
+        err.print(verdict, markup=False)
     raise typer.Exit(0 if doc["status"] == "succeeded" else 1)
 
 
@@ -63,13 +66,22 @@ def sweep_status(ref: str | None = typer.Argument(None, metavar="[SWEEP]", help=
         emit_json(doc)
         return
     title = f"{doc['name']} {doc['instance']}" if doc["instance"] else doc["name"]
+    objective = doc["objective"]["metric"] if doc["objective"] else None
+    best = doc["best"]["index"] if doc["best"] else None
     rows = []
     for p in doc["points"]:
-        metrics = " ".join(f"{k}={v:g}" for k, v in list(p["metrics"].items())[:3])
-        rows.append([p["index"], sweep.label(p["point"]), p["host"] + (f":{p['gpus']}" if p["gpus"] else ""),
-                     p["status"], p["run_id"], p["attempts"], metrics, p["reason"] if p["status"] != "succeeded" else ""])
-    table(["#", "point", "host", "status", "run", "tries", "metrics", "reason"], rows,
-          title=f"sweep {doc['id']} {title} ({doc['playbook']}): {doc['status']}")
+        others = [(k, v) for k, v in p["metrics"].items() if k != objective]
+        metrics = " ".join(f"{k}={v:g}" for k, v in others[:3])
+        row = [f"{p['index']}{' *' if p['index'] == best else ''}", sweep.label(p["point"]),
+               p["host"] + (f":{p['gpus']}" if p["gpus"] else ""), p["status"], p["run_id"], p["attempts"]]
+        if objective:  # the value that decides comes before the others
+            row.append("-" if p["objective"] is None else f"{p['objective']:g}")
+        rows.append([*row, metrics, p["reason"] if p["status"] != "succeeded" else ""])
+    headers = ["#", "point", "host", "status", "run", "tries", *([objective] if objective else []), "metrics", "reason"]
+    table(headers, rows, title=f"sweep {doc['id']} {title} ({doc['playbook']}): {doc['status']}")
+    verdict = sweep.best_line(doc)
+    if verdict:
+        out.print(verdict, markup=False)
 
 
 @sweep_app.command("cancel")

@@ -3,8 +3,8 @@
 start: check → create the run with its lease → patch sets checked → GPU cleanup → patches applied →
 prepare → launch. watch/poll: the watcher records what the log says until the run ends. Every ending
 (the watcher's verdict, cancel, stop, another run's GPU cleanup, a dead controller's run settled, a
-failed start) reaches `finish`, which runs the end steps — outputs, log tail, patch revert,
-notification — each exactly once whoever ends the run, then frees its lease. `start(replace=True)`
+failed start) reaches `finish`, which runs the end steps — the log read to its last byte, outputs, log
+tail, patch revert, notification — each exactly once whoever ends the run, then frees its lease. `start(replace=True)`
 stops the run holding the host or GPU set through that same path (its reason names the new run) and
 waits until its GPUs are free before taking the lease.
 
@@ -26,7 +26,7 @@ from .context import (
 )
 from .ending import cancel, end, finish, free_gpus, notification, settle_orphan, stop, stop_quietly
 from .follow import keep_watching, poll, probe_orphan, refresh, watch, watcher
-from .starting import DryRunTransport, check, dry_run, run_token, start
+from .starting import DryRunTransport, busy_message, check, dry_run, run_token, start
 
 __all__ = [
     "END_STEPS",
@@ -34,6 +34,7 @@ __all__ = [
     "Context",
     "DryRunTransport",
     "LogText",
+    "busy_message",
     "cancel",
     "check",
     "dry_run",

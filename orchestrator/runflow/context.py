@@ -25,7 +25,7 @@ from ..workspace import Workspace
 KILL_GRACE_S = 10.0
 LIVE_HOLD_S = 2.0  # the longest a poll holds while a person watches
 LOG_TAIL_LINES = 200
-END_STEPS = ("outputs", "log tail", "patch revert", "notify")
+END_STEPS = ("log to end", "outputs", "log tail", "patch revert", "notify")
 
 
 @dataclass
@@ -131,6 +131,17 @@ def log_tail(ctx: Context, lines: int) -> str:
 class LogText:
     text: str
     fallback: str | None = None  # why the text is the local copy, not the host's log
+    end: int | None = None  # the byte of the host's log the text ends at: following goes on from there
+
+
+def tail_with_end(ctx: Context, lines: int) -> LogText:
+    """The last lines of the log up to its size at one moment, and that size: in one call, so a follow
+    that starts there neither repeats nor drops a line printed meanwhile."""
+    log = quote(ctx.paths.log)
+    res = ctx.transport.run(f's=$(stat -c %s {log} 2>/dev/null || echo 0); echo "$s"; '
+                            f'head -c "$s" {log} 2>/dev/null | tail -n {int(lines)}', timeout=60)
+    size, _, text = res.stdout.partition("\n")
+    return LogText(text, end=int(size) if size.strip().isdigit() else None)
 
 
 def read_log(ws: Workspace, store: Store, run_id: int, lines: int, hosts: Hosts | None = None) -> LogText:
@@ -142,7 +153,7 @@ def read_log(ws: Workspace, store: Store, run_id: int, lines: int, hosts: Hosts 
                         + (f": {run.reason})" if run.reason else ")"))
     local = ws.runs_dir / str(run.id) / "log.tail"
     try:
-        return LogText(log_tail(open_run(ws, store, run, hosts, any_spec=True), lines))
+        return tail_with_end(open_run(ws, store, run, hosts, any_spec=True), lines)
     except (Unreachable, HostError) as exc:
         if not local.is_file():
             raise
@@ -150,13 +161,16 @@ def read_log(ws: Workspace, store: Store, run_id: int, lines: int, hosts: Hosts 
         return LogText("".join(kept), f"{exc}; showing the tail kept when the run ended ({local})")
 
 
-def follow_log(ctx: Context, write: Callable[[bytes], None], sleep: Callable[[float], None] = time.sleep) -> None:
-    """Write the log's new bytes as they come (every second: someone reads along), until the job ended."""
+def follow_log(ctx: Context, write: Callable[[bytes], None], sleep: Callable[[float], None] = time.sleep,
+               offset: int | None = None) -> None:
+    """Write the log's new bytes as they come (every second: someone reads along), until the job ended;
+    from `offset` (where a tail ended), else from the log's end now."""
     run = ctx.run
     if run.pid is None:
         return
-    size = ctx.transport.run(f"stat -c %s {quote(ctx.paths.log)} 2>/dev/null || echo 0", timeout=60).stdout.strip()
-    offset = int(size) if size.isdigit() else 0
+    if offset is None:
+        size = ctx.transport.run(f"stat -c %s {quote(ctx.paths.log)} 2>/dev/null || echo 0", timeout=60).stdout.strip()
+        offset = int(size) if size.isdigit() else 0
     interval = min(ctx.host.default_poll[0], 1.0)
     while True:
         state = ctx.executor.poll(ctx.paths, (run.pid, run.pid_start or ""), offset, 4 << 20)

@@ -14,6 +14,7 @@ from ..record import Run, Status
 from ..store import Store
 from ..workspace import Workspace
 from .context import END_STEPS, KILL_GRACE_S, LOG_TAIL_LINES, Context, Hosts, open_run, run_token
+from .lastread import read_to_end
 
 
 def end(store: Store, run_id: int, status: Status, message: str, ctx: Context | None = None,
@@ -35,7 +36,7 @@ def finish(ctx: Context) -> Run:
     if not ctx.run.status.terminal:
         return ctx.run
     steps: dict[str, Callable[[Context], None]] = {
-        "outputs": _collect_outputs, "log tail": _fetch_log_tail, "patch revert": _revert_patches,
+        "log to end": read_to_end, "outputs": _collect_outputs, "log tail": _fetch_log_tail, "patch revert": _revert_patches,
         "notify": _notify,
     }
     try:

@@ -106,6 +106,33 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     return ctx
 
 
+def busy_message(store: Store, busy: lease.Busy, ways_on: bool = True) -> str:
+    """Who holds the host, as a person asks it: the run (its playbook, status, phase, for how long) and the
+    two ways on; the holder's controller only when it is gone while its job runs."""
+    held = busy.lease
+    what = held.describe()
+    try:
+        run = store.get_run(held.run_id)
+    except OrchError:
+        return str(busy)
+    doing = f"{run.playbook}, {run.status}" + (f" ({run.phase})" if run.phase and run.status is Status.RUNNING else "")
+    since = run.started_at or run.created_at
+    if since:
+        doing += f" for {_span(time.time() - since)}"
+    if not lease.holder_alive(held, run):
+        doing += f"; its controller is gone but the job still runs: `orch watch {run.id}` follows it"
+    verb = "is" if held.gpus is None else "are"
+    line = f"{what} {verb} busy with run {run.id} ({doing})"
+    return line + "; --queue waits for it to end, --replace stops it first" if ways_on else line
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{max(seconds, 0):.0f} s"
+
+
 def take_replacing(ws: Workspace, store: Store, host: Host, gpus: list[int] | None, create: Callable[[], int],
                    poll: tuple[float, float], *, queue: bool = False,
                    on_wait: Callable[[lease.Busy], None] | None = None) -> int:
@@ -207,7 +234,7 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host:
     """Print every step a run would take, and its remote commands, touching nothing."""
     check(store, pb, spec, host)
     transport = DryRunTransport(host, echo)
-    next_id = store.conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM runs").fetchone()[0]
+    next_id = store.next_run_id()
     paths = RunPaths.for_run(transport.expand(host.workdir), next_id)
     ctx = Context(ws, store, pb, host, transport, executor_for(host, transport), next_id, spec, paths)
     overlay = patching.Overlay.of(paths.root) if spec.patches and host.scheduler else None

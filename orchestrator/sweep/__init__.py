@@ -27,7 +27,7 @@ from .db import add_event, claim, events, on_run_ended, register, resolve
 from .plan import Plan, Point, SweepFile, expand, label, load, plan
 from .policy import Verdict, decide, verdict
 from .record import Fault, PointStatus, SweepStatus
-from .status import document, list_sweeps
+from .status import best_line, document, list_sweeps
 
 __all__ = [
     "Fault",
@@ -38,6 +38,7 @@ __all__ = [
     "SweepStatus",
     "Verdict",
     "add_event",
+    "best_line",
     "cancel",
     "claim",
     "decide",

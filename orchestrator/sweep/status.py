@@ -7,6 +7,7 @@ from typing import Any
 from ..objective import Objective, best, of_doc
 from ..store import Store
 from . import db
+from .plan import label
 from .record import INTERRUPTED, PointRow, SweepStatus
 
 
@@ -32,6 +33,8 @@ def document(store: Store, sweep_id: int) -> dict[str, Any]:
     for pt in points:
         counts[pt["status"]] = counts.get(pt["status"], 0) + 1
     objective = of_doc(store.conn.execute("SELECT doc FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()[0])
+    for pt in points:  # the value that decides, first: each point's objective
+        pt["objective"] = pt["metrics"].get(objective.metric) if objective else None
     return {
         "id": row.id, "name": row.name, "instance": row.instance, "playbook": row.playbook,
         "status": status, "path": row.path,
@@ -52,6 +55,20 @@ def best_point(objective: Objective | None, points: list[dict[str, Any]]) -> dic
     p, value = found
     return {"index": p["index"], "run_id": p["run_id"], "metric": objective.metric, "goal": objective.goal,
             "value": value}
+
+
+def best_line(doc: dict[str, Any]) -> str | None:
+    """The sweep's verdict in one line: its best point by the objective, or why there is none yet."""
+    objective = doc["objective"]
+    if objective is None:
+        return None
+    way = "higher" if objective["goal"] == "max" else "lower"
+    found = doc["best"]
+    if found is None:
+        return f"best: none yet (no succeeded point recorded {objective['metric']}; {way} is better)"
+    pt = next(p for p in doc["points"] if p["index"] == found["index"])
+    return (f"best: #{pt['index']} {label(pt['point'] or {})} (run {found['run_id']}): "
+            f"{objective['metric']}={found['value']:g} ({way} is better)")
 
 
 def list_sweeps(store: Store, limit: int = 50) -> list[dict[str, Any]]:

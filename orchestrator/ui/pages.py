@@ -9,6 +9,7 @@ from typing import Any
 from .. import registry, report, sweep
 from ..errors import OrchError
 from ..hosts import Inventory
+from ..objective import lower_is_better
 from ..record import Run
 from ..shapes import run_document
 from ..store import Store
@@ -129,30 +130,35 @@ def sweep_page(store: Store, sweep_id: int, objective: str | None = None) -> dic
     points = doc["points"]
     keys = list(dict.fromkeys(k for p in points for k in (p["point"] or {})))
     names = sorted(dict.fromkeys(n for p in points for n in p["metrics"]))
-    best = {n: _best(points, n) for n in names}
+    declared = doc["objective"]  # the sweep file's objective: the page opens on it, in its direction
+    lower = {n: (declared["goal"] == "min") if declared and declared["metric"] == n else lower_is_better(n)
+             for n in names}
+    best = {n: _best(points, n, lower[n]) for n in names}
     if objective not in names:
-        objective = names[0] if names else None
+        objective = declared["metric"] if declared and declared["metric"] in names else (names[0] if names else None)
+    # the objective's column first, then the others
+    names = [n for n in names if n == objective] + [n for n in names if n != objective]
     doc.update({
-        "keys": keys, "metrics": names, "best": best, "objective": objective,
-        "lower_is_better": {n: report.lower_is_better(n) for n in names},
-        "trend": trend(store, doc["name"], objective) if objective else [],
+        "keys": keys, "metrics": names, "best": best, "objective": objective, "declared": declared,
+        "lower_is_better": lower,
+        "trend": trend(store, doc["name"], objective, lower[objective]) if objective else [],
     })
     return doc
 
 
-def _best(points: list[dict[str, Any]], metric: str) -> int | None:
+def _best(points: list[dict[str, Any]], metric: str, lower: bool) -> int | None:
     """The index of the best point by a metric (its run's latest value)."""
     scored = [(p["metrics"][metric], p["index"]) for p in points if metric in p["metrics"]]
     if not scored:
         return None
-    return (min if report.lower_is_better(metric) else max)(scored)[1]
+    return (min if lower else max)(scored)[1]
 
 
-def trend(store: Store, name: str, metric: str) -> list[dict[str, Any]]:
+def trend(store: Store, name: str, metric: str, lower: bool) -> list[dict[str, Any]]:
     """The best value of a metric in each earlier sweep of the same name (a nightly file's nights)."""
     rows = store.conn.execute("SELECT id, instance, created_at FROM sweeps WHERE name = ? ORDER BY id DESC LIMIT ?",
                               (name, TREND_SWEEPS)).fetchall()
-    pick = min if report.lower_is_better(metric) else max
+    pick = min if lower else max
     found = []
     for sweep_id, instance, created_at in reversed(rows):
         values = [v for (v,) in store.conn.execute(

@@ -417,7 +417,8 @@ async function sweepPage(main, id) {
       objective = pick.value;
       history.replaceState(null, "", `/sweeps/${id}?objective=${encodeURIComponent(objective)}`);
       draw().catch((e) => problems.replaceChildren(h("p", {class: "error"}, String(e.message))));
-    }}, d.metrics.map((m) => h("option", {value: m}, `${m} (${d.lower_is_better[m] ? "lower" : "higher"} is better)`)));
+    }}, d.metrics.map((m) => h("option", {value: m}, `${m} (${d.lower_is_better[m] ? "lower" : "higher"} is better)`
+      + (d.declared && d.declared.metric === m ? " — the sweep's objective" : ""))));
     pick.value = objective;
     const bestRow = objective ? d.best[objective] : null;
     const rows = d.points.map((p) => h("tr", {class: p.index === bestRow ? "best" : "", "data-point": p.index},
@@ -527,8 +528,11 @@ function drawCompare(out, c) {
   const rows = Object.entries(c.spec).map(([k, vs]) => h("tr", {}, h("td", {}, k), vs.map((v) => h("td", {}, h("code", {}, fmt(v))))));
   if (rows.length && Object.keys(c.metrics).length) rows.push(h("tr", {}, h("td", {colspan: head.length}, "")));
   for (const [name, m] of Object.entries(c.metrics)) {
-    rows.push(h("tr", {}, h("td", {}, h("b", {}, name)), m.values.map((v, i) => h("td", {class: "num"}, fmt(v),
-      i && m.ratios[i] !== null ? h("span", {class: "muted"}, ` (${m.ratios[i].toFixed(2)}x)`) : ""))));
+    // green where better than the first run, red where worse, in the metric's own direction
+    const way = (i) => (m.better[i] === null ? "" : m.better[i] ? " better" : " worse");
+    rows.push(h("tr", {}, h("td", {}, h("b", {}, name), h("span", {class: "muted"}, m.lower_is_better ? " ↓" : " ↑")),
+      m.values.map((v, i) => h("td", {class: "num" + way(i)}, fmt(v),
+        i && m.ratios[i] !== null ? h("span", {class: "muted"}, ` (${m.ratios[i].toFixed(2)}x)`) : ""))));
   }
   out.replaceChildren(table(head, rows, {class: "compare"}));
 }

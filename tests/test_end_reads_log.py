@@ -1,0 +1,148 @@
+"""Whoever ends a run, its log is read to the last byte first: the recorded metrics end where the log ends.
+
+A real sshd host and the SGLang emulator serving and printing decode stats; the run is watched until
+ready and then left unpolled, as a detached server between two polls, so every decode line after that
+is one the end itself must read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sshd import SSHFleet, free_port
+from test_gpu import FakeGpus, fake_gpus
+from test_serve import EMULATOR, no_server_left_behind
+
+from orchestrator import registry, runflow
+from orchestrator.hosts import Inventory, local_host
+from orchestrator.record import Status
+from orchestrator.store import Store
+from orchestrator.sweep import control
+from orchestrator.sweep import db as sweep_db
+from orchestrator.sweep.plan import plan
+from orchestrator.workspace import Workspace
+
+__all__ = ["fake_gpus", "no_server_left_behind"]  # fixtures
+
+DECODE = re.compile(r"gen throughput \(token/s\): ([0-9.]+),")
+
+
+def server_spec(**fields: Any) -> Any:
+    """A serve-eagle3 spec whose launcher is the emulator: quick to load, then decode stats until stopped."""
+    extra = ["--shards", "2", "--shard-time", "0.01", "--capture-time", "0.01",
+             "--decode-stats", "100000", "--decode-interval", "0.03"]
+    values = {"model": "/models/target", "draft_model": "/models/draft", "port": free_port("127.0.0.1"),
+              "launcher": str(EMULATOR), "extra_args": extra, "poll_min": 0.05, "poll_max": 0.2, **fields}
+    return registry.playbook("serve-eagle3").Spec(**values)
+
+
+@pytest.fixture
+def ssh_ws(tmp_path: Path, ssh_fleet: SSHFleet) -> Iterator[tuple[Workspace, Store, Inventory]]:
+    ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
+    ws.hosts_file.write_text(ssh_fleet.hosts_toml(test1={"workdir": str(tmp_path / "remote")}))
+    store = Store(ws.db_path)
+    yield ws, store, Inventory.load(ws.hosts_file, ws.root)
+    store.close()
+
+
+def serve_until_decoding(ws: Workspace, store: Store, host: Any, lines: int = 5, spec: Any = None,
+                         **run_fields: Any) -> runflow.Context:
+    """Start a server, watch it until ready, then let it print `lines` decode lines nobody polls."""
+    ctx = runflow.start(ws, store, registry.playbook("serve-eagle3"), spec or server_spec(), host,
+                        run_fields=run_fields)
+    assert runflow.watch(ctx, until_ready=True).phase in ("ready", "running")  # serving
+    deadline = time.monotonic() + 30
+    while len(decode_lines(ctx)) < lines:
+        assert time.monotonic() < deadline, "the emulator printed no decode stats"
+        time.sleep(0.05)
+    return ctx
+
+
+def decode_lines(ctx: runflow.Context) -> list[float]:
+    """The decode stats the log holds (the host is this machine: its file is read directly)."""
+    return [float(v) for v in DECODE.findall(Path(ctx.paths.log).read_text(errors="replace"))]
+
+
+def assert_recorded_to_the_end(ctx: runflow.Context) -> None:
+    run = ctx.run
+    assert run.status.terminal and "log to end" in run.end_steps
+    printed = decode_lines(ctx)
+    recorded = [v for _, v, _ in ctx.store.metric_series(ctx.run_id, "gen_throughput")]
+    assert len(printed) >= 5
+    assert recorded == printed  # every decode line, the last one included, and nothing twice
+    assert ctx.store.latest_metrics(ctx.run_id)["gen_throughput"] == printed[-1]
+    assert run.last_line and run.last_line in Path(ctx.paths.log).read_text(errors="replace").splitlines()[-1]
+
+
+def ended_by_stop(ws: Workspace, store: Store, inv: Inventory, ctx: runflow.Context) -> None:
+    runflow.stop(ctx, grace_s=3)
+
+
+def ended_by_cancel(ws: Workspace, store: Store, inv: Inventory, ctx: runflow.Context) -> None:
+    runflow.cancel(ctx, "cancelled by test", grace_s=3)
+
+
+def ended_by_replace(ws: Workspace, store: Store, inv: Inventory, ctx: runflow.Context) -> None:
+    new = runflow.start(ws, store, registry.playbook("command"), registry.playbook("command").Spec(cmd="true"),
+                        inv.get("test1"), replace=True)
+    assert ctx.run.reason == f"replaced by run {new.run_id}"
+    runflow.watch(new)
+
+
+@pytest.mark.parametrize("end, status", [
+    (ended_by_stop, Status.CANCELLED), (ended_by_cancel, Status.CANCELLED), (ended_by_replace, Status.CANCELLED),
+], ids=["stop", "cancel", "replace"])
+def test_a_run_ended_by_another_records_its_log_to_the_last_line(
+        ssh_ws: tuple[Workspace, Store, Inventory],
+        end: Callable[[Workspace, Store, Inventory, runflow.Context], None], status: Status) -> None:
+    ws, store, inv = ssh_ws
+    ctx = serve_until_decoding(ws, store, inv.get("test1"))
+    end(ws, store, inv, ctx)
+    assert ctx.run.status is status
+    assert_recorded_to_the_end(ctx)
+
+
+def test_a_run_that_ends_by_itself_records_its_log_to_the_last_line(
+        ssh_ws: tuple[Workspace, Store, Inventory]) -> None:
+    ws, store, inv = ssh_ws
+    spec = server_spec(extra_args=["--shards", "2", "--shard-time", "0.01", "--capture-time", "0.01",
+                                   "--decode-stats", "12", "--decode-interval", "0.01"])
+    ctx = runflow.start(ws, store, registry.playbook("serve-eagle3"), spec, inv.get("test1"))
+    assert runflow.watch(ctx).status is Status.SUCCEEDED
+    assert_recorded_to_the_end(ctx)
+
+
+def test_a_sweep_cancelled_records_its_running_points_log_to_the_last_line(
+        ssh_ws: tuple[Workspace, Store, Inventory], tmp_path: Path) -> None:
+    ws, store, inv = ssh_ws
+    sweep_file = tmp_path / "serve.toml"
+    sweep_file.write_text(f'name = "serve"\nplaybook = "serve-eagle3"\nhosts = ["test1"]\n'
+                          f'[spec]\nmodel = "/models/target"\ndraft_model = "/models/draft"\n'
+                          f'launcher = {json.dumps(str(EMULATOR))}\n[matrix]\nport = [{free_port("127.0.0.1")}]\n')
+    sweep_id = sweep_db.register(store, plan(ws, store, sweep_file))
+    ctx = serve_until_decoding(ws, store, inv.get("test1"), sweep_id=sweep_id, point="port=1")
+    sweep_db.attach_run(store, sweep_id, 0, ctx.run_id)
+    done = control.cancel(ws, str(sweep_id), grace_s=3)
+    assert list(done["stopped"]) == [ctx.run_id]
+    assert ctx.run.reason == "sweep cancelled"
+    assert_recorded_to_the_end(ctx)
+
+
+def test_a_run_stopped_by_another_runs_gpu_cleanup_records_its_log_to_the_last_line(
+        fake_gpus: FakeGpus, ws: Workspace, store: Store) -> None:
+    """On this machine, the tests-only nvidia-smi showing the server (leased GPU 1) on GPU 0 too, which the
+    next run asks for."""
+    ctx = serve_until_decoding(ws, store, local_host(ws.root), spec=server_spec(gpus=[1]))
+    fake_gpus.add(int(ctx.run.pid or 0), 0)
+    command = registry.playbook("command")
+    nxt = runflow.start(ws, store, command, command.Spec(cmd="true", gpus=[0], poll_min=0.05, poll_max=0.2),
+                        local_host(ws.root))
+    assert ctx.run.status is Status.CANCELLED and str(nxt.run_id) in (ctx.run.reason or "")
+    runflow.watch(nxt)
+    assert_recorded_to_the_end(ctx)
