@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import RemoteError, Unreachable
+from .errors import HostError, RemoteError, Unreachable
 from .remote import Transport, quote
 from .transport import Stream
 
@@ -96,8 +96,7 @@ class AgentLink:
             info = link.call("hello", timeout=timeout)
         except (AgentError, Unreachable) as exc:
             link.close()
-            raise Unreachable(transport.host.name, f"the agent did not start with {transport.host.python}: "
-                              f"{getattr(exc, 'message', exc)} (is python 3.8 or newer there?)") from None
+            raise _why_not(transport, exc) from None
         if info.get("sha256") != digest():
             link.close()
             raise Unreachable(transport.host.name, "the agent on the host is not the one orch placed "
@@ -204,6 +203,22 @@ class AgentLink:
     def close(self) -> None:
         self._end()
         self._stream.close()
+
+
+def _why_not(transport: Transport, exc: Exception) -> Exception:
+    """Why the agent did not answer: the host's python cannot run it (a one-line error naming it), or
+    the host itself went away."""
+    python = transport.host.python
+    probe = f"{quote(python)} -c 'import sys; assert sys.version_info >= (3, 8), sys.version'"
+    try:
+        res = transport.run(probe, check=False, timeout=30)
+    except Unreachable:
+        return exc
+    if res.ok:
+        return exc
+    said = (res.stderr.strip().splitlines() or [f"exit code {res.exit_code}"])[-1]
+    return HostError(f"{transport.host.name}: its python cannot run orch's agent: {python}: {said[:200]} "
+                     "(python 3.8 or newer is needed; set `python` in hosts.toml)")
 
 
 def data_of(doc: dict[str, Any]) -> bytes:

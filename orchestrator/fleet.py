@@ -61,21 +61,27 @@ def fan_out(items: dict[str, T], fn: Callable[[T], R], timeout: float,
 
 def check(hosts: list[Host], timeout: float,
           scheduler: Callable[[Host, float], str] | None = None) -> dict[str, dict[str, Any]]:
-    """`orch hosts --check`: one round trip to every host, in parallel; per host ok, uname or error, seconds.
-    A cluster's scheduler must answer too (`scheduler`: its probe, one more round trip)."""
-    from .remote import probe
+    """`orch hosts --check`: every host in parallel; per host ok, uname or error, seconds. A host's agent must
+    start with its python and answer the handshake; a cluster's scheduler must answer too (`scheduler`:
+    its probe, one more round trip)."""
+    from .agent import AgentLink
+    from .remote import connect, probe
 
     def one(host: Host) -> dict[str, Any]:
         t0 = time.monotonic()
         try:
-            found = {"ok": True, "uname": probe(host, timeout)}
+            found: dict[str, Any] = {"ok": True, "uname": probe(host, timeout)}
             if host.scheduler and scheduler is not None:
                 found["scheduler"] = scheduler(host, timeout)
+            elif not host.scheduler:
+                link = AgentLink.start(connect(host), timeout)
+                found["python"] = link.info.get("python")
+                link.close()
             return {**found, "seconds": round(time.monotonic() - t0, 3)}
         except OrchError as exc:
             return {"ok": False, "error": str(exc), "seconds": round(time.monotonic() - t0, 3)}
 
-    rounds = 2 if scheduler is not None and any(h.scheduler for h in hosts) else 1
+    rounds = 2
     found = fan_out({h.name: h for h in hosts}, one, timeout * rounds + 1)  # +1: the probes' own timeouts first
     return {name: {"ok": False, "error": str(res), "seconds": timeout} if isinstance(res, OrchError) else res
             for name, res in found.items()}

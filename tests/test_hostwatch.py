@@ -114,3 +114,15 @@ def test_a_fatal_line_while_the_ranks_hang_fails_the_run_and_stops_its_group(orc
     assert "fatal error in log" in doc["reason"]
     doc = orch.wait_for(run_id, lambda d: any(e["kind"] == "stopped" for e in d["events"]), timeout=30)
     assert "stopped" in next(e["message"] for e in doc["events"] if e["kind"] == "stopped")
+
+
+def test_a_host_whose_python_cannot_run_the_agent_is_one_line_before_anything(tmp_path: Path) -> None:
+    orch = Orch(tmp_path / "ws", '[hosts.local]\npython = "/nonexistent/python3"\n')
+    res = orch("hosts", "--check", "--json")
+    assert "its python cannot run orch's agent: /nonexistent/python3" in res.stdout
+    res = orch("run", "command", "--set", "cmd=touch should-not-exist", check=2)
+    [line] = res.stderr.strip().splitlines()
+    assert "its python cannot run orch's agent" in line and "Traceback" not in res.stderr
+    doc = orch.status(1)
+    assert doc["status"] == "failed" and doc["phase"] is None
+    assert not any(e["kind"] == "gpu" for e in doc["events"])  # nothing was touched on the host

@@ -8,9 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import hostlease, lease, patching, registry, watching
+from ..agent import AgentLink, bootstrap
 from ..controller import Controller
 from ..errors import DatabaseUnavailable, OrchError, UsageError
-from ..executor import executor_for
+from ..executor import AgentExecutor, executor_for
 from ..hosts import Host
 from ..launch import RunPaths, job_script, launch_command
 from ..lifecycle import transition
@@ -80,11 +81,19 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         transport = connect(host)
         paths = RunPaths.for_run(transport.expand(host.workdir), run_id)
         store.update_run(run_id, remote_dir=paths.root)
-        ctx = Context(ws, store, pb, host, transport, executor_for(host, transport), run_id, spec, paths, lock)
-        script = _steps_before_launch(ctx)
-        transition(store, run_id, Status.LAUNCHING)
-        gpus = len(spec.gpus) if spec.gpus is not None else None
-        pid, pid_start = ctx.executor.launch(paths, script, run_token(ws, store, run_id), gpus)
+        executor = executor_for(host, transport)
+        if executor.streams:  # the host's agent launches the job: a python that cannot run it fails here
+            executor = AgentExecutor(transport, AgentLink.start(transport))
+        ctx = Context(ws, store, pb, host, transport, executor, run_id, spec, paths, lock)
+        try:
+            script = _steps_before_launch(ctx)
+            transition(store, run_id, Status.LAUNCHING)
+            gpus = len(spec.gpus) if spec.gpus is not None else None
+            pid, pid_start = ctx.executor.launch(paths, script, run_token(ws, store, run_id), gpus)
+        finally:
+            if isinstance(executor, AgentExecutor):  # the host's watcher follows the job with its own agent
+                executor.link.close()
+                ctx.executor = executor_for(host, transport)
     # A run that never launched has no job, so no phase: it does not pretend to be `starting`.
     except OrchError as exc:
         end(store, run_id, Status.FAILED, f"before launch: {exc}", ctx, phase=None)
@@ -261,4 +270,9 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host:
     job = ctx.job(dry_run=True)
     script = _job_script(ctx, job, pb.prepare(job), gpu_env, overlay)
     echo(f"# job.sh for run {next_id}:\n{script}")
-    transport.run(launch_command(paths, script, run_token(ws, store, next_id)))
+    if ctx.executor.streams:
+        echo(f"# on {host.name}: the agent ({bootstrap(transport)}) writes job.sh and .orch/wrapper.sh into "
+             f"{paths.root} and starts the wrapper as a session leader (setsid): its pid and start time identify"
+             " the job\n")
+    else:
+        transport.run(launch_command(paths, script, run_token(ws, store, next_id)))
