@@ -27,6 +27,10 @@ class Executor:
     # The host's agent pushes the job's log and end as they happen to one watcher per host (hostwatch.py);
     # otherwise each run is polled by a watcher of its own.
     streams = False
+    # A job waits in the scheduler's queue before it runs: its run is `queued` until it leaves it.
+    queues = False
+    # Its jobs are processes of the host it reaches, which its agent starts and signals.
+    processes = False
 
     def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> Handle:
         """Start the job (idempotent for the same token); its handle. `gpus`: how many a scheduler
@@ -59,9 +63,14 @@ class Executor:
     def tail(self, paths: RunPaths, lines: int) -> str:
         raise NotImplementedError
 
+    def judge(self, handle: Handle, state: JobState) -> JobState:
+        """A state its host's agent pushed, completed with what only the executor knows (a scheduler's view)."""
+        return state
+
 
 class HostExecutor(Executor):
     streams = True
+    processes = True
 
     def __init__(self, transport: Transport):
         self.transport = transport
@@ -93,6 +102,8 @@ class HostExecutor(Executor):
 
 class SlurmExecutor(Executor):
     schedules_gpus = True
+    queues = True
+    streams = True  # the login node's agent follows the job's log on the shared filesystem
 
     def __init__(self, host: Host, transport: Transport):
         self.host, self.transport = host, transport
@@ -115,36 +126,52 @@ class SlurmExecutor(Executor):
     def kill(self, handle: Handle, grace_s: float) -> str:
         return slurm.cancel(self.transport, handle, grace_s)
 
+    def judge(self, handle: Handle, state: JobState) -> JobState:
+        """A state the login node's agent pushed, with the scheduler's view laid over it."""
+        return slurm.judge(self.transport, handle, state, slurm.lookup(self.transport, handle))
+
     def tail(self, paths: RunPaths, lines: int) -> str:
         return self.transport.run(launch.tail_command(paths, lines), timeout=60).stdout
 
 
 class AgentExecutor(HostExecutor):
     """A host's jobs driven through its running agent: signals, lookups and tails are requests on the
-    agent's channel instead of shell commands."""
+    agent's channel instead of shell commands (while the agent is not there, the shell's)."""
 
-    def __init__(self, transport: Transport, link: AgentLink):
+    def __init__(self, transport: Transport, link: AgentLink | None):
         super().__init__(transport)
         self.link = link
 
+    def _agent(self) -> AgentLink | None:
+        return self.link if self.link is not None and self.link.alive else None
+
     def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> Handle:
-        job = self.link.call("launch", dir=paths.root, script=script, wrapper=launch.WRAPPER, token=token)
+        if (link := self._agent()) is None:
+            return super().launch(paths, script, token, gpus)
+        job = link.call("launch", dir=paths.root, script=script, wrapper=launch.WRAPPER, token=token)
         return int(job["pid"]), str(job["start"])
 
     def find(self, paths: RunPaths) -> Handle | None:
-        job = self.link.call("find", dir=paths.root)["job"]
+        if (link := self._agent()) is None:
+            return super().find(paths)
+        job = link.call("find", dir=paths.root)["job"]
         return (int(job["pid"]), str(job["start"])) if job else None
 
     def kill(self, handle: Handle, grace_s: float) -> str:
-        return str(self.link.call("kill", timeout=grace_s + 30, pid=handle[0], start=handle[1],
-                                  grace_s=grace_s)["outcome"])
+        if (link := self._agent()) is None:
+            return super().kill(handle, grace_s)
+        return str(link.call("kill", timeout=grace_s + 30, pid=handle[0], start=handle[1], grace_s=grace_s)["outcome"])
 
     def explain_loss(self, paths: RunPaths, handle: Handle) -> str | None:
-        reason = self.link.call("loss", dir=paths.root, start=handle[1])["reason"]
+        if (link := self._agent()) is None:
+            return super().explain_loss(paths, handle)
+        reason = link.call("loss", dir=paths.root, start=handle[1])["reason"]
         return str(reason) if reason else None
 
     def tail(self, paths: RunPaths, lines: int) -> str:
-        return str(self.link.call("tail", path=paths.log, lines=lines)["text"])
+        if (link := self._agent()) is None:
+            return super().tail(paths, lines)
+        return str(link.call("tail", path=paths.log, lines=lines)["text"])
 
 
 def pushed_state(doc: dict[str, object]) -> JobState:
@@ -153,13 +180,13 @@ def pushed_state(doc: dict[str, object]) -> JobState:
         value = doc.get(key)
         return float(value) if isinstance(value, (int, float)) else None
 
-    exit_code, inode = doc.get("exit_code"), doc.get("inode")
+    exit_code, inode, node = doc.get("exit_code"), doc.get("inode"), doc.get("node")
     return JobState(
         alive=bool(doc.get("alive")), exit_code=exit_code if isinstance(exit_code, int) else None,
         size=int(num("size") or 0), offset=int(num("offset") or 0), data=data_of(doc),
         run_dir=bool(doc.get("run_dir", True)), started_at=num("started_at"), ended_at=num("ended_at"),
         wrapper=bool(doc.get("wrapper", True)), inode=inode if isinstance(inode, int) else None,
-        rotated=bool(doc.get("rotated")))
+        rotated=bool(doc.get("rotated")), node=node if isinstance(node, str) else None)
 
 
 def executor_class(host: Host) -> type[Executor]:

@@ -22,12 +22,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import slurm
 from .agent import AgentLink, Push
 from .controller import STALE_FACTOR
 from .errors import OrchError, Unreachable
 from .executor import AgentExecutor, pushed_state
 from .hosts import Host, Inventory
 from .record import ACTIVE, Run, Status
+from .remote import connect
 from .runflow import Context, finish, open_run, settle_orphan, watch_options
 from .store import Store
 from .watch import Watcher
@@ -48,6 +50,11 @@ class Followed:
     due: float  # monotonic time of the next look at a quiet run
     resync_at: float | None = None
 
+    @property
+    def scheduled(self) -> bool:
+        """A batch job: the agent follows its log, the scheduler says whether it lives."""
+        return not self.ctx.executor.processes
+
 
 class HostWatcher:
     def __init__(self, ws: Workspace, host_name: str, hosts: Inventory | None = None,
@@ -59,7 +66,7 @@ class HostWatcher:
         self.echo = echo or (lambda text: print(text, file=sys.stderr, flush=True))
         self.runs: dict[int, Followed] = {}
         self.link: AgentLink | None = None
-        self.executor: AgentExecutor | None = None
+        self.executor = AgentExecutor(connect(self.host), None)  # through the agent once it runs
         self.starters = 0  # runs whose starter is still at work on them
         self._retry_at = 0.0
         self._retry_s = 1.0
@@ -118,8 +125,6 @@ class HostWatcher:
                     break
 
     def _connect(self) -> None:
-        from .remote import connect
-
         transport = connect(self.host)
         try:
             self.link = AgentLink.start(transport)
@@ -133,8 +138,6 @@ class HostWatcher:
             self._retry_s = min(RECONNECT_MAX_S, self._retry_s * 2)
             return
         self._retry_s = 1.0
-        if self.executor is None:
-            self.executor = AgentExecutor(transport, self.link)
         self.executor.link = self.link
         for f in self.runs.values():
             self._follow(f)
@@ -146,7 +149,7 @@ class HostWatcher:
         f.resync_at = None
         try:
             self.link.tell("follow", key=str(w.run_id), dir=w.paths.root, pid=w.handle[0], start=w.handle[1],
-                           offset=w.offset, inode=w.inode, tail=w.tail.hex())
+                           offset=w.offset, inode=w.inode, tail=w.tail.hex(), scheduled=f.scheduled)
         except Unreachable:
             pass  # the link's end is a push of its own: handled there
 
@@ -173,7 +176,10 @@ class HostWatcher:
     def _interval(f: Followed) -> float:
         wait = f.watcher.wait
         wait.immediate = False  # a backlog comes by itself: the agent pushes it chunk after chunk
-        return wait.next_interval()
+        interval = wait.next_interval()
+        if f.scheduled and f.watcher.run.status is Status.QUEUED:  # leaving the queue is the scheduler's news
+            interval = min(interval, slurm.query_interval(f.ctx.host))
+        return interval
 
     # pushes -------------------------------------------------------------------------------------------
     def _take(self, push: Push) -> None:
@@ -190,6 +196,14 @@ class HostWatcher:
         if state.offset != w.offset and not (state.offset == 0 and not state.rotated):
             f.resync_at = f.resync_at or time.monotonic()  # the agent read on past the record: again from it
             return
+        if f.scheduled:
+            try:
+                state = f.ctx.executor.judge(w.handle, state)
+            except Unreachable as exc:  # the scheduler did not answer: these bytes again, later
+                f.resync_at = time.monotonic() + RESYNC_S
+                if w.lost_touch(exc.reason):
+                    self._end(f)
+                return
         done = w.guarded(lambda: w.absorb(state))
         if not w.recorded and not done:
             f.resync_at = time.monotonic() + RESYNC_S
@@ -218,7 +232,7 @@ class HostWatcher:
             if run.id in self.runs:
                 continue
             try:
-                if run.status is Status.RUNNING and run.launched:
+                if run.status.live and run.launched:
                     self._adopt(run)
                 elif run.status in (Status.PENDING, Status.PREPARING, Status.LAUNCHING):
                     self._starting(run)
@@ -239,8 +253,9 @@ class HostWatcher:
             if not ctx.executor.streams:
                 lock.release()
                 return
-            watcher = Watcher(self.store, run.id, self.executor or ctx.executor,
-                              watch_options(ctx.pb, ctx.spec, ctx.host))
+            # this host's processes are signalled through its agent; a batch job through its scheduler
+            executor = self.executor if ctx.executor.processes else ctx.executor
+            watcher = Watcher(self.store, run.id, executor, watch_options(ctx.pb, ctx.spec, ctx.host))
         except BaseException:
             lock.release()
             raise
@@ -281,9 +296,9 @@ class HostWatcher:
         store = Store(self.ws.db_path)
         try:
             w = f.watcher
-            if needs_stop and self.executor is not None:
+            if needs_stop:
                 try:
-                    outcome = self.executor.kill(w.handle, w.opts.kill_grace_s)
+                    outcome = w.executor.kill(w.handle, w.opts.kill_grace_s)
                 except OrchError as exc:
                     outcome = f"not stopped: {exc}"
                 store.add_event(w.run_id, "stopped", f"process group: {outcome}")

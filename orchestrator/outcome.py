@@ -39,7 +39,7 @@ def summary(ws: Workspace, store: Store, run: Run) -> dict[str, Any]:
     }
     if run.status is Status.SUCCEEDED:
         doc["next"] = [f"orch status {run.id}"]
-    elif run.status is Status.RUNNING:  # ready (--until-ready) or detached
+    elif run.status.live:  # ready (--until-ready) or detached
         doc["next"] = [f"orch logs {run.id} -f", f"orch stop {run.id}"]
     else:
         error = run.error or {}

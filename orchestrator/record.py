@@ -14,6 +14,7 @@ class Status(StrEnum):
     PENDING = "pending"
     PREPARING = "preparing"
     LAUNCHING = "launching"
+    QUEUED = "queued"  # submitted to a batch scheduler, waiting in its queue
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -24,6 +25,11 @@ class Status(StrEnum):
     def terminal(self) -> bool:
         return self in TERMINAL
 
+    @property
+    def live(self) -> bool:
+        """The job was handed to its host or scheduler and has not ended: queued or running."""
+        return self in (Status.QUEUED, Status.RUNNING)
+
 
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST})
 ACTIVE = frozenset(Status) - TERMINAL
@@ -32,7 +38,9 @@ _ENDINGS = {Status.FAILED, Status.CANCELLED}
 ALLOWED: dict[Status, frozenset[Status]] = {
     Status.PENDING: frozenset({Status.PREPARING} | _ENDINGS),
     Status.PREPARING: frozenset({Status.LAUNCHING} | _ENDINGS),
-    Status.LAUNCHING: frozenset({Status.RUNNING, Status.LOST} | _ENDINGS),
+    Status.LAUNCHING: frozenset({Status.QUEUED, Status.RUNNING, Status.LOST} | _ENDINGS),
+    # a job may end between two looks at the queue, never seen running
+    Status.QUEUED: frozenset({Status.RUNNING, Status.SUCCEEDED, Status.LOST} | _ENDINGS),
     Status.RUNNING: frozenset({Status.SUCCEEDED, Status.LOST} | _ENDINGS),
     **{s: frozenset() for s in TERMINAL},
 }

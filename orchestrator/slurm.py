@@ -277,11 +277,13 @@ def files_command(paths: RunPaths, offset: int, max_bytes: int) -> str:
     return (
         f"d={quote(paths.root)}; [ -d \"$d\" ] && present=1 || present=0\n"
         + launch.CONTROL_OF_D
-        + 'ec=none; [ -s "$c/exit_code" ] && ec=$(cat "$c/exit_code")\n'
+        + 'ec=$(head -c 20 "$c/exit_code" 2>/dev/null | tr -cd 0-9-); [ -n "$ec" ] || ec=none\n'
         'node=$(head -c 200 "$c/node" 2>/dev/null | tr -cd "A-Za-z0-9_.-"); [ -n "$node" ] || node=-\n'
         'size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)\n'
         f"off={int(offset)}; [ \"$size\" -lt \"$off\" ] && off=0\n"
-        f'echo "{POLL_MARK} $ec $size $off $present $node"\n'
+        'began=$(head -c 40 "$c/started_at" 2>/dev/null | tr -cd 0-9.)\n'
+        'ended=$(head -c 40 "$c/ended_at" 2>/dev/null | tr -cd 0-9.)\n'
+        f'echo "{POLL_MARK} $ec $size $off $present $node ${{began:-none}} ${{ended:-none}}"\n'
         f'tail -c +$((off + 1)) "$d/log" 2>/dev/null | head -c {int(max_bytes)} | base64 -w0\n'
     )
 
@@ -322,22 +324,36 @@ def read_state(transport: Transport, paths: RunPaths, handle: Handle, offset: in
     out = transport.run(files_command(paths, offset, max_bytes), timeout=120).stdout
     head, _, body = out.partition("\n")
     fields = head.split()
-    if len(fields) != 6 or fields[0] != POLL_MARK:
+    if len(fields) != 8 or fields[0] != POLL_MARK:
         raise OrchError(f"{transport.host.name}: unexpected answer while polling: {head[:200]!r}")
-    _, ec, size, off, present, node = fields
+    _, ec, size, off, present, node, began, ended = fields
     exit_code = int(ec) if ec.lstrip("-").isdigit() else None
-    state = JobState(info is not None and not info.ended, exit_code, int(size), int(off),
-                     base64.b64decode(body.strip() or b""), run_dir=present == "1")
-    started = node != "-"  # the batch script ran: whatever a queue answer of this round still says
-    state.node = node if started else None
+    state = JobState(True, exit_code, int(size), int(off), base64.b64decode(body.strip() or b""),
+                     run_dir=present == "1", started_at=_epoch(began), ended_at=_epoch(ended))
+    state.node = node if node != "-" else None
+    return judge(transport, handle, state, info)
+
+
+def _epoch(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def judge(transport: Transport, handle: Handle, state: JobState, info: JobInfo | None) -> JobState:
+    """The run dir's side of a job's state (its log, exit code, the node its batch script noted) with the
+    scheduler's view laid over it: alive while Slurm has it, queued and why, the end Slurm decided."""
+    started = state.node is not None  # the batch script ran: whatever a queue answer of this round still says
+    state.alive = info is not None and not info.ended
     if info is None:
-        if exit_code is None:
+        if state.exit_code is None:
             state.cause = f"UNKNOWN: Slurm has no record of job {handle[0]}"
         return state
     state.node = state.node or info.node
     if info.queued and not started:
         state.queued = info.reason or "not yet scheduled"
-    if exit_code not in (None, 0) and not info.ended:
+    if state.exit_code not in (None, 0) and not info.ended:
         # A job Slurm stops (time limit, preemption, scancel) exits non-zero before Slurm records why:
         # the end waits for the scheduler's verdict, one round later.
         state.exit_code = None
@@ -345,11 +361,16 @@ def read_state(transport: Transport, paths: RunPaths, handle: Handle, offset: in
         queue_for(transport).forget(info.job_id)
         if info.state in CAUSES:
             state.cause = f"{info.state}: Slurm job {info.job_id}: {CAUSES[info.state]}"
-        elif exit_code is None and info.exit_code is not None:
+        elif state.exit_code is None and info.exit_code is not None:
             state.exit_code = info.exit_code  # the wrapper could not write it (the run dir was unreachable)
-        elif exit_code is None:
+        elif state.exit_code is None:
             state.cause = f"{info.state}: Slurm job {info.job_id} ended without the job's exit code"
     return state
+
+
+def lookup(transport: Transport, handle: Handle) -> JobInfo | None:
+    """The job as the cluster's queue saw it this round (one squeue per round for every run)."""
+    return _info(transport, handle)
 
 
 def cancel(transport: Transport, handle: Handle, grace_s: float) -> str:

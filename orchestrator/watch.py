@@ -60,6 +60,7 @@ class Watcher:
         self.fatal_since: float | None = None  # a fatal line was read while the process lived on
         self._wrapper_gone = False
         self.needs_stop = False
+        self.left_queue: float | None = None  # a queued job was seen running: its start
         self.recorded = False
         self._health_due = 0.0  # a server's endpoint is asked at most once per poll_min
         self.db_trouble_since: float | None = None  # the database refused a write: the poll is read again
@@ -292,6 +293,9 @@ class Watcher:
         elif self.run.phase == "queued":
             fields["queue_reason"] = None
             self.wait.reset()
+        if (self.run.status is Status.QUEUED and state.queued is None
+                and (state.alive or state.started_at is not None or state.node)):
+            self.left_queue = state.started_at or self.clock()
         if state.node and state.node != self.run.node:
             fields["node"] = state.node
             events.append(("node", f"on {state.node}", None))
@@ -411,12 +415,16 @@ class Watcher:
                     **fields,  # may say the job is queued
                 },
             )
-            if end:
-                status, message, end_fields = end
-                try:
+            try:
+                if self.left_queue is not None:  # the job's own start on its node, not when it was seen
+                    transition(self.store, self.run_id, Status.RUNNING, f"left the queue ({fields.get('node') or 'its node'})",
+                               started_at=self.left_queue)
+                if end:
+                    status, message, end_fields = end
                     transition(self.store, self.run_id, status, message, **end_fields)
-                except TransitionError:
-                    raise _Conflict() from None
+            except TransitionError:
+                raise _Conflict() from None
+            self.left_queue = None
 
 
     def _sample_ts(self, sample: Metric, now: float) -> float | None:

@@ -76,7 +76,10 @@ def test_command_job_through_sbatch_gets_the_gpus_it_asked_for(orch, cluster):
     visible = orch("logs", "1", check=0).stdout.strip().removeprefix("CVD=").split(",")
     assert len(visible) == 3  # --gres=gpu:3: three of the node's eight, whichever Slurm chose
     messages = [e["message"] for e in doc["events"]]
-    assert f"running: Slurm job {job_id} on cluster" in messages
+    # submitted, it waits in the queue as a status of its own; it runs from the job's own start on its node
+    assert f"queued: Slurm job {job_id} on cluster" in messages and "running: left the queue (localhost)" in messages
+    began = float((Path(doc["remote_dir"]) / ".orch" / "started_at").read_text())
+    assert doc["started_at"] == began and doc["created_at"] < began
     assert not [e for e in doc["events"] if e["kind"] == "gpu"]  # GPU cleanup is the scheduler's
 
 
@@ -107,7 +110,7 @@ def test_a_job_waiting_for_gpus_is_queued_with_the_reason_then_runs(orch, cluste
         # no host lease on a cluster: run 2 was submitted while run 1 holds every GPU, and waits in Slurm's queue
         with sqlite3.connect(orch.db) as db:
             assert db.execute("SELECT count(*) FROM leases").fetchone()[0] == 0
-        assert doc["status"] == "running" and doc["queue_reason"] == "Resources"
+        assert doc["status"] == "queued" and doc["queue_reason"] == "Resources"  # waiting is its own status
         assert squeue(cluster, doc["job_id"], "%T %r") == "PENDING Resources"
         table = orch("status", check=0).stdout
         assert "queued (Resources)" in table
@@ -349,3 +352,19 @@ def test_hosts_check_asks_the_scheduler_too(orch, cluster, tmp_path):
     assert res.returncode == 1
     row = next(r for r in json.loads(res.stdout) if r["name"] == "cluster")
     assert not row["ok"] and "Unable to contact slurm controller" in row["error"]
+
+
+def test_a_log_line_of_a_batch_job_is_recorded_as_it_comes_not_on_the_next_poll(orch, cluster, tmp_path):
+    """The login node's agent follows the job's log on the shared filesystem and pushes it: with polls of
+    30 s to 600 s, a line is recorded within seconds of being written."""
+    marker = tmp_path / "printed"
+    cmd = f"cmd=sleep 2; echo 'orch-metric tok_s=94.5'; date +%s.%N > {marker}; sleep 60"
+    res = orch("run", "command", "--host", "cluster", "--set", cmd, "--set", "poll_min=30", "--set", "poll_max=600",
+               "--detach", check=0)
+    run_id = int(res.stdout)
+    doc = orch.wait_for(run_id, lambda d: d["metrics"].get("tok_s") == 94.5, timeout=60)
+    lag = time.time() - float(marker.read_text())
+    assert lag < 5, lag
+    assert doc["status"] == "running"
+    orch("cancel", str(run_id), "--grace", "1", check=0)
+    assert orch.wait_for(run_id, lambda d: d["status"] == "cancelled", timeout=60)

@@ -198,7 +198,7 @@ def _follow(ctx: Any, until_ready: bool, as_json: bool) -> None:
         emit_json(doc)
     for line in summary_lines(doc):
         err.print(line)
-    raise typer.Exit(0 if final.status in (Status.SUCCEEDED, Status.RUNNING) else 1)
+    raise typer.Exit(0 if final.status is Status.SUCCEEDED or final.status.live else 1)
 
 
 STATUS_EXAMPLES = """Examples:

@@ -301,6 +301,7 @@ class Followed:
     def __init__(self, req):
         self.key = str(req["key"])
         self.root = req["dir"]
+        self.scheduled = bool(req.get("scheduled"))  # a batch job: its scheduler says whether it lives
         self.pid = int(req.get("pid") or 0)
         self.start = str(req.get("start") or "")
         self.offset = int(req.get("offset") or 0)
@@ -318,6 +319,8 @@ class Followed:
         return os.path.join(self.root, "log")
 
     def alive(self, now):
+        if self.scheduled:  # the job runs on a node, not here: its scheduler says whether it lives
+            return False, True
         wrapper = live_start(self.pid) == self.start if self.pid else False
         if wrapper or not self.start.isdigit():
             return wrapper, wrapper
@@ -365,6 +368,7 @@ class Followed:
         alive, wrapper = self.alive(now)
         control = control_dir(self.root)
         exit_code = _int(_read_small(os.path.join(control, "exit_code")))
+        node = _node(_read_small(os.path.join(control, "node"), 200))  # a batch job's, noted on its node
         present = os.path.isdir(self.root)
         try:
             st = os.stat(self.log)
@@ -375,14 +379,14 @@ class Followed:
         if path != self.log:
             size = _size(path)
         data = _pread(path, self.offset, min(CHUNK, max(0, size - self.offset)))
-        brief = (alive, wrapper, exit_code, present)
+        brief = (alive, wrapper, exit_code, present, node)
         if not data and brief == self.last and not self.wanted and not rotated:
             return None
         self.wanted = False
         self.last = brief
         doc = {"push": "state", "key": self.key, "alive": alive, "wrapper": wrapper, "exit_code": exit_code,
                "size": size, "offset": self.offset, "data": base64.b64encode(data).decode(),
-               "run_dir": present, "inode": self.inode if path == self.log else _ino(path),
+               "run_dir": present, "inode": self.inode if path == self.log else _ino(path), "node": node,
                "rotated": rotated,
                "started_at": _number(_read_small(os.path.join(control, "started_at"))),
                "ended_at": _number(_read_small(os.path.join(control, "ended_at")))}
@@ -394,6 +398,12 @@ class Followed:
         elif self.offset < size:
             self.wanted = True  # more of a backlog at the next tick
         return doc
+
+
+def _node(text):
+    """A node name as the batch script noted it, with anything a node name cannot hold dropped."""
+    name = "".join(c for c in (text or "") if c.isalnum() or c in "_.-")
+    return name or None
 
 
 def _size(path):

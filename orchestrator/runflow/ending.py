@@ -206,13 +206,14 @@ def settle_orphan(ctx: Context) -> Run:
     """A run whose controller died: end it when it never launched, pick up its pid when the launch got
     that far; a running one is left as it is. Returns the run as it is now."""
     run = ctx.run
-    if run.status.terminal or run.status is Status.RUNNING:
+    if run.status.terminal or run.status.live:
         return run
     if run.status is Status.LAUNCHING and run.remote_dir:
         # the job may have started: its run dir says so (the wrapper's pid file, the scheduler's job id)
         handle = ctx.executor.find(ctx.paths)
         if handle is not None:
-            transition(ctx.store, ctx.run_id, Status.RUNNING, "picked up after its controller died",
+            transition(ctx.store, ctx.run_id, Status.QUEUED if ctx.executor.queues else Status.RUNNING,
+                       "picked up after its controller died",
                        pid=handle[0], pid_start=handle[1])
             return ctx.run
         return end(ctx.store, ctx.run_id, Status.LOST, "its controller died while launching; no job pid was written",

@@ -133,7 +133,7 @@ def probe_orphan(ws: Workspace, store: Store, run: Run) -> None:
     it (which frees its lease)."""
     try:
         ctx = open_run(ws, store, run, any_spec=True)
-        if settle_orphan(ctx).status is Status.RUNNING:
+        if settle_orphan(ctx).status.live:
             poll(ctx)
     except OrchError as exc:  # the host cannot say: the lease stays, the caller reports the holder
         store.add_event(run.id, "warning", f"lease check: {exc}")

@@ -82,7 +82,7 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         paths = RunPaths.for_run(transport.expand(host.workdir), run_id)
         store.update_run(run_id, remote_dir=paths.root)
         executor = executor_for(host, transport)
-        if executor.streams:  # the host's agent launches the job: a python that cannot run it fails here
+        if executor.processes:  # the host's agent launches the job: a python that cannot run it fails here
             executor = AgentExecutor(transport, AgentLink.start(transport))
         ctx = Context(ws, store, pb, host, transport, executor, run_id, spec, paths, lock)
         try:
@@ -91,8 +91,8 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
             gpus = len(spec.gpus) if spec.gpus is not None else None
             pid, pid_start = ctx.executor.launch(paths, script, run_token(ws, store, run_id), gpus)
         finally:
-            if isinstance(executor, AgentExecutor):  # the host's watcher follows the job with its own agent
-                executor.link.close()
+            if isinstance(executor, AgentExecutor) and executor.link is not None:
+                executor.link.close()  # the host's watcher follows the job with its own agent
                 ctx.executor = executor_for(host, transport)
     # A run that never launched has no job, so no phase: it does not pretend to be `starting`.
     except OrchError as exc:
@@ -105,8 +105,8 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         lock.release()
         raise
     try:
-        transition(store, run_id, Status.RUNNING, f"{ctx.executor.describe((pid, pid_start))} on {host.name}",
-                   pid=pid, pid_start=pid_start)
+        transition(store, run_id, Status.QUEUED if ctx.executor.queues else Status.RUNNING,
+                   f"{ctx.executor.describe((pid, pid_start))} on {host.name}", pid=pid, pid_start=pid_start)
     except DatabaseUnavailable:
         # the job runs but its record could not say so: a background watcher picks it up from its run dir
         lock.release()
@@ -270,7 +270,7 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host:
     job = ctx.job(dry_run=True)
     script = _job_script(ctx, job, pb.prepare(job), gpu_env, overlay)
     echo(f"# job.sh for run {next_id}:\n{script}")
-    if ctx.executor.streams:
+    if ctx.executor.processes:
         echo(f"# on {host.name}: the agent ({bootstrap(transport)}) writes job.sh and .orch/wrapper.sh into "
              f"{paths.root} and starts the wrapper as a session leader (setsid): its pid and start time identify"
              " the job\n")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .. import lease, runflow
 from ..errors import OrchError
-from ..record import Run, Status
+from ..record import Run
 from ..store import Store
 from ..workspace import Workspace
 from . import db, policy
@@ -161,7 +161,7 @@ class Runner:
         Returns the ended run and whether it was watched (False: it never launched)."""
         ctx = runflow.open_run(self.ws, store, run, self.hosts)
         run = runflow.settle_orphan(ctx)
-        if run.status is Status.RUNNING:
+        if run.status.live:
             lease.adopt(store, run.id)
             db.settle_point(store, self.sweep_id, pt.index, PointStatus.RUNNING, run_id=run.id)
             self.echo(f"point {pt.index} ({pt.label}) on {ctx.host.name}: watching run {run.id} again")
