@@ -36,7 +36,7 @@ from .watch import Watcher
 from .watching import FileLock, WatchLock, host_lock_path, watched_elsewhere
 from .workspace import Workspace
 
-SYNC_S = 1.0  # how often the record is read for runs started, ended or cancelled meanwhile
+SYNC_S = 0.25  # how often the record is read for runs started, ended or cancelled meanwhile
 LINGER_S = 5.0  # with no active run left, how long to wait for a new one before exiting
 RESYNC_S = 1.0  # after a state that could not be recorded, the agent re-reads the log this much later
 RECONNECT_MAX_S = 30.0
@@ -106,7 +106,8 @@ class HostWatcher:
                 idle_since = idle_since or now
                 if now - idle_since > LINGER_S:
                     return
-            if self.runs and (self.link is None or not self.link.alive) and now >= self._retry_at:
+            if ((self.runs or self.starters) and (self.link is None or not self.link.alive)
+                    and now >= self._retry_at):  # connected while a run prepares: ready for its first byte
                 self._connect()
             self._look_again(now)
             wait = max(0.0, min([next_sync, *(f.due for f in self.runs.values())]) - time.monotonic())
@@ -223,21 +224,21 @@ class HostWatcher:
     # the record ---------------------------------------------------------------------------------------
     def _sync(self) -> None:
         """Follow the host's runs that became active, settle those whose starter died, drop ended ones."""
-        active = {r.id: r for r in self.store.list_runs(limit=100_000, statuses=[s.value for s in ACTIVE],
-                                                        host=self.host.name)}
+        active = self.store.statuses(self.host.name, [s.value for s in ACTIVE])
         for run_id in [i for i in self.runs if i not in active]:
             self._end(self.runs[run_id])  # ended elsewhere (cancel, stop): its end steps once, here or there
         self.starters = 0
-        for run in active.values():
-            if run.id in self.runs:
+        for run_id in active:
+            if run_id in self.runs:
                 continue
             try:
+                run = self.store.get_run(run_id)
                 if run.status.live and run.launched:
                     self._adopt(run)
                 elif run.status in (Status.PENDING, Status.PREPARING, Status.LAUNCHING):
                     self._starting(run)
             except OrchError as exc:
-                self.echo(f"orch: run {run.id} on {self.host.name}: {exc}")
+                self.echo(f"orch: run {run_id} on {self.host.name}: {exc}")
 
     def _adopt(self, run: Run) -> None:
         from . import lease
@@ -268,14 +269,13 @@ class HostWatcher:
         """A run its starter is preparing or launching: left alone while the starter lives, settled once
         it died (ended when it never launched, picked up when its job started)."""
         starter = run.watched_by
-        ctx = open_run(self.ws, self.store, run, self.hosts, any_spec=True)
-        poll_max = watch_options(ctx.pb, ctx.spec, ctx.host).poll_max
+        poll_max = max(float(run.spec.get("poll_max") or 0), self.host.default_poll[1])
         if starter is not None and starter.alive(run.heartbeat, STALE_FACTOR * poll_max):
             self.starters += 1
             return
         with WatchLock(self.ws, run.id) as lock:
             if lock.held:
-                settle_orphan(ctx)
+                settle_orphan(open_run(self.ws, self.store, run, self.hosts, any_spec=True))
 
     def _end(self, f: Followed) -> None:
         """The run ended (or was ended elsewhere): stop following it; on a thread of its own, stop what

@@ -208,6 +208,11 @@ class Store:
         rows = self.conn.execute(f"SELECT * FROM runs{where} ORDER BY id DESC LIMIT ?", [*args, limit])
         return [self._decode(r) for r in rows]
 
+    def statuses(self, host: str, statuses: Iterable[str]) -> dict[int, str]:
+        """{run id: status} of the host's runs in these statuses: a cheap look, asked often."""
+        where, args = self._run_filter(statuses, host, None, None, None, None)
+        return {int(i): str(s) for i, s in self.conn.execute(f"SELECT id, status FROM runs{where}", args)}
+
     def count_runs(self, *, statuses: Iterable[str] | None = None, host: str | None = None,
                    playbook: str | None = None, tag: str | None = None, sweep_id: int | None = None,
                    since: float | None = None) -> int:

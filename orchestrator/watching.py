@@ -27,7 +27,7 @@ from typing import Self
 from .controller import STALE_FACTOR
 from .errors import OrchError
 from .executor import executor_class
-from .hosts import Inventory
+from .hosts import Host, Inventory
 from .record import ACTIVE, Run
 from .store import Store
 from .workspace import Workspace
@@ -120,6 +120,13 @@ def spawn(ws: Workspace, run_id: int) -> None:
 def spawn_host(ws: Workspace, host: str) -> None:
     """Start the host's watcher, which follows every active run there; its output in runs/watchers/."""
     _spawn(ws, host_lock_path(ws, host).with_suffix(".log"), ["watch-host", host])
+
+
+def watch_host_soon(ws: Workspace, host: Host) -> None:
+    """A run is being prepared on the host: start its watcher now (when the host's agent streams and the
+    inventory knows the host), so it follows the job from its first byte."""
+    if streams(ws)(host.name) and not host_watched(ws, host.name):
+        spawn_host(ws, host.name)
 
 
 def streams(ws: Workspace) -> Callable[[str], bool]:

@@ -226,8 +226,9 @@ def test_a_rotated_log_loses_no_line(orch: Orch, tmp_path: Path, kind: str) -> N
     proc = orch.spawn("run", "command", "--host", "test1", "-f", str(spec))
     try:
         wait_for(marker.exists)
+        wait_for(lambda: orch.status(1)["metrics"].get("n") == 40)  # the watcher has read to here
         run_dir = Path(orch.status(1)["remote_dir"])
-        subprocess.run(["bash", "-c", rotate], cwd=run_dir, check=True)  # while the watcher holds its poll
+        subprocess.run(["bash", "-c", rotate], cwd=run_dir, check=True)
         go.touch()
         assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
     finally:

@@ -76,6 +76,7 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         json.dumps({"playbook": pb.name, "host": host.name, "spec": spec.model_dump(mode="json")}, indent=2)
     )
     transition(store, run_id, Status.PREPARING)
+    watching.watch_host_soon(ws, host)
     ctx: Context | None = None
     try:
         transport = connect(host)
