@@ -32,6 +32,8 @@ class Host(BaseModel):
     env: dict[str, str] = {}
     tags: list[str] = []
     accept_new_host_key: bool = False
+    # Several Unix users share the workdir (a group-writable folder): its `leases/` may be another user's.
+    shared_workdir: bool = False
     poll_min: float | None = Field(default=None, gt=0)
     poll_max: float | None = Field(default=None, gt=0)
     connect_timeout: float = Field(default=10, gt=0)

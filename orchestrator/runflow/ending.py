@@ -9,11 +9,12 @@ from typing import Any
 
 from .. import cleanup, gpu, hostlease, lease, notify, patching, registry
 from ..errors import OrchError, TransitionError
+from ..hostlease import run_token
 from ..lifecycle import transition
 from ..record import Run, Status
 from ..store import Store
 from ..workspace import Workspace
-from .context import END_STEPS, KILL_GRACE_S, LOG_TAIL_LINES, Context, Hosts, open_run, run_token
+from .context import END_STEPS, KILL_GRACE_S, LOG_TAIL_LINES, Context, Hosts, open_run
 
 
 def end(store: Store, run_id: int, status: Status, message: str, ctx: Context | None = None,
@@ -59,7 +60,7 @@ def _release_host(ctx: Context) -> None:
     if not ctx.run.host_lease:
         return
     try:
-        hostlease.release(ctx.transport, ctx.transport.expand(ctx.host.workdir), run_token(ctx.ws, ctx.store, ctx.run_id))
+        hostlease.release(ctx.transport, run_token(ctx.ws, ctx.store, ctx.run_id))
         ctx.store.update_run(ctx.run_id, host_lease=0)
     except OrchError:
         pass
@@ -201,6 +202,9 @@ def file_states(res: Any) -> str:
     return ", ".join(f"{f.file} {f.state}" for f in res.files)
 
 
+_WHOSE = {"other": "another run's", "none": "no run's (no token)", "missing": "gone"}
+
+
 def settle_orphan(ctx: Context) -> Run:
     """A run whose controller died: end it when it never launched, pick up its pid when the launch got
     that far; a running one is left as it is. Returns the run as it is now."""
@@ -208,7 +212,12 @@ def settle_orphan(ctx: Context) -> Run:
     if run.status.terminal or run.status is Status.RUNNING:
         return run
     if run.status is Status.LAUNCHING and run.remote_dir:
-        # the job may have started: its run dir says so (the wrapper's pid file, the scheduler's job id)
+        # the job may have started: its run dir says so (the wrapper's pid file, the scheduler's job id) —
+        # when the dir is this run's; a pid in another run's dir is never adopted, nor ever signalled
+        whose = hostlease.owner(ctx.transport, ctx.paths, run_token(ctx.ws, ctx.store, ctx.run_id))
+        if whose != "mine":
+            return end(ctx.store, ctx.run_id, Status.FAILED, f"its controller died while launching; its run dir "
+                       f"{ctx.paths.root} is {_WHOSE[whose]}", ctx, phase=None)
         handle = ctx.executor.find(ctx.paths)
         if handle is not None:
             transition(ctx.store, ctx.run_id, Status.RUNNING, "picked up after its controller died",
