@@ -30,14 +30,15 @@ from .workspace import Workspace
 DIR = "leases"
 PROGRAM = Path(__file__).resolve().parent / "hostjobs" / "leases.py"
 PROGRAM_DIR = "runs/hostjobs"
+LOCK_WAIT_S = 30.0  # how long a change waits for `leases/.lock` before naming who holds it
 
 
 class HostLeaseBusy(OrchError):
     """Another workspace's run holds the host or some of the GPUs here."""
 
 
-class RunDirRefused(OrchError):
-    """The run dir is not this run's (another run's token, a symlink, outside the workdir)."""
+class Refused(OrchError):
+    """The host's files are not safe to use: a symlink, another user's folder, another run's dir."""
 
 
 def keys(gpus: list[int] | None) -> list[str]:
@@ -69,14 +70,14 @@ def run_paths(ws: Workspace, workdir: str, run_id: int) -> RunPaths:
 
 def _call(transport: Transport, request: dict[str, Any]) -> dict[str, Any]:
     request = {"workdir": transport.expand(transport.host.workdir).rstrip("/"),
-               "shared": transport.host.shared_workdir, **request}
+               "shared": transport.host.shared_workdir, "lock_wait_s": LOCK_WAIT_S, **request}
     return hostprogram.call(transport, PROGRAM, PROGRAM_DIR, request, timeout=90)
 
 
 def take(transport: Transport, paths: RunPaths, token: str, gpus: list[int] | None, exclusive: bool = True
          ) -> list[str]:
     """Make the run dir the run's and, when exclusive, take the host's lease files for it; or refuse
-    (HostLeaseBusy, RunDirRefused) naming who holds what. Returns warnings (lease files ignored)."""
+    (HostLeaseBusy, Refused) naming who holds what. Returns warnings (lease files ignored)."""
     reply = _call(transport, {"action": "take", "run_dir": paths.root, "token": token,
                               "keys": keys(gpus) if exclusive else []})
     if reply.get("ok"):
@@ -91,9 +92,7 @@ def take(transport: Transport, paths: RunPaths, token: str, gpus: list[int] | No
                             "GPUs or a workdir of this workspace's own")
     if kind == "lock-busy":
         raise HostLeaseBusy(f"{name}: cannot take {what}: {error.get('message')}")
-    if kind in ("dir-in-use", "symlink", "owner", "outside", "not-a-dir", "not-a-file"):
-        raise RunDirRefused(f"{name}: {error.get('message')}")
-    raise HostLeaseBusy(f"{name}: cannot take {what}: {error.get('message') or 'no reason given'}")
+    raise Refused(f"{name}: {error.get('message') or 'the host program gave no reason'}")
 
 
 def release(transport: Transport, token: str) -> None:
@@ -107,7 +106,7 @@ def owner(transport: Transport, paths: RunPaths, token: str) -> str:
     """Whose the run dir is: `mine`, `other`, `none` (no token) or `missing`; refused dirs raise."""
     reply = _call(transport, {"action": "owner", "run_dir": paths.root, "token": token})
     if not reply.get("ok"):
-        raise RunDirRefused(f"{transport.host.name}: {(reply.get('error') or {}).get('message')}")
+        raise Refused(f"{transport.host.name}: {(reply.get('error') or {}).get('message')}")
     return str(reply["owner"])
 
 
@@ -115,9 +114,9 @@ def remove(transport: Transport, paths: RunPaths, token: str) -> str:
     """Delete the run dir if it is this run's (under the workdir's runs/, holding its token); in words."""
     reply = _call(transport, {"action": "remove", "run_dir": paths.root, "token": token})
     if not reply.get("ok"):
-        raise RunDirRefused(f"{transport.host.name}: {(reply.get('error') or {}).get('message')}")
+        raise Refused(f"{transport.host.name}: {(reply.get('error') or {}).get('message')}")
     return "removed" if reply.get("removed") else str(reply.get("why"))
 
 
-__all__ = ["HostLeaseBusy", "RunDirRefused", "keys", "owner", "release", "remove", "run_paths",
+__all__ = ["HostLeaseBusy", "Refused", "keys", "owner", "release", "remove", "run_paths",
            "run_token", "take", "workspace_key"]

@@ -53,7 +53,8 @@ def call(transport: Transport, script: Path, folder: str, request: dict[str, Any
     if len(payload) > INLINE_REQUEST_LIMIT:
         request_file = f"{path.rsplit('/', 1)[0]}/request-{uuid.uuid4().hex}.json"
         transport.put(json.dumps(request).encode(), request_file, 0o600)
-        feed = f"< {quote(request_file)}; rc=$?; rm -f {quote(request_file)}; exit $rc"
+        # kept for the second try when the program had to be uploaded first
+        feed = f"< {quote(request_file)}; rc=$?; [ $rc = {MISSING} ] || rm -f {quote(request_file)}; exit $rc"
     else:
         feed = f"<<'ORCH_HOST_REQUEST'\n{payload}ORCH_HOST_REQUEST\n"
     py = quote(python or transport.host.python)
