@@ -131,8 +131,8 @@ def apply(
     """Apply every file of the set or none; a set already applied and intact is left as it is. With an
     overlay, to its copy of the package (found through PYTHONPATH), never to the install."""
     request = _request(transport, ps, "apply", run_id=run_id)
-    if overlay is not None:
-        request["state_dir"] = overlay.state_dir
+    if overlay is not None:  # the copy or nothing: never the install the python might find instead
+        request.update(state_dir=overlay.state_dir, within=overlay.path)
     reply = _call(transport, request, pythonpath=overlay.path if overlay else None)
     result = _result(transport, ps.name, "apply", reply)
     _record(store, result, run_id)

@@ -578,3 +578,21 @@ def test_apply_and_revert_over_ssh(
         assert patching.status(transport, registry.patch_sets()) == []
     finally:
         transport.close()
+
+
+def test_a_python_that_sets_its_own_pythonpath_never_gets_the_install_patched(
+    engine: EngineSource, engine_python: str, tmp_path: Path
+) -> None:
+    """On a cluster the sets go to the run's copy; a python wrapper that puts the shared install first is
+    refused, and the install is left as it was."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={engine.site} exec {engine_python} "$@"\n')
+    wrapper.chmod(0o755)
+    transport = LocalTransport(local_host(tmp_path / "work", {"python": str(wrapper)}))
+    ps = registry.patch_set(SGLANG_SET)
+    before = engine.snapshot(ps.package)
+    overlay = patching.make_overlay(transport, str(tmp_path / "run"), [patching.check(transport, ps)])
+    with pytest.raises(PatchError, match="not in the run's copy .*nothing was patched"):
+        patching.apply(transport, ps, overlay=overlay)
+    assert engine.snapshot(ps.package) == before
+    assert patching.status(transport, registry.patch_sets()) == []
