@@ -86,13 +86,17 @@ def _check_dir(path, what, shared=False):
     return st
 
 
-def _make_dir(path, what, shared=False, mode=0o775):
+def _make_dir(path, what, shared=False, mode=0o755, group=False):
+    """Make a folder (none a symlink). `group`: the workdir's users share it, so it is made group-writable
+    (and setgid, so what is made inside keeps the group) whatever the umask, by whoever owns it."""
     if _check_dir(path, what, shared) is None:
         try:
             os.mkdir(path, mode)
         except FileExistsError:
             pass  # made meanwhile by someone else: checked below like any other
-        _check_dir(path, what, shared)
+    st = _check_dir(path, what, shared)
+    if group and st.st_uid == os.geteuid() and st.st_mode & 0o2070 != 0o2070:
+        os.chmod(path, stat.S_IMODE(st.st_mode) | 0o2070)
 
 
 def read_small(path):
@@ -331,7 +335,7 @@ def check_run_dir(workdir, run_dir, token):
     for part in [""] + run_dir[len(runs) + 1:].split("/"):
         path = posixpath.join(path, part) if part else path
         what = "run dir" if path == run_dir else "folder"
-        if _check_dir(path, what, shared=path != run_dir) is None:
+        if _check_dir(path, what, shared=path == runs) is None:
             return False
     found = dir_token(run_dir)
     if found is not None and found != token:
@@ -344,14 +348,13 @@ def check_run_dir(workdir, run_dir, token):
 def claim_run_dir(workdir, run_dir, token, shared=False):
     """Make the run dir the run's own: the folders (none a symlink) and its token."""
     runs = posixpath.join(workdir, "runs")
-    _make_dir(runs, "folder", shared=True)
+    _make_dir(runs, "folder", shared=True, group=shared)
     path = runs
     for part in run_dir[len(runs) + 1:].split("/"):
         path = posixpath.join(path, part)
-        _make_dir(path, "run dir" if path == run_dir else "folder", shared=path != run_dir, mode=0o755
-                  if path == run_dir else 0o775)
+        _make_dir(path, "run dir" if path == run_dir else "folder")  # this workspace's own, all of it
     control = posixpath.join(run_dir, CONTROL)
-    _make_dir(control, "control folder", mode=0o755)
+    _make_dir(control, "control folder")
     if dir_token(run_dir) is None:
         fd = os.open(posixpath.join(control, "token"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
@@ -374,7 +377,7 @@ def take(workdir, run_dir, token, keys, shared=False, now=None, lock_wait_s=LOCK
     warnings = []
     if keys:
         leases_dir = posixpath.join(workdir, LEASES)
-        _make_dir(leases_dir, "leases folder", shared=shared, mode=0o2775)
+        _make_dir(leases_dir, "leases folder", shared=shared, group=shared)
         with Lock(leases_dir, lock_wait_s):
             now = time.time() if now is None else now
             names = os.listdir(leases_dir) if keys == ["host"] else ["host", *keys]
