@@ -7,6 +7,7 @@ Real parts: a real sshd on loopback (the session fleet), the real host program, 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import time
@@ -216,3 +217,90 @@ def test_an_orphan_never_adopts_a_pid_from_another_runs_dir(tmp_path: Path, ssh_
     assert a.status(held)["status"] == "running"
     store.close()
     a("cancel", str(held), "--grace", "1", check=0)
+
+
+# --- two Unix users sharing one group-writable workdir ------------------------------------------------
+
+USERS = {"orchalice": 61001, "orchbob": 61002}
+GROUP, GID = "orchshare", 61000
+
+
+@pytest.fixture
+def two_users(tmp_path: Path) -> Any:
+    """An sshd on loopback in a private mount namespace whose /etc/passwd, group and shadow list two more
+    users sharing a group (the machine's own files are never written), and a workdir of that group."""
+    import shutil
+    import tempfile
+
+    from sshd import SSHServer, keygen, public_key
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare (a mount namespace)")
+    base = Path(tempfile.mkdtemp(prefix="orch-two-users-", dir="/tmp"))
+    base.chmod(0o755)
+    etc = base / "etc"
+    etc.mkdir()
+    passwd = Path("/etc/passwd").read_text() + "".join(
+        f"{u}:x:{uid}:{GID}::{base / u}:/bin/bash\n" for u, uid in USERS.items())
+    (etc / "passwd").write_text(passwd)
+    (etc / "group").write_text(Path("/etc/group").read_text() + f"{GROUP}:x:{GID}:{','.join(USERS)}\n")
+    (etc / "shadow").write_text("".join(f"{u}:*:19000:0:99999:7:::\n" for u in USERS))
+    for user, uid in USERS.items():
+        (base / user).mkdir(mode=0o700)
+        os.chown(base / user, uid, GID)
+    key = keygen(base / "id_ed25519")
+    (base / "authorized_keys").write_text(public_key(key) + "\n")
+    (base / "authorized_keys").chmod(0o644)
+    shared = base / "shared"
+    shared.mkdir()
+    os.chown(shared, 0, GID)
+    shared.chmod(0o2770)
+    binds = " && ".join(f"mount --bind {etc / f} /etc/{f}" for f in ("passwd", "group", "shadow"))
+    server = SSHServer(tmp_path / "sshd-two-users", "127.0.0.9", base / "authorized_keys",
+                       prefix=["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{binds} && exec "$@"',
+                               "sh"])
+    server.start()
+    known = base / "known_hosts"
+    known.write_text(server.host_key_line + "\n")
+    try:
+        yield server, base, shared, key, known
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_two_users_run_side_by_side_on_one_shared_workdir(tmp_path: Path, two_users: Any) -> None:
+    server, base, shared, key, known = two_users
+
+    def workspace(user: str) -> Orch:
+        return Orch(tmp_path / user, (
+            f'[hosts.box]\naddress = "{server.address}"\nport = {server.port}\nuser = "{user}"\n'
+            f'identity_file = "{key}"\nknown_hosts = "{known}"\nworkdir = "{shared}"\npython = "/usr/bin/python3"\n'
+            "shared_workdir = true\n"))
+
+    alice, bob = workspace("orchalice"), workspace("orchbob")
+    long_job = "cmd=echo started; sleep 30"
+    a = int(alice("run", "command", "--host", "box", "--detach", *FAST, "--set", "gpus=[0]", "--set", long_job,
+                  check=0).stdout)
+    b = int(bob("run", "command", "--host", "box", "--detach", *FAST, "--set", "gpus=[1]", "--set", long_job,
+                check=0).stdout)
+    assert a == b == 1  # the same id in both workspaces, each in a dir of its own
+    dir_a, dir_b = Path(alice.status(a)["remote_dir"]), Path(bob.status(b)["remote_dir"])
+    assert dir_a != dir_b and dir_a.stat().st_uid == USERS["orchalice"] and dir_b.stat().st_uid == USERS["orchbob"]
+    leases = shared / "leases"
+    assert sorted(p.name for p in leases.iterdir() if not p.name.startswith(".")) == ["gpu-0", "gpu-1"]
+    # bob may not take alice's GPU, nor remove or adopt her run dir
+    res = bob("run", "command", "--host", "box", *FAST, "--set", "gpus=[0]", "--set", "cmd=true")
+    assert res.returncode == 1 and "GPUs 0 held by another workspace's run" in res.stderr, res.stderr
+    with sqlite3.connect(bob.db) as db:
+        db.execute("UPDATE runs SET remote_dir = ? WHERE id = 2", (str(dir_a),))
+    assert bob("rm", "2").returncode == 1 and (dir_a / ".orch" / "pid").exists()
+    # bob's cancel stops only his own job; alice's runs on
+    bob("cancel", str(b), "--grace", "1", check=0)
+    bob.wait_for(b, lambda d: len(d["end_steps"]) == 4, timeout=60)
+    assert bob.status(b)["status"] == "cancelled" and alice.status(a)["status"] == "running"
+    assert not (leases / "gpu-1").exists() and (leases / "gpu-0").exists()
+    assert bob("rm", str(b)).returncode == 0 and not dir_b.exists() and dir_a.exists()
+    alice("cancel", str(a), "--grace", "1", check=0)
+    alice.wait_for(a, lambda d: len(d["end_steps"]) == 4, timeout=60)
+    assert not (leases / "gpu-0").exists()
