@@ -42,6 +42,8 @@ def older_than(store: Store, seconds: float, now: float | None = None) -> list[R
 def _remove_remote(ws: Workspace, store: Store, run: Run, inv: Inventory) -> str:
     if not run.remote_dir:
         return "no remote dir"
+    if run.host not in inv.hosts:  # the record can still go; what is on that machine is left as it is
+        return f"host {run.host} is no longer in the inventory; {run.remote_dir} left there"
     host = inv.get(run.host)
     # only this run's own dir: under the host's <workdir>/runs/, holding this run's token, never a path a
     # record could point anywhere else (the host's program checks both, and refuses symlinks)

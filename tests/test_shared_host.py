@@ -25,7 +25,7 @@ from orchestrator.remote import connect
 from orchestrator.store import Store
 from orchestrator.workspace import Workspace
 
-from orchtest import FAST, Orch, job_cmd
+from orchtest import FAST, Orch, alive, job_cmd
 
 
 def token(ws: str, run_id: int = 1) -> str:
@@ -304,3 +304,31 @@ def test_two_users_run_side_by_side_on_one_shared_workdir(tmp_path: Path, two_us
     alice("cancel", str(a), "--grace", "1", check=0)
     alice.wait_for(a, lambda d: len(d["end_steps"]) == 4, timeout=60)
     assert not (leases / "gpu-0").exists()
+
+
+# --- a way out of every state -------------------------------------------------------------------------
+
+
+def test_a_run_whose_host_or_playbook_is_gone_can_be_ended_and_removed(tmp_path: Path, ssh_fleet: Any,
+                                                                     shared: Path) -> None:
+    a, _ = orch_pair(tmp_path, ssh_fleet, shared)
+    first = int(a("run", "command", "--host", "test1", "--detach", *FAST, "--set", "gpus=[0]",
+                  "--set", "cmd=sleep 60", check=0).stdout)
+    second = int(a("run", "command", "--host", "test1", "--detach", *FAST, "--set", "gpus=[1]",
+                   "--set", "cmd=sleep 60", check=0).stdout)
+    pids = [int((Path(a.status(r)["remote_dir"]) / ".orch" / "pid").read_text().split()[0]) for r in (first, second)]
+    with sqlite3.connect(a.db) as db:  # its plugin uninstalled
+        db.execute("UPDATE runs SET playbook = 'gone-plugin' WHERE id = ?", (second,))
+    res = a("cancel", str(second), "--grace", "1")
+    assert res.returncode == 0 and a.status(second)["status"] == "cancelled", res.stderr
+    a.wait_for(second, lambda d: len(d["end_steps"]) == 4, timeout=60)
+    assert not alive(pids[1])
+    (a.root / "hosts.toml").write_text("")  # test1 removed from the inventory
+    res = a("cancel", str(first))
+    assert res.returncode == 0 and "no longer in the inventory" in res.stderr, res.stderr
+    doc = a.status(first)
+    assert doc["status"] == "cancelled" and "was not stopped" in doc["reason"]
+    res = a("rm", str(first))
+    assert res.returncode == 0 and "no longer in the inventory" in res.stderr and a.status() != [], res.stderr
+    assert [d["id"] for d in a.status()] == [second]
+    os.killpg(pids[0], 9)

@@ -78,10 +78,17 @@ def open_run(ws: Workspace, store: Store, run: Run | int, hosts: Hosts | None = 
     """The one way to act on an existing run: its playbook, spec, host and paths from its record.
 
     A stored spec that is damaged or no longer validates is an error naming the run; with `any_spec`
-    the run is opened with the default spec instead, enough to watch, settle or stop its job.
+    the run is opened with the default spec instead (and a run whose playbook is no longer installed as a
+    plain command), enough to watch, settle or stop its job.
     """
     record = store.get_run(run) if isinstance(run, int) else run
-    pb = registry.playbook(record.playbook)
+    try:
+        pb = registry.playbook(record.playbook)
+    except OrchError:
+        if not any_spec:
+            raise
+        # its plugin is gone: as a plain command it can still be watched, settled or stopped
+        pb = registry.playbook("command")
     try:
         spec: RunSpec = stored(pb.Spec, record.id, record.spec, "spec" not in record.unreadable)
     except OrchError:

@@ -166,6 +166,15 @@ def stop(ctx: Context, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], N
     return f"process group {outcome}; {freed}"
 
 
+def abandon(store: Store, run_id: int, reason: str) -> Run:
+    """End a run orch can no longer reach (its host left the inventory): cancelled without touching any
+    host, its lease freed; the reason says its job was not stopped."""
+    run = store.get_run(run_id)
+    if run.status.terminal:
+        raise OrchError(f"run {run.id} already ended ({run.status})")
+    return end(store, run_id, Status.CANCELLED, reason)
+
+
 def stop_quietly(ws: Workspace, store: Store, run_id: int, reason: str, hosts: Hosts | None = None,
                  grace_s: float = KILL_GRACE_S) -> str:
     """Cancel a run for a caller that goes on whatever happens (a sweep); what happened, in words."""
