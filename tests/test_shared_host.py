@@ -332,3 +332,33 @@ def test_a_run_whose_host_or_playbook_is_gone_can_be_ended_and_removed(tmp_path:
     assert res.returncode == 0 and "no longer in the inventory" in res.stderr and a.status() != [], res.stderr
     assert [d["id"] for d in a.status()] == [second]
     os.killpg(pids[0], 9)
+
+
+def test_pull_copies_at_most_what_it_listed(tmp_path: Path, host: Host) -> None:
+    """A file swapped for a symlink to /dev/zero after the listing (an active run's dir) adds nothing."""
+    from types import SimpleNamespace
+
+    from orchestrator.remote import SSHTransport
+    from orchestrator.runflow import fetching
+
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / "log").write_bytes(b"x" * 1000)
+    (root / "out").write_bytes(b"y" * 10)
+
+    class Swapping(SSHTransport):
+        def run(self, command: str, **kwargs: Any) -> Any:
+            result = super().run(command, **kwargs)
+            if "find ." in command:  # right after the listing
+                (root / "out").unlink()
+                (root / "out").symlink_to("/dev/zero")
+                with (root / "log").open("ab") as f:
+                    f.write(b"z" * 5000)
+            return result
+
+    transport = Swapping(host)
+    ctx = SimpleNamespace(paths=RunPaths(str(root)), transport=transport, host=host, run_id=1)
+    pulled = fetching.pull(ctx, tmp_path / "to", limit=2000)  # type: ignore[arg-type]
+    assert pulled.size == 1010
+    assert (tmp_path / "to" / "log").read_bytes() == b"x" * 1000 and (tmp_path / "to" / "out").read_bytes() == b""
+    transport.close()
