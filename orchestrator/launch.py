@@ -383,8 +383,12 @@ def kill(transport: Transport, pid: int, start: str, grace_s: float = 10.0) -> s
     return transport.run(kill_command(pid, start, grace_s), timeout=grace_s + 30).stdout.strip()
 
 
+TAIL_BYTES = 1 << 20  # the last lines of a log come from its last MiB, however long its lines
+
+
 def tail_command(paths: RunPaths, lines: int) -> str:
-    return f"tail -n {int(lines)} {quote(paths.log)} 2>/dev/null || true"
+    # a log without newlines would otherwise be sent whole
+    return f"tail -c {TAIL_BYTES} {quote(paths.log)} 2>/dev/null | tail -n {int(lines)} || true"
 
 
 __all__ = ["RunPaths", "job_script", "kill", "launch", "read_state"]

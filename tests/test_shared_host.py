@@ -362,3 +362,15 @@ def test_pull_copies_at_most_what_it_listed(tmp_path: Path, host: Host) -> None:
     assert pulled.size == 1010
     assert (tmp_path / "to" / "log").read_bytes() == b"x" * 1000 and (tmp_path / "to" / "out").read_bytes() == b""
     transport.close()
+
+
+def test_the_tail_of_a_log_without_newlines_is_bounded(tmp_path: Path, host: Host) -> None:
+    from orchestrator.executor import HostExecutor
+    from orchestrator.launch import TAIL_BYTES
+
+    root = tmp_path / "run"
+    root.mkdir()
+    with (root / "log").open("wb") as f:
+        f.truncate(64 << 20)  # 64 MiB, not one newline
+    tail = HostExecutor(connect(host)).tail(RunPaths(str(root)), 200)
+    assert len(tail) == TAIL_BYTES
