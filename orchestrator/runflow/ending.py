@@ -211,7 +211,7 @@ def file_states(res: Any) -> str:
     return ", ".join(f"{f.file} {f.state}" for f in res.files)
 
 
-_WHOSE = {"other": "another run's", "none": "no run's (no token)", "missing": "gone"}
+_WHOSE = {"other": "another run's", "none": "no run's (no token)"}
 
 
 def settle_orphan(ctx: Context) -> Run:
@@ -224,10 +224,10 @@ def settle_orphan(ctx: Context) -> Run:
         # the job may have started: its run dir says so (the wrapper's pid file, the scheduler's job id) —
         # when the dir is this run's; a pid in another run's dir is never adopted, nor ever signalled
         whose = hostlease.owner(ctx.transport, ctx.paths, run_token(ctx.ws, ctx.store, ctx.run_id))
-        if whose != "mine":
+        if whose in ("other", "none"):
             return end(ctx.store, ctx.run_id, Status.FAILED, f"its controller died while launching; its run dir "
                        f"{ctx.paths.root} is {_WHOSE[whose]}", ctx, phase=None)
-        handle = ctx.executor.find(ctx.paths)
+        handle = ctx.executor.find(ctx.paths) if whose == "mine" else None
         if handle is not None:
             transition(ctx.store, ctx.run_id, Status.RUNNING, "picked up after its controller died",
                        pid=handle[0], pid_start=handle[1])
