@@ -32,13 +32,13 @@ def test_playbooks_and_their_spec_keys(tmp_path):
     shown = orch("run", "command", "--help", check=0).stdout
     rows = {line.split("\t")[0]: line.split("\t")[1:] for line in shown.splitlines() if "\t" in line}
     assert rows["cmd"][:2] == ["text (length >= 1)", "required"]
-    assert rows["stall_factor"] == ["number (> 1)", "5.0", "stalled after this many usual gaps"]
+    assert rows["stall_factor"] == ["number (> 1, <= 1000)", "5.0", "stalled after this many usual gaps"]
     assert rows["on_stall"][0] == 'one of "warn", "kill", "dump"'
     assert "<bool>" not in shown and "<str>" not in shown
     # every key of every playbook, as JSON
     docs = json.loads(orch("playbooks", "--json", check=0).stdout)
     extract = next(d for d in docs if d["name"] == "extract-hidden-states")
-    assert {"key": "max_length", "type": "integer", "default": 256, "required": False, "bounds": "> 0",
+    assert {"key": "max_length", "type": "integer", "default": 256, "required": False, "bounds": "> 0, <= 100000000",
             "description": "hf only"} in extract["fields"]
     assert orch("--version", check=0).stdout.strip().startswith("orch 0.")
 
