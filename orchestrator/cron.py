@@ -120,8 +120,9 @@ def orch_argv() -> list[str]:
 
 
 def _cron_quote(word: str) -> str:
-    # cron turns an unescaped % into a newline before the shell sees the line
-    return shlex.quote(word).replace("%", "\\%")
+    # cron turns an unescaped % into a newline before the shell sees the line; python-crontab escapes
+    # every % of the command as it writes the line, so it is not escaped here too
+    return shlex.quote(word)
 
 
 def check_one_line(ws: Workspace, file: Path) -> None:

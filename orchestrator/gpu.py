@@ -34,7 +34,8 @@ GPU_QUERY = "nvidia-smi --query-gpu=index,uuid,memory.used,memory.total,utilizat
 APPS_QUERY = "nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits"
 MARK = "@@orch-gpu"
 
-# Sections: gpus, apps, procs (pid pgid user args), starts (pid start, for each pid and group leader).
+# Sections: gpus, apps, procs (pid pgid user args), starts (pid start, for each pid and group leader),
+# marks (pid and the run's mark in its environment, where it carries one: readable only for one's own).
 SNAPSHOT_SCRIPT = f"""\
 command -v nvidia-smi >/dev/null 2>&1 || {{ echo "{MARK} none"; exit 0; }}
 gpus=$({GPU_QUERY} 2>&1) || {{ echo "{MARK} error"; printf '%s\\n' "$gpus"; exit 0; }}
@@ -48,6 +49,11 @@ echo "{MARK} procs"; printf '%s\\n' "$procs"
 echo "{MARK} starts"
 for p in $(printf '%s\\n' "$procs" | awk '{{print $1; print $2}}' | sort -un); do
   s=$({launch.START_TIME.format(pid="$p")}); [ -n "$s" ] && echo "$p $s"
+done
+echo "{MARK} marks"
+for p in $(printf '%s\\n' "$procs" | awk '{{print $1}}' | sort -un); do
+  m=$(tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | sed -n 's/^{launch.JOB_MARK}=//p' | head -n 1)
+  [ -n "$m" ] && echo "$p $m"
 done
 echo "{MARK} end"
 """
@@ -64,6 +70,7 @@ class GpuProcess:
     run_id: int | None = None  # the orch run the process belongs to, filled by `attribute`
     start: str | None = None  # start time of the pid, so a kill never hits a reused pid
     group_start: str | None = None  # start time of the process-group leader (None: the leader is gone)
+    mark: str | None = None  # the run mark (`pid:start` of its wrapper) in the process's environment
 
 
 @dataclass
@@ -108,6 +115,7 @@ def parse_snapshot(host: str, text: str) -> GpuSnapshot | None:
     gpus = parse_gpus(sections["gpus"])
     procs = {pid: (pgid, user, command) for pid, pgid, user, command in _parse_ps(sections["procs"])}
     starts = dict(_parse_starts(sections["starts"]))
+    marks = dict(_parse_starts(sections.get("marks", [])))
     by_uuid = {g.uuid: g for g in gpus}
     for pid, uuid, used in parse_apps(sections["apps"]):
         gpu = by_uuid.get(uuid)
@@ -117,6 +125,7 @@ def parse_snapshot(host: str, text: str) -> GpuSnapshot | None:
         gpu.processes.append(GpuProcess(
             pid, gpu.index, used, user, command, pgid,
             start=starts.get(pid), group_start=starts.get(pgid) if pgid is not None else None,
+            mark=marks.get(pid),
         ))
     return GpuSnapshot(host, gpus)
 
@@ -196,14 +205,16 @@ def owns(run_pid: int, run_start: str | None, proc: GpuProcess) -> bool:
 
     With its group leader alive, the leader's start time must be the run's. A leaderless group may be
     the run's (members outliving the wrapper) or a later group that took the same id after the run's
-    pid was reused: only members that started after the run's wrapper can be the run's.
+    pid was reused: only members that started after the run's wrapper and carry its mark in their
+    environment (`ORCH_JOB=pid:start`, which the wrapper sets) are the run's.
     """
     if proc.pgid != run_pid or run_start is None:
         return False
     if proc.group_start is not None:
         return proc.group_start == run_start
     began, member = _ticks(run_start), _ticks(proc.start)
-    return began is not None and member is not None and member >= began
+    return (began is not None and member is not None and member >= began
+            and proc.mark == f"{int(run_pid)}:{run_start}")
 
 
 def attribute(snap: GpuSnapshot, store: Store, host_name: str) -> GpuSnapshot:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .checks import bad_env_names, passable
+from .checks import DAY_S, GPUS_MAX, bad_env_names, passable
 from .errors import HostError, UsageError
 from .workspace import LOCAL
 
@@ -26,17 +26,19 @@ class Host(BaseModel):
     port: int | None = Field(default=None, ge=1, le=65535)
     identity_file: str | None = None
     known_hosts: str | None = None  # checked in addition to ~/.ssh/known_hosts
-    gpus: int = Field(default=0, ge=0)
+    gpus: int = Field(default=0, ge=0, le=GPUS_MAX)
     workdir: str = "~/orch"
     python: str = "python3"
     env: dict[str, str] = {}
     tags: list[str] = []
     accept_new_host_key: bool = False
-    poll_min: float | None = Field(default=None, gt=0)
-    poll_max: float | None = Field(default=None, gt=0)
-    connect_timeout: float = Field(default=10, gt=0)
+    # Several Unix users share the workdir (a group-writable folder): its `leases/` may be another user's.
+    shared_workdir: bool = False
+    poll_min: float | None = Field(default=None, gt=0, le=DAY_S)
+    poll_max: float | None = Field(default=None, gt=0, le=DAY_S)
+    connect_timeout: float = Field(default=10, gt=0, le=3600)
     # A run whose host has not answered for this long ends `lost` (its job may live on, unwatchable).
-    unreachable_give_up_s: float = Field(default=86400.0, gt=0)
+    unreachable_give_up_s: float = Field(default=86400.0, gt=0, le=365 * DAY_S)
     # A batch scheduler: jobs go through it (the address is its login node; none: this machine's).
     scheduler: Literal["slurm"] | None = None
     partition: str | None = None

@@ -64,8 +64,9 @@ class RunPaths:
             raise OrchError(f"not an absolute remote run dir: {self.root!r}")
 
     @classmethod
-    def for_run(cls, workdir: str, run_id: int) -> RunPaths:
-        return cls(posixpath.join(workdir, "runs", str(run_id)))
+    def for_run(cls, workdir: str, run_id: int, workspace: str | None = None) -> RunPaths:
+        """`<workdir>/runs/<id>`, or `<workdir>/runs/<workspace>/<id>` where workspaces may share the workdir."""
+        return cls(posixpath.join(workdir, "runs", *([workspace] if workspace else []), str(run_id)))
 
     @property
     def log(self) -> str:
@@ -115,7 +116,8 @@ def launch_command(paths: RunPaths, script: str, token: str, staged: str | None 
     """One remote call: create the run dir, write the scripts, start the wrapper detached, print the pid.
 
     Idempotent for the same token, so a retry after a dropped connection never starts the job twice;
-    a run dir left by another workspace's run of the same id is refused, never reused.
+    a run dir left by another workspace's run of the same id is refused, never reused. The token may be
+    there already: the run flow claims the run dir before it patches or frees GPUs.
     """
     root = quote(paths.root)
     wrapper_b64 = base64.b64encode(WRAPPER.encode()).decode()
@@ -124,9 +126,9 @@ def launch_command(paths: RunPaths, script: str, token: str, staged: str | None 
         f"mkdir -p {root} && cd {root} || exit 96\n"
         # a token at the top: a run dir of the layout before the control folder, never reused either
         f"if [ -e {CONTROL}/token ] || [ -e token ]; then [ \"$(cat {CONTROL}/token 2>/dev/null)\" = {quote(token)} ] "
-        f"&& [ -s {CONTROL}/pid ] && {{ {drop}cat {CONTROL}/pid; exit 0; }}; "
-        f"{drop}echo \"run dir in use by another run: $(pwd)\" >&2; exit 94; fi\n"
-        f"mkdir -p {CONTROL} && printf '%s' {quote(token)} > {CONTROL}/token\n"
+        f"|| {{ {drop}echo \"run dir in use by another run: $(pwd)\" >&2; exit 94; }}\n"
+        f"  [ -s {CONTROL}/pid ] && {{ {drop}cat {CONTROL}/pid; exit 0; }}\n"
+        f"else mkdir -p {CONTROL} && printf '%s' {quote(token)} > {CONTROL}/token; fi\n"
         + write_script(script, staged)
         + f"printf %s {wrapper_b64} | base64 -d > {CONTROL}/wrapper.sh\n"
         f"setsid nohup bash ./{CONTROL}/wrapper.sh > /dev/null 2>&1 < /dev/null &\n"
@@ -381,8 +383,12 @@ def kill(transport: Transport, pid: int, start: str, grace_s: float = 10.0) -> s
     return transport.run(kill_command(pid, start, grace_s), timeout=grace_s + 30).stdout.strip()
 
 
+TAIL_BYTES = 1 << 20  # the last lines of a log come from its last MiB, however long its lines
+
+
 def tail_command(paths: RunPaths, lines: int) -> str:
-    return f"tail -n {int(lines)} {quote(paths.log)} 2>/dev/null || true"
+    # a log without newlines would otherwise be sent whole
+    return f"tail -c {TAIL_BYTES} {quote(paths.log)} 2>/dev/null | tail -n {int(lines)} || true"
 
 
 __all__ = ["RunPaths", "job_script", "kill", "launch", "read_state"]

@@ -23,17 +23,13 @@ keeps the originals so that a revert restores them byte for byte.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
 import re
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import RemoteError
+from . import hostprogram
 from .patchset import NAME_PATTERN, PatchError, PatchSet, load, missing_flags, set_names
 from .remote import Transport, quote
 from .store import Store
@@ -43,10 +39,6 @@ from .store import Store
 # user's); the state stays where hosts already keep it, since a revert must find what an apply left.
 REMOTE_DIR = "runs/patcher"
 STATE_DIR = "patches/state"
-# The patcher's exit status when its script is not on the host yet (it is then uploaded, once).
-SCRIPT_MISSING = 97
-# Longest base64 request sent inside the command; the kernel caps one argument at 128 KiB.
-INLINE_REQUEST_LIMIT = 64 * 1024
 PATCHER = Path(__file__).resolve().parent / "hostjobs" / "patcher.py"  # runs on the host
 
 
@@ -122,13 +114,12 @@ def check(transport: Transport, ps: PatchSet) -> PatchResult:
 
 def make_overlay(transport: Transport, run_root: str, checked: Iterable[PatchResult]) -> Overlay:
     """Copy the top-level folder of each checked set's package, from the install it was checked on, into
-    the run dir; the sets are then applied to the copies (`apply(..., overlay=...)`)."""
+    the run dir, which the run flow made the run's own (its token) before; the sets are then applied to the
+    copies (`apply(..., overlay=...)`)."""
     overlay = Overlay.of(run_root)
     folders = sorted({f"{res.root}/{res.package}" for res in checked})
-    # a run dir another workspace's run holds (its token) is never written to
-    tokens = f"{quote(run_root)}/token {quote(run_root)}/.orch/token"  # either layout of a run dir
-    transport.run(f"for t in {tokens}; do test ! -e \"$t\" || exit 1; done; mkdir -p {quote(overlay.path)} && "
-                  f"cp -a -- {' '.join(map(quote, folders))} {quote(overlay.path)}/", timeout=600)
+    transport.run(f"mkdir -p {quote(overlay.path)} && cp -a -- {' '.join(map(quote, folders))} {quote(overlay.path)}/",
+                  timeout=600)
     return overlay
 
 
@@ -139,8 +130,8 @@ def apply(
     """Apply every file of the set or none; a set already applied and intact is left as it is. With an
     overlay, to its copy of the package (found through PYTHONPATH), never to the install."""
     request = _request(transport, ps, "apply", run_id=run_id)
-    if overlay is not None:
-        request["state_dir"] = overlay.state_dir
+    if overlay is not None:  # the copy or nothing: never the install the python might find instead
+        request.update(state_dir=overlay.state_dir, within=overlay.path)
     reply = _call(transport, request, pythonpath=overlay.path if overlay else None)
     result = _result(transport, ps.name, "apply", reply)
     _record(store, result, run_id)
@@ -231,40 +222,8 @@ def _request(transport: Transport, ps: PatchSet, action: str, run_id: int | None
 
 
 def _call(transport: Transport, request: dict[str, Any], pythonpath: str | None = None) -> dict[str, Any]:
-    """Run the patcher on the host with `request` and return its reply; refusals raise PatchError.
-
-    One round trip in the usual case: the script is named by its content hash and uploaded only when
-    the host lacks that version, and the request goes in a heredoc as base64 (nothing in it reaches
-    the shell). A request too long for one command line is uploaded as a file instead.
-    """
-    script_bytes = PATCHER.read_bytes()
-    remote = f"{_workdir(transport)}/{REMOTE_DIR}"
-    script = f"{remote}/patcher-{hashlib.sha256(script_bytes).hexdigest()[:16]}.py"
-    payload = base64.encodebytes(json.dumps(request).encode()).decode()
-    request_file = None
-    if len(payload) > INLINE_REQUEST_LIMIT:
-        request_file = f"{remote}/request-{uuid.uuid4().hex}.json"
-        transport.put(json.dumps(request).encode(), request_file, 0o600)
-        feed = f"< {quote(request_file)}; rc=$?; rm -f {quote(request_file)}; exit $rc"
-    else:
-        feed = f"<<'ORCH_PATCH_REQUEST'\n{payload}ORCH_PATCH_REQUEST\n"
-    python = quote(transport.host.python)
-    if pythonpath is not None:  # the patcher finds the package where the job's python will
-        python = f"PYTHONPATH={quote(pythonpath)} {python}"
-    command = f"test -f {quote(script)} || exit {SCRIPT_MISSING}; {python} {quote(script)} {feed}"
-    result = transport.run(command, check=False)
-    if result.exit_code == SCRIPT_MISSING and not result.stdout:
-        transport.put(script_bytes, script, 0o644)
-        result = transport.run(command, check=False)
-    try:
-        reply = json.loads(result.stdout.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError):
-        if request_file:
-            transport.run(f"rm -f {quote(request_file)}", check=False)
-        raise RemoteError(
-            transport.host.name, command[:200], result.exit_code, result.stdout + result.stderr,
-            reason="the patcher gave no reply",
-        ) from None
+    """Run the patcher on the host with `request` and return its reply; refusals raise PatchError."""
+    reply = hostprogram.call(transport, PATCHER, REMOTE_DIR, request, pythonpath=pythonpath)
     if not reply.get("ok"):
         raise PatchError(_refusal(request, reply.get("error") or {}))
     return reply

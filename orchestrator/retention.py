@@ -6,10 +6,12 @@ import shutil
 import time
 from dataclasses import dataclass
 
+from . import hostlease
 from .errors import OrchError, UsageError
 from .hosts import Inventory
+from .launch import RunPaths
 from .record import ACTIVE, Run
-from .remote import connect, quote
+from .remote import connect
 from .store import Store
 from .workspace import Workspace
 
@@ -37,15 +39,16 @@ def older_than(store: Store, seconds: float, now: float | None = None) -> list[R
     return [store.get_run(run_id) for (run_id,) in rows]
 
 
-def _remove_remote(run: Run, inv: Inventory) -> str:
+def _remove_remote(ws: Workspace, store: Store, run: Run, inv: Inventory) -> str:
     if not run.remote_dir:
         return "no remote dir"
+    if run.host not in inv.hosts:  # the record can still go; what is on that machine is left as it is
+        return f"host {run.host} is no longer in the inventory; {run.remote_dir} left there"
     host = inv.get(run.host)
-    # only a run dir orch made: <workdir>/runs/<id>, never a path a record could point anywhere else
-    if not run.remote_dir.rstrip("/").endswith(f"/runs/{run.id}"):
-        raise OrchError(f"run {run.id}: {run.remote_dir} is not an orch run dir; left as it is")
-    connect(host).run(f"rm -rf -- {quote(run.remote_dir)}", timeout=120)
-    return f"removed {host.name}:{run.remote_dir}"
+    # only this run's own dir: under the host's <workdir>/runs/, holding this run's token, never a path a
+    # record could point anywhere else (the host's program checks both, and refuses symlinks)
+    said = hostlease.remove(connect(host), RunPaths(run.remote_dir), hostlease.run_token(ws, store, run.id))
+    return f"{'removed' if said == 'removed' else said} {host.name}:{run.remote_dir}"
 
 
 def remove(ws: Workspace, store: Store, runs: list[Run], inv: Inventory, keep_remote: bool = False) -> list[Removed]:
@@ -55,7 +58,7 @@ def remove(ws: Workspace, store: Store, runs: list[Run], inv: Inventory, keep_re
     done = []
     for run in runs:
         try:
-            remote = "remote dir kept" if keep_remote else _remove_remote(run, inv)
+            remote = "remote dir kept" if keep_remote else _remove_remote(ws, store, run, inv)
         except OrchError as exc:
             done.append(Removed(run.id, str(exc), ok=False))
             continue

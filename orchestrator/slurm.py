@@ -83,9 +83,9 @@ def submit_command(paths: RunPaths, script: str, token: str, args: list[str], st
     return (
         f"mkdir -p {root} && cd {root} || exit 96\n"
         f"if [ -e {C}/token ] || [ -e token ]; then [ \"$(cat {C}/token 2>/dev/null)\" = {quote(token)} ] "
-        f"&& [ -s {C}/job_id ] && {{ {drop}cat {C}/job_id; exit 0; }}; "
-        f"{drop}echo \"run dir in use by another run: $(pwd)\" >&2; exit 94; fi\n"
-        f"mkdir -p {C} && printf '%s' {quote(token)} > {C}/token\n"
+        f"|| {{ {drop}echo \"run dir in use by another run: $(pwd)\" >&2; exit 94; }}\n"
+        f"  [ -s {C}/job_id ] && {{ {drop}cat {C}/job_id; exit 0; }}\n"
+        f"else mkdir -p {C} && printf '%s' {quote(token)} > {C}/token; fi\n"
         + launch.write_script(script, staged)
         + f"printf %s {batch_b64} | base64 -d > {C}/batch.sh\n"
         f"sbatch {' '.join(quote(a) for a in args)} {C}/batch.sh > {C}/job_id.tmp || "

@@ -11,7 +11,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from . import specdoc
-from .checks import bad_env_names, passable
+from .checks import DAY_S, GPUS_MAX, bad_env_names, passable
 from .errors import OrchError, SpecError
 
 
@@ -22,17 +22,17 @@ class RunSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for the job")
-    poll_min: float | None = Field(default=None, gt=0, description="first poll interval, s (host default)")
-    poll_max: float | None = Field(default=None, gt=0, description="longest poll interval, s (host default)")
-    stall_factor: float = Field(default=5.0, gt=1, description="stalled after this many usual gaps")
+    poll_min: float | None = Field(default=None, gt=0, le=DAY_S, description="first poll interval, s (host default)")
+    poll_max: float | None = Field(default=None, gt=0, le=DAY_S, description="longest poll interval, s (host default)")
+    stall_factor: float = Field(default=5.0, gt=1, le=1000, description="stalled after this many usual gaps")
     on_stall: Literal["warn", "kill", "dump"] = Field(default="warn", description="what a stall does (dump: py-spy)")
     cleanup: bool = Field(default=True, description="stop stale orch runs on the GPUs and wait until free")
-    gpus: list[int] | None = Field(default=None, description="GPU indices the run needs (default: all)")
+    gpus: list[int] | None = Field(default=None, max_length=GPUS_MAX, description="GPU indices the run needs (default: all)")
     kill_foreign: bool = Field(default=False, description="also kill processes orch did not start")
     patches: list[str] = Field(default_factory=list, description="patch sets applied before launch")
     python: str | None = Field(default=None, description="interpreter on the host (default: the host's)")
     notify: list[str] = Field(default_factory=list, description="http(s) URLs told (JSON POST) when the run ends")
-    notify_timeout_s: float = Field(default=30.0, gt=0, description="bound on retries of one notification")
+    notify_timeout_s: float = Field(default=30.0, gt=0, le=DAY_S, description="bound on retries of one notification")
 
     _passable = field_validator("*")(classmethod(lambda cls, value: passable(value)))
 
@@ -58,8 +58,8 @@ class RunSpec(BaseModel):
     @field_validator("gpus")
     @classmethod
     def _gpu_indices(cls, gpus: list[int] | None) -> list[int] | None:
-        if gpus is not None and (len(set(gpus)) != len(gpus) or any(g < 0 for g in gpus)):
-            raise ValueError("GPU indices must be distinct and >= 0")
+        if gpus is not None and (len(set(gpus)) != len(gpus) or any(not 0 <= g < GPUS_MAX for g in gpus)):
+            raise ValueError(f"GPU indices must be distinct, from 0 to {GPUS_MAX - 1}")
         return gpus
 
 

@@ -161,6 +161,53 @@ class _RefuseUnknownKey:
             f"{scan} >> ~/.ssh/known_hosts — or set accept_new_host_key = true for this host")
 
 
+class _RefuseRevoked:
+    """A key marked `@revoked` in known_hosts is refused, known or not; others go to the next policy."""
+
+    def __init__(self, revoked: set[str], known_name: str, then: Any):
+        self.revoked, self.known_name, self.then = revoked, known_name, then
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        if key.get_base64() in self.revoked:
+            raise _UnknownKey(f"the host key of {self.known_name} ({key.get_name()} {_fingerprint(key)}) is marked "
+                              "@revoked in known_hosts; refusing to connect")
+        if self.then is not None:
+            self.then.missing_host_key(client, hostname, key)
+
+
+def load_known_hosts(keys: Any, path: str) -> set[str]:
+    """Add the host keys of an OpenSSH known_hosts file to paramiko's `keys`; the keys marked @revoked.
+
+    paramiko's own reader stops with a traceback at a marker line, so the file is read here: @revoked keys
+    are refused whoever offers them; @cert-authority lines are skipped (paramiko cannot check host
+    certificates: such a host needs its own key listed); a line no parser takes is skipped, as ssh does.
+    """
+    from paramiko.hostkeys import HostKeyEntry
+
+    revoked: set[str] = set()
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return revoked
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("@"):
+            fields = line.split()
+            if fields[0] == "@revoked" and len(fields) >= 4:
+                revoked.add(fields[3])
+            continue
+        try:
+            entry = HostKeyEntry.from_line(line, number)
+        except Exception:  # noqa: BLE001, S112 - a malformed line, whatever paramiko raises for it
+            continue
+        if entry is not None and entry.key is not None:
+            for name in entry.hostnames:
+                keys.add(name, entry.key.get_name(), entry.key)
+    return revoked
+
+
 class SSHTransport(Transport):
     retry_sleep: Callable[[float], None] = staticmethod(time.sleep)  # type: ignore[assignment]
 
@@ -171,6 +218,7 @@ class SSHTransport(Transport):
         # channels, so one watcher holding a poll open on the host never blocks another run's calls.
         self._lock = threading.Lock()
         self._sftp_lock = threading.Lock()  # one SFTP session per connection, used by one thread at a time
+        self._revoked: set[str] = set()  # host keys marked @revoked in known_hosts
 
     def _connect(self) -> Any:
         import paramiko
@@ -194,6 +242,8 @@ class SSHTransport(Transport):
             hop = hop.gateway
         try:
             conn.open()
+            _RefuseRevoked(self._revoked, self._known_name(), None).missing_host_key(
+                None, "", conn.transport.get_remote_server_key())
             conn.transport.set_keepalive(KEEPALIVE_S)
         except paramiko.BadHostKeyException as exc:
             raise HostKeyError(host.name, self._changed_key(exc)) from None
@@ -236,16 +286,15 @@ class SSHTransport(Transport):
                 + (f" -f {self.host.known_hosts}" if self.host.known_hosts else "") + f" (in {files}), then connect again")
 
     def _check_host_keys(self, client: Any, paramiko: Any) -> None:
-        client.load_system_host_keys()
         extra = os.path.expanduser(self.host.known_hosts) if self.host.known_hosts else None
-        if extra and os.path.exists(extra):
-            client.load_host_keys(extra)
-        if self.host.accept_new_host_key:
-            client.set_missing_host_key_policy(
-                _SaveNewKeyPolicy(extra or os.path.expanduser("~/.ssh/known_hosts"))
-            )
-        else:
-            client.set_missing_host_key_policy(_RefuseUnknownKey(self._known_name(), self.host.port))
+        revoked: set[str] = set()
+        for path in (os.path.expanduser("~/.ssh/known_hosts"), extra):
+            if path:
+                revoked |= load_known_hosts(client.get_host_keys(), path)
+        self._revoked = revoked
+        policy: Any = (_SaveNewKeyPolicy(extra or os.path.expanduser("~/.ssh/known_hosts"))
+                       if self.host.accept_new_host_key else _RefuseUnknownKey(self._known_name(), self.host.port))
+        client.set_missing_host_key_policy(_RefuseRevoked(revoked, self._known_name(), policy))
 
     def _connection(self) -> Any:
         if self._conn is None or not self._conn.is_connected:

@@ -32,15 +32,15 @@ MODULE_SINCE = (0, 5, 23)
 
 
 class BenchServingSpec(RunSpec):
-    server: int | None = Field(default=None, gt=0, description="id of a ready serve-eagle3 run on the same host")
+    server: int | None = Field(default=None, gt=0, le=2**53, description="id of a ready serve-eagle3 run on the same host")
     url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/\S*)?$", description="server base URL")
-    num_prompts: int = Field(default=200, gt=0)
-    max_concurrency: int | None = Field(default=None, gt=0)
+    num_prompts: int = Field(default=200, gt=0, le=10_000_000)
+    max_concurrency: int | None = Field(default=None, gt=0, le=1_000_000)
     dataset: str = Field(default="random-ids", pattern=r"^[A-Za-z0-9][\w\-]*$",
                          description="--dataset-name; random-ids needs no download (random samples ShareGPT, which "
                                      "SGLang fetches from the model hub: a GPU host without internet fails on it)")
-    input_len: int | None = Field(default=None, gt=0, description="--random-input-len")
-    output_len: int | None = Field(default=None, gt=0, description="--random-output-len")
+    input_len: int | None = Field(default=None, gt=0, le=100_000_000, description="--random-input-len")
+    output_len: int | None = Field(default=None, gt=0, le=100_000_000, description="--random-output-len")
     extra_args: list[str] = Field(default_factory=list, description="more benchmark flags, as given")
     launcher: str | None = Field(default=None, description="what follows python; default by SGLang version")
     cleanup: bool = False  # a client: the GPUs belong to the server it measures
@@ -64,12 +64,12 @@ class BenchSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    num_prompts: int = Field(default=200, gt=0)
-    max_concurrency: int | None = Field(default=None, gt=0)
+    num_prompts: int = Field(default=200, gt=0, le=10_000_000)
+    max_concurrency: int | None = Field(default=None, gt=0, le=1_000_000)
     dataset: str = Field(default="random-ids", pattern=r"^[A-Za-z0-9][\w\-]*$",
                          description="--dataset-name; random-ids needs no download")
-    input_len: int | None = Field(default=None, gt=0, description="--random-input-len")
-    output_len: int | None = Field(default=None, gt=0, description="--random-output-len")
+    input_len: int | None = Field(default=None, gt=0, le=100_000_000, description="--random-input-len")
+    output_len: int | None = Field(default=None, gt=0, le=100_000_000, description="--random-output-len")
     extra_args: list[str] = Field(default_factory=list, description="more benchmark flags, as given")
     launcher: str | None = Field(default=None, description="what follows python; default by SGLang version")
 

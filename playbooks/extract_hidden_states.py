@@ -56,23 +56,23 @@ class ExtractSpec(RunSpec):
     layers: list[int] | None = Field(default=None, description="layer indices; default [2, L//2, L-3]")
     output_dir: str | None = Field(default=None, description="default: <run dir>/hidden_states")
     clear_output: bool = Field(default=False, description="empty a non-empty output_dir first (else refused)")
-    max_samples: int | None = Field(default=None, gt=0, description="hf default 32; speculators: all")
-    batch_size: int | None = Field(default=None, gt=0,
+    max_samples: int | None = Field(default=None, gt=0, le=10**12, description="hf default 32; speculators: all")
+    batch_size: int | None = Field(default=None, gt=0, le=10_000_000,
                                    description="hf default 4; speculators <0.5 --batch-size, >=0.5 --concurrency")
-    max_length: int = Field(default=256, gt=0, description="hf only")
+    max_length: int = Field(default=256, gt=0, le=100_000_000, description="hf only")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     # speculators backend
     scripts_dir: str | None = Field(default=None, description="the speculators repo's scripts/ dir on the host")
     speculators_version: str | None = Field(default=None, description="force the pipeline (default: installed)")
-    tp: int | None = Field(default=None, gt=0, description="--tensor-parallel-size")
-    seq_length: int | None = Field(default=None, gt=0, description="<0.5 --seq-length; >=0.5 vLLM --max-model-len")
+    tp: int | None = Field(default=None, gt=0, le=1024, description="--tensor-parallel-size")
+    seq_length: int | None = Field(default=None, gt=0, le=100_000_000, description="<0.5 --seq-length; >=0.5 vLLM --max-model-len")
     port: int | None = Field(default=None, ge=1, le=65535, description=f">=0.5: vLLM server port ({DEFAULT_PORT})")
     vllm_args: list[str] | None = Field(default=None, description=">=0.5: extra vLLM server flags")
     trust_remote_code: bool | None = Field(default=None, description=">=0.5: launch_vllm.py --trust-remote-code")
     include_last_layer: bool | None = Field(
         default=None, description=">=0.5: false passes launch_vllm.py --no-include-last-layer")
-    server_timeout: float = Field(default=3600, gt=0, description=">=0.5: seconds for the server to answer")
+    server_timeout: float = Field(default=3600, gt=0, le=7 * 86400, description=">=0.5: seconds for the server to answer")
 
     @field_validator("speculators_version")
     @classmethod

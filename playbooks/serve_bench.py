@@ -37,7 +37,7 @@ STOP_GRACE_S = 60  # SGLang shuts its scheduler processes down on SIGTERM; then 
 
 class ServeBenchSpec(ServeEagle3Spec):
     bench: BenchSettings = Field(default_factory=BenchSettings, description="the benchmark's settings")
-    ready_timeout_s: float = Field(default=3600, gt=0, description="seconds for the server to answer /health")
+    ready_timeout_s: float = Field(default=3600, gt=0, le=7 * 86400, description="seconds for the server to answer /health")
 
 
 @dataclass(frozen=True)

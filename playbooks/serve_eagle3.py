@@ -71,16 +71,16 @@ def no_graph_flags(version: str | None) -> list[str]:
 class ServeEagle3Spec(RunSpec):
     model: str = Field(min_length=1, description="target model path on the host")
     draft_model: str = Field(min_length=1, description="EAGLE-3 draft model path on the host")
-    tp: int = Field(default=8, gt=0, description="tensor parallel size")
+    tp: int = Field(default=8, gt=0, le=1024, description="tensor parallel size")
     port: int = Field(default=30000, ge=1, le=65535)
-    num_steps: int | None = Field(default=None, gt=0, description="--speculative-num-steps")
-    eagle_topk: int | None = Field(default=None, gt=0, description="--speculative-eagle-topk")
-    num_draft_tokens: int | None = Field(default=None, gt=0, description="--speculative-num-draft-tokens")
+    num_steps: int | None = Field(default=None, gt=0, le=1000, description="--speculative-num-steps")
+    eagle_topk: int | None = Field(default=None, gt=0, le=1000, description="--speculative-eagle-topk")
+    num_draft_tokens: int | None = Field(default=None, gt=0, le=100_000, description="--speculative-num-draft-tokens")
     mem_fraction: float | None = Field(default=None, gt=0, le=1, description="--mem-fraction-static")
     extra_args: list[str] = Field(default_factory=list, description="more launch_server flags, as given")
     launcher: str = Field(default="-m sglang.launch_server", description="what follows python (split like a shell)")
     debug: bool = Field(default=False, description=f"apply {DEBUG_SET} and turn CUDA graphs off")
-    health_grace_s: float = Field(default=HEALTH_GRACE_S, gt=0,
+    health_grace_s: float = Field(default=HEALTH_GRACE_S, gt=0, le=86400,
                                   description="seconds a ready server may fail /health before the run fails")
 
     @field_validator("launcher")

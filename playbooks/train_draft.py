@@ -48,17 +48,17 @@ COLUMNS = "400"
 class TrainDraftSpec(RunSpec):
     scripts_dir: str = Field(description="the speculators repo's scripts/ dir on the host")
     verifier: str = Field(description="--verifier-name-or-path: the target model the hidden states came from")
-    from_run: int | None = Field(default=None, gt=0, description="a succeeded extract-hidden-states run "
+    from_run: int | None = Field(default=None, gt=0, le=2**53, description="a succeeded extract-hidden-states run "
                                  "(backend speculators) on this host: its output_dir is the hidden states")
     hidden_states: str | None = Field(default=None, description="the hidden-states dir, instead of from_run")
     data_path: str | None = Field(default=None, description=">=0.5: --data-path, the preprocessed dataset "
                                   "(default: the extract run's dataset)")
     output_dir: str | None = Field(default=None, description="--save-path (default: <run dir>/checkpoints)")
-    epochs: int | None = Field(default=None, gt=0, description="--epochs (script default 20)")
-    lr: float | None = Field(default=None, gt=0, description="--lr (script default 1e-4)")
-    total_seq_len: int | None = Field(default=None, gt=0, description="--total-seq-len: tokens packed per "
+    epochs: int | None = Field(default=None, gt=0, le=1_000_000, description="--epochs (script default 20)")
+    lr: float | None = Field(default=None, gt=0, le=100, description="--lr (script default 1e-4)")
+    total_seq_len: int | None = Field(default=None, gt=0, le=10**9, description="--total-seq-len: tokens packed per "
                                       "batch, the script's batch size (default 8192)")
-    num_layers: int | None = Field(default=None, gt=0, description="--num-layers of the draft model")
+    num_layers: int | None = Field(default=None, gt=0, le=10_000, description="--num-layers of the draft model")
     on_missing: str | None = Field(default=None, pattern=r"^(generate|skip|warn|raise)$",
                                    description=">=0.5: --on-missing (default here: warn)")
     speculators_version: str | None = Field(default=None, description="force the arguments (default: installed)")

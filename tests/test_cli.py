@@ -32,13 +32,13 @@ def test_playbooks_and_their_spec_keys(tmp_path):
     shown = orch("run", "command", "--help", check=0).stdout
     rows = {line.split("\t")[0]: line.split("\t")[1:] for line in shown.splitlines() if "\t" in line}
     assert rows["cmd"][:2] == ["text (length >= 1)", "required"]
-    assert rows["stall_factor"] == ["number (> 1)", "5.0", "stalled after this many usual gaps"]
+    assert rows["stall_factor"] == ["number (> 1, <= 1000)", "5.0", "stalled after this many usual gaps"]
     assert rows["on_stall"][0] == 'one of "warn", "kill", "dump"'
     assert "<bool>" not in shown and "<str>" not in shown
     # every key of every playbook, as JSON
     docs = json.loads(orch("playbooks", "--json", check=0).stdout)
     extract = next(d for d in docs if d["name"] == "extract-hidden-states")
-    assert {"key": "max_length", "type": "integer", "default": 256, "required": False, "bounds": "> 0",
+    assert {"key": "max_length", "type": "integer", "default": 256, "required": False, "bounds": "> 0, <= 100000000",
             "description": "hf only"} in extract["fields"]
     assert orch("--version", check=0).stdout.strip().startswith("orch 0.")
 
@@ -138,8 +138,8 @@ def test_rerun_rm_and_gc(orch, tmp_path):
     refused = orch("rm", "3")
     assert refused.returncode == 2 and "cancel it first" in refused.stderr
     orch("cancel", "3", "--grace", "1", check=0)
-    remote1 = tmp_path / "remote1" / "runs"
-    assert sorted(os.listdir(remote1)) == ["1", "2", "3"]
+    remote1 = Path(orch.status(3)["remote_dir"]).parent  # <workdir>/runs/<workspace key>
+    assert remote1.parent == tmp_path / "remote1" / "runs" and sorted(os.listdir(remote1)) == ["1", "2", "3"]
     gone = orch("rm", "3", "--json", check=0)
     assert json.loads(gone.stdout) == [{"id": 3, "removed": True, "remote": f"removed test1:{remote1 / '3'}"}]
     assert sorted(os.listdir(remote1)) == ["1", "2"] and not (orch.root / "runs" / "3").exists()
@@ -149,6 +149,7 @@ def test_rerun_rm_and_gc(orch, tmp_path):
     assert [r["id"] for r in listed] == [1, 2] and sorted(os.listdir(remote1)) == ["1", "2"]
     orch("gc", "--older-than", "1s", check=0)
     assert orch.status() == [] and os.listdir(remote1) == []
+    assert orch("rm", "1").returncode == 2  # gone: an unknown run
     assert orch("gc", "--older-than", "soon").returncode == 2
 
 
@@ -224,7 +225,7 @@ def test_logs_all_and_pull_copy_the_whole_run_dir(orch, tmp_path):
     # a log of several chunks, with bytes that are no UTF-8
     cmd = "cmd=head -c 2500000 /dev/zero | tr '\\0' x; printf '\\n\\377\\376 end\\n'; echo out > result.txt"
     assert orch("run", "command", "--host", "test1", "--set", cmd, *FAST).returncode == 0
-    remote = tmp_path / "remote1" / "runs" / "1"
+    remote = Path(orch.status(1)["remote_dir"])
     res = subprocess.run([sys.executable, "-m", "orchestrator", "logs", "1", "--all"], env=orch.env,
                          capture_output=True, timeout=120, check=False)
     assert res.returncode == 0, res.stderr
@@ -249,7 +250,7 @@ def test_ssh_opens_the_run_dir_on_its_host(orch, tmp_path, ssh_fleet):
 
     assert orch("run", "command", "--host", "test1", "--set", "cmd=echo hi > mark", *FAST).returncode == 0
     entry = ssh_fleet.host_entry(1)
-    remote = tmp_path / "remote1" / "runs" / "1"
+    remote = Path(orch.status(1)["remote_dir"])
     printed = orch("ssh", "1", "--print", check=0).stdout.strip()
     assert shlex.split(printed) == [
         "ssh", "-t", "-p", str(entry["port"]), "-i", entry["identity_file"],

@@ -121,10 +121,10 @@ def test_list_shows_the_next_run_and_the_last_with_its_result(orch, crontab):
     assert time.strftime("%Y-%m-%d 02:00", nxt) in table and ": failed (exit 1)" in table
 
 
-def cron_sh(command: str) -> subprocess.CompletedProcess:
+def cron_sh(command: str, unescape: bool = True) -> subprocess.CompletedProcess:
     """Run a crontab command as cron does: /bin/sh, HOME/LOGNAME/SHELL and PATH=/usr/bin:/bin only."""
     env = {"HOME": os.environ.get("HOME", "/root"), "LOGNAME": "root", "SHELL": "/bin/sh", "PATH": "/usr/bin:/bin"}
-    return subprocess.run(["/bin/sh", "-c", command.replace("\\%", "%")], env=env, cwd="/",
+    return subprocess.run(["/bin/sh", "-c", command.replace("\\%", "%") if unescape else command], env=env, cwd="/",
                           capture_output=True, text=True, timeout=60)
 
 
@@ -291,3 +291,32 @@ def test_the_real_crontab_program_for_a_throwaway_user():
         subprocess.run(["crontab", "-u", name, "-r"], capture_output=True)
         subprocess.run(["userdel", name], capture_output=True)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def as_cron_reads(line: str) -> str:
+    """The command cron runs for a tab line: the schedule and orch's comment cut, then cron's own rule:
+    `\\%` is a %, an unescaped % ends the command (the rest is its stdin)."""
+    command = line.split(" ", 1)[1].rsplit(" # orch:", 1)[0]
+    out, i = [], 0
+    while i < len(command):
+        if command[i] == "\\" and command[i + 1:i + 2] == "%":
+            out.append("%")
+            i += 2
+            continue
+        if command[i] == "%":
+            break
+        out.append(command[i])
+        i += 1
+    return "".join(out)
+
+
+def test_a_percent_in_the_sweep_path_reaches_the_sweep(tmp_path, crontab):
+    orch = Orch(tmp_path / "at 50% ws")  # a path the shell needs quoted
+    nightly = orch.root / "100%-nightly.toml"
+    nightly.write_text(SWEEP)
+    orch("cron", "install", str(nightly), "--at", "@daily", check=0)
+    [line] = [line for line in crontab().splitlines() if "# orch:" in line]
+    res = cron_sh(as_cron_reads(line), unescape=False)
+    assert res.returncode == 0, res
+    (listed,) = json.loads(orch("cron", "list", "--json", check=0).stdout)
+    assert listed["file"] == str(nightly) and listed["last_run"]["result"] == "succeeded", listed

@@ -295,6 +295,36 @@ def test_attribute_by_process_group_and_start_time(fake_gpus: FakeGpus, ws: Work
     assert isinstance(by_host, gpu.GpuSnapshot) and by_host.gpus[0].processes[0].run_id == run_id
 
 
+def test_a_leaderless_group_is_the_runs_only_with_its_mark(fake_gpus: FakeGpus, ws: Workspace, store: Store,
+                                                          procs: list[subprocess.Popen]) -> None:
+    """A group whose leader is gone and that took the id of a run's wrapper (a recycled group): its members
+    started after the wrapper, yet they are not the run's unless they carry its ORCH_JOB mark."""
+    env = {k: v for k, v in os.environ.items() if k != launch.JOB_MARK}
+    leader = subprocess.Popen(["setsid", "sh", "-c", "sleep 307 & sleep 308 & echo ready; exec sleep 0.5"],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    procs.append(leader)
+    assert leader.stdout is not None and leader.stdout.readline() == "ready\n"
+    start = Path(f"/proc/{leader.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    run_id = running_run(store, leader.pid, start)
+    leader.wait()
+    members = [int(p) for p in subprocess.run(["pgrep", "-g", str(leader.pid)], capture_output=True, text=True,
+                                              check=True).stdout.split()]
+    assert len(members) == 2
+    try:
+        unmarked = members[0]
+        fake_gpus.add(unmarked, 0)
+        snap = gpu.attribute(gpu.snapshot(connect(local_host(ws.root))), store, "local")
+        assert [p.run_id for p in snap.processes()] == [None]  # foreign: never killed as a leftover
+        events: list[str] = []
+        from orchestrator import cleanup
+        cleanup._kill_leftovers(connect(local_host(ws.root)), store.get_run(run_id), snap.processes(),
+                                lambda kind, message, data: events.append(message), 0.2)
+        assert alive(unmarked) and events == []
+    finally:
+        for pid in members:
+            os.kill(pid, signal.SIGKILL)
+
+
 # --- cleanup before a launch -----------------------------------------------------------------------
 
 

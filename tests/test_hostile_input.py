@@ -110,7 +110,8 @@ def test_a_damaged_row_bricks_neither_status_nor_the_host(tmp_path):
     assert orch.status(5)["status"] == "succeeded"
     one_line(orch("watch", "1"), 1, "run 1", "not valid JSON")
     one_line(orch("watch", "2"), 1, "run 2", "not valid JSON")
-    one_line(orch("cancel", "3"), 1, "run 3", "no longer validates", "poll_min")
+    one_line(orch("rerun", "3"), 2, "run 3", "poll_min", "must be greater than 0")
+    one_line(orch("cancel", "3"), 1, "run 3", "already ended")  # cancel needs no spec: a way out of any state
 
 
 def test_a_garbage_database_is_one_line(tmp_path):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from orchestrator import patching, registry
+from orchestrator import hostprogram, patching, registry
 from orchestrator.errors import RemoteError, UsageError
 from orchestrator.hosts import Host, local_host
 from orchestrator.patching import PatchError, PatchSet
@@ -482,18 +482,32 @@ class CountingTransport(LocalTransport):
 def test_one_round_trip_once_the_script_is_there(engine_python: str, tmp_path: Path) -> None:
     transport = CountingTransport(local_host(tmp_path / "work", {"python": engine_python}))
     patching.status(transport, registry.patch_sets())
-    [uploaded] = transport.puts
-    assert re.fullmatch(r"patcher-[0-9a-f]{16}\.py", Path(uploaded).name)
+    assert len(transport.puts) == 1
+    [script] = (tmp_path / "work" / "runs" / "patcher").iterdir()
+    assert re.fullmatch(r"patcher-[0-9a-f]{16}\.py", script.name)
     transport.commands.clear()
     transport.puts.clear()
     patching.check(transport, registry.patch_set(SPEC_SET))
     assert (len(transport.commands), transport.puts) == (1, [])
 
 
+def test_a_swapped_patcher_file_is_never_run(engine_python: str, tmp_path: Path) -> None:
+    """The workdir may be shared: a file put at the patcher's name by someone else is replaced, not run."""
+    transport = CountingTransport(local_host(tmp_path / "work", {"python": engine_python}))
+    patching.status(transport, registry.patch_sets())
+    [script] = (tmp_path / "work" / "runs" / "patcher").iterdir()
+    shipped = script.read_bytes()
+    marker = tmp_path / "pwned"
+    script.write_text(f"import pathlib; pathlib.Path({str(marker)!r}).touch()\n")
+    transport.puts.clear()
+    assert patching.status(transport, registry.patch_sets()) == []
+    assert not marker.exists() and len(transport.puts) == 1 and script.read_bytes() == shipped
+
+
 def test_a_long_request_travels_as_a_file(
     engine: EngineSource, transport: LocalTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(patching, "INLINE_REQUEST_LIMIT", 100)
+    monkeypatch.setattr(hostprogram, "INLINE_REQUEST_LIMIT", 100)
     ps = registry.patch_set(SGLANG_SET)
     before = engine.snapshot(ps.package)
     patching.apply(transport, ps)
@@ -564,3 +578,21 @@ def test_apply_and_revert_over_ssh(
         assert patching.status(transport, registry.patch_sets()) == []
     finally:
         transport.close()
+
+
+def test_a_python_that_sets_its_own_pythonpath_never_gets_the_install_patched(
+    engine: EngineSource, engine_python: str, tmp_path: Path
+) -> None:
+    """On a cluster the sets go to the run's copy; a python wrapper that puts the shared install first is
+    refused, and the install is left as it was."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={engine.site} exec {engine_python} "$@"\n')
+    wrapper.chmod(0o755)
+    transport = LocalTransport(local_host(tmp_path / "work", {"python": str(wrapper)}))
+    ps = registry.patch_set(SGLANG_SET)
+    before = engine.snapshot(ps.package)
+    overlay = patching.make_overlay(transport, str(tmp_path / "run"), [patching.check(transport, ps)])
+    with pytest.raises(PatchError, match="not in the run's copy .*nothing was patched"):
+        patching.apply(transport, ps, overlay=overlay)
+    assert engine.snapshot(ps.package) == before
+    assert patching.status(transport, registry.patch_sets()) == []

@@ -495,3 +495,20 @@ def test_a_fleet_leaves_no_sshd_behind(tmp_path: Path) -> None:
     with pytest.raises(Unreachable):
         t.run("true")
     assert len(sleeps) == 3
+
+
+def test_marker_lines_in_known_hosts_are_understood(ssh_fleet: SSHFleet, ssh_host: Host, private_home: Path,
+                                                     tmp_path: Path) -> None:
+    """`@cert-authority` and `@revoked` lines (OpenSSH markers paramiko cannot read) break no command;
+    a key marked @revoked is refused."""
+    other = public_key(keygen(tmp_path / "ca"))
+    user_known = private_home / ".ssh" / "known_hosts"
+    user_known.parent.mkdir(exist_ok=True)
+    user_known.write_text(f"@cert-authority *.example.internal {other}\n@revoked * {other}\nnot a line\n")
+    transport = SSHTransport(ssh_host)
+    assert transport.run("echo ok").stdout == "ok\n"
+    transport.close()
+    server_key = ssh_fleet.server(1).host_public_key
+    user_known.write_text(f"@revoked {ssh_fleet.server(1).known_hosts_name} {server_key}\n")
+    with pytest.raises(HostKeyError, match="marked @revoked in known_hosts"):
+        SSHTransport(ssh_host).run("true")

@@ -86,3 +86,30 @@ def test_text_fields_take_the_raw_text():
     spec = load(CommandSpec, None, ["cmd=true", "env.A=1", "env.B=[x]", "cwd=2024-01-01"])
     assert (spec.cmd, spec.env, spec.cwd) == ("true", {"A": "1", "B": "[x]"}, "2024-01-01")
     assert load(ExtractSpec, None, ["max_samples=3"]).max_samples == 3
+
+
+def test_huge_numbers_are_a_clear_error_in_every_field(tmp_path):
+    """A value that would overflow a wait (a timedelta, a sleep) is refused before anything starts."""
+    with pytest.raises(SpecError) as exc:
+        load(ExtractSpec, None, ["poll_min=1e300", "poll_max=1e10", "stall_factor=1e20", "gpus=[0, 5000]",
+                                 "layers=[2, 100000000000000000000]", "batch_size=99999999999"])
+    lines = sorted(str(exc.value).splitlines()[1:])
+    assert exc.value.exit_code == 2 and len(lines) == 6, lines
+    assert "poll_min = 1e+300 (--set): must be less than or equal to 86400" in lines
+    assert "poll_max = 10000000000.0 (--set): must be less than or equal to 86400" in lines
+    assert any(line.startswith("layers = ") and "too large" in line for line in lines), lines
+    assert any(line.startswith("gpus = ") and "from 0 to 1023" in line for line in lines), lines
+
+
+def test_huge_numbers_in_hosts_toml_are_a_clear_error(tmp_path):
+    from orchestrator.errors import UsageError
+    from orchestrator.hosts import Inventory
+
+    (tmp_path / "hosts.toml").write_text("[hosts.gpu01]\npoll_min = 1e300\nunreachable_give_up_s = 1e10\n"
+                                         "gpus = 100000\n")
+    with pytest.raises(UsageError) as exc:
+        Inventory.load(tmp_path / "hosts.toml", tmp_path)
+    message = str(exc.value)
+    assert exc.value.exit_code == 2 and "\n" not in message
+    for field in ("poll_min", "unreachable_give_up_s", "gpus"):
+        assert f"hosts.gpu01.{field}: " in message and "less than or equal" in message

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from orchtest import FAST, Orch
 
 
@@ -31,7 +33,8 @@ def test_alias_and_proxyjump(tmp_path, ssh_fleet):
     server_two = ssh_fleet.server(2)
     log = orch("logs", "1", check=0).stdout
     assert f"{server_two.address} {server_two.port}" in log  # it ran on the second server
-    assert (tmp_path / "w2" / "runs" / "1" / "log").exists()
+    assert (Path(orch.status(1)["remote_dir"]) / "log").exists()
+    assert orch.status(1)["remote_dir"].startswith(str(tmp_path / "w2" / "runs") + "/")
 
 
 def test_proxyjump_checks_the_jump_hosts_key(tmp_path, ssh_fleet):

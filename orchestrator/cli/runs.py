@@ -337,7 +337,14 @@ def cancel(run_id: str = typer.Argument(..., metavar="ID"),
     from .. import runflow
 
     ws = workspace()
-    ctx = runflow.open_run(ws, open_store(ws), parse_run_id(run_id), inventory(ws))
+    store, inv, run = open_store(ws), inventory(ws), parse_run_id(run_id)
+    host = store.get_run(run).host
+    if host not in inv.hosts:  # a way out: the record ends, whatever still runs there is the user's to stop
+        runflow.abandon(store, run, f"cancelled by user; host {host} is no longer in the inventory, so its job "
+                                    "(if any) was not stopped")
+        err.print(f"run {run} cancelled; host {host} is no longer in the inventory: its job, if any, still runs")
+        return
+    ctx = runflow.open_run(ws, store, run, inv, any_spec=True)
     outcome = runflow.cancel(ctx, "cancelled by user", grace)
     if as_json:
         emit_json({"id": ctx.run_id, "status": ctx.run.status.value, "process_group": outcome})

@@ -6,7 +6,8 @@ refusal (`ok: false`), so the caller always gets a reason it can show.
 
 Request (JSON, or that JSON in base64 as the controller sends it inline): {action: check|apply|
 revert|status, set_name, set_hash, package, distribution, versions, strip, files: {relpath: diff},
-force, state_dir, run_id}. `relpath` is the file's path below the
+force, state_dir, run_id, within?}. `within`: the package must be found below this folder (a run's
+own copy) or nothing is done. `relpath` is the file's path below the
 directory that holds the package's top-level folder (site-packages for an ordinary install).
 
 Reply: {ok, error?: {file, hunk, line, message}, package, version, root,
@@ -531,6 +532,12 @@ def handle(request):
         )
         return reply
     root, version = find_package(request["package"], request.get("distribution"))
+    within = request.get("within")
+    if within and os.path.commonpath([os.path.realpath(root), os.path.realpath(within)]) != os.path.realpath(within):
+        # the run's copy was put first on PYTHONPATH, yet the python found another: a wrapper that sets
+        # PYTHONPATH itself, say. Patching what it found would change the shared install.
+        raise PatchFailure(f"{sys.executable} finds {request['package']} in {root}, not in the run's copy "
+                           f"{within} (does the host's python set PYTHONPATH itself?); nothing was patched")
     reply.update(package=request["package"], version=version, root=root, set_hash=request.get("set_hash"))
     versions = request.get("versions") or ""
     if versions and not version_matches(version, versions):

@@ -24,7 +24,7 @@ from .context import (
     read_log,
     watch_options,
 )
-from .ending import cancel, end, finish, free_gpus, notification, settle_orphan, stop, stop_quietly
+from .ending import abandon, cancel, end, finish, free_gpus, notification, settle_orphan, stop, stop_quietly
 from .follow import keep_watching, poll, probe_orphan, refresh, watch, watcher
 from .starting import DryRunTransport, busy_message, check, dry_run, run_token, start
 
@@ -34,6 +34,7 @@ __all__ = [
     "Context",
     "DryRunTransport",
     "LogText",
+    "abandon",
     "busy_message",
     "cancel",
     "check",

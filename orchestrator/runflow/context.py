@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from typing import Any
 from .. import registry
 from ..errors import HostError, OrchError, Unreachable
 from ..executor import Executor, executor_for
+from ..hostlease import run_paths
 from ..hosts import Host, Inventory
 from ..launch import RunPaths
 from ..playbook import JobContext, Playbook
@@ -78,10 +78,17 @@ def open_run(ws: Workspace, store: Store, run: Run | int, hosts: Hosts | None = 
     """The one way to act on an existing run: its playbook, spec, host and paths from its record.
 
     A stored spec that is damaged or no longer validates is an error naming the run; with `any_spec`
-    the run is opened with the default spec instead, enough to watch, settle or stop its job.
+    the run is opened with the default spec instead (and a run whose playbook is no longer installed as a
+    plain command), enough to watch, settle or stop its job.
     """
     record = store.get_run(run) if isinstance(run, int) else run
-    pb = registry.playbook(record.playbook)
+    try:
+        pb = registry.playbook(record.playbook)
+    except OrchError:
+        if not any_spec:
+            raise
+        # its plugin is gone: as a plain command it can still be watched, settled or stopped
+        pb = registry.playbook("command")
     try:
         spec: RunSpec = stored(pb.Spec, record.id, record.spec, "spec" not in record.unreadable)
     except OrchError:
@@ -90,14 +97,8 @@ def open_run(ws: Workspace, store: Store, run: Run | int, hosts: Hosts | None = 
         spec = RunSpec()
     host = _host(ws, record.host, hosts)
     transport = connect(host)
-    root = record.remote_dir or RunPaths.for_run(transport.expand(host.workdir), record.id).root
+    root = record.remote_dir or run_paths(ws, transport.expand(host.workdir), record.id).root
     return Context(ws, store, pb, host, transport, executor_for(host, transport), record.id, spec, RunPaths(root))
-
-
-def run_token(ws: Workspace, store: Store, run_id: int) -> str:
-    """Names this run of this workspace in its remote dir, so another workspace's run N is not taken for it."""
-    created = store.conn.execute("SELECT created_at FROM runs WHERE id = ?", (run_id,)).fetchone()
-    return f"{socket.gethostname()}:{ws.db_path}:{run_id}:{created[0] if created else 0}"
 
 
 def holds_host(ctx: Context) -> bool:

@@ -9,11 +9,12 @@ from typing import Any
 
 from .. import cleanup, gpu, hostlease, lease, notify, patching, registry
 from ..errors import OrchError, TransitionError
+from ..hostlease import run_token
 from ..lifecycle import transition
 from ..record import Run, Status
 from ..store import Store
 from ..workspace import Workspace
-from .context import END_STEPS, KILL_GRACE_S, LOG_TAIL_LINES, Context, Hosts, open_run, run_token
+from .context import END_STEPS, KILL_GRACE_S, LOG_TAIL_LINES, Context, Hosts, open_run
 from .lastread import read_to_end
 
 
@@ -60,7 +61,7 @@ def _release_host(ctx: Context) -> None:
     if not ctx.run.host_lease:
         return
     try:
-        hostlease.release(ctx.transport, ctx.transport.expand(ctx.host.workdir), run_token(ctx.ws, ctx.store, ctx.run_id))
+        hostlease.release(ctx.transport, run_token(ctx.ws, ctx.store, ctx.run_id))
         ctx.store.update_run(ctx.run_id, host_lease=0)
     except OrchError:
         pass
@@ -166,6 +167,15 @@ def stop(ctx: Context, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], N
     return f"process group {outcome}; {freed}"
 
 
+def abandon(store: Store, run_id: int, reason: str) -> Run:
+    """End a run orch can no longer reach (its host left the inventory): cancelled without touching any
+    host, its lease freed; the reason says its job was not stopped."""
+    run = store.get_run(run_id)
+    if run.status.terminal:
+        raise OrchError(f"run {run.id} already ended ({run.status})")
+    return end(store, run_id, Status.CANCELLED, reason)
+
+
 def stop_quietly(ws: Workspace, store: Store, run_id: int, reason: str, hosts: Hosts | None = None,
                  grace_s: float = KILL_GRACE_S) -> str:
     """Cancel a run for a caller that goes on whatever happens (a sweep); what happened, in words."""
@@ -202,6 +212,9 @@ def file_states(res: Any) -> str:
     return ", ".join(f"{f.file} {f.state}" for f in res.files)
 
 
+_WHOSE = {"other": "another run's", "none": "no run's (no token)"}
+
+
 def settle_orphan(ctx: Context) -> Run:
     """A run whose controller died: end it when it never launched, pick up its pid when the launch got
     that far; a running one is left as it is. Returns the run as it is now."""
@@ -209,8 +222,13 @@ def settle_orphan(ctx: Context) -> Run:
     if run.status.terminal or run.status.live:
         return run
     if run.status is Status.LAUNCHING and run.remote_dir:
-        # the job may have started: its run dir says so (the wrapper's pid file, the scheduler's job id)
-        handle = ctx.executor.find(ctx.paths)
+        # the job may have started: its run dir says so (the wrapper's pid file, the scheduler's job id) —
+        # when the dir is this run's; a pid in another run's dir is never adopted, nor ever signalled
+        whose = hostlease.owner(ctx.transport, ctx.paths, run_token(ctx.ws, ctx.store, ctx.run_id))
+        if whose in ("other", "none"):
+            return end(ctx.store, ctx.run_id, Status.FAILED, f"its controller died while launching; its run dir "
+                       f"{ctx.paths.root} is {_WHOSE[whose]}", ctx, phase=None)
+        handle = ctx.executor.find(ctx.paths) if whose == "mine" else None
         if handle is not None:
             transition(ctx.store, ctx.run_id, Status.QUEUED if ctx.executor.queues else Status.RUNNING,
                        "picked up after its controller died",

@@ -17,17 +17,22 @@ CHUNK = 1 << 20  # bytes per round trip: a long log never sits whole in memory, 
 PULL_LIMIT = 1 << 30  # default bound on what `orch pull` copies
 
 
-def read_chunks(transport: Transport, path: str, write: Callable[[bytes], object], chunk: int = CHUNK) -> int:
-    """Write a remote file's bytes in chunks (base64 over the wire: the transport's replies are text);
-    the number of bytes written."""
+def read_chunks(transport: Transport, path: str, write: Callable[[bytes], object], chunk: int = CHUNK,
+                max_bytes: int | None = None) -> int:
+    """Write a remote file's bytes in chunks (base64 over the wire: the transport's replies are text), at
+    most `max_bytes` of them; the number of bytes written. A symlink reads as empty: a file swapped for
+    one (to /dev/zero, say) is never followed."""
     offset = 0
-    while True:
-        reply = transport.run(f"tail -c +{offset + 1} {quote(path)} | head -c {chunk} | base64", timeout=300)
+    while max_bytes is None or offset < max_bytes:
+        want = chunk if max_bytes is None else min(chunk, max_bytes - offset)
+        reply = transport.run(f"[ -L {quote(path)} ] || tail -c +{offset + 1} {quote(path)} | head -c {want} | base64",
+                              timeout=300)
         data = base64.b64decode(reply.stdout)
         write(data)
         offset += len(data)
-        if len(data) < chunk:
-            return offset
+        if len(data) < want:
+            break
+    return offset
 
 
 def stream_log(ctx: Context, write: Callable[[bytes], None]) -> int:
@@ -57,11 +62,11 @@ def pull(ctx: Context, to: Path, limit: int = PULL_LIMIT) -> Pulled:
     if total > limit:
         raise UsageError(f"run {ctx.run_id}'s dir {ctx.host.name}:{root} holds {_size(total)} in {len(files)} files,"
                          f" more than --max-size {_size(limit)}; raise it, or copy what you need with scp")
-    for _, name in files:
+    for size, name in files:
         target = to / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        with target.open("wb") as f:
-            read_chunks(ctx.transport, f"{root}/{name}", f.write)
+        with target.open("wb") as f:  # as listed: a file that grew or was swapped since adds nothing
+            read_chunks(ctx.transport, f"{root}/{name}", f.write, max_bytes=size)
     return Pulled(to, len(files), total)
 
 

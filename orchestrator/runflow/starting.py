@@ -12,8 +12,9 @@ from ..agent import AgentLink, bootstrap
 from ..controller import Controller
 from ..errors import DatabaseUnavailable, OrchError, UsageError
 from ..executor import AgentExecutor, executor_for
+from ..hostlease import run_token
 from ..hosts import Host
-from ..launch import RunPaths, job_script, launch_command
+from ..launch import job_script, launch_command
 from ..lifecycle import transition
 from ..playbook import JobContext, Playbook, Prepared
 from ..record import Status
@@ -22,7 +23,7 @@ from ..spec import RunSpec
 from ..store import Store
 from ..watching import WatchLock
 from ..workspace import Workspace
-from .context import Context, Hosts, holds_host, open_run, run_token, watch_options
+from .context import Context, Hosts, holds_host, open_run, watch_options
 from .ending import end, file_states, free_gpus, stop
 from .follow import probe_orphan
 
@@ -80,8 +81,7 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     ctx: Context | None = None
     try:
         transport = connect(host)
-        paths = RunPaths.for_run(transport.expand(host.workdir), run_id)
-        store.update_run(run_id, remote_dir=paths.root)
+        paths = hostlease.run_paths(ws, transport.expand(host.workdir), run_id)
         executor = executor_for(host, transport)
         if executor.processes:  # the host's agent launches the job: a python that cannot run it fails here
             executor = AgentExecutor(transport, AgentLink.start(transport))
@@ -194,10 +194,13 @@ def _steps_before_launch(ctx: Context) -> str:
     sets = [registry.patch_set(name) for name in ctx.spec.patches]
     checked = [patching.check(ctx.transport, ps) for ps in sets]
     ctx.pb.preflight(ctx.job())
-    if holds_host(ctx):  # another workspace sharing this workdir sees the run too, before anything changes
-        hostlease.take(ctx.transport, ctx.transport.expand(ctx.host.workdir), ctx.paths,
-                       run_token(ctx.ws, ctx.store, ctx.run_id), ctx.spec.gpus)
-        ctx.store.update_run(ctx.run_id, host_lease=1)
+    # The run dir becomes the run's own (its token) and, for a run that holds its host, another workspace
+    # sharing this workdir sees the lease too: before anything changes. Only then is it the run's remote_dir.
+    exclusive = holds_host(ctx)
+    for warning in hostlease.take(ctx.transport, ctx.paths, run_token(ctx.ws, ctx.store, ctx.run_id),
+                                  ctx.spec.gpus, exclusive):
+        ctx.event("warning", f"host lease: {warning}")
+    ctx.store.update_run(ctx.run_id, remote_dir=ctx.paths.root, **({"host_lease": 1} if exclusive else {}))
     gpu_env = free_gpus(ctx) if ctx.spec.cleanup and not ctx.executor.schedules_gpus else {}
     # On a cluster every job shares the engine install: the sets go to the run's own copy instead.
     overlay = patching.make_overlay(ctx.transport, ctx.paths.root, checked) if sets and ctx.host.scheduler else None
@@ -245,7 +248,7 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host:
     check(store, pb, spec, host)
     transport = DryRunTransport(host, echo)
     next_id = store.next_run_id()
-    paths = RunPaths.for_run(transport.expand(host.workdir), next_id)
+    paths = hostlease.run_paths(ws, transport.expand(host.workdir), next_id)
     ctx = Context(ws, store, pb, host, transport, executor_for(host, transport), next_id, spec, paths)
     overlay = patching.Overlay.of(paths.root) if spec.patches and host.scheduler else None
     for name in spec.patches:

@@ -31,13 +31,13 @@ class SweepFile(BaseModel):
     spec: dict[str, Any] = Field(default_factory=dict)
     matrix: dict[str, Any] = Field(default_factory=dict)
     include: list[dict[str, Any]] = Field(default_factory=list)
-    retries: int = Field(default=1, ge=0, description="extra attempts for failures that are the fleet's fault")
-    retry_backoff_s: float = Field(default=30.0, ge=0)
+    retries: int = Field(default=1, ge=0, le=100, description="extra attempts for failures that are the fleet's fault")
+    retry_backoff_s: float = Field(default=30.0, ge=0, le=86400)
     fail_fast: bool = False
     replace: bool = Field(default=False, description="a point stops the orch run (not of this sweep) holding its host")
     notify: list[str] = Field(default_factory=list, description="URLs told when the sweep finishes")
     objective: Objective | None = Field(default=None, description="the metric (and goal) that picks the best point")
-    max_parallel: int | None = Field(default=None, ge=1,
+    max_parallel: int | None = Field(default=None, ge=1, le=100_000,
                                      description="at most this many points at once on each cluster host")
 
     @model_validator(mode="after")

@@ -1,0 +1,479 @@
+"""Host leases and run dirs in a workdir that several workspaces (or Unix users) may share, on the host.
+
+Runs with the host's python (3.8 or newer, standard library only): one JSON request on stdin (or that
+JSON in base64), one JSON reply on stdout, exit code 0 whenever a reply was written. Each action is a
+function of its own (`take`, `release`, `owner`, `remove`), so a longer-lived host program can call them
+directly.
+
+Everything read here may have been written by someone else: lease files are parsed as JSON into known
+shapes (numbers as numbers, paths checked to lie under `<workdir>/runs/`), never evaluated; files and
+folders are opened without following symlinks (a symlink is refused, never written through); lease files
+are written to a temporary file and renamed into place. `leases/` and run dirs owned by another user are
+refused unless the request says the workdir is shared (a run dir never: it is always its run's own).
+
+Layout under the workdir: `leases/.lock` (the flock every change holds), `leases/host` and
+`leases/gpu-N` (one per key: {token, run_dir, taken_at, uid}); a run dir holds its run's token in
+`.orch/token` (or, from an older layout, `token`).
+"""
+
+import base64
+import errno
+import fcntl
+import json
+import math
+import os
+import posixpath
+import re
+import shutil
+import stat
+import sys
+import time
+
+LEASES = "leases"
+LOCK = ".lock"
+CONTROL = ".orch"
+KEY_RE = re.compile(r"^(host|gpu-[0-9]{1,4})$")
+# A lease whose run has no pid yet (it prepares: patches, GPU cleanup) is believed this long.
+STARTING_S = 3600.0
+# Clocks of the hosts that share a filesystem differ a little; a lease further in the future is not
+# believed, or it would block its keys for ever.
+FUTURE_SLACK_S = 300.0
+LOCK_WAIT_S = 30.0
+READ_MAX = 64 << 10  # no lease, token or pid file is anywhere near this
+# An older orch wrote lease lines `token<TAB>run dir<TAB>epoch seconds`.
+LEGACY_RE = re.compile(r"^([^\t\n]{1,4096})\t(/[^\t\n]{0,4096})\t([0-9]{1,12}(?:\.[0-9]{1,9})?)\n?$")
+PID_RE = re.compile(r"^([0-9]{1,10}) ([0-9]{1,20})\n?$")
+
+
+class Refusal(Exception):
+    """The request cannot be done; `kind` and `fields` go into the reply's error."""
+
+    def __init__(self, message, kind="refused", **fields):
+        Exception.__init__(self, message)
+        self.message, self.kind, self.fields = message, kind, fields
+
+    def as_dict(self):
+        return dict(self.fields, kind=self.kind, message=self.message)
+
+
+def workspace_of(token):
+    """The workspace part of a run token (`hostname:db path:run id:created`)."""
+    return token.rsplit(":", 2)[0]
+
+
+# --- files, without following symlinks -----------------------------------------------------------
+
+
+def _lstat(path):
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+def _check_dir(path, what, shared=False):
+    """A real folder (not a symlink), ours unless `shared`; None when it does not exist."""
+    st = _lstat(path)
+    if st is None:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        raise Refusal(f"{what} {path} is a symlink; refusing to use it", kind="symlink", path=path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise Refusal(f"{what} {path} is not a folder", kind="not-a-dir", path=path)
+    if not shared and st.st_uid != os.geteuid():
+        raise Refusal(f"{what} {path} belongs to uid {st.st_uid}, not to this user (declare the workdir "
+                      "shared if several users share it)", kind="owner", path=path)
+    return st
+
+
+def _make_dir(path, what, shared=False, mode=0o755, group=False):
+    """Make a folder (none a symlink). `group`: the workdir's users share it, so it is made group-writable
+    (and setgid, so what is made inside keeps the group) whatever the umask, by whoever owns it."""
+    if _check_dir(path, what, shared) is None:
+        try:
+            os.mkdir(path, mode)
+        except FileExistsError:
+            pass  # made meanwhile by someone else: checked below like any other
+    st = _check_dir(path, what, shared)
+    if group and st.st_uid == os.geteuid() and st.st_mode & 0o2070 != 0o2070:
+        os.chmod(path, stat.S_IMODE(st.st_mode) | 0o2070)
+
+
+def read_small(path):
+    """The text of a small regular file, or None when there is none; a symlink or anything else is refused."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refusal(f"{path} is a symlink; refusing to read it", kind="symlink", path=path) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Refusal(f"{path} is not a regular file", kind="not-a-file", path=path)
+        return os.read(fd, READ_MAX).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+
+
+def write_new(directory, name, text, mode=0o664):
+    """Write `directory/name` as a temporary file renamed into place (a symlink there is replaced, never
+    followed)."""
+    tmp = os.path.join(directory, f".tmp-{name}-{os.getpid()}-{time.monotonic_ns()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.rename(tmp, os.path.join(directory, name))
+
+
+# --- the lock -----------------------------------------------------------------------------------
+
+
+def lock_holder(fd):
+    """Who holds the flock on `fd`'s file, from /proc/locks: 'pid N (user U: command)'."""
+    st = os.fstat(fd)
+    try:
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return "unknown (no /proc/locks)"
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 6 or parts[1] == "->" or parts[1] != "FLOCK":
+            continue
+        dev_ino = parts[5].split(":")
+        if len(dev_ino) != 3 or not parts[4].isdigit() or not dev_ino[2].isdigit():
+            continue
+        if int(dev_ino[2]) != st.st_ino:
+            continue
+        pid = int(parts[4])
+        return f"pid {pid} ({describe_process(pid)})"
+    return "unknown"
+
+
+def describe_process(pid):
+    user, command = "?", "?"
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    uid = int(line.split()[1])
+                    try:
+                        import pwd
+
+                        user = pwd.getpwuid(uid).pw_name
+                    except (KeyError, ImportError):
+                        user = str(uid)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read(400)
+        command = " ".join(p.decode("utf-8", "replace") for p in raw.split(b"\0") if p)
+        command = "".join(c if c.isprintable() else "?" for c in command)[:200]
+    except OSError:
+        pass
+    return f"user {user}: {command}"
+
+
+class Lock:
+    """The flock on `leases/.lock`, taken within `wait_s` or refused naming its holder."""
+
+    def __init__(self, leases_dir, wait_s=LOCK_WAIT_S, sleep=time.sleep):
+        self.path = os.path.join(leases_dir, LOCK)
+        self.wait_s, self.sleep, self.fd = wait_s, sleep, -1
+
+    def __enter__(self):
+        flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:  # never O_TRUNC: the lock file is nobody's data, but a symlink must not truncate a victim's
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | flags, 0o664)
+        except PermissionError:
+            self.fd = os.open(self.path, os.O_RDONLY | flags)  # another user's lock file: flock works read-only
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise Refusal(f"{self.path} is a symlink; refusing to use it", kind="symlink",
+                              path=self.path) from None
+            raise
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+            os.close(self.fd)
+            raise Refusal(f"{self.path} is not a regular file", kind="not-a-file", path=self.path)
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = lock_holder(self.fd)
+                    os.close(self.fd)
+                    raise Refusal(f"the lease lock {self.path} is held by {holder} for more than "
+                                  f"{self.wait_s:g} s", kind="lock-busy", holder=holder) from None
+                self.sleep(0.05)
+
+    def __exit__(self, *exc):
+        os.close(self.fd)  # closing drops the flock
+
+
+# --- lease files ---------------------------------------------------------------------------------
+
+
+def parse_lease(text, runs_dirs):
+    """{token, run_dir, taken_at} from a lease file's text, or None when it is not one: every field
+    checked for its shape, the run dir for lying under one of `runs_dirs`."""
+    lease = None
+    if text.startswith("{"):
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return None
+        if isinstance(doc, dict):
+            lease = (doc.get("token"), doc.get("run_dir"), doc.get("taken_at"))
+    else:
+        m = LEGACY_RE.match(text)
+        if m:
+            lease = (m.group(1), m.group(2), float(m.group(3)))
+    if lease is None:
+        return None
+    token, run_dir, taken_at = lease
+    if not isinstance(token, str) or token.count(":") < 3 or len(token) > 4096 or not token.isprintable():
+        return None
+    if isinstance(taken_at, bool) or not isinstance(taken_at, (int, float)) or not math.isfinite(taken_at):
+        return None
+    if not isinstance(run_dir, str) or not under(run_dir, runs_dirs):
+        return None
+    return {"token": token, "run_dir": posixpath.normpath(run_dir), "taken_at": float(taken_at)}
+
+
+def under(path, parents):
+    """Is `path` (normalised, no `..`) strictly below one of `parents`?"""
+    if not path.startswith("/") or "\0" in path:
+        return False
+    norm = posixpath.normpath(path)
+    return any(norm.startswith(p.rstrip("/") + "/") for p in parents)
+
+
+def process_start(pid):
+    """The start time (clock ticks) of a live, non-zombie process, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return None if fields[0] == "Z" else fields[19]
+
+
+def dir_token(run_dir):
+    """The token a run dir holds (either layout), or None."""
+    for name in (os.path.join(CONTROL, "token"), "token"):
+        text = read_small(os.path.join(run_dir, name))
+        if text is not None:
+            return text.strip()
+    return None
+
+
+def liveness(lease, now):
+    """(live, why): whether the lease's run may still be alive, and what decided it."""
+    run_dir = lease["run_dir"]
+    age = now - lease["taken_at"]
+    if age < -FUTURE_SLACK_S:
+        return False, "dated in the future"
+    young = age < STARTING_S
+    try:
+        st = _lstat(run_dir)
+        if st is None or not stat.S_ISDIR(st.st_mode):  # not made yet: the run prepares
+            return young, "preparing"
+        token = dir_token(run_dir)
+        if token is None:
+            return young, "preparing"
+        if token != lease["token"]:
+            return False, "its run dir is another run's"
+        control = os.path.join(run_dir, CONTROL)
+        if _lstat(control) is None:
+            control = run_dir
+        if (read_small(os.path.join(control, "exit_code")) or "").strip():
+            return False, "ended"
+        m = PID_RE.match(read_small(os.path.join(control, "pid")) or "")
+    except Refusal:
+        return False, "its run dir is not trusted"
+    if m is None:
+        return young, "preparing"
+    return process_start(int(m.group(1))) == m.group(2), "running"
+
+
+def _lease_files(leases_dir, names):
+    for name in names:
+        if not KEY_RE.match(name):
+            continue
+        path = os.path.join(leases_dir, name)
+        st = _lstat(path)
+        if st is None:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            yield name, path, None  # a symlink or worse: not a lease, and replaced when the key is taken
+            continue
+        try:
+            yield name, path, read_small(path)
+        except Refusal:
+            yield name, path, None
+
+
+# --- actions -------------------------------------------------------------------------------------
+
+
+def _runs_dirs(workdir):
+    return sorted({posixpath.join(workdir, "runs"), posixpath.join(os.path.realpath(workdir), "runs")})
+
+
+def check_run_dir(workdir, run_dir, token):
+    """Refuse a run dir outside `<workdir>/runs/`, reached through a symlink, not ours, or holding another
+    run's token. Returns whether it exists."""
+    runs = posixpath.join(workdir, "runs")
+    if not under(run_dir, [runs]) or posixpath.normpath(run_dir) != run_dir:
+        raise Refusal(f"{run_dir} is not a run dir under {runs}/", kind="outside", path=run_dir)
+    path = runs
+    for part in [""] + run_dir[len(runs) + 1:].split("/"):
+        path = posixpath.join(path, part) if part else path
+        what = "run dir" if path == run_dir else "folder"
+        if _check_dir(path, what, shared=path == runs) is None:
+            return False
+    found = dir_token(run_dir)
+    if found is not None and found != token:
+        mine = workspace_of(found) == workspace_of(token)
+        raise Refusal(f"run dir in use by {'another' if mine else 'another workspace'}'s run: {run_dir}",
+                      kind="dir-in-use", path=run_dir)
+    return True
+
+
+def claim_run_dir(workdir, run_dir, token, shared=False):
+    """Make the run dir the run's own: the folders (none a symlink) and its token."""
+    runs = posixpath.join(workdir, "runs")
+    _make_dir(runs, "folder", shared=True, group=shared)
+    path = runs
+    for part in run_dir[len(runs) + 1:].split("/"):
+        path = posixpath.join(path, part)
+        _make_dir(path, "run dir" if path == run_dir else "folder")  # this workspace's own, all of it
+    control = posixpath.join(run_dir, CONTROL)
+    _make_dir(control, "control folder")
+    if dir_token(run_dir) is None:
+        fd = os.open(posixpath.join(control, "token"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            os.write(fd, token.encode())
+        finally:
+            os.close(fd)
+    if dir_token(run_dir) != token:
+        raise Refusal(f"run dir in use by another run: {run_dir}", kind="dir-in-use", path=run_dir)
+
+
+def take(workdir, run_dir, token, keys, shared=False, now=None, lock_wait_s=LOCK_WAIT_S):
+    """Claim the run dir and take the lease files `keys` (`host`, or `gpu-N`), under the lock; refuse
+    (Refusal kind `held`) while another workspace's live run holds a conflicting key. Leases of this
+    workspace are its database's business and never block here."""
+    workdir = posixpath.normpath(workdir)
+    for key in keys:
+        if not KEY_RE.match(key):
+            raise Refusal(f"not a lease key: {key!r}")
+    check_run_dir(workdir, run_dir, token)
+    warnings = []
+    if keys:
+        leases_dir = posixpath.join(workdir, LEASES)
+        _make_dir(leases_dir, "leases folder", shared=shared, group=shared)
+        with Lock(leases_dir, lock_wait_s):
+            now = time.time() if now is None else now
+            names = os.listdir(leases_dir) if keys == ["host"] else ["host", *keys]
+            mine = workspace_of(token)
+            for name, _, text in _lease_files(leases_dir, names):
+                lease = parse_lease(text, _runs_dirs(workdir)) if text is not None else None
+                if lease is None:
+                    warnings.append(f"ignored {name}: not a lease file")
+                    continue
+                if workspace_of(lease["token"]) == mine:
+                    continue
+                live, why = liveness(lease, now)
+                if live:
+                    raise Refusal(f"{name} held by {lease['token']} ({why})", kind="held", key=name,
+                                  token=lease["token"], run_dir=lease["run_dir"], taken_at=lease["taken_at"],
+                                  why=why)
+                if why == "dated in the future":
+                    warnings.append(f"ignored {name}: taken at {lease['taken_at']:.0f}, in the future")
+            claim_run_dir(workdir, run_dir, token, shared)
+            doc = json.dumps({"token": token, "run_dir": run_dir, "taken_at": now, "uid": os.geteuid()})
+            for key in keys:
+                write_new(leases_dir, key, doc + "\n")
+    else:
+        claim_run_dir(workdir, run_dir, token, shared)
+    return {"warnings": warnings}
+
+
+def release(workdir, token, shared=False, lock_wait_s=LOCK_WAIT_S):
+    """Remove the lease files naming `token`."""
+    leases_dir = posixpath.join(posixpath.normpath(workdir), LEASES)
+    if _check_dir(leases_dir, "leases folder", shared) is None:
+        return {"released": []}
+    released = []
+    with Lock(leases_dir, lock_wait_s):
+        for name, path, text in _lease_files(leases_dir, sorted(os.listdir(leases_dir))):
+            lease = parse_lease(text, _runs_dirs(workdir)) if text is not None else None
+            if lease is not None and lease["token"] == token:
+                os.unlink(path)
+                released.append(name)
+    return {"released": released}
+
+
+def owner(workdir, run_dir, token):
+    """Whose the run dir is: `mine` (it holds the token), `other`, `none` (no token) or `missing`."""
+    try:
+        if not check_run_dir(posixpath.normpath(workdir), run_dir, token):
+            return {"owner": "missing"}
+    except Refusal as exc:
+        if exc.kind == "dir-in-use":
+            return {"owner": "other"}
+        raise
+    return {"owner": "mine" if dir_token(run_dir) == token else "none"}
+
+
+def remove(workdir, run_dir, token):
+    """Delete a run dir: only one under `<workdir>/runs/`, reached without symlinks, holding `token`."""
+    found = owner(workdir, run_dir, token)["owner"]
+    if found == "missing":
+        return {"removed": False, "why": "already gone"}
+    if found != "mine":
+        raise Refusal(f"{run_dir} holds {'another run' if found == 'other' else 'no'} token of this "
+                      "workspace's run; left as it is", kind="not-mine", path=run_dir)
+    shutil.rmtree(run_dir)  # fd-based: a symlink inside is unlinked, never followed
+    return {"removed": True}
+
+
+ACTIONS = {
+    "take": lambda r: take(r["workdir"], r["run_dir"], r["token"], r["keys"], bool(r.get("shared")),
+                           lock_wait_s=float(r.get("lock_wait_s", LOCK_WAIT_S))),
+    "release": lambda r: release(r["workdir"], r["token"], bool(r.get("shared")),
+                                 lock_wait_s=float(r.get("lock_wait_s", LOCK_WAIT_S))),
+    "owner": lambda r: owner(r["workdir"], r["run_dir"], r["token"]),
+    "remove": lambda r: remove(r["workdir"], r["run_dir"], r["token"]),
+}
+
+
+def handle(request):
+    action = ACTIONS.get(request.get("action"))
+    if action is None:
+        raise Refusal(f"unknown action {request.get('action')!r}")
+    return dict(action(request), ok=True)
+
+
+def main():
+    try:
+        raw = sys.stdin.read().strip()
+        if not raw.startswith("{"):
+            raw = base64.b64decode(raw).decode("utf-8")
+        reply = handle(json.loads(raw))
+    except Refusal as exc:
+        reply = {"ok": False, "error": exc.as_dict()}
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        reply = {"ok": False, "error": {"kind": "error", "message": f"{type(exc).__name__}: {exc}"}}
+    sys.stdout.write(json.dumps(reply) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,376 @@
+"""A host workdir shared by several workspaces: lease files and run dirs written by someone else are parsed,
+never evaluated; symlinks are refused; nobody's run dir is removed, adopted or signalled but its own run's.
+
+Real parts: a real sshd on loopback (the session fleet), the real host program, real files and processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import hostlease, runflow
+from orchestrator.hosts import Host
+from orchestrator.launch import RunPaths
+from orchestrator.lifecycle import transition
+from orchestrator.record import Status
+from orchestrator.remote import connect
+from orchestrator.store import Store
+from orchestrator.workspace import Workspace
+
+from orchtest import FAST, Orch, alive, job_cmd
+
+
+def token(ws: str, run_id: int = 1) -> str:
+    return f"laptop:/home/{ws}/runs/orch.db:{run_id}:1700000000.0"
+
+
+@pytest.fixture
+def shared(tmp_path: Path) -> Path:
+    return tmp_path / "shared"
+
+
+@pytest.fixture
+def host(ssh_fleet: Any, shared: Path) -> Host:
+    return Host(name="test1", **ssh_fleet.host_entry(1, workdir=str(shared)))
+
+
+def orch_pair(tmp_path: Path, ssh_fleet: Any, shared: Path) -> tuple[Orch, Orch]:
+    toml = ssh_fleet.hosts_toml(test1={"workdir": str(shared)})
+    return Orch(tmp_path / "ws-a", toml), Orch(tmp_path / "ws-b", toml)
+
+
+def write_lease(shared: Path, key: str, text: str) -> None:
+    (shared / "leases").mkdir(parents=True, exist_ok=True)
+    (shared / "leases" / key).write_text(text)
+
+
+# --- lease files are data, never code --------------------------------------------------------------
+
+
+def test_a_lease_file_is_never_evaluated(tmp_path: Path, ssh_fleet: Any, shared: Path) -> None:
+    a, _ = orch_pair(tmp_path, ssh_fleet, shared)
+    pwned = tmp_path / "pwned"
+    # the time field of an old-style lease line, as bash arithmetic would run it, for a run dir that exists
+    (shared / "runs" / "9").mkdir(parents=True)
+    write_lease(shared, "host", f"{token('mallory')}\t{shared}/runs/9\tx[$(touch {pwned})]\n")
+    write_lease(shared, "gpu-0", json.dumps({"token": token("eve"), "run_dir": f"$(touch {pwned})",
+                                              "taken_at": "$(touch /tmp/x)"}))
+    res = a("run", "command", "--host", "test1", *FAST, "--set", "cmd=true")
+    assert res.returncode == 0, res.stderr
+    assert not pwned.exists()
+    warnings = [e["message"] for e in a.status(1)["events"] if e["kind"] == "warning"]
+    assert any("ignored host: not a lease file" in w for w in warnings), warnings
+
+
+def test_a_lease_naming_a_dir_outside_the_workdir_is_not_trusted(host: Host, shared: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / ".orch").mkdir(parents=True)
+    (elsewhere / ".orch" / "token").write_text(token("eve"))
+    (elsewhere / ".orch" / "pid").write_text(f"1 {Path('/proc/1/stat').read_text().rsplit(')', 1)[1].split()[19]}\n")
+    write_lease(shared, "host", json.dumps({"token": token("eve"), "run_dir": str(elsewhere), "taken_at": 1.0}))
+    transport = connect(host)
+    paths = RunPaths.for_run(str(shared), 1, "aaa")
+    warnings = hostlease.take(transport, paths, token("alice"), None)
+    assert warnings == ["ignored host: not a lease file"]
+
+
+# --- symlinks --------------------------------------------------------------------------------------
+
+
+def test_a_symlinked_lock_is_refused_and_its_target_untouched(host: Host, shared: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (shared / "leases").mkdir(parents=True)
+    (shared / "leases" / ".lock").symlink_to(victim)
+    with pytest.raises(hostlease.Refused, match="is a symlink"):
+        hostlease.take(connect(host), RunPaths.for_run(str(shared), 1, "aaa"), token("alice"), None)
+    assert victim.read_text() == "precious\n"
+    assert not (shared / "runs" / "aaa" / "1").exists()  # refused before anything was made
+
+
+def test_a_symlinked_lease_file_is_replaced_never_written_through(host: Host, shared: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (shared / "leases").mkdir(parents=True)
+    (shared / "leases" / "host").symlink_to(victim)
+    transport, me = connect(host), token("alice")
+    assert hostlease.take(transport, RunPaths.for_run(str(shared), 1, "aaa"), me, None) == [
+        "ignored host: not a lease file"]
+    assert victim.read_text() == "precious\n"
+    lease = shared / "leases" / "host"
+    assert not lease.is_symlink() and json.loads(lease.read_text())["token"] == me
+    hostlease.release(transport, me)
+    assert not lease.exists() and victim.read_text() == "precious\n"
+
+
+def test_a_symlinked_leases_folder_is_refused(host: Host, shared: Path, tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.mkdir()
+    shared.mkdir()
+    (shared / "leases").symlink_to(target)
+    with pytest.raises(hostlease.Refused, match="is a symlink"):
+        hostlease.take(connect(host), RunPaths.for_run(str(shared), 1, "aaa"), token("alice"), None)
+    assert list(target.iterdir()) == []
+
+
+def test_a_symlinked_run_dir_is_refused(host: Host, shared: Path, tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.mkdir()
+    (shared / "runs" / "aaa").mkdir(parents=True)
+    (shared / "runs" / "aaa" / "1").symlink_to(target)
+    with pytest.raises(hostlease.Refused, match="is a symlink"):
+        hostlease.take(connect(host), RunPaths.for_run(str(shared), 1, "aaa"), token("alice"), [0])
+    assert list(target.iterdir()) == []
+
+
+# --- who holds a lease, and for how long ------------------------------------------------------------
+
+
+def test_a_preparing_holder_counts(host: Host, shared: Path) -> None:
+    transport = connect(host)
+    hostlease.take(transport, RunPaths.for_run(str(shared), 1, "aaa"), token("alice"), [0])
+    # alice's run prepares (patches, GPU cleanup): no pid yet, but its lease stands
+    with pytest.raises(hostlease.HostLeaseBusy, match=r"GPUs 0 held by .*gpu-0.*preparing"):
+        hostlease.take(transport, RunPaths.for_run(str(shared), 1, "bbb"), token("bob"), [0])
+    # an older orch's lease line, its run dir not made yet: it counts too
+    write_lease(shared, "gpu-1", f"{token('carol')}\t{shared}/runs/7\t{int(time.time())}\n")
+    with pytest.raises(hostlease.HostLeaseBusy, match="gpu-1"):
+        hostlease.take(transport, RunPaths.for_run(str(shared), 1, "bbb"), token("bob"), [1])
+    hostlease.take(transport, RunPaths.for_run(str(shared), 1, "bbb"), token("bob"), [2])
+
+
+def test_a_future_dated_lease_does_not_block(host: Host, shared: Path) -> None:
+    write_lease(shared, "host", json.dumps({"token": token("eve"), "run_dir": f"{shared}/runs/eve/1",
+                                            "taken_at": time.time() + 10 * 86400}))
+    warnings = hostlease.take(connect(host), RunPaths.for_run(str(shared), 1, "aaa"), token("alice"), None)
+    assert len(warnings) == 1 and "in the future" in warnings[0]
+
+
+def test_a_held_lock_names_its_holder(host: Host, shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (shared / "leases").mkdir(parents=True)
+    holder = subprocess.Popen(["flock", str(shared / "leases" / ".lock"), "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while str(holder.pid) not in Path("/proc/locks").read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        monkeypatch.setattr(hostlease, "LOCK_WAIT_S", 0.5)
+        with pytest.raises(hostlease.HostLeaseBusy, match=rf"held by pid {holder.pid} \(user \w+: flock .*sleep 60"):
+            hostlease.take(connect(host), RunPaths.for_run(str(shared), 1, "aaa"), token("alice"), None)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# --- run dirs: removed, adopted or signalled only by their own run ----------------------------------
+
+
+def test_rm_removes_only_a_dir_holding_its_runs_token(tmp_path: Path, ssh_fleet: Any, shared: Path) -> None:
+    a, b = orch_pair(tmp_path, ssh_fleet, shared)
+    held = int(a("run", "command", "--host", "test1", "--detach", *FAST, "--set", "gpus=[0]",
+                 "--set", job_cmd("--steps", "600", "--sleep", "0.1"), check=0).stdout)
+    theirs = Path(a.status(held)["remote_dir"])
+    assert b("run", "command", "--host", "test1", *FAST, "--set", "gpus=[1]", "--set", "cmd=true").returncode == 0
+    mine = Path(b.status(1)["remote_dir"])
+    assert mine.is_dir() and mine != theirs
+    outside = tmp_path / "outside" / "runs" / "2"
+    outside.mkdir(parents=True)
+    (outside / "keep").write_text("x")
+    assert b("run", "command", "--host", "test1", *FAST, "--set", "gpus=[1]", "--set", "cmd=true").returncode == 0
+    assert b("run", "command", "--host", "test1", *FAST, "--set", "gpus=[1]", "--set", "cmd=true").returncode == 0
+    with sqlite3.connect(b.db) as db:  # records pointing at a's live run dir, and outside the workdir
+        db.execute("UPDATE runs SET remote_dir = ? WHERE id = 2", (str(theirs),))
+        db.execute("UPDATE runs SET remote_dir = ? WHERE id = 3", (str(outside),))
+    res = b("rm", "1", "2", "3")
+    assert res.returncode == 1
+    assert "run 1 removed" in res.stderr and not mine.exists()
+    assert "run 2 kept" in res.stderr and "holds another run" in res.stderr, res.stderr
+    assert "run 3 kept" in res.stderr and "not a run dir under" in res.stderr, res.stderr
+    assert (theirs / ".orch" / "pid").exists() and (outside / "keep").exists()
+    assert a.status(held)["status"] == "running"
+    a("cancel", str(held), "--grace", "1", check=0)
+
+
+def test_an_orphan_never_adopts_a_pid_from_another_runs_dir(tmp_path: Path, ssh_fleet: Any, shared: Path) -> None:
+    a, _ = orch_pair(tmp_path, ssh_fleet, shared)
+    held = int(a("run", "command", "--host", "test1", "--detach", *FAST,
+                 "--set", job_cmd("--steps", "600", "--sleep", "0.1"), check=0).stdout)
+    theirs = a.status(held)["remote_dir"]
+    # b's run, its controller dead while launching, recorded with a's run dir
+    ws = Workspace(root=tmp_path / "ws-b", hosts_file=tmp_path / "ws-a" / "hosts.toml")
+    store = Store(ws.db_path)
+    run_id = store.create_run("command", "test1", {"cmd": "true"})
+    for status in (Status.PREPARING, Status.LAUNCHING):
+        transition(store, run_id, status)
+    store.update_run(run_id, remote_dir=theirs)
+    ctx = runflow.open_run(ws, store, run_id)
+    run = runflow.settle_orphan(ctx)
+    assert run.status is Status.FAILED and run.pid is None and "another run's" in (run.reason or ""), run
+    assert a.status(held)["status"] == "running"
+    store.close()
+    a("cancel", str(held), "--grace", "1", check=0)
+
+
+# --- two Unix users sharing one group-writable workdir ------------------------------------------------
+
+USERS = {"orchalice": 61001, "orchbob": 61002}
+GROUP, GID = "orchshare", 61000
+
+
+@pytest.fixture
+def two_users(tmp_path: Path) -> Any:
+    """An sshd on loopback in a private mount namespace whose /etc/passwd, group and shadow list two more
+    users sharing a group (the machine's own files are never written), and a workdir of that group."""
+    import shutil
+    import tempfile
+
+    from sshd import SSHServer, keygen, public_key
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare (a mount namespace)")
+    base = Path(tempfile.mkdtemp(prefix="orch-two-users-", dir="/tmp"))
+    base.chmod(0o755)
+    etc = base / "etc"
+    etc.mkdir()
+    passwd = Path("/etc/passwd").read_text() + "".join(
+        f"{u}:x:{uid}:{GID}::{base / u}:/bin/bash\n" for u, uid in USERS.items())
+    (etc / "passwd").write_text(passwd)
+    (etc / "group").write_text(Path("/etc/group").read_text() + f"{GROUP}:x:{GID}:{','.join(USERS)}\n")
+    (etc / "shadow").write_text("".join(f"{u}:*:19000:0:99999:7:::\n" for u in USERS))
+    for user, uid in USERS.items():
+        (base / user).mkdir(mode=0o700)
+        os.chown(base / user, uid, GID)
+    key = keygen(base / "id_ed25519")
+    (base / "authorized_keys").write_text(public_key(key) + "\n")
+    (base / "authorized_keys").chmod(0o644)
+    shared = base / "shared"
+    shared.mkdir()
+    os.chown(shared, 0, GID)
+    shared.chmod(0o2770)
+    binds = " && ".join(f"mount --bind {etc / f} /etc/{f}" for f in ("passwd", "group", "shadow"))
+    server = SSHServer(tmp_path / "sshd-two-users", "127.0.0.9", base / "authorized_keys",
+                       prefix=["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{binds} && exec "$@"',
+                               "sh"])
+    server.start()
+    known = base / "known_hosts"
+    known.write_text(server.host_key_line + "\n")
+    try:
+        yield server, base, shared, key, known
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_two_users_run_side_by_side_on_one_shared_workdir(tmp_path: Path, two_users: Any) -> None:
+    server, base, shared, key, known = two_users
+
+    def workspace(user: str) -> Orch:
+        return Orch(tmp_path / user, (
+            f'[hosts.box]\naddress = "{server.address}"\nport = {server.port}\nuser = "{user}"\n'
+            f'identity_file = "{key}"\nknown_hosts = "{known}"\nworkdir = "{shared}"\npython = "/usr/bin/python3"\n'
+            "shared_workdir = true\n"))
+
+    alice, bob = workspace("orchalice"), workspace("orchbob")
+    long_job = "cmd=echo started; sleep 30"
+    a = int(alice("run", "command", "--host", "box", "--detach", *FAST, "--set", "gpus=[0]", "--set", long_job,
+                  check=0).stdout)
+    b = int(bob("run", "command", "--host", "box", "--detach", *FAST, "--set", "gpus=[1]", "--set", long_job,
+                check=0).stdout)
+    assert a == b == 1  # the same id in both workspaces, each in a dir of its own
+    dir_a, dir_b = Path(alice.status(a)["remote_dir"]), Path(bob.status(b)["remote_dir"])
+    assert dir_a != dir_b and dir_a.stat().st_uid == USERS["orchalice"] and dir_b.stat().st_uid == USERS["orchbob"]
+    leases = shared / "leases"
+    assert sorted(p.name for p in leases.iterdir() if not p.name.startswith(".")) == ["gpu-0", "gpu-1"]
+    # bob may not take alice's GPU, nor remove or adopt her run dir
+    res = bob("run", "command", "--host", "box", *FAST, "--set", "gpus=[0]", "--set", "cmd=true")
+    assert res.returncode == 1 and "GPUs 0 held by another workspace's run" in res.stderr, res.stderr
+    with sqlite3.connect(bob.db) as db:
+        db.execute("UPDATE runs SET remote_dir = ? WHERE id = 2", (str(dir_a),))
+    assert bob("rm", "2").returncode == 1 and (dir_a / ".orch" / "pid").exists()
+    # bob's cancel stops only his own job; alice's runs on
+    bob("cancel", str(b), "--grace", "1", check=0)
+    bob.wait_for(b, lambda d: len(d["end_steps"]) == 4, timeout=60)
+    assert bob.status(b)["status"] == "cancelled" and alice.status(a)["status"] == "running"
+    assert not (leases / "gpu-1").exists() and (leases / "gpu-0").exists()
+    assert bob("rm", str(b)).returncode == 0 and not dir_b.exists() and dir_a.exists()
+    alice("cancel", str(a), "--grace", "1", check=0)
+    alice.wait_for(a, lambda d: len(d["end_steps"]) == 4, timeout=60)
+    assert not (leases / "gpu-0").exists()
+
+
+# --- a way out of every state -------------------------------------------------------------------------
+
+
+def test_a_run_whose_host_or_playbook_is_gone_can_be_ended_and_removed(tmp_path: Path, ssh_fleet: Any,
+                                                                     shared: Path) -> None:
+    a, _ = orch_pair(tmp_path, ssh_fleet, shared)
+    first = int(a("run", "command", "--host", "test1", "--detach", *FAST, "--set", "gpus=[0]",
+                  "--set", "cmd=sleep 60", check=0).stdout)
+    second = int(a("run", "command", "--host", "test1", "--detach", *FAST, "--set", "gpus=[1]",
+                   "--set", "cmd=sleep 60", check=0).stdout)
+    pids = [int((Path(a.status(r)["remote_dir"]) / ".orch" / "pid").read_text().split()[0]) for r in (first, second)]
+    with sqlite3.connect(a.db) as db:  # its plugin uninstalled
+        db.execute("UPDATE runs SET playbook = 'gone-plugin' WHERE id = ?", (second,))
+    res = a("cancel", str(second), "--grace", "1")
+    assert res.returncode == 0 and a.status(second)["status"] == "cancelled", res.stderr
+    a.wait_for(second, lambda d: len(d["end_steps"]) == 4, timeout=60)
+    assert not alive(pids[1])
+    (a.root / "hosts.toml").write_text("")  # test1 removed from the inventory
+    res = a("cancel", str(first))
+    assert res.returncode == 0 and "no longer in the inventory" in res.stderr, res.stderr
+    doc = a.status(first)
+    assert doc["status"] == "cancelled" and "was not stopped" in doc["reason"]
+    res = a("rm", str(first))
+    assert res.returncode == 0 and "no longer in the inventory" in res.stderr and a.status() != [], res.stderr
+    assert [d["id"] for d in a.status()] == [second]
+    os.killpg(pids[0], 9)
+
+
+def test_pull_copies_at_most_what_it_listed(tmp_path: Path, host: Host) -> None:
+    """A file swapped for a symlink to /dev/zero after the listing (an active run's dir) adds nothing."""
+    from types import SimpleNamespace
+
+    from orchestrator.remote import SSHTransport
+    from orchestrator.runflow import fetching
+
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / "log").write_bytes(b"x" * 1000)
+    (root / "out").write_bytes(b"y" * 10)
+
+    class Swapping(SSHTransport):
+        def run(self, command: str, **kwargs: Any) -> Any:
+            result = super().run(command, **kwargs)
+            if "find ." in command:  # right after the listing
+                (root / "out").unlink()
+                (root / "out").symlink_to("/dev/zero")
+                with (root / "log").open("ab") as f:
+                    f.write(b"z" * 5000)
+            return result
+
+    transport = Swapping(host)
+    ctx = SimpleNamespace(paths=RunPaths(str(root)), transport=transport, host=host, run_id=1)
+    pulled = fetching.pull(ctx, tmp_path / "to", limit=2000)  # type: ignore[arg-type]
+    assert pulled.size == 1010
+    assert (tmp_path / "to" / "log").read_bytes() == b"x" * 1000 and (tmp_path / "to" / "out").read_bytes() == b""
+    transport.close()
+
+
+def test_the_tail_of_a_log_without_newlines_is_bounded(tmp_path: Path, host: Host) -> None:
+    from orchestrator.executor import HostExecutor
+    from orchestrator.launch import TAIL_BYTES
+
+    root = tmp_path / "run"
+    root.mkdir()
+    with (root / "log").open("wb") as f:
+        f.truncate(64 << 20)  # 64 MiB, not one newline
+    tail = HostExecutor(connect(host)).tail(RunPaths(str(root)), 200)
+    assert len(tail) == TAIL_BYTES
