@@ -89,7 +89,8 @@ def test_vllm_log(orch: Orch, tmp_path: Path) -> None:
     got = json.loads(orch("inspect-log", str(log), "--json", check=0).stdout)
     assert got["engine"] == "vllm" and got["phase"] == "running" and got["error"] is None
     assert got["metrics"] == {"load_weight_s": 20.1, "gen_throughput": 94.0, "accept_len": 2.31,
-                              "accept_rate": pytest.approx(0.417)}
+                              "accept_rate": pytest.approx(0.417), "draft_accept_rate": pytest.approx(0.417),
+                              "accept_rate_pos_0": 0.7, "accept_rate_pos_1": 0.45}
     assert got["progress"]["label"] == "Loading safetensors checkpoint shards (eager)"
     assert got["progress"]["done"] == got["progress"]["total"] == 4
     human = orch("inspect-log", str(log), check=0).stdout

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from . import eagle3_debug, generic, sglang, speculators, vllm
+from . import bench, eagle3_debug, generic, sglang, slurm, speculators, trainers, vllm
 from .errors import COMMON_RULES, HARMLESS, RANK, LogError, classify, exception_kind, exception_line, merge
+from .hints import hint_of
 from .protocol import PROTOCOL, protocol_metrics
-from .text import Line, LineSplitter, RichUnwrapper, clean, strip_ansi
+from .text import Line, LineSplitter, RichUnwrapper, clean, stamp_seconds, strip_ansi
 from .tqdm import (
     Progress,
     has_total,
@@ -22,11 +23,11 @@ from .tqdm import (
     run_by_shapes,
     search_bar,
 )
-from .traceback import HEADER, ExceptionEnd, TracebackTracker
+from .traceback import HEADER, Cut, ExceptionEnd, TracebackTracker
 
 PHASES = ("starting", "loading", "capturing", "ready", "running", "finished", "failed")
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 CONTEXT_BEFORE = 20  # lines kept before an error: enough for the end of a traceback
 CONTEXT_AFTER = 5
 CONTEXT_LINE_CHARS = 500
@@ -41,6 +42,7 @@ _DETECTION = [
     ("sglang", sglang.DETECT),
     ("vllm", vllm.DETECT),
     ("transformers", generic.DETECT_TRANSFORMERS),
+    ("slurm", slurm.DETECT),  # the scheduler's own lines: the engine only when nothing else is known
 ]
 _MODULES: dict[str | None, ModuleType] = {
     "sglang": sglang,
@@ -48,26 +50,21 @@ _MODULES: dict[str | None, ModuleType] = {
     "speculators": speculators,
     "transformers": generic,
     "generic": generic,
+    "slurm": generic,
 }
 # Markers are distinctive enough to be looked for whatever the engine.
-_RULES = COMMON_RULES + sglang.RULES + vllm.RULES + speculators.RULES
+_RULES = COMMON_RULES + sglang.RULES + vllm.RULES + speculators.RULES + slurm.RULES
 _ANY_RULE = re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES))
-_METRIC_SOURCES = (sglang.metrics, vllm.metrics, speculators.train_metrics)
-_HEALTHY_METRICS = {"gen_throughput", "train/loss"}
+# Markers that count whatever level they are logged at (or that come from programs that print no level).
+_ANY_LEVEL = re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES if r.any_level))
+_METRIC_SOURCES = (sglang.metrics, vllm.metrics)
+_HEALTHY_METRICS = {"gen_throughput", "train/loss", "loss", "step"}
 _QUIET_LEVELS = {"DEBUG", "INFO", "WARNING"}
 _LOUD_LEVELS = {"ERROR", "CRITICAL"}
 # A server that answers: uvicorn's start lines, or an access-log line with status 200.
 _SERVING = re.compile(r"Application startup complete\.|Uvicorn running on|HTTP/1\.[01]\" 200\b")
-# A job's own last word ('Training finished, exiting ...', 'Extraction complete: ...').
-_DONE = re.compile(
-    r"\b(?:[Tt]raining|[Gg]eneration|[Ee]xtraction|[Ee]valuation|[Bb]enchmark|[Jj]ob|[Ff]ine-?tuning)"
-    r" (?:is )?(?:finished|complete|completed|done)\b(?! with errors?\b)"
-    r"|\bFinished (?:training|generation|extraction|evaluation)\b"
-    r"|\{'train_runtime': |`Trainer\.fit` stopped: "  # HF Trainer's and Lightning's last words
-)
-# bench_serving's result block: the header centred in '=', rows, then a line of '='.
-_BENCH_HEADER = re.compile(r"^=+ Serving Benchmark Result =+$")
-_BENCH_END = re.compile(r"^={20,}$")
+_ANSWERED = re.compile(r"HTTP/1\.[01]\" 200\b")
+_DONE = trainers.DONE
 
 
 def _plain_prefix(prefix: str, with_total: bool) -> bool:
@@ -119,7 +116,9 @@ class LogParser:
         self._error_after = 0  # lines still to add after the error to its context
         self._error_progress: list[Any] | None = None  # [label, done] when the error was seen
         self._rich = RichUnwrapper()
-        self._bench = -1  # rows read of a bench_serving result block; -1 outside one
+        self._bench = -1  # rows read of a benchmark's result block; -1 outside one
+        self._load_begin: str | None = None  # time of the last 'Load weight begin' line, as printed
+        self._caught = False  # the error is a complete traceback that something caught
         self.debug: list[dict[str, Any]] = []  # debug patch lines since the last take_debug(); not state
 
     # ---- input ----------------------------------------------------------------------------------
@@ -138,9 +137,27 @@ class LogParser:
             self._line(raw, by_cr, found)
         for piece in self._rich.flush():
             self._rich_piece(piece, found)
+        for cut in self._tracebacks.cut_at_end():
+            self._cut(cut, Line("", "", "", None))
+        self._last_word()
         if self.engine is None:
             self.engine = "generic"
         return found
+
+    def _last_word(self) -> None:
+        """At the end of the log: a tentative error that nothing healthy followed ended the run.
+
+        Fatal or survivable is decided by what follows an error. Healthy work after it (a bar that moves on,
+        decode statistics, answered requests, the ready line, metrics) shows it was survived and clears it.
+        When the log ends first, a traceback cut short, an exception line or an engine's warning of trouble is
+        how the run ended: the process exited, or the other ranks stopped with it. A complete traceback that
+        something caught (its outermost frame is no top level) is survived unless the log says more.
+        """
+        err = self.error
+        if err is None or err.fatal or self._caught or self.phase == "finished" or self.lines - err.line > STALE_LINES:
+            return
+        err.fatal = True
+        self._set_phase("failed")
 
     # ---- one line -------------------------------------------------------------------------------
 
@@ -211,7 +228,9 @@ class LogParser:
         if bar[3] is not None:
             self._set_phase(bar[3])
         if self._tracebacks.open:
-            self._tracebacks.feed(line.source, text)
+            self._feed_traceback(line)
+        if "=" in m.group("postfix"):
+            self._postfix(m, line)
         return True
 
     def _skip_redraws(self, data: bytes, start: int, end: int) -> int:
@@ -248,6 +267,8 @@ class LogParser:
         if bar[3] is not None:
             self._set_phase(bar[3])
         self._recent.extend(t[:CONTEXT_LINE_CHARS] for t in reversed(tail))
+        if "=" in last.group("postfix"):
+            self._postfix(last, Line(tail[0], tail[0], "", None))
         return stop
 
     def _other(self, line: Line, found: list[Metric]) -> None:
@@ -260,9 +281,11 @@ class LogParser:
             self._detect(text[:m.start()] if m is not None and pure_bar else text)
         if m is not None:
             self._on_progress(m, pure_bar)
+            if "=" in m.group("postfix"):
+                found += self._postfix(m, line)
         if pure_bar:
             # A bar line carries nothing else, but it ends any traceback it interrupts.
-            self._tracebacks.feed(line.source, text)
+            self._feed_traceback(line)
             return
         self._metrics(line, found)
         epochs = speculators.epoch_progress(text)
@@ -283,6 +306,14 @@ class LogParser:
         taken, self.debug = self.debug, []
         return taken
 
+    def _postfix(self, m: re.Match[str], line: Line) -> list[Metric]:
+        """A bar's postfix metrics (Lightning's 'loss=2.61, v_num=0'); a bar redrawn in place adds its
+        samples to no poll's list, only to the latest values."""
+        found: list[Metric] = []
+        for name, value in trainers.postfix_metrics(m.group("postfix")):
+            self._sample(name, value, line, found)
+        return found
+
     def _metrics(self, line: Line, found: list[Metric]) -> None:
         text = line.text
         for source in _METRIC_SOURCES:
@@ -290,12 +321,35 @@ class LogParser:
                 self._sample(name, value, line, found)
                 if name in _HEALTHY_METRICS:
                     self._healthy()
+        trained = speculators.train_metrics(text) or trainers.dict_metrics(text) or trainers.step_metrics(text)
+        for name, value in trained:
+            self._sample(name, value, line, found)
+        if trained:
+            self._healthy()  # a trainer that reports its steps is alive
+            if self.phase in ("starting", "loading"):
+                self._set_phase("running")
+        if self._bench >= 0:
+            for name, value in bench.row(text):
+                self._sample(name, value, line, found)
+        mark = sglang.load_mark(text)
+        if mark is not None:
+            self._load_time(mark, line, found)
         if PROTOCOL in text:
             samples = protocol_metrics(text)
             for name, value in samples:
                 self._sample(name, value, line, found)
             if samples:
                 self._healthy()  # the job is alive and reporting
+
+    def _load_time(self, mark: str, line: Line, found: list[Metric]) -> None:
+        """A weight load's length from the times of its begin and end lines (SGLang before 0.5.23)."""
+        if mark == "begin":
+            self._load_begin = line.stamp
+            return
+        begin, end = stamp_seconds(self._load_begin), stamp_seconds(line.stamp)
+        self._load_begin = None
+        if begin is not None and end is not None:
+            self._sample("load_weight_s", (end - begin) % 86400, line, found)
 
     def _sample(self, name: str, value: float, line: Line, found: list[Metric]) -> None:
         self.metrics[name] = value
@@ -308,6 +362,8 @@ class LogParser:
             if phase is None and self.phase in ("loading", "capturing"):
                 phase = "ready"  # the server answers: after its weights and graphs, that is all it waits for
             self._healthy()  # a server that still answers was not killed by a request's traceback
+        elif "HTTP/1." in text and _ANSWERED.search(text):
+            self._healthy()
         if phase is None and _DONE.search(text):
             phase = "finished"
         if phase is None:
@@ -318,20 +374,41 @@ class LogParser:
             self._set_phase(phase)
 
     def _bench_block(self, text: str) -> str | None:
-        """'finished' when a bench_serving result block closes after its rows."""
-        if "Serving Benchmark Result" in text and _BENCH_HEADER.match(text.strip()):
+        """A benchmark's result block: 'running' once it begins (the benchmark ran), 'finished' when it
+        closes after its rows."""
+        if bench.header(text):
             self._bench = 0
-        elif self._bench >= 0:
-            if _BENCH_END.match(text.strip()):
+            return "running"
+        if self._bench >= 0:
+            if bench.end(text):
                 done = self._bench > 0
                 self._bench = -1
                 return "finished" if done else None
+            if self.auto_engine and (tool := bench.engine_of(text.strip())) is not None:
+                self._detect_name(tool)
             self._bench += 1
         return None
 
+    def _feed_traceback(self, line: Line) -> str | ExceptionEnd | Cut | None:
+        event = self._tracebacks.feed(line.source, line.text, line.level in ("DEBUG", "WARNING"))
+        if isinstance(event, Cut):
+            self._cut(event, line)
+            return None
+        return event
+
+    def _cut(self, cut: Cut, line: Line) -> None:
+        """A traceback that stopped before its exception line: still an exception, its class unknown unless a
+        frame's `raise` named it. Tentative: what follows decides."""
+        if cut.quiet:
+            return
+        kind = exception_kind(cut.exception) if cut.exception else "python_exception"
+        line_no = max(1, self.lines - 1) if line.raw else self.lines
+        self._raise(LogError(kind, cut.exception, "traceback cut short before its exception line", line_no,
+                             self._context(line.raw) if line.raw else list(self._recent), False), False, True)
+
     def _find_error(self, line: Line) -> None:
         text = line.text
-        event = self._tracebacks.feed(line.source, text)
+        event = self._feed_traceback(line)
         if event == "frame":
             return  # source lines quoted in a traceback are code, not messages
         if event == "chain":
@@ -341,9 +418,12 @@ class LogParser:
         if isinstance(event, ExceptionEnd):
             if line.level in ("DEBUG", "WARNING"):
                 return  # a traceback logged as a warning: something was tried and given up on
-            self._exception(line, event.exception, event.message, event.chained, event.top)
+            self._exception(line, event.exception, event.message, event.chained, event.top,
+                            caught=not event.top)
             return
         quiet = line.level in _QUIET_LEVELS
+        if quiet and _ANY_LEVEL.search(text):
+            quiet = False  # a marker that counts at any level
         if quiet or HARMLESS.search(text):
             return
         if line.level in _LOUD_LEVELS and event is None:
@@ -368,7 +448,8 @@ class LogParser:
             self._raise(LogError(kind, exception, message[:MESSAGE_CHARS], self.lines, self._context(line.raw),
                                  fatal), False, cause)
 
-    def _exception(self, line: Line, exception: str, message: str, chained: bool, top: bool) -> None:
+    def _exception(self, line: Line, exception: str, message: str, chained: bool, top: bool,
+                   caught: bool = False) -> None:
         kind = exception_kind(exception)
         fatal = top  # nothing caught it: the interpreter exits
         cause = True
@@ -376,8 +457,11 @@ class LogParser:
         if rules is not None:
             kind = max(kind, rules[0], key=RANK.__getitem__)
             fatal = fatal or rules[1]
+        before = self.error
         self._raise(LogError(kind, exception, message[:MESSAGE_CHARS], self.lines, self._context(line.raw), fatal),
                     chained, cause)
+        if self.error is not before and self.error is not None and self.error.line == self.lines:
+            self._caught = caught and not fatal
 
     def _orphan_root(self) -> None:
         """'The above exception ...' whose traceback the log does not hold: its exception line may be there."""
@@ -434,6 +518,7 @@ class LogParser:
             self.error = None
             self._error_after = 0
             self._error_progress = None
+            self._caught = False
 
     def _set_phase(self, phase: str) -> None:
         if self.phase == "failed" or (self.phase == "finished" and phase != "failed"):
@@ -444,7 +529,9 @@ class LogParser:
 
     def _raise(self, new: LogError, chained: bool, cause: bool) -> None:
         cur = self.error
-        if cur is not None and not cur.fatal and new.line - cur.line > STALE_LINES:
+        phase = self.phase
+        # A tentative error long before is unrelated to a new cause; a bare 'Killed' still ends it.
+        if cur is not None and not cur.fatal and new.line - cur.line > STALE_LINES and cause:
             cur = None
         if cur is None:
             err = new
@@ -457,6 +544,7 @@ class LogParser:
             self.error = err
             last = self._last_bar()
             self._error_progress = [last.label, last.done] if last else None
+            err.hint = hint_of(err, phase)
         if err.fatal:
             self._set_phase("failed")
 
@@ -491,6 +579,8 @@ class LogParser:
             "error_progress": list(self._error_progress) if self._error_progress is not None else None,
             "rich": self._rich.to_dict(),
             "bench": self._bench,
+            "load_begin": self._load_begin,
+            "caught": self._caught,
         }
 
     @classmethod
@@ -510,4 +600,6 @@ class LogParser:
         p._error_progress = d.get("error_progress")
         p._rich = RichUnwrapper.from_dict(d.get("rich", {}))
         p._bench = int(d.get("bench", -1))
+        p._load_begin = d.get("load_begin")
+        p._caught = bool(d.get("caught", False))
         return p
