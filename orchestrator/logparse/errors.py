@@ -79,8 +79,11 @@ COMMON_RULES = [
     # torchrun reporting that a child it launched failed; a crash below Python.
     rule(r"ChildFailedError|^Fatal Python error: |Segmentation fault|\(core dumped\)"
          r"|^terminate called after throwing an instance of", "other", True),
+    # A patch that no longer applies to the sources it was made for.
+    rule(r"^Hunk #\d+ FAILED at \d+|^\d+ out of \d+ hunks? FAILED|^error: patch failed: |: patch does not apply$",
+         "other", True, any_level=True),
     # A wrapper's own account of the exit ('Process finished with exit code 1', 'exited with code 2').
-    rule(r"^(?:Process finished with exit code|[\w ]*exited with (?:exit )?code) [1-9]\d*\s*$", "other", True,
+    rule(r"^Process finished with exit code [1-9]\d*\s*$|\bexited with (?:exit )?code [1-9]\d*\s*$", "other", True,
          any_level=True),
     # vLLM refuses to start with a max model length its KV cache cannot hold.
     rule(r"max seq len \(\d+\) is larger than|stored in KV cache \(\d+\)"

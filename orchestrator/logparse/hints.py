@@ -1,8 +1,8 @@
 """A diagnosis for each failure: the first signature that an error matches gives a short remedy and where
 that advice comes from (the engine's own message or docs). Every error kind has a fallback.
 
-A signature looks at the error's kind, at one text made of its class, message, chain and the log lines
-around it, and at the phase the run was in when it failed.
+A signature looks at the error's kind, at its class, message and chain (and for some, the log lines around
+it: the frames that say a CUDA graph was being captured), and at the phase the run was in when it failed.
 """
 
 from __future__ import annotations
@@ -18,20 +18,36 @@ class Signature(NamedTuple):
     hint: str
     source: str
     phases: tuple[str, ...] = ()  # phases it applies to; () for any
+    context: bool = False  # the lines around the error count too, not only its class, message and chain
 
 
-def sig(name: str, kinds: str, pattern: str, hint: str, source: str, phases: str = "") -> Signature:
+def sig(name: str, kinds: str, pattern: str, hint: str, source: str, phases: str = "",
+        context: bool = False) -> Signature:
     return Signature(name, tuple(kinds.split()), re.compile(pattern, re.IGNORECASE), hint, source,
-                     tuple(phases.split()))
+                     tuple(phases.split()), context)
 
 
 _SGLANG_GRAPHS = "SGLang's own message on a failed CUDA graph capture"
 SIGNATURES: list[Signature] = [
-    sig("oom_capture", "cuda_oom other python_exception",
+    sig("sglang_mem_fraction", "", r"Not enough memory\. Please try to increase --mem-fraction-static",
+        "the KV cache got no memory: increase --mem-fraction-static (or free the GPUs)", "SGLang's message"),
+    sig("kv_cache_blocks", "", r"No available memory for the cache blocks",
+        "no memory left for the KV cache after the weights: raise --gpu-memory-utilization, lower "
+        "--max-model-len or use more GPUs", "vLLM's message"),
+    sig("startup_free_memory", "", r"on startup is less than|Externally held weights",
+        "other processes hold GPU memory: free the GPUs (nvidia-smi) or lower --gpu-memory-utilization",
+        "vLLM's message 'Decrease GPU memory utilization or reduce GPU memory used by other processes'"),
+    sig("max_model_len_derived", "", r"is greater than the derived max_model_len",
+        "--max-model-len exceeds the model's context: lower it, or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 if "
+        "you mean it", "vLLM's message"),
+    sig("kv_cache_too_small", "config_error", r"max seq len|KV cache|max_model_len",
+        "max_model_len is larger than the KV cache holds: lower --max-model-len, or raise "
+        "--gpu-memory-utilization / the tensor parallel size", "vLLM's message"),
+    sig("oom_capture", "cuda_oom",
         r"Capture (?:[\w -]+ )?cuda graph failed[^\n]*(?:out of memory|OutOfMemory)|capture_end|cuda_graph|graph capture",
         "out of memory while capturing CUDA graphs: lower --cuda-graph-max-bs (SGLang) or --max-num-seqs / "
         "--gpu-memory-utilization (vLLM), lower --mem-fraction-static, or disable graphs to confirm "
-        "(--disable-cuda-graph; vLLM --enforce-eager)", _SGLANG_GRAPHS + "; vLLM docs, conserving memory"),
+        "(--disable-cuda-graph; vLLM --enforce-eager)", _SGLANG_GRAPHS + "; vLLM docs, conserving memory", context=True),
     sig("oom_during_capture", "cuda_oom", r".", "out of memory while capturing CUDA graphs: lower --cuda-graph-max-bs "
         "(SGLang) or --max-num-seqs (vLLM), or --mem-fraction-static / --gpu-memory-utilization",
         _SGLANG_GRAPHS, phases="capturing"),
@@ -45,31 +61,17 @@ SIGNATURES: list[Signature] = [
         r"|weight_loader|checkpoint shards",
         "out of memory while loading the weights: more GPUs (--tp-size / --tensor-parallel-size), a quantised "
         "checkpoint, or less memory held by other processes", "vLLM's message 'Failed to load model - not "
-        "enough GPU memory'"),
+        "enough GPU memory'", context=True),
     sig("oom_loading_phase", "cuda_oom", r".", "out of memory while loading the weights: more GPUs "
         "(--tp-size / --tensor-parallel-size) or a quantised checkpoint", "vLLM docs, conserving memory",
         phases="loading starting"),
-    sig("sglang_mem_fraction", "", r"Not enough memory\. Please try to increase --mem-fraction-static",
-        "the KV cache got no memory: increase --mem-fraction-static (or free the GPUs)", "SGLang's message"),
-    sig("kv_cache_blocks", "", r"No available memory for the cache blocks",
-        "no memory left for the KV cache after the weights: raise --gpu-memory-utilization, lower "
-        "--max-model-len or use more GPUs", "vLLM's message"),
-    sig("startup_free_memory", "", r"on startup is less than|Externally held weights",
-        "other processes hold GPU memory: free the GPUs (nvidia-smi) or lower --gpu-memory-utilization",
-        "vLLM's message 'Decrease GPU memory utilization or reduce GPU memory used by other processes'"),
-    sig("kv_cache_too_small", "config_error", r"max seq len|KV cache|max_model_len",
-        "max_model_len is larger than the KV cache holds: lower --max-model-len, or raise "
-        "--gpu-memory-utilization / the tensor parallel size", "vLLM's message"),
-    sig("max_model_len_derived", "", r"is greater than the derived max_model_len",
-        "--max-model-len exceeds the model's context: lower it, or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 if "
-        "you mean it", "vLLM's message"),
     sig("oom_serving", "cuda_oom", r"Prefill out of memory|Decode out of memory",
         "out of memory while serving: lower --max-running-requests or --chunked-prefill-size, or "
-        "--mem-fraction-static", "SGLang's message; SGLang docs, hyperparameter tuning"),
+        "--mem-fraction-static", "SGLang's message; SGLang docs, hyperparameter tuning", context=True),
     sig("oom_host", "killed", r"oom-kill|oom_kill|Out of memory: Kill|invoked oom-killer|oom_kill event",
         "the kernel's OOM killer ended it: host RAM ran out, not GPU memory: fewer loader workers or "
         "processes per node, or more memory for the job (--mem)", "the kernel's log (dmesg)"),
-    sig("scheduler_sigkill", "", r"exit code is -9|exit code: -9|died during initialization \(exit code: -9",
+    sig("scheduler_sigkill", "", r"exit code(?: is|:)? -9\b",
         "a process was SIGKILLed, commonly by the OS OOM killer: check dmesg and the host's free memory",
         "SGLang's message on a scheduler that died during initialization"),
     sig("nccl_system", "nccl", r"unhandled system error|ncclSystemError",
@@ -94,7 +96,7 @@ SIGNATURES: list[Signature] = [
     sig("cublas", "", r"CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+",
         "a cuBLAS/cuDNN call failed: often memory pressure or a dtype the GPU does not support; rerun with "
         "CUDA_LAUNCH_BLOCKING=1 and check that torch's CUDA build matches the driver", "PyTorch's message"),
-    sig("trust_remote_code", "", r"trust_remote_code|trust-remote-code",
+    sig("trust_remote_code", "", r"trust_remote_code=True|--trust-remote-code|contains custom code",
         "the model's code lives in its repository: pass --trust-remote-code", "transformers' message"),
     sig("missing_module", "import_error", r"No module named",
         "a module is missing from the job's environment: install it there (pip install ...) or fix the "
@@ -134,12 +136,12 @@ SIGNATURES: list[Signature] = [
         "model id", "speculators' message 'The vLLM server may be unreachable'"),
     sig("warmup_failed", "", r"warmup error",
         "the server started but its first request failed: the traceback in the message says why",
-        "SGLang's message"),
+        "SGLang's message", context=True),
     sig("crash_below_python", "", r"Segmentation fault|core dumped|Fatal Python error|terminate called",
         "a crash below Python: the engine's compiled kernels do not match torch, CUDA or the driver; reinstall "
         "matching versions", "the process's own message"),
     sig("child_failed", "", r"ChildFailedError",
-        "torchrun reports a failed rank: its own traceback, above, is the cause", "torchrun's summary"),
+        "torchrun reports a failed rank: its own traceback, above, is the cause", "torchrun's summary", context=True),
     sig("file_not_found", "", r"FileNotFoundError|No such file or directory",
         "a file is missing: check the model, data and output paths the job was given", "Python's message"),
 ]
@@ -162,19 +164,24 @@ FALLBACK = {
 }
 
 
-def hint_for(kind: str, text: str, phase: str | None = None) -> str:
-    """'remedy (source: ...)' for an error of `kind` whose class, message and context are `text`."""
+def signature_of(kind: str, own: str, around: str, phase: str | None = None) -> Signature | None:
+    """The first signature an error of `kind` fits: `own` is its class, message and chain, `around` the log
+    lines around it."""
     for s in SIGNATURES:
         if s.kinds and kind not in s.kinds:
             continue
         if s.phases and phase not in s.phases:
             continue
-        if s.pattern.search(text):
-            return f"{s.hint} (source: {s.source})"
-    advice, source = FALLBACK.get(kind, FALLBACK["other"])
-    return f"{advice} (source: {source})"
+        if s.pattern.search(own) or (s.context and s.pattern.search(around)):
+            return s
+    return None
 
 
 def hint_of(err: Any, phase: str | None = None) -> str:
-    text = "\n".join([f"{err.exception or ''}: {err.message}", *err.chain, *err.context])
-    return hint_for(err.kind, text, phase)
+    """'remedy (source: ...)' for a LogError; `phase` is the run's phase when it failed."""
+    own = "\n".join([f"{err.exception or ''}: {err.message}", *err.chain])
+    found = signature_of(err.kind, own, "\n".join(err.context), phase)
+    if found is not None:
+        return f"{found.hint} (source: {found.source})"
+    advice, source = FALLBACK.get(err.kind, FALLBACK["other"])
+    return f"{advice} (source: {source})"

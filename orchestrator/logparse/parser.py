@@ -119,6 +119,7 @@ class LogParser:
         self._bench = -1  # rows read of a benchmark's result block; -1 outside one
         self._load_begin: str | None = None  # time of the last 'Load weight begin' line, as printed
         self._caught = False  # the error is a complete traceback that something caught
+        self._failed_in: str | None = None  # the phase the run failed in
         self.debug: list[dict[str, Any]] = []  # debug patch lines since the last take_debug(); not state
 
     # ---- input ----------------------------------------------------------------------------------
@@ -525,11 +526,13 @@ class LogParser:
             return
         if phase != self.phase:
             self.phases_passed.append(phase)
+        if phase == "failed":
+            self._failed_in = self.phase
         self.phase = phase
 
     def _raise(self, new: LogError, chained: bool, cause: bool) -> None:
         cur = self.error
-        phase = self.phase
+        phase = self._failed_in if self.phase == "failed" else self.phase
         # A tentative error long before is unrelated to a new cause; a bare 'Killed' still ends it.
         if cur is not None and not cur.fatal and new.line - cur.line > STALE_LINES and cause:
             cur = None
@@ -581,6 +584,7 @@ class LogParser:
             "bench": self._bench,
             "load_begin": self._load_begin,
             "caught": self._caught,
+            "failed_in": self._failed_in,
         }
 
     @classmethod
@@ -602,4 +606,5 @@ class LogParser:
         p._bench = int(d.get("bench", -1))
         p._load_begin = d.get("load_begin")
         p._caught = bool(d.get("caught", False))
+        p._failed_in = d.get("failed_in")
         return p

@@ -18,8 +18,8 @@ RULES: list[Rule] = [
     rule(r"\*\*\* (?:JOB|STEP) [\d._]+ ON \S+ CANCELLED AT \S+ DUE TO TIME LIMIT", "timeout", True, True,
          versions="all", source="src/slurmd/slurmstepd/req.c", any_level=True),
     # Cancelled by a user (scancel), preempted, or lost with its node.
-    rule(r"\*\*\* (?:JOB|STEP) [\d._]+ ON \S+ CANCELLED AT ", "killed", True, False, versions="all",
-         source="src/slurmd/slurmstepd/req.c", any_level=True),
+    rule(r"\*\*\* (?:JOB|STEP) [\d._]+ ON \S+ CANCELLED AT \S+ (?!DUE TO TIME LIMIT)", "killed", True, True,
+         versions="all", source="src/slurmd/slurmstepd/req.c", any_level=True),
     rule(r"^srun: error: \S+: tasks? [\d,-]+: (?:Killed|Terminated|Aborted)|^srun: Job step aborted"
          r"|^srun: forcing job termination|^srun: error: .*Job step \S+ aborted", "killed", True, False,
          versions="all", source="src/srun/", any_level=True),

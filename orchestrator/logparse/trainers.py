@@ -29,6 +29,7 @@ _SEGMENT = re.compile(r"^\s*([A-Za-z_][\w ./()-]{0,60}?)\s*(?:[:=]\s*|\s+)\[?(" 
 _TRAINER_KEY = re.compile(r"loss|\blr\b|learning_rate|epoch|step|grad_norm|reward|accuracy|\bacc|perplexity"
                           r"|train_runtime|eval_", re.IGNORECASE)
 _MAX_PAIRS = 64
+_LEAD_TIME = re.compile(r"^\s*\[[^\]]{0,40}\]\s*")  # Megatron's ' [2026-01-10 10:00:00] iteration ...'
 
 # The key that means the loss, the learning rate or the step, in the trainers' spellings.
 _ALIASES = (
@@ -88,7 +89,7 @@ def step_metrics(text: str) -> list[tuple[str, float]]:
         return []
     sep = "|" if "|" in text else ","
     pairs: list[tuple[str, str]] = []
-    for part in text.split(sep):
+    for part in _LEAD_TIME.sub("", text).split(sep):
         m = _SEGMENT.match(part)
         if m:
             pairs.append((m.group(1), m.group(2)))
@@ -102,5 +103,5 @@ DONE = re.compile(
     r"|\bFinished (?:training|generation|extraction|evaluation)\b"
     r"|\{'train_runtime': |`Trainer\.fit` stopped: "  # HF Trainer's and Lightning's last words
     r"|^\[after training is done\]"  # Megatron
-    r"|^(?:Process finished with exit code|[\w ]*exited with (?:exit )?code|[Ee]xit (?:code|status):?) 0\s*$"
+    r"|^(?:Process finished with exit code|[Ee]xit (?:code|status):?) 0\s*$|\bexited with (?:exit )?code 0\s*$"
 )
