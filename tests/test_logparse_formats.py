@@ -48,6 +48,19 @@ def test_every_error_rule_has_a_transcript(table: str, index: int) -> None:
     assert any(r.pattern.search(t) for t in LINES), f"no transcript has a line for {r.pattern.pattern!r}"
 
 
+def test_screens_let_every_match_through() -> None:
+    """The cheap first tests in front of the big alternations never hide a line the patterns match."""
+    from orchestrator.logparse import parser, trainers
+
+    screens = [(r.pattern, parser._ANY_RULE) for rules in RULES.values() for r in rules]
+    screens += [(r.pattern, parser._ANY_LEVEL) for rules in RULES.values() for r in rules if r.any_level]
+    screens += [(sglang.DETECT.pattern, sglang.DETECT), (trainers.DONE, parser._DONE)]
+    for pattern, screen in screens:
+        for text in LINES:
+            if pattern.search(text):
+                assert screen.search(text), (pattern.pattern, text)
+
+
 def test_every_benchmark_label_has_a_transcript() -> None:
     rows = {t.split(":")[0].strip() for t in LINES if ":" in t}
     missing = [label for label in NAMES if label not in rows]

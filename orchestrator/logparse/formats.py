@@ -51,3 +51,20 @@ def metrics_of(table: list[Format], text: str) -> list[tuple[str, float]]:
                     if value is not None:
                         found.append((name, float(value) * scale))
     return found
+
+
+class Screen:
+    """A large alternation behind a cheap first test: a line that contains none of `words` (lower case, looked
+    for in the lowered line) cannot match, so the regular expression runs only on the few lines that might.
+    Python's regex engine tries every branch at every position; `in` is a fast substring search."""
+
+    def __init__(self, pattern: re.Pattern[str], words: Iterable[str]) -> None:
+        self.pattern = pattern
+        self.words = tuple(words)
+
+    def search(self, text: str) -> re.Match[str] | None:
+        low = text.lower()
+        for w in self.words:
+            if w in low:
+                return self.pattern.search(text)
+        return None

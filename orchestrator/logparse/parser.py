@@ -10,6 +10,7 @@ from typing import Any
 
 from . import bench, eagle3_debug, generic, sglang, slurm, speculators, trainers, vllm
 from .errors import COMMON_RULES, HARMLESS, RANK, LogError, classify, exception_kind, exception_line, merge
+from .formats import Screen
 from .hints import hint_of
 from .protocol import PROTOCOL, protocol_metrics
 from .text import Line, LineSplitter, RichUnwrapper, clean, stamp_seconds, strip_ansi
@@ -37,7 +38,7 @@ STALE_LINES = 200
 _MAX_BAR_PREFIX = 1000  # a longer label is no tqdm desc worth remembering
 
 # Most specific first: an engine may only be replaced by one earlier in this list.
-_DETECTION = [
+_DETECTION: list[tuple[str, re.Pattern[str] | Screen]] = [
     ("speculators", speculators.DETECT),
     ("sglang", sglang.DETECT),
     ("vllm", vllm.DETECT),
@@ -54,9 +55,15 @@ _MODULES: dict[str | None, ModuleType] = {
 }
 # Markers are distinctive enough to be looked for whatever the engine.
 _RULES = COMMON_RULES + sglang.RULES + vllm.RULES + speculators.RULES + slurm.RULES
-_ANY_RULE = re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES))
+# Every rule's pattern holds one of these words (case aside): a test checks it on every rule's transcripts.
+_ANY_RULE = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES)), (
+    "memory", "cuda error", "cuda driver", "cudaerror", "cublas", "cudnn", "illegal", "assert", "kill", "exit", "sig", "nccl", "backend", "watchdog",
+    "childfailed", "fatal", "segmentation", "dumped", "terminate", "max seq len", "stored in kv cache",
+    "kv cache is needed", "derived max_model_len", "hunk", "patch", "exception", "scheduler", "crashed", "warmup",
+    "fail", "encountered", "dead", "died", "externally held", "aborting", "cancelled", "srun", "slurmstepd"))
 # Markers that count whatever level they are logged at (or that come from programs that print no level).
-_ANY_LEVEL = re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES if r.any_level))
+_ANY_LEVEL = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES if r.any_level)),
+                    ("cancelled", "srun", "slurmstepd", "engine core exited", "hunk", "patch", "exit"))
 _METRIC_SOURCES = (sglang.metrics, vllm.metrics)
 _HEALTHY_METRICS = {"gen_throughput", "train/loss", "loss", "step"}
 _QUIET_LEVELS = {"DEBUG", "INFO", "WARNING"}
@@ -64,7 +71,7 @@ _LOUD_LEVELS = {"ERROR", "CRITICAL"}
 # A server that answers: uvicorn's start lines, or an access-log line with status 200.
 _SERVING = re.compile(r"Application startup complete\.|Uvicorn running on|HTTP/1\.[01]\" 200\b")
 _ANSWERED = re.compile(r"HTTP/1\.[01]\" 200\b")
-_DONE = trainers.DONE
+_DONE = Screen(trainers.DONE, ("finish", "complete", "done", "train_runtime", "trainer.fit", "after training", "exit"))
 
 
 def _plain_prefix(prefix: str, with_total: bool) -> bool:

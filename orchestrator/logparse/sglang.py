@@ -18,19 +18,20 @@ from __future__ import annotations
 import re
 
 from .errors import Rule, rule
-from .formats import NUM, Format, line, metrics_of, phase_of
+from .formats import NUM, Format, Screen, line, metrics_of, phase_of
 
 NAME = "sglang"
 
 # What only SGLang prints (its '[time TPn]' prefix is recognised where lines are cleaned); its capture bars
-# alone name it too.
-DETECT = re.compile(
+# alone name it too. Each branch holds one of the screen's words.
+DETECT = Screen(re.compile(
     r"sglang|The server is fired up|Load weight (?:begin|end)\.|Decode batch[ .,\[]|Prefill batch[ .,\[]"
     r"|server_args=ServerArgs\(|Capture (?:[\w ]+ )?cuda graph (?:begin|end|bs|num tokens)"
     r"|KV Cache is allocated|Memory pool end\.|Init torch distributed (?:begin|ends)|Scheduler hit an exception"
     r"|^Capturing batches \(bs=\d+ avail_mem=|^Compiling num tokens \(num_tokens=",
     re.IGNORECASE,
-)
+), ("sglang", "fired up", "load weight", "decode batch", "prefill batch", "serverargs", "graph", "is allocated",
+    "memory pool end", "init torch distributed", "hit an exception", "capturing batches", "compiling num tokens"))
 
 _RUNNER = "srt/model_executor/model_runner.py"
 _GRAPHS = "srt/model_executor/cuda_graph_runner.py"

@@ -85,7 +85,8 @@ def postfix_metrics(postfix: str) -> list[tuple[str, float]]:
 def step_metrics(text: str) -> list[tuple[str, float]]:
     """The pairs of a trainer's step line; [] unless the line names a step, iteration or epoch and holds at
     least two numbers."""
-    if not _STEP_WORD.search(text):
+    low = text.lower()
+    if ("step" not in low and "iter" not in low and "epoch" not in low) or not _STEP_WORD.search(text):
         return []
     sep = "|" if "|" in text else ","
     pairs: list[tuple[str, str]] = []
