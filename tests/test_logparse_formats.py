@@ -113,6 +113,7 @@ def test_the_run_summary_is_no_step_loss() -> None:
     ("Epoch 1, Step 50, Loss: 4.5, LR: 2e-04", {"epoch": 1, "step": 50, "loss": 4.5, "lr": 2e-4}),
     ("iter 3/10 | total_loss=0.5 | tokens/s: 900", {"iter": 3, "step": 3, "total_loss": 0.5, "loss": 0.5}),
     ("Decode batch, #running-req: 1, #token: 90, token usage: 0.00", {}),  # a server's line, no step
+    ("step=7 loss=2.5 lr=1e-4", {"step": 7, "loss": 2.5, "lr": 1e-4}),
     ("step 7 is done", {}),  # one number is no step line
 ])
 def test_step_lines(line: str, expected: dict[str, float]) -> None:
@@ -135,6 +136,32 @@ def test_postfix_metrics_of_bars_redrawn_in_place_at_any_chunking() -> None:
             p.feed(data[i:i + size])
         p.finish()
         assert p.metrics == whole.metrics and p.metrics["train_loss"] == 2.612
+
+
+def test_postfix_samples_are_returned() -> None:
+    p = LogParser()
+    samples = p.feed((LOGS / "lightning_postfix_metrics.log").read_bytes()) + p.finish()
+    assert [s.value for s in samples if s.name == "train_loss"][-1] == 2.612
+
+
+def test_exit_code_zero_keeps_a_tentative_error_tentative() -> None:
+    data = (LOGS / "generic_traceback_cut_at_end.log").read_bytes()
+    for code, phase in [(None, "failed"), (1, "failed"), (0, "starting")]:
+        p = LogParser()
+        p.feed(data)
+        p.finish(exit_code=code)
+        assert p.phase == phase and p.error is not None and p.error.kind == "python_exception"
+
+
+@pytest.mark.parametrize("last, phase", [
+    ("job exited with code 0", "finished"), ("Exit status: 0", "finished"), ("training done, exit 0", "finished"),
+    ("python returned exit code 2", "failed"), ("exit code 10", "failed"), ("exit code 0 of 3 retries left", "running"),
+])
+def test_exit_words(last: str, phase: str) -> None:
+    p = LogParser()
+    p.feed(f"step 1 | loss 2.0 | lr 1e-3\n{last}\n".encode())
+    p.finish()
+    assert p.phase == phase
 
 
 def test_slurm_time_limit_is_a_timeout_and_cancel_is_killed() -> None:

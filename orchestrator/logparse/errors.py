@@ -83,7 +83,7 @@ COMMON_RULES = [
     rule(r"^Hunk #\d+ FAILED at \d+|^\d+ out of \d+ hunks? FAILED|^error: patch failed: |: patch does not apply$",
          "other", True, any_level=True),
     # A wrapper's own account of the exit ('Process finished with exit code 1', 'exited with code 2').
-    rule(r"^Process finished with exit code [1-9]\d*\s*$|\bexited with (?:exit )?code [1-9]\d*\s*$", "other", True,
+    rule(r"\b(?:[Ee]xit(?:ed)?|[Rr]eturned)(?: with)?(?: exit)? (?:code|status)[:=]? ?[1-9]\d*\.?\s*$", "other", True,
          any_level=True),
     # vLLM refuses to start with a max model length its KV cache cannot hold.
     rule(r"max seq len \(\d+\) is larger than|stored in KV cache \(\d+\)"

@@ -128,6 +128,7 @@ class LogParser:
         self._caught = False  # the error is a complete traceback that something caught
         self._failed_in: str | None = None  # the phase the run failed in
         self.debug: list[dict[str, Any]] = []  # debug patch lines since the last take_debug(); not state
+        self._redrawn: list[Metric] = []  # postfix samples of bars redrawn in place, for feed() to return
 
     # ---- input ----------------------------------------------------------------------------------
 
@@ -136,10 +137,13 @@ class LogParser:
         found: list[Metric] = []
         for raw, by_cr in self._splitter.feed(data, self._skip_redraws):
             self._line(raw, by_cr, found)
+        found += self._redrawn
+        self._redrawn = []
         return found
 
-    def finish(self) -> list[Metric]:
-        """End of the log: a trailing partial line counts as complete."""
+    def finish(self, exit_code: int | None = None) -> list[Metric]:
+        """End of the log: a trailing partial line counts as complete. `exit_code`, when the caller knows
+        how the process ended, decides a tentative error that nothing followed (else the log alone does)."""
         found: list[Metric] = []
         for raw, by_cr in self._splitter.finish():
             self._line(raw, by_cr, found)
@@ -147,7 +151,10 @@ class LogParser:
             self._rich_piece(piece, found)
         for cut in self._tracebacks.cut_at_end():
             self._cut(cut, Line("", "", "", None))
-        self._last_word()
+        found += self._redrawn
+        self._redrawn = []
+        if exit_code != 0:
+            self._last_word()
         if self.engine is None:
             self.engine = "generic"
         return found
@@ -238,7 +245,7 @@ class LogParser:
         if self._tracebacks.open:
             self._feed_traceback(line)
         if "=" in m.group("postfix"):
-            self._postfix(m, line)
+            self._redrawn += self._postfix(m, line)
         return True
 
     def _skip_redraws(self, data: bytes, start: int, end: int) -> int:
@@ -276,7 +283,7 @@ class LogParser:
             self._set_phase(bar[3])
         self._recent.extend(t[:CONTEXT_LINE_CHARS] for t in reversed(tail))
         if "=" in last.group("postfix"):
-            self._postfix(last, Line(tail[0], tail[0], "", None))
+            self._redrawn += self._postfix(last, Line(tail[0], tail[0], "", None))
         return stop
 
     def _other(self, line: Line, found: list[Metric]) -> None:
@@ -315,8 +322,8 @@ class LogParser:
         return taken
 
     def _postfix(self, m: re.Match[str], line: Line) -> list[Metric]:
-        """A bar's postfix metrics (Lightning's 'loss=2.61, v_num=0'); a bar redrawn in place adds its
-        samples to no poll's list, only to the latest values."""
+        """A bar's postfix metrics (Lightning's 'loss=2.61, v_num=0'); of a run of redraws taken at once,
+        the last redraw's."""
         found: list[Metric] = []
         for name, value in trainers.postfix_metrics(m.group("postfix")):
             self._sample(name, value, line, found)

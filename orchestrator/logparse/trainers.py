@@ -7,7 +7,10 @@
     `set_postfix`, NeMo's `reduced_train_loss=2.34, global_step=9.000`);
   - a step line: a step, iteration or epoch number and `key: value`, `key=value` or `key value` pairs,
     separated by '|' or ',' (Megatron's `iteration 100/ 1000 | ... | lm loss: 3.45E+00 |`, NeMo and
-    SpecForge's `Epoch 1, Step 120, Loss: 3.25, LR: 1e-4`, `step 120 | loss 3.25 | lr 1e-4`).
+    SpecForge's `Epoch 1, Step 120, Loss: 3.25, LR: 1e-4`, `step 120 | loss 3.25 | lr 1e-4`,
+    `step=120 loss=3.25 lr=1e-4`);
+  - a trainer's or job's last word ('Training completed', Lightning's '`Trainer.fit` stopped', Megatron's
+    '[after training is done]', 'exited with code 0').
 
 Names are the keys as printed, in snake case ('lm loss' -> lm_loss, 'elapsed time per iteration (ms)' ->
 elapsed_time_per_iteration_ms). So that every trainer's loss, learning rate and step are found under one
@@ -26,6 +29,7 @@ _POSTFIX_PAIR = re.compile(r"(?:^|,)\s*([A-Za-z_][\w./-]{0,60})=(" + _NUMBER + r
 _STEP_WORD = re.compile(r"(?:^|[\s|,\[(])(?:global[ _])?(?:step|iteration|iter|epoch)s?\s*[:=]?\s*\[?\d", re.IGNORECASE)
 _SEGMENT = re.compile(r"^\s*([A-Za-z_][\w ./()-]{0,60}?)\s*(?:[:=]\s*|\s+)\[?(" + _NUMBER + r")(?:/\s*\d+)?\]?"
                       r"\s*(?:[A-Za-z%/]{0,8})\s*$")
+_SPACED_PAIR = re.compile(r"(?:^|(?<=\s))([A-Za-z_][\w./-]{0,60})=(" + _NUMBER + r")(?=\s|,|$)")
 _TRAINER_KEY = re.compile(r"loss|\blr\b|learning_rate|epoch|step|grad_norm|reward|accuracy|\bacc|perplexity"
                           r"|train_runtime|eval_", re.IGNORECASE)
 _MAX_PAIRS = 64
@@ -94,6 +98,8 @@ def step_metrics(text: str) -> list[tuple[str, float]]:
         m = _SEGMENT.match(part)
         if m:
             pairs.append((m.group(1), m.group(2)))
+    if len(pairs) < 2:  # 'step=100 loss=2.31 lr=1e-4': pairs separated by spaces alone
+        pairs = _SPACED_PAIR.findall(text)
     return _named(pairs) if len(pairs) >= 2 else []
 
 
@@ -104,5 +110,5 @@ DONE = re.compile(
     r"|\bFinished (?:training|generation|extraction|evaluation)\b"
     r"|\{'train_runtime': |`Trainer\.fit` stopped: "  # HF Trainer's and Lightning's last words
     r"|^\[after training is done\]"  # Megatron
-    r"|^(?:Process finished with exit code|[Ee]xit (?:code|status):?) 0\s*$|\bexited with (?:exit )?code 0\s*$"
+    r"|\b(?:[Ee]xit(?:ed)?|[Rr]eturned)(?: with)?(?: exit)? (?:code|status)[:=]? ?0\.?\s*$|\bexit 0\s*$"
 )
