@@ -145,19 +145,23 @@ def merge(cur: LogError, new: LogError, chained: bool, cause: bool, cur_cause: b
     Fatal is never taken back. The details (exception, message, line, context) stay with the first root
     cause: a marker ('scheduler died') keeps the traceback before it, a traceback fills in a marker that had
     none, a more specific cause replaces them, and a chained or post-mortem exception joins the chain
-    instead of hiding the one that started the failure. A bare 'Killed' after an exception does not
-    rename it: what killed the process is not said; the kernel's OOM-killer line after it does say.
+    instead of hiding the one that started the failure. A bare 'Killed' after an exception or another cause
+    (a cut traceback, Slurm's time limit) does not rename it: what killed the process is not said; the
+    kernel's OOM-killer line after it does say.
     `cause` and `cur_cause`: whether the rules that found `new` and `cur` name a cause.
     """
     higher = RANK[new.kind] > RANK[cur.kind]
     if cur.exception is None:
-        take_new = new.exception is not None or (cause and (higher or (new.kind == cur.kind and not cur_cause)))
+        # A cause replaces a line that only said something gave up ('srun: Job step aborted', then Slurm's
+        # time limit), whatever their ranks.
+        take_new = new.exception is not None or (cause and (higher or not cur_cause))
     elif new.exception is None:
         take_new = False
     else:
         take_new = (higher and cause) or not (cur.fatal or chained)
     base = new if take_new else cur
-    kind = new.kind if higher and (take_new or cause or cur.exception is None) else cur.kind
+    # What only says something gave up (a task 'Killed' after the time limit) renames no cause.
+    kind = new.kind if take_new or (higher and (cause or (cur.exception is None and not cur_cause))) else cur.kind
     chain = list(base.chain)
     if not take_new and new.exception is not None and (new.exception, new.message) != (cur.exception, cur.message):
         entry = f"{new.exception}: {new.message}" if new.message else new.exception
