@@ -24,7 +24,7 @@ from .tqdm import (
     run_by_shapes,
     search_bar,
 )
-from .traceback import HEADER, Cut, ExceptionEnd, TracebackTracker
+from .traceback import HEADER_START, Cut, ExceptionEnd, TracebackTracker
 
 PHASES = ("starting", "loading", "capturing", "ready", "running", "finished", "failed")
 
@@ -454,7 +454,7 @@ class LogParser:
             exception = None
             message = text.strip()
             if event == "start":
-                message = message.replace(HEADER, "").rstrip(" :")
+                message = message.split(HEADER_START)[0].rstrip(" :")
             else:
                 shown = exception_line(text, bare=True)
                 if shown is not None:  # an exception line of a traceback cut before its header

@@ -9,6 +9,7 @@ from typing import Any
 from .errors import exception_line
 
 HEADER = "Traceback (most recent call last):"
+HEADER_START = "Traceback (most recent"  # what a pane that clips long lines still shows of it
 _CHAIN = re.compile(
     r"^(?:During handling of the above exception, another exception occurred:"
     r"|The above exception was the direct cause of the following exception:)"
@@ -58,7 +59,7 @@ class TracebackTracker:
         """'start', 'frame', 'chain', an ExceptionEnd, a Cut (the line interrupted a traceback, and is read
         as it is), or None for a line outside any traceback."""
         state = self.open.get(source)
-        if HEADER in text:
+        if HEADER_START in text:
             chained = state is not None and state[0] == "after" and state[1]
             self._set(source, ["frames", chained, None, False, None, quiet, 0])
             return "start"
