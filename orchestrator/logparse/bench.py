@@ -95,7 +95,8 @@ def row(text: str) -> list[tuple[str, float]]:
 
 
 def engine_of(label: str) -> str | None:
-    """The tool a row's label belongs to: SGLang's block starts with 'Backend:'; only vLLM's counts failures."""
+    """The tool a row's label belongs to: SGLang's block starts with 'Backend:'; only vLLM's counts
+    failures."""
     if label.startswith(("Backend:", "Accept length:", "Total generated tokens (retokenized)")):
         return "sglang"
     if label.startswith(("Failed requests:", "Maximum request concurrency:", "Request rate configured",

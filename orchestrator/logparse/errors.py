@@ -53,8 +53,8 @@ class Rule(NamedTuple):
     any_level: bool = False  # counts even when logged at INFO/WARNING (or by a program without levels)
 
 
-def rule(pattern: str, kind: str, fatal: bool, cause: bool | None = None, versions: str = "", source: str = "",
-         any_level: bool = False) -> Rule:
+def rule(pattern: str, kind: str, fatal: bool, cause: bool | None = None, versions: str = "",
+         source: str = "", any_level: bool = False) -> Rule:
     return Rule(re.compile(pattern), kind, fatal, kind not in ("other", "killed") if cause is None else cause,
                 versions, source, any_level)
 
@@ -80,11 +80,11 @@ COMMON_RULES = [
     rule(r"ChildFailedError|^Fatal Python error: |Segmentation fault|\(core dumped\)"
          r"|^terminate called after throwing an instance of", "other", True),
     # A patch that no longer applies to the sources it was made for.
-    rule(r"^Hunk #\d+ FAILED at \d+|^\d+ out of \d+ hunks? FAILED|^error: patch failed: |: patch does not apply$",
-         "other", True, any_level=True),
+    rule(r"^Hunk #\d+ FAILED at \d+|^\d+ out of \d+ hunks? FAILED|^error: patch failed: "
+         r"|: patch does not apply$", "other", True, any_level=True),
     # A wrapper's own account of the exit ('Process finished with exit code 1', 'exited with code 2').
-    rule(r"\b(?:[Ee]xit(?:ed)?|[Rr]eturned)(?: with)?(?: exit)? (?:code|status)[:=]? ?[1-9]\d*\.?\s*$", "other", True,
-         any_level=True),
+    rule(r"\b(?:[Ee]xit(?:ed)?|[Rr]eturned)(?: with)?(?: exit)? (?:code|status)[:=]? ?[1-9]\d*\.?\s*$",
+         "other", True, any_level=True),
     # vLLM refuses to start with a max model length its KV cache cannot hold.
     rule(r"max seq len \(\d+\) is larger than|stored in KV cache \(\d+\)"
          r"|KV cache is needed, which is larger than the available KV cache memory"
@@ -161,7 +161,8 @@ def merge(cur: LogError, new: LogError, chained: bool, cause: bool, cur_cause: b
         take_new = (higher and cause) or not (cur.fatal or chained)
     base = new if take_new else cur
     # What only says something gave up (a task 'Killed' after the time limit) renames no cause.
-    kind = new.kind if take_new or (higher and (cause or (cur.exception is None and not cur_cause))) else cur.kind
+    renames = higher and (cause or (cur.exception is None and not cur_cause))
+    kind = new.kind if take_new or renames else cur.kind
     chain = list(base.chain)
     if not take_new and new.exception is not None and (new.exception, new.message) != (cur.exception, cur.message):
         entry = f"{new.exception}: {new.message}" if new.message else new.exception

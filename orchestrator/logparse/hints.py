@@ -44,11 +44,14 @@ SIGNATURES: list[Signature] = [
         "max_model_len is larger than the KV cache holds: lower --max-model-len, or raise "
         "--gpu-memory-utilization / the tensor parallel size", "vLLM's message"),
     sig("oom_capture", "cuda_oom",
-        r"Capture (?:[\w -]+ )?cuda graph failed[^\n]*(?:out of memory|OutOfMemory)|capture_end|cuda_graph|graph capture",
+        r"Capture (?:[\w -]+ )?cuda graph failed[^\n]*(?:out of memory|OutOfMemory)|capture_end|cuda_graph"
+        r"|graph capture",
         "out of memory while capturing CUDA graphs: lower --cuda-graph-max-bs (SGLang) or --max-num-seqs / "
         "--gpu-memory-utilization (vLLM), lower --mem-fraction-static, or disable graphs to confirm "
-        "(--disable-cuda-graph; vLLM --enforce-eager)", _SGLANG_GRAPHS + "; vLLM docs, conserving memory", context=True),
-    sig("oom_during_capture", "cuda_oom", r".", "out of memory while capturing CUDA graphs: lower --cuda-graph-max-bs "
+        "(--disable-cuda-graph; vLLM --enforce-eager)", _SGLANG_GRAPHS + "; vLLM docs, conserving memory",
+        context=True),
+    sig("oom_during_capture", "cuda_oom", r".",
+        "out of memory while capturing CUDA graphs: lower --cuda-graph-max-bs "
         "(SGLang) or --max-num-seqs (vLLM), or --mem-fraction-static / --gpu-memory-utilization",
         _SGLANG_GRAPHS, phases="capturing"),
     sig("prefill_graph_failed", "", r"Capture prefill CUDA graph failed",
@@ -59,7 +62,8 @@ SIGNATURES: list[Signature] = [
         "(--disable-cuda-graph) tells whether the graphs are the cause", _SGLANG_GRAPHS),
     sig("oom_loading", "cuda_oom", r"Failed to load model - not enough GPU memory|load_weights|load_model"
         r"|weight_loader|checkpoint shards",
-        "out of memory while loading the weights: more GPUs (--tp-size / --tensor-parallel-size), a quantised "
+        "out of memory while loading the weights: more GPUs (--tp-size / --tensor-parallel-size), a quantised"
+        " "
         "checkpoint, or less memory held by other processes", "vLLM's message 'Failed to load model - not "
         "enough GPU memory'", context=True),
     sig("oom_loading_phase", "cuda_oom", r".", "out of memory while loading the weights: more GPUs "
@@ -76,8 +80,10 @@ SIGNATURES: list[Signature] = [
         "SGLang's message on a scheduler that died during initialization"),
     sig("nccl_system", "nccl", r"unhandled system error|ncclSystemError",
         "NCCL hit a system error: rerun with NCCL_DEBUG=INFO; check NCCL_P2P_DISABLE / NCCL_IB_DISABLE, the "
-        "network interfaces (NCCL_SOCKET_IFNAME) and /dev/shm size in containers", "NCCL docs, troubleshooting"),
-    sig("nccl_watchdog", "nccl timeout", r"Watchdog caught collective operation timeout|watchdog thread terminated"
+        "network interfaces (NCCL_SOCKET_IFNAME) and /dev/shm size in containers",
+        "NCCL docs, troubleshooting"),
+    sig("nccl_watchdog", "nccl timeout",
+        r"Watchdog caught collective operation timeout|watchdog thread terminated"
         r"|collective operation timeout",
         "a collective timed out: one rank stopped or died first, so look for the earliest error of another "
         "rank; if the step is only slow, raise the timeout (--dist-timeout, NCCL_TIMEOUT)",
@@ -91,7 +97,8 @@ SIGNATURES: list[Signature] = [
         "a kernel read or wrote out of bounds: rerun with CUDA_LAUNCH_BLOCKING=1 to find it; try another "
         "attention backend or disabling CUDA graphs", "PyTorch's message on asynchronous CUDA errors"),
     sig("device_assert", "", r"device-side assert",
-        "a device-side assert (often an index out of range: token ids beyond the vocabulary, a tokenizer that "
+        "a device-side assert (often an index out of range: token ids beyond the vocabulary, a tokenizer that"
+        " "
         "does not match the model): rerun with CUDA_LAUNCH_BLOCKING=1", "PyTorch's message"),
     sig("cublas", "", r"CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+",
         "a cuBLAS/cuDNN call failed: often memory pressure or a dtype the GPU does not support; rerun with "
@@ -115,7 +122,8 @@ SIGNATURES: list[Signature] = [
     sig("slurm_task_killed", "killed", r"srun: error: .*Killed|srun: Job step aborted",
         "srun's task was killed: look for the first failing rank above; `sacct -j JOBID` shows the state",
         "srun's message"),
-    sig("patch_failed", "", r"Hunk #\d+ FAILED|patch does not apply|does not apply cleanly|can't find file to patch",
+    sig("patch_failed", "",
+        r"Hunk #\d+ FAILED|patch does not apply|does not apply cleanly|can't find file to patch",
         "a patch no longer applies to this engine version: pin the version the patch set was made for, or "
         "update the patch set", "patch's message"),
     sig("engine_core_init", "", r"Engine core initialization failed|EngineCore failed to start",
@@ -138,10 +146,12 @@ SIGNATURES: list[Signature] = [
         "the server started but its first request failed: the traceback in the message says why",
         "SGLang's message", context=True),
     sig("crash_below_python", "", r"Segmentation fault|core dumped|Fatal Python error|terminate called",
-        "a crash below Python: the engine's compiled kernels do not match torch, CUDA or the driver; reinstall "
+        "a crash below Python: the engine's compiled kernels do not match torch, CUDA or the driver;"
+        " reinstall "
         "matching versions", "the process's own message"),
     sig("child_failed", "", r"ChildFailedError",
-        "torchrun reports a failed rank: its own traceback, above, is the cause", "torchrun's summary", context=True),
+        "torchrun reports a failed rank: its own traceback, above, is the cause", "torchrun's summary",
+        context=True),
     sig("file_not_found", "", r"FileNotFoundError|No such file or directory",
         "a file is missing: check the model, data and output paths the job was given", "Python's message"),
 ]

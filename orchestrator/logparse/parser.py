@@ -57,10 +57,11 @@ _MODULES: dict[str | None, ModuleType] = {
 _RULES = COMMON_RULES + sglang.RULES + vllm.RULES + speculators.RULES + slurm.RULES
 # Every rule's pattern holds one of these words (case aside): a test checks it on every rule's transcripts.
 _ANY_RULE = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES)), (
-    "memory", "cuda error", "cuda driver", "cudaerror", "cublas", "cudnn", "illegal", "assert", "kill", "exit", "sig", "nccl", "backend", "watchdog",
-    "childfailed", "fatal", "segmentation", "dumped", "terminate", "max seq len", "stored in kv cache",
-    "kv cache is needed", "derived max_model_len", "hunk", "patch", "exception", "scheduler", "crashed", "warmup",
-    "fail", "encountered", "dead", "died", "externally held", "aborting", "cancelled", "srun", "slurmstepd"))
+    "memory", "cuda error", "cuda driver", "cudaerror", "cublas", "cudnn", "illegal", "assert", "kill",
+    "exit", "sig", "nccl", "backend", "watchdog", "childfailed", "fatal", "segmentation", "dumped", "terminate",
+    "max seq len", "stored in kv cache", "kv cache is needed", "derived max_model_len", "hunk", "patch",
+    "exception", "scheduler", "crashed", "warmup", "fail", "encountered", "dead", "died", "externally held",
+    "aborting", "cancelled", "srun", "slurmstepd"))
 # Markers that count whatever level they are logged at (or that come from programs that print no level).
 _ANY_LEVEL = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES if r.any_level)),
                     ("cancelled", "srun", "slurmstepd", "engine core exited", "hunk", "patch", "exit"))
@@ -71,7 +72,8 @@ _LOUD_LEVELS = {"ERROR", "CRITICAL"}
 # A server that answers: uvicorn's start lines, or an access-log line with status 200.
 _SERVING = re.compile(r"Application startup complete\.|Uvicorn running on|HTTP/1\.[01]\" 200\b")
 _ANSWERED = re.compile(r"HTTP/1\.[01]\" 200\b")
-_DONE = Screen(trainers.DONE, ("finish", "complete", "done", "train_runtime", "trainer.fit", "after training", "exit"))
+_DONE = Screen(trainers.DONE,
+               ("finish", "complete", "done", "train_runtime", "trainer.fit", "after training", "exit"))
 
 
 def _plain_prefix(prefix: str, with_total: bool) -> bool:
@@ -169,7 +171,9 @@ class LogParser:
         something caught (its outermost frame is no top level) is survived unless the log says more.
         """
         err = self.error
-        if err is None or err.fatal or self._caught or self.phase == "finished" or self.lines - err.line > STALE_LINES:
+        if err is None or err.fatal or self._caught or self.phase == "finished":
+            return
+        if self.lines - err.line > STALE_LINES:
             return
         err.fatal = True
         self._set_phase("failed")
@@ -336,7 +340,8 @@ class LogParser:
                 self._sample(name, value, line, found)
                 if name in _HEALTHY_METRICS:
                     self._healthy()
-        trained = speculators.train_metrics(text) or trainers.dict_metrics(text) or trainers.step_metrics(text)
+        trained = (speculators.train_metrics(text) or trainers.dict_metrics(text)
+                   or trainers.step_metrics(text))
         for name, value in trained:
             self._sample(name, value, line, found)
         if trained:

@@ -30,8 +30,9 @@ DETECT = Screen(re.compile(
     r"|KV Cache is allocated|Memory pool end\.|Init torch distributed (?:begin|ends)|Scheduler hit an exception"
     r"|^Capturing batches \(bs=\d+ avail_mem=|^Compiling num tokens \(num_tokens=",
     re.IGNORECASE,
-), ("sglang", "fired up", "load weight", "decode batch", "prefill batch", "serverargs", "graph", "is allocated",
-    "memory pool end", "init torch distributed", "hit an exception", "capturing batches", "compiling num tokens"))
+), ("sglang", "fired up", "load weight", "decode batch", "prefill batch", "serverargs", "graph",
+    "is allocated", "memory pool end", "init torch distributed", "hit an exception", "capturing batches",
+    "compiling num tokens"))
 
 _RUNNER = "srt/model_executor/model_runner.py"
 _GRAPHS = "srt/model_executor/cuda_graph_runner.py"
@@ -41,7 +42,8 @@ RULES: list[Rule] = [
     # The process hit an exception: its traceback follows on the same line and may be cut.
     rule(r"(?:Scheduler|DetokenizerManager|TokenizerManager|DataParallelController|Multi\w*Router)"
          r" hit an exception", "python_exception", True, versions="0.4.10-0.5.23", source=_SCHED),
-    rule(r"Rank \d+ scheduler is dead", "other", True, versions="0.4.10-0.5.5", source="srt/entrypoints/engine.py"),
+    rule(r"Rank \d+ scheduler is dead", "other", True, versions="0.4.10-0.5.5",
+         source="srt/entrypoints/engine.py"),
     rule(r"scheduler died during initialization", "other", True, versions="0.5.23",
          source="srt/entrypoints/engine.py"),
     rule(r"Subprocess \S+ \(pid=\d+\) crashed with exit code", "other", True, versions="0.5.23",
@@ -62,10 +64,12 @@ RULES: list[Rule] = [
 ]
 
 _CAPTURE = r"Capture (?:[\w ]+ )?cuda graph "
+_DECODE = r"Decode batch(?: \[\d+\])?[.,] "
+_MIXIN = "srt/managers/scheduler_metrics_mixin.py"
 FORMATS: list[Format] = [
-    line(r"Decode batch(?: \[\d+\])?[.,] ", "running", "0.4.10-0.5.23", "srt/managers/scheduler_metrics_mixin.py",
-         "Decode batch"),
-    line(r"The server is fired up and ready to roll!", "ready", "0.4.10-0.5.23", "srt/entrypoints/http_server.py",
+    line(_DECODE, "running", "0.4.10-0.5.23", _MIXIN, "Decode batch"),
+    line(r"The server is fired up and ready to roll!", "ready", "0.4.10-0.5.23",
+         "srt/entrypoints/http_server.py",
          "fired up"),
     line(r"Init torch distributed begin\.", "loading", "0.4.10-0.5.23", _RUNNER, "Init torch"),
     line(r"Load weight begin\. avail mem=", "loading", "0.4.10-0.5.23", _RUNNER, "Load weight begin"),
@@ -83,19 +87,20 @@ FORMATS: list[Format] = [
     line(_CAPTURE + r"(?:begin|bs |num tokens)", "capturing", "0.4.10-0.5.23", _GRAPHS, "raph ",
          flags=re.IGNORECASE),
     line(r"Decode batch(?: \[\d+\])?[.,] .*, accept len: " + NUM + ",", "metric", "0.4.10-0.5.23",
-         "srt/managers/scheduler_metrics_mixin.py", "accept len", ["accept_len"]),
+         _MIXIN, "accept len", ["accept_len"]),
     # A following ',' proves a number was printed whole (a log cut mid-line ends in a partial one).
     line(r"Decode batch(?: \[\d+\])?[.,] .*, accept rate: " + NUM + ",", "metric", "0.5.5-0.5.23",
-         "srt/managers/scheduler_metrics_mixin.py", "accept rate", ["accept_rate"]),
-    line(r"Decode batch(?: \[\d+\])?[.,] .*, accept rate: " + NUM + r",.*#queue-req: \d+,\s*$", "metric", "0.5.5",
-         "srt/managers/scheduler_metrics_mixin.py", "accept rate", ["accept_per_draft_slot"]),
-    line(r"Decode batch(?: \[\d+\])?[.,] .*, accept rate: " + NUM + r",.*#queue-req: \d+(?:\s*$|, est\. )", "metric",
-         "0.5.23", "srt/managers/scheduler_components/metrics_reporter.py", "accept rate", ["draft_accept_rate"]),
-    line(r"Decode batch(?: \[\d+\])?[.,] .*gen throughput \(token/s\): " + NUM + ",", "metric", "0.4.10-0.5.23",
-         "srt/managers/scheduler_metrics_mixin.py", "gen throughput", ["gen_throughput"]),
-    line(r"Load weight end\. elapsed=" + NUM + " s", "metric", "0.5.23", _RUNNER, "elapsed=", ["load_weight_s"]),
-    line(r"Load weight end\. Committed real weights after CUDA graph capture in " + NUM + " s", "metric", "0.5.23",
-         "srt/model_loader/startup_weight_load.py", "Committed real", ["weight_commit_s"]),
+         _MIXIN, "accept rate", ["accept_rate"]),
+    line(_DECODE + r".*, accept rate: " + NUM + r",.*#queue-req: \d+,\s*$", "metric", "0.5.5", _MIXIN,
+         "accept rate", ["accept_per_draft_slot"]),
+    line(_DECODE + r".*, accept rate: " + NUM + r",.*#queue-req: \d+(?:\s*$|, est\. )", "metric", "0.5.23",
+         "srt/managers/scheduler_components/metrics_reporter.py", "accept rate", ["draft_accept_rate"]),
+    line(_DECODE + r".*gen throughput \(token/s\): " + NUM + ",", "metric", "0.4.10-0.5.23", _MIXIN,
+         "gen throughput", ["gen_throughput"]),
+    line(r"Load weight end\. elapsed=" + NUM + " s", "metric", "0.5.23", _RUNNER, "elapsed=",
+         ["load_weight_s"]),
+    line(r"Load weight end\. Committed real weights after CUDA graph capture in " + NUM + " s", "metric",
+         "0.5.23", "srt/model_loader/startup_weight_load.py", "Committed real", ["weight_commit_s"]),
 ]
 
 _LOAD_BEGIN = re.compile(r"Load weight begin\. avail mem=")

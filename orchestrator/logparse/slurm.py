@@ -23,8 +23,8 @@ RULES: list[Rule] = [
     rule(r"^srun: error: \S+: tasks? [\d,-]+: (?:Killed|Terminated|Aborted)|^srun: Job step aborted"
          r"|^srun: forcing job termination|^srun: error: .*Job step \S+ aborted", "killed", True, False,
          versions="all", source="src/srun/", any_level=True),
-    rule(r"^slurmstepd(?:-\S+)?: error: Detected \d+ oom[_-]kill events?", "killed", True, True, versions="all",
-         source="src/plugins/task/cgroup/", any_level=True),
-    rule(r"^srun: error: \S+: tasks? [\d,-]+: Exited with exit code [1-9]", "other", True, False, versions="all",
-         source="src/srun/", any_level=True),
+    rule(r"^slurmstepd(?:-\S+)?: error: Detected \d+ oom[_-]kill events?", "killed", True, True,
+         versions="all", source="src/plugins/task/cgroup/", any_level=True),
+    rule(r"^srun: error: \S+: tasks? [\d,-]+: Exited with exit code [1-9]", "other", True, False,
+         versions="all", source="src/srun/", any_level=True),
 ]

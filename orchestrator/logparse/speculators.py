@@ -24,7 +24,8 @@ DETECT = re.compile(
 
 RULES: list[Rule] = [
     rule(r"Data generation failed|Aborting: \d+ consecutive samples errored out"
-         r"|Fatal: sample \d+ aborted", "other", True, versions="0.5-0.7", source="scripts/data_generation_offline.py"),
+         r"|Fatal: sample \d+ aborted", "other", True, versions="0.5-0.7",
+         source="scripts/data_generation_offline.py"),
 ]
 
 _FINISHED = re.compile(r"Data generation complete!")

@@ -25,10 +25,12 @@ import re
 _NUMBER = r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 _DICT_PAIR = re.compile(r"['\"]([^'\"]{1,60})['\"]\s*:\s*['\"]?(" + _NUMBER + r")['\"]?\s*(?=[,}])")
 _POSTFIX_PAIR = re.compile(r"(?:^|,)\s*([A-Za-z_][\w./-]{0,60})=(" + _NUMBER + r")(?=\s*(?:,|$))")
-# A step, iteration or epoch and its number, as a word of its own ('global_step=9', 'Step 120', 'iteration  100/').
-_STEP_WORD = re.compile(r"(?:^|[\s|,\[(])(?:global[ _])?(?:step|iteration|iter|epoch)s?\s*[:=]?\s*\[?\d", re.IGNORECASE)
-_SEGMENT = re.compile(r"^\s*([A-Za-z_][\w ./()-]{0,60}?)\s*(?:[:=]\s*|\s+)\[?(" + _NUMBER + r")(?:/\s*\d+)?\]?"
-                      r"\s*(?:[A-Za-z%/]{0,8})\s*$")
+# A step, iteration or epoch and its number, as a word of its own ('global_step=9', 'Step 120',
+# 'iteration  100/').
+_STEP_WORD = re.compile(r"(?:^|[\s|,\[(])(?:global[ _])?(?:step|iteration|iter|epoch)s?\s*[:=]?\s*\[?\d",
+                        re.IGNORECASE)
+_SEGMENT = re.compile(r"^\s*([A-Za-z_][\w ./()-]{0,60}?)\s*(?:[:=]\s*|\s+)\[?(" + _NUMBER
+                      + r")(?:/\s*\d+)?\]?\s*(?:[A-Za-z%/]{0,8})\s*$")
 _SPACED_PAIR = re.compile(r"(?:^|(?<=\s))([A-Za-z_][\w./-]{0,60})=(" + _NUMBER + r")(?=\s|,|$)")
 _TRAINER_KEY = re.compile(r"loss|\blr\b|learning_rate|epoch|step|grad_norm|reward|accuracy|\bacc|perplexity"
                           r"|train_runtime|eval_", re.IGNORECASE)
@@ -37,7 +39,8 @@ _LEAD_TIME = re.compile(r"^\s*\[[^\]]{0,40}\]\s*")  # Megatron's ' [2026-01-10 1
 
 # The key that means the loss, the learning rate or the step, in the trainers' spellings.
 _ALIASES = (
-    ("loss", re.compile(r"^(?:loss|lm_loss|train_loss|reduced_train_loss|train/loss|total_loss|train_loss_step)$")),
+    ("loss", re.compile(r"^(?:loss|lm_loss|train_loss|reduced_train_loss|train/loss|total_loss"
+                        r"|train_loss_step)$")),
     ("lr", re.compile(r"^(?:lr|learning_rate|lr/\w+)$")),
     ("step", re.compile(r"^(?:step|global_step|iteration|iter|train/global_step)$")),
 )

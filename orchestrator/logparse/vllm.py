@@ -27,9 +27,10 @@ _EXECUTOR = "v1/executor/multiproc_executor.py"
 _WORKER_UTILS = "v1/worker/utils.py"
 
 RULES: list[Rule] = [
-    rule(r"EngineCore failed to start|WorkerProc failed to start", "other", True, versions="0.8-0.33", source=_CORE),
-    rule(r"Engine core initialization failed|Engine process failed to start", "other", True, versions="0.8-0.33",
-         source="v1/engine/utils.py"),
+    rule(r"EngineCore failed to start|WorkerProc failed to start", "other", True, versions="0.8-0.33",
+         source=_CORE),
+    rule(r"Engine core initialization failed|Engine process failed to start", "other", True,
+         versions="0.8-0.33", source="v1/engine/utils.py"),
     # The engine hit an exception (its traceback is above or follows).
     rule(r"EngineCore encountered a fatal error|WorkerProc hit an exception|EngineCore encountered an issue",
          "python_exception", True, versions="0.8-0.33", source=_CORE),
@@ -45,9 +46,10 @@ RULES: list[Rule] = [
          source="v1/core/kv_cache_utils.py"),
     # Startup refusals: less free memory than --gpu-memory-utilization asks for (0.33 adds a second one for
     # memory that other processes' weights hold).
-    rule(r"Free memory on device .{0,200}? is less than (?:desired GPU memory utilization|the engine's budget)"
-         r"|Externally held weights on device .{0,200}? exceed the desired GPU memory utilization", "cuda_oom", True,
-         versions="0.8-0.33", source=_WORKER_UTILS),
+    rule(r"Free memory on device .{0,200}? is less than"
+         r" (?:desired GPU memory utilization|the engine's budget)"
+         r"|Externally held weights on device .{0,200}? exceed the desired GPU memory utilization",
+         "cuda_oom", True, versions="0.8-0.33", source=_WORKER_UTILS),
     rule(r"Failed to load model - not enough GPU memory", "cuda_oom", True, versions="0.33",
          source="v1/worker/gpu_model_runner.py"),
 ]
@@ -82,8 +84,8 @@ FORMATS: list[Format] = [
 
 _NUM = r"(\d+(?:\.\d+)?)"
 # Pasted logs sometimes widen the spaces; ' tokens/s' after the number proves it was printed whole.
-_THROUGHPUT = re.compile(r"Avg\s+prompt\s+throughput:\s+" + _NUM + r"\s+tokens/s,\s+Avg\s+generation\s+throughput:\s+"
-                         + _NUM + r"\s+tokens/s")
+_THROUGHPUT = re.compile(r"Avg\s+prompt\s+throughput:\s+" + _NUM
+                         + r"\s+tokens/s,\s+Avg\s+generation\s+throughput:\s+" + _NUM + r"\s+tokens/s")
 _PER_POSITION = re.compile(r"Per-position acceptance rate: ((?:\d+(?:\.\d+)?, )*\d+(?:\.\d+)?),")
 _RUNNING_BARS = re.compile(r"^(?:Processed prompts|Adding requests)")
 
