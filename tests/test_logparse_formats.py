@@ -164,6 +164,18 @@ def test_exit_words(last: str, phase: str) -> None:
     assert p.phase == phase
 
 
+@pytest.mark.parametrize("label", [
+    "Capturing batches (bs=64 avail_mem=20.15 GB)",  # decode graphs, every version
+    "Capturing num tokens (num_tokens=512 avail_mem=19.80 GB)",  # piecewise graphs, 0.5.5
+    "Compiling num tokens (num_tokens=512)",  # piecewise graphs, 0.5.23
+])
+def test_sglang_capture_bars_alone_name_the_engine(label: str) -> None:
+    p = LogParser()
+    p.feed(f"{label}:  50%|█████     | 4/8 [00:02<00:02,  1.90it/s]\n".encode())
+    p.finish()
+    assert (p.engine, p.phase) == ("sglang", "capturing")
+
+
 def test_slurm_time_limit_is_a_timeout_and_cancel_is_killed() -> None:
     for text, kind in [
         ("slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***\n", "timeout"),

@@ -28,11 +28,11 @@ DETECT = Screen(re.compile(
     r"sglang|The server is fired up|Load weight (?:begin|end)\.|Decode batch[ .,\[]|Prefill batch[ .,\[]"
     r"|server_args=ServerArgs\(|Capture (?:[\w ]+ )?cuda graph (?:begin|end|bs|num tokens)"
     r"|KV Cache is allocated|Memory pool end\.|Init torch distributed (?:begin|ends)|Scheduler hit an exception"
-    r"|^Capturing batches \(bs=\d+ avail_mem=|^Compiling num tokens \(num_tokens=",
+    r"|^Capturing batches \(bs=\d+ avail_mem=|^(?:Compiling|Capturing) num tokens \(num_tokens=",
     re.IGNORECASE,
 ), ("sglang", "fired up", "load weight", "decode batch", "prefill batch", "serverargs", "graph",
     "is allocated", "memory pool end", "init torch distributed", "hit an exception", "capturing batches",
-    "compiling num tokens"))
+    "num tokens"))
 
 _RUNNER = "srt/model_executor/model_runner.py"
 _GRAPHS = "srt/model_executor/cuda_graph_runner.py"
