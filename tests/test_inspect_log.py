@@ -63,7 +63,9 @@ def test_human_summary(orch: Orch, tmp_path: Path) -> None:
     assert lines[0] == "engine: sglang  phase: failed"
     assert lines[1].startswith("progress: ") and "4/8" in lines[1]
     assert re.match(r"error \(line \d+\): cuda_oom: torch\.OutOfMemoryError CUDA out of memory\.", lines[2])
-    assert len(lines) == 3  # no metrics line: the load never ended
+    # an OOM while loading the weights: the diagnosis, and where the advice comes from
+    assert lines[3].startswith("hint: out of memory while loading the weights") and "(source: " in lines[3]
+    assert len(lines) == 4  # no metrics line: the load never ended
 
 
 VLLM_0_33 = (
@@ -89,7 +91,8 @@ def test_vllm_log(orch: Orch, tmp_path: Path) -> None:
     got = json.loads(orch("inspect-log", str(log), "--json", check=0).stdout)
     assert got["engine"] == "vllm" and got["phase"] == "running" and got["error"] is None
     assert got["metrics"] == {"load_weight_s": 20.1, "gen_throughput": 94.0, "accept_len": 2.31,
-                              "accept_rate": pytest.approx(0.417)}
+                              "accept_rate": pytest.approx(0.417), "draft_accept_rate": pytest.approx(0.417),
+                              "accept_rate_pos_0": 0.7, "accept_rate_pos_1": 0.45}
     assert got["progress"]["label"] == "Loading safetensors checkpoint shards (eager)"
     assert got["progress"]["done"] == got["progress"]["total"] == 4
     human = orch("inspect-log", str(log), check=0).stdout
@@ -101,7 +104,7 @@ def test_json_shape_exactly(orch: Orch, tmp_path: Path) -> None:
     sglang_crash(log)
     got = json.loads(orch("inspect-log", str(log), "--json", check=0).stdout)
     assert list(got) == ["engine", "phase", "progress", "error", "metrics"]
-    assert set(got["error"]) == {"kind", "exception", "message", "line", "fatal", "chain"}
+    assert set(got["error"]) == {"kind", "exception", "message", "line", "fatal", "chain", "hint"}
     assert got["error"]["fatal"] is True and got["error"]["chain"] == []  # the scheduler's own death line
     assert set(got["progress"]) == {"label", "done", "total", "percent", "elapsed_s", "eta_s", "rate_per_s"}
     assert isinstance(got["error"]["line"], int) and isinstance(got["metrics"], dict)

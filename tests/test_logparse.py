@@ -92,7 +92,7 @@ SGLANG_0_5_5 = (
     + tqdm_line("Capturing batches (bs=1 avail_mem=19.90 GB)", 3)
     + "[2025-11-02 09:00:30] Capture cuda graph end. Time elapsed: 14.00 s. mem usage=0.80 GB. avail mem=19.10 GB.\n"
     "[2025-11-02 09:00:35] The server is fired up and ready to roll!\n"
-    "[2025-11-02 09:01:00] Decode batch. #running-req: 4, #token: 1000, token usage: 0.02, accept len: 1.90, "
+    "[2025-11-02 09:01:00] Decode batch, #running-req: 4, #token: 1000, token usage: 0.02, accept len: 1.90, "
     "accept rate: 0.45, cuda graph: True, gen throughput (token/s): 88.80, #queue-req: 0, \n"
 )
 
@@ -114,11 +114,13 @@ SGLANG_0_4_10 = (
 def test_sglang_0_5_23_eagle_goes_through_every_phase() -> None:
     p = LogParser()
     phases = feed_lines(p, SGLANG_0_5_23_EAGLE)
-    # target load, target graphs, draft load, draft graphs, fired up, decoding
-    assert phases == ["starting", "loading", "capturing", "loading", "capturing", "ready", "running"]
+    # target load, target graphs, draft load, draft graphs, the server starting, fired up, decoding
+    assert phases == ["starting", "loading", "capturing", "loading", "capturing", "loading", "ready", "running"]
     assert p.engine == "sglang"
     assert p.error is None  # 'Ignore import error' is harmless
-    assert p.metrics == {"load_weight_s": 1.20, "accept_len": 3.10, "accept_rate": 0.70, "gen_throughput": 455.10}
+    # 0.5.23's rate is drafted tokens accepted per token drafted (its line has no trailing comma)
+    assert p.metrics == {"load_weight_s": 1.20, "accept_len": 3.10, "accept_rate": 0.70, "draft_accept_rate": 0.70,
+                         "gen_throughput": 455.10}
     # the draft model's one-shard bar is the last one
     assert p.progress == Progress("Loading safetensors checkpoint shards", 1, 1, 100.0, 1, 0, 1.5)
 
@@ -143,14 +145,18 @@ def test_sglang_0_5_23_shard_bar_is_one_cr_separated_line() -> None:
     (SGLANG_0_4_10, 1.47, None, 94.02),
 ])
 def test_sglang_older_versions(log: str, accept_len: float, rate: float | None, throughput: float) -> None:
+    """0.5.5's rate is per draft-token slot (its line ends in ', '); 0.4.10 prints none."""
     p = LogParser()
     phases = feed_lines(p, log)
-    assert phases == ["starting", "loading", "capturing", "ready", "running"]
+    # graphs captured, the server still starting until it is fired up
+    assert phases == ["starting", "loading", "capturing", "loading", "ready", "running"]
     assert p.engine == "sglang"
     assert p.metrics.get("accept_len") == accept_len
     assert p.metrics.get("accept_rate") == rate
+    assert p.metrics.get("accept_per_draft_slot") == rate and "draft_accept_rate" not in p.metrics
     assert p.metrics["gen_throughput"] == throughput
-    assert "load_weight_s" not in p.metrics  # older 'Load weight end.' prints no elapsed time
+    # older 'Load weight end.' prints no elapsed time: the times of the begin and end lines give it
+    assert p.metrics["load_weight_s"] == 10
 
 
 def test_sglang_shard_bar_with_newline_per_update_is_progress() -> None:
@@ -213,15 +219,18 @@ def test_bench_serving_result_block() -> None:
     p = LogParser()
     p.feed(BENCH.encode())
     p.finish()
+    # every numeric row, under the engine's result-JSON key or the label in snake case
     assert p.metrics == {
-        "request_throughput": 4.98,
-        "output_throughput": 1276.17,
-        "total_token_throughput": 6380.86,
-        "accept_len": 2.91,
-        "median_ttft_ms": 640.25,
-        "median_itl_ms": 38.50,
+        "completed": 200, "duration_s": 40.12, "total_input_tokens": 204800, "total_output_tokens": 51200,
+        "request_throughput": 4.98, "input_throughput": 5104.69, "output_throughput": 1276.17,
+        "total_token_throughput": 6380.86, "concurrency": 63.2, "accept_len": 2.91,
+        "mean_e2e_latency_ms": 12680.5, "median_e2e_latency_ms": 12400.1,
+        "mean_ttft_ms": 820.33, "median_ttft_ms": 640.25, "p99_ttft_ms": 2100.0,
+        "mean_itl_ms": 45.12, "median_itl_ms": 38.50, "p95_itl_ms": 90.0,
+        "total_output_tokens_retokenized": 51180, "peak_output_throughput": 1800, "peak_concurrent_requests": 64,
     }
     assert p.error is None
+    assert p.phase == "finished"
 
 
 # ---- vLLM ----------------------------------------------------------------------------------------
@@ -278,7 +287,8 @@ VLLM_0_33 = (
 def test_vllm_0_11_ansi_worker_prefix_before_cr() -> None:
     p = LogParser()
     phases = feed_lines(p, VLLM_0_11)
-    assert phases == ["starting", "loading", "capturing", "ready", "running"]
+    # graphs captured, the engine initialised, the API server still starting
+    assert phases == ["starting", "loading", "capturing", "loading", "ready", "running"]
     assert p.engine == "vllm"
     assert p.error is None
     assert p.metrics == {"load_weight_s": 12.34, "gen_throughput": 880.2}
@@ -296,10 +306,11 @@ def test_vllm_0_11_shard_bar_label_has_no_prefix_or_colour() -> None:
 def test_vllm_0_33() -> None:
     p = LogParser()
     phases = feed_lines(p, VLLM_0_33)
-    assert phases == ["starting", "loading", "capturing", "ready", "running"]
+    assert phases == ["starting", "loading", "capturing", "loading", "ready", "running"]
     assert p.engine == "vllm"
     assert p.metrics == {"load_weight_s": 20.10, "gen_throughput": 94.0, "accept_len": 2.31,
-                         "accept_rate": pytest.approx(0.417)}
+                         "accept_rate": pytest.approx(0.417), "draft_accept_rate": pytest.approx(0.417),
+                         "accept_rate_pos_0": 0.7, "accept_rate_pos_1": 0.45}
 
 
 # ---- speculators, transformers, plain tqdm --------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 from orchtest import Orch
 
 from orchestrator.logparse import LogParser, inspect_file
+from orchestrator.logparse.hints import SIGNATURES
 
 LOGS = Path(__file__).parent / "logs"
 LABELS: list[dict[str, Any]] = json.loads((LOGS / "labels.json").read_text())
@@ -45,6 +46,11 @@ def mismatches(label: dict[str, Any], got: dict[str, Any]) -> list[str]:
     for name, value in label["metrics"].items():
         if read["metrics"].get(name) != pytest.approx(value):
             wrong.append(f"metric {name}: {read['metrics'].get(name)!r}, expected {value!r}")
+    if label.get("hint"):  # the diagnosis signature the failure fits
+        advice = next(s.hint for s in SIGNATURES if s.name == label["hint"])
+        hint = (got["error"] or {}).get("hint") or ""
+        if not hint.startswith(advice):
+            wrong.append(f"hint: {hint!r}, expected the {label['hint']!r} advice")
     return wrong
 
 

@@ -26,7 +26,8 @@ def inspect_log(path: Path = typer.Argument(..., help="any log file, of any size
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     e = found["error"]
-    found["error"] = {k: e.get(k) for k in ("kind", "exception", "message", "line", "fatal", "chain")} if e else None
+    found["error"] = ({k: e.get(k) for k in ("kind", "exception", "message", "line", "fatal", "chain", "hint")}
+                      if e else None)
     found["progress"], found["metrics"] = shapes.progress(found["progress"]), shapes.metrics(found["metrics"])
     if as_json:
         emit_json(found)
@@ -37,6 +38,8 @@ def inspect_log(path: Path = typer.Argument(..., help="any log file, of any size
     if e:
         out.print(f"error (line {e['line']}): {e['kind']}: {e['exception'] or ''} {e['message']}".rstrip(),
                   markup=False)
+        if e.get("hint"):
+            out.print(f"hint: {e['hint']}", markup=False)
     if found["metrics"]:
         out.print("metrics: " + " ".join(f"{k}={v:g}" for k, v in found["metrics"].items()), markup=False)
 

@@ -33,6 +33,7 @@ class LogError:
     # chained traceback ('The above exception was the direct cause ...'), or what other processes raised
     # because of the root cause ('Engine core initialization failed').
     chain: list[str] = field(default_factory=list)
+    hint: str | None = None  # what to try, and where that advice comes from (hints.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -47,10 +48,15 @@ class Rule(NamedTuple):
     kind: str
     fatal: bool  # the line itself says the run cannot go on
     cause: bool  # names why it failed, rather than only that something gave up
+    versions: str = ""  # the engine versions that print it ('0.4.10-0.5.23'); '' for any program
+    source: str = ""  # where the engine's source holds the format string
+    any_level: bool = False  # counts even when logged at INFO/WARNING (or by a program without levels)
 
 
-def rule(pattern: str, kind: str, fatal: bool, cause: bool | None = None) -> Rule:
-    return Rule(re.compile(pattern), kind, fatal, kind not in ("other", "killed") if cause is None else cause)
+def rule(pattern: str, kind: str, fatal: bool, cause: bool | None = None, versions: str = "",
+         source: str = "", any_level: bool = False) -> Rule:
+    return Rule(re.compile(pattern), kind, fatal, kind not in ("other", "killed") if cause is None else cause,
+                versions, source, any_level)
 
 
 # Symptoms any program can print; engine modules add their own markers.
@@ -73,6 +79,12 @@ COMMON_RULES = [
     # torchrun reporting that a child it launched failed; a crash below Python.
     rule(r"ChildFailedError|^Fatal Python error: |Segmentation fault|\(core dumped\)"
          r"|^terminate called after throwing an instance of", "other", True),
+    # A patch that no longer applies to the sources it was made for.
+    rule(r"^Hunk #\d+ FAILED at \d+|^\d+ out of \d+ hunks? FAILED|^error: patch failed: "
+         r"|: patch does not apply$", "other", True, any_level=True),
+    # A wrapper's own account of the exit ('Process finished with exit code 1', 'exited with code 2').
+    rule(r"\b(?:[Ee]xit(?:ed)?|[Rr]eturned)(?: with)?(?: exit)? (?:code|status)[:=]? ?[1-9]\d*\.?\s*$",
+         "other", True, any_level=True),
     # vLLM refuses to start with a max model length its KV cache cannot hold.
     rule(r"max seq len \(\d+\) is larger than|stored in KV cache \(\d+\)"
          r"|KV cache is needed, which is larger than the available KV cache memory"
@@ -81,7 +93,8 @@ COMMON_RULES = [
 
 # Lines that mention errors without being one: SGLang skipping optional models, NCCL's debug output.
 # Python's warnings ('x.py:12: UserWarning: ...') are warnings whatever they quote.
-HARMLESS = re.compile(r"Ignore import error when loading|NCCL (?:INFO|WARN)\b|^\S+\.py:\d+: [A-Z]\w*Warning: ")
+HARMLESS = re.compile(r"Ignore import error when loading|NCCL (?:INFO|WARN)\b|^\S+\.py:\d+: [A-Z]\w*Warning: "
+                      r"|^(?:DEBUG|INFO):filelock:")
 
 # An exception line: 'torch.OutOfMemoryError: CUDA out of memory. ...', or only 'TypeError' when the
 # message is empty. The class's own name is capitalised, which keeps source lines and prose out.
@@ -132,19 +145,24 @@ def merge(cur: LogError, new: LogError, chained: bool, cause: bool, cur_cause: b
     Fatal is never taken back. The details (exception, message, line, context) stay with the first root
     cause: a marker ('scheduler died') keeps the traceback before it, a traceback fills in a marker that had
     none, a more specific cause replaces them, and a chained or post-mortem exception joins the chain
-    instead of hiding the one that started the failure. A bare 'Killed' after an exception does not
-    rename it: what killed the process is not said; the kernel's OOM-killer line after it does say.
+    instead of hiding the one that started the failure. A bare 'Killed' after an exception or another cause
+    (a cut traceback, Slurm's time limit) does not rename it: what killed the process is not said; the
+    kernel's OOM-killer line after it does say.
     `cause` and `cur_cause`: whether the rules that found `new` and `cur` name a cause.
     """
     higher = RANK[new.kind] > RANK[cur.kind]
     if cur.exception is None:
-        take_new = new.exception is not None or (cause and (higher or (new.kind == cur.kind and not cur_cause)))
+        # A cause replaces a line that only said something gave up ('srun: Job step aborted', then Slurm's
+        # time limit), whatever their ranks.
+        take_new = new.exception is not None or (cause and (higher or not cur_cause))
     elif new.exception is None:
         take_new = False
     else:
         take_new = (higher and cause) or not (cur.fatal or chained)
     base = new if take_new else cur
-    kind = new.kind if higher and (take_new or cause or cur.exception is None) else cur.kind
+    # What only says something gave up (a task 'Killed' after the time limit) renames no cause.
+    renames = higher and (cause or (cur.exception is None and not cur_cause))
+    kind = new.kind if take_new or renames else cur.kind
     chain = list(base.chain)
     if not take_new and new.exception is not None and (new.exception, new.message) != (cur.exception, cur.message):
         entry = f"{new.exception}: {new.message}" if new.message else new.exception
@@ -158,6 +176,7 @@ def merge(cur: LogError, new: LogError, chained: bool, cause: bool, cur_cause: b
         context=list(base.context),
         fatal=cur.fatal or new.fatal,
         chain=chain,
+        hint=cur.hint,
     )
 
 

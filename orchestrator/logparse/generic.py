@@ -9,8 +9,9 @@ from .errors import Rule
 NAME = "generic"
 TRANSFORMERS = "transformers"
 
-# Transformers' shard bar, or a warning from inside the library.
-DETECT_TRANSFORMERS = re.compile(r"Loading checkpoint shards|transformers/|transformers\.")
+# Transformers' shard bar, a warning from inside the library, or its Trainer's log dicts.
+DETECT_TRANSFORMERS = re.compile(r"Loading checkpoint shards|transformers/|transformers\."
+                                 r"|^\{'(?:loss|train_runtime|eval_loss)': ")
 
 RULES: list[Rule] = []
 

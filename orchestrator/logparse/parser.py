@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from . import eagle3_debug, generic, sglang, speculators, vllm
+from . import bench, eagle3_debug, generic, sglang, slurm, speculators, trainers, vllm
 from .errors import COMMON_RULES, HARMLESS, RANK, LogError, classify, exception_kind, exception_line, merge
+from .formats import Screen
+from .hints import hint_of
 from .protocol import PROTOCOL, protocol_metrics
-from .text import Line, LineSplitter, RichUnwrapper, clean, strip_ansi
+from .text import Line, LineSplitter, RichUnwrapper, clean, stamp_seconds, strip_ansi
 from .tqdm import (
     Progress,
     has_total,
@@ -22,11 +24,11 @@ from .tqdm import (
     run_by_shapes,
     search_bar,
 )
-from .traceback import HEADER, ExceptionEnd, TracebackTracker
+from .traceback import HEADER_START, Cut, ExceptionEnd, TracebackTracker
 
 PHASES = ("starting", "loading", "capturing", "ready", "running", "finished", "failed")
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 CONTEXT_BEFORE = 20  # lines kept before an error: enough for the end of a traceback
 CONTEXT_AFTER = 5
 CONTEXT_LINE_CHARS = 500
@@ -36,11 +38,12 @@ STALE_LINES = 200
 _MAX_BAR_PREFIX = 1000  # a longer label is no tqdm desc worth remembering
 
 # Most specific first: an engine may only be replaced by one earlier in this list.
-_DETECTION = [
+_DETECTION: list[tuple[str, re.Pattern[str] | Screen]] = [
     ("speculators", speculators.DETECT),
     ("sglang", sglang.DETECT),
     ("vllm", vllm.DETECT),
     ("transformers", generic.DETECT_TRANSFORMERS),
+    ("slurm", slurm.DETECT),  # the scheduler's own lines: the engine only when nothing else is known
 ]
 _MODULES: dict[str | None, ModuleType] = {
     "sglang": sglang,
@@ -48,26 +51,29 @@ _MODULES: dict[str | None, ModuleType] = {
     "speculators": speculators,
     "transformers": generic,
     "generic": generic,
+    "slurm": generic,
 }
 # Markers are distinctive enough to be looked for whatever the engine.
-_RULES = COMMON_RULES + sglang.RULES + vllm.RULES + speculators.RULES
-_ANY_RULE = re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES))
-_METRIC_SOURCES = (sglang.metrics, vllm.metrics, speculators.train_metrics)
-_HEALTHY_METRICS = {"gen_throughput", "train/loss"}
+_RULES = COMMON_RULES + sglang.RULES + vllm.RULES + speculators.RULES + slurm.RULES
+# Every rule's pattern holds one of these words (case aside): a test checks it on every rule's transcripts.
+_ANY_RULE = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES)), (
+    "memory", "cuda error", "cuda driver", "cudaerror", "cublas", "cudnn", "illegal", "assert", "kill",
+    "exit", "sig", "nccl", "backend", "watchdog", "childfailed", "fatal", "segmentation", "dumped", "terminate",
+    "max seq len", "stored in kv cache", "kv cache is needed", "derived max_model_len", "hunk", "patch",
+    "exception", "scheduler", "crashed", "warmup", "fail", "encountered", "dead", "died", "externally held",
+    "aborting", "cancelled", "srun", "slurmstepd"))
+# Markers that count whatever level they are logged at (or that come from programs that print no level).
+_ANY_LEVEL = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES if r.any_level)),
+                    ("cancelled", "srun", "slurmstepd", "engine core exited", "hunk", "patch", "exit"))
+_METRIC_SOURCES = (sglang.metrics, vllm.metrics)
+_HEALTHY_METRICS = {"gen_throughput", "train/loss", "loss", "step"}
 _QUIET_LEVELS = {"DEBUG", "INFO", "WARNING"}
 _LOUD_LEVELS = {"ERROR", "CRITICAL"}
 # A server that answers: uvicorn's start lines, or an access-log line with status 200.
 _SERVING = re.compile(r"Application startup complete\.|Uvicorn running on|HTTP/1\.[01]\" 200\b")
-# A job's own last word ('Training finished, exiting ...', 'Extraction complete: ...').
-_DONE = re.compile(
-    r"\b(?:[Tt]raining|[Gg]eneration|[Ee]xtraction|[Ee]valuation|[Bb]enchmark|[Jj]ob|[Ff]ine-?tuning)"
-    r" (?:is )?(?:finished|complete|completed|done)\b(?! with errors?\b)"
-    r"|\bFinished (?:training|generation|extraction|evaluation)\b"
-    r"|\{'train_runtime': |`Trainer\.fit` stopped: "  # HF Trainer's and Lightning's last words
-)
-# bench_serving's result block: the header centred in '=', rows, then a line of '='.
-_BENCH_HEADER = re.compile(r"^=+ Serving Benchmark Result =+$")
-_BENCH_END = re.compile(r"^={20,}$")
+_ANSWERED = re.compile(r"HTTP/1\.[01]\" 200\b")
+_DONE = Screen(trainers.DONE,
+               ("finish", "complete", "done", "train_runtime", "trainer.fit", "after training", "exit"))
 
 
 def _plain_prefix(prefix: str, with_total: bool) -> bool:
@@ -119,8 +125,12 @@ class LogParser:
         self._error_after = 0  # lines still to add after the error to its context
         self._error_progress: list[Any] | None = None  # [label, done] when the error was seen
         self._rich = RichUnwrapper()
-        self._bench = -1  # rows read of a bench_serving result block; -1 outside one
+        self._bench = -1  # rows read of a benchmark's result block; -1 outside one
+        self._load_begin: str | None = None  # time of the last 'Load weight begin' line, as printed
+        self._caught = False  # the error is a complete traceback that something caught
+        self._failed_in: str | None = None  # the phase the run failed in
         self.debug: list[dict[str, Any]] = []  # debug patch lines since the last take_debug(); not state
+        self._redrawn: list[Metric] = []  # postfix samples of bars redrawn in place, for feed() to return
 
     # ---- input ----------------------------------------------------------------------------------
 
@@ -129,18 +139,44 @@ class LogParser:
         found: list[Metric] = []
         for raw, by_cr in self._splitter.feed(data, self._skip_redraws):
             self._line(raw, by_cr, found)
+        found += self._redrawn
+        self._redrawn = []
         return found
 
-    def finish(self) -> list[Metric]:
-        """End of the log: a trailing partial line counts as complete."""
+    def finish(self, exit_code: int | None = None) -> list[Metric]:
+        """End of the log: a trailing partial line counts as complete. `exit_code`, when the caller knows
+        how the process ended, decides a tentative error that nothing followed (else the log alone does)."""
         found: list[Metric] = []
         for raw, by_cr in self._splitter.finish():
             self._line(raw, by_cr, found)
         for piece in self._rich.flush():
             self._rich_piece(piece, found)
+        for cut in self._tracebacks.cut_at_end():
+            self._cut(cut, Line("", "", "", None))
+        found += self._redrawn
+        self._redrawn = []
+        if exit_code != 0:
+            self._last_word()
         if self.engine is None:
             self.engine = "generic"
         return found
+
+    def _last_word(self) -> None:
+        """At the end of the log: a tentative error that nothing healthy followed ended the run.
+
+        Fatal or survivable is decided by what follows an error. Healthy work after it (a bar that moves on,
+        decode statistics, answered requests, the ready line, metrics) shows it was survived and clears it.
+        When the log ends first, a traceback cut short, an exception line or an engine's warning of trouble is
+        how the run ended: the process exited, or the other ranks stopped with it. A complete traceback that
+        something caught (its outermost frame is no top level) is survived unless the log says more.
+        """
+        err = self.error
+        if err is None or err.fatal or self._caught or self.phase == "finished":
+            return
+        if self.lines - err.line > STALE_LINES:
+            return
+        err.fatal = True
+        self._set_phase("failed")
 
     # ---- one line -------------------------------------------------------------------------------
 
@@ -211,7 +247,9 @@ class LogParser:
         if bar[3] is not None:
             self._set_phase(bar[3])
         if self._tracebacks.open:
-            self._tracebacks.feed(line.source, text)
+            self._feed_traceback(line)
+        if "=" in m.group("postfix"):
+            self._redrawn += self._postfix(m, line)
         return True
 
     def _skip_redraws(self, data: bytes, start: int, end: int) -> int:
@@ -248,6 +286,8 @@ class LogParser:
         if bar[3] is not None:
             self._set_phase(bar[3])
         self._recent.extend(t[:CONTEXT_LINE_CHARS] for t in reversed(tail))
+        if "=" in last.group("postfix"):
+            self._redrawn += self._postfix(last, Line(tail[0], tail[0], "", None))
         return stop
 
     def _other(self, line: Line, found: list[Metric]) -> None:
@@ -260,9 +300,11 @@ class LogParser:
             self._detect(text[:m.start()] if m is not None and pure_bar else text)
         if m is not None:
             self._on_progress(m, pure_bar)
+            if "=" in m.group("postfix"):
+                found += self._postfix(m, line)
         if pure_bar:
             # A bar line carries nothing else, but it ends any traceback it interrupts.
-            self._tracebacks.feed(line.source, text)
+            self._feed_traceback(line)
             return
         self._metrics(line, found)
         epochs = speculators.epoch_progress(text)
@@ -283,6 +325,14 @@ class LogParser:
         taken, self.debug = self.debug, []
         return taken
 
+    def _postfix(self, m: re.Match[str], line: Line) -> list[Metric]:
+        """A bar's postfix metrics (Lightning's 'loss=2.61, v_num=0'); of a run of redraws taken at once,
+        the last redraw's."""
+        found: list[Metric] = []
+        for name, value in trainers.postfix_metrics(m.group("postfix")):
+            self._sample(name, value, line, found)
+        return found
+
     def _metrics(self, line: Line, found: list[Metric]) -> None:
         text = line.text
         for source in _METRIC_SOURCES:
@@ -290,12 +340,36 @@ class LogParser:
                 self._sample(name, value, line, found)
                 if name in _HEALTHY_METRICS:
                     self._healthy()
+        trained = (speculators.train_metrics(text) or trainers.dict_metrics(text)
+                   or trainers.step_metrics(text))
+        for name, value in trained:
+            self._sample(name, value, line, found)
+        if trained:
+            self._healthy()  # a trainer that reports its steps is alive
+            if self.phase in ("starting", "loading"):
+                self._set_phase("running")
+        if self._bench >= 0:
+            for name, value in bench.row(text):
+                self._sample(name, value, line, found)
+        mark = sglang.load_mark(text)
+        if mark is not None:
+            self._load_time(mark, line, found)
         if PROTOCOL in text:
             samples = protocol_metrics(text)
             for name, value in samples:
                 self._sample(name, value, line, found)
             if samples:
                 self._healthy()  # the job is alive and reporting
+
+    def _load_time(self, mark: str, line: Line, found: list[Metric]) -> None:
+        """A weight load's length from the times of its begin and end lines (SGLang before 0.5.23)."""
+        if mark == "begin":
+            self._load_begin = line.stamp
+            return
+        begin, end = stamp_seconds(self._load_begin), stamp_seconds(line.stamp)
+        self._load_begin = None
+        if begin is not None and end is not None:
+            self._sample("load_weight_s", (end - begin) % 86400, line, found)
 
     def _sample(self, name: str, value: float, line: Line, found: list[Metric]) -> None:
         self.metrics[name] = value
@@ -308,6 +382,8 @@ class LogParser:
             if phase is None and self.phase in ("loading", "capturing"):
                 phase = "ready"  # the server answers: after its weights and graphs, that is all it waits for
             self._healthy()  # a server that still answers was not killed by a request's traceback
+        elif "HTTP/1." in text and _ANSWERED.search(text):
+            self._healthy()
         if phase is None and _DONE.search(text):
             phase = "finished"
         if phase is None:
@@ -318,20 +394,41 @@ class LogParser:
             self._set_phase(phase)
 
     def _bench_block(self, text: str) -> str | None:
-        """'finished' when a bench_serving result block closes after its rows."""
-        if "Serving Benchmark Result" in text and _BENCH_HEADER.match(text.strip()):
+        """A benchmark's result block: 'running' once it begins (the benchmark ran), 'finished' when it
+        closes after its rows."""
+        if bench.header(text):
             self._bench = 0
-        elif self._bench >= 0:
-            if _BENCH_END.match(text.strip()):
+            return "running"
+        if self._bench >= 0:
+            if bench.end(text):
                 done = self._bench > 0
                 self._bench = -1
                 return "finished" if done else None
+            if self.auto_engine and (tool := bench.engine_of(text.strip())) is not None:
+                self._detect_name(tool)
             self._bench += 1
         return None
 
+    def _feed_traceback(self, line: Line) -> str | ExceptionEnd | Cut | None:
+        event = self._tracebacks.feed(line.source, line.text, line.level in ("DEBUG", "WARNING"))
+        if isinstance(event, Cut):
+            self._cut(event, line)
+            return None
+        return event
+
+    def _cut(self, cut: Cut, line: Line) -> None:
+        """A traceback that stopped before its exception line: still an exception, its class unknown unless a
+        frame's `raise` named it. Tentative: what follows decides."""
+        if cut.quiet:
+            return
+        kind = exception_kind(cut.exception) if cut.exception else "python_exception"
+        line_no = max(1, self.lines - 1) if line.raw else self.lines
+        self._raise(LogError(kind, cut.exception, "traceback cut short before its exception line", line_no,
+                             self._context(line.raw) if line.raw else list(self._recent), False), False, True)
+
     def _find_error(self, line: Line) -> None:
         text = line.text
-        event = self._tracebacks.feed(line.source, text)
+        event = self._feed_traceback(line)
         if event == "frame":
             return  # source lines quoted in a traceback are code, not messages
         if event == "chain":
@@ -341,9 +438,12 @@ class LogParser:
         if isinstance(event, ExceptionEnd):
             if line.level in ("DEBUG", "WARNING"):
                 return  # a traceback logged as a warning: something was tried and given up on
-            self._exception(line, event.exception, event.message, event.chained, event.top)
+            self._exception(line, event.exception, event.message, event.chained, event.top,
+                            caught=not event.top)
             return
         quiet = line.level in _QUIET_LEVELS
+        if quiet and _ANY_LEVEL.search(text):
+            quiet = False  # a marker that counts at any level
         if quiet or HARMLESS.search(text):
             return
         if line.level in _LOUD_LEVELS and event is None:
@@ -359,7 +459,7 @@ class LogParser:
             exception = None
             message = text.strip()
             if event == "start":
-                message = message.replace(HEADER, "").rstrip(" :")
+                message = message.split(HEADER_START)[0].rstrip(" :")
             else:
                 shown = exception_line(text, bare=True)
                 if shown is not None:  # an exception line of a traceback cut before its header
@@ -368,7 +468,8 @@ class LogParser:
             self._raise(LogError(kind, exception, message[:MESSAGE_CHARS], self.lines, self._context(line.raw),
                                  fatal), False, cause)
 
-    def _exception(self, line: Line, exception: str, message: str, chained: bool, top: bool) -> None:
+    def _exception(self, line: Line, exception: str, message: str, chained: bool, top: bool,
+                   caught: bool = False) -> None:
         kind = exception_kind(exception)
         fatal = top  # nothing caught it: the interpreter exits
         cause = True
@@ -376,8 +477,11 @@ class LogParser:
         if rules is not None:
             kind = max(kind, rules[0], key=RANK.__getitem__)
             fatal = fatal or rules[1]
+        before = self.error
         self._raise(LogError(kind, exception, message[:MESSAGE_CHARS], self.lines, self._context(line.raw), fatal),
                     chained, cause)
+        if self.error is not before and self.error is not None and self.error.line == self.lines:
+            self._caught = caught and not fatal
 
     def _orphan_root(self) -> None:
         """'The above exception ...' whose traceback the log does not hold: its exception line may be there."""
@@ -434,17 +538,22 @@ class LogParser:
             self.error = None
             self._error_after = 0
             self._error_progress = None
+            self._caught = False
 
     def _set_phase(self, phase: str) -> None:
         if self.phase == "failed" or (self.phase == "finished" and phase != "failed"):
             return
         if phase != self.phase:
             self.phases_passed.append(phase)
+        if phase == "failed":
+            self._failed_in = self.phase
         self.phase = phase
 
     def _raise(self, new: LogError, chained: bool, cause: bool) -> None:
         cur = self.error
-        if cur is not None and not cur.fatal and new.line - cur.line > STALE_LINES:
+        phase = self._failed_in if self.phase == "failed" else self.phase
+        # A tentative error long before is unrelated to a new cause; a bare 'Killed' still ends it.
+        if cur is not None and not cur.fatal and new.line - cur.line > STALE_LINES and cause:
             cur = None
         if cur is None:
             err = new
@@ -457,6 +566,7 @@ class LogParser:
             self.error = err
             last = self._last_bar()
             self._error_progress = [last.label, last.done] if last else None
+            err.hint = hint_of(err, phase)
         if err.fatal:
             self._set_phase("failed")
 
@@ -491,6 +601,9 @@ class LogParser:
             "error_progress": list(self._error_progress) if self._error_progress is not None else None,
             "rich": self._rich.to_dict(),
             "bench": self._bench,
+            "load_begin": self._load_begin,
+            "caught": self._caught,
+            "failed_in": self._failed_in,
         }
 
     @classmethod
@@ -510,4 +623,7 @@ class LogParser:
         p._error_progress = d.get("error_progress")
         p._rich = RichUnwrapper.from_dict(d.get("rich", {}))
         p._bench = int(d.get("bench", -1))
+        p._load_begin = d.get("load_begin")
+        p._caught = bool(d.get("caught", False))
+        p._failed_in = d.get("failed_in")
         return p

@@ -1,10 +1,11 @@
 """speculators: hidden-state generation (the old in-process vLLM pipeline, the new vLLM-server client) and
-EAGLE-3 draft training (scripts/train.py, 0.3 to 0.6).
+EAGLE-3 draft training (scripts/train.py, 0.3 to 0.7).
 
 The trainer logs through Rich with its dict formatter: a step is `train/loss=1.234, train/full_acc_0=0.512,
 ..., epoch=0, lr=1.00e-04`, a validation pass `val/loss_epoch=..., epoch=0`; each pair under `train/` or
-`val/` is a metric of that name, `lr` too. `Training epoch K/N started|completed` is the run's progress
-(K-1 or K of N epochs): its per-step bars are Rich's, which draw nothing off a terminal."""
+`val/` is a metric of that name, `lr` too (0.7 prints one per optimizer: `lr/AdamW=...`). `Training epoch
+K/N started|completed` is the run's progress (K-1 or K of N epochs): its per-step bars are Rich's, which
+draw nothing off a terminal."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ DETECT = re.compile(
 
 RULES: list[Rule] = [
     rule(r"Data generation failed|Aborting: \d+ consecutive samples errored out"
-         r"|Fatal: sample \d+ aborted", "other", True),
+         r"|Fatal: sample \d+ aborted", "other", True, versions="0.5-0.7",
+         source="scripts/data_generation_offline.py"),
 ]
 
 _FINISHED = re.compile(r"Data generation complete!")
@@ -31,7 +33,7 @@ _FINISHED = re.compile(r"Data generation complete!")
 metrics = vllm.metrics
 
 _TRAIN_LINE = re.compile(r"(?:^|[\s,])(?:train|val)/\w+=")
-_TRAIN_PAIR = re.compile(r"(?:^|(?<=[\s,]))((?:train|val)/\w+|lr)=(-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)(?=,|\s|$)")
+_TRAIN_PAIR = re.compile(r"(?:^|(?<=[\s,]))((?:train|val)/\w+|lr(?:/\w+)?)=(-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)(?=,|\s|$)")
 _EPOCH = re.compile(r"\bTraining epoch (\d+)/(\d+) (started|completed)\b")
 _MAX_PAIRS = 64
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import calendar
 import codecs
 import re
 import time
@@ -347,6 +348,22 @@ def stamp_time(stamp: str | None, ref: float) -> float | None:
     except (ValueError, OverflowError):
         return None
     return None
+
+
+def stamp_seconds(stamp: str | None) -> float | None:
+    """A line's own time in seconds, to subtract two of them: since the epoch (UTC) for a full date, since
+    midnight for a time alone (callers take the difference modulo a day)."""
+    if not stamp:
+        return None
+    try:
+        if _FULL.match(stamp):
+            return calendar.timegm(time.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
+        if _YEARLESS.match(stamp):
+            return calendar.timegm(time.strptime(f"2000-{stamp}", "%Y-%m-%d %H:%M:%S"))
+        h, m, sec = (int(x) for x in stamp.split(":"))
+        return float(h * 3600 + m * 60 + sec)
+    except (ValueError, OverflowError):
+        return None
 
 
 def last_line(data: bytes, width: int = 200) -> str | None:

@@ -9,16 +9,22 @@ from typing import Any
 from .errors import exception_line
 
 HEADER = "Traceback (most recent call last):"
+HEADER_START = "Traceback (most recent"  # what a pane that clips long lines still shows of it
 _CHAIN = re.compile(
     r"^(?:During handling of the above exception, another exception occurred:"
     r"|The above exception was the direct cause of the following exception:)"
 )
 # The outermost frame of an exception nobody caught: a script's module level, or `python -m`'s runner.
-_TOP_FRAME = re.compile(r', in <module>\s*$|, in _run_module_as_main\b|"<frozen runpy>"')
+# A multiprocessing child's own top level counts: the child exits with it.
+_TOP_FRAME = re.compile(r', in <module>\s*$|, in _run_module_as_main\b|"<frozen runpy>"'
+                        r'|multiprocessing/process\.py", line \d+, in _bootstrap\s*$')
 # Frame lines that pasted or re-logged tracebacks may show without their indentation.
 _FRAME_LINE = re.compile(r'^(?:File "|\[Previous line repeated|\.\.\.<\d+ lines>\.\.\.|[~^]+\s*$)')
 _HEADLESS_FRAME = re.compile(r'^\s+File "[^"]+", line \d+, in ')
 _MAX_SOURCES = 64  # bound on tracebacks followed at once
+# The statement a frame quotes: the class a cut traceback was raising.
+_RAISE = re.compile(r"^\s*raise ((?:[A-Za-z_]\w*\.)*[A-Z]\w*)\b")
+CUT_GRACE = 5  # lines after a cut in which a stray exception line still ends the traceback
 
 
 @dataclass
@@ -31,30 +37,50 @@ class ExceptionEnd:
     top: bool  # its outermost frame is the top level: nothing caught it, the interpreter exits
 
 
+@dataclass
+class Cut:
+    """A traceback stopped before its exception line: the log was cut, or another line interrupted it."""
+
+    exception: str | None  # the class a frame's `raise` statement names, when one does
+    quiet: bool  # its header was logged at DEBUG or WARNING: something was tried and given up on
+
+
 class TracebackTracker:
     """Says for each line whether it opens, continues or ends a traceback."""
 
     def __init__(self) -> None:
-        # source -> [mode, chained, top, after_file]; mode 'frames' inside a traceback, 'after' just past
-        # its exception line; after_file: the line before was a 'File ...' line, so this one is its source.
+        # source -> [mode, chained, top, after_file, raised, quiet, grace]; mode 'frames' inside a traceback,
+        # 'after' just past its exception line, 'cut' after a traceback was interrupted; after_file: the
+        # line before was a 'File ...' line, so this one is its source; raised: the class a quoted `raise`
+        # names; quiet: the header was logged at DEBUG/WARNING; grace: lines left in 'cut' mode.
         self.open: dict[str, list[Any]] = {}
 
-    def feed(self, source: str, text: str) -> str | ExceptionEnd | None:
-        """'start', 'frame', 'chain', an ExceptionEnd, or None for a line outside any traceback."""
+    def feed(self, source: str, text: str, quiet: bool = False) -> str | ExceptionEnd | Cut | None:
+        """'start', 'frame', 'chain', an ExceptionEnd, a Cut (the line interrupted a traceback, and is read
+        as it is), or None for a line outside any traceback."""
         state = self.open.get(source)
-        if HEADER in text:
+        if HEADER_START in text:
             chained = state is not None and state[0] == "after" and state[1]
-            self._set(source, ["frames", chained, None, False])
+            self._set(source, ["frames", chained, None, False, None, quiet, 0])
             return "start"
         if state is None:
             if _CHAIN.match(text):  # the traceback before it was not in the log (cut, or never printed)
-                self._set(source, ["after", True, None, False])
+                self._set(source, ["after", True, None, False, None, False, 0])
                 return "chain"
             if text[:1] in (" ", "\t") and _HEADLESS_FRAME.match(text):
                 # A log that begins inside a traceback: its exception line still ends it. Where its
                 # outermost frame was is not known.
-                self._set(source, ["frames", False, False, True])
+                self._set(source, ["frames", False, False, True, None, quiet, 0])
                 return "frame"
+            return None
+        if state[0] == "cut":
+            found = exception_line(text, bare=True)
+            if found:  # the exception line after a clipped or elided stretch
+                self.open[source] = ["after", False, None, False, None, False, 0]
+                return ExceptionEnd(found[0], found[1], bool(state[1]), False)
+            state[6] -= 1
+            if state[6] <= 0:
+                del self.open[source]
             return None
         if state[0] == "frames":
             after_file, state[3] = state[3], False
@@ -64,15 +90,20 @@ class TracebackTracker:
                 state[3] = True
                 return "frame"
             if not text or text[0] in " \t" or _FRAME_LINE.match(text):
+                if after_file and "raise" in text:
+                    m = _RAISE.match(text)
+                    if m:
+                        state[4] = m.group(1)
                 return "frame"
             found = exception_line(text)
             if found:
-                self.open[source] = ["after", False, None, False]
+                self.open[source] = ["after", False, None, False, None, False, 0]
                 return ExceptionEnd(found[0], found[1], bool(state[1]), bool(state[2]))
             if after_file:
                 return "frame"  # a source line that lost its indentation
-            del self.open[source]  # something else interrupted it: not a traceback we can finish
-            return None
+            # Something else interrupted it: the traceback was cut short.
+            self.open[source] = ["cut", state[1], None, False, None, False, CUT_GRACE]
+            return Cut(state[4], bool(state[5]))
         if not text.strip():
             return None
         if _CHAIN.match(text):
@@ -80,6 +111,12 @@ class TracebackTracker:
             return "chain"
         del self.open[source]
         return None
+
+    def cut_at_end(self) -> list[Cut]:
+        """The tracebacks the log ends inside of."""
+        cuts = [Cut(state[4], bool(state[5])) for state in self.open.values() if state[0] == "frames"]
+        self.open.clear()
+        return cuts
 
     def _set(self, source: str, state: list[Any]) -> None:
         self.open.pop(source, None)
@@ -93,5 +130,5 @@ class TracebackTracker:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TracebackTracker:
         t = cls()
-        t.open = {k: (list(rest) + [None, False])[:4] for k, *rest in d.get("open", [])}
+        t.open = {k: (list(rest) + [None, False, None, False, 0])[:7] for k, *rest in d.get("open", [])}
         return t

@@ -1,40 +1,92 @@
-"""vLLM (0.11 to 0.33) server and offline logs."""
+"""vLLM (0.6 to 0.33) server and offline logs, from the format strings of each version.
+
+Sources are paths under `vllm/`. `vllm bench serve`'s result block is read by bench.py.
+
+Speculative decoding: `SpecDecoding metrics: ... Avg Draft acceptance rate: R%` is accepted draft tokens per
+drafted token, the bonus token left out: recorded as `accept_rate` (a fraction, as orch always recorded it)
+and as `draft_accept_rate`, the name it shares with SGLang 0.5.23's rate of the same meaning. `Mean
+acceptance length` (`accept_len`) counts the bonus token; `Per-position acceptance rate: a, b, ...` gives
+`accept_rate_pos_0`, `accept_rate_pos_1`, ...
+"""
 
 from __future__ import annotations
 
 import re
 
 from .errors import Rule, rule
+from .formats import Format, line, metrics_of, phase_of
 
 NAME = "vllm"
 
 # Its process prefixes and its logging layout (old and new) are recognised where lines are cleaned.
 DETECT = re.compile(r"vllm|vLLM|EngineCore|\((?:APIServer|Worker_\w+|VllmWorker\S*) pid=")
 
+_CORE = "v1/engine/core.py"
+_CLIENT = "v1/engine/core_client.py"
+_EXECUTOR = "v1/executor/multiproc_executor.py"
+_WORKER_UTILS = "v1/worker/utils.py"
+
 RULES: list[Rule] = [
-    rule(r"EngineCore failed to start|EngineCore encountered a fatal error|WorkerProc failed to start"
-         r"|Engine core initialization failed|Engine process failed to start", "other", True),
-    rule(r"Engine background task failed|\bAsyncEngineDeadError\b|\bEngineDeadError\b|WorkerProc hit an exception",
-         "other", True),
-    rule(r"Worker proc \S+ died unexpectedly|Engine core proc \S+ died unexpectedly"
-         r"|RayWorkerProc rank=\d+ died unexpectedly", "other", True),
-    rule(r"No available memory for the cache blocks"
-         r"|Free memory on device .{0,200}? is less than desired GPU memory utilization", "cuda_oom", True),
+    rule(r"EngineCore failed to start|WorkerProc failed to start", "other", True, versions="0.8-0.33",
+         source=_CORE),
+    rule(r"Engine core initialization failed|Engine process failed to start", "other", True,
+         versions="0.8-0.33", source="v1/engine/utils.py"),
+    # The engine hit an exception (its traceback is above or follows).
+    rule(r"EngineCore encountered a fatal error|WorkerProc hit an exception|EngineCore encountered an issue",
+         "python_exception", True, versions="0.8-0.33", source=_CORE),
+    rule(r"Engine background task failed|\bAsyncEngineDeadError\b|\bEngineDeadError\b", "other", True,
+         versions="0.6-0.33", source="v1/engine/exceptions.py"),
+    rule(r"Worker proc \S+ died unexpectedly", "other", True, versions="0.8-0.33", source=_EXECUTOR),
+    rule(r"Engine core proc \S+ died unexpectedly", "other", True, versions="0.8-0.16", source=_CLIENT),
+    # 0.33 logs the death of an engine core at WARNING only.
+    rule(r"engine core exited unexpectedly", "other", True, versions="0.33", source=_CLIENT, any_level=True),
+    rule(r"RayWorkerProc rank=\d+ died unexpectedly", "other", True, versions="0.33",
+         source="v1/executor/ray_executor_v2.py"),
+    rule(r"No available memory for the cache blocks", "cuda_oom", True, versions="0.6-0.33",
+         source="v1/core/kv_cache_utils.py"),
+    # Startup refusals: less free memory than --gpu-memory-utilization asks for (0.33 adds a second one for
+    # memory that other processes' weights hold).
+    rule(r"Free memory on device .{0,200}? is less than"
+         r" (?:desired GPU memory utilization|the engine's budget)"
+         r"|Externally held weights on device .{0,200}? exceed the desired GPU memory utilization",
+         "cuda_oom", True, versions="0.8-0.33", source=_WORKER_UTILS),
+    rule(r"Failed to load model - not enough GPU memory", "cuda_oom", True, versions="0.33",
+         source="v1/worker/gpu_model_runner.py"),
 ]
 
-_LOADING = re.compile(r"Starting to load model|Loading weights took|Loading model weights took|Model loading took"
-                      r"|Initializing an? (?:V1 )?LLM engine")
-_CAPTURING = re.compile(r"Capturing CUDA graphs?|Capturing cudagraphs?|Capturing the model for CUDA graphs")
-# 'Starting vLLM (API) server' comes before uvicorn serves: only uvicorn's line says it does.
-_READY = re.compile(r"Application startup complete")
+_RUNNER = "v1/worker/gpu_model_runner.py"
+FORMATS: list[Format] = [
+    line(r"Application startup complete", "ready", "all", "(uvicorn)", "startup complete"),
+    line(r"Starting to load model", "loading", "0.6-0.33", _RUNNER, "Starting to load"),
+    line(r"Loading weights took|Loading model weights took", "loading", "0.6-0.33",
+         "model_executor/model_loader/default_loader.py", "weights took"),
+    line(r"Model loading took", "loading", "0.6-0.33", _RUNNER, "Model loading took"),
+    line(r"Initializing an? (?:V1 )?LLM engine", "loading", "0.6-0.33", "engine/llm_engine.py", "LLM engine"),
+    line(r"Available KV cache memory: ", "loading", "0.8-0.33", "v1/worker/gpu_worker.py", "KV cache memory"),
+    line(r"GPU KV cache size: ", "loading", "0.8-0.33", "v1/core/kv_cache_utils.py", "KV cache size"),
+    # Graphs are done and the engine is initialised: the API server is still to start, so it is loading.
+    line(r"Graph capturing finished in ", "loading", "0.6-0.33", _RUNNER, "Graph capturing finished"),
+    line(r"init engine \(profile, create kv cache, warmup model\) took", "loading", "0.8-0.33", _CORE,
+         "init engine"),
+    line(r"Starting vLLM (?:API )?server", "loading", "0.11-0.33", "entrypoints/openai/api_server.py",
+         "Starting vLLM"),
+    line(r"Capturing CUDA graphs?|Capturing cudagraphs?|Capturing the model for CUDA graphs", "capturing",
+         "0.6-0.33", _RUNNER, "Capturing"),
+    line(r"Loading weights took (\d+(?:\.\d+)?) seconds", "metric", "0.6-0.33",
+         "model_executor/model_loader/default_loader.py", "Loading weights took", ["load_weight_s"]),
+    # The rate is printed last: without it the line was cut, and its other numbers may be too.
+    line(r"Mean acceptance length:\s+(\d+(?:\.\d+)?),.*Draft acceptance rate:\s+(\d+(?:\.\d+)?)%", "metric",
+         "0.8-0.33", "v1/spec_decode/metrics.py", "SpecDecoding metrics",
+         ["accept_len", ("accept_rate", 2, 0.01), ("draft_accept_rate", 2, 0.01)]),
+    line(r"Speculative metrics: Draft acceptance rate:\s+(\d+(?:\.\d+)?),", "metric", "0.6",
+         "spec_decode/metrics.py", "Speculative metrics", ["accept_rate", ("draft_accept_rate", 1, 1.0)]),
+]
+
 _NUM = r"(\d+(?:\.\d+)?)"
 # Pasted logs sometimes widen the spaces; ' tokens/s' after the number proves it was printed whole.
-_THROUGHPUT = re.compile(r"Avg\s+prompt\s+throughput:\s+" + _NUM + r"\s+tokens/s,\s+Avg\s+generation\s+throughput:\s+"
-                         + _NUM + r"\s+tokens/s")
-_MEAN_ACCEPT = re.compile(r"Mean acceptance length:\s+" + _NUM)
-_ACCEPT_RATE = re.compile(r"Draft acceptance rate:\s+" + _NUM + "%")
-_ACCEPT_FRACTION = re.compile(r"Speculative metrics: Draft acceptance rate:\s+" + _NUM + ",")  # 0.6: 0.607
-_LOAD_TOOK = re.compile(r"Loading weights took " + _NUM + " seconds")
+_THROUGHPUT = re.compile(r"Avg\s+prompt\s+throughput:\s+" + _NUM
+                         + r"\s+tokens/s,\s+Avg\s+generation\s+throughput:\s+" + _NUM + r"\s+tokens/s")
+_PER_POSITION = re.compile(r"Per-position acceptance rate: ((?:\d+(?:\.\d+)?, )*\d+(?:\.\d+)?),")
 _RUNNING_BARS = re.compile(r"^(?:Processed prompts|Adding requests)")
 
 
@@ -44,22 +96,11 @@ def metrics(text: str) -> list[tuple[str, float]]:
         m = _THROUGHPUT.search(text)
         if m:
             found.append(("gen_throughput", float(m.group(2))))
-    if "SpecDecoding metrics" in text:
-        # The rate is printed last: without it the line was cut, and its other numbers may be too.
-        rate = _ACCEPT_RATE.search(text)
-        if rate:
-            m = _MEAN_ACCEPT.search(text)
-            if m:
-                found.append(("accept_len", float(m.group(1))))
-            found.append(("accept_rate", float(rate.group(1)) / 100))
-    elif "Speculative metrics" in text:
-        m = _ACCEPT_FRACTION.search(text)
+    found += metrics_of(FORMATS, text)
+    if "Per-position acceptance rate" in text and found:  # only a line whose rate was printed whole
+        m = _PER_POSITION.search(text)
         if m:
-            found.append(("accept_rate", float(m.group(1))))
-    if "Loading weights took" in text:
-        m = _LOAD_TOOK.search(text)
-        if m:
-            found.append(("load_weight_s", float(m.group(1))))
+            found += [(f"accept_rate_pos_{i}", float(v)) for i, v in enumerate(m.group(1).split(", "))]
     return found
 
 
@@ -72,13 +113,7 @@ def serving(text: str) -> bool:
 def line_phase(text: str, phase: str = "starting") -> str | None:
     if serving(text):
         return "running"
-    if _READY.search(text):
-        return "ready"
-    if _LOADING.search(text):
-        return "loading"
-    if _CAPTURING.search(text):
-        return "capturing"
-    return None
+    return phase_of(FORMATS, text)
 
 
 def bar_phase(label: str) -> str | None:

@@ -1,0 +1,30 @@
+"""Slurm's own lines in a job's output: slurmstepd's and srun's account of how the job or a step ended.
+
+They name the engine `slurm` only when nothing else does (a log of nothing but a cancelled job).
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import Rule, rule
+
+NAME = "slurm"
+
+DETECT = re.compile(r"^(?:slurmstepd|srun|salloc|sbatch)(?:-[\w.-]+)?: ")
+
+RULES: list[Rule] = [
+    # '*** JOB 4242 ON gpu-07 CANCELLED AT 2026-01-10T12:00:00 DUE TO TIME LIMIT ***' (also STEP 4242.0).
+    rule(r"\*\*\* (?:JOB|STEP) [\d._]+ ON \S+ CANCELLED AT \S+ DUE TO TIME LIMIT", "timeout", True, True,
+         versions="all", source="src/slurmd/slurmstepd/req.c", any_level=True),
+    # Cancelled by a user (scancel), preempted, or lost with its node.
+    rule(r"\*\*\* (?:JOB|STEP) [\d._]+ ON \S+ CANCELLED AT \S+ (?!DUE TO TIME LIMIT)", "killed", True, True,
+         versions="all", source="src/slurmd/slurmstepd/req.c", any_level=True),
+    rule(r"^srun: error: \S+: tasks? [\d,-]+: (?:Killed|Terminated|Aborted)|^srun: Job step aborted"
+         r"|^srun: forcing job termination|^srun: error: .*Job step \S+ aborted", "killed", True, False,
+         versions="all", source="src/srun/", any_level=True),
+    rule(r"^slurmstepd(?:-\S+)?: error: Detected \d+ oom[_-]kill events?", "killed", True, True,
+         versions="all", source="src/plugins/task/cgroup/", any_level=True),
+    rule(r"^srun: error: \S+: tasks? [\d,-]+: Exited with exit code [1-9]", "other", True, False,
+         versions="all", source="src/srun/", any_level=True),
+]
