@@ -1,8 +1,9 @@
 """orch's end of a host agent (hostjobs/agent.py): placed on the host, started over one channel, spoken
 to in JSON lines.
 
-The agent's file is named by its content hash under `<workdir>/runs/agent/`, uploaded once per version
-and checked at the handshake (its own hash of itself), like the patcher. One reader thread takes the
+The agent is one of orch's host programs (hostprogram.py): named by its content hash under the host's
+workdir, uploaded once per version, and started through the bootstrap that runs only the bytes whose
+sha256 it checked — a file someone else swapped there is uploaded again, never run. One reader thread takes the
 agent's lines apart: replies go to the request that waits for them, pushes (a run's new log bytes, its
 end, a heartbeat) into `pushes`. A link that stays silent past SILENT_S (the agent beats every 2 s) is
 closed: `alive` turns False and whoever holds the link makes a new one.
@@ -21,15 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import hostprogram
 from .errors import HostError, RemoteError, Unreachable
 from .remote import Transport, quote
 from .transport import Stream
 
 SOURCE = Path(__file__).resolve().parent / "hostjobs" / "agent.py"
-REMOTE_DIR = "runs/agent"
+REMOTE_DIR = "runs/hostjobs"
 SILENT_S = 15.0  # no line from the agent for this long (it beats every 2 s): the link went dark
 PING_S = 5.0  # the agent exits after a minute without a word from us
-MISSING = 97  # the bootstrap's exit status when the agent's file is not on the host yet
 
 
 def source() -> bytes:
@@ -41,14 +42,13 @@ def digest() -> str:
 
 
 def remote_path(transport: Transport) -> str:
-    workdir = transport.expand(transport.host.workdir)
-    return f"{workdir}/{REMOTE_DIR}/agent-{digest()[:16]}.py"
+    return hostprogram.remote_path(transport, SOURCE, REMOTE_DIR)[0]
 
 
 def bootstrap(transport: Transport) -> str:
-    """The one shell line that starts the agent (it is uploaded first when the host lacks this version)."""
-    path = remote_path(transport)
-    return f"test -f {quote(path)} || exit {MISSING}; exec {quote(transport.host.python)} -u {quote(path)}"
+    """The one shell line that starts the agent: the host's python runs the checked bytes of its file."""
+    path, sha = hostprogram.remote_path(transport, SOURCE, REMOTE_DIR)
+    return f"exec {quote(transport.host.python)} -u -c {quote(hostprogram.BOOTSTRAP)} {quote(path)} {sha}"
 
 
 class AgentError(RemoteError):
@@ -87,22 +87,22 @@ class AgentLink:
     @classmethod
     def start(cls, transport: Transport, timeout: float = 60) -> AgentLink:
         """Place the agent when missing, start it, and check at the handshake that it is this version."""
-        command = bootstrap(transport)
-        check = transport.run(f"test -f {quote(remote_path(transport))} || echo missing", timeout=timeout)
-        if check.stdout.strip() == "missing":
-            transport.put(source(), remote_path(transport), 0o644)
-        link = cls(transport, transport.stream(command))
-        try:
-            info = link.call("hello", timeout=timeout)
-        except (AgentError, Unreachable) as exc:
+        for attempt in (1, 2):
+            link = cls(transport, transport.stream(bootstrap(transport)))
+            try:
+                info = link.call("hello", timeout=timeout)
+            except (AgentError, Unreachable) as exc:
+                link.close()
+                if attempt == 2:
+                    raise _why_not(transport, exc) from None
+                # not there, or not this version (the bootstrap runs nothing else): upload it, once
+                hostprogram.upload(transport, SOURCE, remote_path(transport))
+                continue
+            if info.get("sha256") == digest():
+                link.info = info
+                return link
             link.close()
-            raise _why_not(transport, exc) from None
-        if info.get("sha256") != digest():
-            link.close()
-            raise Unreachable(transport.host.name, "the agent on the host is not the one orch placed "
-                              f"({remote_path(transport)} was changed there)")
-        link.info = info
-        return link
+        raise Unreachable(transport.host.name, f"the agent at {remote_path(transport)} is not this orch's")
 
     # requests ---------------------------------------------------------------------------------------
     def call(self, op: str, timeout: float = 60, **args: Any) -> dict[str, Any]:

@@ -224,7 +224,7 @@ class Watcher:
         samples = p.feed(state.data)
         ended = state.exit_code is not None or not state.alive
         if ended and not more:
-            samples += p.finish()
+            samples += p.finish(exit_code=state.exit_code)
         now = self.clock()
 
         after = (p.phase, p.progress.done if p.progress else None, p.error)

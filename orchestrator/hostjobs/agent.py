@@ -450,7 +450,7 @@ class Agent:
         self.lock = threading.Lock()
 
     def hello(self, req):
-        with open(os.path.abspath(__file__), "rb") as f:
+        with open(__file__, "rb") as f:  # the bootstrap checked these bytes before it ran them
             digest = hashlib.sha256(f.read()).hexdigest()
         boot = _read_small("/proc/sys/kernel/random/boot_id")
         return {"sha256": digest, "pid": os.getpid(), "boot_id": boot, "time": time.time(),

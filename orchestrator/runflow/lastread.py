@@ -48,7 +48,7 @@ def read_to_end(ctx: Context, clock: Callable[[], float] = time.time) -> None:
             continue
         if new >= state.size:
             break
-    samples += parser.finish()  # the job is over: a last line without its newline counts
+    samples += parser.finish(exit_code=run.exit_code)  # the job is over: a last line without its newline counts
 
     now = clock()
     fields: dict[str, Any] = {

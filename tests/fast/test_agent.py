@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import queue
 import os
 import signal
 import subprocess
@@ -38,7 +39,7 @@ def states(link: AgentLink, key: str, until, timeout: float = 20) -> list[dict]:
         assert time.monotonic() < deadline, f"no such state within {timeout} s: {got[-3:]}"
         try:
             push: Push = link.pushes.get(timeout=0.5)
-        except Exception:
+        except queue.Empty:
             continue
         if push.kind == "state" and push.key == key:
             got.append(push.doc)
@@ -52,8 +53,8 @@ def log_of(pushes: list[dict]) -> bytes:
 def test_hello_is_the_placed_version_and_the_file_is_content_addressed(link: AgentLink, tmp_path: Path):
     assert link.info["sha256"] == agent_client.digest()
     assert link.info["pid"] != os.getpid()
-    placed = list((tmp_path / "work" / "runs" / "agent").iterdir())
-    assert [p.name for p in placed] == [f"agent-{agent_client.digest()[:16]}.py"]
+    placed = [p.name for p in (tmp_path / "work" / "runs" / "hostjobs").iterdir()]
+    assert placed == [f"agent-{agent_client.digest()[:16]}.py"]
 
 
 def test_a_launched_job_is_followed_to_its_exit_with_every_byte(link: AgentLink, tmp_path: Path):
@@ -125,16 +126,17 @@ def test_the_agent_exits_when_its_channel_closes(tmp_path: Path):
         time.sleep(0.05)
 
 
-def test_a_changed_agent_file_is_refused_at_the_handshake(tmp_path: Path):
+def test_an_agent_file_swapped_on_the_host_is_never_run_but_placed_again(tmp_path: Path):
     host = Host(name="local", workdir=str(tmp_path / "w"), python=sys.executable)
     transport = LocalTransport(host)
     AgentLink.start(transport).close()
     placed = Path(agent_client.remote_path(transport))
-    placed.write_text(placed.read_text() + "\n# changed on the host\n")
-    from orchestrator.errors import Unreachable
-
-    with pytest.raises(Unreachable, match="not the one orch placed"):
-        AgentLink.start(transport)
+    marker = tmp_path / "swapped-code-ran"
+    placed.write_text(f"open({str(marker)!r}, 'w').close()\n" + placed.read_text())
+    link = AgentLink.start(transport)
+    link.close()
+    assert not marker.exists()
+    assert placed.read_bytes() == agent_client.source()
 
 
 # -- the log, followed by the host-side logic itself -----------------------------------------------
