@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .errors import OrchError
+from .health import SERVING_PHASES
+from .hosts import Host
 from .record import Run, Status
 from .shapes import metrics, times
 from .store import Store
@@ -25,7 +28,22 @@ def _explaining_lines(ws: Workspace, run: Run) -> list[str]:
     return []
 
 
-def summary(ws: Workspace, store: Store, run: Run) -> dict[str, Any]:
+def server_url(run: Run, host: Host | None) -> str | None:
+    """Where a running, ready server answers; None for anything else (or a spec no longer readable)."""
+    if host is None or run.status is not Status.RUNNING or run.phase not in SERVING_PHASES:
+        return None
+    from pydantic import ValidationError
+
+    from . import registry
+
+    try:
+        pb = registry.playbook(run.playbook)
+        return pb.url(pb.Spec.model_validate(run.spec), host)
+    except (OrchError, ValidationError):  # a playbook gone from this install, a spec it no longer takes
+        return None
+
+
+def summary(ws: Workspace, store: Store, run: Run, host: Host | None = None) -> dict[str, Any]:
     """The end-of-run summary `orch run` and `orch watch` print (and give as JSON)."""
     outputs = ws.runs_dir / str(run.id) / "outputs.json"
     doc: dict[str, Any] = {
@@ -35,7 +53,7 @@ def summary(ws: Workspace, store: Store, run: Run) -> dict[str, Any]:
         **times(started_at=run.started_at, ended_at=run.ended_at),
         "metrics": metrics(store.latest_metrics(run.id)),
         "outputs": {"remote_dir": run.remote_dir, "manifest": str(outputs) if outputs.is_file() else None},
-        "cause": None, "log_lines": [], "next": [],
+        "cause": None, "log_lines": [], "next": [], "url": server_url(run, host),
     }
     if run.status is Status.SUCCEEDED:
         doc["next"] = [f"orch status {run.id}"]

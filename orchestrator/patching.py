@@ -16,13 +16,16 @@ patch.toml:
     requires_flags = ["--cuda-graph-backend-decode=disabled"]  # the engine must run with these
     revert_after = true                                 # undo when the run that applied it ends
 
-The work on the host is done by `hostjobs/patcher.py` (package data), run with the host's python: it finds the
-package there, checks every hunk of every file before writing anything, writes all files or none, and
-keeps the originals so that a revert restores them byte for byte.
+The work on the host is done by `hostjobs/patcher.py` (package data), run with the run's python (the spec's
+`python`, else the host's): it finds the package there, checks every hunk of every file before writing
+anything, writes all files or none, and keeps the originals so that a revert restores them byte for byte.
+Each interpreter has its own state on the host, so one set applied to two installs (an SGLang venv and a
+vLLM venv) is two sets, each reverted where it was applied.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -107,9 +110,10 @@ class Overlay:
         return cls(f"{run_root}/overlay", f"{run_root}/overlay-state")
 
 
-def check(transport: Transport, ps: PatchSet) -> PatchResult:
-    """Would the set apply (or is it already applied) on this host? Changes nothing."""
-    return _result(transport, ps.name, "check", _call(transport, _request(transport, ps, "check")))
+def check(transport: Transport, ps: PatchSet, *, python: str | None = None) -> PatchResult:
+    """Would the set apply (or is it already applied) for this interpreter? Changes nothing."""
+    reply = _call(transport, _request(transport, ps, "check", python=python), python=python)
+    return _result(transport, ps.name, "check", reply)
 
 
 def make_overlay(transport: Transport, run_root: str, checked: Iterable[PatchResult]) -> Overlay:
@@ -125,14 +129,14 @@ def make_overlay(transport: Transport, run_root: str, checked: Iterable[PatchRes
 
 def apply(
     transport: Transport, ps: PatchSet, *, run_id: int | None = None, store: Store | None = None,
-    overlay: Overlay | None = None,
+    overlay: Overlay | None = None, python: str | None = None,
 ) -> PatchResult:
     """Apply every file of the set or none; a set already applied and intact is left as it is. With an
     overlay, to its copy of the package (found through PYTHONPATH), never to the install."""
-    request = _request(transport, ps, "apply", run_id=run_id)
+    request = _request(transport, ps, "apply", run_id=run_id, python=python)
     if overlay is not None:  # the copy or nothing: never the install the python might find instead
         request.update(state_dir=overlay.state_dir, within=overlay.path)
-    reply = _call(transport, request, pythonpath=overlay.path if overlay else None)
+    reply = _call(transport, request, pythonpath=overlay.path if overlay else None, python=python)
     result = _result(transport, ps.name, "apply", reply)
     _record(store, result, run_id)
     return result
@@ -145,8 +149,9 @@ def revert(
     force: bool = False,
     run_id: int | None = None,
     store: Store | None = None,
+    python: str | None = None,
 ) -> PatchResult:
-    """Restore the original bytes of every patched file.
+    """Restore the original bytes of every file patched for this interpreter.
 
     Refuses, naming the file, when a file changed since it was patched; `force` restores the saved
     original anyway (which, after a reinstall of the package, puts back the old file).
@@ -154,17 +159,19 @@ def revert(
     name = ps if isinstance(ps, str) else ps.name
     if not re.fullmatch(NAME_PATTERN, name):
         raise PatchError(f"invalid patch set name {name!r}")
-    request = {"action": "revert", "set_name": name, "force": force, "state_dir": _state_dir(transport)}
+    request = {"action": "revert", "set_name": name, "force": force, "state_dir": _state_dir(transport, python)}
     if isinstance(ps, PatchSet):
         request.update(package=ps.package, set_hash=ps.set_hash)
-    result = _result(transport, name, "revert", _call(transport, request))
+    result = _result(transport, name, "revert", _call(transport, request, python=python))
     _record(store, result, run_id)
     return result
 
 
-def status(transport: Transport, known: Iterable[PatchSet] = (), store: Store | None = None) -> list[AppliedSet]:
-    """The sets applied on this host, by which run, and whether their files still match the `known` sets."""
-    reply = _call(transport, {"action": "status", "state_dir": _state_dir(transport)})
+def status(transport: Transport, known: Iterable[PatchSet] = (), store: Store | None = None,
+           python: str | None = None) -> list[AppliedSet]:
+    """The sets applied for this interpreter on this host, by which run, and whether their files still
+    match the `known` sets."""
+    reply = _call(transport, {"action": "status", "state_dir": _state_dir(transport, python)}, python=python)
     local = {ps.name: ps.set_hash for ps in known}
     out = []
     for s in reply.get("sets", []):
@@ -201,11 +208,16 @@ def _workdir(transport: Transport) -> str:
     return transport.expand(transport.host.workdir).rstrip("/")
 
 
-def _state_dir(transport: Transport) -> str:
-    return f"{_workdir(transport)}/{STATE_DIR}"
+def _state_dir(transport: Transport, python: str | None = None) -> str:
+    """The host's python keeps the state where it always was; any other interpreter has its own, so a
+    set applied to one install is never taken for applied (or reverted) in another."""
+    if python is None or python == transport.host.python:
+        return f"{_workdir(transport)}/{STATE_DIR}"
+    return f"{_workdir(transport)}/{STATE_DIR}-{hashlib.sha256(python.encode()).hexdigest()[:16]}"
 
 
-def _request(transport: Transport, ps: PatchSet, action: str, run_id: int | None = None) -> dict[str, Any]:
+def _request(transport: Transport, ps: PatchSet, action: str, run_id: int | None = None,
+             python: str | None = None) -> dict[str, Any]:
     return {
         "action": action,
         "set_name": ps.name,
@@ -216,14 +228,15 @@ def _request(transport: Transport, ps: PatchSet, action: str, run_id: int | None
         "strip": ps.strip,
         "files": ps.files,
         "force": False,
-        "state_dir": _state_dir(transport),
+        "state_dir": _state_dir(transport, python),
         "run_id": run_id,
     }
 
 
-def _call(transport: Transport, request: dict[str, Any], pythonpath: str | None = None) -> dict[str, Any]:
-    """Run the patcher on the host with `request` and return its reply; refusals raise PatchError."""
-    reply = hostprogram.call(transport, PATCHER, REMOTE_DIR, request, pythonpath=pythonpath)
+def _call(transport: Transport, request: dict[str, Any], pythonpath: str | None = None,
+          python: str | None = None) -> dict[str, Any]:
+    """Run the patcher with `python` (default: the host's) and `request`; refusals raise PatchError."""
+    reply = hostprogram.call(transport, PATCHER, REMOTE_DIR, request, python=python, pythonpath=pythonpath)
     if not reply.get("ok"):
         raise PatchError(_refusal(request, reply.get("error") or {}))
     return reply

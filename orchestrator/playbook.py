@@ -109,6 +109,10 @@ class Playbook(Generic[S]):
         """A server's health probe, asked on each poll while it is ready; None: no endpoint."""
         return None
 
+    def url(self, spec: S, host: Host) -> str | None:
+        """Where a ready server answers (as the host sees it); None: not a server."""
+        return None
+
     def finish(self, job: JobContext[S], run: Run) -> Outputs:
         """Collect outputs and metrics after the job ended (whatever the end)."""
         return Outputs()

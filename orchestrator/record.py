@@ -34,6 +34,10 @@ class Status(StrEnum):
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST})
 ACTIVE = frozenset(Status) - TERMINAL
 
+# The reasons of a run ended on purpose — `orch stop`, a run replacing it, another run's GPU cleanup —
+# rather than cancelled as a mistake; both are `cancelled` to the lifecycle, `stopped` to a person.
+STOPPED_REASONS = ("stopped by ", "replaced by ")
+
 _ENDINGS = {Status.FAILED, Status.CANCELLED}
 ALLOWED: dict[Status, frozenset[Status]] = {
     Status.PENDING: frozenset({Status.PREPARING} | _ENDINGS),

@@ -67,6 +67,22 @@ def compare(store: Store, ids: list[int], all_keys: bool = False, baseline: int 
     return {"runs": list(ids), "baseline": ids[0], "spec": spec, "metrics": metrics}
 
 
+def with_previous(store: Store, run_id: int | None) -> list[int]:
+    """[the previous run, the run]: the one of the same playbook on the same host just before it (the run
+    is the newest one when none is given) — "against last time"."""
+    if run_id is None:
+        newest = store.list_runs(limit=1)
+        if not newest:
+            raise UsageError("no runs to compare")
+        run = newest[0]
+    else:
+        run = store.get_run(run_id)
+    before = store.previous_run(run)
+    if before is None:
+        raise UsageError(f"run {run.id} is the first run of {run.playbook} on {run.host}: nothing before it")
+    return [before.id, run.id]
+
+
 def _ordered_union(dicts: list[dict[str, Any]]) -> list[str]:
     seen: dict[str, None] = {}
     for d in dicts:

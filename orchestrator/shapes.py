@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from .record import Run
+from .record import STOPPED_REASONS, Run, Status
 from .store import Store, eagle3_debug_table
 
 PROGRESS_KEYS = ("label", "done", "total", "percent", "rate_per_s", "eta_s", "elapsed_s")
@@ -44,9 +44,38 @@ def metrics(values: dict[str, float]) -> dict[str, Any]:
     return {k: number(v) for k, v in values.items()}
 
 
+def shown_status(run: Run, unreachable_since: float | None) -> str:
+    """The status word a person reads: the lifecycle's, but `stopped` for a run ended on purpose and
+    `unreachable` for an active run whose host stopped answering."""
+    if run.status is Status.CANCELLED and (run.reason or "").startswith(STOPPED_REASONS):
+        return "stopped"
+    if unreachable_since is not None and not run.status.terminal:
+        return "unreachable"
+    return run.status.value
+
+
+def shown_phase(run: Run) -> str | None:
+    """The phase a person reads: a job no engine knows (no bar, no ready line) is `running` once it
+    prints, rather than `starting` for its whole life."""
+    state = run.parser_state or {}
+    if (run.status is Status.RUNNING and run.phase == "starting" and state.get("engine") in (None, "generic")
+            and state.get("lines")):
+        return "running"
+    return run.phase
+
+
+def unreachable_since(store: Store, run: Run) -> float | None:
+    """When the host of an active run stopped answering, if it has not answered since."""
+    if run.status.terminal:
+        return None
+    last = store.last_event(run.id, ("unreachable", "reconnected"))
+    return last["ts"] if last is not None and last["kind"] == "unreachable" else None
+
+
 def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, Any]:
     """A run as `orch status --json` prints it."""
     error = run.error
+    silent_since = unreachable_since(store, run)
     doc = {
         "id": run.id,
         "name": run.name,
@@ -56,6 +85,8 @@ def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, 
         "host": run.host,
         "status": run.status.value,
         "phase": run.phase,
+        "shown_status": shown_status(run, silent_since),  # the words `orch status` shows
+        "shown_phase": shown_phase(run),
         "stalled": run.stalled,
         "progress": progress(run.progress),
         "error": {k: error.get(k) for k in ("kind", "exception", "message")} if error else None,
@@ -69,7 +100,7 @@ def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, 
         "remote_dir": run.remote_dir,
         "sweep_id": run.sweep_id,
         **times(created_at=run.created_at, started_at=run.started_at, ended_at=run.ended_at,
-                predicted_ready_at=run.predicted_at),
+                predicted_ready_at=run.predicted_at, unreachable_since=silent_since),
         "duration_s": round(run.ended_at - run.started_at, 3) if run.ended_at and run.started_at else None,
         "spec": None if "spec" in run.unreadable else run.spec,
         "end_steps": run.end_steps,  # the end steps that ran (log to end, outputs, log tail, patch revert, notify)

@@ -281,6 +281,20 @@ class Store:
             for ts, kind, msg, data in rows
         ]
 
+    def last_event(self, run_id: int, kinds: Iterable[str]) -> dict[str, Any] | None:
+        """The run's latest event of one of these kinds (kind and ts), or None."""
+        kinds = list(kinds)
+        row = self.conn.execute(
+            f"SELECT kind, ts FROM events WHERE run_id = ? AND kind IN ({','.join('?' * len(kinds))})"
+            " ORDER BY id DESC LIMIT 1", (run_id, *kinds)).fetchone()
+        return None if row is None else {"kind": row[0], "ts": row[1]}
+
+    def previous_run(self, run: Run) -> Run | None:
+        """The run of the same playbook on the same host just before this one."""
+        row = self.conn.execute("SELECT * FROM runs WHERE playbook = ? AND host = ? AND id < ? ORDER BY id DESC"
+                                " LIMIT 1", (run.playbook, run.host, run.id)).fetchone()
+        return None if row is None else self._decode(row)
+
     def add_metrics(self, run_id: int, samples: Iterable[tuple[Any, ...]], ts: float) -> None:
         """Samples are (name, value, step) or (name, value, step, own ts): `ts` stands in where none is given."""
         with self.tx() as c:

@@ -116,6 +116,19 @@ def engine_argv(spec: ServeEagle3Spec) -> list[str]:
     return argv
 
 
+def server_url(spec: ServeEagle3Spec, host: Host) -> str:
+    """The server's address: SGLang listens on 127.0.0.1 unless `--host` in extra_args says otherwise
+    (all interfaces: the host's address is the one to use)."""
+    args = list(spec.extra_args)
+    bind = next((a.split("=", 1)[1] for a in args if a.startswith("--host=")), None)
+    if "--host" in args and args.index("--host") + 1 < len(args):
+        bind = args[args.index("--host") + 1]
+    if bind in ("0.0.0.0", "::", "[::]"):
+        bind = host.address or ("127.0.0.1" if host.is_local else host.name)
+    bind = bind or "127.0.0.1"
+    return f"http://{f'[{bind}]' if ':' in bind else bind}:{spec.port}"
+
+
 def health_check(spec: ServeEagle3Spec, host: Host) -> HealthCheck:
     return HealthCheck(http_probe(spec.port, spec.python or host.python), spec.health_grace_s)
 
@@ -141,3 +154,6 @@ class ServeEagle3(Playbook[ServeEagle3Spec]):
 
     def health(self, spec: ServeEagle3Spec, host: Host) -> HealthCheck | None:
         return health_check(spec, host)
+
+    def url(self, spec: ServeEagle3Spec, host: Host) -> str | None:
+        return server_url(spec, host)

@@ -121,6 +121,18 @@ def engine(engine_source: EngineSource) -> Iterator[EngineSource]:
     engine_source.restore(sorted({f for ps in patch_sets() for f in ps.files}))
 
 
+@pytest.fixture(scope="session")
+def other_engine_source(tmp_path_factory: pytest.TempPathFactory) -> EngineSource:
+    return EngineSource(tmp_path_factory.mktemp("engine-other") / "venv")
+
+
+@pytest.fixture
+def other_engine(other_engine_source: EngineSource) -> Iterator[EngineSource]:
+    """A second install on the same host (a venv of its own), as a vLLM venv beside an SGLang one."""
+    yield other_engine_source
+    other_engine_source.restore(sorted({f for ps in patch_sets() for f in ps.files}))
+
+
 @pytest.fixture
 def engine_python(engine: EngineSource) -> str:
     """Path of a python whose site-packages hold the real sglang 0.5.23 and speculators 0.3.0."""

@@ -82,7 +82,7 @@ def test_piped_output_is_never_cut_and_json_shapes(tmp_path):
     orch("run", "command", "--set", f"cmd={cmd}", *FAST, check=0)
     orch("run", "command", "--set", "cmd=false", *FAST)
     table = orch("status", check=0).stdout.splitlines()
-    assert len(table) == 3 and all(len(line.split("\t")) == 10 for line in table)
+    assert len(table) == 3 and all(len(line.split("\t")) == 13 for line in table)
     doc = orch.status(1)
     assert doc["created_at_iso"].endswith("+00:00") and abs(doc["created_at"] - time.time()) < 120
     assert isinstance(doc["duration_s"], float) and doc["events"][0]["ts_iso"]

@@ -213,6 +213,37 @@ def test_real_set_check_apply_again_revert(
     }
 
 
+def test_each_interpreter_patches_reverts_and_reports_its_own_install(
+    engine: EngineSource, other_engine: EngineSource, transport: LocalTransport, store: Store
+) -> None:
+    """Two venvs on one host: the set goes where the interpreter it is given finds the package."""
+    ps = registry.patch_set(SGLANG_SET)
+    host_install, other_install = engine.snapshot(ps.package), other_engine.snapshot(ps.package)
+
+    applied = patching.apply(transport, ps, run_id=5, store=store, python=other_engine.python)
+    assert applied.root == str(other_engine.site) and {f.state for f in applied.files} == {"applied"}
+    assert engine.snapshot(ps.package) == host_install and other_engine.snapshot(ps.package) != other_install
+
+    # The host's python sees its own install, untouched, and can patch it too.
+    assert {f.state for f in patching.check(transport, ps).files} == {"pristine"}
+    assert patching.status(transport, registry.patch_sets()) == []
+    [entry] = patching.status(transport, registry.patch_sets(), python=other_engine.python)
+    assert (entry.run_id, entry.root, entry.intact) == (5, str(other_engine.site), True)
+    assert patching.check(transport, ps, python=other_engine.python).files[0].state == "already"
+    patching.apply(transport, ps, run_id=6)
+    assert engine.snapshot(ps.package) != host_install
+
+    # Each revert restores its own install only.
+    with_host = engine.snapshot(ps.package)
+    patching.revert(transport, ps, run_id=5, store=store, python=other_engine.python)
+    assert other_engine.snapshot(ps.package) == other_install and engine.snapshot(ps.package) == with_host
+    with pytest.raises(PatchError, match="is not applied here"):
+        patching.revert(transport, ps, python=other_engine.python)
+    patching.revert(transport, ps)
+    assert engine.snapshot(ps.package) == host_install
+    assert {r["path"].startswith(str(other_engine.site)) for r in store.patch_records("local")} == {True}
+
+
 def engine_version(ps: PatchSet) -> str:
     return ps.versions.removeprefix("==")
 

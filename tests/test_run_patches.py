@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from pathlib import Path
 
 from orchtest import FAST, Orch
+
+from orchestrator.store import Store
 
 pytest_plugins = ["engine_src"]  # engine_source, engine, engine_python: real sglang 0.5.23 source
 
@@ -70,3 +73,32 @@ def test_unknown_patch_set_is_bad_input(tmp_path, ssh_fleet):
     orch = workspace(tmp_path, ssh_fleet, sys.executable)
     res = orch("run", "command", "--set", "cmd=true", "--set", 'patches=["nope"]')
     assert res.returncode == 2 and "nope" in res.stderr
+
+
+def test_the_specs_python_is_the_one_patched_reverted_and_reported(tmp_path, ssh_fleet, engine, other_engine):
+    """The host's python is one venv; the run's spec names another: the sets follow the spec's."""
+    orch = workspace(tmp_path, ssh_fleet, engine.python)
+    host_install, other_install = engine.snapshot("sglang"), other_engine.snapshot("sglang")
+    res = orch("run", "command", "--host", "test1", "--set", serve_cmd(*NO_GRAPHS), "--set", "engine=sglang",
+               "--set", f'patches=["{DEBUG}"]', "--set", f"python={other_engine.python}", *FAST)
+    assert res.returncode == 0, res.stderr
+    applied, reverted = [e for e in orch.status(1)["events"] if e["kind"] == "patch"]
+    assert f"for {other_engine.python}" in applied["message"] and "reverted" in reverted["message"]
+    store = Store(orch.db)
+    records = store.patch_records("test1")
+    store.close()
+    assert [r["action"] for r in records] == ["apply"] * 3 + ["revert"] * 3
+    assert {r["path"].startswith(f"{other_engine.site}/") for r in records} == {True}
+    assert (engine.snapshot("sglang"), other_engine.snapshot("sglang")) == (host_install, other_install)
+
+    # orch patch --python reaches that install, and only that one.
+    flag = ["--host", "test1", "--python", other_engine.python]
+    orch("patch", "apply", DEBUG, *flag, check=0)
+    assert other_engine.snapshot("sglang") != other_install and engine.snapshot("sglang") == host_install
+    assert "pristine" in orch("patch", "check", DEBUG, "--host", "test1", check=0).stdout
+    assert "already" in orch("patch", "check", DEBUG, *flag, check=0).stdout
+    [entry] = json.loads(orch("patch", "status", *flag, "--json", check=0).stdout)
+    assert entry["root"] == str(other_engine.site) and entry["intact"]
+    assert json.loads(orch("patch", "status", "--host", "test1", "--json", check=0).stdout) == []
+    orch("patch", "revert", DEBUG, *flag, check=0)
+    assert other_engine.snapshot("sglang") == other_install

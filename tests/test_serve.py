@@ -117,6 +117,8 @@ def test_until_ready_then_bench_then_stop(tmp_path, ssh_fleet):
     assert server["status"] == "running" and server["phase"] == "ready", server
     assert "health endpoint answered (HTTP 200)" in kinds(server, "health")
     assert http_status(port) == 200
+    assert f"  url: http://127.0.0.1:{port} (on test1)" in res.stderr.splitlines()
+    assert table_row(orch, 1)["url"] == f"http://127.0.0.1:{port}"
     job = (Path(server["remote_dir"]) / "job.sh").read_text()
     assert f"--speculative-algorithm EAGLE3 --speculative-draft-model-path /models/draft --tp-size 8 --port {port}" in job
 
@@ -144,6 +146,14 @@ def test_until_ready_then_bench_then_stop(tmp_path, ssh_fleet):
     doc = stop(orch, 1, server["pid"])
     assert http_status(port) is None
     assert doc["phase"] == "ready"
+    row = table_row(orch, 1)
+    assert (row["status"], row["reason"], row["url"]) == ("stopped", doc["reason"], "")
+
+
+def table_row(orch: Orch, run_id: int) -> dict[str, str]:
+    """A run's row of the piped `orch status` table, by column."""
+    header, *rows = [line.split("\t") for line in orch("status", check=0).stdout.splitlines()]
+    return next(dict(zip(header, row)) for row in rows if row[0] == str(run_id))
 
 
 def group_members(pgid: int, needle: str) -> list[int]:

@@ -367,3 +367,28 @@ gpus = [[0], [1]]
     assert orch("sweep", "run", str(path), timeout=60).returncode == 0
     a, b = runs(orch)
     assert a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]
+
+
+def test_sweep_watch_follows_each_point_to_the_end(orch):
+    """A detached sweep on a real sshd host, followed from the record by `orch sweep watch`."""
+    path = write_sweep(orch, f"""
+name = "followed"
+playbook = "command"
+hosts = ["test1"]
+objective = {{ metric = "score", goal = "max" }}
+[spec]
+cmd = "for i in $(seq 1 10); do echo step $i; sleep 0.3; done; echo orch-metric score=$N"
+{FAST_SPEC}
+[matrix]
+"env.N" = ["1", "2"]
+""")
+    sweep_id = orch("sweep", "run", "--detach", str(path), check=0).stdout.strip()
+    res = orch("sweep", "watch", sweep_id, timeout=120)
+    assert res.returncode == 0, res.stderr
+    lines = [line.split(" ", 1)[1] for line in res.stderr.splitlines() if line[:1].isdigit()]  # after HH:MM:SS
+    for index, n in enumerate("12"):
+        mine = [line for line in lines if line.startswith(f"#{index} env.N={n} on test1: ")]
+        assert any(" (running) · step " in line for line in mine), res.stderr  # its phase and last line
+        assert mine[-1].endswith(f"succeeded, run {index + 1}, score={n}"), res.stderr
+    assert lines[-1] == f"sweep {sweep_id} (followed): succeeded"
+    assert res.stderr.splitlines()[-1] == "best: #1 env.N=2 (run 2): score=2 (higher is better)"

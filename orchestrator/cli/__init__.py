@@ -7,7 +7,7 @@ import sys
 import typer
 
 from ..errors import OrchError
-from . import catalog, dashboard, hosts, inspect, logs, patches, runs, sweeps  # noqa: F401 - each registers its commands
+from . import catalog, dashboard, hosts, inspect, logs, patches, runs, status, sweeps  # noqa: F401 - each registers its commands
 from .app import State, app
 from .render import err
 

@@ -94,3 +94,12 @@ def parse_run_id(text: str) -> int:
     if not re.fullmatch(r"[0-9]{1,18}", text):
         raise UsageError(f"not a run id: {text[:40]!a}")
     return int(text)
+
+
+def age_seconds(text: str) -> float:
+    """An age such as 30d, 12h, 90m or 45s, in seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+    number, unit = text[:-1], text[-1:]
+    if unit not in units or not number.replace(".", "", 1).isdigit():
+        raise UsageError(f"not an age: {text!r} (e.g. 30d, 12h, 90m, 45s)")
+    return float(number) * units[unit]

@@ -46,16 +46,25 @@ def inspect_log(path: Path = typer.Argument(..., help="any log file, of any size
 
 @app.command()
 def compare(
-    run_ids: list[str] = typer.Argument(..., help="two or more run ids; ratios are against the first"),
+    run_ids: list[str] = typer.Argument(None, help="two or more run ids; ratios are against the first"),
     as_json: bool = typer.Option(False, "--json"),
     all_keys: bool = typer.Option(False, "--all", help="every spec key, not only those that differ"),
     baseline: str | None = typer.Option(None, "--baseline", metavar="ID", help="the run the others are measured against"),
+    previous: bool = typer.Option(False, "--previous",
+                                  help="one run (default: the newest) against the run of its playbook on its host "
+                                       "before it"),
 ) -> None:
     """Specs and metrics of runs side by side, with ratios against the first run (or the baseline)."""
     from .. import report
 
+    store = read_store(workspace())
+    ids = [parse_run_id(r) for r in run_ids or []]
     base = parse_run_id(baseline) if baseline is not None else None
-    found = report.compare(read_store(workspace()), [parse_run_id(r) for r in run_ids], all_keys, base)
+    if previous:
+        if len(ids) > 1 or base is not None:
+            raise UsageError("--previous takes one run (or none: the newest) and no --baseline")
+        ids = report.with_previous(store, ids[0] if ids else None)
+    found = report.compare(store, ids, all_keys, base)
     if as_json:
         emit_json(found)
         return
@@ -70,7 +79,7 @@ def compare(
             cell += f" ({r:.2f}x)" if i and r is not None else ""
             cells.append(Styled(cell, None if better is None else BETTER if better else WORSE))
         rows.append([name, *cells])  # on a terminal: green where better than the first run, red where worse
-    table(["", *(f"run {i}" + (" (baseline)" if base is not None and not n else "") for n, i in enumerate(found["runs"]))],
-          rows)
+    first = " (baseline)" if base is not None else " (previous)" if previous else ""
+    table(["", *(f"run {i}" + ("" if n else first) for n, i in enumerate(found["runs"]))], rows)
 
 

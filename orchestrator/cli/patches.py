@@ -43,6 +43,10 @@ def _patch_target(name: str | None, host: str, writes: bool = True) -> tuple[Any
     return ps, connect(target), open_store(ws) if writes else read_store(ws)
 
 
+PYTHON = typer.Option(None, "--python", metavar="PATH",
+                      help="the interpreter whose install is patched (default: the host's python)")
+
+
 def _print_patch_result(res: Any, as_json: bool) -> None:
     if as_json:
         import dataclasses
@@ -55,27 +59,27 @@ def _print_patch_result(res: Any, as_json: bool) -> None:
 
 
 @patch_app.command("check")
-def patch_check(name: str, host: str = typer.Option(LOCAL, "--host", "-H"),
+def patch_check(name: str, host: str = typer.Option(LOCAL, "--host", "-H"), python: str | None = PYTHON,
                 as_json: bool = typer.Option(False, "--json")) -> None:
     """Would the set apply on the host? Changes nothing."""
     from .. import patching
 
     ps, transport, _ = _patch_target(name, host, writes=False)
-    _print_patch_result(patching.check(transport, ps), as_json)
+    _print_patch_result(patching.check(transport, ps, python=python), as_json)
 
 
 @patch_app.command("apply")
-def patch_apply(name: str, host: str = typer.Option(LOCAL, "--host", "-H"),
+def patch_apply(name: str, host: str = typer.Option(LOCAL, "--host", "-H"), python: str | None = PYTHON,
                 as_json: bool = typer.Option(False, "--json")) -> None:
     """Apply every file of the set, or none."""
     from .. import patching
 
     ps, transport, store = _patch_target(name, host)
-    _print_patch_result(patching.apply(transport, ps, store=store), as_json)
+    _print_patch_result(patching.apply(transport, ps, store=store, python=python), as_json)
 
 
 @patch_app.command("revert")
-def patch_revert(name: str, host: str = typer.Option(LOCAL, "--host", "-H"),
+def patch_revert(name: str, host: str = typer.Option(LOCAL, "--host", "-H"), python: str | None = PYTHON,
                  force: bool = typer.Option(False, "--force", help="revert files changed since patching"),
                  as_json: bool = typer.Option(False, "--json")) -> None:
     """Restore the original bytes of every file the set patched."""
@@ -83,27 +87,29 @@ def patch_revert(name: str, host: str = typer.Option(LOCAL, "--host", "-H"),
 
     _, transport, store = _patch_target(None, host)
     known = {p.name: p for p in registry.patch_sets(loadable_only=True)}
-    _print_patch_result(patching.revert(transport, known.get(name, name), force=force, store=store), as_json)
+    res = patching.revert(transport, known.get(name, name), force=force, store=store, python=python)
+    _print_patch_result(res, as_json)
 
 
 @patch_app.command("status")
-def patch_status(host: str = typer.Option(LOCAL, "--host", "-H"), as_json: bool = typer.Option(False, "--json")) -> None:
+def patch_status(host: str = typer.Option(LOCAL, "--host", "-H"), python: str | None = PYTHON,
+                 as_json: bool = typer.Option(False, "--json")) -> None:
     """Which sets are applied on the host, by which run, and whether the files still match."""
     import dataclasses
 
     from .. import patching, registry
 
     _, transport, store = _patch_target(None, host, writes=False)
-    applied = patching.status(transport, registry.patch_sets(loadable_only=True), store)
+    applied = patching.status(transport, registry.patch_sets(loadable_only=True), store, python=python)
     if as_json:
         emit_json([{**dataclasses.asdict(a), "intact": a.intact} for a in applied])
         return
     if not applied:
-        out.print(f"no patch sets applied on {host}")
+        out.print(f"no patch sets applied on {host}" + (f" for {python}" if python else ""))
     for a in applied:
         run = f"run {a.run_id}" if a.run_id else "by hand"
         state = "files match" if a.intact else "FILES CHANGED: " + ", ".join(
             f.file for f in a.files if f.state != "applied")
-        out.print(f"{a.set_name} on {a.package} {a.version} ({run}): {state}")
+        out.print(f"{a.set_name} on {a.package} {a.version} at {a.root} ({run}): {state}")
 
 

@@ -63,9 +63,13 @@ def age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-def table(headers: list[str], rows: list[list[Any]], *, title: str | None = None) -> None:
-    """A table on a terminal; off one (a pipe, a file) tab-separated lines, no value ever cut or wrapped."""
+def table(headers: list[str], rows: list[list[Any]], *, title: str | None = None, drop_empty: bool = False) -> None:
+    """A table on a terminal; off one (a pipe, a file) tab-separated lines, no value ever cut or wrapped.
+    `drop_empty` leaves out the columns no row has a value in."""
     cells = [[cell(v) for v in row] for row in rows]
+    if drop_empty and cells:
+        keep = [i for i in range(len(headers)) if any(row[i] for row in cells)]
+        headers, cells = [headers[i] for i in keep], [[row[i] for i in keep] for row in cells]
     if not out.is_terminal:
         if title:
             sys.stdout.write(title + "\n")
@@ -109,6 +113,8 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
     if status in ("succeeded", "running"):
         lines = [f"run {rid} {status}" + (f" in {duration(doc['duration_s'])}" if status == "succeeded"
                                           else f" ({doc['phase']})")]
+        if doc.get("url"):
+            lines.append(f"  url: {doc['url']}" + ("" if doc["host"] == "local" else f" (on {doc['host']})"))
         if metrics:
             lines.append(f"  metrics: {metrics}")
         if where:

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from ..errors import OrchError, UsageError
+from ..errors import OrchError
 from ..record import Run, Status
 from ..shapes import run_document
 from ..workspace import LOCAL
-from .app import app, inventory, no_runs_note, open_store, parse_run_id, read_store, workspace
+from .app import age_seconds, app, inventory, open_store, parse_run_id, read_store, workspace
 from .catalog import RunCommand
-from .render import age, emit_json, err, out, progress_line, shown_of, summary_lines, table
+from .render import emit_json, err, out, summary_lines, table
 
 RUN_EXAMPLES = """Examples:
 
@@ -193,116 +192,12 @@ def _follow(ctx: Any, until_ready: bool, as_json: bool) -> None:
         err.print(f"detached; run {ctx.run_id} keeps running, watched in the background — "
                   f"`orch watch {ctx.run_id}` follows it again")
         raise typer.Exit(0)
-    doc = outcome.summary(ctx.ws, ctx.store, final)
+    doc = outcome.summary(ctx.ws, ctx.store, final, ctx.host)
     if as_json:
         emit_json(doc)
     for line in summary_lines(doc):
         err.print(line)
     raise typer.Exit(0 if final.status is Status.SUCCEEDED or final.status.live else 1)
-
-
-STATUS_EXAMPLES = """Examples:
-
-  orch status --status running --host gpu01
-
-  orch status --tag baseline --since 3d
-
-  orch status --sweep 4
-
-  orch status 7 --json
-"""
-
-
-@app.command(epilog=STATUS_EXAMPLES)
-def status(
-    run_id: str | None = typer.Argument(None, metavar="ID"),
-    as_json: bool = typer.Option(False, "--json"),
-    refresh: bool = typer.Option(False, "--refresh", help="poll the host of every active run once"),
-    limit: int = typer.Option(50, "--limit", "-n", metavar="N"),
-    statuses: list[Status] = typer.Option([], "--status", help="only runs in this status (repeatable)"),
-    host: str | None = typer.Option(None, "--host", "-H", metavar="HOST", help="only runs on this host"),
-    playbook: str | None = typer.Option(None, "--playbook", metavar="PLAYBOOK", help="only runs of this playbook"),
-    tag: str | None = typer.Option(None, "--tag", metavar="TAG", help="only runs with this tag"),
-    sweep: int | None = typer.Option(None, "--sweep", metavar="ID", help="only runs of this sweep"),
-    since: str | None = typer.Option(None, "--since", metavar="AGE", help="only runs created within AGE (2h, 3d)"),
-    timeout: float = typer.Option(30.0, metavar="SECONDS", help="seconds per host for --refresh"),
-) -> None:
-    """Show runs, newest first, or one run in full."""
-    ws = workspace()
-    store = open_store(ws) if refresh else read_store(ws)
-    if refresh:
-        from .. import runflow
-
-        runflow.refresh(ws, store, [parse_run_id(run_id)] if run_id else None, timeout, err.print)
-    from .. import watching
-
-    watching.ensure_watched(ws, store)  # a run whose watcher died gets a new one
-    if run_id is not None:
-        doc = run_document(store, store.get_run(parse_run_id(run_id)))
-        emit_json(doc) if as_json else _print_run(doc)
-        return
-    filters: dict[str, Any] = {"statuses": [s.value for s in statuses] or None, "host": host, "playbook": playbook,
-                               "tag": tag, "sweep_id": sweep,
-                               "since": time.time() - _seconds(since) if since is not None else None}
-    runs = store.list_runs(limit=limit, **filters)
-    if not runs:
-        no_runs_note(ws)
-    shown_of(len(runs), store.count_runs(**filters) if len(runs) == limit else len(runs), "runs")
-    docs = [run_document(store, r, with_events=False) for r in runs]
-    by_id = {r.id: r for r in runs}
-    if as_json:
-        emit_json(docs)
-        return
-    now = time.time()
-    rows = []
-    for doc in docs:
-        p = doc["progress"]
-        prog = f"{p['label'] or ''} {p['done']:g}/{p['total']:g}".strip() if p and p.get("total") else ""
-        if not p and doc["predicted_ready_at"] and doc["status"] == "running":
-            prog = f"loaded in ~{max(0, doc['predicted_ready_at'] - now):.0f}s (history)"
-        metrics = " ".join(f"{k}={v:g}" for k, v in list(doc["metrics"].items())[:3])
-        phase = f"{doc['phase']} ({doc['queue_reason']})" if doc["phase"] == "queued" and doc["queue_reason"] \
-            else doc["phase"]
-        # how fresh an active row is: when its watcher last heard from the host
-        run = by_id[doc["id"]]
-        seen = age(now - run.heartbeat) + " ago" if run.heartbeat and not run.status.terminal else ""
-        rows.append([doc["id"], doc["name"], doc["playbook"], doc["host"], doc["status"] + (" (stalled)" if doc["stalled"] else ""),
-                     phase, prog, metrics, age(now - doc["created_at"]), seen])
-    table(["id", "name", "playbook", "host", "status", "phase", "progress", "metrics", "age", "seen"], rows)
-
-
-def _print_run(doc: dict[str, Any]) -> None:
-    phase = f" ({doc['phase']})" if doc["phase"] else ""
-    name = f" ({doc['name']})" if doc["name"] else ""
-    out.print(f"run {doc['id']}{name} {doc['playbook']} on {doc['host']}: {doc['status']}{phase}")
-    if doc["tags"]:
-        out.print("  tags: " + ", ".join(doc["tags"]))
-    for line in (doc["note"] or "").splitlines():
-        out.print(f"  note: {line}")
-    for key in ("reason", "exit_code", "job_id" if doc.get("job_id") else "pid", "node", "queue_reason", "remote_dir",
-                "duration_s"):
-        if doc.get(key) is not None:
-            out.print(f"  {key}: {doc[key]}")
-    if doc["progress"]:
-        out.print("  progress: " + progress_line(doc["progress"], doc["phase"]))
-    if doc["predicted_ready_at"] and doc["phase"] in ("starting", "loading"):
-        left = doc["predicted_ready_at"] - time.time()
-        out.print(f"  loading should end in ~{max(left, 0):.0f} s (earlier runs of this model here)")
-    if doc["stalled"]:
-        out.print("  stalled: no progress for longer than usual")
-    if doc["error"]:
-        e = doc["error"]
-        out.print(f"  error: {e['kind']}: {e['exception'] or ''} {e['message']}")
-    for k, v in doc["metrics"].items():
-        out.print(f"  {k} = {v:g}")
-    if doc.get("eagle3_debug"):
-        out.print("  hidden-state debug ([orch-eagle3-debug] lines):")
-        table(["stage", "layer", "part", "shape", "dtype", "mean |x|", "calls"],
-              [[r["stage"], r["layer"], r["part"], r["shape"], r["dtype"],
-                "-" if r["absmean"] is None else f"{r['absmean']:.5g}", r["calls"]] for r in doc["eagle3_debug"]])
-    out.print("  spec: " + json.dumps(doc["spec"]))
-    for e in doc["events"]:
-        out.print(f"  {time.strftime('%m-%d %H:%M:%S', time.localtime(e['ts']))} {e['kind']}: {e['message']}")
 
 
 @app.command(epilog="Example:\n\n  orch note 7 'baseline for the fp8 sweep'")
@@ -386,7 +281,7 @@ def gc(older_than: str = typer.Option(..., "--older-than", metavar="AGE", help="
 
     ws = workspace()
     store = open_store(ws)
-    found = retention.older_than(store, _seconds(older_than))
+    found = retention.older_than(store, age_seconds(older_than))
     if dry_run:
         if as_json:
             emit_json([{"id": r.id, "status": r.status.value, "remote_dir": r.remote_dir} for r in found])
@@ -395,14 +290,6 @@ def gc(older_than: str = typer.Option(..., "--older-than", metavar="AGE", help="
                   [[r.id, r.playbook, r.host, r.status.value, r.remote_dir] for r in found])
         return
     _remove(ws, store, found, keep_remote, as_json)
-
-
-def _seconds(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-    number, unit = text[:-1], text[-1:]
-    if unit not in units or not number.replace(".", "", 1).isdigit():
-        raise UsageError(f"not an age: {text!r} (e.g. 30d, 12h, 90m, 45s)")
-    return float(number) * units[unit]
 
 
 def _remove(ws: Any, store: Any, runs: list[Any], keep_remote: bool, as_json: bool) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -82,6 +83,41 @@ def sweep_status(ref: str | None = typer.Argument(None, metavar="[SWEEP]", help=
     verdict = sweep.best_line(doc)
     if verdict:
         out.print(verdict, markup=False)
+
+
+@sweep_app.command("watch")
+def sweep_watch(ref: str = typer.Argument(..., metavar="SWEEP", help="id or name")) -> None:
+    """Follow a sweep until it ends: which point runs, its phase and its log's last line (from the record)."""
+    from rich.live import Live
+    from rich.text import Text
+
+    from .. import sweep
+
+    store = read_store(workspace())
+    sweep_id = sweep.resolve(store, ref)
+    tty = err.is_terminal
+    live = Live(Text(""), console=err, transient=True, refresh_per_second=1, auto_refresh=tty)
+    last: dict[str, Any] | None = None
+
+    def show(doc: dict[str, Any]) -> None:
+        nonlocal last
+        for line in sweep.changes(last, doc):
+            live.console.print(f"{time.strftime('%H:%M:%S')} {line}", markup=False)
+        last = doc
+        if tty:  # the running points, redrawn: their phase and last line move between changes
+            live.update(Text("\n".join(sweep.point_line(p) for p in doc["points"] if p["status"] == "running")))
+
+    try:
+        with live:
+            doc = sweep.follow(store, sweep_id, show)
+    except KeyboardInterrupt:
+        err.print(f"stopped following; sweep {sweep_id} goes on — `orch sweep status {sweep_id}` shows it",
+                  markup=False)
+        raise typer.Exit(0) from None
+    verdict = sweep.best_line(doc)
+    if verdict:
+        err.print(verdict, markup=False)
+    raise typer.Exit(0 if doc["status"] == "succeeded" else 1)
 
 
 @sweep_app.command("cancel")

@@ -97,10 +97,11 @@ def _fetch_log_tail(ctx: Context) -> None:
 def _revert_patches(ctx: Context) -> None:
     if ctx.host.scheduler:  # the sets went to the run's own overlay; the install never changed
         return
+    python = ctx.job().python  # the interpreter the sets were applied for
     for name in ctx.run.patches_applied:
         ps = registry.patch_set(name)
         if ps.revert_after:
-            res = patching.revert(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store)
+            res = patching.revert(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store, python=python)
             ctx.event("patch", f"{name} reverted: " + file_states(res))
 
 

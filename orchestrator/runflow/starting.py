@@ -192,7 +192,8 @@ def replace_run(ws: Workspace, store: Store, holder_id: int, new_id: int, hosts:
 def _steps_before_launch(ctx: Context) -> str:
     # Patch sets are checked (read-only) first, so a set that does not apply changes nothing anywhere.
     sets = [registry.patch_set(name) for name in ctx.spec.patches]
-    checked = [patching.check(ctx.transport, ps) for ps in sets]
+    python = ctx.job().python  # the interpreter the job runs: its install is the one patched
+    checked = [patching.check(ctx.transport, ps, python=python) for ps in sets]
     ctx.pb.preflight(ctx.job())
     # The run dir becomes the run's own (its token) and, for a run that holds its host, another workspace
     # sharing this workdir sees the lease too: before anything changes. Only then is it the run's remote_dir.
@@ -206,12 +207,14 @@ def _steps_before_launch(ctx: Context) -> str:
     overlay = patching.make_overlay(ctx.transport, ctx.paths.root, checked) if sets and ctx.host.scheduler else None
     applied: list[str] = []
     for ps in sets:
-        res = patching.apply(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store, overlay=overlay)
+        res = patching.apply(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store, overlay=overlay, python=python)
         applied.append(ps.name)
         ctx.store.update_run(ctx.run_id, patches_applied=applied)
-        where = f" (the run's copy in {overlay.path})" if overlay else ""
+        where = f" (the run's copy in {overlay.path})" if overlay else (
+            f" for {python}" if python != ctx.host.python else "")
         ctx.event("patch", f"{ps.name} on {res.package} {res.version}{where}: " + file_states(res),
-                  {"applied": ps.name, "set_hash": ps.set_hash, "files": [f.__dict__ for f in res.files]})
+                  {"applied": ps.name, "set_hash": ps.set_hash, "python": python, "root": res.root,
+                   "files": [f.__dict__ for f in res.files]})
     job = ctx.job()
     return _job_script(ctx, job, ctx.pb.prepare(job), gpu_env, overlay)
 

@@ -27,7 +27,7 @@ from .db import add_event, claim, events, on_run_ended, register, resolve
 from .plan import Plan, Point, SweepFile, expand, label, load, plan
 from .policy import Verdict, decide, verdict
 from .record import Fault, PointStatus, SweepStatus
-from .status import best_line, document, list_sweeps
+from .status import best_line, changes, document, follow, list_sweeps, point_line
 
 __all__ = [
     "Fault",
@@ -40,18 +40,21 @@ __all__ = [
     "add_event",
     "best_line",
     "cancel",
+    "changes",
     "claim",
     "decide",
     "detach",
     "document",
     "events",
     "expand",
+    "follow",
     "label",
     "list_sweeps",
     "load",
     "on_run_ended",
     "on_sweep_finished",
     "plan",
+    "point_line",
     "record_cron_skip",
     "register",
     "resolve",

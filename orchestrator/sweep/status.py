@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from ..objective import Objective, best, of_doc
+from ..shapes import shown_phase
 from ..store import Store
 from . import db
 from .plan import label
 from .record import INTERRUPTED, PointRow, SweepStatus
+
+FOLLOW_S = 1.0  # how often a follower reads the record again
 
 
 def _point(store: Store, pt: PointRow) -> dict[str, Any]:
@@ -18,6 +23,7 @@ def _point(store: Store, pt: PointRow) -> dict[str, Any]:
         "status": pt.status.value, "fault": pt.fault.value if pt.fault else None, "reason": pt.reason,
         "attempts": pt.attempts, "runs": db.runs_of(store, pt.sweep_id, pt.key),
         "run_id": pt.run_id, "run_status": run.status.value if run else None,
+        "phase": shown_phase(run) if run else None, "last_line": run.last_line if run else None,
         "metrics": store.latest_metrics(pt.run_id) if pt.run_id else {},
     }
 
@@ -77,3 +83,49 @@ def list_sweeps(store: Store, limit: int = 50) -> list[dict[str, Any]]:
     for d in docs:
         del d["points"]
     return docs
+
+
+def follow(store: Store, sweep_id: int, on_doc: Callable[[dict[str, Any]], None],
+           sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """Read the sweep's record until it ends (or its controller died: interrupted), handing every reading to
+    `on_doc`; the last one is returned. Nothing is asked of any host: the controller's watchers write it."""
+    while True:
+        doc = document(store, sweep_id)
+        on_doc(doc)
+        if doc["status"] == INTERRUPTED or SweepStatus(doc["status"]).ended:
+            return doc
+        sleep(FOLLOW_S)
+
+
+def point_line(p: dict[str, Any], objective: str | None = None) -> str:
+    """One point as a follower shows it: which point, where, how far, and its log's last line."""
+    where = p["host"] + (f":{p['gpus']}" if p["gpus"] else "")
+    line = f"#{p['index']} {label(p['point'] or {})} on {where}: {p['status']}"
+    if p["run_id"]:
+        line += f", run {p['run_id']}"
+    if p["status"] == "running" and p["phase"]:
+        line += f" ({p['phase']})"
+    if p["status"] == "succeeded" and objective and p["objective"] is not None:
+        line += f", {objective}={p['objective']:g}"
+    if p["status"] in ("failed", "cancelled") and p["reason"]:
+        line += f": {p['reason']}"
+    if p["status"] == "running" and p["last_line"]:
+        line += f" · {p['last_line']}"
+    return line
+
+
+def changes(before: dict[str, Any] | None, doc: dict[str, Any]) -> list[str]:
+    """The lines a follower prints for a new reading: each point whose status, run or phase moved, then the
+    sweep's own status when it moved."""
+    objective = doc["objective"]["metric"] if doc["objective"] else None
+    if before is None:  # the first reading: where every point stands, the queued ones counted
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(doc["counts"].items()))
+        return [*(point_line(p, objective) for p in doc["points"] if p["status"] != "queued"),
+                f"sweep {doc['id']} ({doc['name']}): {doc['status']}; {len(doc['points'])} points: {counts}"]
+    seen = {p["index"]: p for p in before["points"]}
+    lines = [point_line(p, objective) for p in doc["points"]
+             if (old := seen.get(p["index"])) is None
+             or any(old[k] != p[k] for k in ("status", "run_id", "phase"))]
+    if before["status"] != doc["status"]:
+        lines.append(f"sweep {doc['id']} ({doc['name']}): {doc['status']}")
+    return lines

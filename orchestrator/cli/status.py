@@ -1,0 +1,161 @@
+"""orch status: the runs table a person reads (or scripts parse, piped), and one run in full."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import typer
+
+from ..errors import OrchError
+from ..record import ACTIVE, Run, Status
+from ..shapes import run_document
+from ..workspace import Workspace
+from .app import age_seconds, app, inventory, no_runs_note, open_store, parse_run_id, read_store, workspace
+from .render import Styled, age, duration, emit_json, err, out, progress_line, shown_of, table
+
+STATUS_EXAMPLES = """Examples:
+
+  orch status --active
+
+  orch status --status running --host gpu01
+
+  orch status --tag baseline --since 3d
+
+  orch status --sweep 4
+
+  orch status 7 --json
+"""
+
+# On a terminal: what needs a look in red, what is under way in cyan, what went well in green.
+STATUS_STYLES = {"succeeded": "green", "failed": "red", "lost": "red", "unreachable": "bold red",
+                 "cancelled": "yellow", "stopped": "blue", "running": "cyan"}
+PHASE_STYLES = {"ready": "green", "finished": "green", "failed": "red", "queued": "yellow"}
+COLUMNS = ["id", "name", "playbook", "host", "status", "phase", "progress", "metrics", "duration", "age", "seen",
+           "reason", "url"]
+
+
+@app.command(epilog=STATUS_EXAMPLES)
+def status(
+    run_id: str | None = typer.Argument(None, metavar="ID"),
+    as_json: bool = typer.Option(False, "--json"),
+    refresh: bool = typer.Option(False, "--refresh", help="poll the host of every active run once"),
+    limit: int = typer.Option(50, "--limit", "-n", metavar="N"),
+    statuses: list[Status] = typer.Option([], "--status", help="only runs in this status (repeatable)"),
+    active: bool = typer.Option(False, "--active", help="only runs not ended yet"),
+    host: str | None = typer.Option(None, "--host", "-H", metavar="HOST", help="only runs on this host"),
+    playbook: str | None = typer.Option(None, "--playbook", metavar="PLAYBOOK", help="only runs of this playbook"),
+    tag: str | None = typer.Option(None, "--tag", metavar="TAG", help="only runs with this tag"),
+    sweep: int | None = typer.Option(None, "--sweep", metavar="ID", help="only runs of this sweep"),
+    since: str | None = typer.Option(None, "--since", metavar="AGE", help="only runs created within AGE (2h, 3d)"),
+    timeout: float = typer.Option(30.0, metavar="SECONDS", help="seconds per host for --refresh"),
+) -> None:
+    """Show runs, newest first, or one run in full."""
+    ws = workspace()
+    store = open_store(ws) if refresh else read_store(ws)
+    if refresh:
+        from .. import runflow
+
+        runflow.refresh(ws, store, [parse_run_id(run_id)] if run_id else None, timeout, err.print)
+    from .. import watching
+
+    watching.ensure_watched(ws, store)  # a run whose watcher died gets a new one
+    urls = ServerUrls(ws)
+    if run_id is not None:
+        run = store.get_run(parse_run_id(run_id))
+        doc = {**run_document(store, run), "url": urls.of(run)}
+        emit_json(doc) if as_json else _print_run(doc)
+        return
+    wanted = [s for s in (statuses or list(Status)) if s in ACTIVE] if active else statuses
+    filters: dict[str, Any] = {"statuses": [s.value for s in wanted] if active or wanted else None, "host": host,
+                               "playbook": playbook, "tag": tag, "sweep_id": sweep,
+                               "since": time.time() - age_seconds(since) if since is not None else None}
+    runs = store.list_runs(limit=limit, **filters)
+    if not runs:
+        no_runs_note(ws)
+    shown_of(len(runs), store.count_runs(**filters) if len(runs) == limit else len(runs), "runs")
+    docs = [{**run_document(store, r, with_events=False), "url": urls.of(r)} for r in runs]
+    if as_json:
+        emit_json(docs)
+        return
+    now = time.time()
+    rows = [_row(doc, run, now) for doc, run in zip(docs, runs)]
+    table(COLUMNS, rows, drop_empty=out.is_terminal)
+
+
+class ServerUrls:
+    """The URL of each ready server; the inventory is read only when a row needs it."""
+
+    def __init__(self, ws: Workspace):
+        self.ws = ws
+        self.hosts: Any = None
+
+    def of(self, run: Run) -> str | None:
+        from ..health import SERVING_PHASES
+
+        if run.status is not Status.RUNNING or run.phase not in SERVING_PHASES:
+            return None
+        from .. import outcome
+
+        try:
+            self.hosts = self.hosts or inventory(self.ws)
+            return outcome.server_url(run, self.hosts.get(run.host))
+        except OrchError:  # an inventory that no longer reads, or no longer names the host: no URL
+            return None
+
+
+def _row(doc: dict[str, Any], run: Run, now: float) -> list[Any]:
+    p = doc["progress"]
+    prog = f"{p['label'] or ''} {p['done']:g}/{p['total']:g}".strip() if p and p.get("total") else ""
+    if not p and doc["predicted_ready_at"] and doc["status"] == "running":
+        prog = f"loaded in ~{max(0, doc['predicted_ready_at'] - now):.0f}s (history)"
+    metrics = " ".join(f"{k}={v:g}" for k, v in list(doc["metrics"].items())[:3])
+    phase = doc["shown_phase"] or ""
+    if phase == "queued" and doc["queue_reason"]:
+        phase = f"queued ({doc['queue_reason']})"
+    word = doc["shown_status"]
+    shown = word + (" (stalled)" if doc["stalled"] else "")
+    # how fresh an active row is: when its watcher last heard from the host
+    seen = age(now - run.heartbeat) + " ago" if run.heartbeat and not run.status.terminal else ""
+    took = duration((run.ended_at or now) - run.started_at) if run.started_at else ""
+    return [doc["id"], doc["name"], doc["playbook"], doc["host"],
+            Styled(shown, "yellow" if doc["stalled"] else STATUS_STYLES.get(word)),
+            Styled(phase, PHASE_STYLES.get(doc["shown_phase"] or "")), prog, metrics, took,
+            age(now - doc["created_at"]), seen, "" if run.status is Status.SUCCEEDED else doc["reason"], doc["url"]]
+
+
+def _print_run(doc: dict[str, Any]) -> None:
+    phase = f" ({doc['shown_phase']})" if doc["shown_phase"] else ""
+    name = f" ({doc['name']})" if doc["name"] else ""
+    out.print(f"run {doc['id']}{name} {doc['playbook']} on {doc['host']}: {doc['shown_status']}{phase}")
+    if doc["tags"]:
+        out.print("  tags: " + ", ".join(doc["tags"]))
+    for line in (doc["note"] or "").splitlines():
+        out.print(f"  note: {line}")
+    for key in ("url", "reason", "exit_code", "job_id" if doc.get("job_id") else "pid", "node", "queue_reason",
+                "remote_dir", "duration_s"):
+        if doc.get(key) is not None:
+            out.print(f"  {key}: {doc[key]}")
+    if doc["unreachable_since"] is not None:
+        out.print(f"  unreachable: the host has not answered for {age(time.time() - doc['unreachable_since'])}")
+    if doc["progress"]:
+        out.print("  progress: " + progress_line(doc["progress"], doc["phase"]))
+    if doc["predicted_ready_at"] and doc["phase"] in ("starting", "loading"):
+        left = doc["predicted_ready_at"] - time.time()
+        out.print(f"  loading should end in ~{max(left, 0):.0f} s (earlier runs of this model here)")
+    if doc["stalled"]:
+        out.print("  stalled: no progress for longer than usual")
+    if doc["error"]:
+        e = doc["error"]
+        out.print(f"  error: {e['kind']}: {e['exception'] or ''} {e['message']}")
+    for k, v in doc["metrics"].items():
+        out.print(f"  {k} = {v:g}")
+    if doc.get("eagle3_debug"):
+        out.print("  hidden-state debug ([orch-eagle3-debug] lines):")
+        table(["stage", "layer", "part", "shape", "dtype", "mean |x|", "calls"],
+              [[r["stage"], r["layer"], r["part"], r["shape"], r["dtype"],
+                "-" if r["absmean"] is None else f"{r['absmean']:.5g}", r["calls"]] for r in doc["eagle3_debug"]])
+    out.print("  spec: " + json.dumps(doc["spec"]))
+    for e in doc["events"]:
+        out.print(f"  {time.strftime('%m-%d %H:%M:%S', time.localtime(e['ts']))} {e['kind']}: {e['message']}")
