@@ -169,7 +169,9 @@ def read_only_runs(tmp_path: Path):
         pytest.skip("needs mount (root)")
     try:
         orch("run", "command", "--set", "cmd=true", check=0)  # the database exists, with a run in it
-        subprocess.run(["mount", "-o", "remount,ro", str(runs)], check=True)
+        # the host's watcher leaves a moment after its last run ended, its output file open until then
+        wait_for(lambda: subprocess.run(["mount", "-o", "remount,ro", str(runs)],
+                                        capture_output=True).returncode == 0, step=0.2)
         yield orch
     finally:
         subprocess.run(["umount", "-l", str(runs)], check=True)

@@ -126,3 +126,17 @@ def test_a_host_whose_python_cannot_run_the_agent_is_one_line_before_anything(tm
     doc = orch.status(1)
     assert doc["status"] == "failed" and doc["phase"] is None
     assert not any(e["kind"] == "gpu" for e in doc["events"])  # nothing was touched on the host
+
+
+def test_a_job_that_did_not_survive_a_reboot_ends_lost_saying_so(orch: Orch, tmp_path: Path) -> None:
+    """A reboot as the host tells it afterwards: the job's processes are gone, no exit code was written,
+    and the host booted after the job started (the wrapper's own start time is older than /proc/stat's
+    btime)."""
+    run_id = detach(orch, "test1", "--steps", "400", "--sleep", "0.05")
+    doc = orch.wait_for(run_id, lambda d: d["progress"] is not None)
+    control = Path(doc["remote_dir"]) / ".orch"
+    wrapper = int((control / "pid").read_text().split()[0])
+    (control / "started_at").write_text("1000000000.0\n")  # 2001: before this host's boot
+    os.killpg(wrapper, signal.SIGKILL)
+    doc = orch.wait_for(run_id, lambda d: d["status"] == "lost", timeout=60)
+    assert "the host rebooted since the job started" in doc["reason"]

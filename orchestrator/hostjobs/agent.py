@@ -173,16 +173,18 @@ def launch(root, script, wrapper, token):
     """Create the run dir, write the scripts, start the wrapper as a session leader; its pid and start.
 
     Idempotent for the same token (a retry never starts the job twice); a run dir holding another
-    run's token is refused, never reused.
+    run's token, or a symlink for its token, is refused, never reused.
     """
     os.makedirs(root, exist_ok=True)
     control = os.path.join(root, CONTROL)
+    if os.path.islink(root) or os.path.islink(control):
+        raise RuntimeError(f"refusing a run dir that is a symlink: {root}")
     for token_file in (os.path.join(control, "token"), os.path.join(root, "token")):
-        if os.path.lexists(token_file):
-            if _read_small(token_file) == token and _read_small(os.path.join(control, "pid")):
-                pid, start = _read_small(os.path.join(control, "pid")).split()
-                return {"pid": int(pid), "start": start, "again": True}
+        if os.path.lexists(token_file) and _read_small(token_file) != token:
             raise RuntimeError(f"run dir in use by another run: {root}")
+    started = find(root)  # the run dir is this run's (claimed before its patches, or a retried launch)
+    if started is not None:
+        return {**started, "again": True}
     os.makedirs(control, exist_ok=True)
     for name, text, mode in (("token", token, 0o600), ("wrapper.sh", wrapper, 0o644)):
         _write(os.path.join(control, name), text, mode)
@@ -263,7 +265,9 @@ def explain_loss(root, start):
                 oom = line.strip()
     if oom:
         return f"killed by the kernel's OOM killer: {oom[:200]}"
-    return None
+    if booted is not None and started_at is not None:  # the host has been up since the job started
+        return "the process is gone and wrote no exit code (killed by SIGKILL with its wrapper; the host did not reboot)"
+    return "the process is gone and wrote no exit code (killed by SIGKILL with its wrapper, or the host rebooted)"
 
 
 def tail(path, lines):
