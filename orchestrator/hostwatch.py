@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import slurm
+from . import notify, slurm
 from .agent import AgentLink, Push
 from .controller import STALE_FACTOR
 from .errors import OrchError, Unreachable
@@ -33,7 +33,7 @@ from .remote import connect
 from .runflow import Context, finish, open_run, settle_orphan, watch_options
 from .store import Store
 from .watch import Watcher
-from .watching import FileLock, WatchLock, host_lock_path, watched_elsewhere
+from .watching import FileLock, WatchLock, followed, host_lock_path, watched_elsewhere
 from .workspace import Workspace
 
 SYNC_S = 0.25  # how often the record is read for runs started, ended or cancelled meanwhile
@@ -84,6 +84,7 @@ class HostWatcher:
         finally:
             for thread in self._enders:
                 thread.join()
+            notify.drain()  # a notification still in flight is delivered (or reported) before the exit
             for f in self.runs.values():
                 f.lock.release()
             if self.link is not None:
@@ -302,8 +303,10 @@ class HostWatcher:
                 except OrchError as exc:
                     outcome = f"not stopped: {exc}"
                 store.add_event(w.run_id, "stopped", f"process group: {outcome}")
+            while followed(self.ws, w.run_id):  # its follower runs the end steps and shows their outcome
+                time.sleep(0.2)
             ctx = open_run(self.ws, store, w.run_id, self.hosts, any_spec=True)
-            finish(ctx)
+            finish(ctx)  # none left to do when the follower did them
         except OrchError as exc:
             self.echo(f"orch: run {f.watcher.run_id}: end steps: {exc}")
         finally:

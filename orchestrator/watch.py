@@ -230,6 +230,7 @@ class Watcher:
         after = (p.phase, p.progress.done if p.progress else None, p.error)
         # every phase the log went through, not just the last: a backlog read in one poll passes several
         events += [("phase", phase, None) for phase in p.phases_passed]
+        loaded = any(phase in history.LOADING for phase in p.phases_passed)  # a load begun in these bytes
         p.phases_passed.clear()
         if p.error is not None and p.error != before[2]:
             events.append(("error", _error_text(p.error), p.error.to_dict()))
@@ -245,7 +246,7 @@ class Watcher:
             fields["progress_at"] = now
         self._scheduler(state, events, fields)
         self._wrapper(state, events)
-        self._predict(p, now, fields)
+        self._predict(p, now, fields, loaded)
 
         end: tuple[Status, str, dict[str, Any]] | None = None
         if not more:
@@ -309,7 +310,7 @@ class Watcher:
         if not any(e["kind"] == "wrapper" for e in self.store.events(self.run_id)):
             events.append(("wrapper", "the wrapper is gone but the job's process group runs on", None))
 
-    def _predict(self, p: LogParser, now: float, fields: dict[str, Any]) -> None:
+    def _predict(self, p: LogParser, now: float, fields: dict[str, Any], loaded: bool = False) -> None:
         """Never sleep past the predicted finish: the bar's ETA, else the history of this model's loads."""
         bar = p.progress
         if bar and bar.eta_s is not None and (bar.total is None or bar.done < bar.total):
@@ -317,7 +318,7 @@ class Watcher:
             self.wait.finish_at = (fields.get("progress_at") or self.run.progress_at or now) + bar.eta_s
             return
         self.wait.finish_at = None
-        if p.phase not in history.LOADING or not self.run.started_at:
+        if (p.phase not in history.LOADING and not loaded) or not self.run.started_at:
             return
         if self.run.predicted_at is None:
             predicted = history.predicted_load_s(self.store, self.run)
@@ -325,7 +326,8 @@ class Watcher:
                 return
             fields["predicted_at"] = self.run.started_at + predicted
             self.run.predicted_at = fields["predicted_at"]
-        self.wait.finish_at = self.run.predicted_at
+        if p.phase in history.LOADING:  # a load already over is no reason to look again soon
+            self.wait.finish_at = self.run.predicted_at
 
     def _stall(self, advanced: bool, now: float, events: list[tuple[str, str, Any]],
                fields: dict[str, Any]) -> float | None:

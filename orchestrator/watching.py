@@ -46,11 +46,13 @@ class FileLock:
     def held(self) -> bool:
         return self._fd is not None
 
+    shared = False  # a lock many may hold at once (followers), that excludes one taken exclusively
+
     def acquire(self) -> bool:
         if self._fd is None:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
                 self._fd = fd
             except BlockingIOError:
                 os.close(fd)
@@ -75,6 +77,23 @@ class WatchLock(FileLock):
 
     def __init__(self, ws: Workspace, run_id: int):
         super().__init__(ws.run_dir(run_id) / "watch.lock")
+
+
+class FollowLock(FileLock):
+    """Held (shared) by whoever follows a run's record to show its end — `orch run`, `orch watch`, a sweep's
+    lane: while one does, it runs the end steps itself, so its summary comes after them."""
+
+    shared = True
+
+    def __init__(self, ws: Workspace, run_id: int):
+        super().__init__(ws.run_dir(run_id) / "follow.lock")
+
+
+def followed(ws: Workspace, run_id: int) -> bool:
+    """Does anyone on this machine follow the run's record (hold its follow lock)?"""
+    lock = FileLock(ws.run_dir(run_id) / "follow.lock")
+    with lock:
+        return not lock.held
 
 
 def host_lock_path(ws: Workspace, host: str) -> Path:

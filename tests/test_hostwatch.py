@@ -37,7 +37,7 @@ def agents(workdir: Path) -> list[int]:
                 argv = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if any(a.startswith(str(workdir / "runs" / "agent").encode()) for a in argv):
+            if any(a.startswith(str(workdir / "runs" / "hostjobs" / "agent-").encode()) for a in argv):
                 found.append(int(proc.name))
     return found
 

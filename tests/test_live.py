@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.logparse import LogParser
+
 from orchtest import FAST, Orch, job_cmd, stop_background_watchers
 
 EMULATOR = Path(__file__).parent / "fakes" / "sglang_emulator.py"
@@ -79,7 +81,10 @@ def test_a_killed_watcher_is_replaced_and_nothing_is_recorded_twice(orch: Orch, 
         orch("status", check=0)  # finds it unwatched and starts a new watcher
     doc = orch.wait_for(run_id, lambda d: d["status"] == "succeeded" and len(d["end_steps"]) == 5, timeout=90)
     phases = [e["message"] for e in doc["events"] if e["kind"] == "phase"]
-    assert phases == sorted(set(phases), key=phases.index), phases  # each phase change once
+    parser = LogParser(engine="sglang")  # the whole log read at once: each phase change once
+    parser.feed((Path(doc["remote_dir"]) / "log").read_bytes())
+    parser.finish(exit_code=0)
+    assert phases == parser.phases_passed, phases
     finished = [e["message"] for e in doc["events"] if e["kind"] == "finished"]
     assert sorted(finished) == sorted(["log to end", "outputs", "log tail", "patch revert", "notify"])
     db = sqlite3.connect(orch.db)

@@ -186,8 +186,9 @@ def launch(root, script, wrapper, token):
     if started is not None:
         return {**started, "again": True}
     os.makedirs(control, exist_ok=True)
-    for name, text, mode in (("token", token, 0o600), ("wrapper.sh", wrapper, 0o644)):
-        _write(os.path.join(control, name), text, mode)
+    if _read_small(os.path.join(control, "token")) is None:  # readable by all: other users' leases check it
+        _write(os.path.join(control, "token"), token, 0o644)
+    _write(os.path.join(control, "wrapper.sh"), wrapper, 0o644)
     _write(os.path.join(root, "job.sh"), script, 0o644)
     devnull = os.open(os.devnull, os.O_RDWR)
     try:

@@ -15,6 +15,7 @@ from ..store import Store
 from ..watch import Watcher
 from ..watching import (
     FOLLOW_S,
+    FollowLock,
     WatchLock,
     follow_record,
     host_watched,
@@ -81,7 +82,13 @@ SPAWN_AGAIN_S = 10.0  # a host watcher just started takes a moment to hold its l
 def _follow_host(ctx: Context, until_ready: bool, on_update: Callable[[Run], None] | None,
                  sleep: Callable[[float], None]) -> Run:
     """Follow the run's record while its host's watcher follows the run (started here when missing)."""
-    ctx.release()  # a starter's lock: the host's watcher takes the run over
+    with FollowLock(ctx.ws, ctx.run_id):
+        ctx.release()  # a starter's lock: the host's watcher takes the run over
+        return _follow_record(ctx, until_ready, on_update, sleep)
+
+
+def _follow_record(ctx: Context, until_ready: bool, on_update: Callable[[Run], None] | None,
+                   sleep: Callable[[float], None]) -> Run:
     needs_health = until_ready and watch_options(ctx.pb, ctx.spec, ctx.host).health is not None
     spawned_at = -SPAWN_AGAIN_S
     while True:
