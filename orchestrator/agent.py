@@ -178,12 +178,15 @@ class AgentLink:
 
     def _keep(self) -> None:
         """Ping the agent (it exits after a minute without a word) and close a link gone silent."""
+        pinged = time.monotonic()
         while self.alive:
             time.sleep(1.0)
-            if time.monotonic() - self.heard > SILENT_S:
+            now = time.monotonic()
+            if now - self.heard > SILENT_S:
                 self.close()
                 return
-            if int(time.monotonic()) % int(PING_S) == 0:
+            if now - pinged >= PING_S:
+                pinged = now
                 try:
                     self.tell("ping")
                 except Unreachable:

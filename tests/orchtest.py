@@ -58,6 +58,23 @@ class Orch:
         return self.root / "runs" / "orch.db"
 
 
+def in_process(capsys: Any) -> Any:
+    """`orch ARGS` run in this process (Typer's app, no interpreter start): (exit code, stdout, stderr)."""
+    from orchestrator.cli import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        got = capsys.readouterr()
+        return code, got.out, got.err
+
+    return run
+
+
 def fleet_toml(fleet: Any, **overrides: Any) -> str:
     return fleet.hosts_toml(**overrides)
 

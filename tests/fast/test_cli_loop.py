@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from orchtest import in_process
+
 from orchestrator import lease
-from orchestrator.cli import main
 from orchestrator.lifecycle import transition
 from orchestrator.record import Status
 from orchestrator.store import Store
@@ -24,17 +25,7 @@ def orch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capture
     monkeypatch.setenv("COLUMNS", "200")
     (tmp_path / "hosts.toml").write_text("")
 
-    def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        got = capsys.readouterr()
-        return code, got.out, got.err
-
-    return run
+    return in_process(capsys)
 
 
 def hold_local_host(tmp_path: Path) -> int:

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from orchtest import in_process
 from rich.console import Console
 
 from orchestrator import watching
-from orchestrator.cli import main, render, status
+from orchestrator.cli import render, status
 from orchestrator.lifecycle import transition
 from orchestrator.record import Status
 from orchestrator.store import Store
@@ -30,17 +32,7 @@ def orch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capture
     # the records are made here, not by runs: nothing is to be watched
     monkeypatch.setattr(watching, "ensure_watched", lambda *a, **k: [])
 
-    def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        got = capsys.readouterr()
-        return code, got.out, got.err
-
-    return run
+    return in_process(capsys)
 
 
 @pytest.fixture
