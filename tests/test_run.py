@@ -235,18 +235,51 @@ def test_status_lists_newest_first_without_events(orch):
     assert "succeeded" in orch("status", check=0).stdout
 
 
-def test_ctrl_c_detaches_and_the_job_keeps_running(orch, tmp_path):
+@pytest.mark.parametrize("host", HOSTS)
+def test_ctrl_c_detaches_and_the_job_keeps_running(orch, tmp_path, host):
+    """Ctrl-C ends `orch run` at once with one line saying the run goes on and how to follow it; a
+    second Ctrl-C right after is no traceback."""
     marker = tmp_path / "half"
-    proc = orch.spawn("run", "command", "--host", "test1",
+    proc = orch.spawn("run", "command", "--host", host,
                       "--set", job_cmd("--steps", "30", "--sleep", "0.1", "--marker", str(marker)), *FAST)
     wait_for_file(marker)
+    time.sleep(0.3)  # in the middle of a wait
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
     _, errs = proc.communicate(timeout=30)
-    assert proc.returncode == 0 and "orch watch 1" in errs
+    took = time.monotonic() - sent
+    print(f"{host}: SIGINT to exit {took:.2f} s")
+    assert proc.returncode == 0, errs
+    assert "Traceback" not in errs and "KeyboardInterrupt" not in errs
+    last = errs.strip().splitlines()[-1]
+    assert last.startswith("orch: detached; run 1 goes on (") and last.endswith("orch watch 1 · orch logs 1 -f")
+    assert sum("detached" in line for line in errs.splitlines()) == 1
+    assert took < 3.0, f"{took:.2f} s from SIGINT to exit"
     doc = orch.status(1)
     assert doc["status"] == "running" and any(e["kind"] == "detached" for e in doc["events"])
     assert orch("watch", "1", timeout=120).returncode == 0
     assert orch.status(1)["status"] == "succeeded" and orch.status(1)["progress"]["done"] == 30
+
+
+def test_ctrl_c_detaches_orch_watch_at_once(orch, tmp_path):
+    marker = tmp_path / "half"
+    run_id = int(orch("run", "command", "--host", "test1", "--detach",
+                      "--set", job_cmd("--steps", "40", "--sleep", "0.1", "--marker", str(marker)), *FAST,
+                      check=0).stdout)
+    wait_for_file(marker)
+    proc = orch.spawn("watch", str(run_id))
+    time.sleep(1.0)  # following the record
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, errs = proc.communicate(timeout=30)
+    took = time.monotonic() - sent
+    print(f"watch: SIGINT to exit {took:.2f} s")
+    assert proc.returncode == 0 and "Traceback" not in errs, errs
+    assert errs.strip().splitlines()[-1].startswith(f"orch: detached; run {run_id} goes on")
+    assert took < 3.0, f"{took:.2f} s from SIGINT to exit"
+    assert orch.wait_for(run_id, lambda d: d["status"] == "succeeded", timeout=120)["progress"]["done"] == 40
 
 
 def test_truncated_log_is_read_again_from_the_start(orch):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -183,21 +184,48 @@ def _follow(ctx: Any, until_ready: bool, as_json: bool) -> None:
         if plain is not None:
             plain.update(run)
 
+    before = signal.signal(signal.SIGINT, _interrupted)
     try:
         with live:
             final = runflow.watch(ctx, until_ready=until_ready, on_update=show, live=tty)
     except KeyboardInterrupt:
-        ctx.event("detached", "watch interrupted; the job keeps running")
-        _hand_over(ctx)
-        err.print(f"detached; run {ctx.run_id} keeps running, watched in the background — "
-                  f"`orch watch {ctx.run_id}` follows it again")
-        raise typer.Exit(0)
+        _detach(ctx)
+    finally:
+        if signal.getsignal(signal.SIGINT) is _interrupted:
+            signal.signal(signal.SIGINT, before)
     doc = outcome.summary(ctx.ws, ctx.store, final, ctx.host)
     if as_json:
         emit_json(doc)
     for line in summary_lines(doc):
         err.print(line)
     raise typer.Exit(0 if final.status is Status.SUCCEEDED or final.status.live else 1)
+
+
+def _ignore(signum: int, frame: Any) -> None:
+    """A Ctrl-C after the first: the detach under way ends the command anyway."""
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    """The first Ctrl-C while following a run: stop following; any later one is ignored (so it never ends
+    in a traceback). Not SIG_IGN: a watcher started from here gets the default handler back."""
+    signal.signal(signal.SIGINT, _ignore)
+    raise KeyboardInterrupt
+
+
+def _detach(ctx: Any) -> NoReturn:
+    """Ctrl-C while following a run: leave it to its watcher at once, one line on stderr, exit 0 (the
+    hand-over is a record write and at most a process start)."""
+    signal.signal(signal.SIGINT, _ignore)
+    who = "its host's watcher follows it" if ctx.executor.streams else "a background watcher follows it"
+    ctx.event("detached", f"Ctrl-C: this process stopped following the run; {who}")
+    _hand_over(ctx)
+    err.print(f"orch: detached; run {ctx.run_id} goes on ({who}): "
+              f"orch watch {ctx.run_id} · orch logs {ctx.run_id} -f", markup=False)
+    # the interpreter's exit puts the default back in place of a Python handler, and one more Ctrl-C then
+    # would end it by SIGINT, not exit 0; SIG_IGN stays (set after the hand-over: a watcher started there
+    # must not inherit it)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise typer.Exit(0)
 
 
 @app.command(epilog="Example:\n\n  orch note 7 'baseline for the fp8 sweep'")
