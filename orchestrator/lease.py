@@ -1,11 +1,11 @@
 """Leases: a host, or a set of its GPUs, is held by at most one run at a time.
 
 A lease names its run and the controller process that took it (pid with its start time, hostname).
-It is taken in one `BEGIN IMMEDIATE` transaction together with the run's row, and dropped when the run
-ends. A holder whose controller died is never trusted blindly either way: it is handed to the run
-flow's probe, which ends a run that never launched and polls a launched one once on its host — its
-lease is freed only once the job is seen to have ended, so two runs never share GPUs, and a host is
-never blocked past the end of its job.
+It is taken in one `BEGIN IMMEDIATE` transaction together with the run's row, and dropped once the run
+has ended and the end steps that must precede the next run are done (BEFORE_RELEASE). A holder whose
+controller died is never trusted blindly either way: it is handed to the run flow's probe, which ends a
+run that never launched and polls a launched one once on its host — its lease is freed only once the job
+is seen to have ended, so two runs never share GPUs, and a host is never blocked past the end of its job.
 """
 
 from __future__ import annotations
@@ -22,6 +22,23 @@ from .store import Store
 
 # The probe hands a run whose controller died to the run flow, which ends it if its job is over.
 Probe = Callable[[Run], None]
+
+# The end steps that come before the host's next run: its metrics cover the whole log, and a next run's
+# patches need the install reverted. The run flow frees the lease right after them (see runflow.finish);
+# an ended run's lease found before they are done stays while whoever does them is alive.
+BEFORE_RELEASE = ("log to end", "patch revert")
+
+
+def steps_before_release_done(store: Store, run: Run) -> bool:
+    """Whether an ended run's end steps before release are done (each a `finished` event, or a warning
+    naming it: a step that failed is over too)."""
+    over = set()
+    for e in store.events(run.id):
+        if e["kind"] == "finished":
+            over.add(e["message"])
+        elif e["kind"] == "warning":
+            over.add(e["message"].split(":", 1)[0])
+    return all(name in over for name in BEFORE_RELEASE)
 
 
 class Busy(OrchError):
@@ -112,8 +129,12 @@ def acquire(store: Store, host: str, gpus: list[int] | None, create_run: Callabl
                     run = store.get_run(lease.run_id)
                 except NotFound:
                     run = None
-                if run is None or run.status.terminal:
+                if run is None or (run.status.terminal
+                                   and (steps_before_release_done(store, run) or not holder_alive(lease, run))):
                     c.execute("DELETE FROM leases WHERE id = ?", (lease.id,))  # its run ended; nobody dropped it
+                    continue
+                if run.status.terminal:  # its log is being read to the end or its patches reverted: a moment
+                    busy = busy or Busy(lease)
                     continue
                 if holder_alive(lease, run):
                     busy = busy or Busy(lease)

@@ -103,7 +103,7 @@ def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, 
                 predicted_ready_at=run.predicted_at, unreachable_since=silent_since),
         "duration_s": round(run.ended_at - run.started_at, 3) if run.ended_at and run.started_at else None,
         "spec": None if "spec" in run.unreadable else run.spec,
-        "end_steps": run.end_steps,  # the end steps that ran (log to end, outputs, log tail, patch revert, notify)
+        "end_steps": run.end_steps,  # the end steps that ran (log to end, patch revert, outputs, log tail, notify)
     }
     if with_events:
         doc["eagle3_debug"] = eagle3_debug_table(store, run.id)

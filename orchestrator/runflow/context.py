@@ -13,6 +13,7 @@ from ..executor import Executor, executor_for
 from ..hostlease import run_paths
 from ..hosts import Host, Inventory
 from ..launch import RunPaths
+from ..lease import BEFORE_RELEASE
 from ..playbook import JobContext, Playbook
 from ..polling import WatchOptions
 from ..record import Run
@@ -25,7 +26,9 @@ from ..workspace import Workspace
 KILL_GRACE_S = 10.0
 LIVE_HOLD_S = 2.0  # the longest a poll holds while a person watches
 LOG_TAIL_LINES = 200
-END_STEPS = ("log to end", "outputs", "log tail", "patch revert", "notify")
+# The end steps in their order: the lease is freed right after BEFORE_RELEASE (see lease.py); the
+# others may run while the host's next run starts.
+END_STEPS = (*BEFORE_RELEASE, "outputs", "log tail", "notify")
 
 
 @dataclass

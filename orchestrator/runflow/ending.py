@@ -1,4 +1,5 @@
-"""Every way a run ends reaches `finish`: the end steps once whoever ends it, then its lease is free."""
+"""Every way a run ends reaches `finish`: the end steps once whoever ends it; its lease is freed as soon as
+the host can take the next run."""
 
 from __future__ import annotations
 
@@ -29,31 +30,40 @@ def end(store: Store, run_id: int, status: Status, message: str, ctx: Context | 
 
 
 def finish(ctx: Context) -> Run:
-    """The end steps of an ended run, each at most once whoever calls, then its lease is freed.
+    """The end steps of an ended run, each at most once whoever calls; its lease is freed as soon as the
+    steps that must precede the host's next run are done (lease.BEFORE_RELEASE: the log read to its end, the
+    patch revert), and the others (outputs, log tail, notify) run after that.
 
     A step is claimed in the record before it runs, so two processes finishing the same run never both
     run it. A step that fails is a warning event; the others still run.
     """
     if not ctx.run.status.terminal:
         return ctx.run
-    steps: dict[str, Callable[[Context], None]] = {
-        "log to end": read_to_end, "outputs": _collect_outputs, "log tail": _fetch_log_tail, "patch revert": _revert_patches,
-        "notify": _notify,
-    }
     try:
-        for name in END_STEPS:
-            if not _claim_step(ctx.store, ctx.run_id, name):
-                continue
-            try:
-                steps[name](ctx)
-                ctx.event("finished", name)  # for the timeline; the record's end_steps is what counts
-            except Exception as exc:  # noqa: BLE001 - one step's failure must not skip the others
-                what = str(exc) if isinstance(exc, OrchError) else f"{type(exc).__name__}: {exc}"
-                ctx.event("warning", f"{name}: {what}")
+        for name in lease.BEFORE_RELEASE:
+            _step(ctx, name)
     finally:
         _release_host(ctx)
         lease.release(ctx.store, ctx.run_id)  # the host (or GPU set) is free for the next run
+    for name in END_STEPS:
+        if name not in lease.BEFORE_RELEASE:
+            _step(ctx, name)
     return ctx.run
+
+
+def _step(ctx: Context, name: str) -> None:
+    steps: dict[str, Callable[[Context], None]] = {
+        "log to end": read_to_end, "outputs": _collect_outputs, "log tail": _fetch_log_tail,
+        "patch revert": _revert_patches, "notify": _notify,
+    }
+    if not _claim_step(ctx.store, ctx.run_id, name):
+        return
+    try:
+        steps[name](ctx)
+        ctx.event("finished", name)  # for the timeline; the record's end_steps is what counts
+    except Exception as exc:  # noqa: BLE001 - one step's failure must not skip the others
+        what = str(exc) if isinstance(exc, OrchError) else f"{type(exc).__name__}: {exc}"
+        ctx.event("warning", f"{name}: {what}")
 
 
 def _release_host(ctx: Context) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -117,3 +118,92 @@ def test_a_failing_end_step_does_not_skip_the_others(ws: Workspace, store: Store
     warnings = [e["message"] for e in store.events(ctx.run_id) if e["kind"] == "warning"]
     assert warnings == ["outputs: ValueError: a manifest that is not JSON"]
     assert ctx.run.end_steps == list(runflow.END_STEPS) and len(receiver.bodies) == 1
+
+
+def test_a_queued_run_starts_before_a_slow_notify_of_the_previous_run_ends(
+        ws: Workspace, store: Store, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lease is freed once the log is read to its end and the patches are reverted; the outputs, the
+    log tail and the notification follow while the host's next run starts."""
+    from orchestrator import watching
+    from orchestrator.runflow import ending
+
+    monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)  # this test alone ends run 1
+    notifying, gate, notified = threading.Event(), threading.Event(), threading.Event()
+    real_notify = ending._notify
+
+    def slow_notify(ctx: runflow.Context) -> None:
+        notifying.set()
+        gate.wait(20)  # a receiver that takes its time
+        real_notify(ctx)
+        notified.set()
+
+    monkeypatch.setattr(ending, "_notify", slow_notify)
+    first = start(ws, store, receiver, "sleep 30")
+
+    def end_first() -> None:
+        own = Store(ws.db_path)
+        try:
+            runflow.cancel(runflow.open_run(ws, own, first.run_id), "cancelled by test", 1.0)
+        finally:
+            own.close()
+
+    ender = threading.Thread(target=end_first)
+    ender.start()
+    try:
+        assert notifying.wait(20), "run 1's notify step never began"
+        began = time.monotonic()
+        spec = CommandSpec(cmd="true", **FAST)
+        second = runflow.start(ws, store, registry.playbook("command"), spec, local_host(ws.root), queue=True)
+        waited = time.monotonic() - began
+        assert not notified.is_set(), "run 2 started only after run 1's notification was sent"
+        assert waited < 10, f"run 2 waited {waited:.1f} s for the lease"
+        assert second.run.status in (Status.RUNNING, Status.SUCCEEDED)
+        done = first.run.end_steps
+        assert done[:2] == ["log to end", "patch revert"] and "notify" in done  # claimed, under way
+    finally:
+        gate.set()
+        ender.join(30)
+    notify.drain(5)
+    assert [b["run_id"] for b in receiver.bodies] == [first.run_id]
+    assert first.run.end_steps == list(runflow.END_STEPS)
+
+
+def test_the_next_run_waits_for_the_patch_revert(ws: Workspace, store: Store, receiver: Receiver,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ended run whose patches are being reverted still holds its host: a next run's patches need the
+    install as it was."""
+    from orchestrator import lease, watching
+    from orchestrator.runflow import ending
+
+    monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)  # this test alone ends run 1
+    reverting, gate = threading.Event(), threading.Event()
+    real_revert = ending._revert_patches
+
+    def slow_revert(ctx: runflow.Context) -> None:
+        reverting.set()
+        gate.wait(20)
+        real_revert(ctx)
+
+    monkeypatch.setattr(ending, "_revert_patches", slow_revert)
+    first = start(ws, store, receiver, "sleep 30")
+
+    def end_first() -> None:
+        own = Store(ws.db_path)
+        try:
+            runflow.cancel(runflow.open_run(ws, own, first.run_id), "cancelled by test", 1.0)
+        finally:
+            own.close()
+
+    ender = threading.Thread(target=end_first)
+    ender.start()
+    spec = CommandSpec(cmd="true", **FAST)
+    try:
+        assert reverting.wait(20), "run 1's patch revert never began"
+        assert first.run.status is Status.CANCELLED
+        with pytest.raises(lease.Busy, match=f"run {first.run_id}"):
+            runflow.start(ws, store, registry.playbook("command"), spec, local_host(ws.root))
+    finally:
+        gate.set()
+        ender.join(30)
+    second = runflow.start(ws, store, registry.playbook("command"), spec, local_host(ws.root))
+    assert second.run_id != first.run_id and first.run.end_steps == list(runflow.END_STEPS)
