@@ -41,7 +41,8 @@ def _better(value: float | None, base: float | None, lower: bool) -> bool | None
 
 
 def compare(store: Store, ids: list[int], all_keys: bool = False, baseline: int | None = None) -> dict[str, Any]:
-    """Specs (only the keys that differ unless `all_keys`) and latest metrics of runs, in the order given.
+    """Specs (only the keys that differ unless `all_keys`) and latest metrics of runs, in the order given,
+    each metric with its summaries (last, mean and p50 over the steady state).
 
     A key or metric a run lacks is None for it; ratios are each run's value over the first run's, which
     is the baseline run when one is given (it comes first, whether or not it is among `ids`).
@@ -58,12 +59,15 @@ def compare(store: Store, ids: list[int], all_keys: bool = False, baseline: int 
         if all_keys or any(v != values[0] for v in values[1:]):
             spec[key] = values
     latest = [store.latest_metrics(i) for i in ids]
+    summed = [store.metric_summaries(i) for i in ids]
     metrics: dict[str, dict[str, Any]] = {}
     for name in sorted(_ordered_union(latest)):
         values = [m.get(name) for m in latest]
         lower = lower_is_better(name)
         metrics[name] = {"values": values, "ratios": [ratio(v, values[0]) for v in values], "lower_is_better": lower,
-                         "better": [None, *(_better(v, values[0], lower) for v in values[1:])]}
+                         "better": [None, *(_better(v, values[0], lower) for v in values[1:])],
+                         # last, mean and p50 over the steady state, per run (see summaries.py)
+                         "summaries": [s.get(name) for s in summed]}
     return {"runs": list(ids), "baseline": ids[0], "spec": spec, "metrics": metrics}
 
 

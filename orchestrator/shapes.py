@@ -92,6 +92,8 @@ def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, 
         "error": {k: error.get(k) for k in ("kind", "exception", "message")} if error else None,
         "reason": run.reason,
         "metrics": metrics(store.latest_metrics(run.id)),
+        # per metric: last, and mean and p50 over the steady state (the first 10 % of samples left out)
+        "metric_summaries": {k: {f: number(v) for f, v in s.items()} for k, s in store.metric_summaries(run.id).items()},
         "exit_code": run.exit_code,
         "pid": run.pid,
         "job_id": run.job_id,

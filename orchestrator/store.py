@@ -21,6 +21,7 @@ import tenacity
 from . import migrations
 from .errors import DatabaseUnavailable, NotFound, UsageError
 from .record import JSON_FIELDS, Run
+from .summaries import summaries
 
 if TYPE_CHECKING:
     from sqlite_utils import Database
@@ -318,6 +319,11 @@ class Store:
             (run_id,),
         )
         return dict(rows.fetchall())
+
+    def metric_summaries(self, run_id: int) -> dict[str, dict[str, Any]]:
+        """Per metric of the run: last, and mean and p50 over the steady state (see summaries.py)."""
+        rows = self.conn.execute("SELECT name, value FROM metrics WHERE run_id = ? ORDER BY id", (run_id,))
+        return summaries(rows.fetchall())
 
     def metric_series(self, run_id: int, name: str) -> list[tuple[float, float, int | None]]:
         rows = self.conn.execute(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from .. import shapes
+from .. import shapes, summaries
 from ..errors import UsageError
 from .app import app, parse_run_id, read_store, workspace
 from .render import BETTER, WORSE, Styled, emit_json, out, progress_line, table
@@ -23,8 +23,12 @@ def inspect_log(path: Path = typer.Argument(..., help="any log file, of any size
         raise UsageError(f"no such log file: {path}")
     try:
         found = inspect_file(path)
+        samples = _metric_samples(path)
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    # per metric: last, and mean and p50 over the steady state (the first 10 % of samples left out)
+    found["metric_summaries"] = {k: {f: shapes.number(v) for f, v in s.items()}
+                                 for k, s in summaries.summaries(samples).items()}
     e = found["error"]
     found["error"] = ({k: e.get(k) for k in ("kind", "exception", "message", "line", "fatal", "chain", "hint")}
                       if e else None)
@@ -42,6 +46,20 @@ def inspect_log(path: Path = typer.Argument(..., help="any log file, of any size
             out.print(f"hint: {e['hint']}", markup=False)
     if found["metrics"]:
         out.print("metrics: " + " ".join(f"{k}={v:g}" for k, v in found["metrics"].items()), markup=False)
+    for name, s in found["metric_summaries"].items():
+        out.print(f"  {summaries.line(name, s)}", markup=False)
+
+
+def _metric_samples(path: Path, chunk_size: int = 1 << 20) -> list[tuple[str, float]]:
+    """Every metric sample of a log, in its order, as the parser reads them (bounded memory per chunk)."""
+    from ..logparse import LogParser
+
+    parser, samples = LogParser(), []
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_size):
+            samples += [(m.name, m.value) for m in parser.feed(chunk)]
+    samples += [(m.name, m.value) for m in parser.finish()]
+    return samples
 
 
 @app.command()
@@ -79,6 +97,8 @@ def compare(
             cell += f" ({r:.2f}x)" if i and r is not None else ""
             cells.append(Styled(cell, None if better is None else BETTER if better else WORSE))
         rows.append([name, *cells])  # on a terminal: green where better than the first run, red where worse
+        rows.append(["  mean / p50", *("-" if s is None else f"{s['mean']:.4g} / {s['p50']:.4g}"
+                                        for s in m["summaries"])])  # the steady state: first 10 % left out
     first = " (baseline)" if base is not None else " (previous)" if previous else ""
     table(["", *(f"run {i}" + ("" if n else first) for n, i in enumerate(found["runs"]))], rows)
 

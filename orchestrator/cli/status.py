@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from .. import summaries
 from ..errors import OrchError
 from ..record import ACTIVE, Run, Status
 from ..shapes import run_document
@@ -149,8 +150,8 @@ def _print_run(doc: dict[str, Any]) -> None:
     if doc["error"]:
         e = doc["error"]
         out.print(f"  error: {e['kind']}: {e['exception'] or ''} {e['message']}")
-    for k, v in doc["metrics"].items():
-        out.print(f"  {k} = {v:g}")
+    for k, s in doc["metric_summaries"].items():  # mean and p50: the first 10 % of samples left out
+        out.print(f"  {summaries.line(k, s)}", markup=False)
     if doc.get("eagle3_debug"):
         out.print("  hidden-state debug ([orch-eagle3-debug] lines):")
         table(["stage", "layer", "part", "shape", "dtype", "mean |x|", "calls"],

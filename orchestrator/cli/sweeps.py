@@ -75,10 +75,14 @@ def sweep_status(ref: str | None = typer.Argument(None, metavar="[SWEEP]", help=
         metrics = " ".join(f"{k}={v:g}" for k, v in others[:3])
         row = [f"{p['index']}{' *' if p['index'] == best else ''}", sweep.label(p["point"]),
                p["host"] + (f":{p['gpus']}" if p["gpus"] else ""), p["status"], p["run_id"], p["attempts"]]
-        if objective:  # the value that decides comes before the others
+        if objective:  # the value that decides comes before the others, then its steady state
             row.append("-" if p["objective"] is None else f"{p['objective']:g}")
+            s = p["metric_summaries"].get(objective)
+            row.append("-" if s is None else f"{s['mean']:.4g} / {s['p50']:.4g}")
         rows.append([*row, metrics, p["reason"] if p["status"] != "succeeded" else ""])
-    headers = ["#", "point", "host", "status", "run", "tries", *([objective] if objective else []), "metrics", "reason"]
+    # mean / p50: over the steady state, the first 10 % of the objective's samples left out
+    headers = ["#", "point", "host", "status", "run", "tries", *([objective, "mean / p50"] if objective else []),
+               "metrics", "reason"]
     table(headers, rows, title=f"sweep {doc['id']} {title} ({doc['playbook']}): {doc['status']}")
     verdict = sweep.best_line(doc)
     if verdict:
