@@ -44,6 +44,12 @@ def test_differences_and_ratios(tmp_path):
     }
     m = got["metrics"]
     assert list(m) == ["accept_len", "accept_rate", "gen_throughput", "load_weight_s"]
+    # each run's summary of its whole series: two samples, none left out as warm-up
+    tput = m["gen_throughput"].pop("summaries")
+    assert [s["last"] for s in tput] == [88.8, 94.0, 0.0] and tput[0]["steady_samples"] == 2
+    assert tput[0]["mean"] == pytest.approx((80.0 + 88.8) / 2) == tput[0]["p50"]
+    assert [s is None for s in m["accept_rate"].pop("summaries")] == [False, False, True]
+    assert [s is None for s in m["load_weight_s"].pop("summaries")] == [True, True, False]
     # the latest value of each series counts
     assert m["gen_throughput"] == {"values": [88.8, 94.0, 0.0], "ratios": [1.0, 1.0586, 0.0],
                                    "lower_is_better": False, "better": [None, True, False]}

@@ -103,7 +103,8 @@ def test_json_shape_exactly(orch: Orch, tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     sglang_crash(log)
     got = json.loads(orch("inspect-log", str(log), "--json", check=0).stdout)
-    assert list(got) == ["engine", "phase", "progress", "error", "metrics"]
+    assert list(got) == ["engine", "phase", "progress", "error", "metrics", "metric_summaries"]
+    assert set(got["metric_summaries"]) == set(got["metrics"])
     assert set(got["error"]) == {"kind", "exception", "message", "line", "fatal", "chain", "hint"}
     assert got["error"]["fatal"] is True and got["error"]["chain"] == []  # the scheduler's own death line
     assert set(got["progress"]) == {"label", "done", "total", "percent", "elapsed_s", "eta_s", "rate_per_s"}
@@ -111,7 +112,8 @@ def test_json_shape_exactly(orch: Orch, tmp_path: Path) -> None:
     empty = tmp_path / "empty.log"
     empty.write_bytes(b"")
     got = json.loads(orch("inspect-log", str(empty), "--json", check=0).stdout)
-    assert got == {"engine": "generic", "phase": "starting", "progress": None, "error": None, "metrics": {}}
+    assert got == {"engine": "generic", "phase": "starting", "progress": None, "error": None, "metrics": {},
+                   "metric_summaries": {}}
 
 
 def test_missing_file_is_bad_input(orch: Orch, tmp_path: Path) -> None:
