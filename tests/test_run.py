@@ -241,7 +241,7 @@ def test_ctrl_c_detaches_and_the_job_keeps_running(orch, tmp_path, host):
     second Ctrl-C right after is no traceback."""
     marker = tmp_path / "half"
     proc = orch.spawn("run", "command", "--host", host,
-                      "--set", job_cmd("--steps", "30", "--sleep", "0.1", "--marker", str(marker)), *FAST)
+                      "--set", job_cmd("--steps", "100", "--sleep", "0.1", "--marker", str(marker)), *FAST)
     wait_for_file(marker)
     time.sleep(0.3)  # in the middle of a wait
     sent = time.monotonic()
@@ -260,17 +260,18 @@ def test_ctrl_c_detaches_and_the_job_keeps_running(orch, tmp_path, host):
     doc = orch.status(1)
     assert doc["status"] == "running" and any(e["kind"] == "detached" for e in doc["events"])
     assert orch("watch", "1", timeout=120).returncode == 0
-    assert orch.status(1)["status"] == "succeeded" and orch.status(1)["progress"]["done"] == 30
+    assert orch.status(1)["status"] == "succeeded" and orch.status(1)["progress"]["done"] == 100
 
 
 def test_ctrl_c_detaches_orch_watch_at_once(orch, tmp_path):
     marker = tmp_path / "half"
     run_id = int(orch("run", "command", "--host", "test1", "--detach",
-                      "--set", job_cmd("--steps", "40", "--sleep", "0.1", "--marker", str(marker)), *FAST,
+                      "--set", job_cmd("--steps", "100", "--sleep", "0.1", "--marker", str(marker)), *FAST,
                       check=0).stdout)
     wait_for_file(marker)
     proc = orch.spawn("watch", str(run_id))
-    time.sleep(1.0)  # following the record
+    assert proc.stderr.readline()  # its first line: it follows the record
+    time.sleep(0.3)
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
     _, errs = proc.communicate(timeout=30)
@@ -279,7 +280,25 @@ def test_ctrl_c_detaches_orch_watch_at_once(orch, tmp_path):
     assert proc.returncode == 0 and "Traceback" not in errs, errs
     assert errs.strip().splitlines()[-1].startswith(f"orch: detached; run {run_id} goes on")
     assert took < 3.0, f"{took:.2f} s from SIGINT to exit"
-    assert orch.wait_for(run_id, lambda d: d["status"] == "succeeded", timeout=120)["progress"]["done"] == 40
+    assert orch.wait_for(run_id, lambda d: d["status"] == "succeeded", timeout=120)["progress"]["done"] == 100
+
+
+def test_ctrl_c_in_the_queue_starts_nothing(orch, tmp_path):
+    held = int(orch("run", "command", "--host", "local", "--detach", "--set", "cmd=sleep 20", *FAST, check=0).stdout)
+    proc = orch.spawn("run", "command", "--host", "local", "--queue", "--set", "cmd=true", *FAST)
+    deadline = time.monotonic() + 30
+    while "waiting:" not in (proc.stderr.readline() if proc.poll() is None else "waiting:"):
+        assert time.monotonic() < deadline
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, errs = proc.communicate(timeout=30)
+    took = time.monotonic() - sent
+    assert proc.returncode == 130 and "Traceback" not in errs, (proc.returncode, errs)
+    assert errs.strip().splitlines()[-1].startswith(f"orch: stopped waiting; no run was started (host local is busy "
+                                                    f"with run {held}")
+    assert took < 3.0, f"{took:.2f} s from SIGINT to exit"
+    assert [r["id"] for r in json.loads(orch("status", "--json", check=0).stdout)] == [held]
+    orch("cancel", str(held), check=0)
 
 
 def test_truncated_log_is_read_again_from_the_start(orch):

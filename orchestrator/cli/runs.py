@@ -99,14 +99,21 @@ def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_rea
     def on_wait(busy: lease.Busy) -> None:
         if not waited:
             line = runflow.busy_message(store, busy, ways_on=False)
+            waited.append(line)  # before the line: a Ctrl-C right after it finds the wait recorded
             err.print(f"waiting: {line}")
-            waited.append(line)
 
+    newest = store.conn.execute("SELECT COALESCE(MAX(id), 0) FROM runs").fetchone()[0]
     try:
         ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait, replace=replace,
                             run_fields=labels)
     except lease.Busy as busy:
         raise OrchError(runflow.busy_message(store, busy)) from None
+    except KeyboardInterrupt:
+        if waited and not _started_here(store, newest):  # Ctrl-C in the queue: nothing to leave running
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            err.print(f"orch: stopped waiting; no run was started ({waited[0]})", markup=False)
+            raise typer.Exit(130) from None
+        raise
     job = ctx.executor.describe((ctx.run.pid or 0, ctx.run.pid_start or ""))
     err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, {job} in {ctx.paths.root}")
     if detach:
@@ -117,6 +124,14 @@ def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_rea
             out.print(ctx.run_id)
         return
     _follow(ctx, until_ready, as_json)
+
+
+def _started_here(store: Any, newest: int) -> bool:
+    """Whether this process created a run (one newer than `newest`, whose starter it is)."""
+    from ..controller import Controller
+
+    me = str(Controller.me())
+    return store.conn.execute("SELECT 1 FROM runs WHERE id > ? AND watcher = ?", (newest, me)).fetchone() is not None
 
 
 def _hand_over(ctx: Any) -> None:
