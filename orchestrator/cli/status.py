@@ -149,6 +149,8 @@ def _print_run(doc: dict[str, Any]) -> None:
     if doc["error"]:
         e = doc["error"]
         out.print(f"  error: {e['kind']}: {e['exception'] or ''} {e['message']}")
+        if e.get("hint"):
+            out.print(f"  try: {e['hint']}")
     for k, v in doc["metrics"].items():
         out.print(f"  {k} = {v:g}")
     if doc.get("eagle3_debug"):
