@@ -6,8 +6,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from .logparse.errors import LogError
-from .logparse.hints import hint_of
 from .record import STOPPED_REASONS, Run, Status
 from .store import Store, eagle3_debug_table
 
@@ -81,6 +79,9 @@ def error_hint(error: dict[str, Any] | None, phase: str | None = None) -> str | 
         return None
     if error.get("hint"):
         return str(error["hint"])
+    from .logparse.errors import LogError  # the parser's tables load only for such an error
+    from .logparse.hints import hint_of
+
     err = LogError(kind=str(error["kind"]), exception=error.get("exception"), message=str(error.get("message") or ""),
                    line=int(error.get("line") or 0), context=[str(c) for c in error.get("context") or []],
                    chain=[str(c) for c in error.get("chain") or []])
