@@ -18,14 +18,14 @@ from .remote import Transport, quote
 from .store import Store
 
 GRACE_S = 120.0  # how long a ready server may fail its health endpoint before the run fails
-TIMEOUT_S = 5  # per request
+TIMEOUT_S = 5.0  # per request, unless the playbook's probe says otherwise
 SERVING_PHASES = ("ready", "running")  # phases in which a server must answer
 
 # Prints the status code, or 000 when nothing answered (connection refused, timeout).
 _PY_GET = (
     "import sys, urllib.request, urllib.error\n"
     "try:\n"
-    f"    print(urllib.request.urlopen(sys.argv[1], timeout={TIMEOUT_S}).status)\n"
+    "    print(urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).status)\n"
     "except urllib.error.HTTPError as e:\n"
     "    print(e.code)\n"
     "except Exception:\n"
@@ -43,26 +43,30 @@ class HealthCheck:
     grace_s: float = GRACE_S
 
 
-def health_command(port: int, python: str, path: str = "/health") -> str:
-    """One remote call printing the HTTP status of http://127.0.0.1:PORT/PATH (curl, else python)."""
+def health_command(port: int, python: str, path: str = "/health", timeout_s: float = TIMEOUT_S) -> str:
+    """One remote call printing the HTTP status of http://127.0.0.1:PORT/PATH (curl, else python), given
+    `timeout_s` seconds to answer."""
     url = quote(f"http://127.0.0.1:{int(port)}{path}")
     return (
         "if command -v curl >/dev/null 2>&1; then "
-        f"curl -s -o /dev/null -w '%{{http_code}}' --max-time {TIMEOUT_S} {url}; "
-        f"else {quote(python)} -c {quote(_PY_GET)} {url}; fi"
+        f"curl -s -o /dev/null -w '%{{http_code}}' --max-time {timeout_s:g} {url}; "
+        f"else {quote(python)} -c {quote(_PY_GET)} {url} {timeout_s:g}; fi"
     )
 
 
-def ask(transport: Transport, port: int, python: str, path: str = "/health") -> int | None:
-    """The endpoint's HTTP status code, or None when nothing answered."""
-    out = transport.run(health_command(port, python, path), check=False, timeout=TIMEOUT_S + 25).stdout.strip()
+def ask(transport: Transport, port: int, python: str, path: str = "/health",
+        timeout_s: float = TIMEOUT_S) -> int | None:
+    """The endpoint's HTTP status code, or None when nothing answered within `timeout_s`."""
+    out = transport.run(health_command(port, python, path, timeout_s), check=False,
+                        timeout=timeout_s + 25).stdout.strip()
     code = out.splitlines()[-1] if out else ""
     return int(code) if code.isdigit() and int(code) > 0 else None
 
 
-def probe(port: int, python: str, path: str = "/health") -> Probe:
-    """The health hook a playbook hands the watcher."""
-    return lambda transport: ask(transport, port, python, path)
+def probe(port: int, python: str, path: str = "/health", timeout_s: float = TIMEOUT_S) -> Probe:
+    """The health hook a playbook hands the watcher: `timeout_s` per request (an endpoint that does
+    work, like SGLang's one-token generation, needs more than the default on a busy server)."""
+    return lambda transport: ask(transport, port, python, path, timeout_s)
 
 
 def describe(code: int | None) -> str:

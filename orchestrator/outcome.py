@@ -1,5 +1,6 @@
 """What a person needs when a run ends: on success how long it took, its key metrics, where its outputs
-are and what to run next; on failure the cause, the log lines that explain it, and `orch logs N`."""
+are and what to run next; on failure the cause, what to try (the log parser's diagnosis), the log lines that explain it, and
+`orch logs N`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from .errors import OrchError
 from .health import SERVING_PHASES
 from .hosts import Host
 from .record import Run, Status
-from .shapes import metrics, times
+from .shapes import error_hint, metrics, times
 from .store import Store
 from .workspace import Workspace
 
@@ -53,7 +54,7 @@ def summary(ws: Workspace, store: Store, run: Run, host: Host | None = None) -> 
         **times(started_at=run.started_at, ended_at=run.ended_at),
         "metrics": metrics(store.latest_metrics(run.id)),
         "outputs": {"remote_dir": run.remote_dir, "manifest": str(outputs) if outputs.is_file() else None},
-        "cause": None, "log_lines": [], "next": [], "url": server_url(run, host),
+        "cause": None, "hint": None, "log_lines": [], "next": [], "url": server_url(run, host),
     }
     if run.status is Status.SUCCEEDED:
         doc["next"] = [f"orch status {run.id}"]
@@ -66,6 +67,7 @@ def summary(ws: Workspace, store: Store, run: Run, host: Host | None = None) -> 
         if cause and detail and detail not in cause:
             cause += f" ({detail})"
         doc["cause"] = cause
+        doc["hint"] = error_hint(run.error)
         doc["log_lines"] = _explaining_lines(ws, run)
         doc["next"] = [f"orch logs {run.id}"] if run.remote_dir else [f"orch status {run.id}"]
     return doc

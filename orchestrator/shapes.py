@@ -72,6 +72,22 @@ def unreachable_since(store: Store, run: Run) -> float | None:
     return last["ts"] if last is not None and last["kind"] == "unreachable" else None
 
 
+def error_hint(error: dict[str, Any] | None, phase: str | None = None) -> str | None:
+    """The remedy the log parser gave a run's error; for an error recorded without one (by an older
+    orch), the same diagnosis made now from its kind, class, message, chain and context lines."""
+    if not error or not error.get("kind"):
+        return None
+    if error.get("hint"):
+        return str(error["hint"])
+    from .logparse.errors import LogError  # the parser's tables load only for such an error
+    from .logparse.hints import hint_of
+
+    err = LogError(kind=str(error["kind"]), exception=error.get("exception"), message=str(error.get("message") or ""),
+                   line=int(error.get("line") or 0), context=[str(c) for c in error.get("context") or []],
+                   chain=[str(c) for c in error.get("chain") or []])
+    return hint_of(err, phase)
+
+
 def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, Any]:
     """A run as `orch status --json` prints it."""
     error = run.error
@@ -89,7 +105,8 @@ def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, 
         "shown_phase": shown_phase(run),
         "stalled": run.stalled,
         "progress": progress(run.progress),
-        "error": {k: error.get(k) for k in ("kind", "exception", "message")} if error else None,
+        "error": ({**{k: error.get(k) for k in ("kind", "exception", "message")}, "hint": error_hint(error)}
+                  if error else None),
         "reason": run.reason,
         "metrics": metrics(store.latest_metrics(run.id)),
         # per metric: last, and mean and p50 over the steady state (the first 10 % of samples left out)

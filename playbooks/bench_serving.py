@@ -26,9 +26,9 @@ from orchestrator.playbook import (
 from .serve_eagle3 import installed_version, release, split_launcher
 
 SERVER_PLAYBOOKS = ("serve-eagle3",)
-LEGACY_MODULE = "-m sglang.bench_serving"  # every version; a deprecated alias from 0.5.23
-MODULE = "-m sglang.benchmark.serving"  # what 0.5.23 prefers
-MODULE_SINCE = (0, 5, 23)
+LEGACY_MODULE = "-m sglang.bench_serving"  # every version; a deprecated alias once the package has the new one
+MODULE = "-m sglang.benchmark.serving"  # the package's own spelling from 0.5.15 on
+MODULE_SINCE = (0, 5, 15)
 
 
 class BenchServingSpec(RunSpec):
@@ -85,8 +85,12 @@ def bench_module(remote: Remote, python: str, launcher: str | None) -> list[str]
     """The benchmark's module in the installed SGLang's spelling (nothing to add with a launcher given)."""
     if launcher is not None:
         return []
-    version = installed_version(remote, python)
-    new = version is not None and release(version) >= MODULE_SINCE
+    return module_for(installed_version(remote, python))
+
+
+def module_for(version: str | None) -> list[str]:
+    """`-m sglang.benchmark.serving` from 0.5.15 on, the old module before it or when not known."""
+    new = version is not None and bool(release(version)) and release(version) >= MODULE_SINCE
     return split_launcher(MODULE if new else LEGACY_MODULE)
 
 

@@ -69,7 +69,8 @@ class ExtractSpec(RunSpec):
     seq_length: int | None = Field(default=None, gt=0, le=100_000_000, description="<0.5 --seq-length; >=0.5 vLLM --max-model-len")
     port: int | None = Field(default=None, ge=1, le=65535, description=f">=0.5: vLLM server port ({DEFAULT_PORT})")
     vllm_args: list[str] | None = Field(default=None, description=">=0.5: extra vLLM server flags")
-    trust_remote_code: bool | None = Field(default=None, description=">=0.5: launch_vllm.py --trust-remote-code")
+    trust_remote_code: bool | None = Field(default=None, description=">=0.5: --trust-remote-code for launch_vllm.py "
+                                           "and for vLLM (both sides of `--`)")
     include_last_layer: bool | None = Field(
         default=None, description=">=0.5: false passes launch_vllm.py --no-include-last-layer")
     server_timeout: float = Field(default=3600, gt=0, le=7 * 86400, description=">=0.5: seconds for the server to answer")
@@ -160,6 +161,8 @@ def server_argv(s: ExtractSpec, python: str, store: str | None = None) -> list[s
     if s.trust_remote_code:
         argv.append("--trust-remote-code")
     argv += ["--", "--host", "127.0.0.1", "--port", str(s.port or DEFAULT_PORT)]
+    if s.trust_remote_code:  # hsc-v0.7.0's launcher takes it for itself: vLLM needs it after `--` too
+        argv.append("--trust-remote-code")
     if s.tp is not None:
         argv += ["--tensor-parallel-size", str(s.tp)]
     if s.seq_length is not None:

@@ -24,11 +24,13 @@ from orchestrator.playbook import (
 )
 
 DEBUG_SET = "sglang-eagle3-hidden-debug"
-LEGACY_NO_GRAPHS = ["--disable-cuda-graph"]  # before 0.5.23; deprecated there
-# 0.5.23 on: per phase, as the debug patch set requires (a contract test keeps the two the same)
+LEGACY_NO_GRAPHS = ["--disable-cuda-graph"]  # before 0.5.14; deprecated from there
+# 0.5.14 on: per phase, as the debug patch set requires (a contract test keeps the two the same)
 NO_GRAPHS = ["--cuda-graph-backend-decode=disabled", "--cuda-graph-backend-prefill=disabled"]
 HEALTH_GRACE_S = 120.0
-PER_PHASE_SINCE = (0, 5, 23)  # the first version known to spell "graphs off" per phase
+# SGLang's /health runs a one-token generation from 0.5.5 (>= 1 s, up to ~20 s on a busy server)
+HEALTH_TIMEOUT_S = 30.0
+PER_PHASE_SINCE = (0, 5, 14)  # the first version whose server_args spell "graphs off" per phase
 
 _VERSION_PY = (
     "import importlib.metadata as m, sys\n"
@@ -82,6 +84,8 @@ class ServeEagle3Spec(RunSpec):
     debug: bool = Field(default=False, description=f"apply {DEBUG_SET} and turn CUDA graphs off")
     health_grace_s: float = Field(default=HEALTH_GRACE_S, gt=0, le=86400,
                                   description="seconds a ready server may fail /health before the run fails")
+    health_timeout_s: float = Field(default=HEALTH_TIMEOUT_S, gt=0, le=3600,
+                                    description="seconds one /health request may take (it generates a token)")
 
     @field_validator("launcher")
     @classmethod
@@ -130,7 +134,8 @@ def server_url(spec: ServeEagle3Spec, host: Host) -> str:
 
 
 def health_check(spec: ServeEagle3Spec, host: Host) -> HealthCheck:
-    return HealthCheck(http_probe(spec.port, spec.python or host.python), spec.health_grace_s)
+    return HealthCheck(http_probe(spec.port, spec.python or host.python, timeout_s=spec.health_timeout_s),
+                       spec.health_grace_s)
 
 
 class ServeEagle3(Playbook[ServeEagle3Spec]):

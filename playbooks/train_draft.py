@@ -5,9 +5,12 @@ extract run (`from_run = N`: its output_dir on the same host) or from a path (`h
 speculators version installed for the host's python (or `speculators_version`) picks the arguments, as
 scripts/train.py names them:
   0.3.x-0.4.x  --data-path is the folder of `data_{i}.pt` files the old extraction wrote.
-  0.5.x-0.6.x  --data-path is the preprocessed dataset, --hidden-states-path the `hs_{i}.safetensors`
-               folder, --on-missing what to do for a sample without hidden states.
-From 0.7 the script reads a config file instead of these flags: refused.
+  0.5.x on     --data-path is the preprocessed dataset, --hidden-states-path the `hs_{i}.safetensors`
+               folder, --on-missing what to do for a sample without hidden states, --target-layer-ids the
+               layers the hidden states hold (else train.py assumes [2, n//2, n-3]): the extract run's
+               `layers`, or this spec's `layers` when the hidden states are given by path.
+From 0.7 train.py's config resolver builds its config from these same flags (v0.7.0, v0.7.0.1,
+hsc-v0.7.0 and the later resolvers), and its log lines are unchanged: 0.7+ runs with the 0.5 arguments.
 
 The trainer logs through Rich: each step a `train/loss=…, train/full_acc_0=…, epoch=0, lr=…` line, each
 epoch `Training epoch K/N started|completed`; the log parser reads both (loss metrics, epoch progress).
@@ -39,8 +42,7 @@ from .extract_hidden_states import VERSION_RE, VERSION_VAR, parse_version, shell
 
 TRAINER = "train.py"
 EXTRACT = "extract-hidden-states"
-NEW_ARGS = (0, 5)  # --hidden-states-path and --on-missing from here on
-CONFIG_FIRST = (0, 7)  # scripts/train.py takes a config file instead of these flags
+NEW_ARGS = (0, 5)  # --hidden-states-path, --on-missing and --target-layer-ids from here on
 # Rich wraps its log lines at the console width, 80 columns off a terminal: room for a whole metrics line.
 COLUMNS = "400"
 
@@ -61,6 +63,8 @@ class TrainDraftSpec(RunSpec):
     num_layers: int | None = Field(default=None, gt=0, le=10_000, description="--num-layers of the draft model")
     on_missing: str | None = Field(default=None, pattern=r"^(generate|skip|warn|raise)$",
                                    description=">=0.5: --on-missing (default here: warn)")
+    layers: list[int] | None = Field(default=None, description=">=0.5, with hidden_states: --target-layer-ids, "
+                                     "the layers extracted (with from_run: the extract run's)")
     speculators_version: str | None = Field(default=None, description="force the arguments (default: installed)")
     extra_args: list[str] = Field(default_factory=list, description="more train.py flags, passed as given")
 
@@ -78,10 +82,20 @@ class TrainDraftSpec(RunSpec):
             raise ValueError("must not be empty (leave it out for the default)")
         return v
 
+    @field_validator("layers")
+    @classmethod
+    def _layers(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or len(set(v)) != len(v) or min(v) < 0):
+            raise ValueError("layers must be distinct indices >= 0")
+        return v
+
     @model_validator(mode="after")
     def _one_source(self) -> TrainDraftSpec:
         if (self.from_run is None) == (self.hidden_states is None):
             raise ValueError("give exactly one of from_run (an extract run) and hidden_states (a path)")
+        if self.from_run is not None and self.layers is not None:
+            raise ValueError("layers: with from_run the layers are the extract run's; give layers only with "
+                             "hidden_states")
         return self
 
 
@@ -118,14 +132,24 @@ def dataset_dir(find_run: FindRun, spec: TrainDraftSpec, host: Host) -> str | No
     return str(dataset) if dataset else None
 
 
+def target_layers(find_run: FindRun, spec: TrainDraftSpec, host: Host) -> list[int] | None:
+    """The layers the hidden states hold: the spec's, or the extract run's; None for the scripts' default."""
+    if spec.from_run is None:
+        return spec.layers
+    layers = extract_run(find_run, spec, host).spec.get("layers")
+    return [int(n) for n in layers] if layers else None
+
+
 def train_argv(s: TrainDraftSpec, python: str, version: str, hidden: str, data: str | None,
-               save: str) -> list[str]:
+               save: str, layers: list[int] | None = None) -> list[str]:
     argv = [python, posixpath.join(s.scripts_dir, TRAINER), "--verifier-name-or-path", s.verifier]
     if parse_version(version) >= NEW_ARGS:
         if data is None:
             raise UsageError("speculators >= 0.5 needs data_path (the preprocessed dataset) or a from_run "
                              "whose spec names its dataset")
         argv += ["--data-path", data, "--hidden-states-path", hidden, "--on-missing", s.on_missing or "warn"]
+        if layers is not None:
+            argv += ["--target-layer-ids", *map(str, layers)]
     else:
         argv += ["--data-path", hidden]
     argv += ["--save-path", save]
@@ -144,9 +168,6 @@ class TrainDraft(Playbook[TrainDraftSpec]):
     def check_inputs(self, spec: TrainDraftSpec, host: Host, find_run: FindRun) -> None:
         if spec.from_run is not None:
             extract_run(find_run, spec, host)
-        if spec.speculators_version is not None and parse_version(spec.speculators_version) >= CONFIG_FIRST:
-            raise UsageError(f"speculators {spec.speculators_version}: train.py takes a config file from 0.7; "
-                             "supported: 0.3 to 0.6")
 
     def output_dir(self, job: JobContext[TrainDraftSpec]) -> str:
         return job.spec.output_dir or posixpath.join(job.paths.root, "checkpoints")
@@ -167,8 +188,6 @@ class TrainDraft(Playbook[TrainDraftSpec]):
         if version == "none" or not VERSION_RE.match(version):
             raise OrchError(f"speculators is not installed for {job.python} on {job.host.name} "
                             f"(set speculators_version): {res.stdout.strip()[-200:]}")
-        if parse_version(version) >= CONFIG_FIRST:
-            raise OrchError(f"speculators {version}: train.py takes a config file from 0.7; supported: 0.3 to 0.6")
         if "script" not in said:
             raise OrchError(f"{TRAINER} not found in {s.scripts_dir} on {job.host.name} "
                             "(scripts_dir: the scripts/ folder of the speculators repo)")
@@ -178,7 +197,9 @@ class TrainDraft(Playbook[TrainDraftSpec]):
     def command(self, job: JobContext[TrainDraftSpec], prepared: Prepared) -> str:
         hidden = hidden_states_dir(job.find_run, job.spec, job.host)
         data = dataset_dir(job.find_run, job.spec, job.host)
-        return shell(train_argv(job.spec, job.python, prepared.env[VERSION_VAR], hidden, data, self.output_dir(job)))
+        layers = target_layers(job.find_run, job.spec, job.host)
+        return shell(train_argv(job.spec, job.python, prepared.env[VERSION_VAR], hidden, data, self.output_dir(job),
+                                layers))
 
     def finish(self, job: JobContext[TrainDraftSpec], run: Run) -> Outputs:
         """One remote call: the checkpoints (one folder per epoch) train.py saved, also after a failure."""

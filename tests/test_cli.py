@@ -74,6 +74,26 @@ def test_end_of_run_summary(tmp_path):
     assert summary["next"] == ["orch logs 2"] and summary["log_lines"][-1] == lines[-2].removeprefix("  | ")
 
 
+def test_a_failure_says_what_to_try_in_the_summary_and_in_status(tmp_path):
+    from orchestrator.logparse.hints import SIGNATURES
+
+    missing = next(s for s in SIGNATURES if s.name == "missing_module")
+    orch = Orch(tmp_path / "ws")
+    bad = orch("run", "command", "--set", "cmd=python3 -c 'import orch_no_such_module'", *FAST)
+    assert bad.returncode == 1
+    lines = bad.stderr.splitlines()
+    tried = [line for line in lines if line.startswith("  try: ")]
+    assert tried == [f"  try: {missing.hint} (source: {missing.source})"]
+    assert lines.index(tried[0]) == lines.index(next(x for x in lines if x.startswith("run 1 failed"))) + 1
+    summary = json.loads(orch("watch", "1", "--json").stdout)
+    assert summary["hint"] == tried[0].removeprefix("  try: ")
+    status = json.loads(orch("status", "1", "--json").stdout)
+    assert status["error"]["kind"] == "import_error" and status["error"]["hint"] == summary["hint"]
+    assert f"  try: {summary['hint']}" in orch("status", "1").stdout.splitlines()
+    ok = json.loads(orch("run", "command", "--set", "cmd=echo fine", *FAST, "--json").stdout)
+    assert ok["status"] == "succeeded" and ok["hint"] is None
+
+
 def test_piped_output_is_never_cut_and_json_shapes(tmp_path):
     orch = Orch(tmp_path / "ws")
     patches = orch("patch", "list", check=0).stdout

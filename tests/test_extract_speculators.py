@@ -113,7 +113,7 @@ def test_new_pipeline_end_to_end(orch, tmp_path):
     data = preprocessed(tmp_path, 7)
     res = orch("run", "extract-hidden-states", "--host", "test1",
                *spec_sets(speculators_version="0.5.0", dataset=str(data), layers=[1, 3], max_samples=5,
-                          batch_size=4, port=port, tp=1, seq_length=512), timeout=180)
+                          batch_size=4, port=port, tp=1, seq_length=512, trust_remote_code=True), timeout=180)
     assert res.returncode == 0, res.stderr
     doc = orch.status(1)
     assert doc["status"] == "succeeded" and doc["exit_code"] == 0 and doc["phase"] == "finished"
@@ -127,6 +127,7 @@ def test_new_pipeline_end_to_end(orch, tmp_path):
     assert log.index("Data generation complete!") < log.index("Shutting down FastAPI HTTP server.")
     assert '"eagle_aux_hidden_state_layer_ids": [1, 3, 32]' in log  # launch_vllm adds the last layer
     assert "--tensor-parallel-size 1 --max-model-len 512" in log
+    assert "'max_model_len': 512, 'trust_remote_code': True}" in log  # it reached vLLM past the launcher
     out = Path(doc["remote_dir"]) / "hidden_states"
     rows = [json.loads(line) for line in (data / "data.jsonl").read_text().splitlines()]
     for i in range(5):
@@ -267,7 +268,8 @@ def test_flag_mapping():
                       include_last_layer=False, layers=[2])
     assert server_argv(own, "py", "/w/runs/7/vllm_hidden_states") == [
         "py", "/s/launch_vllm.py", "/m", "--hidden-states-path", "/w/runs/7/vllm_hidden_states", "--target-layer-ids",
-        "2", "--no-include-last-layer", "--trust-remote-code", "--", "--host", "127.0.0.1", "--port", "8000"]
+        "2", "--no-include-last-layer", "--trust-remote-code", "--", "--host", "127.0.0.1", "--port", "8000",
+        "--trust-remote-code"]
     assert [pipeline_of(v) for v in ("0.3.0", "0.4.0.1", "0.5.0", "0.9.0", "1.0.0rc1")] == \
         ["old", "old", "new", "new", "new"]
 

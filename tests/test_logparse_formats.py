@@ -93,6 +93,20 @@ def test_hint_survives_the_stored_state() -> None:
     assert q.error is not None and q.error.hint == p.error.hint and "--port" in (q.error.hint or "")
 
 
+def test_an_error_recorded_without_a_hint_is_diagnosed_when_shown() -> None:
+    from orchestrator.shapes import error_hint
+
+    p = LogParser()
+    p.feed((LOGS / "sglang_port_in_use.log").read_bytes())
+    assert p.error is not None and p.error.hint
+    stored = p.error.to_dict()
+    assert error_hint(stored) == p.error.hint
+    older = {k: v for k, v in stored.items() if k != "hint"}  # as an older orch recorded it
+    assert error_hint(older) == p.error.hint
+    assert error_hint({"kind": "other", "message": "x"}) == "{} (source: {})".format(*FALLBACK["other"])
+    assert error_hint(None) is None and error_hint({}) is None
+
+
 @pytest.mark.parametrize("line, expected", [
     ("{'loss': 2.5, 'grad_norm': 1.0, 'learning_rate': 3e-05, 'epoch': 0.5}",
      {"loss": 2.5, "grad_norm": 1.0, "learning_rate": 3e-05, "epoch": 0.5, "lr": 3e-05}),

@@ -77,7 +77,7 @@ def test_shipped_sets_load_with_their_metadata() -> None:
     assert sg.requires_flags == ("--cuda-graph-backend-decode=disabled", "--cuda-graph-backend-prefill=disabled")
 
     spec = sets[SPEC_SET]
-    assert (spec.package, spec.versions, list(spec.files)) == ("speculators", "==0.3.0", [CUSTOM_WORKER])
+    assert (spec.package, spec.versions, list(spec.files)) == ("speculators", ">=0.3.0,<0.5", [CUSTOM_WORKER])
     assert len({sg.set_hash, spec.set_hash}) == 2 and all(len(h) == 64 for h in (sg.set_hash, spec.set_hash))
 
 
@@ -245,7 +245,10 @@ def test_each_interpreter_patches_reverts_and_reports_its_own_install(
 
 
 def engine_version(ps: PatchSet) -> str:
-    return ps.versions.removeprefix("==")
+    """The version of ps.package in the engine venv (engine_src.ENGINE_REQUIREMENTS)."""
+    from engine_src import ENGINE_REQUIREMENTS
+
+    return next(r.split("==")[1] for r in ENGINE_REQUIREMENTS if r.startswith(f"{ps.package}=="))
 
 
 def test_sglang_patch_logs_each_stage(engine: EngineSource, transport: LocalTransport) -> None:
@@ -330,10 +333,30 @@ def deepseek_model(vllm: str, scaling: dict[str, float] | None = None) -> object
 def test_speculators_patch_drives_deepseek_layers_of_either_vllm(
     engine: EngineSource, transport: LocalTransport, monkeypatch: pytest.MonkeyPatch, vllm: str
 ) -> None:
+    patching.apply(transport, registry.patch_set(SPEC_SET))
+    drive_patched_worker(load_worker(engine.path(CUSTOM_WORKER), monkeypatch), vllm)
+
+
+@pytest.mark.parametrize("vllm", ["0.11", "0.12"])
+def test_the_same_patch_set_drives_speculators_0_4(
+    speculators_04: EngineSource, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, vllm: str
+) -> None:
     import torch
 
-    patching.apply(transport, registry.patch_set(SPEC_SET))
-    worker = load_worker(engine.path(CUSTOM_WORKER), monkeypatch)
+    transport = LocalTransport(local_host(tmp_path / "work", {"python": speculators_04.python}))
+    ps = registry.patch_set(SPEC_SET)
+    # what it is for there: 0.4's worker embeds the 0.12 way but never passes the model's llama_4_scaling
+    released = load_worker(speculators_04.path(CUSTOM_WORKER), monkeypatch)
+    scaled = deepseek_model("0.12", {"beta": 0.5, "original_max_position_embeddings": 1})
+    released._patched_forward(scaled, torch.tensor([3, 5]), torch.tensor([0, 1]))
+    assert scaled.seen == [None, None]  # type: ignore[attr-defined]
+    assert patching.apply(transport, ps).version == "0.4.0.1"
+    drive_patched_worker(load_worker(speculators_04.path(CUSTOM_WORKER), monkeypatch), vllm)
+
+
+def drive_patched_worker(worker: ModuleType, vllm: str) -> None:
+    import torch
+
     ids, positions = torch.tensor([3, 5]), torch.tensor([0, 1])
     model = deepseek_model(vllm)
     out = worker._patched_forward(model, ids, positions)

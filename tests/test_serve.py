@@ -26,6 +26,7 @@ from sshd import free_port
 from orchestrator.health import ask, health_command
 from orchestrator.hosts import local_host
 from orchestrator.remote import LocalTransport
+from playbooks.bench_serving import module_for
 from playbooks.serve_eagle3 import no_graph_flags
 
 pytest_plugins = ["engine_src"]  # engine_source, engine, engine_python: real sglang 0.5.23 source
@@ -257,6 +258,15 @@ def test_graphs_off_in_the_installed_versions_spelling():
     assert no_graph_flags("0.4.10.post2") == ["--disable-cuda-graph"]
     assert no_graph_flags("0.5.23") == NO_GRAPHS
     assert no_graph_flags(None) == NO_GRAPHS  # not installed (an emulator): the patch set's own flags
+    # server_args.py has the per-phase backends (and deprecates --disable-cuda-graph) from 0.5.14
+    assert no_graph_flags("0.5.13.post1") == ["--disable-cuda-graph"]
+    assert no_graph_flags("0.5.14") == no_graph_flags("0.5.14.post2") == NO_GRAPHS
+
+
+def test_bench_module_in_the_installed_versions_spelling():
+    old, new = ["-m", "sglang.bench_serving"], ["-m", "sglang.benchmark.serving"]
+    assert [module_for(v) for v in ("0.4.10.post2", "0.5.5", "0.5.14.post1", None)] == [old] * 4
+    assert [module_for(v) for v in ("0.5.15", "0.5.15.post1", "0.5.23", "0.6.0")] == [new] * 4
 
 
 def test_bench_against_a_run_that_is_not_a_running_server_starts_nothing(tmp_path, ssh_fleet):
@@ -288,13 +298,51 @@ def test_dry_run_shows_the_real_launch_flags(tmp_path, ssh_fleet):
 
 class _Health(http.server.BaseHTTPRequestHandler):
     code = 200
+    delay_s = 0.0  # SGLang's /health generates a token first
 
     def do_GET(self) -> None:
+        time.sleep(self.delay_s)
         self.send_response(self.code if self.path == "/health" else 404)
         self.end_headers()
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+@pytest.fixture
+def slow_health() -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        _Health.delay_s = 0.0
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("path_prefix", ["", "PATH=/nonexistent; "], ids=["curl", "python-fallback"])
+def test_a_slow_health_answer_counts_within_the_probes_timeout(tmp_path, slow_health, path_prefix):
+    transport = LocalTransport(local_host(tmp_path))
+    _Health.delay_s = 1.5
+
+    def status(timeout_s: float) -> int | None:
+        out = transport.run(path_prefix + health_command(slow_health, sys.executable, timeout_s=timeout_s),
+                            check=False).stdout.strip()
+        return int(out) or None
+
+    assert status(0.5) is None and status(4) == 200
+
+
+def test_serve_eagle3_waits_for_a_busy_sglang_health_answer(tmp_path, slow_health):
+    from orchestrator.health import TIMEOUT_S
+    from playbooks.serve_eagle3 import ServeEagle3Spec, health_check
+
+    _Health.delay_s = TIMEOUT_S + 1  # longer than a generic probe waits
+    spec = ServeEagle3Spec(model="/m/t", draft_model="/m/d", port=slow_health, python=sys.executable)
+    host = local_host(tmp_path)
+    assert health_check(spec, host).ask(LocalTransport(host)) == 200
+    assert ask(LocalTransport(host), slow_health, sys.executable) is None  # what the 5 s probe said
 
 
 @pytest.mark.parametrize("path_prefix", ["", "PATH=/nonexistent; "], ids=["curl", "python-fallback"])

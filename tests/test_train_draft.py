@@ -15,7 +15,8 @@ from orchtest import FAST, Orch
 from orchestrator.errors import UsageError
 from orchestrator.hosts import Host
 from orchestrator.record import Run, Status
-from playbooks.train_draft import TrainDraftSpec, hidden_states_dir, train_argv
+from playbooks.train_draft import TrainDraftSpec, hidden_states_dir, target_layers, train_argv
+from sshd import free_port
 
 SCRIPTS = Path(__file__).parent / "fakes" / "speculators_emulator" / "scripts"
 PROMPTS = Path(__file__).parents[1] / "playbooks" / "data" / "prompts.jsonl"
@@ -52,6 +53,30 @@ def test_trains_on_an_extract_run_with_loss_and_progress(orch):
     log = (Path(doc["remote_dir"]) / "log").read_text()
     assert f"--data-path {extract}" in (Path(doc["remote_dir"]) / "job.sh").read_text()
     assert log.count("train/loss=") == 6  # 3 steps (6 samples / 2) per epoch
+
+
+def test_speculators_0_7_trains_on_the_layers_the_extract_run_took(orch, tmp_path):
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    prepared.joinpath("data.jsonl").write_text("".join(json.dumps({"input_ids": list(range(3, 9 + i))}) + "\n"
+                                                       for i in range(4)))
+    assert orch("run", "extract-hidden-states", "--host", "test1", *FAST,
+                *sets(backend="speculators", scripts_dir=str(SCRIPTS), model=MODEL, speculators_version="0.5.0",
+                      dataset=str(prepared), layers=[1, 3], port=free_port("127.0.0.1")), timeout=180).returncode == 0
+    train = [*FAST, "--set", "env.SPECULATORS_EMULATOR_TRAIN_VERSION=0.7.0",
+             *sets(scripts_dir=str(SCRIPTS), verifier=MODEL, speculators_version="0.7.0", epochs=1)]
+    res = orch("run", "train-draft", "--host", "test1", *train, "--set", "from_run=1", timeout=180)
+    assert res.returncode == 0, res.stderr
+    doc = orch.status(2)
+    assert doc["status"] == "succeeded" and doc["metrics"]["checkpoints"] == 1
+    job = (Path(doc["remote_dir"]) / "job.sh").read_text()
+    assert f"--data-path {prepared} " in job and "--target-layer-ids 1 3" in job
+    # the same hidden states by path: the layers are the spec's; without them train.py assumes three
+    hidden = Path(orch.status(1)["remote_dir"]) / "hidden_states"
+    by_path = [*train, *sets(hidden_states=str(hidden), data_path=str(prepared))]
+    assert orch("run", "train-draft", "--host", "test1", *by_path, *sets(layers=[1, 3]), timeout=180).returncode == 0
+    assert orch("run", "train-draft", "--host", "test1", *by_path, timeout=180).returncode == 1
+    assert "shape mismatch" in orch.status(4)["error"]["message"]
 
 
 def test_no_samples_fails_the_run(orch, tmp_path):
@@ -105,10 +130,24 @@ def test_arguments_of_each_version():
         "--data-path", "/prep", "--hidden-states-path", "/hs", "--on-missing", "warn"]
     with pytest.raises(UsageError, match="needs data_path"):
         train_argv(spec, "py", "0.5.0", "/hs", None, "/out")
+    for version in ("0.5.0", "0.7.0", "0.7.0.1", "0.9.1"):  # 0.7+'s config resolver takes the same flags
+        assert train_argv(spec, "py", version, "/hs", "/prep", "/out", [2, 9])[4:12] == [
+            "--data-path", "/prep", "--hidden-states-path", "/hs", "--on-missing", "warn", "--target-layer-ids", "2"]
+    assert "--target-layer-ids" not in train_argv(spec, "py", "0.4.0", "/hs", None, "/out", [2, 9])
+
+
+def test_target_layers_come_from_the_extract_run_or_the_spec():
+    spec = TrainDraftSpec(scripts_dir="/s", verifier="/m", from_run=3)
+    took = run_of(spec={"backend": "speculators", "output_dir": "/hs", "layers": [4, 8, 12]})
+    assert target_layers(lambda _id: took, spec, Host(name="h")) == [4, 8, 12]
+    assert target_layers(lambda _id: run_of(), spec, Host(name="h")) is None  # the scripts' default on both sides
+    by_path = TrainDraftSpec(scripts_dir="/s", verifier="/m", hidden_states="/hs", layers=[5, 6])
+    assert target_layers(lambda _id: took, by_path, Host(name="h")) == [5, 6]
 
 
 @pytest.mark.parametrize("values", [
     {}, {"from_run": 1, "hidden_states": "/hs"}, {"hidden_states": " "}, {"hidden_states": "/h", "on_missing": "x"},
+    {"from_run": 1, "layers": [2, 3]}, {"hidden_states": "/h", "layers": [2, 2]}, {"hidden_states": "/h", "layers": []},
 ])
 def test_bad_specs(values):
     with pytest.raises(ValueError):

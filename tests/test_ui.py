@@ -146,6 +146,7 @@ def test_run_page_of_a_failed_run(orch: Orch, dashboards: list[Dashboard]) -> No
     doc = ui.get("/api/runs/1")
     assert doc["status"] == "failed" and doc["error"]["exception"] == "RuntimeError"
     assert doc["error"]["message"] == "boom <b>x</b>" and SCRIPT in doc["error"]["context"]
+    assert doc["error"]["hint"] == Store(orch.db).get_run(1).error["hint"] and "(source: " in doc["error"]["hint"]
     phases = [s["phase"] for s in doc["timeline"]]
     assert phases[0] == "created" and phases[-1] == "failed" and "starting" in phases
     times = [s["ts"] for s in doc["timeline"]]
@@ -421,6 +422,8 @@ def test_in_the_browser(orch: Orch, dashboards: list[Dashboard], browser: Any, t
     assert browser.execute_script("return window.PWNED") is None  # neither the script nor the onerror ran
     assert browser.execute_script("return document.querySelectorAll('main script, main img').length") == 0
     wait_until(lambda: SCRIPT in browser.find_element("id", "error").text, 10)
+    hint = ui.get("/api/runs/1")["error"]["hint"]
+    assert browser.find_element("css selector", "#error .hint").text == f"try: {hint}"
     assert SCRIPT in browser.find_element("id", "spec").text  # a spec value, escaped too
     assert wait_until(lambda: browser.execute_script(
         "const c = document.querySelector('#charts svg'); return c && Number(c.dataset.points)"), 10) == 3

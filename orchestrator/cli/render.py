@@ -123,6 +123,8 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
             lines.append(f"  outputs: {doc['outputs']['manifest']}")
     else:
         lines = [f"run {rid} {status}" + (f": {doc['cause']}" if doc["cause"] else "")]
+        if doc.get("hint"):
+            lines.append(f"  try: {doc['hint']}")
         lines += [f"  | {line}" for line in doc["log_lines"]]
     lines.append("  next: " + "   ".join(doc["next"]))
     return lines

@@ -150,6 +150,8 @@ def _print_run(doc: dict[str, Any]) -> None:
     if doc["error"]:
         e = doc["error"]
         out.print(f"  error: {e['kind']}: {e['exception'] or ''} {e['message']}")
+        if e.get("hint"):
+            out.print(f"  try: {e['hint']}", markup=False)
     for k, s in doc["metric_summaries"].items():  # mean and p50: the first 10 % of samples left out
         out.print(f"  {summaries.line(k, s)}", markup=False)
     if doc.get("eagle3_debug"):

@@ -11,7 +11,7 @@ from ..errors import OrchError
 from ..hosts import Inventory
 from ..objective import lower_is_better
 from ..record import Run
-from ..shapes import run_document
+from ..shapes import error_hint, run_document
 from ..store import Store
 from ..workspace import Workspace
 
@@ -30,7 +30,8 @@ def run_page(ws: Workspace, store: Store, run_id: int) -> dict[str, Any]:
     doc.update({
         "sweep_id": run.sweep_id, "point": run.point and _json(run.point), "last_line": run.last_line,
         "heartbeat": run.heartbeat, "progress_at": run.progress_at, "watcher": run.watcher,
-        "error": run.error,  # in full: the line number, the lines around it, the chained exceptions
+        # in full: the line number, the lines around it, the chained exceptions, the remedy
+        "error": run.error and {**run.error, "hint": error_hint(run.error)},
         "timeline": timeline(run, doc["events"]),
         "spec_keys": spec_keys(run),
         "patches": [dict(r) for r in store.db["patch_records"].rows_where("run_id = ?", [run_id], order_by="id")],

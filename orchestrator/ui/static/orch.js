@@ -370,6 +370,7 @@ function errorBox(e) {
     h("div", {}, h("b", {}, e.kind), " ", e.exception || "", " ", e.message || "",
       e.line ? h("span", {class: "muted"}, ` (log line ${e.line})`) : ""),
     (e.chain || []).map((c) => h("div", {class: "muted"}, `then: ${c}`)),
+    e.hint ? h("div", {class: "hint"}, h("b", {}, "try: "), e.hint) : "",
     lines.length ? h("pre", {}, lines) : "");
 }
 

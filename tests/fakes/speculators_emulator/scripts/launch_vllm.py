@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tests-only stand-in for speculators' scripts/launch_vllm.py (>= 0.5) and the vLLM server it execs.
 
-`launch_vllm.py MODEL [--target-layer-ids N ...] [--[no-]include-last-layer] -- <vllm serve flags>`:
+`launch_vllm.py MODEL [--target-layer-ids N ...] [--[no-]include-last-layer] [--trust-remote-code] -- <vllm serve
+flags>`, as hsc-v0.7.0's: its own --trust-remote-code stays with it (vLLM sees one only after `--`):
 prints `Running command:` and the `vllm serve` line with the extract_hidden_states speculative config,
 then what vLLM 0.33 prints while starting (worker-prefixed lines, the shard bar, `Starting vLLM server on
 http://HOST:PORT`, uvicorn's startup line) and serves on loopback: GET /health, GET /v1/models, and
@@ -54,6 +55,7 @@ def main() -> int:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--tensor-parallel-size", type=int, default=1)
     serve.add_argument("--max-model-len", type=int, default=None)
+    serve.add_argument("--trust-remote-code", action="store_true")
     sargs, _other = serve.parse_known_args(vllm_args)
 
     config = Path(args.model) / "config.json"
@@ -78,7 +80,8 @@ def main() -> int:
 
     log("APIServer", "vLLM API server version 0.33.0")
     log("APIServer", f"non-default args: {{'model': '{args.model}', 'port': {sargs.port}, "
-                     f"'tensor_parallel_size': {sargs.tensor_parallel_size}, 'max_model_len': {sargs.max_model_len}}}",
+                     f"'tensor_parallel_size': {sargs.tensor_parallel_size}, 'max_model_len': {sargs.max_model_len}"
+                     + (", 'trust_remote_code': True" if sargs.trust_remote_code else "") + "}",
         "utils.py:233")
     log("EngineCore", f"Starting to load model {args.model}...", "gpu_model_runner.py:3000")
     for n in range(5):

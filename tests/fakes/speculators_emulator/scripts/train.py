@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Tests-only stand-in for speculators' scripts/train.py (EAGLE-3 draft training), 0.4.x and 0.5.x-0.6.x.
+"""Tests-only stand-in for speculators' scripts/train.py (EAGLE-3 draft training), 0.4.x and 0.5.x on.
 
 Its argument parser takes the real script's flags of the version in SPECULATORS_EMULATOR_TRAIN_VERSION
 (default 0.4.0): from 0.5 `--data-path` is the preprocessed dataset and `--hidden-states-path` the
-`hs_{i}.safetensors` folder, before it `--data-path` holds `data_{i}.pt`. It logs as the real trainer does
+`hs_{i}.safetensors` folder, before it `--data-path` holds `data_{i}.pt` (0.7+'s config resolver builds
+its config from the same flags). From 0.5 the layers the samples hold must be `--target-layer-ids` (default
+[2, n//2, n-3]) plus the last layer, else it fails on the shape as the real one does. It logs as the real trainer does
 through Rich off a terminal ('[HH:MM:SS] INFO     message   file.py:N', later lines of the same second
 without the time): `Training epoch K/N started|completed`, one `train/loss=..., epoch=E, lr=...` line per
 step, and saves SAVE_PATH/<epoch>/ checkpoints. No sample files: exits 1 with a traceback, as the real
@@ -102,6 +104,17 @@ def main(argv: list[str]) -> int:
     else:
         folder = Path(args.data_path)
         samples = sorted(folder.glob("data_*.pt"))
+    if samples and VERSION >= (0, 5):
+        from safetensors.numpy import load_file
+
+        held = load_file(str(samples[0]))["hidden_states"].shape[0]
+        wanted = len(args.target_layer_ids or [2, 16, 29]) + 1
+        if held != wanted:
+            sys.stderr.write("Traceback (most recent call last):\n"
+                             '  File "scripts/train.py", line 380, in <module>\n    main(parse_args())\n'
+                             f"RuntimeError: shape mismatch: the samples hold {held} hidden states, the "
+                             f"target layers and the last layer are {wanted}\n")
+            return 1
     if not samples:
         sys.stderr.write("Traceback (most recent call last):\n"
                          '  File "scripts/train.py", line 380, in <module>\n    main(parse_args())\n'
