@@ -33,10 +33,14 @@ def pid_alive(pid: int, start: str | None = None) -> bool:
         return False
     except PermissionError:
         pass
-    if start is None:
-        return True
-    now = process_start(pid)
-    return now is None or now == start
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return True  # no /proc to ask (another OS): the signal said it exists
+    if fields[0] == "Z":  # a zombie: dead, unreaped where nothing reaps orphans (a container's init)
+        return False
+    return start is None or fields[19] == start
 
 
 @dataclass(frozen=True)

@@ -70,18 +70,19 @@ def check(hosts: list[Host], timeout: float,
     def one(host: Host) -> dict[str, Any]:
         t0 = time.monotonic()
         try:
-            found: dict[str, Any] = {"ok": True, "uname": probe(host, timeout)}
-            if host.scheduler and scheduler is not None:
-                found["scheduler"] = scheduler(host, timeout)
-            elif not host.scheduler:
+            if host.scheduler:
+                found: dict[str, Any] = {"ok": True, "uname": probe(host, timeout)}
+                if scheduler is not None:
+                    found["scheduler"] = scheduler(host, timeout)
+            else:  # the agent's handshake is the round trip: it says the host's uname and python
                 link = AgentLink.start(connect(host), timeout)
-                found["python"] = link.info.get("python")
+                found = {"ok": True, "uname": link.info.get("uname"), "python": link.info.get("python")}
                 link.close()
             return {**found, "seconds": round(time.monotonic() - t0, 3)}
         except OrchError as exc:
             return {"ok": False, "error": str(exc), "seconds": round(time.monotonic() - t0, 3)}
 
-    rounds = 2
+    rounds = 2 if scheduler is not None and any(h.scheduler for h in hosts) else 1
     found = fan_out({h.name: h for h in hosts}, one, timeout * rounds + 1)  # +1: the probes' own timeouts first
     return {name: {"ok": False, "error": str(res), "seconds": timeout} if isinstance(res, OrchError) else res
             for name, res in found.items()}

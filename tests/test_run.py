@@ -97,10 +97,9 @@ def test_detach_then_watch_logs_and_cancel(orch):
 def test_controller_killed_then_watch_finishes_without_losing_events(orch, tmp_path):
     marker = tmp_path / "half"
     proc = orch.spawn("run", "command", "--host", "test1",
-                      "--set", job_cmd("--steps", "20", "--sleep", "0.1", "--marker", str(marker)), *FAST)
+                      "--set", job_cmd("--steps", "60", "--sleep", "0.1", "--marker", str(marker)), *FAST)
     wait_for_file(marker)
-    time.sleep(0.3)
-    kill_controller(proc)
+    kill_controller(proc)  # its host's watcher goes on; `orch watch` follows it to the end
     before = orch.status(1)
     assert before["status"] == "running"
     events_before = before["events"]
@@ -109,7 +108,7 @@ def test_controller_killed_then_watch_finishes_without_losing_events(orch, tmp_p
     after = orch.status(1)
     assert after["status"] == "succeeded"
     assert after["events"][: len(events_before)] == events_before
-    assert after["progress"]["done"] == 20
+    assert after["progress"]["done"] == 60
     # the log was read exactly once: no duplicated phase events
     assert [e["message"] for e in after["events"] if e["kind"] == "phase"].count("running") == 1
 

@@ -458,8 +458,9 @@ class Agent:
         with open(__file__, "rb") as f:  # the bootstrap checked these bytes before it ran them
             digest = hashlib.sha256(f.read()).hexdigest()
         boot = _read_small("/proc/sys/kernel/random/boot_id")
+        u = os.uname()
         return {"sha256": digest, "pid": os.getpid(), "boot_id": boot, "time": time.time(),
-                "python": sys.version.split()[0]}
+                "python": sys.version.split()[0], "uname": f"{u.sysname} {u.release} {u.machine}"}
 
     def follow(self, req):
         with self.lock:
