@@ -200,6 +200,14 @@ def one(host: Host, fleet: SSHFleet, tmp: Path, flags: list[str], event: str, un
 
 
 def main() -> None:
+    global REPEATS, QUIET_S
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=REPEATS)
+    ap.add_argument("--quiet-s", type=float, default=QUIET_S)
+    args = ap.parse_args()
+    REPEATS, QUIET_S = args.repeats, args.quiet_s
     with tempfile.TemporaryDirectory() as tmp, SSHFleet(1, root=Path(tmp) / "sshd") as fleet:
         host = Host(name="test1", **fleet.host_entry(1))
         rows: list[tuple[str, str, float, float]] = []

@@ -12,7 +12,7 @@ from . import bench, eagle3_debug, generic, sglang, slurm, speculators, trainers
 from .errors import COMMON_RULES, HARMLESS, RANK, LogError, classify, exception_kind, exception_line, merge
 from .formats import Screen
 from .hints import hint_of
-from .protocol import PROTOCOL, protocol_metrics
+from .protocol import PROGRESS, PROTOCOL, protocol_metrics, protocol_progress
 from .text import Line, LineSplitter, RichUnwrapper, clean, stamp_seconds, strip_ansi
 from .tqdm import (
     Progress,
@@ -307,6 +307,14 @@ class LogParser:
             self._feed_traceback(line)
             return
         self._metrics(line, found)
+        told = protocol_progress(text) if PROGRESS in text else None
+        if told is not None:
+            label, done, total = told
+            percent = round(min(done / total, 1.0) * 100, 4) if total else None
+            self._progress, self._pending = Progress(label, done, total, percent, None, None, None), None
+            self._healthy()  # the job is alive and reporting
+            if self.phase in ("starting", "loading"):
+                self._set_phase("running")
         epochs = speculators.epoch_progress(text)
         if epochs is not None:
             done, total = epochs

@@ -1,13 +1,15 @@
-"""Metrics from any job: a line protocol a user's own script can print.
+"""Metrics and progress from any job: a line protocol a user's own script can print.
 
     orch-metric NAME=VALUE [NAME=VALUE ...]
+    orch-progress DONE/TOTAL [LABEL]      (or DONE alone, when the total is not known)
 
 anywhere in a line (after a logging prefix too), e.g. ``print(f"orch-metric loss={loss:.4f} tok_s={rate}")``.
 NAME is a letter or '_' then letters, digits, '_', '.', '-' or '/'; VALUE is a number as Python's float()
 reads it ('3', '-0.25', '1e-3', 'nan' is refused). Pairs are separated by spaces or commas; anything else
 in the line (text after the pairs) is ignored. Each pair is recorded like an engine's metric, with the
 line's own timestamp when the line carries one, so it shows up in `orch status`, sweeps, `compare` and
-reports under NAME.
+reports under NAME. An `orch-progress` line is the run's progress bar (`label done/total` in `orch status`,
+the stall detector, the ETA); the label defaults to `progress`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import math
 import re
 
 PROTOCOL = "orch-metric"
+PROGRESS = "orch-progress"
 
 _LINE = re.compile(r"(?:^|[\s:])orch-metric((?:[ ,]+[A-Za-z_][\w.\-/]*=[^\s,]+)+)")
 _PAIR = re.compile(r"([A-Za-z_][\w.\-/]*)=([^\s,]+)")
@@ -36,3 +39,17 @@ def protocol_metrics(text: str) -> list[tuple[str, float]]:
         if math.isfinite(value):
             found.append((name, value))
     return found
+
+
+_PROGRESS = re.compile(r"(?:^|[\s:])orch-progress\s+(\d+(?:\.\d+)?)(?:/(\d+(?:\.\d+)?))?(?:\s+(\S.{0,199}?))?\s*$")
+
+
+def protocol_progress(text: str) -> tuple[str, float, float | None] | None:
+    """(label, done, total) of an 'orch-progress' line; None for any other line (or a total of 0)."""
+    m = _PROGRESS.search(text)
+    if m is None:
+        return None
+    done, total = float(m.group(1)), float(m.group(2)) if m.group(2) else None
+    if total is not None and total <= 0:
+        return None
+    return (m.group(3) or "progress").strip(), done, total
