@@ -128,10 +128,10 @@ cmd = {job("--steps", "8", "--sleep", "0.1")}
             break
         time.sleep(0.05)
     kill_controller(proc)
+    killed_at = time.time()
     before = runs(orch)
     interrupted = [r["id"] for r in before if r["status"] == "running"]
     assert interrupted and sweep_doc(orch)["status"] == "interrupted"
-    resumed_at = time.time()
     res = orch("sweep", "run", str(path), timeout=120)
     assert res.returncode == 0, res.stderr
     # a point that had finished ran once, and so did one whose run was watched again; only a point whose
@@ -149,10 +149,9 @@ cmd = {job("--steps", "8", "--sleep", "0.1")}
     assert_one_at_a_time(rows)
     for run_id in interrupted:
         # its host's watcher went on with it after the controller died; the resumed sweep follows it to
-        # its end unless it had ended already
+        # its end, or finds it ended already (its point counted once, above)
         doc = orch.status(run_id)
-        assert doc["status"] == "succeeded"
-        assert f"watching run {run_id} again" in res.stderr or doc["ended_at"] < resumed_at
+        assert doc["status"] == "succeeded" and doc["ended_at"] > killed_at  # ran on, watched to its end
         phases = [e["message"] for e in doc["events"] if e["kind"] == "phase"]
         assert len(phases) == len(set(phases)), phases  # its log read once
         doc = orch.status(run_id)
