@@ -8,7 +8,9 @@ import contextlib
 import errno
 import hashlib
 import io
+import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -23,6 +25,13 @@ from .hosts import Host
 from .transport import DEFAULT_TIMEOUT_S, Result, Stream, Transport, quote
 
 KEEPALIVE_S = 15  # SSH keepalives, so an idle connection through NAT stays up
+
+# Paramiko logs what fails in its transport thread, traceback and all, and Python's last-resort handler
+# prints that on stderr (a watcher's log): every such failure reaches orch as an exception too, and is
+# said there in one line.
+_paramiko_log = logging.getLogger("paramiko")
+_paramiko_log.addHandler(logging.NullHandler())
+_paramiko_log.propagate = False
 
 
 class _Activity(io.StringIO):
@@ -265,6 +274,9 @@ class SSHTransport(Transport):
         except TimeoutError:
             raise Unreachable(host.name, f"no answer from {self._where()} within {host.connect_timeout:g} s") from None
         except paramiko.SSHException as exc:
+            if "protocol banner" in str(exc):  # closed before SSH began: no sshd there, or a busy one
+                raise Unreachable(host.name, f"{self._where()} closed the connection before SSH began (sshd busy "
+                                  "with other connections, past its MaxStartups?)") from None
             raise Unreachable(host.name, str(exc) or type(exc).__name__) from None
         except (OSError, EOFError) as exc:
             raise Unreachable(host.name, str(exc) or type(exc).__name__) from None
@@ -376,10 +388,18 @@ class SSHTransport(Transport):
             with self._sftp_lock:
                 sftp = conn.sftp()
                 sftp.get_channel().settimeout(DEFAULT_TIMEOUT_S)
-                tmp = target + ".tmp"
-                sftp.putfo(io.BytesIO(data), tmp)
-                sftp.chmod(tmp, mode)
-                sftp.posix_rename(tmp, target)
+                # A name nobody can guess, created only if absent (O_EXCL): a symlink planted at a fixed
+                # temporary name would redirect the write. Its mode is set before any byte is written.
+                tmp = f"{target}.{secrets.token_hex(8)}.tmp"
+                try:
+                    with sftp.open(tmp, "wx") as f:
+                        f.chmod(mode)
+                        f.write(data)
+                    sftp.posix_rename(tmp, target)
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        sftp.remove(tmp)
+                    raise
 
         self._call(go)
 

@@ -3,6 +3,8 @@ local one. Every value placed into a command goes through `quote`."""
 
 from __future__ import annotations
 
+import os
+import secrets
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -148,10 +150,18 @@ class LocalTransport(Transport):
     def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
         target = Path(self.expand(path))
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_bytes(data)
-        tmp.chmod(mode)
-        tmp.replace(target)
+        # As over SFTP: a fresh name that cannot be guessed, created only if absent and never through a
+        # symlink, its mode set before the data; then renamed over the target (a symlink there is replaced).
+        tmp = target.with_name(f"{target.name}.{secrets.token_hex(8)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), mode)
+                f.write(data)
+            tmp.replace(target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def stream(self, command: str) -> Stream:
         proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

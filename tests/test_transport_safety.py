@@ -1,0 +1,128 @@
+"""Writing files on a host and connecting to a busy sshd, against real OpenSSH servers on loopback.
+
+A file is put through a temporary name nobody can guess, created only if absent: a symlink planted where
+the temporary file used to go (`<target>.tmp`) or at the target itself redirects nothing. An sshd that
+drops a connection past its MaxStartups is said in one line and retried, with no traceback on stderr.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sshd import SSHServer, keygen, public_key
+
+from orchestrator.hosts import local_host
+from orchestrator.remote import LocalTransport, SSHTransport, Transport
+
+
+@pytest.fixture(params=["ssh", "local"])
+def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Transport]:
+    t: Transport = (SSHTransport(request.getfixturevalue("ssh_host")) if request.param == "ssh"
+                    else LocalTransport(local_host(tmp_path)))
+    try:
+        yield t
+    finally:
+        t.close()
+
+
+def test_a_symlink_at_the_old_temporary_name_redirects_nothing(transport: Transport, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    target = tmp_path / "dir" / "program.py"
+    target.parent.mkdir()
+    (target.parent / "program.py.tmp").symlink_to(victim)  # where a put used to write first
+    transport.put(b"new content", str(target), mode=0o600)
+    assert victim.read_bytes() == b"precious"
+    assert target.read_bytes() == b"new content" and not target.is_symlink()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    # nothing left behind but the planted link (it is someone else's to remove)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["program.py", "program.py.tmp"]
+
+
+def test_a_symlink_at_the_target_is_replaced_not_written_through(transport: Transport, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    target = tmp_path / "request.json"
+    target.symlink_to(victim)
+    transport.put(b"{}", str(target))
+    assert victim.read_bytes() == b"precious"
+    assert not target.is_symlink() and target.read_bytes() == b"{}"
+
+
+# -- a busy sshd --------------------------------------------------------------------------------------------
+
+DRIVER = textwrap.dedent("""
+    import socket, sys
+    from orchestrator import ssh
+    from orchestrator.hosts import Host
+    from orchestrator.remote import connect
+
+    address, port, user, key, known, relay_port = sys.argv[1:7]
+    # to the test, which lets go of sshd's only startup slot when orch says it retries
+    relay = socket.create_connection(("127.0.0.1", int(relay_port)))
+
+    def notice(line):
+        print("retry: " + line, file=sys.stderr, flush=True)
+        relay.sendall(b"release")
+        relay.close()
+
+    ssh.retry_notice = notice
+    host = Host(name="busy", address=address, port=int(port), user=user, identity_file=key, known_hosts=known,
+                workdir="/tmp")
+    print(connect(host).run("echo reached").stdout, end="")
+""")
+
+
+def test_a_connection_dropped_past_maxstartups_is_one_line_and_retried(tmp_path: Path) -> None:
+    key = keygen(tmp_path / "id_ed25519")
+    (tmp_path / "authorized_keys").write_text(public_key(key) + "\n")
+    server = SSHServer(tmp_path / "sshd", "127.0.0.7", tmp_path / "authorized_keys")
+    server.config.write_text(server.config.read_text().replace("MaxStartups 100", "MaxStartups 1"))
+    server.start()
+    known = tmp_path / "known_hosts"
+    known.write_text(server.host_key_line + "\n")
+    # A helper here holds an unauthenticated connection to sshd (its one startup) until the driver, told
+    # of the retry, asks it to let go.
+    relay = socket.create_server(("127.0.0.1", 0))
+    try:
+        hog = _take_the_only_startup(server)
+        driver = subprocess.Popen(
+            [sys.executable, "-c", DRIVER, server.address, str(server.port), getpass.getuser(), str(key), str(known),
+             str(relay.getsockname()[1])],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
+        relay.settimeout(60)
+        told, _ = relay.accept()
+        with told:
+            told.settimeout(60)
+            assert told.recv(16) == b"release"
+        hog.close()
+        out, err = driver.communicate(timeout=60)
+    finally:
+        relay.close()
+        server.stop()
+    assert driver.returncode == 0, err
+    assert out == "reached\n"
+    lines = err.splitlines()
+    assert lines and all(line.startswith("retry: ") for line in lines), err  # no traceback, no paramiko log
+    assert "closed the connection before SSH began" in lines[0] and "MaxStartups" in lines[0], lines[0]
+
+
+def _take_the_only_startup(server: SSHServer) -> socket.socket:
+    """A connection sshd has taken as a startup: it got the SSH banner (the readiness probe's own
+    connection may still hold the slot for a moment, and then sshd says so instead)."""
+    for _ in range(200):
+        conn = socket.create_connection((server.address, server.port), timeout=10)
+        if conn.recv(64).startswith(b"SSH-2.0-"):
+            return conn
+        conn.close()
+        time.sleep(0.05)  # sshd is still ending the readiness probe's connection
+    raise AssertionError("sshd never took a connection")
