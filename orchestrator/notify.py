@@ -3,7 +3,8 @@
 Sending never blocks or fails the run: it happens in a daemon thread with a bounded total time, retried
 by the named policy `notify_retry`; what finally fails is recorded as a `warning` event. Each attempt
 ends by its deadline whatever the receiver does (a hung or trickling one is cut off), reads at most
-MAX_BODY bytes of the answer and follows only redirects that keep the POST, to http(s) URLs. `drain()`
+MAX_BODY bytes of the answer and follows only redirects that keep the POST, to http(s) URLs on the same
+host (http to https, another path or port: never to an address the receiver picks). `drain()`
 lets the command wait (bounded) for sends still in flight before the process exits, and records those
 it gives up on.
 """
@@ -112,12 +113,18 @@ def post(url: str, document: dict[str, Any], timeout: float = ATTEMPT_S) -> None
     """One attempt, redirects included, over within `timeout` seconds."""
     body = json.dumps(document, default=str).encode()
     deadline = time.monotonic() + timeout
+    host = urlsplit(url).hostname
     for _ in range(MAX_REDIRECTS + 1):
         status, reason, location = _exchange(url, body, deadline)
         if status in KEEP_POST and location:
             target = urljoin(url, location)
-            if urlsplit(target).scheme not in ("http", "https"):
+            parts = urlsplit(target)
+            if parts.scheme not in ("http", "https"):
                 raise NotifyError(f"HTTP {status}: redirect to {target[:200]!r} refused (not http(s))")
+            # The receiver chose where orch posts next: another host could be one only this machine
+            # reaches (loopback, the private network, a cloud's metadata address).
+            if parts.hostname != host:
+                raise NotifyError(f"HTTP {status}: redirect to {target[:200]!r} refused (another host than the URL's)")
             url = target
             continue
         if 300 <= status < 400 and status != 304:

@@ -186,6 +186,24 @@ def test_redirects_keep_the_post_and_stay_on_http(receiver, raw_receiver):
     assert ftp.connections == 0 and away.connections == 1
 
 
+@pytest.mark.parametrize("code", [307, 308])
+@pytest.mark.parametrize("where", ["http://localhost:{port}/admin", "http://[::1]:{port}/admin",
+                                   "http://169.254.169.254/latest/meta-data/", "https://10.0.0.1/internal"])
+def test_a_redirect_to_another_host_is_not_followed(receiver, raw_receiver, code, where):
+    """A receiver cannot send orch's POST on to an address of its choosing (this machine's loopback, the
+    private network, a cloud's metadata address): only its own host's other URLs."""
+    internal = receiver()  # a service only this machine reaches
+    location = where.format(port=internal.url.split(":")[2].split("/")[0])
+
+    def answer(r, conn):
+        r.write(conn, f"HTTP/1.1 {code} Moved\r\nLocation: {location}\r\nContent-Length: 0\r\n\r\n".encode())
+
+    hook = raw_receiver(answer)
+    with pytest.raises(notify.NotifyError, match=r"refused \(another host than the URL's\)"):
+        notify.post(hook.url, {"run_id": 5}, timeout=2)
+    assert internal.attempts == 0 and internal.bodies == []
+
+
 def test_drain_is_bounded_and_says_what_it_gave_up(raw_receiver):
     slow = raw_receiver(trickle)
     errors: list[tuple[str, str]] = []
