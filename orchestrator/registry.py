@@ -11,6 +11,7 @@ import difflib
 import functools
 import importlib
 import sys
+from collections.abc import Callable
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
@@ -55,15 +56,32 @@ def playbook(name: str) -> Playbook[Any]:
     targets = _playbook_targets()
     if name not in targets:
         raise UsageError(f"unknown playbook {name!r}{_did_you_mean(name, targets)} (known: {', '.join(sorted(targets))})")
-    cls = _load(targets[name])
-    pb = cls()
+    if name in BUILTIN_PLAYBOOKS:  # orch's own: one that fails to load is a bug, with its traceback
+        pb = _load(targets[name])()
+    else:
+        # a third party's package may be broken or half-installed: said in one line, orch goes on
+        try:
+            pb = _load(targets[name])()
+        except Exception as exc:  # noqa: BLE001 - whatever its import or constructor raises
+            what = " ".join(str(exc).split())[:300]
+            raise UsageError(f"playbook {name!r} ({targets[name]}) cannot be loaded: {type(exc).__name__}"
+                             + (f": {what}" if what else "")) from None
     if not isinstance(pb, Playbook) or getattr(pb, "name", None) != name:
         raise UsageError(f"playbook {name!r} ({targets[name]}) is not a Playbook named {name!r}")
     return pb
 
 
-def playbooks() -> list[Playbook[Any]]:
-    return [playbook(n) for n in playbook_names()]
+def playbooks(on_broken: Callable[[str], None] | None = None) -> list[Playbook[Any]]:
+    """Every playbook; with on_broken, one that cannot be loaded is left out and its error told to it."""
+    found = []
+    for name in playbook_names():
+        try:
+            found.append(playbook(name))
+        except UsageError as exc:
+            if on_broken is None:
+                raise
+            on_broken(str(exc))
+    return found
 
 
 def summary(pb: Playbook[Any]) -> str:

@@ -224,3 +224,30 @@ def test_empty_paths_of_the_speculators_backend_are_refused_up_front(tmp_path, s
     one_line(orch("run", "extract-hidden-states", "--host", "test1", "-f", str(orch.root / "spec.toml")), 2,
              field, "must not be empty")
     assert not remote.exists() and no_runs(orch)
+
+
+# a broken plugin ------------------------------------------------------------------------------------------
+def with_broken_plugin(orch: Orch, site) -> None:
+    """An installed package whose `orch.playbooks` entry point raises on import (its dist-info is real
+    metadata that importlib.metadata reads from the path)."""
+    info = site / "broken_plugin-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[orch.playbooks]\nexplodes = broken_plugin:Explodes\n")
+    (site / "broken_plugin.py").write_text("raise RuntimeError('needs a module that is not installed')\n")
+    orch.env["PYTHONPATH"] = str(site)
+
+
+def test_a_plugin_that_fails_to_import_is_named_and_everything_else_works(tmp_path):
+    orch = Orch(tmp_path / "ws")
+    with_broken_plugin(orch, tmp_path / "site")
+    res = orch("playbooks", check=0)
+    assert "command" in res.stdout and "serve-eagle3" in res.stdout and "explodes" not in res.stdout
+    assert res.stderr.startswith("orch: ") and res.stderr.count("\n") == 1, res.stderr  # one line, no traceback
+    for word in ("'explodes'", "broken_plugin:Explodes", "RuntimeError: needs a module that is not installed"):
+        assert word in res.stderr, (word, res.stderr)
+    listed = json.loads(orch("playbooks", "--json", check=0).stdout)
+    assert "command" in [p["name"] for p in listed] and "explodes" not in [p["name"] for p in listed]
+    one_line(orch("run", "explodes"), 2, "cannot be loaded", "RuntimeError")
+    assert no_runs(orch)
+    assert orch("run", "command", "--set", "cmd=echo fine", *FAST).returncode == 0

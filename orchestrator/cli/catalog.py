@@ -10,7 +10,7 @@ from typer import _click as click  # Typer's own copy of click: its Context and 
 from typer.core import TyperCommand
 
 from .app import app
-from .render import emit_json, out, table
+from .render import emit_json, err, out, table
 
 
 def playbook_fields(name: str) -> list[dict[str, Any]]:
@@ -58,7 +58,8 @@ def playbooks(as_json: bool = typer.Option(False, "--json", help="name, summary,
     """The playbooks orch can run: name, what it does, the log format it reads."""
     from .. import registry
 
-    found = registry.playbooks()
+    # a plugin that cannot be loaded is named on stderr; the others are listed all the same
+    found = registry.playbooks(on_broken=lambda message: err.print(f"orch: {message}", markup=False))
     if as_json:
         emit_json([{"name": pb.name, "summary": registry.summary(pb), "engine": pb.engine,
                     "exclusive": pb.exclusive, "fields": playbook_fields(pb.name)} for pb in found])
