@@ -45,8 +45,15 @@ class Dashboard:
             time.sleep(0.05)
         self.base, self.token = m[1], m[2]
 
-    def request(self, path: str, method: str = "GET", headers: dict[str, str] | None = None) -> tuple[int, Any]:
-        req = urllib.request.Request(self.base + path, method=method, headers=headers or {})
+    def page(self, path: str = "/") -> str:
+        """A page's address as a browser first opens it: with the token in the fragment, as printed."""
+        return f"{self.base}{path}#token={self.token}"
+
+    def request(self, path: str, method: str = "GET", headers: dict[str, str] | None = None,
+                token: bool = True) -> tuple[int, Any]:
+        """The dashboard's answer; with its token, as its pages ask, unless `token` is False."""
+        headers = {**({"X-Orch-Token": self.token} if token else {}), **(headers or {})}
+        req = urllib.request.Request(self.base + path, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=30) as res:
                 status, body = res.status, res.read()
@@ -217,28 +224,81 @@ def test_beyond_loopback_needs_a_token(orch: Orch) -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("gpu01")
     guard = Guard.make("0.0.0.0", 8765, token="t" * 20)
-    assert guard.reads_need_token and guard.hosts is None
+    assert guard.token == "t" * 20 and guard.hosts is None
     with pytest.raises(Exception, match="at least 16"):
         Guard.make("0.0.0.0", 8765, token="short")
     loop = Guard.make("127.0.0.1", 8765)
-    assert not loop.reads_need_token and len(loop.token) >= 32 and "localhost:8765" in (loop.hosts or ())
+    assert len(loop.token) >= 32 and "localhost:8765" in (loop.hosts or ())
+    assert Guard.make("127.0.0.1", 8765).token != loop.token  # a new one each start
 
 
 def test_a_token_guards_every_read_when_asked(orch: Orch, dashboards: list[Dashboard]) -> None:
     synthetic_runs(orch, 2)
     ui = serve(dashboards, orch, "--token", "s3cret-s3cret-s3cret")
-    assert ui.request("/api/runs")[0] == 401
+    assert ui.request("/api/runs", token=False)[0] == 401
     assert ui.request("/api/runs", headers={"X-Orch-Token": "wrong-wrong-wrong-wrong"})[0] == 401
     assert ui.get("/api/runs", **{"X-Orch-Token": "s3cret-s3cret-s3cret"})["count"] == 2
     status, page = ui.request("/")  # the page shell holds no data: it loads, then asks with the token
     assert status == 200 and "orch.js" in page
 
 
+OTHER_UID = 61002  # another user of this machine: no passwd entry is needed to be one
+PEEK = """
+import json, sys, urllib.error, urllib.request
+base, db = sys.argv[1:3]
+found = {}
+for name, headers in (("no_token", {}), ("wrong_token", {"X-Orch-Token": "x" * 32})):
+    try:
+        with urllib.request.urlopen(urllib.request.Request(base + "/api/runs", headers=headers), timeout=30) as res:
+            found[name] = [res.status, res.read().decode()]
+    except urllib.error.HTTPError as exc:
+        found[name] = [exc.code, exc.read().decode()]
+for path in (db, db.rsplit("/", 1)[0]):
+    try:
+        open(path, "rb").read(1) if path == db else __import__("os").listdir(path)
+        found[path] = "read"
+    except PermissionError:
+        found[path] = "refused"
+print(json.dumps(found))
+"""
+
+
+def test_another_user_of_this_machine_gets_nothing_from_a_loopback_dashboard(dashboards: list[Dashboard]) -> None:
+    """Any local user can reach a loopback port: without the token the API answers nothing, and the files the
+    dashboard writes are its owner's alone. The other user is a real one (another uid) when the tests run as
+    root; otherwise the same requests are made as this user."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="orch-ui-owner-", dir="/tmp"))  # a folder anyone may look into
+    base.chmod(0o755)
+    try:
+        owner = Orch(base / "ws")
+        (base / "ws").chmod(0o755)
+        ui = serve(dashboards, owner)  # a fresh workspace: the dashboard makes runs/ and the database
+        runs, db = owner.root / "runs", owner.db
+        assert oct(runs.stat().st_mode & 0o777) == "0o700" and oct(db.stat().st_mode & 0o777) == "0o600"
+        Store(db).create_run("command", "local", {"cmd": "python train.py --data /private/set"})
+        assert ui.get("/api/runs")["count"] == 1  # the owner, with the token the dashboard printed
+        as_other = (["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups"]
+                    if os.geteuid() == 0 and shutil.which("setpriv") else [])
+        res = subprocess.run([*as_other, "/usr/bin/python3", "-c", PEEK, ui.base, str(db)], capture_output=True,
+                             text=True, timeout=60, cwd="/")
+        assert res.returncode == 0, res.stderr
+        seen = json.loads(res.stdout)
+        for name in ("no_token", "wrong_token"):
+            status, body = seen[name]
+            assert status == 401 and "train.py" not in body and "#token=" in body, (name, seen[name])
+        if as_other:
+            assert seen[str(db)] == "refused" and seen[str(runs)] == "refused", seen
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_actions_are_off_unless_allowed_and_need_token_and_origin(orch: Orch, dashboards: list[Dashboard]) -> None:
     run_id = int(orch("run", "command", "--detach", *FAST, "--set", "cmd=sleep 120", check=0).stdout)
     ro = serve(dashboards, orch)
     origin = {"Origin": ro.base}
-    assert ro.token is None and "actions" not in ro.log.read_text()
+    assert ro.token and "actions" not in ro.log.read_text()
     status, body = ro.request(f"/api/runs/{run_id}/cancel", "POST", origin)
     assert status == 403 and "--allow-actions" in body["error"]
     ro.stop()
@@ -251,8 +311,8 @@ def test_actions_are_off_unless_allowed_and_need_token_and_origin(orch: Orch, da
                     {**good, "Sec-Fetch-Site": "cross-site"},
                     {"Origin": ui.base},  # no token
                     {**good, "X-Orch-Token": "x" * 32}):
-        status, body = ui.request(f"/api/runs/{run_id}/cancel", "POST", headers)
-        assert status == 403, (headers, body)
+        status, body = ui.request(f"/api/runs/{run_id}/cancel", "POST", headers, token=False)
+        assert status == (403 if headers.get("X-Orch-Token") == ui.token else 401), (headers, body)
     assert orch.status(run_id)["status"] == "running"
     assert ui.request(f"/api/runs/{run_id}/cancel", headers=good)[0] == 405  # a GET never acts
     assert ui.request(f"/api/runs/{run_id}/reboot", "POST", good)[0] == 404
@@ -269,7 +329,8 @@ def test_actions_are_off_unless_allowed_and_need_token_and_origin(orch: Orch, da
 def test_every_response_carries_the_safety_headers(orch: Orch, dashboards: list[Dashboard]) -> None:
     ui = serve(dashboards, orch)
     for path in ("/", "/api/runs", "/static/orch.js"):
-        with urllib.request.urlopen(ui.base + path, timeout=10) as res:
+        with urllib.request.urlopen(urllib.request.Request(ui.base + path, headers={"X-Orch-Token": ui.token}),
+                                    timeout=10) as res:
             csp = res.headers["content-security-policy"]
             assert "script-src 'self'" in csp and "unsafe-inline" not in csp
             assert res.headers["x-content-type-options"] == "nosniff"
@@ -299,7 +360,7 @@ def test_sweep_pivot_marks_the_best(orch: Orch, dashboards: list[Dashboard], bro
     assert doc["trend"] == [{"sweep_id": 1, "instance": "", "created_at": doc["created_at"], "best": 97.25}]
     assert [s["id"] for s in ui.get("/api/sweeps")] == [1]
     assert ui.get("/api/runs?sweep=1")["count"] == 3 and ui.get("/api/runs?sweep=2")["count"] == 0
-    browser.get(ui.base + "/sweeps/1")
+    browser.get(ui.page("/sweeps/1"))
     marked = wait_until(lambda: browser.execute_script(
         "const r = document.querySelector('table.pivot tr.best'); return r && [r.dataset.point, r.innerText]"), 10)
     assert int(marked[0]) == best and "97.25" in marked[1] and "★" in marked[1]
@@ -396,7 +457,7 @@ def test_in_the_browser(orch: Orch, dashboards: list[Dashboard], browser: Any, t
     ui = serve(dashboards, orch)
     running = int(orch("run", "command", "--detach", *FAST, "--set",
                        job_cmd("--steps", "30", "--sleep", "0.2"), check=0).stdout)
-    browser.get(ui.base + "/")
+    browser.get(ui.page("/"))
     wait_until(lambda: row_of(browser, running), 10)
     browser.execute_script("window.notReloaded = true")
     progress = set()
@@ -417,7 +478,7 @@ def test_in_the_browser(orch: Orch, dashboards: list[Dashboard], browser: Any, t
     wait_until(lambda: browser.execute_script(
         "return [...document.querySelectorAll('tr[data-run]')].map(r => r.dataset.status).join()") == "failed", 5)
 
-    browser.get(ui.base + "/runs/1")
+    browser.get(ui.page("/runs/1"))
     wait_until(lambda: SCRIPT in browser.execute_script("return document.getElementById('log')?.textContent || ''"), 10)
     assert browser.execute_script("return window.PWNED") is None  # neither the script nor the onerror ran
     assert browser.execute_script("return document.querySelectorAll('main script, main img').length") == 0
@@ -431,7 +492,7 @@ def test_in_the_browser(orch: Orch, dashboards: list[Dashboard], browser: Any, t
     browser.save_screenshot(str(shots / "run.png"))
 
     for page in ("/hosts", "/compare?ids=1,2", "/sweeps"):
-        browser.get(ui.base + page)
+        browser.get(ui.page(page))
         wait_until(lambda: browser.execute_script("return document.querySelector('main table, main p.muted') !== null"), 10)
         assert not browser.find_elements("css selector", "main .error")
         browser.save_screenshot(str(shots / (page.strip("/").split("?")[0] + ".png")))
@@ -456,7 +517,7 @@ def test_in_the_browser_with_an_ssh_host_and_the_engine_emulator(tmp_path: Path,
     served = int(orch("run", "command", "--host", "test1", "--detach", *FAST, "--set", "engine=sglang", "--set",
                       serve_cmd("--decode-stats", "12", "--decode-interval", "0.2"), check=0).stdout)
     ui = serve(dashboards, orch)
-    browser.get(ui.base + "/")
+    browser.get(ui.page("/"))
     wait_until(lambda: row_of(browser, served), 10)
     browser.execute_script("window.notReloaded = true")
     texts: list[str] = []
@@ -469,11 +530,11 @@ def test_in_the_browser_with_an_ssh_host_and_the_engine_emulator(tmp_path: Path,
     wait_until(ended, 90)
     assert browser.execute_script("return window.notReloaded") is True
     assert any("loading" in t for t in texts) and any("running" in t or "ready" in t for t in texts), texts
-    browser.get(ui.base + "/runs/1")  # the crash: its cause and the log lines around it
+    browser.get(ui.page("/runs/1"))  # the crash: its cause and the log lines around it
     error = "return document.getElementById('error')?.textContent || ''"
     wait_until(lambda: "OutOfMemoryError" in browser.execute_script(error), 10)
     assert "CUDA out of memory" in browser.execute_script(error)
-    browser.get(ui.base + f"/runs/{served}")
+    browser.get(ui.page(f"/runs/{served}"))
     points = wait_until(lambda: browser.execute_script(
         "const c = [...document.querySelectorAll('#charts svg')].map(s => Number(s.dataset.points));"
         "return c.length && Math.max(...c)"), 10)

@@ -1,5 +1,6 @@
-"""What keeps the dashboard safe by default: read-only on loopback; a token for actions, and for
-everything when it listens beyond loopback; actions only from the dashboard's own pages."""
+"""What keeps the dashboard safe by default: read-only unless actions are allowed; a token for every API
+call, on loopback too (any local user can reach a loopback port); beyond loopback only with a token given;
+actions only from the dashboard's own pages."""
 
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ def is_loopback(bind: str) -> bool:
 class Guard:
     token: str
     allow_actions: bool
-    reads_need_token: bool  # every API call shows the token (one was given: always so beyond loopback)
     hosts: frozenset[str] | None  # the Host headers answered (loopback: no DNS rebinding); None: any
 
     @classmethod
@@ -38,8 +38,9 @@ class Guard:
             raise UsageError("the token must be at least 16 characters")
         names = {"localhost", "127.0.0.1", "[::1]", bind if ":" not in bind else f"[{bind.strip('[]')}]"}
         hosts = frozenset(f"{n}:{port}" for n in names) if loopback else None
-        # a token given is asked of every API call (beyond loopback it must be); a made-up one only of actions
-        return cls(token or secrets.token_urlsafe(24), allow_actions, token is not None, hosts)
+        # Every API call shows the token, read or action: another user of this machine can reach a loopback
+        # port, and the pages show specs, logs and hosts. Without one given, a new one each start.
+        return cls(token or secrets.token_urlsafe(24), allow_actions, hosts)
 
     def host_ok(self, headers: Mapping[str, str]) -> bool:
         return self.hosts is None or headers.get("host", "") in self.hosts

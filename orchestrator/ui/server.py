@@ -76,9 +76,9 @@ class Shield:
         refusal = None
         if not self.guard.host_ok(request.headers):
             refusal = Response("unknown Host", 421)
-        elif self.guard.reads_need_token and request.url.path.startswith("/api/") \
-                and not self.guard.token_ok(request.headers):
-            refusal = JSON({"error": "this dashboard needs its token"}, 401)
+        elif request.url.path.startswith("/api/") and not self.guard.token_ok(request.headers):
+            refusal = JSON({"error": "this dashboard answers only with its token: open the address `orch ui` "
+                                     "printed (…/#token=…)"}, 401)
 
         async def send_with_headers(message: Any) -> None:
             if message["type"] == "http.response.start":
@@ -226,16 +226,20 @@ def listen(bind: str, port: int) -> socket.socket:
 def url(bind: str, port: int, guard: Guard) -> str:
     host = f"[{bind.strip('[]')}]" if ":" in bind else bind
     # the token rides in the fragment: the browser keeps it, no server log or Referer ever sees it
-    needs = guard.allow_actions or guard.reads_need_token
-    return f"http://{host}:{port}/" + (f"#token={guard.token}" if needs else "")
+    return f"http://{host}:{port}/#token={guard.token}"
 
 
 def serve(ws: Workspace, port: int = 8765, bind: str = "127.0.0.1", allow_actions: bool = False,
           token: str | None = None, echo: Callable[[str], None] = print) -> None:
     """`orch ui`: serve the dashboard until interrupted."""
+    import os
+
     import uvicorn
 
     Guard.make(bind, port, allow_actions, token)  # refuses before anything listens
+    # What this process writes (the database, were it new; a stopped run's log tail and outputs) is its
+    # owner's alone, as the pages are.
+    os.umask(0o077)
     sock = listen(bind, port)
     port = sock.getsockname()[1]  # port 0: the free one the system chose, which the Host check needs
     guard = Guard.make(bind, port, allow_actions, token)
