@@ -304,3 +304,36 @@ def m016(db: Database) -> None:
                            " (SELECT COALESCE(MAX(run_id), 0) FROM events))").fetchone()
     conn.execute("DELETE FROM sqlite_sequence WHERE name = 'runs'")
     conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('runs', ?)", (used,))
+
+
+@migration("m017_env_secrets_masked")
+def m017(db: Database) -> None:
+    # Specs stored before secrets were masked: their secret `env` values become the mask, as a spec stored
+    # now has them (a run started again from one takes the value from orch's environment).
+    import json
+    from typing import Any
+
+    from .spec import masked_values
+
+    def rows(sql: str) -> list[tuple[int, Any]]:
+        found = []
+        for rowid, text in db.conn.execute(sql).fetchall():
+            try:
+                value = json.loads(text) if text else None
+            except ValueError:
+                continue  # unreadable: left as it is, and said so where it is read
+            if isinstance(value, dict):
+                found.append((rowid, value))
+        return found
+
+    # the replaced text is zeroed where it lay, not left in the file's free pages
+    (secure,) = db.conn.execute("PRAGMA secure_delete").fetchone()
+    db.conn.execute("PRAGMA secure_delete = ON")
+    for rowid, spec in rows("SELECT id, spec FROM runs"):
+        if masked_values(spec) != spec:
+            db.conn.execute("UPDATE runs SET spec = ? WHERE id = ?", (json.dumps(masked_values(spec)), rowid))
+    for rowid, doc in rows("SELECT id, doc FROM sweeps"):  # the sweep file: its [spec] table
+        if isinstance(doc.get("spec"), dict) and masked_values(doc["spec"]) != doc["spec"]:
+            doc["spec"] = masked_values(doc["spec"])
+            db.conn.execute("UPDATE sweeps SET doc = ? WHERE id = ?", (json.dumps(doc), rowid))
+    db.conn.execute(f"PRAGMA secure_delete = {int(secure)}")

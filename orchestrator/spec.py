@@ -2,17 +2,46 @@
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator
 
 from . import specdoc
 from .checks import DAY_S, GPUS_MAX, bad_env_names, passable
 from .errors import OrchError, SpecError
+
+# Secrets in `env`: a value whose name looks secret, or is listed in `secret_env`, is stored and shown as
+# MASK (the database, runs/<id>/spec.json, status, the dashboard, compare, reports); the job gets the real
+# one. A run started again from its record finds MASK there, so MASK in `env` means "the value of this
+# variable in orch's own environment", taken when the run is built (`build`).
+MASK = "***"
+# One of the name's `_`-separated words ends in one of these: HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY,
+# PGPASSWORD, APIKEYS; not TOKENIZERS_PARALLELISM or KEYBOARD, which only start with one.
+_SECRET_WORD = re.compile(r"(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD)S?$", re.IGNORECASE)
+
+
+def looks_secret(name: str) -> bool:
+    return any(_SECRET_WORD.search(word) for word in name.split("_"))
+
+
+def masked_env(env: Mapping[str, Any], marked: Iterable[str] = ()) -> dict[str, Any]:
+    """`env` with the values of secret names replaced by MASK (an empty value hides nothing: it stays)."""
+    marked = set(marked)
+    return {k: MASK if v not in ("", None) and (k in marked or looks_secret(k)) else v for k, v in env.items()}
+
+
+def masked_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A spec as plain values (a sweep file's `[spec]`, a stored spec) with its secrets masked."""
+    env, marked = values.get("env"), values.get("secret_env")
+    if not isinstance(env, Mapping):
+        return dict(values)
+    names = [m for m in marked if isinstance(m, str)] if isinstance(marked, list) else []
+    return {**values, "env": masked_env(env, names)}
 
 
 class RunSpec(BaseModel):
@@ -21,7 +50,11 @@ class RunSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment for the job")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for the job (secrets: see secret_env)")
+    secret_env: list[str] = Field(default_factory=list, max_length=1000,
+                                  description="env names stored and shown as *** besides those that look secret "
+                                              "(a word ending in TOKEN, KEY, SECRET, PASSWORD); *** in env: the "
+                                              "value of that variable in orch's environment")
     poll_min: float | None = Field(default=None, gt=0, le=DAY_S, description="first poll interval, s (host default)")
     poll_max: float | None = Field(default=None, gt=0, le=DAY_S, description="longest poll interval, s (host default)")
     stall_factor: float = Field(default=5.0, gt=1, le=1000, description="stalled after this many usual gaps")
@@ -47,13 +80,18 @@ class RunSpec(BaseModel):
                 raise ValueError(f"not an http(s) URL: {url!r}")
         return urls
 
-    @field_validator("env")
+    @field_validator("env", "secret_env")
     @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        bad = bad_env_names(env)
+    def _env_names(cls, names: Any) -> Any:
+        bad = bad_env_names(names)
         if bad:
             raise ValueError(f"not environment variable names: {', '.join(map(repr, bad))}")
-        return env
+        return names
+
+    @field_serializer("env")
+    def _masked_env(self, env: dict[str, str]) -> dict[str, str]:
+        # every dump is one that is stored or shown: the job's script takes `env` itself, never a dump
+        return masked_env(env, self.secret_env)
 
     @field_validator("gpus")
     @classmethod
@@ -115,12 +153,36 @@ def build(spec_cls: type[S], values: dict[str, Any], source: str = "spec",
           origin: Callable[[str], str] | None = None) -> S:
     """Validate; every invalid field is reported, one per line (origin names where a key came from)."""
     try:
-        return spec_cls.model_validate(values)
+        spec = spec_cls.model_validate(values)
     except ValidationError as exc:
         lines = specdoc.problems(spec_cls, exc, origin)
         if len(lines) == 1:
             raise SpecError(f"invalid {source}: {lines[0]}") from None
         raise SpecError(f"invalid {source}, {len(lines)} problems:\n" + "\n".join(lines)) from None
+    return with_secrets(spec) if isinstance(spec, RunSpec) else spec
+
+
+def masked(spec: S) -> S:
+    """The spec with its secrets masked in `env` itself: for what prints a job's script (a dry run)."""
+    assert isinstance(spec, RunSpec)
+    return spec.model_copy(update={"env": masked_env(spec.env, spec.secret_env)})
+
+
+def with_secrets(spec: S) -> S:
+    """The spec with each `env` value MASK replaced by that variable's value in orch's environment: a run
+    started again from its record (rerun, a sweep resumed, the dashboard's command) never hands the job
+    the mask. A value that cannot be found is an error, before anything starts."""
+    assert isinstance(spec, RunSpec)
+    wanted = [k for k, v in spec.env.items() if v == MASK]
+    if not wanted:
+        return spec
+    missing = [k for k in wanted if not os.environ.get(k)]
+    if missing:
+        keys = ", ".join(f"env.{k}" for k in missing)
+        raise SpecError(f"{keys} {'is' if len(missing) == 1 else 'are'} {MASK} (a secret as orch stores it) and "
+                        f"orch's environment has no {', '.join(missing)}: export {missing[0]}=... before running, "
+                        "or give the value")
+    return spec.model_copy(update={"env": {k: os.environ[k] if v == MASK else v for k, v in spec.env.items()}})
 
 
 def stored(spec_cls: type[S], run_id: int, value: Any, readable: bool = True) -> S:

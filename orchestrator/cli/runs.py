@@ -91,8 +91,10 @@ def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_rea
     ws = workspace()
     target = inventory(ws).get(host)
     store = open_store(ws)
-    if dry_run:
-        runflow.dry_run(ws, store, pb, spec, target, out.print)
+    if dry_run:  # what it prints shows each secret as the record would
+        from ..spec import masked
+
+        runflow.dry_run(ws, store, pb, masked(spec), target, out.print)
         return
     waited: list[str] = []
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, model_validator
 
 from .. import registry, runflow
 from ..errors import UsageError
@@ -45,6 +45,13 @@ class SweepFile(BaseModel):
         if bool(self.hosts) == bool(self.tags):
             raise ValueError("give either hosts = [...] or tags = [...]")
         return self
+
+    @field_serializer("spec")
+    def _masked_spec(self, spec: dict[str, Any]) -> dict[str, Any]:
+        # stored with the sweep: its secrets as a run's spec stores them
+        from ..spec import masked_values
+
+        return masked_values(spec)
 
 
 @dataclass(frozen=True)
@@ -148,11 +155,27 @@ def expand(file: SweepFile) -> list[dict[str, Any]]:
         if not diff:
             raise UsageError(f"include[{n}]: an empty point")
         diffs.append(diff)
+    _no_swept_secret(file, axes, diffs)
     unique: list[dict[str, Any]] = []  # a repeated value or an include already in the grid: one point
     for diff in diffs:
         if diff not in unique:
             unique.append(diff)
     return unique or [{}]
+
+
+def _no_swept_secret(file: SweepFile, axes: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
+    """A point's swept values are its label in status, reports and notifications: a secret cannot be one."""
+    from ..spec import looks_secret
+
+    marked = file.spec.get("secret_env")
+    marked = set(marked) if isinstance(marked, list) else set()
+    for diff in diffs:
+        for key, value in diff.items():
+            names = list(value) if key == "env" and isinstance(value, dict) else [key.removeprefix("env.")]
+            if (key == "env" or key.startswith("env.")) and any(looks_secret(n) or n in marked for n in names):
+                where = "matrix" if key in axes else "include"
+                raise UsageError(f"{where}.{key}: a secret cannot be swept (its values would show in each point's "
+                                 "label); give it in [spec]")
 
 
 def _apply(base: dict[str, Any], diff: dict[str, Any]) -> dict[str, Any]:
