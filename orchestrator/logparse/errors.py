@@ -97,8 +97,13 @@ HARMLESS = re.compile(r"Ignore import error when loading|NCCL (?:INFO|WARN)\b|^\
                       r"|^(?:DEBUG|INFO):filelock:")
 
 # An exception line: 'torch.OutOfMemoryError: CUDA out of memory. ...', or only 'TypeError' when the
-# message is empty. The class's own name is capitalised, which keeps source lines and prose out.
-EXCEPTION_LINE = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::(?: ?(?P<message>.*))?)?$")
+# message is empty. The class's own name is capitalised, which keeps source lines and prose out; a level word
+# ('INFO: ...', another process's line in the middle of a traceback) is no class. A class alone must end the
+# way exception classes do: a line clipped inside a longer name ('torch.OutOfMemoryErr') names none.
+EXCEPTION_LINE = re.compile(
+    r"^(?!(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL|NOTICE|TRACE)\b)"
+    r"(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::(?: ?(?P<message>.*))?|(?<=rror|tion|Exit|rupt|ning|lure))$"
+)
 # The same with a message, for lines outside a traceback: only names that say they are errors.
 _BARE_EXCEPTION = re.compile(
     r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Exit|Interrupt|Failure|Unsupported))"
@@ -139,7 +144,8 @@ def classify(text: str, rules: list[Rule]) -> tuple[str, bool, bool] | None:
     return None if kind is None else (kind, fatal, cause)
 
 
-def merge(cur: LogError, new: LogError, chained: bool, cause: bool, cur_cause: bool = True) -> LogError:
+def merge(cur: LogError, new: LogError, chained: bool, cause: bool, cur_cause: bool = True,
+          cur_caught: bool = False) -> LogError:
     """What is known after `new` is found while `cur` stands.
 
     Fatal is never taken back. The details (exception, message, line, context) stay with the first root
@@ -148,7 +154,9 @@ def merge(cur: LogError, new: LogError, chained: bool, cause: bool, cur_cause: b
     instead of hiding the one that started the failure. A bare 'Killed' after an exception or another cause
     (a cut traceback, Slurm's time limit) does not rename it: what killed the process is not said; the
     kernel's OOM-killer line after it does say.
-    `cause` and `cur_cause`: whether the rules that found `new` and `cur` name a cause.
+    `cause` and `cur_cause`: whether the rules that found `new` and `cur` name a cause. An exception that
+    something caught (`cur_caught`) is no root cause of a later one; one that nothing is known to have caught
+    is, as a fatal one is: what other processes raise after it is its consequence.
     """
     higher = RANK[new.kind] > RANK[cur.kind]
     if cur.exception is None:
@@ -158,7 +166,7 @@ def merge(cur: LogError, new: LogError, chained: bool, cause: bool, cur_cause: b
     elif new.exception is None:
         take_new = False
     else:
-        take_new = (higher and cause) or not (cur.fatal or chained)
+        take_new = (higher and cause) or (cur_caught and not (cur.fatal or chained))
     base = new if take_new else cur
     # What only says something gave up (a task 'Killed' after the time limit) renames no cause.
     renames = higher and (cause or (cur.exception is None and not cur_cause))

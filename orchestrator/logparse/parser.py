@@ -13,7 +13,7 @@ from .errors import COMMON_RULES, HARMLESS, RANK, LogError, classify, exception_
 from .formats import Screen
 from .hints import hint_of
 from .protocol import PROGRESS, PROTOCOL, protocol_metrics, protocol_progress
-from .text import Line, LineSplitter, RichUnwrapper, clean, stamp_seconds, strip_ansi
+from .text import Line, LineSplitter, RichUnwrapper, clean, stamp_seconds
 from .tqdm import (
     Progress,
     has_total,
@@ -65,13 +65,17 @@ _ANY_RULE = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULE
 # Markers that count whatever level they are logged at (or that come from programs that print no level).
 _ANY_LEVEL = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES if r.any_level)),
                     ("cancelled", "srun", "slurmstepd", "engine core exited", "hunk", "patch", "exit"))
+_LAST_NUMBER = re.compile(r"-?[\d.]+(?:[eE][-+]?\d*)?\s*$")
+# Engines whose own words outweigh the line layout of another.
+_OVER_LAYOUT = ("speculators", "sglang", "vllm")
 _METRIC_SOURCES = (sglang.metrics, vllm.metrics)
 _HEALTHY_METRICS = {"gen_throughput", "train/loss", "loss", "step"}
 _QUIET_LEVELS = {"DEBUG", "INFO", "WARNING"}
 _LOUD_LEVELS = {"ERROR", "CRITICAL"}
-# A server that answers: uvicorn's start lines, or an access-log line with status 200.
-_SERVING = re.compile(r"Application startup complete\.|Uvicorn running on|HTTP/1\.[01]\" 200\b")
-_ANSWERED = re.compile(r"HTTP/1\.[01]\" 200\b")
+# A server that answers: uvicorn's start lines, or an access-log line with a success status. A server that
+# is alive: an access-log line of any status but a server error's (one whose status a pane clipped off too).
+_SERVING = re.compile(r"Application startup complete\.|Uvicorn running on|HTTP/[\d.]+\" 2\d\d\b")
+_ANSWERED = re.compile(r"\"[A-Z]{3,7} \S+ HTTP/[\d.]*(?:\" [1-4]\d\d\b|\"?\s*$)")
 _DONE = Screen(trainers.DONE,
                ("finish", "complete", "done", "train_runtime", "trainer.fit", "after training", "exit"))
 
@@ -82,13 +86,6 @@ def _plain_prefix(prefix: str, with_total: bool) -> bool:
     if prefix[:1] in ("(", "[") or " - " in prefix or "\x1b" in prefix or (not with_total and "%" in prefix):
         return False
     return not prefix.lstrip().startswith(("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
-
-
-def _maybe_rich(decoded: str) -> bool:
-    """Cheap first test for the first line of a Rich record, which ends in its 'file.py:NN' column."""
-    if decoded[-1:].isdigit():
-        return True
-    return "\x1b" in decoded and strip_ansi(decoded).rstrip()[-1:].isdigit()
 
 
 @dataclass
@@ -105,6 +102,7 @@ class LogParser:
     def __init__(self, engine: str | None = None, ready_pattern: str | None = None) -> None:
         self.engine: str | None = engine
         self.auto_engine = engine is None
+        self._by_layout = False  # the engine was named only by the layout of its lines
         self.ready_pattern = ready_pattern
         self._ready_re = re.compile(ready_pattern) if ready_pattern else None
         self.phase = "starting"
@@ -131,6 +129,7 @@ class LogParser:
         self._failed_in: str | None = None  # the phase the run failed in
         self.debug: list[dict[str, Any]] = []  # debug patch lines since the last take_debug(); not state
         self._redrawn: list[Metric] = []  # postfix samples of bars redrawn in place, for feed() to return
+        self._cut_line = False  # reading the line the log ends in without its line end; not state
 
     # ---- input ----------------------------------------------------------------------------------
 
@@ -148,7 +147,9 @@ class LogParser:
         how the process ended, decides a tentative error that nothing followed (else the log alone does)."""
         found: list[Metric] = []
         for raw, by_cr in self._splitter.finish():
+            self._cut_line = not by_cr  # the log ends inside this line: it may have been cut anywhere
             self._line(raw, by_cr, found)
+            self._cut_line = False
         for piece in self._rich.flush():
             self._rich_piece(piece, found)
         for cut in self._tracebacks.cut_at_end():
@@ -205,23 +206,24 @@ class LogParser:
         decoded = raw.decode("utf-8", "replace")
         if by_cr and (not decoded or decoded.isspace()):
             return  # what sits in front of a tqdm redraw's '\r': no line of its own
-        if self._rich.piece is not None or _maybe_rich(decoded):
-            pieces, plain = self._rich.feed(strip_ansi(decoded).rstrip())
+        line = clean(decoded)
+        # Rich's columns are the program's own: they are looked for behind a launcher's or collector's prefix.
+        if self._rich.piece is not None or line.body[-1:].isdigit():
+            pieces, plain = self._rich.feed(line.body.rstrip())
             for piece in pieces:
-                self._rich_piece(piece, found)
+                self._rich_piece(piece, found, line.source)
             if not plain:
                 return
-        line = clean(decoded)
         if by_cr and (not line.text or line.text.isspace()):
             return
         self.lines += 1
         self._take(line, found)
 
-    def _rich_piece(self, piece: tuple[str, str, str, int], found: list[Metric]) -> None:
+    def _rich_piece(self, piece: tuple[str, str, str, int], found: list[Metric], source: str = "") -> None:
         """One line of a Rich record's message, joined from the physical lines Rich wrapped it into."""
         text, raw, level, physical = piece
         self.lines += 1
-        self._take(Line(text=text, raw=raw, source="", level=level), found)
+        self._take(Line(text=text, raw=raw, source=source, level=level), found)
         self.lines += physical - 1
 
     def _take(self, line: Line, found: list[Metric]) -> None:
@@ -296,7 +298,7 @@ class LogParser:
         pure_bar = m is not None and not text[m.end():].strip()
         if self.auto_engine:
             if line.layout is not None:
-                self._detect_name(line.layout)
+                self._detect_name(line.layout, layout=True)
             self._detect(text[:m.start()] if m is not None and pure_bar else text)
         if m is not None:
             self._on_progress(m, pure_bar)
@@ -343,6 +345,8 @@ class LogParser:
 
     def _metrics(self, line: Line, found: list[Metric]) -> None:
         text = line.text
+        if self._cut_line:
+            text = _LAST_NUMBER.sub("", text)  # '... acc=0.61' may have been '0.612' before the cut
         for source in _METRIC_SOURCES:
             for name, value in source(text):
                 self._sample(name, value, line, found)
@@ -390,7 +394,7 @@ class LogParser:
             if phase is None and self.phase in ("loading", "capturing"):
                 phase = "ready"  # the server answers: after its weights and graphs, that is all it waits for
             self._healthy()  # a server that still answers was not killed by a request's traceback
-        elif "HTTP/1." in text and _ANSWERED.search(text):
+        elif "HTTP/" in text and _ANSWERED.search(text):
             self._healthy()
         if phase is None and _DONE.search(text):
             phase = "finished"
@@ -432,7 +436,12 @@ class LogParser:
         kind = exception_kind(cut.exception) if cut.exception else "python_exception"
         line_no = max(1, self.lines - 1) if line.raw else self.lines
         self._raise(LogError(kind, cut.exception, "traceback cut short before its exception line", line_no,
-                             self._context(line.raw) if line.raw else list(self._recent), False), False, True)
+                             self._context(line.raw) if line.raw else list(self._recent), False),
+                    cut.chained, True)
+        if self.error is not None and (self.error.line == line_no or cut.chained) and not self.error.fatal:
+            # Its outermost frame shows something caught it, and the log went on: survived unless the log
+            # says more, as a complete caught traceback is. One the log ends in is how the run ended.
+            self._caught = cut.top is False and bool(line.raw)
 
     def _find_error(self, line: Line) -> None:
         text = line.text
@@ -446,8 +455,8 @@ class LogParser:
         if isinstance(event, ExceptionEnd):
             if line.level in ("DEBUG", "WARNING"):
                 return  # a traceback logged as a warning: something was tried and given up on
-            self._exception(line, event.exception, event.message, event.chained, event.top,
-                            caught=not event.top)
+            self._exception(line, event.exception, event.message, event.chained, event.top is True,
+                            caught=event.top is False)
             return
         quiet = line.level in _QUIET_LEVELS
         if quiet and _ANY_LEVEL.search(text):
@@ -478,6 +487,8 @@ class LogParser:
 
     def _exception(self, line: Line, exception: str, message: str, chained: bool, top: bool,
                    caught: bool = False) -> None:
+        # An exception line the log ends in without its line end: the log was cut there, as inside a traceback.
+        caught = caught and not self._cut_line
         kind = exception_kind(exception)
         fatal = top  # nothing caught it: the interpreter exits
         cause = True
@@ -488,7 +499,8 @@ class LogParser:
         before = self.error
         self._raise(LogError(kind, exception, message[:MESSAGE_CHARS], self.lines, self._context(line.raw), fatal),
                     chained, cause)
-        if self.error is not before and self.error is not None and self.error.line == self.lines:
+        # Whether it was caught is the last word of a chain: what the chain's last traceback shows.
+        if self.error is not before and self.error is not None and (self.error.line == self.lines or chained):
             self._caught = caught and not fatal
 
     def _orphan_root(self) -> None:
@@ -510,20 +522,35 @@ class LogParser:
 
     def _detect(self, text: str) -> None:
         for name, pattern in _DETECTION:
-            if name == self.engine:
+            if name == self.engine and not self._by_layout:
                 return  # only a more specific engine may take over
             if pattern.search(text):
-                self.engine = name
-                return
+                if name == self.engine:
+                    self._by_layout = False  # its own words confirm what its line layout said
+                    return
+                # An engine's own words outweigh another engine's line layout (a prefix of that shape).
+                if self.engine is None or not self._by_layout or name in _OVER_LAYOUT or self._before(name):
+                    self.engine, self._by_layout = name, False
+                    return
 
-    def _detect_name(self, name: str) -> None:
-        """An engine named by its own line layout, with the same precedence as by content."""
+    def _before(self, name: str) -> bool:
+        """Whether `name` comes before the current engine in the detection order (is more specific)."""
         for known, _ in _DETECTION:
             if known == self.engine:
-                return
+                return False
             if known == name:
-                self.engine = name
-                return
+                return True
+        return False
+
+    def _detect_name(self, name: str, layout: bool = False) -> None:
+        """An engine named by its own line layout (`layout`: only as long as no engine's words say
+        otherwise) or by a tool's line, with the same precedence as by content."""
+        # A layout does not outweigh an engine named already, by its words or by another layout (a launcher's
+        # prefix of one engine's shape in front of another's lines); only a trainer or Slurm's lines.
+        if self.engine is None or (self._before(name) and not (layout and self.engine in _OVER_LAYOUT)):
+            self.engine, self._by_layout = name, layout
+        elif name == self.engine and not layout:
+            self._by_layout = False
 
     def _on_progress(self, m: re.Match[str], pure_bar: bool) -> None:
         progress = progress_of(m)
@@ -534,6 +561,8 @@ class LogParser:
         self._progress, self._pending = progress, None
         module = _MODULES.get(self.engine, generic)
         phase = generic.common_bar_phase(progress.label) or module.bar_phase(progress.label)
+        if phase is None and trainers.training_postfix(m.group("postfix")):
+            phase = "running"  # a training loop's bar, whichever program's log it is in
         if phase is not None:
             self._set_phase(phase)
         if pure_bar and m.start() <= _MAX_BAR_PREFIX:
@@ -567,10 +596,11 @@ class LogParser:
             err = new
         else:
             shown = classify(cur.message, _RULES) if cur.exception is None else None
-            err = merge(cur, new, chained, cause, shown is None or shown[2])
+            err = merge(cur, new, chained, cause, shown is None or shown[2], self._caught)
         if err != cur:
             if cur is None or err.line != cur.line:
                 self._error_after = CONTEXT_AFTER
+                self._caught = False  # a new root cause: whether it was caught is its own (set by callers)
             self.error = err
             last = self._last_bar()
             self._error_progress = [last.label, last.done] if last else None
@@ -595,6 +625,7 @@ class LogParser:
             "version": STATE_VERSION,
             "engine": self.engine,
             "auto_engine": self.auto_engine,
+            "by_layout": self._by_layout,
             "ready_pattern": self.ready_pattern,
             "phase": self.phase,
             "progress": p.to_dict() if (p := self._last_bar()) else None,
@@ -618,6 +649,7 @@ class LogParser:
     def from_dict(cls, d: dict[str, Any]) -> LogParser:
         p = cls(engine=d.get("engine"), ready_pattern=d.get("ready_pattern"))
         p.auto_engine = bool(d.get("auto_engine", p.engine is None))
+        p._by_layout = bool(d.get("by_layout", False))
         p.phase = d.get("phase", "starting")
         p._progress = Progress.from_dict(d["progress"]) if d.get("progress") else None
         p._bar = d.get("bar")

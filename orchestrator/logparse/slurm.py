@@ -14,12 +14,16 @@ NAME = "slurm"
 DETECT = re.compile(r"^(?:slurmstepd|srun|salloc|sbatch)(?:-[\w.-]+)?: ")
 
 RULES: list[Rule] = [
-    # '*** JOB 4242 ON gpu-07 CANCELLED AT 2026-01-10T12:00:00 DUE TO TIME LIMIT ***' (also STEP 4242.0).
-    rule(r"\*\*\* (?:JOB|STEP) [\d._]+ ON \S+ CANCELLED AT \S+ DUE TO TIME LIMIT", "timeout", True, True,
+    # '*** JOB 4242 ON gpu-07 CANCELLED AT 2026-01-10T12:00:00 DUE TO TIME LIMIT ***' (also STEP 4242.0); the
+    # only reason that starts with T, so a line clipped after it still says it.
+    rule(r"\*\*\* (?:JOB|STEP) [\d._]+ ON \S+ CANCELLED AT \S+ DUE TO T(?:IME LIMIT|[A-Z ]*$)", "timeout", True,
+         True, versions="all", source="src/slurmd/slurmstepd/req.c", any_level=True),
+    # Cancelled by a user (scancel: nothing after the time), preempted, or lost with its node.
+    rule(r"\*\*\* (?:JOB|STEP) [\d._]+ ON \S+ CANCELLED AT \S+ (?:\*\*\*|DUE TO (?!T))", "killed", True, True,
          versions="all", source="src/slurmd/slurmstepd/req.c", any_level=True),
-    # Cancelled by a user (scancel), preempted, or lost with its node.
-    rule(r"\*\*\* (?:JOB|STEP) [\d._]+ ON \S+ CANCELLED AT \S+ (?!DUE TO TIME LIMIT)", "killed", True, True,
-         versions="all", source="src/slurmd/slurmstepd/req.c", any_level=True),
+    # A cancellation whose reason the line does not show (a pane clipped it): the job ended, why is not said.
+    rule(r"\*\*\* (?:JOB|STEP) [\d._]+ ON \S+ CANCELLED\b", "other", True, versions="all",
+         source="src/slurmd/slurmstepd/req.c", any_level=True),
     rule(r"^srun: error: \S+: tasks? [\d,-]+: (?:Killed|Terminated|Aborted)|^srun: Job step aborted"
          r"|^srun: forcing job termination|^srun: error: .*Job step \S+ aborted", "killed", True, False,
          versions="all", source="src/srun/", any_level=True),

@@ -15,35 +15,57 @@ MAX_LINE_BYTES = 64 * 1024  # the rest of a longer line is dropped: a log line n
 _BREAK = re.compile(rb"\r\n?|\n")
 # CSI (colours, cursor moves), OSC (titles, links) and the two-byte escapes.
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
-# vLLM/Ray process prefix: '(Worker_TP0 pid=123) ', '(EngineCore_DP0 pid=9) ', '(VllmWorker rank=0 pid=5) ',
-# Ray's '(RayWorkerWrapper pid=1, ip=10.0.0.2) '. The name (and rank) keep interleaved tracebacks apart.
-_WORKER = re.compile(r"^\((?:(?P<name>[\w.-]+)(?P<rank> rank=\d+)? )?pid=\d+(?:, ip=[\w.:-]+)?\) ?")
+# Prefixes are recognised by their shape, not by the program that writes them: whatever launcher, collector
+# or logger put them there, a line's own text starts where they end.
+_LEVELS = r"DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL"
+_LEVEL_NAME = {"WARN": "WARNING", "FATAL": "CRITICAL"}
+_ZONE = r"(?:Z|[+-]\d\d:?\d\d| ?UTC)?"
+# A process tag in parentheses: a name, then key=value pairs, one of them a pid or a rank: vLLM's
+# '(Worker_TP0 pid=123) ', '(EngineCore_DP0 pid=9) ', '(VllmWorker rank=0 pid=5) ', Ray's
+# '(RayWorkerWrapper pid=1, ip=10.0.0.2) '. The name (and rank) keep interleaved tracebacks apart.
+_WORKER = re.compile(r"^\((?:(?P<name>[\w.-]+)(?P<rank> rank=\d+)?,? )?(?:pid|rank)=\d+(?:,? ?\w+=[\w.:/-]+)*\) ?")
 _VLLM_PROCESS = re.compile(r"APIServer|EngineCore|Worker_|VllmWorker|RayWorker")
 # vLLM's logging prefix, 0.11+ '[file.py:12]' and 0.6 'file.py:12]'; repeated on every line of a record.
 _VLLM_LEVEL = re.compile(
     r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<stamp>\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)?"
     r" \[?[\w.<>-]+:\d+\] ?"
 )
-# torchrun/TP workers prefix every line of their stderr with '[rank3]: ' (or '[rank3]:' before a c10d line).
-_RANK = re.compile(r"^\[rank(?P<rank>\d+)\]: ?")
+# A writer's tag in brackets, ended by ':': torchrun's '[rank3]: ' and '[default0]:', mpirun's
+# '[1,0]<stdout>:', any '[worker-2]: '.
+_RANK = re.compile(r"^\[(?:(?P<rank>[A-Za-z_]{1,16}[_-]?\d{1,6})\]|(?P<mpi>\d+,\d+)\]<std(?:out|err)>):(?: |(?=\S)|$)")
 # c10d's own prefix: '[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] '.
 _C10D = re.compile(r"^\[(?P<level>[IWEF])\d{3,4} \d\d:\d\d:\d\d\.\d+ [^\]]{0,200}\] ")
 _C10D_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 # SGLang: '[2026-01-02 10:00:00 DP0 TP3] ', also '[2026-01-02 10:00:00.123] ' and the old '[10:00:00 TP0] '.
 _SGLANG = re.compile(
     r"^\[(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|\d\d:\d\d:\d\d)(?:[.,]\d+)?(?P<tags>(?: [A-Z]{2}\d+)*)\] ")
+# Any other bracketed column made of what prefixes hold: times, dates, levels, rank or process tags, source
+# locations, kubectl's '[pod/name/container]'. '[2025-01-01T10:00:00Z] ', '[INFO] ', '[Rank 0] ',
+# '[logging.py:96:log_dist] ', DeepSpeed's and Accelerate's columns.
+_TOKEN = (r"(?:(?P<date>\d{4}-\d\d-\d\d)[ T](?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)?" + _ZONE
+          + r"|\d\d/\d\d/\d\d(?:\d\d)?|\d\d:\d\d:\d\d(?:[.,]\d+)?" + _ZONE
+          + r"|\d{4}-\d\d-\d\d|(?P<level>" + _LEVELS + r")|[A-Za-z_]{1,16}[ _-]?\d{1,6}"
+          + r"|[\w.<>-]+\.\w{1,4}:\d+(?::[\w<>.]+)?|(?:pod|deployment|job|statefulset)/[\w.-]+(?:/[\w.-]+)?)")
+_COLUMN = re.compile(r"^\[" + _TOKEN + r"(?:[ ,|]+(?:" + _TOKEN.replace("?P<", "?P<_") + r"))*\]:? ?")
 # Python logging: '2025-10-01 12:00:00,000 - name - LEVEL - ' (speculators <0.5, wrappers), '... - LEVEL - '.
 _PYLOG = re.compile(
     r"^(?P<stamp>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(?:[.,]\d+)?(?:[+-]\d\d:?\d\d)?(?: - [^\s]+)? - "
     r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) - "
 )
-# What a collector puts in front: docker's RFC 3339 time, journald's 'Mon DD HH:MM:SS host unit[pid]: ',
-# docker compose's 'service-1  | '.
-_OUTER = re.compile(
-    r"^(?:(?P<stamp>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)? "
-    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [\w.-]+ [\w.@/-]+(?:\[\d+\])?: "
-    r"|[\w.-]+-\d+ +\| )"
+# A time in front, with a level after it or not: docker's and kubectl's RFC 3339 time, '2025-01-01 10:00:00,123
+# INFO ', loguru's '2025-01-01 10:00:00.123 | INFO     | '.
+_STAMP = re.compile(
+    r"^(?P<stamp>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(?:[.,]\d+)?" + _ZONE + r"(?: \| ?| )"
+    # (one space only: the line's own indentation stays; a vLLM layout after it is peeled on its own)
+    r"(?:\[?(?P<level>" + _LEVELS + r")\]?(?! \d\d-\d\d \d\d:)(?: *[|:] *| - | +))?"
 )
+# What a collector or launcher puts in front: journald's 'Mon DD HH:MM:SS host unit[pid]: ', docker
+# compose's 'service-1  | ' (the name padded to the longest), `srun --label`'s task number ' 3: '.
+_OUTER = re.compile(
+    r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [\w.-]+ [\w.@/-]+(?:\[\d+\])?: "
+    r"|[\w.-]+(?:[-_]\d+ +| {2,})\| )"
+)
+_TASK = re.compile(r"^ {0,3}(?P<task>\d{1,5}): ")
 # Levels that only tag a line: 'LEVEL:name:' (logging's default), uvicorn's 'INFO:     '.
 _OTHER_LEVEL = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):")
 
@@ -94,20 +116,30 @@ class Line:
     level: str | None  # logging level when the format shows one (the innermost, where prefixes nest)
     stamp: str | None = None  # the line's own time as printed ('2026-01-02 10:00:00', '03-01 11:02:00')
     layout: str | None = None  # 'vllm' or 'sglang' when a prefix only that engine writes was peeled
+    body: str = ""  # without what a launcher or collector put in front: what the program itself wrote
 
 
 def clean(decoded: str) -> Line:
     raw = strip_ansi(decoded)
     line = Line(text=raw, raw=raw, source="", level=None)
-    # Prefixes nest (a collector's time, then a process name, then a logger's level): peel until none is left.
-    for _ in range(6):
-        if not _peel(line):
-            break
+    # Prefixes nest (a collector's time, a task number, a process name, then a logger's level): peel until
+    # none is left, those that launchers and collectors add first.
+    for carrier in (True, False):
+        for _ in range(8):
+            if not _peel(line, carrier):
+                break
+        if carrier:
+            line.body = line.text
     return line
 
 
-def _peel(line: Line) -> bool:
-    """Take one known prefix off the front of line.text; False when there is none."""
+def _level(name: str) -> str:
+    return _LEVEL_NAME.get(name, name)
+
+
+def _peel(line: Line, carrier: bool = False) -> bool:
+    """Take one prefix off the front of line.text; False when there is none. `carrier`: only those that a
+    launcher or collector adds (process, rank and task tags, a collector's time), not a logger's columns."""
     text = line.text
     first = text[:1]
     m: re.Match[str] | None
@@ -122,27 +154,35 @@ def _peel(line: Line) -> bool:
             return True
         return False
     if first == "[":
-        if text.startswith("[rank"):
-            m = _RANK.match(text)
-            if m:
-                line.source += "/rank" + m.group("rank")
-                line.text = text[m.end():]
-                return True
-            return False
-        m = _SGLANG.match(text)
+        m = _RANK.match(text)
         if m:
+            line.source += "/" + (m.group("rank") or m.group("mpi"))
+            line.text = text[m.end():]
+            return True
+        m = _SGLANG.match(text)
+        if m and (m.group("tags") or not carrier):  # a rank's tag is a process's, as vLLM's worker names are
             line.stamp = m.group("stamp")
             if m.group("tags"):  # only SGLang tags its lines with the ranks
                 line.layout = "sglang"
             line.text = text[m.end():]
             return True
+        if carrier:
+            return False
         m = _C10D.match(text)
         if m:
             line.level = _C10D_LEVELS[m.group("level")]
             line.text = text[m.end():]
             return True
+        m = _COLUMN.match(text)
+        if m:
+            if m.group("date"):
+                line.stamp = f"{m.group('date')} {m.group('time')}"
+            if m.group("level"):
+                line.level = _level(m.group("level"))
+            line.text = text[m.end():]
+            return True
         return False
-    if first in ("D", "I", "W", "E", "C"):
+    if first in ("D", "I", "W", "E", "C") and not carrier:
         m = _VLLM_LEVEL.match(text)
         if m:
             line.level = m.group("level")
@@ -155,17 +195,23 @@ def _peel(line: Line) -> bool:
             line.level = m.group("level")  # the text stays: uvicorn's lines are read whole
             return False
     if first.isdigit():
-        m = _PYLOG.match(text)
-        if m:
-            line.level = m.group("level")
+        m = _PYLOG.match(text) or _STAMP.match(text)
+        # A collector's time is RFC 3339's ('2025-01-01T10:00:00.123Z '); a logger's has its columns after it.
+        if m and not (carrier and (m.re is _PYLOG or m.group("level") or text[10] != "T")):
+            if m.group("level"):
+                line.level = _level(m.group("level"))
             line.stamp = m.group("stamp").replace("T", " ")
+            line.text = text[m.end():]
+            return True
+    if first.isdigit() or first == " ":
+        m = _TASK.match(text)
+        if m:
+            line.source += "/task" + m.group("task")
             line.text = text[m.end():]
             return True
     if first.isalnum():
         m = _OUTER.match(text)
         if m:
-            if m.group("stamp"):
-                line.stamp = m.group("stamp").replace("T", " ")
             line.text = text[m.end():]
             return True
     return False
@@ -242,6 +288,9 @@ _RICH_NEW_LINE = re.compile(
 )
 
 
+RICH_FOREIGN = 3  # other writers' lines a Rich record may be interleaved with
+
+
 class RichUnwrapper:
     """Joins the message lines Rich wrapped at the console width back into the lines the program logged.
 
@@ -257,6 +306,7 @@ class RichUnwrapper:
         self.piece: str | None = None  # the message line being joined; None outside a Rich record
         self.last = 0  # length of its last physical part
         self.raw: list[str] = []  # its physical lines
+        self.foreign = 0  # other writers' lines since the record's last line
 
     def feed(self, raw: str) -> tuple[list[tuple[str, str, str, int]], bool]:
         """(message lines completed by this physical line: text, raw, level, physical lines; whether the
@@ -264,6 +314,11 @@ class RichUnwrapper:
         done: list[tuple[str, str, str, int]] = []
         if self.piece is not None:
             part = self._continuation(raw)
+            if part is None and self.foreign < RICH_FOREIGN and not self._first(raw):
+                # Another writer's line between two of the record's: read it now, the record may go on.
+                self.foreign += 1
+                return done, True
+            self.foreign = 0
             if part is not None:
                 if self._wraps(part):
                     glue = "" if self.last >= self.width and " " not in self.raw[-1].strip() else " "
@@ -276,9 +331,7 @@ class RichUnwrapper:
                 return done, False
             done.append(self._take())
             self.piece = None
-        if not raw[-1:].isdigit() or len(raw) < 40:
-            return done, True
-        m = _RICH_FIRST.match(raw)
+        m = self._first(raw)
         if m is None:
             return done, True
         lead = m.group("lead") or ""
@@ -289,6 +342,13 @@ class RichUnwrapper:
         self.last = len(self.piece)
         self.raw = [raw]
         return done, False
+
+    @staticmethod
+    def _first(raw: str) -> re.Match[str] | None:
+        """The first line of a record, which ends in its 'file.py:NN' column."""
+        if not raw[-1:].isdigit() or len(raw) < 40:
+            return None
+        return _RICH_FIRST.match(raw)
 
     def flush(self) -> list[tuple[str, str, str, int]]:
         if self.piece is None:
@@ -315,13 +375,14 @@ class RichUnwrapper:
 
     def to_dict(self) -> dict[str, Any]:
         return {"col": self.col, "width": self.width, "level": self.level, "piece": self.piece,
-                "last": self.last, "raw": list(self.raw)}
+                "last": self.last, "raw": list(self.raw), "foreign": self.foreign}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RichUnwrapper:
         r = cls()
         r.col, r.width, r.level = int(d.get("col", 0)), int(d.get("width", 0)), d.get("level", "")
         r.piece, r.last, r.raw = d.get("piece"), int(d.get("last", 0)), list(d.get("raw", []))
+        r.foreign = int(d.get("foreign", 0))
         return r
 
 

@@ -27,6 +27,21 @@ _RAISE = re.compile(r"^\s*raise ((?:[A-Za-z_]\w*\.)*[A-Z]\w*)\b")
 CUT_GRACE = 5  # lines after a cut in which a stray exception line still ends the traceback
 
 
+_FRAME_END = re.compile(r", in (?:<\w+>|\w+)\s*$")
+_UNKNOWN = "?"  # the outermost frame arrived, clipped before it said where it was
+
+
+def _outermost(frame: str) -> bool | str:
+    """Whether the outermost frame is the top level, or _UNKNOWN when its line was clipped."""
+    if _TOP_FRAME.search(frame):
+        return True
+    return False if _FRAME_END.search(frame) else _UNKNOWN
+
+
+def _known(top: bool | str | None) -> bool | None:
+    return None if top is None or top == _UNKNOWN else bool(top)
+
+
 @dataclass
 class ExceptionEnd:
     """A traceback reached its exception line."""
@@ -34,7 +49,8 @@ class ExceptionEnd:
     exception: str
     message: str
     chained: bool  # raised while handling an earlier exception of the same process
-    top: bool  # its outermost frame is the top level: nothing caught it, the interpreter exits
+    top: bool | None  # its outermost frame is the top level: nothing caught it, the interpreter exits
+    # (None: where it was is not known, the frame line was clipped before its function's name)
 
 
 @dataclass
@@ -43,6 +59,8 @@ class Cut:
 
     exception: str | None  # the class a frame's `raise` statement names, when one does
     quiet: bool  # its header was logged at DEBUG or WARNING: something was tried and given up on
+    top: bool | None = None  # its outermost frame is the top level (None: no frame arrived)
+    chained: bool = False  # raised while handling an earlier exception of the same process
 
 
 class TracebackTracker:
@@ -75,9 +93,15 @@ class TracebackTracker:
             return None
         if state[0] == "cut":
             found = exception_line(text, bare=True)
-            if found:  # the exception line after a clipped or elided stretch
+            if found:  # the exception line after a clipped or elided stretch, or another writer's lines
                 self.open[source] = ["after", False, None, False, None, False, 0]
-                return ExceptionEnd(found[0], found[1], bool(state[1]), False)
+                return ExceptionEnd(found[0], found[1], bool(state[1]), _known(state[2]))
+            if text.lstrip().startswith('File "'):
+                # The frames go on: what interrupted them was another writer's line.
+                state[0], state[3] = "frames", True
+                if state[2] is None:
+                    state[2] = _outermost(text)
+                return "frame"
             state[6] -= 1
             if state[6] <= 0:
                 del self.open[source]
@@ -86,7 +110,7 @@ class TracebackTracker:
             after_file, state[3] = state[3], False
             if text.lstrip().startswith('File "'):
                 if state[2] is None:
-                    state[2] = bool(_TOP_FRAME.search(text))
+                    state[2] = _outermost(text)
                 state[3] = True
                 return "frame"
             if not text or text[0] in " \t" or _FRAME_LINE.match(text):
@@ -98,12 +122,13 @@ class TracebackTracker:
             found = exception_line(text)
             if found:
                 self.open[source] = ["after", False, None, False, None, False, 0]
-                return ExceptionEnd(found[0], found[1], bool(state[1]), bool(state[2]))
+                return ExceptionEnd(found[0], found[1], bool(state[1]), _known(state[2]))
             if after_file:
                 return "frame"  # a source line that lost its indentation
-            # Something else interrupted it: the traceback was cut short.
-            self.open[source] = ["cut", state[1], None, False, None, False, CUT_GRACE]
-            return Cut(state[4], bool(state[5]))
+            # Something else interrupted it: the traceback was cut short, or another writer's line came
+            # between its lines (then its frames or its exception line still follow).
+            self.open[source] = ["cut", state[1], state[2], False, state[4], state[5], CUT_GRACE]
+            return Cut(state[4], bool(state[5]), _known(state[2]), bool(state[1]))
         if not text.strip():
             return None
         if _CHAIN.match(text):
@@ -114,7 +139,8 @@ class TracebackTracker:
 
     def cut_at_end(self) -> list[Cut]:
         """The tracebacks the log ends inside of."""
-        cuts = [Cut(state[4], bool(state[5])) for state in self.open.values() if state[0] == "frames"]
+        cuts = [Cut(state[4], bool(state[5]), _known(state[2]), bool(state[1]))
+                for state in self.open.values() if state[0] == "frames"]
         self.open.clear()
         return cuts
 

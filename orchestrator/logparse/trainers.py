@@ -89,6 +89,11 @@ def postfix_metrics(postfix: str) -> list[tuple[str, float]]:
     return _named(_POSTFIX_PAIR.findall(postfix))
 
 
+def training_postfix(postfix: str) -> bool:
+    """Whether a bar's postfix reports a trainer's numbers ('loss=2.61'): the bar is a training loop's."""
+    return "=" in postfix and any(_TRAINER_KEY.search(k) for k, _ in _POSTFIX_PAIR.findall(postfix))
+
+
 def step_metrics(text: str) -> list[tuple[str, float]]:
     """The pairs of a trainer's step line; [] unless the line names a step, iteration or epoch and holds at
     least two numbers."""
