@@ -31,6 +31,7 @@ SOURCE = Path(__file__).resolve().parent / "hostjobs" / "agent.py"
 REMOTE_DIR = "runs/hostjobs"
 SILENT_S = 15.0  # no line from the agent for this long (it beats every 2 s): the link went dark
 PING_S = 5.0  # the agent exits after a minute without a word from us
+IDLE_CLOSE_S = 30.0  # a shared link with no request for this long is closed; the next request starts one
 
 
 def source() -> bytes:
@@ -69,8 +70,12 @@ class Push:
 class AgentLink:
     """One running agent on a host, over one channel of the host's connection."""
 
-    def __init__(self, transport: Transport, stream: Stream):
+    def __init__(self, transport: Transport, stream: Stream, idle_close_s: float | None = None):
         self.transport = transport
+        # a link of requests only (shared): the agent's heartbeats are not kept, and it closes when idle
+        self.idle_close_s = idle_close_s
+        self._busy = 0
+        self.used = time.monotonic()
         self.host = transport.host.name
         self._stream = stream
         self._ids = itertools.count(1)
@@ -85,10 +90,10 @@ class AgentLink:
         threading.Thread(target=self._keep, name=f"orch-agent-ping-{self.host}", daemon=True).start()
 
     @classmethod
-    def start(cls, transport: Transport, timeout: float = 60) -> AgentLink:
+    def start(cls, transport: Transport, timeout: float = 60, idle_close_s: float | None = None) -> AgentLink:
         """Place the agent when missing, start it, and check at the handshake that it is this version."""
         for attempt in (1, 2):
-            link = cls(transport, transport.stream(bootstrap(transport)))
+            link = cls(transport, transport.stream(bootstrap(transport)), idle_close_s)
             try:
                 info = link.call("hello", timeout=timeout)
             except (AgentError, Unreachable) as exc:
@@ -114,6 +119,7 @@ class AgentLink:
             if not self.alive:
                 raise Unreachable(self.host, "the agent's channel is closed")
             self._waiting[rid] = (done, box)
+            self._busy += 1
         try:
             self._send({"id": rid, "op": op, **args})
             if not done.wait(timeout):
@@ -121,6 +127,8 @@ class AgentLink:
         finally:
             with self._lock:
                 self._waiting.pop(rid, None)
+                self._busy -= 1
+                self.used = time.monotonic()
         reply = box[0]
         if reply.get("closed"):
             raise Unreachable(self.host, "the agent's channel closed before it answered")
@@ -167,7 +175,8 @@ class AgentLink:
         if not isinstance(doc, dict):
             return
         if "push" in doc:
-            self.pushes.put(Push(str(doc["push"]), doc.get("key"), doc))
+            if self.idle_close_s is None:
+                self.pushes.put(Push(str(doc["push"]), doc.get("key"), doc))
             return
         rid = doc.get("id")
         with self._lock:
@@ -183,6 +192,9 @@ class AgentLink:
             time.sleep(1.0)
             now = time.monotonic()
             if now - self.heard > SILENT_S:
+                self.close()
+                return
+            if self.idle_close_s is not None and not self._busy and now - self.used > self.idle_close_s:
                 self.close()
                 return
             if now - pinged >= PING_S:
@@ -206,6 +218,32 @@ class AgentLink:
     def close(self) -> None:
         self._end()
         self._stream.close()
+
+
+_shared: dict[int, tuple[Transport, AgentLink]] = {}
+_starting: dict[int, threading.Lock] = {}  # one start at a time per host; hosts start in parallel
+_shared_lock = threading.Lock()
+
+
+def shared(transport: Transport) -> AgentLink:
+    """The one link of requests to the host's agent for this process (one-shot commands, GPU snapshots,
+    health checks): started at its first request, closed once idle. A host whose python cannot run the
+    agent raises a one-line HostError."""
+    with _shared_lock:
+        starting = _starting.setdefault(id(transport), threading.Lock())
+    with starting:
+        held = _shared.get(id(transport))
+        if held is not None and held[0] is transport and held[1].alive:
+            return held[1]
+        link = AgentLink.start(transport, idle_close_s=IDLE_CLOSE_S)
+        with _shared_lock:
+            _shared[id(transport)] = (transport, link)
+        return link
+
+
+def call(transport: Transport, op: str, timeout: float = 60, **args: Any) -> dict[str, Any]:
+    """One request to the host's agent over the shared link."""
+    return shared(transport).call(op, timeout=timeout, **args)
 
 
 def _why_not(transport: Transport, exc: Exception) -> Exception:

@@ -3,20 +3,21 @@
 An executor starts a job script in its run dir, reports the job's state with the new bytes of its log,
 and stops it. A job is named by a handle of two values the executor gives meaning to (on a host: the
 wrapper's pid and its start time). `HostExecutor` runs jobs on a host over its transport (SSH, or this
-machine) under `setsid nohup`; `SlurmExecutor` submits them to a Slurm cluster (slurm.py).
+machine) through its agent; `SlurmExecutor` submits them to a Slurm cluster (slurm.py).
 """
 
 from __future__ import annotations
 
-import posixpath
+from typing import Any
 
-from . import launch, slurm
-from .agent import AgentLink, data_of
+from . import agent, slurm
+from .agent import AgentLink
 from .hosts import Host
-from .launch import JobState, RunPaths
-from .remote import Transport, quote
+from .launch import JobState, RunPaths, pushed_state, read_state
+from .remote import Transport
 
 Handle = tuple[int, str]
+__all__ = ["AgentExecutor", "Executor", "HostExecutor", "SlurmExecutor", "executor_for", "pushed_state"]
 
 
 class Executor:
@@ -69,35 +70,47 @@ class Executor:
 
 
 class HostExecutor(Executor):
+    """A host's jobs, driven through its agent: launched under the agent's wrapper, read, signalled only
+    once proven theirs. Over `link` when given (the host's watcher holds one), else over the process's
+    shared link to the host's agent (one per one-shot command)."""
+
     streams = True
     processes = True
 
-    def __init__(self, transport: Transport):
+    def __init__(self, transport: Transport, link: AgentLink | None = None):
         self.transport = transport
+        self.link = link
+
+    def call(self, op: str, timeout: float = 60, **args: Any) -> dict[str, Any]:
+        link = self.link if self.link is not None and self.link.alive else agent.shared(self.transport)
+        return link.call(op, timeout=timeout, **args)
 
     def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> Handle:
-        return launch.launch(self.transport, paths, script, token)
+        job = self.call("launch", dir=paths.root, script=script, token=token)
+        return int(job["pid"]), str(job["start"])
 
     def find(self, paths: RunPaths) -> Handle | None:
-        old = posixpath.join(paths.root, "pid")  # a run dir from before the control folder
-        fields = self.transport.run(f"cat {quote(paths.pid)} 2>/dev/null || cat {quote(old)} 2>/dev/null || true",
-                                    timeout=60).stdout.split()
-        return (int(fields[0]), fields[1]) if len(fields) == 2 and fields[0].isdigit() else None
+        job = self.call("find", dir=paths.root)["job"]
+        return (int(job["pid"]), str(job["start"])) if job else None
 
     def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0,
              wake: str | None = None, wake_perl: str | None = None, inode: int | None = None,
              mark: str | None = None) -> JobState:
-        return launch.read_state(self.transport, paths, handle[0], handle[1], offset, max_bytes, hold_s=hold_s,
-                                 wake=wake, wake_perl=wake_perl, inode=inode, mark=mark)
+        return read_state(self.call, paths, handle, offset, max_bytes, hold_s, [w for w in (wake, wake_perl) if w],
+                          inode, mark)
 
     def kill(self, handle: Handle, grace_s: float) -> str:
-        return launch.kill(self.transport, handle[0], handle[1], grace_s)
+        return str(self.call("kill", timeout=grace_s + 30, pid=handle[0], start=handle[1], grace_s=grace_s)["outcome"])
 
     def explain_loss(self, paths: RunPaths, handle: Handle) -> str | None:
-        return launch.explain_loss(self.transport, paths, handle[1])
+        reason = self.call("loss", dir=paths.root, start=handle[1])["reason"]
+        return str(reason) if reason else None
 
     def tail(self, paths: RunPaths, lines: int) -> str:
-        return self.transport.run(launch.tail_command(paths, lines), timeout=60).stdout
+        return str(self.call("tail", path=paths.log, lines=lines)["text"])
+
+
+AgentExecutor = HostExecutor  # the host watcher's name for it
 
 
 class SlurmExecutor(Executor):
@@ -121,7 +134,7 @@ class SlurmExecutor(Executor):
              wake: str | None = None, wake_perl: str | None = None, inode: int | None = None,
              mark: str | None = None) -> JobState:
         # the scheduler is asked once per round for all jobs, so the hold is spent here, not on a node
-        return slurm.read_state(self.transport, paths, handle, offset, max_bytes, hold_s)
+        return slurm.read_state(self.transport, paths, handle, offset, max_bytes, hold_s, inode, mark)
 
     def kill(self, handle: Handle, grace_s: float) -> str:
         return slurm.cancel(self.transport, handle, grace_s)
@@ -131,62 +144,7 @@ class SlurmExecutor(Executor):
         return slurm.judge(self.transport, handle, state, slurm.lookup(self.transport, handle))
 
     def tail(self, paths: RunPaths, lines: int) -> str:
-        return self.transport.run(launch.tail_command(paths, lines), timeout=60).stdout
-
-
-class AgentExecutor(HostExecutor):
-    """A host's jobs driven through its running agent: signals, lookups and tails are requests on the
-    agent's channel instead of shell commands (while the agent is not there, the shell's)."""
-
-    def __init__(self, transport: Transport, link: AgentLink | None):
-        super().__init__(transport)
-        self.link = link
-
-    def _agent(self) -> AgentLink | None:
-        return self.link if self.link is not None and self.link.alive else None
-
-    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> Handle:
-        if (link := self._agent()) is None:
-            return super().launch(paths, script, token, gpus)
-        job = link.call("launch", dir=paths.root, script=script, wrapper=launch.WRAPPER, token=token)
-        return int(job["pid"]), str(job["start"])
-
-    def find(self, paths: RunPaths) -> Handle | None:
-        if (link := self._agent()) is None:
-            return super().find(paths)
-        job = link.call("find", dir=paths.root)["job"]
-        return (int(job["pid"]), str(job["start"])) if job else None
-
-    def kill(self, handle: Handle, grace_s: float) -> str:
-        if (link := self._agent()) is None:
-            return super().kill(handle, grace_s)
-        return str(link.call("kill", timeout=grace_s + 30, pid=handle[0], start=handle[1], grace_s=grace_s)["outcome"])
-
-    def explain_loss(self, paths: RunPaths, handle: Handle) -> str | None:
-        if (link := self._agent()) is None:
-            return super().explain_loss(paths, handle)
-        reason = link.call("loss", dir=paths.root, start=handle[1])["reason"]
-        return str(reason) if reason else None
-
-    def tail(self, paths: RunPaths, lines: int) -> str:
-        if (link := self._agent()) is None:
-            return super().tail(paths, lines)
-        return str(link.call("tail", path=paths.log, lines=lines)["text"])
-
-
-def pushed_state(doc: dict[str, object]) -> JobState:
-    """The job's state as the agent pushed it."""
-    def num(key: str) -> float | None:
-        value = doc.get(key)
-        return float(value) if isinstance(value, (int, float)) else None
-
-    exit_code, inode, node = doc.get("exit_code"), doc.get("inode"), doc.get("node")
-    return JobState(
-        alive=bool(doc.get("alive")), exit_code=exit_code if isinstance(exit_code, int) else None,
-        size=int(num("size") or 0), offset=int(num("offset") or 0), data=data_of(doc),
-        run_dir=bool(doc.get("run_dir", True)), started_at=num("started_at"), ended_at=num("ended_at"),
-        wrapper=bool(doc.get("wrapper", True)), inode=inode if isinstance(inode, int) else None,
-        rotated=bool(doc.get("rotated")), node=node if isinstance(node, str) else None)
+        return str(agent.call(self.transport, "tail", path=paths.log, lines=lines)["text"])
 
 
 def executor_class(host: Host) -> type[Executor]:

@@ -1,9 +1,10 @@
 """GPU hygiene: what holds each GPU of a host, which orch run owns it, and freeing GPUs before a launch.
 
-One remote call reads both `nvidia-smi` queries plus `ps` for the processes they name, so a snapshot is
-consistent and costs one round trip. A process belongs to an orch run when its process group id is the
-run's wrapper pid and that pid still has the run's recorded start time (a reused pid is never taken for
-the run).
+The host's agent reads both `nvidia-smi` queries and, for each process they name, its process group, user,
+command line, start time, its group leader's start time and its run mark from /proc, in one request, so a
+snapshot is consistent and costs one round trip. A process belongs to an orch run when its process group
+id is the run's wrapper pid and that pid still has the run's recorded start time (a reused pid is never
+taken for the run).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import tenacity
 from tenacity.stop import stop_base
 
-from . import launch
+from . import agent
 from .errors import OrchError
 from .record import ACTIVE
-from .remote import Transport, connect, quote
+from .remote import Transport, connect
 from .shapes import times
 
 if TYPE_CHECKING:
@@ -29,34 +30,6 @@ if TYPE_CHECKING:
 CLEANUP_TIMEOUT_S = 120.0  # how long to wait for the selected GPUs to free up
 MEMORY_FREE_MIB = 1024  # a GPU with less memory in use than this (and no process) counts as free
 KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL
-
-GPU_QUERY = "nvidia-smi --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits"
-APPS_QUERY = "nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits"
-MARK = "@@orch-gpu"
-
-# Sections: gpus, apps, procs (pid pgid user args), starts (pid start, for each pid and group leader),
-# marks (pid and the run's mark in its environment, where it carries one: readable only for one's own).
-SNAPSHOT_SCRIPT = f"""\
-command -v nvidia-smi >/dev/null 2>&1 || {{ echo "{MARK} none"; exit 0; }}
-gpus=$({GPU_QUERY} 2>&1) || {{ echo "{MARK} error"; printf '%s\\n' "$gpus"; exit 0; }}
-apps=$({APPS_QUERY} 2>&1) || {{ echo "{MARK} error"; printf '%s\\n' "$apps"; exit 0; }}
-pids=$(printf '%s\\n' "$apps" | cut -d, -f1 | grep -E '^[0-9]+$' | sort -un | paste -sd, -)
-procs=
-[ -n "$pids" ] && procs=$(ps -ww -o pid=,pgid=,user:32=,args= -p "$pids" 2>/dev/null)
-echo "{MARK} gpus"; printf '%s\\n' "$gpus"
-echo "{MARK} apps"; printf '%s\\n' "$apps"
-echo "{MARK} procs"; printf '%s\\n' "$procs"
-echo "{MARK} starts"
-for p in $(printf '%s\\n' "$procs" | awk '{{print $1; print $2}}' | sort -un); do
-  s=$({launch.START_TIME.format(pid="$p")}); [ -n "$s" ] && echo "$p $s"
-done
-echo "{MARK} marks"
-for p in $(printf '%s\\n' "$procs" | awk '{{print $1}}' | sort -un); do
-  m=$(tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | sed -n 's/^{launch.JOB_MARK}=//p' | head -n 1)
-  [ -n "$m" ] && echo "$p $m"
-done
-echo "{MARK} end"
-"""
 
 
 @dataclass
@@ -99,46 +72,35 @@ class GpuSnapshot:
 
 def snapshot(transport: Transport, timeout: float = 60.0) -> GpuSnapshot | None:
     """The host's GPUs and what holds them; None when the host has no nvidia-smi (a CPU host)."""
-    out = transport.run(SNAPSHOT_SCRIPT, timeout=timeout).stdout
-    return parse_snapshot(transport.host.name, out)
+    doc = agent.call(transport, "gpus", timeout=timeout + 10, timeout_s=timeout)
+    return parse_snapshot(transport.host.name, doc)
 
 
-def parse_snapshot(host: str, text: str) -> GpuSnapshot | None:
-    sections = _sections(text)
-    if "none" in sections:
+def parse_snapshot(host: str, doc: dict[str, Any]) -> GpuSnapshot | None:
+    """A snapshot from the agent's answer: nvidia-smi's rows (their cells as printed) and what /proc said
+    of each process they name."""
+    if not doc.get("nvidia_smi"):
         return None
-    if "error" in sections:
-        detail = " ".join(line.strip() for line in sections["error"] if line.strip())
-        raise OrchError(f"{host}: nvidia-smi failed: {detail[:300] or 'no output'}")
-    if "end" not in sections:
-        raise OrchError(f"{host}: unexpected answer while reading GPUs: {text[:200]!r}")
-    gpus = parse_gpus(sections["gpus"])
-    procs = {pid: (pgid, user, command) for pid, pgid, user, command in _parse_ps(sections["procs"])}
-    starts = dict(_parse_starts(sections["starts"]))
-    marks = dict(_parse_starts(sections.get("marks", [])))
+    if doc.get("error") is not None:
+        raise OrchError(f"{host}: nvidia-smi failed: {str(doc['error'])[:300] or 'no output'}")
+    gpus = parse_gpus(doc.get("gpus") or [])
+    procs = doc.get("procs") or {}
     by_uuid = {g.uuid: g for g in gpus}
-    for pid, uuid, used in parse_apps(sections["apps"]):
+    for pid, uuid, used in parse_apps(doc.get("apps") or []):
         gpu = by_uuid.get(uuid)
         if gpu is None:  # not one of the GPUs listed a moment earlier; nothing to attach it to
             continue
-        pgid, user, command = procs.get(pid) or (None, None, None)
+        seen = procs.get(str(pid)) or {}
         gpu.processes.append(GpuProcess(
-            pid, gpu.index, used, user, command, pgid,
-            start=starts.get(pid), group_start=starts.get(pgid) if pgid is not None else None,
-            mark=marks.get(pid),
+            pid, gpu.index, used, _text(seen.get("user")), _text(seen.get("command")),
+            seen.get("pgid") if isinstance(seen.get("pgid"), int) else None,
+            start=_text(seen.get("start")), group_start=_text(seen.get("group_start")), mark=_text(seen.get("mark")),
         ))
     return GpuSnapshot(host, gpus)
 
 
-def _sections(text: str) -> dict[str, list[str]]:
-    sections: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in text.splitlines():
-        if line.startswith(MARK + " "):
-            current = sections.setdefault(line[len(MARK) + 1:].strip(), [])
-        elif current is not None:
-            current.append(line)
-    return sections
+def _text(v: object) -> str | None:
+    return v if isinstance(v, str) else None
 
 
 def value(text: str) -> int | None:
@@ -155,45 +117,25 @@ def value(text: str) -> int | None:
             return None
 
 
-def _rows(lines: Iterable[str], width: int) -> Iterable[list[str]]:
-    for line in lines:
-        cells = [c.strip() for c in line.split(", ")]
-        if line.strip() and len(cells) == width:
-            yield cells
-
-
-def parse_gpus(lines: Iterable[str]) -> list[Gpu]:
+def parse_gpus(rows: Iterable[dict[str, str]]) -> list[Gpu]:
     """Rows of `--query-gpu=index,uuid,memory.used,memory.total,utilization.gpu` (noheader, nounits)."""
     gpus = []
-    for index, uuid, used, total, util in _rows(lines, 5):
-        idx = value(index)
+    for row in rows:
+        idx = value(str(row.get("index", "")))
         if idx is not None:
-            gpus.append(Gpu(idx, uuid, value(used), value(total), value(util)))
+            gpus.append(Gpu(idx, str(row.get("uuid", "")), value(str(row.get("memory.used", ""))),
+                            value(str(row.get("memory.total", ""))), value(str(row.get("utilization.gpu", "")))))
     return sorted(gpus, key=lambda g: g.index)
 
 
-def parse_apps(lines: Iterable[str]) -> list[tuple[int, str, int | None]]:
+def parse_apps(rows: Iterable[dict[str, str]]) -> list[tuple[int, str, int | None]]:
     """Rows of `--query-compute-apps=pid,gpu_uuid,used_memory`; no output at all means no processes."""
     apps = []
-    for pid, uuid, used in _rows(lines, 3):
-        p = value(pid)
+    for row in rows:
+        p = value(str(row.get("pid", "")))
         if p is not None:
-            apps.append((p, uuid, value(used)))
+            apps.append((p, str(row.get("gpu_uuid", "")), value(str(row.get("used_memory", "")))))
     return apps
-
-
-def _parse_ps(lines: Iterable[str]) -> Iterable[tuple[int, int | None, str, str]]:
-    for line in lines:
-        parts = line.split(None, 3)
-        if len(parts) >= 3 and parts[0].isdigit():
-            yield int(parts[0]), value(parts[1]), parts[2], parts[3] if len(parts) > 3 else ""
-
-
-def _parse_starts(lines: Iterable[str]) -> Iterable[tuple[int, str]]:
-    for line in lines:
-        parts = line.split()
-        if len(parts) == 2 and parts[0].isdigit():
-            yield int(parts[0]), parts[1]
 
 
 def _ticks(start: str | None) -> int | None:
@@ -330,27 +272,14 @@ def foreign_list(procs: list[GpuProcess]) -> str:
     return ", ".join(parts)
 
 
-def kill_pids_command(procs: list[GpuProcess], grace_s: float) -> str:
-    """SIGTERM each process still alive with the start time seen in the snapshot, wait, then SIGKILL; each
-    pid's start time is checked right before its own signal, so a pid recycled meanwhile is left alone."""
-    steps = max(1, int(grace_s * 10))
-    pairs = " ".join(f"{int(p.pid)}:{quote(p.start or 'unknown')}" for p in procs)
-    live = launch.LIVE_START.format(pid="${x%%:*}")  # a zombie counts as gone
-    return (
-        f"alive() {{ for x in {pairs}; do [ \"$({live})\" = \"${{x#*:}}\" ] && echo \"${{x%%:*}}\"; done; }}\n"
-        f"sig() {{ n=0; for x in {pairs}; do [ \"$({live})\" = \"${{x#*:}}\" ] && kill -\"$1\" \"${{x%%:*}}\" "
-        "2>/dev/null && n=1; done; [ $n = 1 ]; }\n"
-        "sig TERM || { echo gone; exit 0; }\n"
-        f'for _ in $(seq {steps}); do sleep 0.1; [ -z "$(alive)" ] && {{ echo stopped; exit 0; }}; done\n'
-        "if sig KILL; then echo killed; else echo stopped; fi\n"
-    )
-
-
 def kill_pids(transport: Transport, procs: list[GpuProcess], grace_s: float = KILL_GRACE_S) -> str:
-    """Stop processes by pid: SIGTERM, a grace period, then SIGKILL. Returns 'gone'|'stopped'|'killed'."""
-    if not procs:
+    """Stop processes through the host's agent: SIGTERM each one still alive with the start time the
+    snapshot saw, a grace period, then SIGKILL; each pid's start time is checked right before its own
+    signal, so a pid recycled meanwhile is left alone. Returns 'gone'|'stopped'|'killed'."""
+    known = [[int(p.pid), p.start] for p in procs if p.start]  # no start time seen: nothing to prove
+    if not known:
         return "gone"
-    return transport.run(kill_pids_command(procs, grace_s), timeout=grace_s + 30).stdout.strip()
+    return str(agent.call(transport, "kill_pids", timeout=grace_s + 30, procs=known, grace_s=grace_s)["outcome"])
 
 
 def busy_gpus(snap: GpuSnapshot, selected: Iterable[int], memory_free_mib: int) -> dict[int, str]:

@@ -12,25 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import agent
 from .errors import OrchError
 from .record import Status
-from .remote import Transport, quote
+from .remote import Transport
 from .store import Store
 
 GRACE_S = 120.0  # how long a ready server may fail its health endpoint before the run fails
 TIMEOUT_S = 5.0  # per request, unless the playbook's probe says otherwise
 SERVING_PHASES = ("ready", "running")  # phases in which a server must answer
-
-# Prints the status code, or 000 when nothing answered (connection refused, timeout).
-_PY_GET = (
-    "import sys, urllib.request, urllib.error\n"
-    "try:\n"
-    "    print(urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).status)\n"
-    "except urllib.error.HTTPError as e:\n"
-    "    print(e.code)\n"
-    "except Exception:\n"
-    "    print('000')\n"
-)
 
 Probe = Callable[[Transport], "int | None"]
 
@@ -43,24 +33,13 @@ class HealthCheck:
     grace_s: float = GRACE_S
 
 
-def health_command(port: int, python: str, path: str = "/health", timeout_s: float = TIMEOUT_S) -> str:
-    """One remote call printing the HTTP status of http://127.0.0.1:PORT/PATH (curl, else python), given
-    `timeout_s` seconds to answer."""
-    url = quote(f"http://127.0.0.1:{int(port)}{path}")
-    return (
-        "if command -v curl >/dev/null 2>&1; then "
-        f"curl -s -o /dev/null -w '%{{http_code}}' --max-time {timeout_s:g} {url}; "
-        f"else {quote(python)} -c {quote(_PY_GET)} {url} {timeout_s:g}; fi"
-    )
-
-
-def ask(transport: Transport, port: int, python: str, path: str = "/health",
+def ask(transport: Transport, port: int, python: str = "", path: str = "/health",
         timeout_s: float = TIMEOUT_S) -> int | None:
-    """The endpoint's HTTP status code, or None when nothing answered within `timeout_s`."""
-    out = transport.run(health_command(port, python, path, timeout_s), check=False,
-                        timeout=timeout_s + 25).stdout.strip()
-    code = out.splitlines()[-1] if out else ""
-    return int(code) if code.isdigit() and int(code) > 0 else None
+    """The HTTP status code of http://127.0.0.1:PORT/PATH, asked by the host's agent on the host; None when
+    nothing answered within `timeout_s`."""
+    url = f"http://127.0.0.1:{int(port)}{path}"
+    code = agent.call(transport, "health", timeout=timeout_s + 25, url=url, timeout_s=timeout_s)["code"]
+    return code if isinstance(code, int) and code > 0 else None
 
 
 def probe(port: int, python: str, path: str = "/health", timeout_s: float = TIMEOUT_S) -> Probe:
@@ -125,4 +104,4 @@ def answering(events: list[dict[str, Any]]) -> bool:
     return False
 
 
-__all__ = ["GRACE_S", "SERVING_PHASES", "HealthCheck", "HealthWatch", "answering", "ask", "health_command", "probe"]
+__all__ = ["GRACE_S", "SERVING_PHASES", "HealthCheck", "HealthWatch", "answering", "ask", "probe"]

@@ -22,8 +22,9 @@ from .remote import Transport, quote
 MISSING = 97  # the bootstrap's exit status when the file is absent or not the expected version
 INLINE_REQUEST_LIMIT = 64 * 1024  # the kernel caps one argument at 128 KiB
 
-# argv: the program's path and its sha256. The script's own folder is not put on sys.path (as running
-# the file would): nothing there can shadow a module the program imports.
+# argv: the program's path, its sha256, then the program's own arguments. The script's own folder is not
+# put on sys.path (as running the file would): nothing there can shadow a module the program imports. The
+# program learns the digest of the bytes it runs as ORCH_SHA256 (the agent starts its job wrappers with it).
 BOOTSTRAP = (
     "import hashlib, sys\n"
     "p, want = sys.argv[1], sys.argv[2]\n"
@@ -31,8 +32,8 @@ BOOTSTRAP = (
     "    with open(p, 'rb') as f: code = f.read()\n"
     "except OSError: sys.exit(97)\n"
     "if hashlib.sha256(code).hexdigest() != want: sys.exit(97)\n"
-    "sys.argv = [p]; sys.path[:] = [x for x in sys.path if x]\n"
-    "exec(compile(code, p, 'exec'), {'__name__': '__main__', '__file__': p})\n"
+    "sys.argv = [p] + sys.argv[3:]; sys.path[:] = [x for x in sys.path if x]\n"
+    "exec(compile(code, p, 'exec'), {'__name__': '__main__', '__file__': p, 'ORCH_SHA256': want})\n"
 )
 
 

@@ -1,23 +1,23 @@
 """Jobs on a Slurm cluster: submitted with sbatch, watched through one batched queue query per round.
 
-The cluster is reached through its login node's transport (SSH, or this machine when the host has no
-address); run dirs live under the host's workdir on the filesystem the nodes share, so the job's log,
-pid and exit code are read there exactly as on a host. The batch script is the host wrapper (pid and
-start time on the node, combined log, exit code), so every playbook's job script runs unchanged.
+The cluster is reached through its login node's agent (over SSH, or on this machine when the host has no
+address), which runs sbatch, squeue, sacct, scancel and sinfo as argv lists and answers in JSON; run dirs
+live under the host's workdir on the filesystem the nodes share, so the job's log, pid and exit code are
+read there exactly as on a host. The batch script starts the agent's own wrapper (pid and start time on
+the node, combined log, exit code), so every playbook's job script runs unchanged.
 
 A handle is (job id, "slurm:<job name>"): the name guards against a job id reused after the cluster's
 state was reset. The scheduler owns the GPUs: a job asks for a count (`--gres=gpu:N`), Slurm sets
 CUDA_VISIBLE_DEVICES and cleans up after the job, so orch neither cleans GPUs nor leases the host.
 
 Every watcher of a cluster in this process shares one `Queue`: whatever the number of runs, a poll
-round costs one `squeue` (plus one `sacct` for jobs that already left squeue's memory). The text
-formats of squeue/sacct (`-o '%i|%T|...'`, `-P`) are used rather than `--json`, whose schema changes
-between Slurm releases; lines that do not parse are skipped.
+round costs one `squeue` (plus one `sacct` for jobs that already left squeue's memory). The agent reads
+their text formats (`-o '%i|%T|...'`, `-P`) rather than `--json`, whose schema changes between Slurm
+releases; lines that do not parse are skipped.
 """
 
 from __future__ import annotations
 
-import base64
 import posixpath
 import threading
 import time
@@ -25,14 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import launch
+from . import agent, launch
+from .agent import AgentError
 from .errors import OrchError, Unreachable
 from .hosts import Host
 from .launch import JobState, RunPaths
-from .remote import Transport, quote
+from .remote import Transport
 
 MARK = "slurm:"  # Run.job_id knows it too
-POLL_MARK = "orch-slurm-poll"
 
 # Job states (squeue %T / sacct State); anything not listed as ended counts as still in the system.
 QUEUED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
@@ -49,19 +49,14 @@ CAUSES = {
     "DEADLINE": "the job reached its deadline",
 }
 
-# The host wrapper, as the batch script: it runs in the run dir on the job's first node, and notes that
-# node (a job that ends between two queue queries is never seen running there).
-BATCH = f"#!/bin/bash\nprintf '%s\\n' \"$SLURMD_NODENAME\" > {launch.CONTROL}/node\n" + launch.WRAPPER
-
-
 def job_name(paths: RunPaths) -> str:
     return f"orch-{posixpath.basename(paths.root)}"
 
 
 def sbatch_args(host: Host, paths: RunPaths, gpus: int) -> list[str]:
-    """sbatch's options for a run: where it runs, what it asks for; every value becomes one quoted word."""
+    """sbatch's options for a run: where it runs, what it asks for; each one argument of sbatch's argv."""
     args = [f"--job-name={job_name(paths)}", f"--chdir={paths.root}", f"--output={paths.root}/slurm.out",
-            "--nodes=1", "--parsable"]
+            "--nodes=1"]
     if gpus:
         args.append(f"--gres=gpu:{int(gpus)}")
     for option, value in (("partition", host.partition), ("account", host.account), ("qos", host.qos),
@@ -69,29 +64,6 @@ def sbatch_args(host: Host, paths: RunPaths, gpus: int) -> list[str]:
         if value:
             args.append(f"--{option}={value}")
     return args + list(host.sbatch_args)
-
-
-def submit_command(paths: RunPaths, script: str, token: str, args: list[str], staged: str | None = None) -> str:
-    """One call on the login node: write the scripts to the run dir, sbatch the wrapper, print the job id.
-
-    Idempotent for the same token (a retry prints the job id submitted before); a failed sbatch leaves
-    no token behind, so the launch can be tried again.
-    """
-    root, C = quote(paths.root), launch.CONTROL
-    batch_b64 = base64.b64encode(BATCH.encode()).decode()
-    drop = f"rm -f {quote(staged)}; " if staged is not None else ""  # an upload that is not needed after all
-    return (
-        f"mkdir -p {root} && cd {root} || exit 96\n"
-        f"if [ -e {C}/token ] || [ -e token ]; then [ \"$(cat {C}/token 2>/dev/null)\" = {quote(token)} ] "
-        f"|| {{ {drop}echo \"run dir in use by another run: $(pwd)\" >&2; exit 94; }}\n"
-        f"  [ -s {C}/job_id ] && {{ {drop}cat {C}/job_id; exit 0; }}\n"
-        f"else mkdir -p {C} && printf '%s' {quote(token)} > {C}/token; fi\n"
-        + launch.write_script(script, staged)
-        + f"printf %s {batch_b64} | base64 -d > {C}/batch.sh\n"
-        f"sbatch {' '.join(quote(a) for a in args)} {C}/batch.sh > {C}/job_id.tmp || "
-        f"{{ rm -f {C}/token {C}/job_id.tmp; exit 95; }}\n"
-        f"mv {C}/job_id.tmp {C}/job_id && cat {C}/job_id\n"
-    )
 
 
 def parse_job_id(text: str) -> int:
@@ -129,38 +101,30 @@ def _blank(text: str) -> str | None:
     return None if text in ("", "None", "(null)", "n/a", "None assigned") or text.startswith("(") else text
 
 
-# `%r` last: a reason is the one field that may hold the separator.
-SQUEUE_FORMAT = "%i|%T|%N|%j|%r"
-
-
-def parse_squeue(text: str) -> dict[str, JobInfo]:
+def parse_squeue(rows: list[dict[str, str]]) -> dict[str, JobInfo]:
+    """The agent's squeue rows (`%i|%T|%N|%j|%r`, cut into their fields) as jobs by id."""
     jobs: dict[str, JobInfo] = {}
-    for line in text.splitlines():
-        parts = line.split("|", 4)
-        if len(parts) != 5 or not parts[0].strip():
-            continue
-        job_id, state, node, name, reason = parts
-        jobs[job_id.strip()] = JobInfo(job_id.strip(), _state(state), _blank(node), name.strip() or None,
-                                       _blank(reason))
+    for row in rows:
+        job_id = str(row.get("job_id", "")).strip()
+        if job_id:
+            jobs[job_id] = JobInfo(job_id, _state(str(row.get("state", ""))), _blank(str(row.get("node", ""))),
+                                   str(row.get("name", "")).strip() or None, _blank(str(row.get("reason", ""))))
     return jobs
 
 
-SACCT_FIELDS = "JobIDRaw,State,NodeList,JobName,ExitCode"
-
-
-def parse_sacct(text: str) -> dict[str, JobInfo]:
-    """`sacct -P -n -X -o JobIDRaw,State,NodeList,JobName,ExitCode`; ExitCode is `code:signal`."""
+def parse_sacct(rows: list[dict[str, str]]) -> dict[str, JobInfo]:
+    """The agent's sacct rows (`JobIDRaw,State,NodeList,JobName,ExitCode`); ExitCode is `code:signal`."""
     jobs: dict[str, JobInfo] = {}
-    for line in text.splitlines():
-        parts = line.split("|")
-        if len(parts) < 5 or not parts[0].strip().isdigit():
+    for row in rows:
+        job_id = str(row.get("job_id", "")).strip()
+        if not job_id.isdigit():
             continue
-        job_id, state, node, name, exit_code = (p.strip() for p in parts[:5])
-        code, _, signal = exit_code.partition(":")
+        code, _, signal = str(row.get("exit_code", "")).partition(":")
         value = int(code) if code.isdigit() else None
         if value == 0 and signal.isdigit() and int(signal):
             value = 128 + int(signal)
-        jobs[job_id] = JobInfo(job_id, _state(state), _blank(node), name or None, None, value)
+        jobs[job_id] = JobInfo(job_id, _state(str(row.get("state", ""))), _blank(str(row.get("node", ""))),
+                               str(row.get("name", "")).strip() or None, None, value)
     return jobs
 
 
@@ -231,13 +195,11 @@ class Queue:
         """One squeue for every job of this user (finished ones too, while Slurm keeps them), then one
         sacct for the watched jobs squeue no longer lists."""
         self.calls += 1
-        res = self.transport.run(f"squeue -h -t all -u \"$(id -un)\" -o {quote(SQUEUE_FORMAT)}", check=False,
-                                 timeout=60)
-        if not res.ok:
+        try:
+            jobs = parse_squeue(agent.call(self.transport, "squeue")["jobs"])
+        except AgentError as exc:
             # a controller restarting or overloaded: the watcher tries again later, as for a host offline
-            raise Unreachable(self.transport.host.name,
-                              f"squeue failed: {(res.stderr or res.stdout).strip()[-300:]}")
-        jobs = parse_squeue(res.stdout)
+            raise Unreachable(self.transport.host.name, exc.message) from None
         gone = sorted(k for k in self.watched if k not in jobs and k not in self.ended)
         if gone:
             jobs.update(self._accounting(gone))
@@ -246,11 +208,8 @@ class Queue:
     def _accounting(self, ids: list[str]) -> dict[str, JobInfo]:
         """sacct from the accounting database, else (no slurmdbd) from the job-completion file."""
         self.calls += 1
-        listed = quote(",".join(ids))
-        res = self.transport.run(
-            f"sacct -n -P -X -j {listed} -o {SACCT_FIELDS} 2>/dev/null || "
-            f"sacct -c -n -P -j {listed} -o {SACCT_FIELDS} 2>/dev/null || true", check=False, timeout=60)
-        return parse_sacct(res.stdout)
+        wanted = [int(i) for i in ids if i.isdigit()]
+        return parse_sacct(agent.call(self.transport, "sacct", ids=wanted)["jobs"])
 
 
 _queues: dict[str, Queue] = {}
@@ -272,40 +231,20 @@ def queue_for(transport: Transport) -> Queue:
         return q
 
 
-def files_command(paths: RunPaths, offset: int, max_bytes: int) -> str:
-    """The run dir's side of a poll: exit code, log size and the log's new bytes (as launch.poll_command)."""
-    return (
-        f"d={quote(paths.root)}; [ -d \"$d\" ] && present=1 || present=0\n"
-        + launch.CONTROL_OF_D
-        + 'ec=$(head -c 20 "$c/exit_code" 2>/dev/null | tr -cd 0-9-); [ -n "$ec" ] || ec=none\n'
-        'node=$(head -c 200 "$c/node" 2>/dev/null | tr -cd "A-Za-z0-9_.-"); [ -n "$node" ] || node=-\n'
-        'size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)\n'
-        f"off={int(offset)}; [ \"$size\" -lt \"$off\" ] && off=0\n"
-        'began=$(head -c 40 "$c/started_at" 2>/dev/null | tr -cd 0-9.)\n'
-        'ended=$(head -c 40 "$c/ended_at" 2>/dev/null | tr -cd 0-9.)\n'
-        f'echo "{POLL_MARK} $ec $size $off $present $node ${{began:-none}} ${{ended:-none}}"\n'
-        f'tail -c +$((off + 1)) "$d/log" 2>/dev/null | head -c {int(max_bytes)} | base64 -w0\n'
-    )
-
-
 Handle = tuple[int, str]
 
 
 def submit(transport: Transport, host: Host, paths: RunPaths, script: str, token: str, gpus: int) -> Handle:
-    staged = launch.stage_script(transport, paths, script, token)
-    out = transport.run(submit_command(paths, script, token, sbatch_args(host, paths, gpus), staged),
-                        timeout=120).stdout
-    return parse_job_id(out), MARK + job_name(paths)
+    """sbatch the job through the login node's agent (idempotent for the same token); its handle."""
+    job = agent.call(transport, "submit", timeout=180, dir=paths.root, script=script, token=token,
+                     options=sbatch_args(host, paths, gpus))
+    return int(job["job_id"]), MARK + job_name(paths)
 
 
 def find(transport: Transport, paths: RunPaths) -> Handle | None:
     """The job a run dir was submitted as (for a run whose controller died while launching)."""
-    out = transport.run(f"cat {quote(paths.control)}/job_id 2>/dev/null || cat {quote(paths.root)}/job_id 2>/dev/null"
-                        " || true", timeout=60).stdout
-    try:
-        return parse_job_id(out), MARK + job_name(paths)
-    except OrchError:
-        return None
+    job_id = agent.call(transport, "find", dir=paths.root).get("job_id")
+    return (int(job_id), MARK + job_name(paths)) if isinstance(job_id, int) else None
 
 
 def _info(transport: Transport, handle: Handle, hold_s: float = 0) -> JobInfo | None:
@@ -317,28 +256,13 @@ def _info(transport: Transport, handle: Handle, hold_s: float = 0) -> JobInfo | 
 
 
 def read_state(transport: Transport, paths: RunPaths, handle: Handle, offset: int, max_bytes: int,
-               hold_s: float = 0) -> JobState:
-    """The scheduler's view first (waiting up to hold_s for a change), then the run dir's: a job seen
-    ended has its last bytes in this same answer."""
+               hold_s: float = 0, inode: int | None = None, mark: str | None = None) -> JobState:
+    """The scheduler's view first (waiting up to hold_s for a change), then the run dir's as the login
+    node's agent reads it: a job seen ended has its last bytes in this same answer."""
     info = _info(transport, handle, hold_s)
-    out = transport.run(files_command(paths, offset, max_bytes), timeout=120).stdout
-    head, _, body = out.partition("\n")
-    fields = head.split()
-    if len(fields) != 8 or fields[0] != POLL_MARK:
-        raise OrchError(f"{transport.host.name}: unexpected answer while polling: {head[:200]!r}")
-    _, ec, size, off, present, node, began, ended = fields
-    exit_code = int(ec) if ec.lstrip("-").isdigit() else None
-    state = JobState(True, exit_code, int(size), int(off), base64.b64decode(body.strip() or b""),
-                     run_dir=present == "1", started_at=_epoch(began), ended_at=_epoch(ended))
-    state.node = node if node != "-" else None
+    state = launch.read_state(lambda op, timeout=60, **args: agent.call(transport, op, timeout, **args), paths,
+                              handle, offset, max_bytes, inode=inode, mark=mark, scheduled=True)
     return judge(transport, handle, state, info)
-
-
-def _epoch(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 def judge(transport: Transport, handle: Handle, state: JobState, info: JobInfo | None) -> JobState:
@@ -379,35 +303,35 @@ def cancel(transport: Transport, handle: Handle, grace_s: float) -> str:
     info = _info(transport, handle)
     if info is None or info.ended:
         return "gone"
-    job = quote(str(handle[0]))
-    transport.run(f"scancel {job}", timeout=60)
+    agent.call(transport, "scancel", job_id=int(handle[0]))
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         time.sleep(min(0.5, grace_s))
-        if not _active(transport, job):
+        if not _active(transport, int(handle[0])):
             return "stopped"
-    transport.run(f"scancel --signal=KILL --full {job}", timeout=60)
+    agent.call(transport, "scancel", job_id=int(handle[0]), kill=True)
     return "killed"
 
 
-def _active(transport: Transport, job: str) -> bool:
-    out = transport.run(f"squeue -h -t all -j {job} -o %T 2>/dev/null || true", timeout=60).stdout
-    return bool(out.strip()) and _state(out) not in ENDED
+def _active(transport: Transport, job_id: int) -> bool:
+    try:
+        rows = agent.call(transport, "squeue", job_id=job_id)["jobs"]
+    except AgentError:  # squeue refuses an id it no longer knows
+        return False
+    return bool(rows) and _state(str(rows[0].get("state", ""))) not in ENDED
 
 
 def ping(transport: Transport, timeout: float) -> str:
     """`orch hosts --check` on a cluster: the scheduler answers; its partitions and their node counts."""
-    out = transport.run("sinfo -h -o '%P %D'", timeout=timeout).stdout
-    partitions = [line.split() for line in out.splitlines() if len(line.split()) == 2]
+    rows = agent.call(transport, "sinfo", timeout=timeout, what="partitions")["rows"]
+    partitions = [row for row in rows if len(row) == 2]
     return "slurm: " + (", ".join(f"{name} ({nodes} nodes)" for name, nodes in partitions) or "no partitions")
 
 
 def gpus_by_node(transport: Transport) -> list[dict[str, Any]]:
     """The cluster's GPUs per node from the scheduler: total, in use, node state."""
-    out = transport.run("sinfo -h -N -O 'NodeList:|,Gres:|,GresUsed:|,StateLong:|,Partition:'", timeout=60).stdout
     rows: dict[str, dict[str, Any]] = {}
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split("|")]
+    for parts in agent.call(transport, "sinfo", what="nodes")["rows"]:
         if len(parts) < 4 or not parts[0]:
             continue
         node, gres, used, state = parts[:4]

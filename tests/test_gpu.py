@@ -183,20 +183,22 @@ def gpu_events(store: Store, run_id: int) -> list[dict[str, Any]]:
 
 # --- parsing the real formats ----------------------------------------------------------------------
 
-REAL = """\
-@@orch-gpu gpus
-0, GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90, 105851, 143771, 100
-1, GPU-7f1c2d3e-0000-1111-2222-333344445555, [N/A], 143771, [Not Supported]
-@@orch-gpu apps
-4242, GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90, 105840
-4243, GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90, [N/A]
-@@orch-gpu procs
-   4242    4200 alice    python -m sglang.launch_server --model-path /models/llama --tp 8
-@@orch-gpu starts
-4200 123456
-4242 123460
-@@orch-gpu end
-"""
+GPU_ROW = ("index", "uuid", "memory.used", "memory.total", "utilization.gpu")
+APP_ROW = ("pid", "gpu_uuid", "used_memory")
+# What the host's agent answers: nvidia-smi's cells as printed, and what /proc said of each process
+REAL = {
+    "nvidia_smi": True,
+    "gpus": [dict(zip(GPU_ROW, r)) for r in (
+        ("0", "GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90", "105851", "143771", "100"),
+        ("1", "GPU-7f1c2d3e-0000-1111-2222-333344445555", "[N/A]", "143771", "[Not Supported]"))],
+    "apps": [dict(zip(APP_ROW, r)) for r in (
+        ("4242", "GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90", "105840"),
+        ("4243", "GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90", "[N/A]"))],
+    "procs": {"4242": {"pgid": 4200, "user": "alice",
+                       "command": "python -m sglang.launch_server --model-path /models/llama --tp 8",
+                       "start": "123460", "group_start": "123456", "mark": None},
+              "4243": None},
+}
 
 
 def test_parse_real_formats_with_na_and_invisible_pid() -> None:
@@ -210,20 +212,18 @@ def test_parse_real_formats_with_na_and_invisible_pid() -> None:
         4242, 0, 105840, "alice", "python -m sglang.launch_server --model-path /models/llama --tp 8", 4200,
         start="123460", group_start="123456",
     )
-    # a pid nvidia-smi reports but ps cannot see (a container showing host pids)
+    # a pid nvidia-smi reports but /proc does not show (a container showing host pids)
     assert (hidden.pid, hidden.used_memory_mib, hidden.user, hidden.command, hidden.pgid) == (
         4243, None, None, None, None)
 
 
 def test_parse_empty_compute_apps_and_cpu_host_and_driver_failure() -> None:
-    text = "@@orch-gpu gpus\n0, GPU-a, 3, 81559, 0\n@@orch-gpu apps\n\n@@orch-gpu procs\n\n@@orch-gpu starts\n@@orch-gpu end\n"
-    snap = gpu.parse_snapshot("h", text)
+    doc = {"nvidia_smi": True, "gpus": [dict(zip(GPU_ROW, ("0", "GPU-a", "3", "81559", "0")))], "apps": [], "procs": {}}
+    snap = gpu.parse_snapshot("h", doc)
     assert snap is not None and [g.processes for g in snap.gpus] == [[]]
-    assert gpu.parse_snapshot("h", "@@orch-gpu none\n") is None
+    assert gpu.parse_snapshot("h", {"nvidia_smi": False}) is None
     with pytest.raises(OrchError, match="h: nvidia-smi failed: NVIDIA-SMI has failed"):
-        gpu.parse_snapshot("h", "@@orch-gpu error\nNVIDIA-SMI has failed because it couldn't communicate\n")
-    with pytest.raises(OrchError, match="unexpected answer"):
-        gpu.parse_snapshot("h", "@@orch-gpu gpus\n0, GPU-a, 3, 81559, 0\n")  # cut short
+        gpu.parse_snapshot("h", {"nvidia_smi": True, "error": "NVIDIA-SMI has failed because it couldn't communicate"})
 
 
 def test_stand_in_prints_the_real_formats(fake_gpus: FakeGpus, procs: list[subprocess.Popen]) -> None:

@@ -334,10 +334,11 @@ def test_a_run_whose_host_or_playbook_is_gone_can_be_ended_and_removed(tmp_path:
     os.killpg(pids[0], 9)
 
 
-def test_pull_copies_at_most_what_it_listed(tmp_path: Path, host: Host) -> None:
+def test_pull_copies_at_most_what_it_listed(tmp_path: Path, host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
     """A file swapped for a symlink to /dev/zero after the listing (an active run's dir) adds nothing."""
     from types import SimpleNamespace
 
+    from orchestrator import agent
     from orchestrator.remote import SSHTransport
     from orchestrator.runflow import fetching
 
@@ -345,18 +346,19 @@ def test_pull_copies_at_most_what_it_listed(tmp_path: Path, host: Host) -> None:
     root.mkdir()
     (root / "log").write_bytes(b"x" * 1000)
     (root / "out").write_bytes(b"y" * 10)
+    asked = agent.call
 
-    class Swapping(SSHTransport):
-        def run(self, command: str, **kwargs: Any) -> Any:
-            result = super().run(command, **kwargs)
-            if "find ." in command:  # right after the listing
-                (root / "out").unlink()
-                (root / "out").symlink_to("/dev/zero")
-                with (root / "log").open("ab") as f:
-                    f.write(b"z" * 5000)
-            return result
+    def swapping(transport: Any, op: str, timeout: float = 60, **args: Any) -> Any:
+        result = asked(transport, op, timeout, **args)
+        if op == "files":  # right after the listing
+            (root / "out").unlink()
+            (root / "out").symlink_to("/dev/zero")
+            with (root / "log").open("ab") as f:
+                f.write(b"z" * 5000)
+        return result
 
-    transport = Swapping(host)
+    monkeypatch.setattr(agent, "call", swapping)
+    transport = SSHTransport(host)
     ctx = SimpleNamespace(paths=RunPaths(str(root)), transport=transport, host=host, run_id=1)
     pulled = fetching.pull(ctx, tmp_path / "to", limit=2000)  # type: ignore[arg-type]
     assert pulled.size == 1010

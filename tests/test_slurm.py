@@ -17,6 +17,7 @@ from typing import Iterator
 import pytest
 
 from orchestrator import slurm
+from orchestrator.hostjobs import agent as host_agent
 from orchestrator.hosts import Host
 from orchestrator.launch import RunPaths
 from orchestrator.remote import LocalTransport
@@ -177,7 +178,7 @@ def test_watch_finds_the_job_by_id_after_the_controller_was_killed(orch, cluster
     assert "done" in (orch.root / "runs" / "1" / "log.tail").read_text()
 
 
-def test_hostile_host_values_reach_sbatch_as_single_words(tmp_path, cluster):
+def test_hostile_host_values_reach_sbatch_as_single_words(tmp_path, cluster, monkeypatch):
     """Every value from hosts.toml and the run dir is one argument of sbatch, never shell text."""
     shared = tmp_path / "a dir; $(touch pwned) `id`"
     pwned = Path("pwned")
@@ -191,12 +192,11 @@ def test_hostile_host_values_reach_sbatch_as_single_words(tmp_path, cluster):
     fake.write_text(f"#!/bin/bash\nprintf '%s\\0' \"$@\" > {tmp_path}/argv\necho 77\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     args = slurm.sbatch_args(host, paths, 2)
-    command = slurm.submit_command(paths, "echo hi\n", "tok'en $(x)", args)
-    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
-    out = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "77"
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    assert host_agent.submit(paths.root, "echo hi\n", "tok'en $(x)", args) == {"job_id": 77, "again": False}
     argv = (tmp_path / "argv").read_text().split("\0")[:-1]
-    assert argv == [*args, ".orch/batch.sh"]  # the batch script sits with the run's other control files
+    # the batch script sits with the run's other control files
+    assert argv == [*args, "--parsable", ".orch/batch.sh"]
     assert f"--chdir={paths.root}" in argv and "--account=x$(touch pwned)" in argv
     assert "--comment=$(touch pwned) ;|&" in argv and "--gres=gpu:2" in argv
     assert not (tmp_path / "pwned").exists() and not pwned.exists()
@@ -238,13 +238,14 @@ def test_one_scheduler_query_serves_every_watcher_of_a_round(cluster, tmp_path):
 
 
 def test_squeue_and_sacct_parsing_is_defensive():
-    jobs = slurm.parse_squeue("12|PENDING||orch-3|Resources\n13|RUNNING|gpu[01-02]|orch-4|None\n"
-                              "garbage\n14|CANCELLED by 0|n1|orch-5|(null)\n15_3|COMPLETING+|n1|x|a|b\n")
+    jobs = slurm.parse_squeue(host_agent.squeue_rows(
+        "12|PENDING||orch-3|Resources\n13|RUNNING|gpu[01-02]|orch-4|None\n"
+        "garbage\n14|CANCELLED by 0|n1|orch-5|(null)\n15_3|COMPLETING+|n1|x|a|b\n"))
     assert jobs["12"].queued and jobs["12"].reason == "Resources" and jobs["12"].node is None
     assert jobs["13"].node == "gpu[01-02]" and not jobs["13"].ended
     assert jobs["14"].state == "CANCELLED" and jobs["14"].ended and jobs["14"].reason is None
     assert jobs["15_3"].state == "COMPLETING" and jobs["15_3"].reason == "a|b"
-    acct = slurm.parse_sacct("20|TIMEOUT|n1|orch-1|0:15\n21|COMPLETED|n2|orch-2|3:0\nJobID|State\n")
+    acct = slurm.parse_sacct(host_agent.sacct_rows("20|TIMEOUT|n1|orch-1|0:15\n21|COMPLETED|n2|orch-2|3:0\nJobID|State\n"))
     assert acct["20"].state == "TIMEOUT" and acct["20"].exit_code == 128 + 15 and acct["21"].exit_code == 3
     assert slurm.parse_job_id("4242;cluster\n") == 4242
     assert slurm._gpu_count("gpu:h100:4(S:0-1),gpu:a100:2,shard:8") == 6

@@ -19,8 +19,12 @@ import base64
 import hashlib
 import json
 import os
+import pwd
+import re
 import selectors
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -32,11 +36,13 @@ TICK_S = 0.05  # how often followed logs and jobs are looked at; a push batches 
 BEAT_S = 2.0
 IDLE_EXIT_S = 60.0  # the watcher pings every few seconds; this long without a word, it is gone
 CHUNK = 1 << 20  # log bytes per push; a backlog goes out as consecutive pushes
+HOLD_STEP_S = 0.2  # how often a held read looks for news
 GROUP_CHECK_S = 0.5  # a wrapper-less group is looked for in /proc at most this often
 CONTROL = ".orch"
 JOB_MARK = "ORCH_JOB"
 TAIL_MARK = 64  # bytes before an offset compared, to tell a log rewritten under it
 DISK_FULL_KIB = 64
+TAIL_BYTES = 1 << 20  # the last lines of a file come from its last MiB
 
 _out_lock = threading.Lock()
 
@@ -139,6 +145,214 @@ def kill(pid, start, grace_s):
     return "killed" if signal_job(pid, start, signal.SIGKILL) else "stopped"
 
 
+# -- GPUs -----------------------------------------------------------------------------------------------
+GPU_FIELDS = ("index", "uuid", "memory.used", "memory.total", "utilization.gpu")
+APP_FIELDS = ("pid", "gpu_uuid", "used_memory")
+
+
+def _csv(argv, fields, timeout):
+    """Rows of an nvidia-smi query (csv, noheader, nounits) as dicts of their cells; raises with its words."""
+    out = subprocess.run(argv + ["--format=csv,noheader,nounits"], capture_output=True, timeout=timeout, check=False)
+    text = (out.stdout + out.stderr).decode(errors="replace")
+    if out.returncode != 0:
+        raise GpuError(" ".join(text.split())[:300] or f"exit code {out.returncode}")
+    rows = []
+    for line in out.stdout.decode(errors="replace").splitlines():
+        cells = [c.strip() for c in line.split(", ")]
+        if line.strip() and len(cells) == len(fields):
+            rows.append(dict(zip(fields, cells)))
+    return rows
+
+
+class GpuError(Exception):
+    pass
+
+
+def process_info(pid):
+    """What the host says of a process holding a GPU: its group, user, command line, start time, its group
+    leader's start time and the run mark in its environment (readable only for one's own processes)."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
+    pgid = int(fields[2])
+    try:
+        user = pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
+    except (OSError, KeyError):
+        user = None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read().rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        command = ""
+    mark = None
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(JOB_MARK.encode() + b"="):
+                    mark = item.split(b"=", 1)[1].decode(errors="replace")
+                    break
+    except OSError:
+        pass
+    return {"pgid": pgid, "user": user, "command": command, "start": fields[19],
+            "group_start": start_time(pgid), "mark": mark}
+
+
+def gpus(timeout):
+    """The GPUs, their compute processes and what each process is, in one look; None without nvidia-smi."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    gpu_rows = _csv([smi, "--query-gpu=" + ",".join(GPU_FIELDS)], GPU_FIELDS, timeout)
+    apps = _csv([smi, "--query-compute-apps=" + ",".join(APP_FIELDS)], APP_FIELDS, timeout)
+    procs = {}
+    for app in apps:
+        pid = app["pid"]
+        if pid.isdigit() and pid not in procs:
+            procs[pid] = process_info(int(pid))
+    return {"gpus": gpu_rows, "apps": apps, "procs": procs}
+
+
+def kill_pids(procs, grace_s):
+    """SIGTERM each process that still has the start time seen, a grace period, SIGKILL: 'gone' | 'stopped'
+    | 'killed'. Each pid's start time is checked right before its own signal: a reused pid is left alone."""
+    def signal_all(sig):
+        sent = False
+        for pid, start in procs:
+            if live_start(pid) == start:
+                try:
+                    os.kill(pid, sig)
+                    sent = True
+                except ProcessLookupError:
+                    pass
+        return sent
+
+    if not signal_all(signal.SIGTERM):
+        return "gone"
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        if not any(live_start(pid) == start for pid, start in procs):
+            return "stopped"
+    return "killed" if signal_all(signal.SIGKILL) else "stopped"
+
+
+# -- Slurm, on its login node -------------------------------------------------------------------------------
+# squeue's `%r` comes last: a reason is the one field that may hold the separator.
+SQUEUE_FIELDS = ("job_id", "state", "node", "name", "reason")
+SACCT_FIELDS = ("JobIDRaw", "State", "NodeList", "JobName", "ExitCode")
+SINFO_FORMATS = {"partitions": ["-o", "%P %D"],
+                 "nodes": ["-N", "-O", "NodeList:|,Gres:|,GresUsed:|,StateLong:|,Partition:"]}
+
+
+def _scheduler(argv, timeout=60):
+    """Run one of the scheduler's commands (an argv, no shell); its output, or raises with its words."""
+    out = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
+    if out.returncode != 0:
+        said = (out.stderr or out.stdout).decode(errors="replace").strip()
+        raise RuntimeError(f"{argv[0]} failed: {said[-300:] or f'exit code {out.returncode}'}")
+    return out.stdout.decode(errors="replace")
+
+
+def _claim(root, token):
+    """Make the run dir this run's (its token), refusing a symlink or another run's dir."""
+    os.makedirs(root, exist_ok=True)
+    control = os.path.join(root, CONTROL)
+    if os.path.islink(root) or os.path.islink(control):
+        raise RuntimeError(f"refusing a run dir that is a symlink: {root}")
+    for token_file in (os.path.join(control, "token"), os.path.join(root, "token")):
+        if os.path.lexists(token_file) and _read_small(token_file) != token:
+            raise RuntimeError(f"run dir in use by another run: {root}")
+    os.makedirs(control, exist_ok=True)
+    if _read_small(os.path.join(control, "token")) is None:  # readable by all: other users' leases check it
+        _write(os.path.join(control, "token"), token, 0o644)
+    return control
+
+
+def job_id_of(root):
+    for path in (os.path.join(root, CONTROL, "job_id"), os.path.join(root, "job_id")):
+        text = (_read_small(path) or "").split(";")[0].strip()
+        if text.isdigit():
+            return int(text)
+    return None
+
+
+def submit(root, script, token, options):
+    """Write the job script and sbatch this program's wrapper in the run dir; the job id. Idempotent for
+    the same token (a retry answers the job submitted before); a failed sbatch leaves no token behind,
+    so the launch can be tried again."""
+    control = _claim(root, token)
+    known = job_id_of(root)
+    if known is not None:
+        return {"job_id": known, "again": True}
+    _write(os.path.join(root, "job.sh"), script, 0o644)
+    # the batch script only starts the wrapper, through the bootstrap that checks this program's bytes
+    _write(os.path.join(control, "batch.sh"), "#!/bin/sh\nexec " + " ".join(
+        _sh_word(w) for w in self_command("wrap")) + "\n", 0o755)
+    try:
+        out = _scheduler(["sbatch", *options, "--parsable", os.path.join(CONTROL, "batch.sh")], timeout=120)
+        head = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
+        if not head.isdigit():
+            raise RuntimeError(f"sbatch printed no job id: {out.strip()[:200]!r}")
+    except Exception:
+        os.unlink(os.path.join(control, "token"))
+        raise
+    _write(os.path.join(control, "job_id"), head + "\n", 0o644)
+    return {"job_id": int(head), "again": False}
+
+
+def _sh_word(word):
+    """One word for /bin/sh, single-quoted: the batch script's only line."""
+    return "'" + word.replace("'", "'\\''") + "'"
+
+
+def squeue(job_id):
+    """Every job of this user that squeue still knows (finished ones too), or the one job asked for."""
+    which = ["-j", str(job_id)] if job_id is not None else ["-u", pwd.getpwuid(os.getuid()).pw_name]
+    return squeue_rows(_scheduler(["squeue", "-h", "-t", "all", *which, "-o", "%i|%T|%N|%j|%r"]))
+
+
+def squeue_rows(text):
+    """squeue's `%i|%T|%N|%j|%r` lines as their fields; lines that do not parse are skipped."""
+    rows = []
+    for line in text.splitlines():
+        cells = line.split("|", 4)
+        if len(cells) == 5 and cells[0].strip():
+            rows.append(dict(zip(SQUEUE_FIELDS, (c.strip() for c in cells))))
+    return rows
+
+
+def sacct_rows(text):
+    """sacct's `-P` lines of SACCT_FIELDS as their fields; a header or a line cut short is skipped."""
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) >= 5 and cells[0].isdigit():
+            rows.append(dict(zip(("job_id", "state", "node", "name", "exit_code"), cells[:5])))
+    return rows
+
+
+def sacct(ids):
+    """The jobs from the accounting database, else (no slurmdbd) from the job-completion file."""
+    listed = ",".join(str(i) for i in ids)
+    for argv in (["sacct", "-n", "-P", "-X", "-j", listed], ["sacct", "-c", "-n", "-P", "-j", listed]):
+        try:
+            return sacct_rows(_scheduler(argv + ["-o", ",".join(SACCT_FIELDS)]))
+        except (RuntimeError, OSError, subprocess.SubprocessError):
+            continue
+    return []
+
+
+def scancel(job_id, kill):
+    _scheduler(["scancel", "--signal=KILL", "--full", str(job_id)] if kill else ["scancel", str(job_id)])
+
+
+def sinfo(what):
+    """The scheduler's partitions (name, node count) or nodes (name, gres, gres used, state, partition)."""
+    out = _scheduler(["sinfo", "-h", *SINFO_FORMATS[what]])
+    sep = "|" if what == "nodes" else None
+    return [[c.strip() for c in line.split(sep)] for line in out.splitlines() if line.strip()]
+
+
 # -- a run dir ------------------------------------------------------------------------------------
 def _read_small(path, limit=4096):
     """A small control file's text, never following a symlink; None when absent or unreadable."""
@@ -169,41 +383,95 @@ def control_dir(root):
     return c if os.path.isdir(c) else root  # a run dir from before the control folder
 
 
-def launch(root, script, wrapper, token):
-    """Create the run dir, write the scripts, start the wrapper as a session leader; its pid and start.
+def launch(root, script, token):
+    """Create the run dir, write the job script, start the wrapper (this program's `wrap` mode) as a
+    session leader; its pid and start.
 
     Idempotent for the same token (a retry never starts the job twice); a run dir holding another
     run's token, or a symlink for its token, is refused, never reused.
     """
-    os.makedirs(root, exist_ok=True)
-    control = os.path.join(root, CONTROL)
-    if os.path.islink(root) or os.path.islink(control):
-        raise RuntimeError(f"refusing a run dir that is a symlink: {root}")
-    for token_file in (os.path.join(control, "token"), os.path.join(root, "token")):
-        if os.path.lexists(token_file) and _read_small(token_file) != token:
-            raise RuntimeError(f"run dir in use by another run: {root}")
+    _claim(root, token)
     started = find(root)  # the run dir is this run's (claimed before its patches, or a retried launch)
     if started is not None:
         return {**started, "again": True}
-    os.makedirs(control, exist_ok=True)
-    if _read_small(os.path.join(control, "token")) is None:  # readable by all: other users' leases check it
-        _write(os.path.join(control, "token"), token, 0o644)
-    _write(os.path.join(control, "wrapper.sh"), wrapper, 0o644)
     _write(os.path.join(root, "job.sh"), script, 0o644)
     devnull = os.open(os.devnull, os.O_RDWR)
     try:
-        subprocess.Popen(["bash", f"./{CONTROL}/wrapper.sh"], cwd=root, stdin=devnull, stdout=devnull,
-                         stderr=devnull, start_new_session=True, close_fds=True)
+        # the same checked bytes as this agent, never the file as it may be now; it detaches (forks
+        # into a session of its own, no longer this agent's child), so the job outlives this agent and
+        # its channel, as under setsid nohup
+        starter = subprocess.Popen(self_command("wrap", "--detach"), cwd=root, stdin=devnull, stdout=devnull,
+                                   stderr=devnull, start_new_session=True, close_fds=True)
     finally:
         os.close(devnull)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        text = _read_small(os.path.join(control, "pid"))
-        if text and len(text.split()) == 2:
-            pid, start = text.split()
-            return {"pid": int(pid), "start": start, "again": False}
+        job = find(root)
+        if job is not None:
+            starter.wait()
+            return {**job, "again": False}
+        if starter.poll() not in (None, 0):
+            raise RuntimeError(f"the wrapper exited with {starter.returncode} before it wrote its pid")
         time.sleep(0.02)
     raise RuntimeError("the wrapper wrote no pid within 10 s")
+
+
+# The bootstrap orch starts this program with (hostprogram.BOOTSTRAP): the file's bytes run only when
+# their sha256 is the one asked for. The wrapper is started through it too.
+BOOTSTRAP = (
+    "import hashlib, sys\n"
+    "p, want = sys.argv[1], sys.argv[2]\n"
+    "try:\n"
+    "    with open(p, 'rb') as f: code = f.read()\n"
+    "except OSError: sys.exit(97)\n"
+    "if hashlib.sha256(code).hexdigest() != want: sys.exit(97)\n"
+    "sys.argv = [p] + sys.argv[3:]; sys.path[:] = [x for x in sys.path if x]\n"
+    "exec(compile(code, p, 'exec'), {'__name__': '__main__', '__file__': p, 'ORCH_SHA256': want})\n"
+)
+
+
+def own_digest():
+    """The sha256 of the bytes running now: the bootstrap's checked one, else this file's."""
+    given = globals().get("ORCH_SHA256")
+    if given:
+        return given
+    with open(__file__, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def self_command(*args):
+    return [sys.executable, "-c", BOOTSTRAP, os.path.abspath(__file__), own_digest(), *args]
+
+
+def wrap(detach):
+    """The wrapper of a job, in its run dir, as the leader of its session: it records its pid with its
+    start time, the job's combined output in `log` (opened for appending, so a log truncated under the
+    job gets no hole of zeros), and the job's start, end and exit code in the control folder (the end
+    time first, so a run seen ended has both). `ORCH_JOB=PID:START` marks everything the job starts.
+    With `detach` it first forks away from its starter (the agent), in a session of its own; a batch
+    job's wrapper stays the batch script's process, as its scheduler ends the job when that one exits.
+    """
+    if detach:
+        if os.fork() > 0:
+            os._exit(0)
+        os.setsid()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup: the job inherits it
+    node = _node(os.environ.get("SLURMD_NODENAME"))
+    if node:  # a batch job notes its node: one that ends between two queue queries is never seen running
+        _write(os.path.join(CONTROL, "node"), node + "\n", 0o644)
+    _write(os.path.join(CONTROL, "started_at"), f"{time.time():.9f}\n", 0o644)
+    pid = os.getpid()
+    start = start_time(pid)
+    os.environ[JOB_MARK] = f"{pid}:{start}"
+    _write(os.path.join(CONTROL, "pid"), f"{pid} {start}\n", 0o644)
+    log = os.open("log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+    with open(os.devnull, "rb") as devnull:
+        code = subprocess.call(["bash", "./job.sh"], stdin=devnull, stdout=log, stderr=log)
+    os.close(log)
+    code = code if code >= 0 else 128 - code  # killed by a signal: as a shell says it
+    _write(os.path.join(CONTROL, "ended_at"), f"{time.time():.9f}\n", 0o644)
+    _write(os.path.join(CONTROL, "exit_code"), f"{code}\n", 0o644)
+    return code
 
 
 def _write(path, text, mode):
@@ -271,22 +539,56 @@ def explain_loss(root, start):
     return "the process is gone and wrote no exit code (killed by SIGKILL with its wrapper, or the host rebooted)"
 
 
-def tail(path, lines):
-    """The last `lines` lines of a file, read from its end."""
+def tail(path, lines, block=64 << 10, most=TAIL_BYTES):
+    """The last `lines` lines of a file up to its size at one moment (from its last `most` bytes, however
+    long its lines), and that size: a follow that starts there neither repeats nor drops a line."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
-        return ""
+        return "", 0
     try:
         size = os.fstat(fd).st_size
-        block, data = 64 << 10, b""
-        pos = size
-        while pos > 0 and data.count(b"\n") <= lines:
-            pos = max(0, pos - block)
+        data, pos = b"", size
+        while pos > max(0, size - most) and data.count(b"\n") <= lines:
+            pos = max(0, size - most, pos - block)
             data = os.pread(fd, size - pos, pos)
-        return b"\n".join(data.split(b"\n")[-lines - 1:]).decode(errors="replace") if lines > 0 else ""
+        text = b"\n".join(data.split(b"\n")[-lines - 1:]).decode(errors="replace") if lines > 0 else ""
+        return text, size
     finally:
         os.close(fd)
+
+
+def read_chunk(path, offset, length):
+    """Bytes of a file from `offset`, never through a symlink (a file swapped for one reads as empty)."""
+    return _pread(path, offset, min(length, CHUNK))
+
+
+def files_under(root, skip, most=100000):
+    """(size, path relative to root) of the plain files under root, symlinks neither listed nor followed;
+    the top-level folder `skip` left out (an earlier pull into the run dir)."""
+    found = []
+    for top, dirs, names in os.walk(root):
+        if top == root and skip in dirs:
+            dirs.remove(skip)
+        for name in names:
+            path = os.path.join(top, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                found.append([st.st_size, os.path.relpath(path, root)])
+                if len(found) >= most:
+                    return found
+    return found
+
+
+def file_size(path):
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_size if not os.path.islink(path) else None
 
 
 def health(url, timeout):
@@ -318,6 +620,7 @@ class Followed:
         self.group_alive = False
         self.wanted = True  # push at the next tick even without news (a new follow, a poke)
         self.seen = None  # (size, inode) of the log at the last tick: unchanged, nothing to check
+        self.chunk = CHUNK
 
     @property
     def log(self):
@@ -383,7 +686,7 @@ class Followed:
         path, rotated = self._choose(size, ino)
         if path != self.log:
             size = _size(path)
-        data = _pread(path, self.offset, min(CHUNK, max(0, size - self.offset)))
+        data = _pread(path, self.offset, min(self.chunk, max(0, size - self.offset)))
         brief = (alive, wrapper, exit_code, present, node)
         if not data and brief == self.last and not self.wanted and not rotated:
             return None
@@ -403,6 +706,38 @@ class Followed:
         elif self.offset < size:
             self.wanted = True  # more of a backlog at the next tick
         return doc
+
+
+def hold(f, hold_s, wakes):
+    """Wait up to `hold_s` for news of a followed run: its end, a log cut under the offset, or a new line
+    matching one of `wakes` (looked for only in the bytes that came since the last look)."""
+    deadline = time.monotonic() + hold_s
+    seen = f.offset
+    while time.monotonic() < deadline:
+        alive, _ = f.alive(time.monotonic())
+        if not alive or _read_small(os.path.join(control_dir(f.root), "exit_code")) is not None:
+            return
+        size = _size(f.log)
+        if size < seen:
+            return
+        if size > seen and wakes:
+            start = max(seen - 4096, f.offset)  # a margin for a line the last look saw half of
+            text = _pread(f.log, start, min(size - start, 4 * CHUNK)).decode(errors="replace")
+            if any(w.search(text) for w in wakes):
+                return
+            seen = size
+        time.sleep(min(HOLD_STEP_S, max(0.0, deadline - time.monotonic())))
+
+
+def _patterns(texts):
+    """The wake patterns that compile; one that does not simply never wakes."""
+    found = []
+    for text in texts:
+        try:
+            found.append(re.compile(text, re.MULTILINE))
+        except re.error:
+            pass
+    return found
 
 
 def _node(text):
@@ -449,80 +784,246 @@ def _by_inode(root, inode):
 
 
 # -- the loop -------------------------------------------------------------------------------------------
+# -- requests --------------------------------------------------------------------------------------------
+# Every argument of every op is checked here before the op runs: a request names files, pids and numbers,
+# nothing in it is evaluated, and a field an op does not know refuses the request.
+def _path(v):
+    return isinstance(v, str) and v.startswith("/") and "\0" not in v and len(v) < 4096
+
+
+def _count(v):
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62
+
+
+def _ticks(v):
+    return isinstance(v, str) and len(v) < 32 and (v == "" or v.isdigit())
+
+
+def _seconds(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 86400
+
+
+def _text(v):
+    return isinstance(v, str)
+
+
+def _word(v):
+    return isinstance(v, str) and 0 < len(v) <= 256 and all(c.isalnum() or c in "-_.:" for c in v)
+
+
+def _token(v):
+    return isinstance(v, str) and 0 < len(v) <= 4096 and not any(c in v for c in "\0\n\r")
+
+
+def _option(v):
+    return isinstance(v, str) and v.startswith("-") and len(v) <= 4096 and not any(c in v for c in "\0\n\r")
+
+
+def _hex(v):
+    return isinstance(v, str) and len(v) % 2 == 0 and all(c in "0123456789abcdef" for c in v)
+
+
+def _flag(v):
+    return isinstance(v, bool)
+
+
+def _url(v):
+    return isinstance(v, str) and v.startswith(("http://", "https://")) and len(v) < 2048 and not any(
+        c.isspace() for c in v)
+
+
+def _maybe(check):
+    return lambda v: v is None or check(v)
+
+
+def _list_of(check, most=10000):
+    return lambda v: isinstance(v, list) and len(v) <= most and all(check(x) for x in v)
+
+
+def _pid_start(v):
+    return isinstance(v, list) and len(v) == 2 and _count(v[0]) and v[0] > 0 and _ticks(v[1]) and v[1] != ""
+
+
+REQUIRED = object()
+# op -> {argument: (check, default)}
+ARGS = {
+    "hello": {}, "ping": {},
+    "follow": {"key": (_word, REQUIRED), "dir": (_path, REQUIRED), "pid": (_count, 0), "start": (_ticks, ""),
+               "offset": (_count, 0), "inode": (_maybe(_count), None), "tail": (_hex, ""),
+               "scheduled": (_flag, False)},
+    "unfollow": {"key": (_word, REQUIRED)},
+    "poke": {"keys": (_list_of(_word), [])},
+    "launch": {"dir": (_path, REQUIRED), "script": (_text, REQUIRED), "token": (_token, REQUIRED)},
+    "kill": {"pid": (_count, REQUIRED), "start": (_ticks, REQUIRED), "grace_s": (_seconds, 10)},
+    "kill_pids": {"procs": (_list_of(_pid_start, 4096), REQUIRED), "grace_s": (_seconds, 10)},
+    "find": {"dir": (_path, REQUIRED)},
+    "loss": {"dir": (_path, REQUIRED), "start": (_ticks, "")},
+    "read": {"dir": (_path, REQUIRED), "pid": (_count, 0), "start": (_ticks, ""), "offset": (_count, 0),
+             "max_bytes": (_count, CHUNK), "inode": (_maybe(_count), None), "tail": (_hex, ""),
+             "hold_s": (_seconds, 0), "wake": (_list_of(_text, 8), []), "scheduled": (_flag, False)},
+    "tail": {"path": (_path, REQUIRED), "lines": (_count, REQUIRED)},
+    "chunk": {"path": (_path, REQUIRED), "offset": (_count, 0), "length": (_count, CHUNK)},
+    "size": {"path": (_path, REQUIRED)},
+    "submit": {"dir": (_path, REQUIRED), "script": (_text, REQUIRED), "token": (_token, REQUIRED),
+               "options": (_list_of(_option, 256), [])},
+    "squeue": {"job_id": (_maybe(_count), None)},
+    "sacct": {"ids": (_list_of(_count, 10000), REQUIRED)},
+    "scancel": {"job_id": (_count, REQUIRED), "kill": (_flag, False)},
+    "sinfo": {"what": (lambda v: v in SINFO_FORMATS, REQUIRED)},
+    "files": {"dir": (_path, REQUIRED), "skip": (_word, "pulled")},
+    "health": {"url": (_url, REQUIRED), "timeout_s": (_seconds, 5)},
+    "gpus": {"timeout_s": (_seconds, 60)},
+}
+OPS = tuple(ARGS)
+MAX_READ = 16 << 20  # the most log bytes one read answers with
+
+
+def checked(op, req):
+    """The op's arguments from a request, each one checked; raises ValueError naming what is wrong."""
+    spec = ARGS[op]
+    unknown = sorted(set(req) - set(spec) - {"id", "op"})
+    if unknown:
+        raise ValueError(f"{op}: unknown argument(s) {', '.join(unknown)}")
+    args = {}
+    for name, (check, default) in spec.items():
+        if name not in req:
+            if default is REQUIRED:
+                raise ValueError(f"{op}: missing argument {name}")
+            args[name] = default
+        elif not check(req[name]):
+            raise ValueError(f"{op}: bad {name}: {str(req[name])[:80]!r}")
+        else:
+            args[name] = req[name]
+    return args
+
+
 class Agent:
     def __init__(self):
         self.followed = {}
         self.lock = threading.Lock()
 
-    def hello(self, req):
-        with open(__file__, "rb") as f:  # the bootstrap checked these bytes before it ran them
-            digest = hashlib.sha256(f.read()).hexdigest()
+    def hello(self, a):
         boot = _read_small("/proc/sys/kernel/random/boot_id")
         u = os.uname()
-        return {"sha256": digest, "pid": os.getpid(), "boot_id": boot, "time": time.time(),
+        return {"sha256": own_digest(), "pid": os.getpid(), "boot_id": boot, "time": time.time(),
                 "python": sys.version.split()[0], "uname": f"{u.sysname} {u.release} {u.machine}"}
 
-    def follow(self, req):
+    def follow(self, a):
         with self.lock:
-            self.followed[str(req["key"])] = Followed(req)
+            self.followed[a["key"]] = Followed(a)
         return {}
 
-    def unfollow(self, req):
+    def unfollow(self, a):
         with self.lock:
-            self.followed.pop(str(req["key"]), None)
+            self.followed.pop(a["key"], None)
         return {}
 
-    def poke(self, req):
+    def poke(self, a):
         with self.lock:
-            for key in req.get("keys") or []:
-                if str(key) in self.followed:
-                    self.followed[str(key)].wanted = True
+            for key in a["keys"]:
+                if key in self.followed:
+                    self.followed[key].wanted = True
         return {}
 
-    def ping(self, req):
+    def ping(self, a):
         return {}
 
-    def launch(self, req):
-        return launch(req["dir"], req["script"], req["wrapper"], req["token"])
+    def launch(self, a):
+        return launch(a["dir"], a["script"], a["token"])
 
-    def kill(self, req):
-        return {"outcome": kill(req["pid"], req["start"], req.get("grace_s", 10))}
+    def kill(self, a):
+        return {"outcome": kill(a["pid"], a["start"], a["grace_s"])}
 
-    def find(self, req):
-        return {"job": find(req["dir"])}
+    def kill_pids(self, a):
+        return {"outcome": kill_pids([(int(p), s) for p, s in a["procs"]], a["grace_s"])}
 
-    def loss(self, req):
-        return {"reason": explain_loss(req["dir"], req.get("start", ""))}
+    def find(self, a):
+        return {"job": find(a["dir"]), "job_id": job_id_of(a["dir"])}
 
-    def tail(self, req):
-        return {"text": tail(req["path"], int(req["lines"]))}
+    def loss(self, a):
+        return {"reason": explain_loss(a["dir"], a["start"])}
 
-    def health(self, req):
-        return {"code": health(req["url"], float(req.get("timeout", 5)))}
+    def read(self, a):
+        """A run's state, as a push would say it, after holding up to hold_s for news."""
+        f = Followed({**a, "key": "read"})
+        f.chunk = min(a["max_bytes"], MAX_READ)
+        if a["hold_s"] > 0:
+            hold(f, a["hold_s"], _patterns(a["wake"]))
+        doc = f.state(time.monotonic())
+        doc.pop("push", None)
+        doc.pop("key", None)
+        return doc
 
-    SLOW = ("launch", "kill", "loss", "health", "tail", "find")  # answered from a thread: pushes go on
+    def tail(self, a):
+        text, size = tail(a["path"], a["lines"])
+        return {"text": text, "size": size}
+
+    def chunk(self, a):
+        return {"data": base64.b64encode(read_chunk(a["path"], a["offset"], a["length"])).decode()}
+
+    def submit(self, a):
+        return submit(a["dir"], a["script"], a["token"], a["options"])
+
+    def squeue(self, a):
+        return {"jobs": squeue(a["job_id"])}
+
+    def sacct(self, a):
+        return {"jobs": sacct(a["ids"]) if a["ids"] else []}
+
+    def scancel(self, a):
+        scancel(a["job_id"], a["kill"])
+        return {}
+
+    def sinfo(self, a):
+        return {"rows": sinfo(a["what"])}
+
+    def files(self, a):
+        return {"files": files_under(a["dir"], a["skip"])}
+
+    def size(self, a):
+        return {"size": file_size(a["path"])}
+
+    def health(self, a):
+        return {"code": health(a["url"], float(a["timeout_s"]))}
+
+    def gpus(self, a):
+        try:
+            return {"nvidia_smi": True, **gpus(float(a["timeout_s"]))} if shutil.which("nvidia-smi") else {
+                "nvidia_smi": False}
+        except (GpuError, OSError, subprocess.SubprocessError) as exc:
+            return {"nvidia_smi": True, "error": str(exc) or type(exc).__name__}
+
+    # answered from a thread: pushes and other requests go on meanwhile
+    SLOW = ("launch", "kill", "kill_pids", "loss", "health", "tail", "find", "read", "chunk", "gpus", "files",
+            "submit", "squeue", "sacct", "scancel", "sinfo")
 
     def handle(self, line):
         try:
             req = json.loads(line)
             op = req["op"]
-            fn = getattr(self, op) if op in OPS else None
-        except (ValueError, KeyError, TypeError):
+            rid = req.get("id")
+        except (ValueError, KeyError, TypeError, AttributeError):
             send({"id": None, "ok": False, "error": f"not a request: {line[:200]!r}"})
             return
-        if fn is None:
-            send({"id": req.get("id"), "ok": False, "error": f"unknown op: {op!r}"})
+        if op not in OPS:
+            send({"id": rid, "ok": False, "error": f"unknown op: {str(op)[:80]!r}"})
             return
-        if op in self.SLOW:
-            threading.Thread(target=self.answer, args=(fn, req), daemon=True).start()
-        else:
-            self.answer(fn, req)
-
-    def answer(self, fn, req):
         try:
-            send({"id": req.get("id"), "ok": True, "result": fn(req)})
+            args = checked(op, req)
+        except ValueError as exc:
+            send({"id": rid, "ok": False, "error": str(exc)})
+            return
+        fn = getattr(self, op)
+        if op in self.SLOW:
+            threading.Thread(target=self.answer, args=(fn, rid, args), daemon=True).start()
+        else:
+            self.answer(fn, rid, args)
+
+    def answer(self, fn, rid, args):
+        try:
+            send({"id": rid, "ok": True, "result": fn(args)})
         except Exception as exc:  # noqa: BLE001 - an op's failure is its reply; the agent goes on
-            send({"id": req.get("id"), "ok": False, "error": str(exc) or type(exc).__name__})
+            send({"id": rid, "ok": False, "error": str(exc) or type(exc).__name__})
 
     def tick(self):
         now = time.monotonic()
@@ -561,10 +1062,9 @@ class Agent:
                 return
 
 
-OPS = ("hello", "follow", "unfollow", "poke", "ping", "launch", "kill", "find", "loss", "tail", "health")
-
-
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["wrap"]:
+        sys.exit(wrap(sys.argv[2:] == ["--detach"]))
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # the channel gone: end quietly
     try:
         Agent().serve()

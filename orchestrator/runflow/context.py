@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import registry
+from .. import agent, registry
 from ..errors import HostError, OrchError, Unreachable
 from ..executor import Executor, executor_for
 from ..hostlease import run_paths
@@ -17,7 +17,7 @@ from ..lease import BEFORE_RELEASE
 from ..playbook import JobContext, Playbook
 from ..polling import WatchOptions
 from ..record import Run
-from ..remote import Transport, connect, quote
+from ..remote import Transport, connect
 from ..spec import RunSpec, stored
 from ..store import Store
 from ..watching import WatchLock
@@ -141,11 +141,9 @@ class LogText:
 def tail_with_end(ctx: Context, lines: int) -> LogText:
     """The last lines of the log up to its size at one moment, and that size: in one call, so a follow
     that starts there neither repeats nor drops a line printed meanwhile."""
-    log = quote(ctx.paths.log)
-    res = ctx.transport.run(f's=$(stat -c %s {log} 2>/dev/null || echo 0); echo "$s"; '
-                            f'head -c "$s" {log} 2>/dev/null | tail -n {int(lines)}', timeout=60)
-    size, _, text = res.stdout.partition("\n")
-    return LogText(text, end=int(size) if size.strip().isdigit() else None)
+    got = agent.call(ctx.transport, "tail", path=ctx.paths.log, lines=lines)
+    size = got.get("size")
+    return LogText(str(got["text"]), end=size if isinstance(size, int) else None)
 
 
 def read_log(ws: Workspace, store: Store, run_id: int, lines: int, hosts: Hosts | None = None) -> LogText:
@@ -173,8 +171,8 @@ def follow_log(ctx: Context, write: Callable[[bytes], None], sleep: Callable[[fl
     if run.pid is None:
         return
     if offset is None:
-        size = ctx.transport.run(f"stat -c %s {quote(ctx.paths.log)} 2>/dev/null || echo 0", timeout=60).stdout.strip()
-        offset = int(size) if size.isdigit() else 0
+        size = agent.call(ctx.transport, "size", path=ctx.paths.log)["size"]
+        offset = size if isinstance(size, int) else 0
     interval = min(ctx.host.default_poll[0], 1.0)
     while True:
         state = ctx.executor.poll(ctx.paths, (run.pid, run.pid_start or ""), offset, 4 << 20)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import agent
 from ..errors import OrchError, UsageError
 from ..hosts import Host
 from ..remote import Transport, quote
@@ -25,9 +26,8 @@ def read_chunks(transport: Transport, path: str, write: Callable[[bytes], object
     offset = 0
     while max_bytes is None or offset < max_bytes:
         want = chunk if max_bytes is None else min(chunk, max_bytes - offset)
-        reply = transport.run(f"[ -L {quote(path)} ] || tail -c +{offset + 1} {quote(path)} | head -c {want} | base64",
-                              timeout=300)
-        data = base64.b64decode(reply.stdout)
+        reply = agent.call(transport, "chunk", timeout=300, path=path, offset=offset, length=want)
+        data = base64.b64decode(reply["data"])
         write(data)
         offset += len(data)
         if len(data) < want:
@@ -53,11 +53,10 @@ def pull(ctx: Context, to: Path, limit: int = PULL_LIMIT) -> Pulled:
     """Copy the run's remote dir (log, outputs manifest, whatever the job left there) into `to`;
     refused whole, before any copy, when it holds more than `limit` bytes."""
     root = ctx.paths.root
-    # size and path of each plain file, NUL-ended (a name may hold any byte but NUL); a `pulled/` inside
-    # is an earlier pull (the local host's run dir is the local artifacts' dir)
-    listing = ctx.transport.run(
-        f"cd {quote(root)} && find . -path ./pulled -prune -o -type f -printf '%s %P\\0'", timeout=120).stdout
-    files = [(int(size), name) for size, _, name in (e.partition(" ") for e in listing.split("\0") if e)]
+    # size and path of each plain file; a `pulled/` inside is an earlier pull (the local host's run dir is
+    # the local artifacts' dir)
+    listing = agent.call(ctx.transport, "files", timeout=120, dir=root, skip="pulled")["files"]
+    files = [(int(size), str(name)) for size, name in listing]
     total = sum(size for size, _ in files)
     if total > limit:
         raise UsageError(f"run {ctx.run_id}'s dir {ctx.host.name}:{root} holds {_size(total)} in {len(files)} files,"

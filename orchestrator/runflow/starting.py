@@ -7,14 +7,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import hostlease, lease, patching, registry, watching
-from ..agent import AgentLink, bootstrap
+from .. import agent, hostlease, lease, patching, registry, slurm, watching
+from ..agent import bootstrap
 from ..controller import Controller
 from ..errors import DatabaseUnavailable, OrchError, UsageError
-from ..executor import AgentExecutor, executor_for
+from ..executor import executor_for
 from ..hostlease import run_token
 from ..hosts import Host
-from ..launch import job_script, launch_command
+from ..launch import job_script
 from ..lifecycle import transition
 from ..playbook import JobContext, Playbook, Prepared
 from ..record import Status
@@ -82,19 +82,12 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     try:
         transport = connect(host)
         paths = hostlease.run_paths(ws, transport.expand(host.workdir), run_id)
-        executor = executor_for(host, transport)
-        if executor.processes:  # the host's agent launches the job: a python that cannot run it fails here
-            executor = AgentExecutor(transport, AgentLink.start(transport))
-        ctx = Context(ws, store, pb, host, transport, executor, run_id, spec, paths, lock)
-        try:
-            script = _steps_before_launch(ctx)
-            transition(store, run_id, Status.LAUNCHING)
-            gpus = len(spec.gpus) if spec.gpus is not None else None
-            pid, pid_start = ctx.executor.launch(paths, script, run_token(ws, store, run_id), gpus)
-        finally:
-            if isinstance(executor, AgentExecutor) and executor.link is not None:
-                executor.link.close()  # the host's watcher follows the job with its own agent
-                ctx.executor = executor_for(host, transport)
+        agent.shared(transport)  # the host's agent does the host's side: a python that cannot run it fails here
+        ctx = Context(ws, store, pb, host, transport, executor_for(host, transport), run_id, spec, paths, lock)
+        script = _steps_before_launch(ctx)
+        transition(store, run_id, Status.LAUNCHING)
+        gpus = len(spec.gpus) if spec.gpus is not None else None
+        pid, pid_start = ctx.executor.launch(paths, script, run_token(ws, store, run_id), gpus)
     # A run that never launched has no job, so no phase: it does not pretend to be `starting`.
     except OrchError as exc:
         end(store, run_id, Status.FAILED, f"before launch: {exc}", ctx, phase=None)
@@ -278,8 +271,9 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host:
     script = _job_script(ctx, job, pb.prepare(job), gpu_env, overlay)
     echo(f"# job.sh for run {next_id}:\n{script}")
     if ctx.executor.processes:
-        echo(f"# on {host.name}: the agent ({bootstrap(transport)}) writes job.sh and .orch/wrapper.sh into "
-             f"{paths.root} and starts the wrapper as a session leader (setsid): its pid and start time identify"
-             " the job\n")
+        echo(f"# on {host.name}: the agent ({bootstrap(transport)}) writes job.sh into {paths.root} and starts "
+             "its own wrapper there as a session leader (setsid): its pid and start time identify the job\n")
     else:
-        transport.run(launch_command(paths, script, run_token(ws, store, next_id)))
+        echo(f"# on {host.name}: the agent ({bootstrap(transport)}) writes job.sh into {paths.root} and submits "
+             "it: sbatch " + " ".join(quote(a) for a in slurm.sbatch_args(
+                 host, paths, len(spec.gpus) if spec.gpus is not None else host.gpus)) + "\n")

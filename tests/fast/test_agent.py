@@ -19,7 +19,6 @@ from orchestrator.agent import AgentError, AgentLink, Push
 from orchestrator.executor import pushed_state
 from orchestrator.hostjobs import agent as host_agent
 from orchestrator.hosts import Host
-from orchestrator.launch import WRAPPER
 from orchestrator.transport import LocalTransport
 
 
@@ -60,7 +59,7 @@ def test_hello_is_the_placed_version_and_the_file_is_content_addressed(link: Age
 def test_a_launched_job_is_followed_to_its_exit_with_every_byte(link: AgentLink, tmp_path: Path):
     root = str(tmp_path / "work" / "runs" / "1")
     script = "for i in $(seq 50); do echo line $i; sleep 0.01; done\nprintf 'no newline at the end'\nexit 3\n"
-    job = link.call("launch", dir=root, script=script, wrapper=WRAPPER, token="tok-1")
+    job = link.call("launch", dir=root, script=script, token="tok-1")
     assert job["pid"] > 0 and job["start"].isdigit() and not job["again"]
     link.tell("follow", key="1", dir=root, pid=job["pid"], start=job["start"], offset=0)
     got = states(link, "1", lambda s: s[-1]["exit_code"] is not None and s[-1]["offset"] + len(
@@ -70,20 +69,20 @@ def test_a_launched_job_is_followed_to_its_exit_with_every_byte(link: AgentLink,
     state = pushed_state(got[-1])
     assert state.exit_code == 3 and state.started_at is not None
     # the same token again: the same job, never a second one
-    again = link.call("launch", dir=root, script=script, wrapper=WRAPPER, token="tok-1")
+    again = link.call("launch", dir=root, script=script, token="tok-1")
     assert (again["pid"], again["again"]) == (job["pid"], True)
 
 
 def test_a_run_dir_of_another_token_is_refused(link: AgentLink, tmp_path: Path):
     root = str(tmp_path / "work" / "runs" / "2")
-    link.call("launch", dir=root, script="true\n", wrapper=WRAPPER, token="mine")
+    link.call("launch", dir=root, script="true\n", token="mine")
     with pytest.raises(AgentError, match="in use by another run"):
-        link.call("launch", dir=root, script="true\n", wrapper=WRAPPER, token="theirs")
+        link.call("launch", dir=root, script="true\n", token="theirs")
 
 
 def test_kill_stops_the_job_group_and_never_a_process_it_cannot_prove(link: AgentLink, tmp_path: Path):
     root = str(tmp_path / "work" / "runs" / "3")
-    job = link.call("launch", dir=root, script="sleep 300 & sleep 300\n", wrapper=WRAPPER, token="t")
+    job = link.call("launch", dir=root, script="sleep 300 & sleep 300\n", token="t")
     members = host_agent.group_pids(job["pid"])
     assert len(members) >= 2
     # a start time that is not the process's: nothing is signalled
