@@ -72,8 +72,9 @@ DRIVER = textwrap.dedent("""
 
     def notice(line):
         print("retry: " + line, file=sys.stderr, flush=True)
-        relay.sendall(b"release")
-        relay.close()
+        if relay.fileno() != -1:  # the first retry: sshd may take a moment to free the slot
+            relay.sendall(b"release")
+            relay.close()
 
     ssh.retry_notice = notice
     host = Host(name="busy", address=address, port=int(port), user=user, identity_file=key, known_hosts=known,
