@@ -94,6 +94,36 @@ def row(text: str) -> list[tuple[str, float]]:
     return [(name_of(label), value)]
 
 
+_N = r"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
+# Tools that print their results as lines, not a block: SGLang's bench_one_batch (each run: prefill, median
+# decode, total; source python/sglang/bench_one_batch.py), `vllm bench throughput` and `vllm bench latency`
+# (vllm/benchmarks/throughput.py, latency.py). Names are the keys of each tool's result JSON; the phase is
+# what the line says of the run: a measurement taken ('running'), or the tool's last word ('finished').
+LINES: list[tuple[re.Pattern[str], tuple[str, ...], str]] = [
+    (re.compile(r"^Prefill\. +latency: " + _N + r" s, throughput: +" + _N + " token/s"),
+     ("prefill_latency", "prefill_throughput"), "running"),
+    (re.compile(r"^Decode\. +median latency: " + _N + r" s, median throughput: +" + _N + " token/s"),
+     ("median_decode_latency", "median_decode_throughput"), "running"),
+    (re.compile(r"^Total\. +latency: +" + _N + r" s, throughput: +" + _N + " token/s"),
+     ("total_latency", "overall_throughput"), "running"),
+    (re.compile(r"^Throughput: " + _N + r" requests/s, " + _N + r" total tokens/s, " + _N + " output tokens/s"),
+     ("request_throughput", "total_token_throughput", "output_throughput"), "finished"),
+    (re.compile(r"^Avg latency: " + _N + " seconds"), ("avg_latency",), "finished"),
+]
+
+
+def result_line(text: str) -> tuple[list[tuple[str, float]], str] | None:
+    """The metrics and the phase of a tool's result line; None for any other line."""
+    if "latency: " not in text and "Throughput: " not in text:
+        return None
+    t = text.strip()
+    for pattern, names, phase in LINES:
+        m = pattern.match(t)
+        if m:
+            return [(n, float(v)) for n, v in zip(names, m.groups())], phase
+    return None
+
+
 def engine_of(label: str) -> str | None:
     """The tool a row's label belongs to: SGLang's block starts with 'Backend:'; only vLLM's counts
     failures."""

@@ -65,6 +65,7 @@ _ANY_RULE = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULE
 # Markers that count whatever level they are logged at (or that come from programs that print no level).
 _ANY_LEVEL = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES if r.any_level)),
                     ("cancelled", "srun", "slurmstepd", "engine core exited", "hunk", "patch", "exit"))
+_MAX_GLUED = 8  # lines read out of one physical line after the bars glued in front of them
 _LAST_NUMBER = re.compile(r"-?[\d.]+(?:[eE][-+]?\d*)?\s*$")
 # Engines whose own words outweigh the line layout of another.
 _OVER_LAYOUT = ("speculators", "sglang", "vllm")
@@ -75,7 +76,7 @@ _LOUD_LEVELS = {"ERROR", "CRITICAL"}
 # A server that answers: uvicorn's start lines, or an access-log line with a success status. A server that
 # is alive: an access-log line of any status but a server error's (one whose status a pane clipped off too).
 _SERVING = re.compile(r"Application startup complete\.|Uvicorn running on|HTTP/[\d.]+\" 2\d\d\b")
-_ANSWERED = re.compile(r"\"[A-Z]{3,7} \S+ HTTP/[\d.]*(?:\" [1-4]\d\d\b|\"?\s*$)")
+_ANSWERED = re.compile(r"\"[A-Z]{3,7} /\S*(?: HTTP(?:/[\d.]*)?(?:\" [1-4]\d\d\b|\"?\s*$)|\s*$)")
 _DONE = Screen(trainers.DONE,
                ("finish", "complete", "done", "train_runtime", "trainer.fit", "after training", "exit"))
 
@@ -292,10 +293,19 @@ class LogParser:
             self._redrawn += self._postfix(last, Line(tail[0], tail[0], "", None))
         return stop
 
-    def _other(self, line: Line, found: list[Metric]) -> None:
+    def _other(self, line: Line, found: list[Metric], glued: int = 0) -> None:
         text = line.text
         m = search_bar(text)
         pure_bar = m is not None and not text[m.end():].strip()
+        if m is not None and not pure_bar and glued < _MAX_GLUED:
+            # A redraw, then another line where no line break came between them (a logger writing while
+            # tqdm's line was unfinished, or a pasted terminal): the bar, then that line read on its own.
+            bar = Line(text[:m.end()], line.raw, line.source, line.level, line.stamp, line.layout, line.body)
+            self._other(bar, found, _MAX_GLUED)
+            rest = clean(text[m.end():].lstrip())
+            rest.source = line.source + rest.source
+            self._other(rest, found, glued + 1)
+            return
         if self.auto_engine:
             if line.layout is not None:
                 self._detect_name(line.layout, layout=True)
@@ -304,6 +314,8 @@ class LogParser:
             self._on_progress(m, pure_bar)
             if "=" in m.group("postfix"):
                 found += self._postfix(m, line)
+            for name, value in trainers.label_metrics(text[:m.start()]):
+                self._sample(name, value, line, found)
         if pure_bar:
             # A bar line carries nothing else, but it ends any traceback it interrupts.
             self._feed_traceback(line)
@@ -363,6 +375,12 @@ class LogParser:
         if self._bench >= 0:
             for name, value in bench.row(text):
                 self._sample(name, value, line, found)
+        result = bench.result_line(text)
+        if result is not None:
+            for name, value in result[0]:
+                self._sample(name, value, line, found)
+            self._healthy()  # the tool measured: it is alive
+            self._set_phase(result[1])
         mark = sglang.load_mark(text)
         if mark is not None:
             self._load_time(mark, line, found)
@@ -394,7 +412,7 @@ class LogParser:
             if phase is None and self.phase in ("loading", "capturing"):
                 phase = "ready"  # the server answers: after its weights and graphs, that is all it waits for
             self._healthy()  # a server that still answers was not killed by a request's traceback
-        elif "HTTP/" in text and _ANSWERED.search(text):
+        elif "\"" in text and _ANSWERED.search(text):
             self._healthy()
         if phase is None and _DONE.search(text):
             phase = "finished"

@@ -22,8 +22,8 @@ _RATE = rf"\s*(?:(?P<rate>\?|{_NUM})(?P<unit>[^\s,\]/]*)/s|(?P<inv>{_NUM})s/[^\s
 _WITH_TOTAL = re.compile(
     rf"(?<![\d.])(?P<pct>\d{{1,3}})%(?:\|[^|]{{0,1000}}\||\s+Completed\s*\||\|[^|\[\]0-9]{{0,1000}})?\s*"
     rf"(?P<n>{_NUM})/(?P<total>{_NUM}|\?)\s+"
-    rf"\[(?P<elapsed>{_TIME})<(?P<remaining>{_TIME}|\?),{_RATE}(?P<postfix>[^\]]{{0,1000}})\]"
-)
+    rf"\[(?P<elapsed>{_TIME})<(?P<remaining>{_TIME}|\?)(?:,{_RATE}|(?=[,\]]))(?P<postfix>[^\]]{{0,1000}})\]"
+)  # a custom bar_format may leave the rate out (NeMo's: '[02:01<48:24, reduced_train_loss=6.120]')
 # '123it [00:01, 99.50it/s]': no total, so no bar, no percentage and no ETA.
 _NO_TOTAL = re.compile(
     rf"(?<![\w.])(?P<n>{_NUM})(?P<nunit>[^\s\d\[][^\s\[]*)? "
@@ -71,7 +71,7 @@ def _rate(m: re.Match[str]) -> float | None:
         inv = parse_number(m.group("inv"))
         return 1.0 / inv if inv else None
     rate = m.group("rate")
-    if rate == "?":
+    if rate is None or rate == "?":
         return None
     value = parse_number(rate)
     unit = m.group("unit") or ""
@@ -82,8 +82,7 @@ def _rate(m: re.Match[str]) -> float | None:
 
 
 def _label(prefix: str) -> str:
-    label = prefix.strip()
-    return label[:-1].rstrip() if label.endswith(":") else label
+    return prefix.strip().rstrip(": ")  # NeMo's desc ends in ': ' before tqdm's own ': 
 
 
 def _from_match(m: re.Match[str], label: str) -> Progress:

@@ -42,6 +42,12 @@ def _known(top: bool | str | None) -> bool | None:
     return None if top is None or top == _UNKNOWN else bool(top)
 
 
+def _clipped_header(text: str) -> bool:
+    """A header that a pane clipped ('... WorkerProc hit an exception. Traceback', 'Traceback (most rec')."""
+    i = text.rfind("Traceback")
+    return (i == 0 or text[i - 1] in " :") and HEADER.startswith(text[i:].rstrip())
+
+
 @dataclass
 class ExceptionEnd:
     """A traceback reached its exception line."""
@@ -77,7 +83,7 @@ class TracebackTracker:
         """'start', 'frame', 'chain', an ExceptionEnd, a Cut (the line interrupted a traceback, and is read
         as it is), or None for a line outside any traceback."""
         state = self.open.get(source)
-        if HEADER_START in text:
+        if HEADER_START in text or ("Traceback" in text and _clipped_header(text)):
             chained = state is not None and state[0] == "after" and state[1]
             self._set(source, ["frames", chained, None, False, None, quiet, 0])
             return "start"

@@ -89,6 +89,18 @@ def postfix_metrics(postfix: str) -> list[tuple[str, float]]:
     return _named(_POSTFIX_PAIR.findall(postfix))
 
 
+_LABEL_PAIR = re.compile(r"([A-Za-z_][\w ./-]{0,40}?)\s*[:=]\s*(" + _NUMBER + r")(?![\w.])")
+
+
+def label_metrics(label: str) -> list[tuple[str, float]]:
+    """A trainer's numbers in a bar's label (torchtune's '1|26|Loss: 1.79'); a bar of anything else ('bs=512
+    avail_mem=20.5 GB') has none."""
+    if ":" not in label and "=" not in label:
+        return []
+    pairs = [(k, v) for k, v in _LABEL_PAIR.findall(label) if _TRAINER_KEY.search(k)]
+    return _named(pairs)
+
+
 def training_postfix(postfix: str) -> bool:
     """Whether a bar's postfix reports a trainer's numbers ('loss=2.61'): the bar is a training loop's."""
     return "=" in postfix and any(_TRAINER_KEY.search(k) for k, _ in _POSTFIX_PAIR.findall(postfix))
