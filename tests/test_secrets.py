@@ -21,6 +21,7 @@ from orchestrator.store import Store
 from orchestrator.ui import pages
 
 from orchtest import FAST, Orch, fleet_toml
+from test_ui import Dashboard
 
 TOKEN = "hf_S3CRET_0f1e2d"
 CRED = "cred_S3CRET_9a8b"
@@ -56,20 +57,20 @@ def test_the_job_gets_a_secret_and_nothing_orch_keeps_or_shows_holds_it(tmp_path
                  ["compare", str(run_id), str(run_id), "--all"], ["compare", str(run_id), str(run_id), "--json"]):
         res = orch(*args, check=0)
         assert "S3CRET" not in res.stdout + res.stderr, args
-    page = pages.run_page(orch_workspace(orch), Store(orch.db), run_id)  # what the dashboard's run page gets
-    assert "S3CRET" not in json.dumps(page, default=str) and "env.HF_TOKEN=***" in page["reproduce"]
+    ui = Dashboard(orch)  # the real `orch ui`: what its run, runs and compare pages are given
+    try:
+        page = ui.get(f"/api/runs/{run_id}")
+        assert page["spec"]["env"]["HF_TOKEN"] == "***" and "env.HF_TOKEN=***" in page["reproduce"]
+        for path in (f"/api/runs/{run_id}", "/api/runs", f"/api/compare?ids={run_id},{run_id}&all=1"):
+            assert "S3CRET" not in json.dumps(ui.get(path)), path
+    finally:
+        ui.stop()
     # nothing in the workspace: the database (its WAL too), spec.json, the log tail, events
     Store(orch.db).close()
     assert files_holding(orch.root, SECRET_BITS) == []
     res = orch("run", "command", "--host", "test1", "--set", f"env.HF_TOKEN={TOKEN}", "--set", "cmd=true",
                "--dry-run", check=0)
     assert "S3CRET" not in res.stdout and "HF_TOKEN='***'" in res.stdout.replace('"', "'"), res.stdout
-
-
-def orch_workspace(orch: Orch):
-    from orchestrator.workspace import Workspace
-
-    return Workspace(root=orch.root, hosts_file=orch.root / "hosts.toml")
 
 
 def test_a_run_started_again_takes_the_secret_from_orchs_environment(tmp_path: Path) -> None:
