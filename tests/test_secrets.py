@@ -15,13 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from orchtest import FAST, Orch, fleet_toml
+from test_ui import Dashboard
 
 from orchestrator import spec as specmod
 from orchestrator.store import Store
 from orchestrator.ui import pages
-
-from orchtest import FAST, Orch, fleet_toml
-from test_ui import Dashboard
 
 TOKEN = "hf_S3CRET_0f1e2d"
 CRED = "cred_S3CRET_9a8b"
@@ -92,12 +91,12 @@ def test_a_run_started_again_takes_the_secret_from_orchs_environment(tmp_path: P
     store = Store(orch.db)
     command = pages.reproduce(store.get_run(first)).replace(str(tmp_path / "first"), str(tmp_path / "pasted"))
     res = subprocess.run([sys.executable, "-m", "orchestrator", *shlex.split(command)[1:]], env=orch.env,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0, (command, res.stderr)
     assert (tmp_path / "pasted").read_text() == "hf_from_env|cred_from_env|false"
     orch.env.pop("HF_TOKEN")
     res = subprocess.run([sys.executable, "-m", "orchestrator", *shlex.split(command)[1:]], env=orch.env,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 2 and "env.HF_TOKEN" in res.stderr, res.stderr
     assert len(orch.status()) == 3
     store.close()
