@@ -579,7 +579,7 @@ class LogParser:
         self._progress, self._pending = progress, None
         module = _MODULES.get(self.engine, generic)
         phase = generic.common_bar_phase(progress.label) or module.bar_phase(progress.label)
-        if phase is None and trainers.training_postfix(m.group("postfix")):
+        if phase is None and (trainers.training_postfix(m.group("postfix")) or trainers.label_metrics(progress.label)):
             phase = "running"  # a training loop's bar, whichever program's log it is in
         if phase is not None:
             self._set_phase(phase)
