@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 KINDS = ("other", "python_exception", "import_error", "timeout", "config_error", "killed", "nccl", "cuda_oom")
 RANK = {kind: i for i, kind in enumerate(KINDS)}
 CHAIN_MAX = 5  # later exceptions kept with a root cause
+CUT_MESSAGE = "traceback cut short before its exception line"
 CHAIN_CHARS = 300
 
 
@@ -34,6 +35,7 @@ class LogError:
     # because of the root cause ('Engine core initialization failed').
     chain: list[str] = field(default_factory=list)
     hint: str | None = None  # what to try, and where that advice comes from (hints.py)
+    source: str = ""  # the process that wrote it, where its lines say ('/rank3', 'Worker_TP1'); '' if unknown
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -158,8 +160,14 @@ def merge(cur: LogError, new: LogError, chained: bool, cause: bool, cur_cause: b
     something caught (`cur_caught`) is no root cause of a later one; one that nothing is known to have caught
     is, as a fatal one is: what other processes raise after it is its consequence.
     """
-    higher = RANK[new.kind] > RANK[cur.kind]
-    if cur.exception is None:
+    # Another process's error after a root cause that nothing caught is its consequence (a peer's NCCL
+    # timeout after one rank's crash): it joins the chain, and renames nothing.
+    consequence = (new.source != cur.source and not cur_caught
+                   and (cur.exception is not None or cur.message == CUT_MESSAGE))
+    higher = RANK[new.kind] > RANK[cur.kind] and not consequence
+    if consequence:
+        take_new = False
+    elif cur.exception is None:
         # A cause replaces a line that only said something gave up ('srun: Job step aborted', then Slurm's
         # time limit), whatever their ranks.
         take_new = new.exception is not None or (cause and (higher or not cur_cause))
@@ -185,6 +193,7 @@ def merge(cur: LogError, new: LogError, chained: bool, cause: bool, cur_cause: b
         fatal=cur.fatal or new.fatal,
         chain=chain,
         hint=cur.hint,
+        source=base.source,
     )
 
 

@@ -9,7 +9,7 @@ from types import ModuleType
 from typing import Any
 
 from . import bench, eagle3_debug, generic, sglang, slurm, speculators, trainers, vllm
-from .errors import COMMON_RULES, HARMLESS, RANK, LogError, classify, exception_kind, exception_line, merge
+from .errors import COMMON_RULES, CUT_MESSAGE, HARMLESS, RANK, LogError, classify, exception_kind, exception_line, merge
 from .formats import Screen
 from .hints import hint_of
 from .protocol import PROGRESS, PROTOCOL, protocol_metrics, protocol_progress
@@ -453,9 +453,9 @@ class LogParser:
             return
         kind = exception_kind(cut.exception) if cut.exception else "python_exception"
         line_no = max(1, self.lines - 1) if line.raw else self.lines
-        self._raise(LogError(kind, cut.exception, "traceback cut short before its exception line", line_no,
-                             self._context(line.raw) if line.raw else list(self._recent), False),
-                    cut.chained, True)
+        self._raise(LogError(kind, cut.exception, CUT_MESSAGE, line_no,
+                             self._context(line.raw) if line.raw else list(self._recent), False,
+                             source=cut.source), cut.chained, True)
         if self.error is not None and (self.error.line == line_no or cut.chained) and not self.error.fatal:
             # Its outermost frame shows something caught it, and the log went on: survived unless the log
             # says more, as a complete caught traceback is. One the log ends in is how the run ended.
@@ -501,7 +501,7 @@ class LogParser:
                     exception, message = shown
                     kind = max(kind, exception_kind(exception), key=RANK.__getitem__)
             self._raise(LogError(kind, exception, message[:MESSAGE_CHARS], self.lines, self._context(line.raw),
-                                 fatal), False, cause)
+                                 fatal, source=line.source), False, cause)
 
     def _exception(self, line: Line, exception: str, message: str, chained: bool, top: bool,
                    caught: bool = False) -> None:
@@ -515,8 +515,8 @@ class LogParser:
             kind = max(kind, rules[0], key=RANK.__getitem__)
             fatal = fatal or rules[1]
         before = self.error
-        self._raise(LogError(kind, exception, message[:MESSAGE_CHARS], self.lines, self._context(line.raw), fatal),
-                    chained, cause)
+        self._raise(LogError(kind, exception, message[:MESSAGE_CHARS], self.lines, self._context(line.raw), fatal,
+                             source=line.source), chained, cause)
         # Whether it was caught is the last word of a chain: what the chain's last traceback shows.
         if self.error is not before and self.error is not None and (self.error.line == self.lines or chained):
             self._caught = caught and not fatal

@@ -67,6 +67,7 @@ class Cut:
     quiet: bool  # its header was logged at DEBUG or WARNING: something was tried and given up on
     top: bool | None = None  # its outermost frame is the top level (None: no frame arrived)
     chained: bool = False  # raised while handling an earlier exception of the same process
+    source: str = ""  # the process that wrote it
 
 
 class TracebackTracker:
@@ -134,7 +135,7 @@ class TracebackTracker:
             # Something else interrupted it: the traceback was cut short, or another writer's line came
             # between its lines (then its frames or its exception line still follow).
             self.open[source] = ["cut", state[1], state[2], False, state[4], state[5], CUT_GRACE]
-            return Cut(state[4], bool(state[5]), _known(state[2]), bool(state[1]))
+            return Cut(state[4], bool(state[5]), _known(state[2]), bool(state[1]), source)
         if not text.strip():
             return None
         if _CHAIN.match(text):
@@ -145,8 +146,8 @@ class TracebackTracker:
 
     def cut_at_end(self) -> list[Cut]:
         """The tracebacks the log ends inside of."""
-        cuts = [Cut(state[4], bool(state[5]), _known(state[2]), bool(state[1]))
-                for state in self.open.values() if state[0] == "frames"]
+        cuts = [Cut(state[4], bool(state[5]), _known(state[2]), bool(state[1]), source)
+                for source, state in self.open.items() if state[0] == "frames"]
         self.open.clear()
         return cuts
 

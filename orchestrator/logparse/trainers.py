@@ -30,7 +30,7 @@ _POSTFIX_PAIR = re.compile(r"(?:^|,)\s*([A-Za-z_][\w./-]{0,60})=(" + _NUMBER + r
 _STEP_WORD = re.compile(r"(?:^|[\s|,\[(])(?:global[ _])?(?:step|iteration|iter|epoch)s?\s*[:=]?\s*\[?\d",
                         re.IGNORECASE)
 _SEGMENT = re.compile(r"^\s*([A-Za-z_][\w ./()-]{0,60}?)\s*(?:[:=]\s*|\s+)\[?(" + _NUMBER
-                      + r")(?:/\s*\d+)?\]?\s*(?:[A-Za-z%/]{0,8})\s*$")
+                      + r")(?:/\s*\d+)?\]?\s*(?:%|[A-Za-z]{1,3}(?:/[A-Za-z]{1,7})?|[A-Za-z]{1,7}/s)?\s*$")  # a unit, not prose
 _SPACED_PAIR = re.compile(r"(?:^|(?<=\s))([A-Za-z_][\w./-]{0,60})=(" + _NUMBER + r")(?=\s|,|$)")
 _TRAINER_KEY = re.compile(r"loss|\blr\b|learning_rate|epoch|step|grad_norm|reward|accuracy|\bacc|perplexity"
                           r"|train_runtime|eval_", re.IGNORECASE)
