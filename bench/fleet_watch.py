@@ -159,11 +159,11 @@ def main() -> None:
         print(f"{len(ids)} runs started in {started:.0f} s", flush=True)
         watching.ensure_watched(ws, store)
         deadline = time.time() + 120
-        while len(pids_with("watch-host", ws_root)) < args.hosts and time.time() < deadline:
+        while len(pids_with("orchestrator.hostwatch", ws_root)) < args.hosts and time.time() < deadline:
             time.sleep(0.5)
-        agent = measure("one watcher per host", fleet, pids_with("watch-host", ws_root), flag, args.quiet_s)
+        agent = measure("one watcher per host", fleet, pids_with("orchestrator.hostwatch", ws_root), flag, args.quiet_s)
         followed = sum(1 for i in ids if store.get_run(i).phase == "running")
-        for pid in pids_with("watch-host", ws_root):
+        for pid in pids_with("orchestrator.hostwatch", ws_root):
             os.kill(pid, signal.SIGKILL)
         time.sleep(1)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}

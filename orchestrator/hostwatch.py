@@ -25,19 +25,22 @@ from dataclasses import dataclass
 from . import notify, slurm
 from .agent import AgentLink, Push
 from .controller import STALE_FACTOR
-from .errors import OrchError, Unreachable
+from .errors import DatabaseUnavailable, OrchError, Unreachable
 from .executor import AgentExecutor, pushed_state
 from .hosts import Host, Inventory
 from .record import ACTIVE, Run, Status
 from .remote import connect
 from .runflow import Context, finish, open_run, settle_orphan, watch_options
+from .ssh import SSHTransport
 from .store import Store
 from .watch import Watcher
 from .watching import FileLock, WatchLock, followed, host_lock_path, watched_elsewhere
 from .workspace import Workspace
 
-SYNC_S = 0.25  # how often the record is read for runs started, ended or cancelled meanwhile
+SYNC_S = 0.5  # how often the database is asked whether anyone else wrote to it (runs started, ended, cancelled)
+FULL_SYNC_S = 10.0  # and how often the host's runs are read in any case: a starter or a remote watcher may die
 LINGER_S = 5.0  # with no active run left, how long to wait for a new one before exiting
+TURN_MAX = 256  # pushes taken in one turn of the loop, at most (one transaction records them)
 RESYNC_S = 1.0  # after a state that could not be recorded, the agent re-reads the log this much later
 RECONNECT_MAX_S = 30.0
 
@@ -71,6 +74,7 @@ class HostWatcher:
         self._retry_at = 0.0
         self._retry_s = 1.0
         self._enders: list[threading.Thread] = []
+        self._later: list[Push] = []  # pushes left for the next turn: their run's previous one is recorded first
         self.stopping = threading.Event()  # set from another thread: the loop ends at its next turn
 
     # the loop -----------------------------------------------------------------------------------------
@@ -94,12 +98,17 @@ class HostWatcher:
         return True
 
     def _loop(self) -> None:
-        next_sync = 0.0
+        next_sync = full_sync = 0.0
         idle_since: float | None = None
         while not self.stopping.is_set():
             now = time.monotonic()
             if now >= next_sync:
-                self._sync()
+                # the record is read again only when another process wrote to it (a run started, ended or
+                # cancelled), while a starter is at work, and now and then (who watches a run may change
+                # by the clock alone): an idle watcher costs a look at one number
+                if self.store.changed() or self.starters or now >= full_sync:
+                    self._sync()
+                    full_sync = now + FULL_SYNC_S
                 next_sync = now + SYNC_S
             if self.runs or self.starters:
                 idle_since = None
@@ -113,18 +122,20 @@ class HostWatcher:
             self._look_again(now)
             wait = max(0.0, min([next_sync, *(f.due for f in self.runs.values())]) - time.monotonic())
             if self.link is None or not self.link.alive:
-                time.sleep(min(wait, 0.5))
+                time.sleep(wait)
                 continue
-            try:
-                push = self.link.pushes.get(timeout=min(wait, 0.5))
-            except queue.Empty:
-                continue
-            self._take(push)
-            while self.link is not None:  # whatever else came meanwhile, before the next look at the record
+            pushes: list[Push] = []
+            if not self._later:  # (pushes left from the last turn are taken at once)
                 try:
-                    self._take(self.link.pushes.get_nowait())
+                    pushes.append(self.link.pushes.get(timeout=wait))
+                except queue.Empty:
+                    continue
+            while len(pushes) < TURN_MAX:  # whatever else came meanwhile: recorded together
+                try:
+                    pushes.append(self.link.pushes.get_nowait())
                 except queue.Empty:
                     break
+            self._take_turn(pushes)
 
     def _connect(self) -> None:
         transport = connect(self.host)
@@ -140,6 +151,8 @@ class HostWatcher:
             self._retry_s = min(RECONNECT_MAX_S, self._retry_s * 2)
             return
         self._retry_s = 1.0
+        if isinstance(transport, SSHTransport):
+            transport.hold_open()
         self.executor.link = self.link
         for f in self.runs.values():
             self._follow(f)
@@ -184,20 +197,39 @@ class HostWatcher:
         return interval
 
     # pushes -------------------------------------------------------------------------------------------
-    def _take(self, push: Push) -> None:
-        if push.kind == "closed":
-            self._lost_link("the agent's channel closed (the link went dark, or the agent was killed)")
-            return
+    def _take_turn(self, pushes: list[Push]) -> None:
+        """Record the pushes of one turn in one transaction: each run's state is staged (parsed and judged,
+        no lock held), then all are written together, each with the offset its bytes end at. A run's
+        second push in the turn waits for the next one, as it reads on from what the first records."""
+        pushes, self._later = [*self._later, *pushes], []
+        staged: list[Followed] = []
+        for push in pushes:
+            if push.kind == "closed":
+                self._commit(staged)  # what came before the link closed
+                staged = []
+                self._lost_link("the agent's channel closed (the link went dark, or the agent was killed)")
+                continue
+            f = self._followed(push)
+            if f is None:
+                continue
+            if any(g is f for g in staged):
+                self._later.append(push)
+            elif self._stage(f, push):
+                staged.append(f)
+        self._commit(staged)
+
+    def _followed(self, push: Push) -> Followed | None:
         if push.kind != "state" or push.key is None or not push.key.isdigit():
-            return
-        f = self.runs.get(int(push.key))
-        if f is None:
-            return
+            return None
+        return self.runs.get(int(push.key))
+
+    def _stage(self, f: Followed, push: Push) -> bool:
+        """Stage what a push says of its run; False when there is nothing to record."""
         w = f.watcher
         state = pushed_state(push.doc)
         if state.offset != w.offset and not (state.offset == 0 and not state.rotated):
             f.resync_at = f.resync_at or time.monotonic()  # the agent read on past the record: again from it
-            return
+            return False
         if f.scheduled:
             try:
                 state = f.ctx.executor.judge(w.handle, state)
@@ -205,13 +237,30 @@ class HostWatcher:
                 f.resync_at = time.monotonic() + RESYNC_S
                 if w.lost_touch(exc.reason):
                     self._end(f)
-                return
-        done = w.guarded(lambda: w.absorb(state))
-        if not w.recorded and not done:
-            f.resync_at = time.monotonic() + RESYNC_S
-        f.due = time.monotonic() + self._interval(f)
-        if done:
-            self._end(f)
+                return False
+        w.stage(state)
+        return True
+
+    def _commit(self, staged: list[Followed]) -> None:
+        """Write the staged states in one transaction, then act on each: a run not recorded (another
+        writer was first, the database refused) reads its log again from the record; an ended one ends."""
+        if not staged:
+            return
+        try:
+            with self.store.tx():
+                for f in staged:
+                    f.watcher.commit()
+        except DatabaseUnavailable as exc:
+            for f in staged:
+                f.watcher.refused(exc)
+        for f in staged:
+            w = f.watcher
+            done = w.settle()
+            if not w.recorded and not done:
+                f.resync_at = time.monotonic() + RESYNC_S
+            f.due = time.monotonic() + self._interval(f)
+            if done:
+                self._end(f)
 
     def _lost_link(self, reason: str) -> None:
         if self.link is not None:
@@ -317,3 +366,35 @@ class HostWatcher:
 def serve(ws: Workspace, host_name: str) -> bool:
     """`orch watch-host NAME`: the host's watcher, until its last active run ended."""
     return HostWatcher(ws, host_name).serve()
+
+
+def main(argv: list[str]) -> int:
+    """`python -m orchestrator.hostwatch HOST [--hosts FILE]`: the host's watcher as orch starts it, without
+    the CLI. A fleet has one of these per host, each a process of its own: Typer and Rich would be loaded
+    in every one for nothing."""
+    host, hosts_file = None, None
+    args = iter(argv)
+    for arg in args:
+        if arg == "--hosts":
+            hosts_file = next(args, None)
+        elif host is None and not arg.startswith("-"):
+            host = arg
+    if host is None:
+        print("usage: python -m orchestrator.hostwatch HOST [--hosts FILE]", file=sys.stderr)
+        return 2
+    from . import remote
+
+    try:
+        ws = Workspace.find(hosts_file)
+        Inventory.load(ws.hosts_file, ws.root).get(host)  # an unknown host: one line, as `orch watch-host` says it
+        serve(ws, host)
+    except OrchError as exc:
+        print(f"orch: {exc}", file=sys.stderr)
+        return exc.exit_code
+    finally:
+        remote.close_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -85,6 +85,7 @@ class Store:
     def __init__(self, path: Path | str, busy_timeout_s: float = BUSY_TIMEOUT_S):
         self.path = Path(path)
         self.busy_timeout_s = busy_timeout_s
+        self._data_version: int | None = None  # as `changed` last saw it
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             conn = sqlite3.connect(str(self.path), timeout=busy_timeout_s, isolation_level=None,
@@ -154,6 +155,33 @@ class Store:
             if isinstance(exc, sqlite3.OperationalError):
                 raise self.unavailable(exc) from None
             raise
+
+    @contextmanager
+    def savepoint(self) -> Iterator[sqlite3.Connection]:
+        """Inside a transaction, a part of it that an exception rolls back alone (the rest goes on to its
+        commit); outside one, a transaction of its own."""
+        if not self.conn.in_transaction:
+            with self.tx() as c:
+                yield c
+            return
+        self.conn.execute("SAVEPOINT part")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK TO part")
+            self.conn.execute("RELEASE part")
+            raise
+        self.conn.execute("RELEASE part")
+
+    def changed(self) -> bool:
+        """Has another connection committed a change since the last call (True the first time)? SQLite's
+        data_version: no table is read, so a process can ask it often."""
+        try:
+            version = self.conn.execute("PRAGMA data_version").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            raise self.unavailable(exc) from None
+        changed, self._data_version = version != self._data_version, version
+        return changed
 
     def close(self) -> None:
         self.conn.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import tenacity
@@ -39,6 +40,25 @@ class _Conflict(Exception):
     """Another watcher recorded this run's log first."""
 
 
+@dataclass
+class Staged:
+    """What one state of the job adds to the record: written in one transaction with the offset it read to
+    and the parser's state there, so a watcher killed at any moment leaves either all of it or none, and
+    the next one reads on from the offset recorded — no line, event or sample lost or counted twice."""
+
+    expect: int  # the offset the record must still hold: nobody else recorded these bytes meanwhile
+    events: list[tuple[str, str, Any]]
+    samples: list[tuple[str, float, int | None, float | None]]
+    debug: list[dict[str, Any]]
+    fields: dict[str, Any]  # the run's columns: offset, parser state, phase, progress...
+    tail: bytes  # the log's bytes before the new offset
+    left_queue: float | None
+    end: tuple[Status, str, dict[str, Any]] | None
+    now: float
+    done: bool  # the wait is over once this is recorded
+    stop: bool  # ...and the job's processes linger: stop them
+
+
 class Watcher:
     def __init__(
         self,
@@ -64,6 +84,9 @@ class Watcher:
         self.recorded = False
         self._health_due = 0.0  # a server's endpoint is asked at most once per poll_min
         self.db_trouble_since: float | None = None  # the database refused a write: the poll is read again
+        self.staged: Staged | None = None
+        self._outcome: str | None = None  # of the last commit: None (written), "conflict", "refused"
+        self._me = str(Controller.me())  # this process, as the record names its watcher
         self.health = HealthWatch(opts.health.ask, opts.health.grace_s, store, run_id) if opts.health else None
         self._load()
 
@@ -74,6 +97,7 @@ class Watcher:
         self.offset = run.log_offset
         self.inode = run.log_inode
         self.tail = bytes.fromhex(run.log_tail) if run.log_tail else b""  # the bytes before the offset
+        self.left_queue = None  # known again from the next state, should the record still say queued
         state = run.parser_state
         self.parser = (
             LogParser.from_dict(state)
@@ -120,16 +144,26 @@ class Watcher:
                 self._load()
             done = step()
         except DatabaseUnavailable as exc:
-            self.recorded = False
-            if self.db_trouble_since is None:
-                self.db_trouble_since = self.clock()
-                print(f"orch: run {self.run_id}: {exc}; will try again", file=sys.stderr)
+            self.refused(exc)
             return False
+        self._recovered()
+        return done
+
+    def refused(self, exc: DatabaseUnavailable) -> None:
+        """The database refused this step: nothing of it was recorded; the next step reads the record back
+        (`_load`) and the same log bytes are read again."""
+        self.recorded = False
+        self.staged = None
+        self._outcome = "refused"
+        if self.db_trouble_since is None:
+            self.db_trouble_since = self.clock()
+            print(f"orch: run {self.run_id}: {exc}; will try again", file=sys.stderr)
+
+    def _recovered(self) -> None:
         if self.db_trouble_since is not None:
             since, self.db_trouble_since = self.db_trouble_since, None
             self.store.add_event(self.run_id, "database", f"the database refused writes for "
                                  f"{self.clock() - since:.0f} s; nothing was lost")
-        return done
 
     def _poll(self) -> bool:
         self.wait.immediate = False
@@ -154,20 +188,67 @@ class Watcher:
         """Record one state of the job (a poll's answer, or what its host's agent pushed): True when the
         wait is over. `recorded` says whether it went in; when not (another writer was first, the
         database refused), the caller reads the log again from `offset`."""
-        self.recorded = False
-        if self.unreachable_since is not None:
-            self.store.add_event(self.run_id, "reconnected", f"host answered again after "
-                                 f"{self.clock() - self.unreachable_since:.0f} s")
-            self.unreachable_since = None
+        self.stage(state)
         try:
-            done = self._record(state)
+            with self.store.tx():
+                self.commit()
+        except DatabaseUnavailable as exc:
+            self.refused(exc)
+        return self.settle()
+
+    # Recording in three steps, so that a host's watcher writes the states of all its runs that came in
+    # one turn in one transaction: stage each (parse, judge: no database lock held), commit them all,
+    # settle each.
+    def stage(self, state: launch.JobState) -> None:
+        """Understand one state of the job and stage what it adds to the record (`staged`); nothing is
+        written yet but a note that the host answered again."""
+        self.recorded = False
+        self.staged, self._outcome = None, None
+        try:
+            if self.db_trouble_since is not None:
+                self._load()
+            if self.unreachable_since is not None:
+                self.store.add_event(self.run_id, "reconnected", f"host answered again after "
+                                     f"{self.clock() - self.unreachable_since:.0f} s")
+                self.unreachable_since = None
+            self.staged = self._record(state)
+        except DatabaseUnavailable as exc:
+            self.refused(exc)
+
+    def commit(self) -> None:
+        """Write the staged record inside the caller's transaction, in a savepoint of its own: when another
+        writer was first, only this run's part is rolled back."""
+        if self.staged is None:
+            return
+        try:
+            with self.store.savepoint():
+                self._save(self.staged)
         except _Conflict:
+            self._outcome = "conflict"
+
+    def settle(self) -> bool:
+        """After the transaction: True when the wait is over. A record not written (another writer was
+        first, the database refused) leaves the watcher as the record is: it reads the log again from there."""
+        staged, self.staged = self.staged, None
+        outcome, self._outcome = self._outcome, None
+        if outcome == "conflict":
             self._load()
             return self.status.terminal
+        if staged is None or outcome == "refused":
+            return False
         self.recorded = True
+        self.offset, self.inode, self.tail = staged.fields["log_offset"], staged.fields["log_inode"], staged.tail
+        self.left_queue = None
+        self.needs_stop = staged.stop  # stop_if_needed: the caller decides where the grace is waited
+        try:
+            self.run = self.store.get_run(self.run_id)
+            self._recovered()
+        except DatabaseUnavailable as exc:  # written, but not read back: the next step reads it
+            self.refused(exc)
+            self.recorded = True
         if self.on_update:
             self.on_update(self)
-        return done
+        return staged.done
 
     def lost_touch(self, reason: str) -> bool:
         """The host did not answer: say so once; True when it has been silent past the give-up bound
@@ -205,7 +286,7 @@ class Watcher:
         self.run = self.store.get_run(self.run_id)
         return True
 
-    def _record(self, state: launch.JobState) -> bool:
+    def _record(self, state: launch.JobState) -> Staged:
         p = self.parser
         before = (p.phase, p.progress.done if p.progress else None, p.error)
         events: list[tuple[str, str, Any]] = []
@@ -267,21 +348,28 @@ class Watcher:
         # the bytes before the new offset: the poll checks they are still there
         tail = b"" if new_offset == 0 else ((self.tail if state.offset == self.offset else b"") + state.data)
         tail = tail[-launch.TAIL_MARK:]
-        fields.update(log_inode=inode, log_tail=tail.hex())
-        self._save(new_offset, samples, events, now, end, fields)
         if stalled_for is not None and self.opts.on_stall == "dump" and not self.executor.schedules_gpus:
             # (on a cluster the job's processes are on its node, not where this would look)
             text = stall.dump(self.transport, self.handle[0])
-            self.store.add_event(self.run_id, "stall-dump", f"{len(text)} bytes of stacks", {"text": text[-65536:]})
-        if end and end[0] is Status.FAILED and state.alive:
-            self.needs_stop = True  # stop_if_needed: the caller decides where the grace is waited
-        self.offset, self.inode, self.tail = new_offset, inode, tail
-        self.run = self.store.get_run(self.run_id)
-        if end:
-            return True
+            events.append(("stall-dump", f"{len(text)} bytes of stacks", {"text": text[-65536:]}))
+        fields = {
+            "log_offset": new_offset, "log_inode": inode, "log_tail": tail.hex(), "parser_state": p.to_dict(),
+            "phase": p.phase, "progress": p.progress.to_dict() if p.progress else None,
+            "error": p.error.to_dict() if p.error else None, "watcher": self._me, "heartbeat": now,
+            **fields,  # may say the job is queued
+        }
+        return Staged(
+            expect=self.offset, events=events,
+            samples=[(m.name, m.value, m.line, self._sample_ts(m, now)) for m in samples],
+            debug=p.take_debug() if p.debug else [], fields=fields, tail=tail, left_queue=self.left_queue, end=end,
+            now=now, done=bool(end) or self._ready(p), stop=bool(end and end[0] is Status.FAILED and state.alive))
+
+    def _ready(self, p: LogParser) -> bool:
+        if not self.opts.until_ready:
+            return False
         if self.health is not None:  # ready: the log said so and the endpoint answers
-            return self.opts.until_ready and p.phase in SERVING_PHASES and self.health.ok
-        return self.opts.until_ready and p.phase == "ready"
+            return p.phase in SERVING_PHASES and self.health.ok
+        return p.phase == "ready"
 
     def _scheduler(self, state: launch.JobState, events: list[tuple[str, str, Any]], fields: dict[str, Any]) -> None:
         """What a batch scheduler adds to the log: the job waits in its queue (phase `queued`, and why),
@@ -390,43 +478,29 @@ class Watcher:
             pass  # the host stopped answering just now: say what is known
         return why or "the process is gone and wrote no exit code (killed with its wrapper, or the host rebooted)"
 
-    def _save(self, new_offset: int, samples: list[Any], events: list[tuple[str, str, Any]], now: float,
-              end: tuple[Status, str, dict[str, Any]] | None, fields: dict[str, Any]) -> None:
-        p = self.parser
-        with self.store.tx() as c:
-            row = c.execute("SELECT log_offset, status FROM runs WHERE id = ?", (self.run_id,)).fetchone()
-            if row[0] != self.offset or Status(row[1]).terminal:
-                raise _Conflict()
-            for kind, message, data in events:
-                self.store.add_event(self.run_id, kind, message, data, ts=now)
-            if samples:
-                self.store.add_metrics(self.run_id, [(m.name, m.value, m.line, self._sample_ts(m, now))
-                                                     for m in samples], now)
-            if p.debug:  # the debug patch set's lines
-                self.store.add_eagle3_debug(self.run_id, p.take_debug(), now)
-            self.store.update_run(
-                self.run_id,
-                **{
-                    "log_offset": new_offset,
-                    "parser_state": p.to_dict(),
-                    "phase": p.phase,
-                    "progress": p.progress.to_dict() if p.progress else None,
-                    "error": p.error.to_dict() if p.error else None,
-                    "watcher": str(Controller.me()),
-                    "heartbeat": now,
-                    **fields,  # may say the job is queued
-                },
-            )
-            try:
-                if self.left_queue is not None:  # the job's own start on its node, not when it was seen
-                    transition(self.store, self.run_id, Status.RUNNING, f"left the queue ({fields.get('node') or 'its node'})",
-                               started_at=self.left_queue)
-                if end:
-                    status, message, end_fields = end
-                    transition(self.store, self.run_id, status, message, **end_fields)
-            except TransitionError:
-                raise _Conflict() from None
-            self.left_queue = None
+    def _save(self, rec: Staged) -> None:
+        """Write a staged record; _Conflict when another writer recorded these bytes (or the run's end) first."""
+        c = self.store.conn
+        row = c.execute("SELECT log_offset, status FROM runs WHERE id = ?", (self.run_id,)).fetchone()
+        if row[0] != rec.expect or Status(row[1]).terminal:
+            raise _Conflict()
+        for kind, message, data in rec.events:
+            self.store.add_event(self.run_id, kind, message, data, ts=rec.now)
+        if rec.samples:
+            self.store.add_metrics(self.run_id, rec.samples, rec.now)
+        if rec.debug:  # the debug patch set's lines
+            self.store.add_eagle3_debug(self.run_id, rec.debug, rec.now)
+        self.store.update_run(self.run_id, **rec.fields)
+        try:
+            if rec.left_queue is not None:  # the job's own start on its node, not when it was seen
+                node = rec.fields.get("node") or "its node"
+                transition(self.store, self.run_id, Status.RUNNING, f"left the queue ({node})",
+                           started_at=rec.left_queue)
+            if rec.end:
+                status, message, end_fields = rec.end
+                transition(self.store, self.run_id, status, message, **end_fields)
+        except TransitionError:
+            raise _Conflict() from None
 
 
     def _sample_ts(self, sample: Metric, now: float) -> float | None:

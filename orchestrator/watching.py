@@ -1,8 +1,9 @@
 """Every active run is always watched: who watches a run, and a watcher for a host nobody watches.
 
-A host whose agent streams (an SSH host, this machine) has one watcher per workspace, `orch watch-host
-NAME --background` (hostwatch.py), found by its lock `runs/watchers/<host>.lock`; it follows every active
-run there, holding each run's lock, `runs/<id>/watch.lock`, while it does. A run on a Slurm cluster is
+A host whose agent streams (an SSH host, this machine) has one watcher per workspace, `python -m
+orchestrator.hostwatch NAME` (hostwatch.py; `orch watch-host NAME` runs the same), found by its lock
+`runs/watchers/<host>.lock`; it follows every active run there, holding each run's lock,
+`runs/<id>/watch.lock`, while it does. A run on a Slurm cluster is
 polled by a watcher of its own that holds the run's lock: `orch run` or `orch watch` in a terminal, a
 sweep's controller, or `orch watch ID --background`. Either is started for a run nobody watches — right
 after `orch run`, and from any `orch status` that finds an active run unwatched (its watcher was killed,
@@ -122,10 +123,15 @@ def watched_elsewhere(run: Run, poll_max: float) -> bool:
 
 def _spawn(ws: Workspace, log: Path, args: list[str]) -> None:
     """Start a background orch command in its own session, so it outlives this one."""
+    _start(ws, log, ["-m", "orchestrator", "--hosts", str(ws.hosts_file), *args, "--background"])
+
+
+def _start(ws: Workspace, log: Path, args: list[str]) -> None:
+    """Start `python ARGS` in the workspace, in its own session, its output appended to `log`."""
     package_root = str(Path(__file__).resolve().parent.parent)
     env = {**os.environ, "ORCH_HOME": str(ws.root),
            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    argv = [sys.executable, "-m", "orchestrator", "--hosts", str(ws.hosts_file), *args, "--background"]
+    argv = [sys.executable, *args]
     with open(log, "ab") as out:
         subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                          start_new_session=True)
@@ -137,8 +143,10 @@ def spawn(ws: Workspace, run_id: int) -> None:
 
 
 def spawn_host(ws: Workspace, host: str) -> None:
-    """Start the host's watcher, which follows every active run there; its output in runs/watchers/."""
-    _spawn(ws, host_lock_path(ws, host).with_suffix(".log"), ["watch-host", host])
+    """Start the host's watcher, which follows every active run there; its output in runs/watchers/. It
+    starts without the CLI (hostwatch's own entry point): a fleet runs one per host."""
+    _start(ws, host_lock_path(ws, host).with_suffix(".log"),
+           ["-m", "orchestrator.hostwatch", host, "--hosts", str(ws.hosts_file)])
 
 
 def watch_host_soon(ws: Workspace, host: Host) -> None:

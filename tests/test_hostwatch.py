@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from orchtest import FAST, Orch, job_cmd, wait_for_file
+
+WATCHER = b"orchestrator.hostwatch"  # a host's watcher: `python -m orchestrator.hostwatch HOST`
 
 
 def processes(home: Path, word: bytes) -> list[int]:
@@ -60,33 +64,57 @@ def test_runs_on_one_host_share_one_watcher_and_one_agent(orch: Orch, tmp_path: 
     for run_id in ids:
         orch.wait_for(run_id, lambda d: d["progress"] is not None)
     assert all(orch.status(i)["status"] == "running" for i in ids)
-    assert len(processes(private_home, b"watch-host")) == 1
+    assert len(processes(private_home, WATCHER)) == 1
     assert len(agents(tmp_path / "remote1")) == 1
     for run_id in ids:
         doc = orch.wait_for(run_id, lambda d: d["status"] == "succeeded", timeout=90)
         assert doc["progress"]["done"] == 150
         assert [e["message"] for e in doc["events"] if e["kind"] == "phase"].count("running") == 1
     deadline = time.time() + 30  # gone once its host has no active run
-    while processes(private_home, b"watch-host"):
+    while processes(private_home, WATCHER):
         assert time.time() < deadline, "the host's watcher outlived its last run"
         time.sleep(0.2)
 
 
+COUNT = """
+import pathlib, sys, time
+n, marker = int(sys.argv[1]), sys.argv[2]
+print("Loading safetensors checkpoint shards: 100% Completed | 2/2 [00:02<00:00]", flush=True)
+for i in range(n):
+    print(f"orch-metric n={i}", flush=True)
+    if i == n // 2:
+        pathlib.Path(marker).touch()
+    time.sleep(0.002)
+"""
+
+
 def test_a_killed_host_watcher_is_restarted_by_status_and_no_event_is_lost_or_doubled(
         orch: Orch, tmp_path: Path, private_home: Path) -> None:
-    marker = tmp_path / "half"
-    run_id = detach(orch, "test1", "--steps", "40", "--sleep", "0.1", "--marker", str(marker))
-    wait_for_file(marker)
-    [watcher] = processes(private_home, b"watch-host")
+    """Two runs stream a metric line every 2 ms, so every turn of the host's watcher records pushes of both
+    in one transaction; killed mid-stream, the next watcher reads on from the record: each run has every
+    sample once, in order, and the events recorded before the kill, unchanged and not repeated."""
+    script = tmp_path / "count.py"
+    script.write_text(COUNT)
+    n = 1500
+    markers = [tmp_path / f"half{i}" for i in (0, 1)]
+    ids = [int(orch("run", "command", "--host", "test1", "--detach", "--set",
+                    f"cmd={sys.executable} {script} {n} {marker}", "--set", f"gpus=[{i}]", *FAST,
+                    check=0).stdout) for i, marker in enumerate(markers)]
+    wait_for_file(markers[0])
+    [watcher] = processes(private_home, WATCHER)
     os.kill(watcher, signal.SIGKILL)
-    before = orch.status(run_id)["events"]
+    before = {run_id: orch.status(run_id)["events"] for run_id in ids}
     time.sleep(1.0)
-    orch("status", check=0)  # finds the run unwatched and starts its host's watcher again
-    doc = orch.wait_for(run_id, lambda d: d["status"] == "succeeded", timeout=90)
-    assert doc["events"][: len(before)] == before
-    assert doc["progress"]["done"] == 40
-    phases = [e["message"] for e in doc["events"] if e["kind"] == "phase"]
-    assert len(phases) == len(set(phases)), phases
+    orch("status", check=0)  # finds the runs unwatched and starts their host's watcher again
+    with sqlite3.connect(orch.db) as db:
+        for run_id in ids:
+            doc = orch.wait_for(run_id, lambda d: d["status"] == "succeeded", timeout=90)
+            assert doc["events"][: len(before[run_id])] == before[run_id]
+            phases = [e["message"] for e in doc["events"] if e["kind"] == "phase"]
+            assert len(phases) == len(set(phases)), phases
+            values = [int(v) for (v,) in db.execute(
+                "SELECT value FROM metrics WHERE run_id = ? AND name = 'n' ORDER BY id", (run_id,))]
+            assert values == list(range(n))
 
 
 def test_an_agent_killed_on_the_host_is_started_again(orch: Orch, tmp_path: Path) -> None:
