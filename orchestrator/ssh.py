@@ -411,6 +411,13 @@ class SSHTransport(Transport):
 
         return self._call(go)
 
+    def hold_open(self, wake_s: float = 1.0) -> None:
+        """For a connection held for hours (a host's watcher): paramiko's thread looks at its keepalive every
+        `wake_s` instead of ten times a second, which was most of an idle watcher's CPU."""
+        transport = self._conn.transport if self._conn is not None else None
+        if transport is not None and transport.sock is not None:
+            transport.sock.settimeout(wake_s)
+
     @staticmethod
     def _lost(conn: Any, grace: float = 0.5) -> bool:
         """Whether the connection is gone. Exit status -1 means none came back: the command died of a
