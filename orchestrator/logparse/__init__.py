@@ -2,15 +2,22 @@
 
 Pure and standard-library only: nothing here knows about hosts, runs or the database.
 
-Lines are read whatever their prefixes (peeled in any nesting): vLLM's process prefixes ('(APIServer
-pid=N)', '(EngineCore_DP0 pid=N)', '(Worker_TP7_EP7 pid=N)', '(VllmWorker rank=0 pid=N)') and its
-logging layouts old and new ('INFO 11-20 12:00:00 model_runner.py:680]', '... [file.py:12]'), SGLang's
-'[time DPn TPn]', '[rank3]: ', c10d's '[E626 ...]', Python logging's '... - name - LEVEL - ', a
-collector's time or unit, colour codes; Rich's wrapped columns are joined back into lines.
+Lines are read whatever their prefixes, recognised by shape and peeled in any nesting (text.py): a process
+tag in parentheses with a pid or rank ('(EngineCore_DP0 pid=N)', '(VllmWorker rank=0 pid=N)', Ray's), a
+writer's tag in brackets ended by ':' ('[rank3]: ', '[default0]:', mpirun's '[1,0]<stdout>:'), `srun --label`'s
+task number ('3: '), docker compose's 'svc-1  | ', journald's and RFC 3339 times in front, and the loggers'
+columns: vLLM's layouts old and new ('INFO 11-20 12:00:00 model_runner.py:680]', '... [file.py:12]'),
+SGLang's '[time DPn TPn]', c10d's '[E626 ...]', Python logging's '... - name - LEVEL - ', a time and a level
+('2025-01-01 10:00:00,123 INFO ', loguru's '... | INFO | '), any bracketed column of times, levels, tags and
+source locations (DeepSpeed's '[time] [INFO] [file.py:96:fn] '); colour codes. Rich's wrapped columns are
+joined back into lines behind a launcher's or collector's prefix, and across other writers' lines between
+them. A tqdm redraw with another line glued after it (no line break came between them) is two lines. A
+prefix that only one engine writes names it only while no engine's own words say otherwise.
 
 Error kinds (errors.KINDS): other, python_exception, import_error, timeout, config_error, killed, nccl,
 cuda_oom; the most specific symptom of a failure names it, and a root cause stays the error when other
-ranks' noise or a 'Killed' follows it. The exception class and message come from the
+ranks' noise or a 'Killed' follows it: another process's error after a root cause that nothing caught is
+its consequence (a peer's NCCL timeout after one rank's crash) and joins its chain without renaming it. The exception class and message come from the
 exception line itself (a traceback's last line, or 'XxxError: ...' logged at ERROR level), never from a
 source line a frame quotes; a chained traceback keeps its root cause, later exceptions go to `chain`.
 
@@ -35,17 +42,25 @@ Anything else is tentative, and what follows decides (Fatal or survivable):
     keeps answering, a CUDA out-of-memory the engine retried;
   - the exit code or the pid, where the watcher knows them;
   - the end of the log: a traceback cut short before its exception line (a clipped pane, a rank stopped
-    mid-frame), an exception line or an engine's warning of trouble that nothing healthy followed is how
-    the run ended; a complete traceback that something caught is survived.
-A traceback cut short is a python_exception, of the class a frame's `raise` names when one does. Lines
+    mid-frame), an exception line (also one the log ends in without its line end: it was cut) or an
+    engine's warning of trouble that nothing healthy followed is how the run ended; a traceback that
+    something caught (its outermost frame is no top level), complete or cut short where other lines
+    follow, is survived. A frame line clipped before its function's name leaves that unknown: tentative.
+A traceback cut short is a python_exception, of the class a frame's `raise` names when one does; one that
+another writer's line interrupts goes on when its frames or its exception line follow. A pane's clipped
+header ('Traceback (most rec') is a header; a class name alone must end as exception classes do.
+Healthy work includes an access-log line of any answered status but a server error's (a 2xx one moves a
+starting server to ready). Lines
 logged at DEBUG/INFO/WARNING, Python warnings, NCCL's debug output, a file lock's debug lines and SGLang's
 'Ignore import error' are never errors by their words alone (except markers that count at any level, such
 as vLLM 0.33's WARNING that an engine core exited). Each error carries a hint (hints.py): a remedy and
 where the advice comes from.
 
 Engines, trainers and tools are read from tables (formats.py; sglang.py, vllm.py, speculators.py,
-slurm.py), and what no table knows by its shape: any traceback, any tqdm bar and its postfix metrics, a
-trainer's dict or step lines (trainers.py), a benchmark's result block (bench.py), exit words.
+slurm.py), and what no table knows by its shape: any traceback, any tqdm bar (with or without a rate) and
+the trainer's numbers in its postfix or label, a trainer's dict or step lines (trainers.py), a benchmark's
+result block or result lines (bench.py), exit words. A trailing number of the line the log ends in without
+its line end is no metric: it may have been cut.
 
 Metrics: the engines' own statistics, and any job's `orch-metric NAME=VALUE ...` lines (see protocol.py);
 each sample carries the line's own time as printed, when it shows one (stamp_time reads it).

@@ -9,7 +9,17 @@ from types import ModuleType
 from typing import Any
 
 from . import bench, eagle3_debug, generic, sglang, slurm, speculators, trainers, vllm
-from .errors import COMMON_RULES, CUT_MESSAGE, HARMLESS, RANK, LogError, classify, exception_kind, exception_line, merge
+from .errors import (
+    COMMON_RULES,
+    CUT_MESSAGE,
+    HARMLESS,
+    RANK,
+    LogError,
+    classify,
+    exception_kind,
+    exception_line,
+    merge,
+)
 from .formats import Screen
 from .hints import hint_of
 from .protocol import PROGRESS, PROTOCOL, protocol_metrics, protocol_progress
