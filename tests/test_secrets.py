@@ -49,6 +49,8 @@ def test_the_job_gets_a_secret_and_nothing_orch_keeps_or_shows_holds_it(tmp_path
     run_id = run_with_secrets(orch, out, "--host", "test1")
     assert out.read_text() == f"{TOKEN}|{CRED}|false"  # the job had the real values
     doc = orch.status(run_id)
+    job_script = Path(doc["remote_dir"]) / "job.sh"  # how the job got them, on its host: its owner's alone
+    assert TOKEN in job_script.read_text() and job_script.stat().st_mode & 0o077 == 0
     # by its name (HF_TOKEN), or marked (MY_CRED); TOKENIZERS_PARALLELISM only starts with TOKEN
     assert doc["spec"]["env"] == {"HF_TOKEN": "***", "MY_CRED": "***", "TOKENIZERS_PARALLELISM": "false"}
     assert json.loads((orch.root / "runs" / str(run_id) / "spec.json").read_text())["spec"]["env"]["HF_TOKEN"] == "***"

@@ -284,7 +284,7 @@ def submit(root, script, token, options):
     known = job_id_of(root)
     if known is not None:
         return {"job_id": known, "again": True}
-    _write(os.path.join(root, "job.sh"), script, 0o644)
+    _write(os.path.join(root, "job.sh"), script, 0o600)  # its environment may hold secrets: the owner's only
     # the batch script only starts the wrapper, through the bootstrap that checks this program's bytes
     _write(os.path.join(control, "batch.sh"), "#!/bin/sh\nexec " + " ".join(
         _sh_word(w) for w in self_command("wrap")) + "\n", 0o755)
@@ -394,7 +394,7 @@ def launch(root, script, token):
     started = find(root)  # the run dir is this run's (claimed before its patches, or a retried launch)
     if started is not None:
         return {**started, "again": True}
-    _write(os.path.join(root, "job.sh"), script, 0o644)
+    _write(os.path.join(root, "job.sh"), script, 0o600)  # its environment may hold secrets: the owner's only
     devnull = os.open(os.devnull, os.O_RDWR)
     try:
         # the same checked bytes as this agent, never the file as it may be now; it detaches (forks
