@@ -70,11 +70,11 @@ def build(db: Path, n: int) -> None:
     conn.close()
 
 
-def timed_get(host: str, port: int, path: str) -> tuple[float, float, bytes]:
+def timed_get(host: str, port: int, path: str, token: str) -> tuple[float, float, bytes]:
     """Seconds to the first byte and to the whole body, over a new connection (as a browser's first visit)."""
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection(host, port, timeout=30)
-    conn.request("GET", path)
+    conn.request("GET", path, headers={"X-Orch-Token": token})
     res = conn.getresponse()  # returns once the status line and headers are in
     first = time.perf_counter() - t0
     body = res.read()
@@ -109,7 +109,7 @@ def sqlite_same(db: Path, path: str) -> float:
     return took
 
 
-def browser_figures(base: str, db: Path, tmp: Path) -> dict[str, float] | None:
+def browser_figures(base: str, token: str, db: Path, tmp: Path) -> dict[str, float] | None:
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
@@ -125,7 +125,7 @@ def browser_figures(base: str, db: Path, tmp: Path) -> dict[str, float] | None:
         options.add_argument(arg)
     driver = webdriver.Chrome(options=options, service=Service(driver_path))
     try:
-        driver.get(base + "/")  # warm: the browser's own start is not the page's
+        driver.get(f"{base}/#token={token}")  # warm: the browser's own start is not the page's
         t0 = time.perf_counter()
         driver.get(base + "/")
         while not driver.execute_script("return document.querySelectorAll('tr[data-run]').length"):
@@ -169,14 +169,14 @@ def main() -> None:
         proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "ui", "--port", "0"], env=env,
                                 stdout=subprocess.DEVNULL, stderr=log.open("w"))
         try:
-            while not (m := re.search(r"http://([\d.]+):(\d+)/", log.read_text())):
+            while not (m := re.search(r"http://([\d.]+):(\d+)/#token=(\S+)", log.read_text())):
                 assert proc.poll() is None, log.read_text()
                 time.sleep(0.05)
-            host, port = m[1], int(m[2])
+            host, port, token = m[1], int(m[2]), m[3]
             rows = []
             for what, path in [("page shell", "/"), *QUERIES]:
-                timed_get(host, port, path)  # warm: the page cache and the worker thread's connection
-                tries = [timed_get(host, port, path) for _ in range(args.tries)]
+                timed_get(host, port, path, token)  # warm: the page cache and the worker thread's connection
+                tries = [timed_get(host, port, path, token) for _ in range(args.tries)]
                 sql = [sqlite_same(db, path) for _ in range(args.tries)] if path != "/" else []
                 n = len(json.loads(tries[0][2])["runs"]) if path != "/" else None
                 rows.append({"what": what, "path": path, "rows": n,
@@ -184,7 +184,7 @@ def main() -> None:
                              "total_ms": 1000 * statistics.median(t[1] for t in tries),
                              "sqlite_ms": 1000 * statistics.median(sql) if sql else None})
                 print(rows[-1])
-            browser = browser_figures(f"http://{host}:{port}", db, tmp)
+            browser = browser_figures(f"http://{host}:{port}", token, db, tmp)
             print(browser)
         finally:
             proc.terminate()
