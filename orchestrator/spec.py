@@ -20,9 +20,10 @@ from .errors import OrchError, SpecError
 # one. A run started again from its record finds MASK there, so MASK in `env` means "the value of this
 # variable in orch's own environment", taken when the run is built (`build`).
 MASK = "***"
-# One of the name's `_`-separated words ends in one of these: HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY,
-# PGPASSWORD, APIKEYS; not TOKENIZERS_PARALLELISM or KEYBOARD, which only start with one.
-_SECRET_WORD = re.compile(r"(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD)S?$", re.IGNORECASE)
+# One of the name's `_`-separated words ends in one of these (a plural, a number after it): HF_TOKEN,
+# WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, PGPASSWORD, APIKEY2; not TOKENIZERS_PARALLELISM or KEYBOARD, which
+# only start with one.
+_SECRET_WORD = re.compile(r"(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD)S?\d*$", re.IGNORECASE)
 
 
 def looks_secret(name: str) -> bool:

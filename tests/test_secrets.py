@@ -146,7 +146,7 @@ def test_a_secret_cannot_be_swept(tmp_path: Path, matrix: str) -> None:
 
 def test_secret_names(tmp_path: Path) -> None:
     for name in ("HF_TOKEN", "hf_token", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY",
-                 "AWS_ACCESS_KEY_ID", "PGPASSWORD", "DB_PASSWD", "OPENAI_APIKEY", "CLIENT_SECRETS", "GH_TOKENS"):
+                 "AWS_ACCESS_KEY_ID", "PGPASSWORD", "DB_PASSWD", "OPENAI_APIKEY", "CLIENT_SECRETS", "GH_TOKENS", "APIKEY2"):
         assert specmod.looks_secret(name), name
     for name in ("TOKENIZERS_PARALLELISM", "KEYBOARD", "CUDA_VISIBLE_DEVICES", "HF_HOME", "NCCL_DEBUG", "SECRETARY"):
         assert not specmod.looks_secret(name), name
