@@ -88,7 +88,8 @@ _LOUD_LEVELS = {"ERROR", "CRITICAL"}
 _SERVING = re.compile(r"Application startup complete\.|Uvicorn running on|HTTP/[\d.]+\" 2\d\d\b")
 _ANSWERED = re.compile(r"\"[A-Z]{3,7} /\S*(?: HTTP(?:/[\d.]*)?(?:\" [1-4]\d\d\b|\"?\s*$)|\s*$)")
 _DONE = Screen(trainers.DONE,
-               ("finish", "complete", "done", "train_runtime", "trainer.fit", "after training", "exit"))
+               ("finish", "complete", "done", "ended", "train_runtime", "trainer.fit", "after training", "train metrics",
+                "exit"))
 
 
 def _plain_prefix(prefix: str, with_total: bool) -> bool:
@@ -375,7 +376,7 @@ class LogParser:
                 if name in _HEALTHY_METRICS:
                     self._healthy()
         trained = (speculators.train_metrics(text) or trainers.dict_metrics(text)
-                   or trainers.step_metrics(text))
+                   or trainers.step_metrics(text) or trainers.summary_metrics(text))
         for name, value in trained:
             self._sample(name, value, line, found)
         if trained:

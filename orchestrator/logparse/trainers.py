@@ -106,6 +106,18 @@ def training_postfix(postfix: str) -> bool:
     return "=" in postfix and any(_TRAINER_KEY.search(k) for k, _ in _POSTFIX_PAIR.findall(postfix))
 
 
+# HF example scripts' summary rows under '***** train metrics *****': '  train_loss               =     1.2345'.
+_SUMMARY_ROW = re.compile(r"^  ((?:train|eval|predict|test)_\w+|epoch)\s+=\s+(" + _NUMBER + r")\s*$")
+
+
+def summary_metrics(text: str) -> list[tuple[str, float]]:
+    """A row of a Trainer script's metrics summary; [] for any other line."""
+    if " = " not in text:
+        return []
+    m = _SUMMARY_ROW.match(text)
+    return _named([(m.group(1), m.group(2))], aliases=False) if m else []
+
+
 def step_metrics(text: str) -> list[tuple[str, float]]:
     """The pairs of a trainer's step line; [] unless the line names a step, iteration or epoch and holds at
     least two numbers."""
@@ -126,9 +138,10 @@ def step_metrics(text: str) -> list[tuple[str, float]]:
 # A trainer's or a job's own last word.
 DONE = re.compile(
     r"\b(?:[Tt]raining|[Gg]eneration|[Ee]xtraction|[Ee]valuation|[Bb]enchmark|[Jj]ob|[Ff]ine-?tuning)"
-    r" (?:is )?(?:finished|complete|completed|done)\b(?! with errors?\b)"
-    r"|\bFinished (?:training|generation|extraction|evaluation)\b"
+    r" (?:is |has |have )?(?:finished|complete|completed|done|ended)\b(?! with errors?\b)"
+    r"|\b(?:Finished|Done) (?:training|generation|extraction|evaluation|fine-?tuning)\b"
     r"|\{'train_runtime': |`Trainer\.fit` stopped: "  # HF Trainer's and Lightning's last words
+    r"|^\*{5} train metrics \*{5}$"  # HF example scripts' summary after training
     r"|^\[after training is done\]"  # Megatron
     r"|\b(?:[Ee]xit(?:ed)?|[Rr]eturned)(?: with)?(?: exit)? (?:code|status)[:=]? ?0\.?\s*$|\bexit 0\s*$"
 )

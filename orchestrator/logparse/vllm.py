@@ -19,7 +19,10 @@ from .formats import Format, line, metrics_of, phase_of
 NAME = "vllm"
 
 # Its process prefixes and its logging layout (old and new) are recognised where lines are cleaned.
-DETECT = re.compile(r"vllm|vLLM|EngineCore|\((?:APIServer|Worker_\w+|VllmWorker\S*) pid=")
+DETECT = re.compile(r"vllm|vLLM|EngineCore|\((?:APIServer|Worker_\w+|VllmWorker\S*) pid="
+                    # its own bars and compile lines, which a log of nothing else still shows
+                    r"|^Capturing CUDA graphs \((?:mixed prefill-decode|decode|prefill)[,)]"
+                    r"|^(?:Processed prompts|Adding requests): |Dynamo bytecode transform time: ")
 
 _CORE = "v1/engine/core.py"
 _CLIENT = "v1/engine/core_client.py"
