@@ -141,6 +141,7 @@ class Queue:
         self.cond = threading.Condition()
         self.jobs: dict[str, JobInfo] = {}
         self.ended: dict[str, JobInfo] = {}
+        self.ended_seen: dict[str, float] = {}  # job id -> when an answer first said it ended
         self.watched: dict[str, float] = {}  # job id -> when it was first looked up
         self.asked_at: float | None = None  # when the last answer's query began
         self.asking = False
@@ -172,7 +173,9 @@ class Queue:
                 self.cond.notify_all()
         with self.cond:
             self.jobs, self.asked_at = jobs, started
-            self.ended.update({k: v for k, v in jobs.items() if v.ended and k in self.watched})
+            for k, v in jobs.items():
+                if v.ended and k in self.watched and k not in self.ended:
+                    self.ended[k], self.ended_seen[k] = v, self.clock()
             return self.ended.get(job_id) or self.jobs.get(job_id)
 
     def wait(self, job_id: str, hold_s: float, sleep: Callable[[float], None] = time.sleep) -> JobInfo | None:
@@ -265,6 +268,9 @@ def read_state(transport: Transport, paths: RunPaths, handle: Handle, offset: in
     return judge(transport, handle, state, info)
 
 
+EXIT_CODE_WAIT_S = 10.0  # after the scheduler says a job ended, how long its exit code may take to show
+
+
 def judge(transport: Transport, handle: Handle, state: JobState, info: JobInfo | None) -> JobState:
     """The run dir's side of a job's state (its log, exit code, the node its batch script noted) with the
     scheduler's view laid over it: alive while Slurm has it, queued and why, the end Slurm decided."""
@@ -282,13 +288,19 @@ def judge(transport: Transport, handle: Handle, state: JobState, info: JobInfo |
         # the end waits for the scheduler's verdict, one round later.
         state.exit_code = None
     if info.ended:
-        queue_for(transport).forget(info.job_id)
+        queue = queue_for(transport)
         if info.state in CAUSES:
             state.cause = f"{info.state}: Slurm job {info.job_id}: {CAUSES[info.state]}"
         elif state.exit_code is None and info.exit_code is not None:
             state.exit_code = info.exit_code  # the wrapper could not write it (the run dir was unreachable)
         elif state.exit_code is None:
+            if queue.clock() - queue.ended_seen.get(info.job_id, queue.clock()) < EXIT_CODE_WAIT_S:
+                # a state read from the run dir before the scheduler's answer that the job ended: the
+                # exit code the wrapper wrote last comes with the next one
+                state.alive = True
+                return state
             state.cause = f"{info.state}: Slurm job {info.job_id} ended without the job's exit code"
+        queue.forget(info.job_id)
     return state
 
 

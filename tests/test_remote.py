@@ -512,3 +512,37 @@ def test_marker_lines_in_known_hosts_are_understood(ssh_fleet: SSHFleet, ssh_hos
     user_known.write_text(f"@revoked {ssh_fleet.server(1).known_hosts_name} {server_key}\n")
     with pytest.raises(HostKeyError, match="marked @revoked in known_hosts"):
         SSHTransport(ssh_host).run("true")
+
+
+# -- the host's agent over real sshd: the ops that replaced shell --------------------------------------
+
+
+def test_the_agent_drives_a_job_over_ssh_without_shell(ssh_host: Host, tmp_path: Path) -> None:
+    """Launch, a held read woken by a line, tail, the GPU look of a CPU host, kill, and the account of a
+    job gone without an exit code: each one request on the agent's one channel."""
+    from orchestrator import agent, gpu
+    from orchestrator.executor import HostExecutor
+    from orchestrator.launch import RunPaths
+
+    transport, _ = ssh_transport(ssh_host)
+    try:
+        executor = HostExecutor(transport)
+        paths = RunPaths(str(tmp_path / "run"))
+        go = tmp_path / "go"
+        script = f"echo first\nwhile [ ! -e {go} ]; do sleep 0.05; done\necho 'Uvicorn running on x'\nsleep 300\n"
+        handle = executor.launch(paths, script, "tok")
+        assert executor.launch(paths, script, "tok") == handle  # the same token: the same job
+        assert executor.find(paths) == handle
+        go.touch()
+        state = executor.poll(paths, handle, 0, 1 << 20, hold_s=600, wake="Uvicorn running")
+        while b"Uvicorn" not in state.data:  # woke by the line (or by "first", read before it came)
+            state = executor.poll(paths, handle, state.offset + len(state.data), 1 << 20, hold_s=600,
+                                  wake="Uvicorn running")
+        assert state.alive and executor.tail(paths, 1) == "Uvicorn running on x\n"
+        assert gpu.snapshot(transport) is None  # no nvidia-smi on this host's PATH
+        assert executor.kill(handle, 5) == "stopped"
+        assert not executor.poll(paths, handle, 0, 1 << 20).alive
+        assert executor.explain_loss(paths, handle) is not None
+        assert agent.shared(transport).alive  # one link for all of it
+    finally:
+        transport.close()

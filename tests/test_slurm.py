@@ -192,8 +192,9 @@ def test_hostile_host_values_reach_sbatch_as_single_words(tmp_path, cluster, mon
     fake.write_text(f"#!/bin/bash\nprintf '%s\\0' \"$@\" > {tmp_path}/argv\necho 77\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     args = slurm.sbatch_args(host, paths, 2)
-    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
-    assert host_agent.submit(paths.root, "echo hi\n", "tok'en $(x)", args) == {"job_id": 77, "again": False}
+    with monkeypatch.context() as m:  # the stand-in for this call only: the runs below use the real one
+        m.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+        assert host_agent.submit(paths.root, "echo hi\n", "tok'en $(x)", args) == {"job_id": 77, "again": False}
     argv = (tmp_path / "argv").read_text().split("\0")[:-1]
     # the batch script sits with the run's other control files
     assert argv == [*args, "--parsable", ".orch/batch.sh"]

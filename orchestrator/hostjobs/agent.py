@@ -244,9 +244,9 @@ SINFO_FORMATS = {"partitions": ["-o", "%P %D"],
                  "nodes": ["-N", "-O", "NodeList:|,Gres:|,GresUsed:|,StateLong:|,Partition:"]}
 
 
-def _scheduler(argv, timeout=60):
+def _scheduler(argv, timeout=60, cwd=None):
     """Run one of the scheduler's commands (an argv, no shell); its output, or raises with its words."""
-    out = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
+    out = subprocess.run(argv, capture_output=True, timeout=timeout, check=False, cwd=cwd)
     if out.returncode != 0:
         said = (out.stderr or out.stdout).decode(errors="replace").strip()
         raise RuntimeError(f"{argv[0]} failed: {said[-300:] or f'exit code {out.returncode}'}")
@@ -289,7 +289,8 @@ def submit(root, script, token, options):
     _write(os.path.join(control, "batch.sh"), "#!/bin/sh\nexec " + " ".join(
         _sh_word(w) for w in self_command("wrap")) + "\n", 0o755)
     try:
-        out = _scheduler(["sbatch", *options, "--parsable", os.path.join(CONTROL, "batch.sh")], timeout=120)
+        out = _scheduler(["sbatch", *options, "--parsable", os.path.join(CONTROL, "batch.sh")], timeout=120,
+                         cwd=root)
         head = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
         if not head.isdigit():
             raise RuntimeError(f"sbatch printed no job id: {out.strip()[:200]!r}")
@@ -819,6 +820,10 @@ def _option(v):
     return isinstance(v, str) and v.startswith("-") and len(v) <= 4096 and not any(c in v for c in "\0\n\r")
 
 
+def _maybe_word(v):
+    return v == "" or _word(v)
+
+
 def _hex(v):
     return isinstance(v, str) and len(v) % 2 == 0 and all(c in "0123456789abcdef" for c in v)
 
@@ -848,7 +853,8 @@ REQUIRED = object()
 # op -> {argument: (check, default)}
 ARGS = {
     "hello": {}, "ping": {},
-    "follow": {"key": (_word, REQUIRED), "dir": (_path, REQUIRED), "pid": (_count, 0), "start": (_ticks, ""),
+    # a batch job is followed under its scheduler's handle (job id, "slurm:<name>"): never signalled here
+    "follow": {"key": (_word, REQUIRED), "dir": (_path, REQUIRED), "pid": (_count, 0), "start": (_maybe_word, ""),
                "offset": (_count, 0), "inode": (_maybe(_count), None), "tail": (_hex, ""),
                "scheduled": (_flag, False)},
     "unfollow": {"key": (_word, REQUIRED)},
@@ -901,6 +907,7 @@ class Agent:
     def __init__(self):
         self.followed = {}
         self.lock = threading.Lock()
+        self.backlog = False  # a followed log has more bytes than the last tick pushed
 
     def hello(self, a):
         boot = _read_small("/proc/sys/kernel/random/boot_id")
@@ -1029,9 +1036,11 @@ class Agent:
         now = time.monotonic()
         with self.lock:
             runs = list(self.followed.values())
+        self.backlog = False
         for run in runs:
             try:
                 doc = run.state(now)
+                self.backlog = self.backlog or (doc is not None and run.wanted)
             except Exception as exc:  # noqa: BLE001 - one run's trouble (a vanished dir) is that run's, not the agent's
                 doc = {"push": "trouble", "key": run.key, "error": str(exc)}
             if doc is not None:
@@ -1043,7 +1052,7 @@ class Agent:
         buf = b""
         heard = beat = time.monotonic()
         while True:
-            if sel.select(TICK_S):
+            if sel.select(0 if self.backlog else TICK_S):  # a log read in chunks: the next one at once
                 chunk = os.read(0, 1 << 16)
                 if not chunk:
                     return  # the watcher closed the channel

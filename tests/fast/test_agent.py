@@ -8,6 +8,7 @@ import queue
 import os
 import signal
 import subprocess
+import threading
 import sys
 import time
 from pathlib import Path
@@ -222,3 +223,124 @@ def test_the_protocol_is_json_lines(tmp_path: Path):
     assert reply["id"] == 7 and reply["ok"] and reply["result"]["sha256"] == agent_client.digest()
     proc.stdin.close()
     assert proc.wait(timeout=10) == 0
+
+
+# -- the ops that replaced shell: each argument checked, argv lists only ---------------------------------
+@pytest.mark.parametrize("op, args, why", [
+    ("kill", {"pid": 1, "start": "1; rm -rf /"}, "bad start"),
+    ("kill", {"pid": "1", "start": "12"}, "bad pid"),
+    ("kill", {"pid": 1}, "missing argument start"),
+    ("read", {"dir": "relative/run"}, "bad dir"),
+    ("read", {"dir": "/tmp/x", "command": "id"}, "unknown argument"),
+    ("health", {"url": "file:///etc/passwd"}, "bad url"),
+    ("kill_pids", {"procs": [[0, "5"]]}, "bad procs"),
+    ("submit", {"dir": "/tmp/x", "script": "true", "token": "t", "options": ["x; id"]}, "bad options"),
+    ("sinfo", {"what": "-o %all"}, "bad what"),
+])
+def test_every_op_refuses_an_argument_that_does_not_check(link: AgentLink, op: str, args: dict, why: str):
+    with pytest.raises(AgentError, match=why):
+        link.call(op, **args)
+
+
+def wait_for(predicate, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.05)
+
+
+def test_a_held_read_wakes_on_a_matching_line_and_not_on_others(link: AgentLink, tmp_path: Path):
+    root = tmp_path / "work" / "runs" / "4"
+    go = tmp_path / "go"
+    script = f"echo noise\nwhile [ ! -e {go} ]; do sleep 0.05; done\necho 'The server is fired up and ready'\nsleep 300\n"
+    job = link.call("launch", dir=str(root), script=script, token="t4")
+    wait_for(lambda: b"noise" in (root / "log").read_bytes())
+    answer: list[dict] = []
+    reader = threading.Thread(target=lambda: answer.append(link.call(
+        "read", timeout=60, dir=str(root), pid=job["pid"], start=job["start"], hold_s=600,
+        wake=["fired up and ready"])))
+    reader.start()
+    reader.join(1.0)
+    assert reader.is_alive(), "woke on a line that does not match"
+    go.touch()
+    reader.join(60)  # a read that never wakes times out: its call raises instead of answering
+    state = pushed_state(answer[0])
+    assert state.alive and b"noise\nThe server is fired up and ready\n" == state.data
+    assert link.call("kill", pid=job["pid"], start=job["start"], grace_s=5)["outcome"] == "stopped"
+    # the job ended: a read holds no longer, and says so with every byte
+    done = pushed_state(link.call("read", timeout=60, dir=str(root), pid=job["pid"], start=job["start"],
+                                  hold_s=600, offset=6, tail=b"noise\n".hex()))
+    assert not done.alive and done.offset == 6 and done.data.startswith(b"The server")
+
+
+def test_a_job_outlives_its_agent_and_its_wrapper_writes_the_exit_code(tmp_path: Path):
+    host = Host(name="local", workdir=str(tmp_path / "work"), python=sys.executable)
+    link = AgentLink.start(LocalTransport(host))
+    root = tmp_path / "work" / "runs" / "5"
+    go = tmp_path / "go"
+    job = link.call("launch", dir=str(root), script=f"while [ ! -e {go} ]; do sleep 0.05; done\necho done\nexit 4\n",
+                    token="t5")
+    agent_pid = link.info["pid"]
+    assert host_agent._stat_fields(job["pid"])[1] != str(agent_pid)  # detached: not the agent's child
+    link.close()
+    wait_for(lambda: not host_agent.live_start(agent_pid))
+    assert host_agent.live_start(job["pid"]) == job["start"]
+    go.touch()
+    wait_for(lambda: (root / ".orch" / "exit_code").exists())
+    assert (root / ".orch" / "exit_code").read_text() == "4\n" and (root / "log").read_text() == "done\n"
+    assert float((root / ".orch" / "ended_at").read_text()) >= float((root / ".orch" / "started_at").read_text())
+
+
+def test_a_job_killed_by_a_signal_exits_as_a_shell_says_it(link: AgentLink, tmp_path: Path):
+    root = tmp_path / "work" / "runs" / "6"
+    link.call("launch", dir=str(root), script="kill -9 $$\n", token="t6")
+    wait_for(lambda: (root / ".orch" / "exit_code").exists())
+    assert (root / ".orch" / "exit_code").read_text() == "137\n"
+
+
+FAKES = Path(__file__).resolve().parents[1] / "fakes"
+
+
+def test_gpus_are_read_and_attributed_on_the_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("PATH", f"{FAKES}{os.pathsep}{os.environ['PATH']}")
+    state = tmp_path / "gpu-state.json"
+    monkeypatch.setenv("ORCH_FAKE_GPU_STATE", str(state))
+    host = Host(name="local", workdir=str(tmp_path / "work"), python=sys.executable)
+    link = AgentLink.start(LocalTransport(host))  # started with the stand-in first on its PATH
+    try:
+        root = tmp_path / "work" / "runs" / "7"
+        job = link.call("launch", dir=str(root), script="echo $$ > job.pid\nexec sleep 300\n", token="t7")
+        wait_for(lambda: (root / "job.pid").exists() and (root / "job.pid").read_text().strip())
+        member = int((root / "job.pid").read_text())
+        state.write_text(json.dumps({"gpus": [{"index": 0, "uuid": "GPU-a", "na": ["utilization.gpu"]}],
+                                     "processes": [{"pid": member, "gpu": 0, "used_memory": 700}]}))
+        doc = link.call("gpus")
+        assert doc["gpus"] == [{"index": "0", "uuid": "GPU-a", "memory.used": "703", "memory.total": "81559",
+                                "utilization.gpu": "[N/A]"}]
+        assert doc["apps"] == [{"pid": str(member), "gpu_uuid": "GPU-a", "used_memory": "700"}]
+        seen = doc["procs"][str(member)]
+        assert (seen["pgid"], seen["group_start"], seen["mark"]) == (job["pid"], job["start"],
+                                                                     f"{job['pid']}:{job['start']}")
+        assert seen["command"] == "sleep 300" and seen["start"] == host_agent.start_time(member)
+        # a start time that is not the process's: never signalled
+        assert link.call("kill_pids", procs=[[member, str(int(seen["start"]) + 1)]], grace_s=1)["outcome"] == "gone"
+        assert host_agent.live_start(member)
+        assert link.call("kill_pids", procs=[[member, seen["start"]]], grace_s=5)["outcome"] == "stopped"
+        state.unlink()  # the driver gone: nvidia-smi's own words
+        assert "couldn't communicate with the NVIDIA driver" in link.call("gpus")["error"]
+    finally:
+        link.close()
+
+
+def test_tail_chunk_and_files_never_follow_a_symlink(link: AgentLink, tmp_path: Path):
+    root = tmp_path / "run"
+    (root / "pulled").mkdir(parents=True)
+    (root / "pulled" / "old").write_text("earlier pull")
+    (root / "log").write_bytes(b"".join(b"line %d\n" % i for i in range(1000)))
+    (root / "secret").symlink_to("/etc/hostname")
+    got = link.call("tail", path=str(root / "log"), lines=2)
+    assert got == {"text": "line 998\nline 999\n", "size": (root / "log").stat().st_size}
+    assert link.call("chunk", path=str(root / "secret"), offset=0, length=100)["data"] == ""
+    assert base64.b64decode(link.call("chunk", path=str(root / "log"), offset=7, length=7)["data"]) == b"line 1\n"
+    assert link.call("files", dir=str(root))["files"] == [[(root / "log").stat().st_size, "log"]]
+    assert link.call("size", path=str(root / "secret"))["size"] is None
