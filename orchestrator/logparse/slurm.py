@@ -1,4 +1,5 @@
-"""Slurm's own lines in a job's output: slurmstepd's and srun's account of how the job or a step ended.
+"""Slurm's own lines in a job's output: slurmstepd's and srun's account of how the job or a step ended (and
+the same account in PBS's and LSF's words).
 
 They name the engine `slurm` only when nothing else does (a log of nothing but a cancelled job).
 """
@@ -31,4 +32,11 @@ RULES: list[Rule] = [
          versions="all", source="src/plugins/task/cgroup/", any_level=True),
     rule(r"^srun: error: \S+: tasks? [\d,-]+: Exited with exit code [1-9]", "other", True, False,
          versions="all", source="src/srun/", any_level=True),
+    rule(r"^srun: error: Node failure on \S+", "killed", True, True, versions="all", source="src/srun/",
+         any_level=True),
+    # Other batch schedulers' words for the same ends: PBS's and LSF's limits.
+    rule(r"=>> PBS: job killed: (?:walltime|cput) \d+ exceeded limit|TERM_RUNLIMIT: job killed", "timeout", True,
+         True, versions="all", source="PBS Pro / OpenPBS mom, LSF sbatchd", any_level=True),
+    rule(r"=>> PBS: job killed: v?mem \S+ exceeded limit|TERM_MEMLIMIT: job killed", "killed", True, True,
+         versions="all", source="PBS Pro / OpenPBS mom, LSF sbatchd", any_level=True),
 ]
