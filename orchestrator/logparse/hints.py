@@ -116,6 +116,15 @@ SIGNATURES: list[Signature] = [
     sig("slurm_time_limit", "timeout", r"DUE TO TIME LIMIT",
         "Slurm's time limit ended the job: ask for more (--time) or resume from a checkpoint",
         "slurmstepd's message"),
+    sig("batch_time_limit", "timeout", r"PBS: job killed: (?:walltime|cput)|TERM_RUNLIMIT",
+        "the scheduler's time limit ended the job: ask for more (PBS -l walltime, LSF -W) or resume from a "
+        "checkpoint", "the scheduler's message"),
+    sig("batch_memory_limit", "killed", r"PBS: job killed: v?mem|TERM_MEMLIMIT",
+        "the scheduler killed the job at its memory limit: ask for more memory (PBS -l mem, LSF -M) or load "
+        "less at once", "the scheduler's message"),
+    sig("slurm_node_failure", "killed", r"srun: error: Node failure on",
+        "a node of the job failed: rerun (excluding it, --exclude) and tell the cluster's admins",
+        "srun's message"),
     sig("slurm_cancelled", "killed", r"\*\*\* (?:JOB|STEP) [\d._]+ ON \S+ CANCELLED",
         "Slurm cancelled the job (scancel, preemption or a node failure): `sacct -j JOBID` says which",
         "slurmstepd's message"),
