@@ -37,7 +37,7 @@ from .watch import Watcher
 from .watching import FileLock, WatchLock, followed, host_lock_path, watched_elsewhere
 from .workspace import Workspace
 
-SYNC_S = 0.5  # how often the database is asked whether anyone else wrote to it (runs started, ended, cancelled)
+SYNC_S = 1.0  # how often the database is asked whether anyone else wrote to it (runs started, ended, cancelled)
 FULL_SYNC_S = 10.0  # and how often the host's runs are read in any case: a starter or a remote watcher may die
 LINGER_S = 5.0  # with no active run left, how long to wait for a new one before exiting
 TURN_MAX = 256  # pushes taken in one turn of the loop, at most (one transaction records them)
@@ -238,7 +238,12 @@ class HostWatcher:
                 if w.lost_touch(exc.reason):
                     self._end(f)
                 return False
-        w.stage(state)
+        try:
+            w.stage(state)
+        except DatabaseUnavailable as exc:  # these bytes again, once the database takes writes
+            w.refused(exc)
+            f.resync_at = time.monotonic() + RESYNC_S
+            return False
         return True
 
     def _commit(self, staged: list[Followed]) -> None:
@@ -255,7 +260,11 @@ class HostWatcher:
                 f.watcher.refused(exc)
         for f in staged:
             w = f.watcher
-            done = w.settle()
+            try:
+                done = w.settle()
+            except DatabaseUnavailable as exc:  # recorded, not read back: the next push reads the record first
+                w.refused(exc)
+                done = False
             if not w.recorded and not done:
                 f.resync_at = time.monotonic() + RESYNC_S
             f.due = time.monotonic() + self._interval(f)

@@ -189,11 +189,8 @@ class Watcher:
         wait is over. `recorded` says whether it went in; when not (another writer was first, the
         database refused), the caller reads the log again from `offset`."""
         self.stage(state)
-        try:
-            with self.store.tx():
-                self.commit()
-        except DatabaseUnavailable as exc:
-            self.refused(exc)
+        with self.store.tx():
+            self.commit()
         return self.settle()
 
     # Recording in three steps, so that a host's watcher writes the states of all its runs that came in
@@ -201,19 +198,16 @@ class Watcher:
     # settle each.
     def stage(self, state: launch.JobState) -> None:
         """Understand one state of the job and stage what it adds to the record (`staged`); nothing is
-        written yet but a note that the host answered again."""
+        written yet but a note that the host answered again. DatabaseUnavailable: see `refused`."""
         self.recorded = False
         self.staged, self._outcome = None, None
-        try:
-            if self.db_trouble_since is not None:
-                self._load()
-            if self.unreachable_since is not None:
-                self.store.add_event(self.run_id, "reconnected", f"host answered again after "
-                                     f"{self.clock() - self.unreachable_since:.0f} s")
-                self.unreachable_since = None
-            self.staged = self._record(state)
-        except DatabaseUnavailable as exc:
-            self.refused(exc)
+        if self.db_trouble_since is not None:
+            self._load()
+        if self.unreachable_since is not None:
+            self.store.add_event(self.run_id, "reconnected", f"host answered again after "
+                                 f"{self.clock() - self.unreachable_since:.0f} s")
+            self.unreachable_since = None
+        self.staged = self._record(state)
 
     def commit(self) -> None:
         """Write the staged record inside the caller's transaction, in a savepoint of its own: when another
@@ -228,7 +222,8 @@ class Watcher:
 
     def settle(self) -> bool:
         """After the transaction: True when the wait is over. A record not written (another writer was
-        first, the database refused) leaves the watcher as the record is: it reads the log again from there."""
+        first, the database refused) leaves the watcher as the record is: it reads the log again from there.
+        DatabaseUnavailable (the record written, not read back): see `refused`."""
         staged, self.staged = self.staged, None
         outcome, self._outcome = self._outcome, None
         if outcome == "conflict":
@@ -240,12 +235,8 @@ class Watcher:
         self.offset, self.inode, self.tail = staged.fields["log_offset"], staged.fields["log_inode"], staged.tail
         self.left_queue = None
         self.needs_stop = staged.stop  # stop_if_needed: the caller decides where the grace is waited
-        try:
-            self.run = self.store.get_run(self.run_id)
-            self._recovered()
-        except DatabaseUnavailable as exc:  # written, but not read back: the next step reads it
-            self.refused(exc)
-            self.recorded = True
+        self.run = self.store.get_run(self.run_id)
+        self._recovered()
         if self.on_update:
             self.on_update(self)
         return staged.done
