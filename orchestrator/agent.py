@@ -234,6 +234,7 @@ def shared(transport: Transport) -> AgentLink:
     with starting:
         held = _shared.get(id(transport))
         if held is not None and held[0] is transport and held[1].alive:
+            held[1].used = time.monotonic()  # handed out: not closed as idle before its request
             return held[1]
         link = AgentLink.start(transport, idle_close_s=IDLE_CLOSE_S)
         with _shared_lock:

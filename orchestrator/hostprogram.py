@@ -80,7 +80,6 @@ def call(transport: Transport, script: Path, folder: str, request: dict[str, Any
 
 
 def upload(transport: Transport, script: Path, path: str) -> None:
-    folder = path.rsplit("/", 1)[0]
-    tmp = f"{folder}/.upload-{uuid.uuid4().hex}"
-    transport.put(script.read_bytes(), tmp, 0o644)
-    transport.run(f"mv -f {quote(tmp)} {quote(path)}", timeout=60)
+    """Place the program: the transport writes a fresh name and renames it into place, so a symlink
+    planted at the final name is replaced, never written through."""
+    transport.put(script.read_bytes(), path, 0o644)

@@ -344,3 +344,34 @@ def test_tail_chunk_and_files_never_follow_a_symlink(link: AgentLink, tmp_path: 
     assert base64.b64decode(link.call("chunk", path=str(root / "log"), offset=7, length=7)["data"]) == b"line 1\n"
     assert link.call("files", dir=str(root))["files"] == [[(root / "log").stat().st_size, "log"]]
     assert link.call("size", path=str(root / "secret"))["size"] is None
+
+
+def oldest_python() -> str | None:
+    """A Python 3.8 on this machine (the oldest the agent supports), if there is one."""
+    import glob
+
+    import pwd
+
+    home = pwd.getpwuid(os.getuid()).pw_dir  # the tests' own HOME is a private one
+    for found in [*sorted(glob.glob(f"{home}/.pyenv/versions/3.8*/bin/python")), "/usr/bin/python3.8"]:
+        if os.access(found, os.X_OK):
+            return found
+    return None
+
+
+PYTHON_3_8 = oldest_python()
+
+
+@pytest.mark.skipif(PYTHON_3_8 is None, reason="no python 3.8 here")
+def test_the_agent_and_its_wrapper_run_on_python_3_8(tmp_path: Path):
+    host = Host(name="local", workdir=str(tmp_path / "work"), python=str(PYTHON_3_8))
+    link = AgentLink.start(LocalTransport(host))
+    try:
+        assert link.info["python"].startswith("3.8.")
+        root = tmp_path / "work" / "runs" / "8"
+        job = link.call("launch", dir=str(root), script="echo on 3.8\nexit 5\n", token="t8")
+        wait_for(lambda: (root / ".orch" / "exit_code").exists())
+        state = pushed_state(link.call("read", dir=str(root), pid=job["pid"], start=job["start"]))
+        assert (state.exit_code, state.data) == (5, b"on 3.8\n")
+    finally:
+        link.close()
