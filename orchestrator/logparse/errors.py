@@ -71,7 +71,9 @@ COMMON_RULES = [
          r"|an illegal memory access was encountered|device-side assert triggered", "other", True),
     # The kernel's OOM killer, or a child reported dead by SIGKILL (-9), which is what it sends.
     rule(r"Out of memory: Kill|invoked oom-killer|oom-kill:|oom_kill_process|[Ee]xit ?code:? *-9\b"
-         r"|exited with code -9\b|killed by signal 9\b|Signal 9 \(SIGKILL\)|signal SIGKILL", "killed", True, True),
+         r"|exited with code -9\b|killed by signal 9\b|Signal 9 \(SIGKILL\)|signal SIGKILL|signal 9:SIGKILL"
+         r"|\b(?:[Ee]xit(?:ed)?|[Rr]eturned)(?: with)?(?: exit)? (?:code|status)[:=]? ?137\b", "killed", True, True,
+         any_level=True),  # 137: a shell's 128 + 9
     # A shell's 'Killed' (also glued to the bar it interrupted): SIGKILL, from whom the log may not say.
     rule(r"^Killed\s*$|\]Killed\s*$|^\S+: line \d+: +\d+ Killed\b", "killed", True, False),
     # One rank's NCCL failure leaves the others hanging in their next collective.
@@ -85,8 +87,8 @@ COMMON_RULES = [
     rule(r"^Hunk #\d+ FAILED at \d+|^\d+ out of \d+ hunks? FAILED|^error: patch failed: "
          r"|: patch does not apply$", "other", True, any_level=True),
     # A wrapper's own account of the exit ('Process finished with exit code 1', 'exited with code 2').
-    rule(r"\b(?:[Ee]xit(?:ed)?|[Rr]eturned)(?: with)?(?: exit)? (?:code|status)[:=]? ?[1-9]\d*\.?\s*$",
-         "other", True, any_level=True),
+    rule(r"\b(?:[Ee]xit(?:ed)?|[Rr]eturned)(?: with)?(?: exit)? (?:code|status)[:=]? ?[1-9]\d*\.?"
+         r"(?: \([^)]{0,80}\))?\s*$", "other", True, any_level=True),
     # vLLM refuses to start with a max model length its KV cache cannot hold.
     rule(r"max seq len \(\d+\) is larger than|stored in KV cache \(\d+\)"
          r"|KV cache is needed, which is larger than the available KV cache memory"

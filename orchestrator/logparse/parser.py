@@ -75,7 +75,7 @@ _ANY_RULE = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULE
 # Markers that count whatever level they are logged at (or that come from programs that print no level).
 _ANY_LEVEL = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES if r.any_level)),
                     ("cancelled", "srun", "slurmstepd", "engine core exited", "hunk", "patch", "exit",
-                     "job killed"))
+                     "kill"))
 _MAX_GLUED = 8  # lines read out of one physical line after the bars glued in front of them
 _LAST_NUMBER = re.compile(r"-?[\d.]+(?:[eE][-+]?\d*)?\s*$")
 # Engines whose own words outweigh the line layout of another.
