@@ -20,8 +20,6 @@ from .agent import data_of
 from .errors import OrchError
 from .remote import Transport, env_exports, quote
 
-# The live (non-zombie) pids of a process group, for the py-spy dump of a stalled job (stall.py).
-GROUP_PIDS = "ps -eo pid=,pgid=,stat= | awk -v g={pid} '$2 == g && $3 !~ /^Z/ {{print $1}}'"
 # The mark the wrapper leaves in the environment of everything the job starts ("pid:start" of the wrapper),
 # so members that outlive it can still be told from a later group that took the same id.
 JOB_MARK = "ORCH_JOB"
@@ -135,11 +133,6 @@ def read_state(call: Call, paths: RunPaths, handle: tuple[int, str], offset: int
                start="" if scheduled else str(handle[1]), offset=offset, max_bytes=max_bytes, inode=inode,
                tail=mark or "", hold_s=hold_s, wake=wake or [], scheduled=scheduled)
     return pushed_state(doc)
-
-
-def group_pids_command(pgid: int) -> str:
-    """Lists the live (non-zombie) pids of a process group."""
-    return GROUP_PIDS.format(pid=int(pgid))
 
 
 def kill(transport: Transport, pid: int, start: str, grace_s: float = 10.0) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .launch import group_pids_command
+from . import agent
 from .remote import Transport
 
 ACTIONS = ("warn", "kill", "dump")
@@ -36,13 +36,7 @@ def is_stalled(progress: dict[str, Any] | None, progress_at: float | None, start
     return quiet if quiet > max(factor * gap, floor_s) else None
 
 
-def dump_command(pgid: int) -> str:
-    """py-spy stacks of every process of the job's group, when the host has py-spy."""
-    return (
-        "command -v py-spy >/dev/null 2>&1 || { echo 'py-spy is not installed on this host'; exit 0; }\n"
-        f"for p in $({group_pids_command(pgid)}); do echo \"== pid $p\"; py-spy dump --pid \"$p\" 2>&1; done\n"
-    )
-
-
-def dump(transport: Transport, pgid: int) -> str:
-    return transport.run(dump_command(pgid), check=False, timeout=120).stdout
+def dump(transport: Transport, pgid: int, start: str = "") -> str:
+    """py-spy stacks of every process of the job's group, taken by the host's agent (when the host has
+    py-spy); with the job's start time, only of the processes proven the job's."""
+    return str(agent.call(transport, "stacks", timeout=180, pid=int(pgid), start=start)["text"])

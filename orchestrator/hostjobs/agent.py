@@ -145,6 +145,25 @@ def kill(pid, start, grace_s):
     return "killed" if signal_job(pid, start, signal.SIGKILL) else "stopped"
 
 
+def stacks(pid, start):
+    """py-spy's stacks of every live process of the job's group (only those proven the job's when its
+    start time is known): read-only, a stalled job's picture."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return "py-spy is not installed on this host"
+    who = ours(pid, start) if start else "group"
+    members = group_pids(pid) if who == "group" else (who or [])
+    parts = []
+    for m in sorted(members):
+        try:
+            out = subprocess.run([spy, "dump", "--pid", str(m)], capture_output=True, timeout=60, check=False)
+            said = (out.stdout + out.stderr).decode(errors="replace")
+        except (OSError, subprocess.SubprocessError) as exc:
+            said = f"{type(exc).__name__}: {exc}\n"
+        parts.append(f"== pid {m}\n{said}")
+    return "".join(parts)
+
+
 # -- GPUs -----------------------------------------------------------------------------------------------
 GPU_FIELDS = ("index", "uuid", "memory.used", "memory.total", "utilization.gpu")
 APP_FIELDS = ("pid", "gpu_uuid", "used_memory")
@@ -861,6 +880,7 @@ ARGS = {
     "poke": {"keys": (_list_of(_word), [])},
     "launch": {"dir": (_path, REQUIRED), "script": (_text, REQUIRED), "token": (_token, REQUIRED)},
     "kill": {"pid": (_count, REQUIRED), "start": (_ticks, REQUIRED), "grace_s": (_seconds, 10)},
+    "stacks": {"pid": (_count, REQUIRED), "start": (_ticks, "")},
     "kill_pids": {"procs": (_list_of(_pid_start, 4096), REQUIRED), "grace_s": (_seconds, 10)},
     "find": {"dir": (_path, REQUIRED)},
     "loss": {"dir": (_path, REQUIRED), "start": (_ticks, "")},
@@ -941,6 +961,9 @@ class Agent:
     def kill(self, a):
         return {"outcome": kill(a["pid"], a["start"], a["grace_s"])}
 
+    def stacks(self, a):
+        return {"text": stacks(a["pid"], a["start"])}
+
     def kill_pids(self, a):
         return {"outcome": kill_pids([(int(p), s) for p, s in a["procs"]], a["grace_s"])}
 
@@ -1001,7 +1024,7 @@ class Agent:
             return {"nvidia_smi": True, "error": str(exc) or type(exc).__name__}
 
     # answered from a thread: pushes and other requests go on meanwhile
-    SLOW = ("launch", "kill", "kill_pids", "loss", "health", "tail", "find", "read", "chunk", "gpus", "files",
+    SLOW = ("launch", "kill", "kill_pids", "stacks", "loss", "health", "tail", "find", "read", "chunk", "gpus", "files",
             "submit", "squeue", "sacct", "scancel", "sinfo")
 
     def handle(self, line):

@@ -375,3 +375,22 @@ def test_the_agent_and_its_wrapper_run_on_python_3_8(tmp_path: Path):
         assert (state.exit_code, state.data) == (5, b"on 3.8\n")
     finally:
         link.close()
+
+
+def test_stacks_are_taken_only_of_processes_proven_the_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    if not (Path(sys.executable).parent / "py-spy").exists():
+        pytest.skip("no py-spy beside this python")
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    host = Host(name="local", workdir=str(tmp_path / "work"), python=sys.executable)
+    link = AgentLink.start(LocalTransport(host))
+    try:
+        root = tmp_path / "work" / "runs" / "9"
+        job = link.call("launch", dir=str(root), script=f"exec {sys.executable} -c 'import time; time.sleep(300)'\n",
+                        token="t9")
+        assert link.call("stacks", pid=job["pid"], start=str(int(job["start"]) + 1))["text"] == ""
+        wait_for(lambda: len(host_agent.group_pids(job["pid"])) == 2)  # the wrapper and the job's python
+        text = link.call("stacks", timeout=180, pid=job["pid"], start=job["start"])["text"]
+        assert text.count("== pid ") == 2 and "(<string>:1)" in text  # the job's python, at its one line
+    finally:
+        link.call("kill", pid=job["pid"], start=job["start"], grace_s=5)
+        link.close()
