@@ -111,7 +111,7 @@ EXCEPTION_LINE = re.compile(
 # The same with a message, for lines outside a traceback: only names that say they are errors.
 _BARE_EXCEPTION = re.compile(
     r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Exit|Interrupt|Failure|Unsupported))"
-    r": (?P<message>\S.*)$"
+    r":(?: +(?P<message>\S.*)| *)$"  # torchrun's ChildFailedError prints its message on the lines after
 )
 
 

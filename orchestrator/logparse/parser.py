@@ -76,6 +76,7 @@ _ANY_RULE = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULE
 _ANY_LEVEL = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES if r.any_level)),
                     ("cancelled", "srun", "slurmstepd", "engine core exited", "hunk", "patch", "exit",
                      "kill"))
+_MAX_RICH = 64  # processes whose Rich records (and result blocks) are followed at once
 _MAX_GLUED = 8  # lines read out of one physical line after the bars glued in front of them
 _LAST_NUMBER = re.compile(r"-?[\d.]+(?:[eE][-+]?\d*)?\s*$")
 # Engines whose own words outweigh the line layout of another.
@@ -135,8 +136,10 @@ class LogParser:
         self._recent: deque[str] = deque(maxlen=CONTEXT_BEFORE)
         self._error_after = 0  # lines still to add after the error to its context
         self._error_progress: list[Any] | None = None  # [label, done] when the error was seen
-        self._rich = RichUnwrapper()
-        self._bench = -1  # rows read of a benchmark's result block; -1 outside one
+        # One per writing process: two ranks' Rich records may be interleaved line by line.
+        self._rich: dict[str, RichUnwrapper] = {}
+        # Rows read of the result block each process is printing (ranks' blocks may be interleaved).
+        self._bench: dict[str, int] = {}
         self._load_begin: str | None = None  # time of the last 'Load weight begin' line, as printed
         self._caught = False  # the error is a complete traceback that something caught
         self._failed_in: str | None = None  # the phase the run failed in
@@ -163,8 +166,9 @@ class LogParser:
             self._cut_line = not by_cr  # the log ends inside this line: it may have been cut anywhere
             self._line(raw, by_cr, found)
             self._cut_line = False
-        for piece in self._rich.flush():
-            self._rich_piece(piece, found)
+        for source, rich in self._rich.items():
+            for piece in rich.flush():
+                self._rich_piece(piece, found, source)
         for cut in self._tracebacks.cut_at_end():
             self._cut(cut, Line("", "", "", None))
         found += self._redrawn
@@ -221,8 +225,15 @@ class LogParser:
             return  # what sits in front of a tqdm redraw's '\r': no line of its own
         line = clean(decoded)
         # Rich's columns are the program's own: they are looked for behind a launcher's or collector's prefix.
-        if self._rich.piece is not None or line.body[-1:].isdigit():
-            pieces, plain = self._rich.feed(line.body.rstrip())
+        rich = self._rich.get(line.source)
+        if (rich is not None and rich.piece is not None) or line.body[-1:].isdigit():
+            if rich is None:
+                rich = RichUnwrapper()
+            pieces, plain = rich.feed(line.body.rstrip())
+            if rich.piece is not None and line.source not in self._rich:  # a record begins: follow it
+                self._rich[line.source] = rich
+                if len(self._rich) > _MAX_RICH:
+                    del self._rich[next(iter(self._rich))]
             for piece in pieces:
                 self._rich_piece(piece, found, line.source)
             if not plain:
@@ -272,7 +283,8 @@ class LogParser:
         bar = self._bar
         tentative = self.error is not None and not self.error.fatal
         if (bar is None or not bar[4] or bar[2] != self.engine or self._ready_re is not None
-                or self._tracebacks.open or self._error_after or tentative or self._rich.piece is not None):
+                or self._tracebacks.open or self._error_after or tentative
+                or any(r.piece is not None for r in self._rich.values())):
             return start
         prefix, with_total = bar[0], bar[1]
         if not data.startswith(prefix.encode(), start):
@@ -384,7 +396,7 @@ class LogParser:
             self._healthy()  # a trainer that reports its steps is alive
             if self.phase in ("starting", "loading"):
                 self._set_phase("running")
-        if self._bench >= 0:
+        if line.source in self._bench:
             for name, value in bench.row(text):
                 self._sample(name, value, line, found)
         result = bench.result_line(text)
@@ -429,26 +441,27 @@ class LogParser:
         if phase is None and _DONE.search(text):
             phase = "finished"
         if phase is None:
-            phase = self._bench_block(text)
+            phase = self._bench_block(text, line.source)
         if phase is not None:
             if phase in ("ready", "running", "finished"):
                 self._healthy()
             self._set_phase(phase)
 
-    def _bench_block(self, text: str) -> str | None:
+    def _bench_block(self, text: str, source: str) -> str | None:
         """A benchmark's result block: 'running' once it begins (the benchmark ran), 'finished' when it
         closes after its rows."""
         if bench.header(text):
-            self._bench = 0
+            self._bench[source] = 0
+            if len(self._bench) > _MAX_RICH:
+                del self._bench[next(iter(self._bench))]
             return "running"
-        if self._bench >= 0:
+        if source in self._bench:
             if bench.end(text):
-                done = self._bench > 0
-                self._bench = -1
+                done = self._bench.pop(source) > 0
                 return "finished" if done else None
             if self.auto_engine and (tool := bench.engine_of(text.strip())) is not None:
                 self._detect_name(tool)
-            self._bench += 1
+            self._bench[source] += 1
         return None
 
     def _feed_traceback(self, line: Line) -> str | ExceptionEnd | Cut | None:
@@ -668,8 +681,8 @@ class LogParser:
             "recent": list(self._recent),
             "error_after": self._error_after,
             "error_progress": list(self._error_progress) if self._error_progress is not None else None,
-            "rich": self._rich.to_dict(),
-            "bench": self._bench,
+            "rich": {source: rich.to_dict() for source, rich in self._rich.items()},
+            "bench": dict(self._bench),
             "load_begin": self._load_begin,
             "caught": self._caught,
             "failed_in": self._failed_in,
@@ -691,8 +704,13 @@ class LogParser:
         p._recent = deque(d.get("recent", []), maxlen=CONTEXT_BEFORE)
         p._error_after = int(d.get("error_after", 0))
         p._error_progress = d.get("error_progress")
-        p._rich = RichUnwrapper.from_dict(d.get("rich", {}))
-        p._bench = int(d.get("bench", -1))
+        rich = d.get("rich", {})
+        if "col" in rich:  # one unwrapper, as stored before there was one per process
+            rich = {"": rich}
+        p._rich = {source: RichUnwrapper.from_dict(r) for source, r in rich.items()}
+        blocks = d.get("bench", {})
+        # Stored before blocks were followed per process: the rows read, -1 outside one.
+        p._bench = {"": blocks} if isinstance(blocks, int) and blocks >= 0 else dict(blocks or {})
         p._load_begin = d.get("load_begin")
         p._caught = bool(d.get("caught", False))
         p._failed_in = d.get("failed_in")

@@ -90,7 +90,7 @@ class TracebackTracker:
             return "start"
         if state is None:
             if _CHAIN.match(text):  # the traceback before it was not in the log (cut, or never printed)
-                self._set(source, ["after", True, None, False, None, False, 0])
+                self._set(source, ["after", True, None, False, None, False, CUT_GRACE])
                 return "chain"
             if text[:1] in (" ", "\t") and _HEADLESS_FRAME.match(text):
                 # A log that begins inside a traceback: its exception line still ends it. Where its
@@ -139,8 +139,11 @@ class TracebackTracker:
         if not text.strip():
             return None
         if _CHAIN.match(text):
-            state[1] = True
+            state[1], state[6] = True, CUT_GRACE
             return "chain"
+        if state[1] and state[6] > 0:
+            state[6] -= 1  # another writer's line between 'The above exception ...' and the next traceback
+            return None
         del self.open[source]
         return None
 
