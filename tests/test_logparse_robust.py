@@ -397,6 +397,36 @@ def test_transcript_reads_the_same_however_it_reached_the_user(label: dict[str, 
     assert failures(label) == {}
 
 
+# ---- prefixes by shape ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("raw", "text", "level", "source"), [
+    ("[rank3]: Traceback (most recent call last):", "Traceback (most recent call last):", None, "/rank3"),
+    ("[default1]:  File \"x.py\", line 1, in f", " File \"x.py\", line 1, in f", None, "/default1"),
+    ("[1,0]<stderr>:ValueError: bad", "ValueError: bad", None, "/1,0"),
+    ("[12]:RuntimeError: x", "RuntimeError: x", None, "/12"),
+    ("12: step 3 | loss 2.0", "step 3 | loss 2.0", None, "/task12"),
+    (" 3:   File \"x.py\", line 1, in f", "  File \"x.py\", line 1, in f", None, "/task3"),
+    ("web_1    | INFO:     Uvicorn running on http://0.0.0.0:8000", "INFO:     Uvicorn running on http://0.0.0.0:8000",
+     "INFO", ""),
+    ("2025-01-01T10:00:00.123456789Z   File \"x.py\", line 1, in f", "  File \"x.py\", line 1, in f", None, ""),
+    ("2025-01-01 10:00:00,123 WARNING low disk", "low disk", "WARNING", ""),
+    ("2025-01-01 10:00:00.123 | ERROR    | app.main:run:40 - boom", "app.main:run:40 - boom", "ERROR", ""),
+    ("[2026-01-14 18:02:11,402] [INFO] [logging.py:128:log_dist] [Rank 0] step=10, lr=[1e-05]",
+     "step=10, lr=[1e-05]", "INFO", ""),
+    ("[pod/trainer-0/main] RuntimeError: x", "RuntimeError: x", None, ""),
+    ("(RayWorkerWrapper pid=77, ip=10.0.0.2) ERROR 01-01 10:00:00 [w.py:1] Error executing method",
+     "Error executing method", "ERROR", "RayWorkerWrapper"),
+    ("Jan 01 10:00:00 node7 python3[4242]: [rank0]: oom", "oom", None, "/rank0"),
+    # what is no prefix stays: a message in brackets, a dict of numbers, a table row
+    ("[after training is done]", "[after training is done]", None, ""),
+    ("[1, 2, 3] is the order", "[1, 2, 3] is the order", None, ""),
+    ("0 | model | GPT        | 124 M", "0 | model | GPT        | 124 M", None, ""),
+])
+def test_prefixes_are_peeled_by_shape(raw: str, text: str, level: str | None, source: str) -> None:
+    line = clean(raw)
+    assert (line.text, line.level, line.source) == (text, level, source)
+
+
 # ---- several at once ----------------------------------------------------------------------------------
 
 # Transformations that leave the reading as it is, in an order a real path applies them: the program's

@@ -30,9 +30,10 @@ _VLLM_LEVEL = re.compile(
     r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<stamp>\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)?"
     r" \[?[\w.<>-]+:\d+\] ?"
 )
-# A writer's tag in brackets, ended by ':': torchrun's '[rank3]: ' and '[default0]:', mpirun's
-# '[1,0]<stdout>:', any '[worker-2]: '.
-_RANK = re.compile(r"^\[(?:(?P<rank>[A-Za-z_]{1,16}[_-]?\d{1,6})\]|(?P<mpi>\d+,\d+)\]<std(?:out|err)>):(?: |(?=\S)|$)")
+# A writer's tag in brackets, ended by ':': torchrun's '[rank3]: ', '[default0]:' and '[3]:' (its
+# log_line_prefix_template), mpirun's '[1,0]<stdout>:', any '[worker-2]: '.
+_RANK = re.compile(r"^\[(?:(?P<rank>(?:[A-Za-z_]{1,16}[_-]?)?\d{1,6})\]|(?P<mpi>\d+,\d+)\]<std(?:out|err)>)"
+                   r":(?: |(?=\S)|$)")
 # c10d's own prefix: '[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] '.
 _C10D = re.compile(r"^\[(?P<level>[IWEF])\d{3,4} \d\d:\d\d:\d\d\.\d+ [^\]]{0,200}\] ")
 _C10D_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
