@@ -165,6 +165,7 @@ class Queue:
                 self.cond.wait()
             self.asking = True
         try:
+            agent.shared(self.transport)  # the link up first: starting the agent is no part of the answer's age
             started = self.clock()
             jobs = self._ask()
         finally:
