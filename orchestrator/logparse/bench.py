@@ -106,7 +106,10 @@ LINES: list[tuple[re.Pattern[str], tuple[str, ...], str]] = [
      ("median_decode_latency", "median_decode_throughput"), "running"),
     (re.compile(r"^Total\. +latency: +" + _N + r" s, throughput: +" + _N + " token/s"),
      ("total_latency", "overall_throughput"), "running"),
-    (re.compile(r"^Throughput: " + _N + r" requests/s, " + _N + r" total tokens/s, " + _N + " output tokens/s"),
+    # 'Throughput: 12.11 requests/s, 13952.38 total tokens/s, 1550.27 output tokens/s'; before 0.5 the second
+    # number had no 'total' and the third was not printed.
+    (re.compile(r"^Throughput: " + _N + r" requests/s(?:, " + _N + r" (?:total )?tokens/s)?(?:, " + _N
+                + " output tokens/s)?"),
      ("request_throughput", "total_token_throughput", "output_throughput"), "finished"),
     (re.compile(r"^Avg latency: " + _N + " seconds"), ("avg_latency",), "finished"),
 ]
@@ -120,7 +123,7 @@ def result_line(text: str) -> tuple[list[tuple[str, float]], str] | None:
     for pattern, names, phase in LINES:
         m = pattern.match(t)
         if m:
-            return [(n, float(v)) for n, v in zip(names, m.groups())], phase
+            return [(n, float(v)) for n, v in zip(names, m.groups()) if v is not None], phase
     return None
 
 
