@@ -353,6 +353,16 @@ class LogParser:
             self._healthy()  # the job is alive and reporting
             if self.phase in ("starting", "loading"):
                 self._set_phase("running")
+        keras = trainers.keras_bar(text) if m is None else None
+        if keras is not None:
+            done, total, pairs = keras
+            self._progress, self._pending = Progress("step", done, total, round(done / total * 100, 4),
+                                                     None, None, None), None
+            for name, value in pairs:
+                self._sample(name, value, line, found)
+            self._healthy()  # a trainer that reports its steps is alive
+            if self.phase in ("starting", "loading"):
+                self._set_phase("running")
         epochs = speculators.epoch_progress(text)
         if epochs is not None:
             done, total = epochs

@@ -9,6 +9,7 @@
     separated by '|' or ',' (Megatron's `iteration 100/ 1000 | ... | lm loss: 3.45E+00 |`, NeMo and
     SpecForge's `Epoch 1, Step 120, Loss: 3.25, LR: 1e-4`, `step 120 | loss 3.25 | lr 1e-4`,
     `step=120 loss=3.25 lr=1e-4`);
+  - Keras's bar, `640/1200 [====>....] - ETA: 3:12 - loss: 0.3011 - accuracy: 0.8950`;
   - a trainer's or job's last word ('Training completed', Lightning's '`Trainer.fit` stopped', Megatron's
     '[after training is done]', 'exited with code 0').
 
@@ -99,6 +100,22 @@ def label_metrics(label: str) -> list[tuple[str, float]]:
         return []
     pairs = [(k, v) for k, v in _LABEL_PAIR.findall(label) if _TRAINER_KEY.search(k)]
     return _named(pairs)
+
+
+# Keras's bar: ' 640/1200 [===============>..............] - ETA: 3:12 - loss: 0.3011 - accuracy: 0.8950', at
+# the end of an epoch '1200/1200 [====] - 412s 343ms/step - loss: 0.3120 - val_loss: 0.3544'.
+_KERAS = re.compile(r"^\s*(\d+)/(\d+) \[[=>.]*\] - (.*)$")
+_KERAS_PAIR = re.compile(r"(?:^| - )([A-Za-z_][\w/]{0,60}): (" + _NUMBER + r")(?= - |\s*$)")
+
+
+def keras_bar(text: str) -> tuple[float, float, list[tuple[str, float]]] | None:
+    """(done, total, metrics) of a Keras progress line; None for any other line."""
+    if " [=" not in text and " [." not in text:
+        return None
+    m = _KERAS.match(text)
+    if m is None or int(m.group(2)) <= 0:
+        return None
+    return float(m.group(1)), float(m.group(2)), _named(_KERAS_PAIR.findall(m.group(3)))
 
 
 def training_postfix(postfix: str) -> bool:
