@@ -120,10 +120,11 @@ class HostWatcher:
                     and now >= self._retry_at):  # connected while a run prepares: ready for its first byte
                 self._connect()
             self._look_again(now)
-            wait = max(0.0, min([next_sync, *(f.due for f in self.runs.values())]) - time.monotonic())
-            if self.link is None or not self.link.alive:
-                time.sleep(wait)
+            if self.link is None or not self.link.alive:  # nothing comes from the host: until the next retry or sync
+                retry = self._retry_at if self._retry_at > now else next_sync
+                time.sleep(max(0.0, min(next_sync, retry) - time.monotonic()))
                 continue
+            wait = max(0.0, min([next_sync, *(f.due for f in self.runs.values())]) - time.monotonic())
             pushes: list[Push] = []
             if not self._later:  # (pushes left from the last turn are taken at once)
                 try:

@@ -239,3 +239,29 @@ def test_the_lean_entry_point_loads_no_cli() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
+
+
+def test_a_watcher_whose_host_does_not_answer_waits_for_its_next_retry(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the host unreachable and its runs due for a look, the loop sleeps until the next connection
+    attempt or look at the record, instead of turning round at once."""
+    ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
+    ws.hosts_file.write_text('[hosts.gone]\naddress = "127.0.0.1"\nport = 1\nconnect_timeout = 2\n')
+    store = Store(ws.db_path)
+    run_id = store.create_run("command", "gone", {"cmd": "true"})
+    for status in (Status.PREPARING, Status.LAUNCHING):
+        transition(store, run_id, status)
+    store.update_run(run_id, remote_dir=str(tmp_path / "r"))
+    transition(store, run_id, Status.RUNNING, pid=4242, pid_start="1")
+    hw = HostWatcher(ws, "gone", echo=lambda text: None)
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) >= 5:
+            hw.stopping.set()
+
+    monkeypatch.setattr("orchestrator.hostwatch.time.sleep", sleep)
+    assert hw.serve()
+    assert min(sleeps[1:]) > 0.1, sleeps  # (the first: the first attempt may outlast the first sync's wait)
+    store.close()
