@@ -99,20 +99,64 @@ def kill_controller(proc: subprocess.Popen) -> None:
     proc.wait(timeout=10)
 
 
-def stop_background_watchers(home: Path) -> None:
-    """The `orch watch --background` processes started with this HOME (a test's runs it did not end)."""
+def reached(path: Path, timeout: float = 60) -> None:
+    """Until a job held with `--pause AT:path` (the test job, the engine emulator) is waiting there."""
+    wait_for_file(Path(f"{path}.reached"), timeout)
+
+
+def release(path: Path) -> None:
+    """Let a job held at `path` go on."""
+    path.touch()
+
+
+def _orch_watcher(argv: list[bytes]) -> bool:
+    """`orch watch ID --background` / `orch watch-host NAME --background`, or a host's watcher as orch
+    starts it (`python -m orchestrator.hostwatch NAME`)."""
+    return (b"orchestrator" in argv and b"--background" in argv) or b"orchestrator.hostwatch" in argv
+
+
+def stop_background_watchers(home: Path, timeout: float = 30) -> None:
+    """Kill -9 the background watchers started with this HOME (a test's runs it did not end, or a test
+    that kills whoever watches its run); returns once they are gone."""
     marker = f"HOME={home}".encode()
+    killed = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-            if b"--background" not in argv or b"orchestrator" not in argv:
+            if not _orch_watcher((proc / "cmdline").read_bytes().split(b"\0")):
                 continue
             if marker in (proc / "environ").read_bytes().split(b"\0"):
                 os.kill(int(proc.name), signal.SIGKILL)
+                killed.append(int(proc.name))
         except OSError:
             continue  # gone meanwhile, or not ours to read
+    deadline = time.time() + timeout
+    for pid in killed:
+        while alive(pid):
+            assert time.time() < deadline, f"watcher {pid} outlived kill -9"
+            time.sleep(0.02)
+
+
+def processes_of(root: Path, needle: str) -> list[str]:
+    """Command lines of the live processes that run `needle` (a path, a word) for this test only: those
+    whose command line, working directory or environment names `root` (the test's tmp_path). Another
+    test's processes, in another worker beside this one, are not its business."""
+    mine = str(root).encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            raw = (proc / "cmdline").read_bytes()
+            if needle.encode() not in raw or not alive(int(proc.name)):
+                continue
+            cwd = os.readlink(proc / "cwd").encode()
+            if mine in raw or cwd.startswith(mine) or mine in (proc / "environ").read_bytes():
+                found.append(raw.replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return found
 
 
 def alive(pid: int) -> bool:

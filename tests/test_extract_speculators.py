@@ -8,14 +8,13 @@ the host's python.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from orchtest import FAST, Orch
+from orchtest import FAST, Orch, processes_of
 from safetensors.numpy import load_file
 from sshd import free_port
 
@@ -48,20 +47,6 @@ def spec_sets(**values: object) -> list[str]:
         else:
             args += ["--set", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
     return args + FAST
-
-
-def processes_under(path: Path) -> list[str]:
-    """Command lines of live processes that run a script from `path`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if str(path) in cmdline and state != "Z":
-            found.append(cmdline)
-    return found
 
 
 def preprocessed(tmp_path: Path, n: int) -> Path:
@@ -135,7 +120,7 @@ def test_new_pipeline_end_to_end(orch, tmp_path):
         assert t["token_ids"].tolist() == rows[i]["input_ids"]
         assert t["hidden_states"].shape == (3, len(rows[i]["input_ids"]), 16)
     assert not (out / "hs_5.safetensors").exists()
-    assert processes_under(SCRIPTS) == []  # server and generator both gone
+    assert processes_of(tmp_path, str(SCRIPTS)) == []  # server and generator both gone
 
 
 def test_generator_crash_fails_the_run(orch, tmp_path):
@@ -156,7 +141,7 @@ def test_generator_crash_fails_the_run(orch, tmp_path):
     assert "- ERROR - Data generation failed" in log
     assert "RuntimeError: Aborting: 2 consecutive samples errored out." in log
     assert doc["metrics"]["samples"] == 3  # what was written before the server went bad
-    assert processes_under(SCRIPTS) == []
+    assert processes_of(tmp_path, str(SCRIPTS)) == []
 
 
 def test_installed_version_chooses_the_pipeline(orch, tmp_path):
@@ -239,7 +224,7 @@ def test_hostile_values_never_execute(orch, tmp_path):
                *spec_sets(scripts_dir=values[4], speculators_version="0.3.0", dataset="/d"), timeout=60)
     assert res.returncode == 1 and "not found in" in orch.status(2)["reason"]
     assert not any(tmp_path.glob("pwned*"))
-    assert processes_under(SCRIPTS) == []
+    assert processes_of(tmp_path, str(SCRIPTS)) == []
 
 
 def test_flag_mapping():

@@ -19,7 +19,7 @@ import pytest
 
 from orchestrator.logparse import LogParser
 
-from orchtest import FAST, Orch, job_cmd, stop_background_watchers
+from orchtest import FAST, Orch, job_cmd, reached, release, stop_background_watchers
 
 EMULATOR = Path(__file__).parent / "fakes" / "sglang_emulator.py"
 FAKES = Path(__file__).parent / "fakes"
@@ -70,15 +70,34 @@ def test_ready_and_fatal_lines_reach_status_within_two_seconds(orch: Orch, tmp_p
 
 
 def test_a_killed_watcher_is_replaced_and_nothing_is_recorded_twice(orch: Orch, tmp_path: Path) -> None:
+    """Whatever watches the run is killed -9 while the server loads, while its decode lines stream, and
+    once it is quiet before its end; each time `orch status` finds it unwatched and starts a new watcher.
+    The server is held at each point until the test lets it go: it cannot end before the last kill."""
     events = tmp_path / "events"
+    loading, streaming, ending = tmp_path / "loading", tmp_path / "streaming", tmp_path / "ending"
     res = orch("run", "command", "--host", "test1", "--detach", "--set", "engine=sglang", *FAST,
-               "--set", emulator(events, "--decode-stats", "40", "--decode-interval", "0.1"), check=0)
+               "--set", emulator(events, "--decode-stats", "40", "--decode-interval", "0.05",
+                                 "--pause", f"shard:2:{loading}", "--pause", f"decode:10:{streaming}",
+                                 "--pause", f"end:{ending}"), check=0)
     run_id = int(res.stdout)
-    for _ in range(3):  # kill -9 whatever watches it, a few times, while it loads and serves
-        orch.wait_for(run_id, lambda d: d["status"] == "running" and d["phase"] != "starting", timeout=60)
-        stop_background_watchers(Path(os.environ["HOME"]))
-        time.sleep(0.5)
+    home = Path(os.environ["HOME"])
+
+    def replace_the_watcher() -> None:
+        stop_background_watchers(home)
         orch("status", check=0)  # finds it unwatched and starts a new watcher
+
+    reached(loading)  # half its shards loaded
+    orch.wait_for(run_id, lambda d: (d["progress"] or {}).get("done") == 2, timeout=60)
+    replace_the_watcher()
+    release(loading)
+    reached(streaming)
+    orch.wait_for(run_id, lambda d: (d["metric_summaries"] or {}).get("gen_throughput", {}).get("samples") == 10, timeout=60)
+    release(streaming)  # 30 more decode lines are written while it is killed and replaced
+    replace_the_watcher()
+    reached(ending)
+    replace_the_watcher()
+    assert orch.status(run_id)["status"] == "running"
+    release(ending)
     doc = orch.wait_for(run_id, lambda d: d["status"] == "succeeded" and len(d["end_steps"]) == 5, timeout=90)
     phases = [e["message"] for e in doc["events"] if e["kind"] == "phase"]
     parser = LogParser(engine="sglang")  # the whole log read at once: each phase change once

