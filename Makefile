@@ -38,3 +38,4 @@ bench: setup
 	$(BIN)/python bench/detection_lag.py
 	$(BIN)/python bench/inspect_log.py
 	$(BIN)/python bench/status_startup.py
+	$(BIN)/python bench/timeouts.py
