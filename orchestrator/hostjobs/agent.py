@@ -927,7 +927,6 @@ class Agent:
     def __init__(self):
         self.followed = {}
         self.lock = threading.Lock()
-        self.backlog = False  # a followed log has more bytes than the last tick pushed
 
     def hello(self, a):
         boot = _read_small("/proc/sys/kernel/random/boot_id")
@@ -1059,11 +1058,9 @@ class Agent:
         now = time.monotonic()
         with self.lock:
             runs = list(self.followed.values())
-        self.backlog = False
         for run in runs:
             try:
                 doc = run.state(now)
-                self.backlog = self.backlog or (doc is not None and run.wanted)
             except Exception as exc:  # noqa: BLE001 - one run's trouble (a vanished dir) is that run's, not the agent's
                 doc = {"push": "trouble", "key": run.key, "error": str(exc)}
             if doc is not None:
@@ -1075,7 +1072,7 @@ class Agent:
         buf = b""
         heard = beat = time.monotonic()
         while True:
-            if sel.select(0 if self.backlog else TICK_S):  # a log read in chunks: the next one at once
+            if sel.select(TICK_S):
                 chunk = os.read(0, 1 << 16)
                 if not chunk:
                     return  # the watcher closed the channel
