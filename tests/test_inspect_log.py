@@ -137,3 +137,16 @@ def test_invalid_bytes_and_one_huge_cr_line(orch: Orch, tmp_path: Path) -> None:
     assert got["progress"]["done"] == 19999 and got["progress"]["label"] == "Generating hidden states"
     assert got["error"]["kind"] == "other" and "Data generation failed" in got["error"]["message"]
     assert got["error"]["line"] == 20003
+
+
+def test_inspect_file_collects_the_samples_of_its_one_read() -> None:
+    """What inspect-log's summaries need comes from the same read as the reading itself."""
+    from orchestrator.logparse import LogParser, inspect_file
+
+    log = Path(__file__).parent / "logs" / "megatron_iteration_lines.log"
+    samples: list[tuple[str, float]] = []
+    got = inspect_file(log, chunk_size=97, samples=samples)
+    p = LogParser()
+    want = [(m.name, m.value) for m in p.feed(log.read_bytes()) + p.finish()]
+    assert samples == want and len({n for n, _ in samples}) > 3
+    assert {n: v for n, v in samples} == got["metrics"]  # the last sample of each is the metric

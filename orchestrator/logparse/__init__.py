@@ -81,13 +81,19 @@ __all__ = ["KINDS", "PHASES", "LogError", "LogParser", "Metric", "Progress", "in
            "protocol_metrics", "stamp_time"]
 
 
-def inspect_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> dict[str, Any]:
-    """Summary of a whole log file, read in chunks so any size fits in bounded memory."""
+def inspect_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20,
+                 samples: list[tuple[str, float]] | None = None) -> dict[str, Any]:
+    """Summary of a whole log file, read in chunks so any size fits in bounded memory. `samples`, when given,
+    gets every metric sample (name, value) in the log's order, from the same single read."""
     parser = LogParser()
     with open(path, "rb") as f:
         while chunk := f.read(chunk_size):
-            parser.feed(chunk)
-    parser.finish()
+            found = parser.feed(chunk)
+            if samples is not None:
+                samples += [(m.name, m.value) for m in found]
+    found = parser.finish()
+    if samples is not None:
+        samples += [(m.name, m.value) for m in found]
     err = parser.error
     return {
         "engine": parser.engine,
