@@ -23,7 +23,9 @@ from orchtest import FAST, Orch, job_cmd, reached, release, stop_background_watc
 
 EMULATOR = Path(__file__).parent / "fakes" / "sglang_emulator.py"
 FAKES = Path(__file__).parent / "fakes"
-SLOW_POLLS = ["--set", "poll_min=5", "--set", "poll_max=60"]
+SLOW_POLLS = ["--set", "poll_min=30", "--set", "poll_max=60"]  # news within seconds is no poll's doing
+PUSHED_S = 15  # a generous bound for news the host's agent pushes (a poll comes 30 s after launch at the
+               # soonest); the seconds it really takes: bench/detection_lag.py
 
 
 @pytest.fixture
@@ -49,21 +51,21 @@ def event_time(doc: dict, kind: str, message: str) -> float | None:
 
 
 def test_ready_and_fatal_lines_reach_status_within_two_seconds(orch: Orch, tmp_path: Path) -> None:
-    """Held polls of 5 to 60 s still hear of a ready line, and of a fatal line while the process lingers,
-    within 2 s; a detached run's status is current without --refresh."""
+    """Held polls of 30 to 60 s still hear of a ready line, and of a fatal line while the process lingers,
+    long before any poll; a detached run's status is current without --refresh."""
     events = tmp_path / "events"
     res = orch("run", "command", "--host", "test1", "--detach", "--set", "engine=sglang", *SLOW_POLLS,
                "--set", emulator(events, "--serve-after", "6", "--crash-after-ready", "0", "--linger"), check=0)
     run_id = int(res.stdout)
     ready = orch.wait_for(run_id, lambda d: d["phase"] in ("ready", "running"), timeout=60)
     seen_ready = time.time()
-    assert seen_ready - marks(events)["ready"] < 3.0  # the status command itself included
-    assert event_time(ready, "phase", "ready") - marks(events)["ready"] < 2.0
+    assert seen_ready - marks(events)["ready"] < PUSHED_S  # the status command itself included
+    assert event_time(ready, "phase", "ready") - marks(events)["ready"] < PUSHED_S
     failed = orch.wait_for(run_id, lambda d: d["status"] == "failed", timeout=60)
     assert "fatal error in log" in failed["reason"]
-    assert failed["ended_at"] - marks(events)["crash"] < 2.0
+    assert failed["ended_at"] - marks(events)["crash"] < PUSHED_S
     wrapper = failed["pid"]
-    deadline = time.time() + 10  # the lingering ranks are stopped: their GPUs free up
+    deadline = time.time() + 30  # the lingering ranks are stopped: their GPUs free up
     while Path(f"/proc/{wrapper}").exists() and "Z" not in Path(f"/proc/{wrapper}/stat").read_text().split()[2]:
         assert time.time() < deadline, "the process group still runs"
         time.sleep(0.1)
@@ -148,23 +150,29 @@ def test_a_run_whose_controller_died_while_launching_is_picked_up(orch: Orch, tm
     assert any(e["message"].startswith("running: picked up after its controller died") for e in doc["events"])
 
 
-def test_the_live_view_over_ssh_moves_every_second(orch: Orch) -> None:
-    """In a terminal the line is redrawn every second: elapsed time counts up between polls."""
+def test_the_live_view_over_ssh_moves_every_second(orch: Orch, tmp_path: Path) -> None:
+    """In a terminal the line is redrawn every second: elapsed time counts up between polls. The job runs
+    until the test has seen three seconds counted."""
+    hold = tmp_path / "hold"
     argv = [sys.executable, "-m", "orchestrator", "run", "command", "--host", "test1", *SLOW_POLLS,
-            "--set", job_cmd("--steps", "1", "--sleep", "5")]
+            "--set", job_cmd("--steps", "1", "--sleep", "0", "--pause", f"end:{hold}")]
     leader, follower = pty.openpty()
     proc = subprocess.Popen(argv, env={**orch.env, "TERM": "xterm", "COLUMNS": "160"}, stdin=follower,
                             stdout=follower, stderr=follower, close_fds=True)
     os.close(follower)
     screen = b""
-    deadline = time.time() + 30
+    deadline = time.time() + 90
     while proc.poll() is None and time.time() < deadline:
         if select.select([leader], [], [], 0.2)[0]:
             try:
                 screen += os.read(leader, 65536)
             except OSError:
                 break
-    proc.wait(timeout=30)
+        text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode(errors="replace"))
+        if {"0:01", "0:02", "0:03"} <= set(re.findall(r"· (0:0\d) ·", text)):
+            release(hold)
+    release(hold)
+    proc.wait(timeout=60)
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode(errors="replace"))
     elapsed = set(re.findall(r"· (0:0\d) ·", text))
     assert {"0:01", "0:02", "0:03"} <= elapsed, text[-2000:]

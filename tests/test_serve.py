@@ -181,7 +181,7 @@ def test_a_server_left_watching_records_decode_stats_then_stop_frees_its_gpus(tm
     watcher = orch.spawn("run", "serve-eagle3",
                          *serve_sets(port, "--decode-stats", "6", "--decode-interval", "0.25", "--serve-after", "600"))
     try:
-        deadline = time.time() + 30
+        deadline = time.time() + 120  # its start-up (the patch set applied, the server loaded) on a loaded machine
         series: list = []
         while time.time() < deadline and len(series) < 6:
             time.sleep(0.2)
