@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -64,10 +65,17 @@ def store(ws: Workspace) -> Iterator[Store]:
 # ---------------------------------------------------------------------------------------------------
 
 
+def worker_index() -> int:
+    """0, or N for pytest-xdist's worker gwN: what this process may use of the machine's shared things."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+
+
 @pytest.fixture(scope="session")
 def ssh_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHFleet]:
-    """Two running sshd servers, test1 and test2, shared by the whole session; stopped at its end."""
-    fleet = SSHFleet(2, root=tmp_path_factory.mktemp("sshd"))
+    """Two running sshd servers, test1 and test2, shared by the whole session; stopped at its end. Each
+    worker of a parallel run has loopback addresses of its own (127.0.0.2-3, 127.0.0.22-23, ...), so a
+    server stopped and started again on its port never finds it taken by another worker's."""
+    fleet = SSHFleet(2, root=tmp_path_factory.mktemp("sshd"), first_address=2 + 20 * worker_index())
     try:
         fleet.start()
         yield fleet
