@@ -22,8 +22,8 @@ def inspect_log(path: Path = typer.Argument(..., help="any log file, of any size
     if not path.is_file():
         raise UsageError(f"no such log file: {path}")
     try:
-        found = inspect_file(path)
-        samples = _metric_samples(path)
+        samples: list[tuple[str, float]] = []
+        found = inspect_file(path, samples=samples)  # one read gives the reading and every metric sample
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     # per metric: last, and mean and p50 over the steady state (the first 10 % of samples left out)
@@ -48,18 +48,6 @@ def inspect_log(path: Path = typer.Argument(..., help="any log file, of any size
         out.print("metrics: " + " ".join(f"{k}={v:g}" for k, v in found["metrics"].items()), markup=False)
     for name, s in found["metric_summaries"].items():
         out.print(f"  {summaries.line(name, s)}", markup=False)
-
-
-def _metric_samples(path: Path, chunk_size: int = 1 << 20) -> list[tuple[str, float]]:
-    """Every metric sample of a log, in its order, as the parser reads them (bounded memory per chunk)."""
-    from ..logparse import LogParser
-
-    parser, samples = LogParser(), []
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_size):
-            samples += [(m.name, m.value) for m in parser.feed(chunk)]
-    samples += [(m.name, m.value) for m in parser.finish()]
-    return samples
 
 
 @app.command()
