@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchtest import FAST, Orch, job_cmd, wait_for_file
+from orchtest import FAST, Orch, job_cmd, release, wait_for_file
 
 WATCHER = b"orchestrator.hostwatch"  # a host's watcher: `python -m orchestrator.hostwatch HOST`
 
@@ -60,18 +60,21 @@ def detach(orch: Orch, host: str, *job: str, gpu: int = 0) -> int:
 
 
 def test_runs_on_one_host_share_one_watcher_and_one_agent(orch: Orch, tmp_path: Path, private_home: Path) -> None:
-    ids = [detach(orch, "test1", "--steps", "300", "--sleep", "0.1", gpu=i) for i in range(4)]
+    gate = tmp_path / "gate"  # every job waits half way until the test has looked
+    ids = [detach(orch, "test1", "--steps", "150", "--sleep", "0.01", "--pause", f"75:{gate}", gpu=i)
+           for i in range(4)]
     for run_id in ids:
-        orch.wait_for(run_id, lambda d: d["progress"] is not None)
+        orch.wait_for(run_id, lambda d: d["progress"] is not None and d["progress"]["done"] == 75)
     assert all(orch.status(i)["status"] == "running" for i in ids)
     assert len(processes(private_home, WATCHER)) == 1
     deadline = time.time() + 30  # the agents of the commands that started the runs end with their channels
     while len(agents(tmp_path / "remote1")) > 1 and time.time() < deadline:
         time.sleep(0.2)
     assert len(agents(tmp_path / "remote1")) == 1
+    release(gate)
     for run_id in ids:
         doc = orch.wait_for(run_id, lambda d: d["status"] == "succeeded", timeout=120)
-        assert doc["progress"]["done"] == 300
+        assert doc["progress"]["done"] == 150
         assert [e["message"] for e in doc["events"] if e["kind"] == "phase"].count("running") == 1
     deadline = time.time() + 30  # gone once its host has no active run
     while processes(private_home, WATCHER):
