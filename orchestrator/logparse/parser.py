@@ -398,8 +398,11 @@ class LogParser:
                 self._sample(name, value, line, found)
                 if name in _HEALTHY_METRICS:
                     self._healthy()
-        trained = (speculators.train_metrics(text) or trainers.dict_metrics(text)
-                   or trainers.step_metrics(text) or trainers.summary_metrics(text))
+        # a line that states its metrics in orch's own words is read by those words only: its prefix
+        # ('step 3 orch-metric loss=1.5') must not give the same samples a second time
+        trained = [] if protocol_metrics(text) else (
+            speculators.train_metrics(text) or trainers.dict_metrics(text)
+            or trainers.step_metrics(text) or trainers.summary_metrics(text))
         for name, value in trained:
             self._sample(name, value, line, found)
         if trained:

@@ -39,3 +39,11 @@ def test_a_jobs_own_progress_is_the_runs_bar_and_its_phase_running() -> None:
 def test_a_huge_label_is_bounded() -> None:
     found = protocol_progress("orch-progress 1/2 " + "x" * 10_000)
     assert found is None or len(found[0]) <= 200
+
+
+@pytest.mark.parametrize("prefix", ["step 3 ", "epoch 1 step 3 ", "[rank0]: step 3 | "])
+def test_a_metric_line_after_a_trainers_words_gives_each_sample_once(prefix: str) -> None:
+    parser = LogParser()
+    line = f"{prefix}orch-metric loss=1.5 lr=0.1\n".encode()
+    found = [(m.name, m.value) for m in parser.feed(line * 2) + parser.finish()]
+    assert found == [("loss", 1.5), ("lr", 0.1)] * 2
