@@ -29,12 +29,61 @@ S = TypeVar("S", bound=RunSpec)
 FindRun = Callable[[int], Run]
 
 
+@dataclass(frozen=True)
+class Entry:
+    """One entry of a host's directory, as it is (a symlink is a "link", never followed)."""
+
+    name: str
+    kind: str  # file | dir | link | other
+    size: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a host's directory holds at any depth, as `find DIR -mindepth 1`, `du -sb` and `du -sk` count it."""
+
+    entries: int
+    bytes: int
+    kib: int
+
+
 class Remote(Protocol):
-    """The host a job runs on, as a playbook may use it: run a command, upload a file."""
+    """The host a job runs on, as a playbook may use it: run a command, upload a file, and look at files
+    and ask a program without a shell. The looks are read-only, answered by the host's agent; a relative
+    path is taken from the run dir, as the job sees it. In a dry run nothing is asked: each look is
+    printed and answered as an empty host would (nothing there, no output)."""
 
     def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result: ...
 
     def put(self, data: bytes, path: str, mode: int = 0o644) -> None: ...
+
+    def exists(self, path: str) -> bool:
+        """As `test -e`: a symlink counts as what it points to."""
+        ...
+
+    def is_file(self, path: str) -> bool:
+        """As `test -f`."""
+        ...
+
+    def is_dir(self, path: str) -> bool:
+        """As `test -d`."""
+        ...
+
+    def list_dir(self, path: str) -> list[Entry] | None:
+        """The directory's entries by name; None when there is no directory."""
+        ...
+
+    def usage(self, path: str) -> Usage | None:
+        """What the directory holds at any depth; None when there is no directory."""
+        ...
+
+    def read_text(self, path: str, limit: int = 1 << 20) -> str | None:
+        """The first `limit` bytes of a plain file (never read through a symlink); None when there is none."""
+        ...
+
+    def run_argv(self, argv: list[str], *, check: bool = True, timeout: float | None = None) -> Result:
+        """Run a program from its argv list, no shell in between (stdin empty; stdout and stderr apart)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -119,6 +168,6 @@ class Playbook(Generic[S]):
 
 
 __all__ = [
-    "SERVING_PHASES", "FindRun", "HealthCheck", "Host", "JobContext", "NotFound", "OrchError", "Outputs", "Playbook", "Prepared",
-    "Remote", "Run", "RunSpec", "Status", "UsageError", "check_regex", "http_probe", "quote",
+    "SERVING_PHASES", "Entry", "FindRun", "HealthCheck", "Host", "JobContext", "NotFound", "OrchError", "Outputs", "Playbook", "Prepared",
+    "Remote", "Run", "RunSpec", "Status", "Usage", "UsageError", "check_regex", "http_probe", "quote",
 ]

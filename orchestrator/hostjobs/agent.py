@@ -611,6 +611,87 @@ def file_size(path):
     return st.st_size if not os.path.islink(path) else None
 
 
+def _kind(mode):
+    if stat.S_ISLNK(mode):
+        return "link"
+    if stat.S_ISREG(mode):
+        return "file"
+    return "dir" if stat.S_ISDIR(mode) else "other"
+
+
+def path_stat(path):
+    """What is at a path, the path itself not followed: its kind (file, dir, link, other; None when
+    nothing is there) and size; for a symlink also the kind of what it points to ("to"), looked at but
+    never read, so a check can answer as `test -f` does."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return {"kind": None, "size": None, "to": None}
+    kind = to = _kind(st.st_mode)
+    if kind == "link":
+        try:
+            to = _kind(os.stat(path).st_mode)
+        except OSError:
+            to = None
+    return {"kind": kind, "size": st.st_size, "to": to}
+
+
+def list_dir(path, most):
+    """[name, kind, size] of a directory's entries, sorted by name, no entry followed; None when there is no
+    directory. The directory itself may be a symlink to one, as `files` and a shell's `cd` take it."""
+    found = []
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                found.append([entry.name, _kind(st.st_mode), st.st_size])
+                if len(found) >= most:
+                    break
+    except OSError:
+        return None
+    return sorted(found)
+
+
+def usage(path):
+    """How much a directory holds, as `find DIR -mindepth 1 | wc -l`, `du -sb` and `du -sk` count it:
+    its entries at any depth, their bytes and their KiB on disk (the directory's own included); no
+    symlink below it followed. None when there is no directory."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    entries, size, blocks = 0, st.st_size, getattr(st, "st_blocks", 0)
+    for top, dirs, names in os.walk(path):  # symlinks to folders are listed in dirs, never walked
+        for name in dirs + names:
+            entries += 1
+            try:
+                inner = os.lstat(os.path.join(top, name))
+            except OSError:
+                continue
+            size += inner.st_size
+            blocks += getattr(inner, "st_blocks", 0)
+    return {"entries": entries, "bytes": size, "kib": blocks * 512 // 1024}
+
+
+def run_argv(argv, timeout, most=1 << 20):
+    """Run a command from its argv list, no shell, stdin empty, within `timeout` seconds: its exit code
+    and the last `most` bytes of its stdout and stderr. A program that cannot be started answers as a
+    shell would (127 and why). This gives a request nothing new: `launch` already runs a script."""
+    try:
+        out = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{argv[0]}: no end within {timeout:g} s (killed)") from None
+    except OSError as exc:
+        return {"code": 127, "stdout": "", "stderr": f"{argv[0]}: {exc.strerror or exc}\n"}
+    return {"code": out.returncode, "stdout": out.stdout[-most:].decode(errors="replace"),
+            "stderr": out.stderr[-most:].decode(errors="replace")}
+
+
 def health(url, timeout):
     """The HTTP status of a server's endpoint, asked on this host; None when nothing answered."""
     try:
@@ -839,6 +920,14 @@ def _option(v):
     return isinstance(v, str) and v.startswith("-") and len(v) <= 4096 and not any(c in v for c in "\0\n\r")
 
 
+def _arg(v):
+    return isinstance(v, str) and "\0" not in v and len(v) <= 1 << 20
+
+
+def _argv(v):
+    return isinstance(v, list) and 0 < len(v) <= 4096 and all(_arg(x) for x in v) and v[0] != ""
+
+
 def _maybe_word(v):
     return v == "" or _word(v)
 
@@ -890,6 +979,10 @@ ARGS = {
     "tail": {"path": (_path, REQUIRED), "lines": (_count, REQUIRED)},
     "chunk": {"path": (_path, REQUIRED), "offset": (_count, 0), "length": (_count, CHUNK)},
     "size": {"path": (_path, REQUIRED)},
+    "stat": {"path": (_path, REQUIRED)},
+    "listdir": {"path": (_path, REQUIRED), "most": (_count, 100000)},
+    "usage": {"path": (_path, REQUIRED)},
+    "exec": {"argv": (_argv, REQUIRED), "timeout_s": (_seconds, 120)},
     "submit": {"dir": (_path, REQUIRED), "script": (_text, REQUIRED), "token": (_token, REQUIRED),
                "options": (_list_of(_option, 256), [])},
     "squeue": {"job_id": (_maybe(_count), None)},
@@ -1012,6 +1105,18 @@ class Agent:
     def size(self, a):
         return {"size": file_size(a["path"])}
 
+    def stat(self, a):
+        return path_stat(a["path"])
+
+    def listdir(self, a):
+        return {"entries": list_dir(a["path"], a["most"])}
+
+    def usage(self, a):
+        return {"usage": usage(a["path"])}
+
+    def exec(self, a):
+        return run_argv(a["argv"], float(a["timeout_s"]))
+
     def health(self, a):
         return {"code": health(a["url"], float(a["timeout_s"]))}
 
@@ -1024,7 +1129,7 @@ class Agent:
 
     # answered from a thread: pushes and other requests go on meanwhile
     SLOW = ("launch", "kill", "kill_pids", "stacks", "loss", "health", "tail", "find", "read", "chunk", "gpus", "files",
-            "submit", "squeue", "sacct", "scancel", "sinfo")
+            "submit", "squeue", "sacct", "scancel", "sinfo", "listdir", "usage", "exec")
 
     def handle(self, line):
         try:

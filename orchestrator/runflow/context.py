@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -14,10 +15,10 @@ from ..hostlease import run_paths
 from ..hosts import Host, Inventory
 from ..launch import RunPaths
 from ..lease import BEFORE_RELEASE
-from ..playbook import JobContext, Playbook
+from ..playbook import Entry, JobContext, Playbook, Usage
 from ..polling import WatchOptions
 from ..record import Run
-from ..remote import Transport, connect
+from ..remote import DEFAULT_TIMEOUT_S, Result, Transport, connect, quote
 from ..spec import RunSpec, stored
 from ..store import Store
 from ..watching import WatchLock
@@ -61,8 +62,83 @@ class Context:
 
     def job(self, dry_run: bool = False) -> JobContext[Any]:
         """The playbook's view of the run."""
-        return JobContext(self.run_id, self.spec, self.host, self.paths, self.transport, self.store.get_run,
+        # a dry run's transport prints what it is given: the looks at files are printed the same way
+        echo = getattr(self.transport, "echo", None) if dry_run else None
+        remote = JobRemote(self.transport, self.paths.root, echo)
+        return JobContext(self.run_id, self.spec, self.host, self.paths, remote, self.store.get_run,
                           lambda kind, message: self.event(kind, message), dry_run)
+
+
+class JobRemote:
+    """playbook.Remote: commands and uploads through the host's transport; looks at files and argv
+    commands through its agent, so a playbook's checks hold no shell. With `echo` (a dry run) nothing is
+    asked: each look is printed and answered as an empty host would."""
+
+    def __init__(self, transport: Transport, root: str, echo: Callable[[str], None] | None = None):
+        self.transport, self.root, self.echo = transport, root, echo
+        self.host = transport.host.name
+
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result:
+        return self.transport.run(command, check=check, timeout=timeout)
+
+    def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
+        self.transport.put(data, path, mode)
+
+    def _at(self, path: str) -> str:
+        # the agent takes absolute paths only; a relative one means what it means to the job, in its run dir
+        return posixpath.join(self.root, path)
+
+    def _ask(self, what: str, op: str, timeout: float = 60, **args: Any) -> dict[str, Any] | None:
+        if self.echo is not None:
+            self.echo(f"# on {self.host}, asked of the agent: {what}\n")
+            return None
+        return agent.call(self.transport, op, timeout=timeout, **args)
+
+    def _stat(self, path: str) -> dict[str, Any]:
+        at = self._at(path)
+        return self._ask(f"what is at {at}", "stat", path=at) or {}
+
+    def exists(self, path: str) -> bool:
+        return self._stat(path).get("to") is not None
+
+    def is_file(self, path: str) -> bool:
+        return self._stat(path).get("to") == "file"
+
+    def is_dir(self, path: str) -> bool:
+        return self._stat(path).get("to") == "dir"
+
+    def list_dir(self, path: str) -> list[Entry] | None:
+        at = self._at(path)
+        got = (self._ask(f"the entries of {at}", "listdir", timeout=300, path=at) or {}).get("entries")
+        return None if got is None else [Entry(str(name), str(kind), int(size)) for name, kind, size in got]
+
+    def usage(self, path: str) -> Usage | None:
+        at = self._at(path)
+        got = (self._ask(f"what {at} holds", "usage", timeout=300, path=at) or {}).get("usage")
+        return None if got is None else Usage(int(got["entries"]), int(got["bytes"]), int(got["kib"]))
+
+    def read_text(self, path: str, limit: int = 1 << 20) -> str | None:
+        found = self._stat(path)
+        if found.get("kind") != "file":  # a symlink is not read through, as the agent's other reads
+            return None
+        data = b""
+        while len(data) < limit:  # the agent answers at most a MiB at a time
+            got = agent.data_of(agent.call(self.transport, "chunk", timeout=300, path=self._at(path),
+                                           offset=len(data), length=limit - len(data)))
+            if not got:
+                break
+            data += got
+        return data.decode(errors="replace")
+
+    def run_argv(self, argv: list[str], *, check: bool = True, timeout: float | None = None) -> Result:
+        shown = " ".join(quote(a) for a in argv)
+        timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
+        got = self._ask(f"run without a shell: {shown}", "exec", timeout=timeout + 30, argv=list(argv),
+                        timeout_s=timeout)
+        if got is None:
+            return Result(self.host, shown, 0, "", "")
+        result = Result(self.host, shown, int(got["code"]), str(got["stdout"]), str(got["stderr"]))
+        return result.check() if check else result
 
 
 Hosts = Inventory | Mapping[str, Host]

@@ -236,6 +236,15 @@ def test_the_protocol_is_json_lines(tmp_path: Path):
     ("kill_pids", {"procs": [[0, "5"]]}, "bad procs"),
     ("submit", {"dir": "/tmp/x", "script": "true", "token": "t", "options": ["x; id"]}, "bad options"),
     ("sinfo", {"what": "-o %all"}, "bad what"),
+    ("stat", {"path": "relative/file"}, "bad path"),
+    ("listdir", {"path": "/tmp", "most": -1}, "bad most"),
+    ("usage", {"path": "/tmp\0x"}, "bad path"),
+    ("exec", {"argv": "id; rm -rf /"}, "bad argv"),
+    ("exec", {"argv": []}, "bad argv"),
+    ("exec", {"argv": ["", "x"]}, "bad argv"),
+    ("exec", {"argv": ["echo", "a\0b"]}, "bad argv"),
+    ("exec", {"argv": ["id"], "shell": True}, "unknown argument"),
+    ("exec", {"argv": ["id"], "timeout_s": 10**6}, "bad timeout_s"),
 ])
 def test_every_op_refuses_an_argument_that_does_not_check(link: AgentLink, op: str, args: dict, why: str):
     with pytest.raises(AgentError, match=why):
@@ -394,3 +403,41 @@ def test_stacks_are_taken_only_of_processes_proven_the_jobs(tmp_path: Path, monk
     finally:
         link.call("kill", pid=job["pid"], start=job["start"], grace_s=5)
         link.close()
+
+
+def test_stat_listdir_and_usage_look_at_files_without_following_a_symlink(link: AgentLink, tmp_path: Path):
+    root = tmp_path / "out"
+    (root / "1" / "deep").mkdir(parents=True)
+    (root / "data_0.pt").write_bytes(b"x" * 5000)
+    (root / "1" / "deep" / "w").write_bytes(b"y" * 70000)
+    (root / "secret").symlink_to("/etc")
+    (tmp_path / "via").symlink_to(root)
+    assert link.call("stat", path=str(root / "data_0.pt")) == {"kind": "file", "size": 5000, "to": "file"}
+    assert link.call("stat", path=str(root / "secret"))["kind"] == "link"
+    assert link.call("stat", path=str(root / "secret"))["to"] == "dir"  # looked at, as `test -d` does
+    assert link.call("stat", path=str(root / "nothing")) == {"kind": None, "size": None, "to": None}
+    entries = link.call("listdir", path=str(root))["entries"]
+    assert [(name, kind) for name, kind, _ in entries] == [("1", "dir"), ("data_0.pt", "file"), ("secret", "link")]
+    assert link.call("listdir", path=str(tmp_path / "via"))["entries"] == entries  # the folder named may be a link
+    assert link.call("listdir", path=str(root / "data_0.pt"))["entries"] is None
+    assert len(link.call("listdir", path=str(root), most=2)["entries"]) == 2
+    held = link.call("usage", path=str(root))["usage"]
+    found = subprocess.run(["find", str(root), "-mindepth", "1"], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert held["entries"] == len(found) == 5  # /etc behind the link is not counted
+    du_b = int(subprocess.run(["du", "-sb", str(root)], capture_output=True, text=True, check=True).stdout.split()[0])
+    assert held["bytes"] == du_b and held["kib"] >= 70
+    assert link.call("usage", path=str(root / "nothing"))["usage"] is None
+
+
+def test_exec_runs_an_argv_list_without_a_shell(link: AgentLink, tmp_path: Path):
+    marker = tmp_path / "injected"
+    words = [f"$(touch {marker})", f"; touch {marker}", "a b", "'"]
+    got = link.call("exec", argv=[sys.executable, "-c", "import sys; print(sys.argv[1:]); sys.exit(3)", *words])
+    assert got == {"code": 3, "stdout": f"{words}\n", "stderr": ""}
+    assert not marker.exists()
+    missing = link.call("exec", argv=[str(tmp_path / "no-such-python"), "-c", "1"])
+    assert missing["code"] == 127 and "No such file" in missing["stderr"]
+    started = time.monotonic()
+    with pytest.raises(AgentError, match="no end within 0.5 s"):
+        link.call("exec", argv=["sleep", "30"], timeout_s=0.5)
+    assert time.monotonic() - started < 10

@@ -1,0 +1,90 @@
+"""A playbook's looks at its host (JobContext.remote): answered by the host's agent, with no shell in
+between; printed and answered as an empty host in a dry run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import registry, runflow
+from orchestrator.errors import RemoteError
+from orchestrator.hosts import Host, local_host
+from orchestrator.playbook import Entry
+from orchestrator.runflow.context import JobRemote
+from orchestrator.store import Store
+from orchestrator.transport import LocalTransport
+from orchestrator.workspace import Workspace
+
+
+@pytest.fixture
+def remote(tmp_path: Path) -> JobRemote:
+    host = Host(name="local", workdir=str(tmp_path / "work"), python=sys.executable)
+    root = tmp_path / "work" / "runs" / "1"
+    root.mkdir(parents=True)
+    return JobRemote(LocalTransport(host), str(root))
+
+
+def test_files_are_looked_at_relative_to_the_run_dir(remote: JobRemote, tmp_path: Path):
+    root = Path(remote.root)
+    (root / "out" / "3").mkdir(parents=True)
+    (root / "out" / "manifest.json").write_text('{"samples": 2}')
+    (root / "out" / "link").symlink_to(root / "out" / "manifest.json")
+    assert remote.is_dir("out") and remote.is_dir(str(root / "out")) and not remote.is_file("out")
+    assert remote.is_file("out/manifest.json") and remote.exists("out/link") and remote.is_file("out/link")
+    assert not remote.exists("out/nothing")
+    assert remote.list_dir("out") == [Entry("3", "dir", (root / "out" / "3").lstat().st_size),
+                                      Entry("link", "link", (root / "out" / "link").lstat().st_size),
+                                      Entry("manifest.json", "file", 14)]
+    assert remote.list_dir("out/manifest.json") is None
+    held = remote.usage("out")
+    assert held is not None and held.entries == 3
+    assert remote.usage("nothing") is None
+    assert remote.read_text("out/manifest.json") == '{"samples": 2}'
+    assert remote.read_text("out/manifest.json", limit=4) == '{"sa'
+    assert remote.read_text("out/link") is None  # never read through a symlink
+    assert remote.read_text("out") is None
+
+
+def test_read_text_reads_past_the_agents_chunk(remote: JobRemote):
+    big = Path(remote.root) / "big"
+    big.write_bytes(b"z" * (3 << 20))
+    assert len(remote.read_text("big", limit=(2 << 20) + 5) or "") == (2 << 20) + 5
+
+
+def test_run_argv_passes_words_as_data(remote: JobRemote, tmp_path: Path):
+    marker = tmp_path / "injected"
+    res = remote.run_argv([sys.executable, "-c", "import sys; print(sys.argv[1])", f"$(touch {marker})"])
+    assert res.ok and res.stdout == f"$(touch {marker})\n" and not marker.exists()
+    failed = remote.run_argv([sys.executable, "-c", "import sys; sys.exit('no')"], check=False)
+    assert (failed.exit_code, failed.stderr) == (1, "no\n")
+    with pytest.raises(RemoteError):
+        remote.run_argv([sys.executable, "-c", "raise SystemExit(2)"])
+
+
+def test_a_dry_run_prints_each_look_and_answers_as_an_empty_host(tmp_path: Path):
+    printed: list[str] = []
+    dry = JobRemote(LocalTransport(local_host(tmp_path)), str(tmp_path), printed.append)
+    (tmp_path / "there").write_text("x")
+    assert not dry.is_file("there") and dry.list_dir(".") is None and dry.usage(".") is None
+    assert dry.read_text("there") is None
+    assert dry.run_argv(["python3", "-c", "print(1)"]).stdout == ""
+    assert len(printed) == 5 and all(p.startswith("# on local, asked of the agent: ") for p in printed)
+    assert "run without a shell: python3 -c 'print(1)'" in printed[-1]
+
+
+def test_the_dry_run_of_a_playbook_prints_its_looks(tmp_path: Path):
+    ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
+    pb = registry.playbook("train-draft")
+    spec = pb.Spec.model_validate({"scripts_dir": "/s", "verifier": "/m", "hidden_states": "/h", "data_path": "/d",
+                                   "cleanup": False})
+    printed: list[str] = []
+    store = Store(ws.db_path)
+    try:
+        runflow.dry_run(ws, store, pb, spec, local_host(tmp_path), printed.append)
+    finally:
+        store.close()
+    text = "".join(printed)
+    assert "# on local, asked of the agent: what is at /s/train.py" in text
+    assert "asked of the agent: run without a shell: " in text and "--data-path /d" in text
