@@ -10,6 +10,7 @@ Backends:
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import posixpath
 import re
@@ -24,6 +25,7 @@ from orchestrator.playbook import (
     Outputs,
     Playbook,
     Prepared,
+    Remote,
     Run,
     RunSpec,
     Status,
@@ -115,11 +117,17 @@ class ExtractSpec(RunSpec):
         return self
 
 
-def version_probe(python: str) -> str:
-    """A shell line printing `version X` (or `version none`): the speculators the host's python has."""
-    code = ("import importlib.metadata as m\ntry:\n print('version', m.version('speculators'))\n"
-            "except m.PackageNotFoundError:\n print('version none')")
-    return f"{quote(python)} -c {quote(code)} 2>&1\n"
+VERSION_PY = ("import importlib.metadata as m\ntry:\n print('version', m.version('speculators'))\n"
+              "except m.PackageNotFoundError:\n print('version none')")
+
+
+def installed_speculators(remote: Remote, python: str) -> tuple[str, str]:
+    """The speculators the host's python has ("none" when it has none, or could not say) and what the
+    python printed, for an error message."""
+    res = remote.run_argv([python, "-c", VERSION_PY], check=False, timeout=120)
+    said = res.stdout + res.stderr
+    found = next((line.split(" ", 1)[1] for line in res.stdout.splitlines() if line.startswith("version ")), "none")
+    return found, said
 
 
 def parse_version(text: str) -> tuple[int, ...]:
@@ -214,7 +222,8 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
         return "speculators" if spec.backend == "speculators" else self.engine
 
     def output_dir(self, job: JobContext[ExtractSpec]) -> str:
-        return job.spec.output_dir or posixpath.join(job.paths.root, "hidden_states")
+        # a relative output_dir is the job's, in its run dir: checked, cleared and counted there too
+        return posixpath.join(job.paths.root, job.spec.output_dir or "hidden_states")
 
     def preflight(self, job: JobContext[ExtractSpec]) -> None:
         if job.spec.output_dir:
@@ -235,12 +244,8 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
     def _output_dir_entries(self, job: JobContext[ExtractSpec]) -> tuple[int, str]:
         """Old and new shards in one directory are indistinguishable to a trainer: a non-empty output_dir
         is refused unless clear_output says to empty it. (entries, KiB) of what is there."""
-        out = quote(self.output_dir(job))
-        res = job.remote.run(f"[ -d {out} ] && find {out} -mindepth 1 | wc -l && du -sk {out} | cut -f1 || echo 0",
-                             check=False, timeout=300)
-        words = res.stdout.split()
-        entries = int(words[0]) if words and words[0].isdigit() else 0
-        kib = words[1] if len(words) > 1 else "?"
+        held = job.remote.usage(self.output_dir(job))
+        entries, kib = (held.entries, str(held.kib)) if held is not None else (0, "?")
         if entries and not job.spec.clear_output:
             raise UsageError(f"output_dir {self.output_dir(job)} is not empty ({entries} entries, {kib} KiB); "
                              "set clear_output = true to clear it first")
@@ -249,25 +254,23 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
     def _clear_output_dir(self, job: JobContext[ExtractSpec]) -> None:
         entries, kib = self._output_dir_entries(job)
         if entries:
-            job.remote.run(f"find {quote(self.output_dir(job))} -mindepth 1 -delete", timeout=600)
+            # the trailing slash: a symlink to the folder is cleared as it was counted, through it
+            job.remote.run_argv(["find", self.output_dir(job).rstrip("/") + "/", "-mindepth", "1", "-delete"],
+                                timeout=600)
             job.event("prepare", f"cleared output_dir {self.output_dir(job)}: {entries} entries, {kib} KiB")
 
     def _speculators_version(self, job: JobContext[ExtractSpec]) -> str:
-        """One remote call: the installed version (unless the spec forces one) and the scripts present."""
+        """The installed version (unless the spec forces one) and the scripts present."""
         s = job.spec
         assert s.scripts_dir  # the spec's validator requires it for this backend
-        cmd = "" if s.speculators_version else version_probe(job.python)
-        for name in (GENERATOR, LAUNCHER):
-            cmd += f"test -f {quote(posixpath.join(s.scripts_dir, name))} && echo script {name}\n"
-        res = job.remote.run(cmd + "true", timeout=120)
+        version, said = (s.speculators_version, "") if s.speculators_version else installed_speculators(
+            job.remote, job.python)
+        scripts = {name for name in (GENERATOR, LAUNCHER) if job.remote.is_file(posixpath.join(s.scripts_dir, name))}
         if job.dry_run:
             return s.speculators_version or ".".join(map(str, NEW_PIPELINE))
-        said = [line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("version ", "script "))]
-        scripts = {value for key, value in said if key == "script"}
-        version = s.speculators_version or next((value for key, value in said if key == "version"), "none")
         if version == "none" or not VERSION_RE.match(version):
             raise OrchError(f"speculators is not installed for {job.python} on {job.host.name} "
-                            f"(set speculators_version to choose the pipeline): {res.stdout.strip()[-200:]}")
+                            f"(set speculators_version to choose the pipeline): {said.strip()[-200:]}")
         needed = [GENERATOR] + ([LAUNCHER] if pipeline_of(version) == "new" else [])
         absent = [n for n in needed if n not in scripts]
         if absent:
@@ -301,7 +304,9 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
         if run.status is not Status.SUCCEEDED:
             return Outputs()
         path = posixpath.join(self.output_dir(job), "manifest.json")
-        text = job.remote.run(f"cat {quote(path)}").stdout
+        text = job.remote.read_text(path)
+        if text is None:
+            raise OrchError(f"{path}: no manifest (not a plain file on {job.host.name})")
         try:
             manifest = json.loads(text)
         except json.JSONDecodeError:
@@ -313,16 +318,14 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
         return Outputs(manifest, metrics)
 
     def _count_outputs(self, job: JobContext[ExtractSpec]) -> Outputs:
-        """One remote call: sample files of either pipeline, all files and their bytes (also after a failure)."""
+        """Sample files of either pipeline, all files and their bytes (also after a failure)."""
         out = self.output_dir(job)
-        cmd = (f"cd {quote(out)} 2>/dev/null || {{ echo 0 0 0 0; exit 0; }}\n"
-               "set -- data_*.pt; pt=$#; [ -e \"$1\" ] || pt=0\n"
-               "set -- hs_*.safetensors; hs=$#; [ -e \"$1\" ] || hs=0\n"
-               "echo $pt $hs $(find . -maxdepth 1 -type f | wc -l) $(du -sb . | cut -f1)\n")
-        fields = job.remote.run(cmd).stdout.split()
-        if len(fields) != 4 or not all(f.isdigit() for f in fields):
-            raise OrchError(f"unexpected answer counting {out}: {' '.join(fields)[:200]!r}")
-        pt, hs, files, size = map(int, fields)
+        entries = job.remote.list_dir(out) or []
+        held = job.remote.usage(out)
+        pt = sum(1 for e in entries if fnmatch.fnmatchcase(e.name, "data_*.pt"))
+        hs = sum(1 for e in entries if fnmatch.fnmatchcase(e.name, "hs_*.safetensors"))
+        files = sum(1 for e in entries if e.kind == "file")
+        size = held.bytes if held is not None else 0
         found = {"output_dir": out, "data_pt": pt, "hs_safetensors": hs, "samples": pt + hs, "files": files,
                  "bytes": size}
         return Outputs(found, [("samples", pt + hs), ("files", files), ("output_mb", round(size / 2**20, 3))])

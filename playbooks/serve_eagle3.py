@@ -51,7 +51,7 @@ def split_launcher(text: str) -> list[str]:
 
 def installed_version(remote: Remote, python: str, package: str = "sglang") -> str | None:
     """The package's version as the host's python sees it, or None (not installed, no answer)."""
-    res = remote.run(f"{quote(python)} -c {quote(_VERSION_PY)} {quote(package)}", check=False, timeout=60)
+    res = remote.run_argv([python, "-c", _VERSION_PY, package], check=False, timeout=60)
     lines = res.stdout.strip().splitlines()
     found = lines[-1].strip() if res.ok and lines else ""
     return found if found and found != "none" else None

@@ -19,6 +19,7 @@ epoch `Training epoch K/N started|completed`; the log parser reads both (loss me
 from __future__ import annotations
 
 import posixpath
+import re
 
 from pydantic import Field, field_validator, model_validator
 
@@ -35,12 +36,12 @@ from orchestrator.playbook import (
     RunSpec,
     Status,
     UsageError,
-    quote,
 )
 
-from .extract_hidden_states import VERSION_RE, VERSION_VAR, parse_version, shell, version_probe
+from .extract_hidden_states import VERSION_RE, VERSION_VAR, installed_speculators, parse_version, shell
 
 TRAINER = "train.py"
+EPOCH = re.compile(r"[0-9]+")  # a checkpoint folder's name
 EXTRACT = "extract-hidden-states"
 NEW_ARGS = (0, 5)  # --hidden-states-path, --on-missing and --target-layer-ids from here on
 # Rich wraps its log lines at the console width, 80 columns off a terminal: room for a whole metrics line.
@@ -170,25 +171,24 @@ class TrainDraft(Playbook[TrainDraftSpec]):
             extract_run(find_run, spec, host)
 
     def output_dir(self, job: JobContext[TrainDraftSpec]) -> str:
-        return job.spec.output_dir or posixpath.join(job.paths.root, "checkpoints")
+        # a relative output_dir is the job's, in its run dir: its checkpoints are counted there too
+        return posixpath.join(job.paths.root, job.spec.output_dir or "checkpoints")
 
     def prepare(self, job: JobContext[TrainDraftSpec]) -> Prepared:
         return Prepared(env={VERSION_VAR: self._version(job), "COLUMNS": COLUMNS})
 
     def _version(self, job: JobContext[TrainDraftSpec]) -> str:
-        """One remote call: the installed version (unless the spec forces one) and whether train.py is there."""
+        """The installed version (unless the spec forces one) and whether train.py is there."""
         s = job.spec
-        cmd = "" if s.speculators_version else version_probe(job.python)
-        cmd += f"test -f {quote(posixpath.join(s.scripts_dir, TRAINER))} && echo script found\n"
-        res = job.remote.run(cmd + "true", timeout=120)
+        version, said = (s.speculators_version, "") if s.speculators_version else installed_speculators(
+            job.remote, job.python)
+        found = job.remote.is_file(posixpath.join(s.scripts_dir, TRAINER))
         if job.dry_run:
             return s.speculators_version or ".".join(map(str, NEW_ARGS))
-        said = dict(line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("version ", "script ")))
-        version = s.speculators_version or said.get("version", "none")
         if version == "none" or not VERSION_RE.match(version):
             raise OrchError(f"speculators is not installed for {job.python} on {job.host.name} "
-                            f"(set speculators_version): {res.stdout.strip()[-200:]}")
-        if "script" not in said:
+                            f"(set speculators_version): {said.strip()[-200:]}")
+        if not found:
             raise OrchError(f"{TRAINER} not found in {s.scripts_dir} on {job.host.name} "
                             "(scripts_dir: the scripts/ folder of the speculators repo)")
         job.event("prepare", f"speculators {version}: train.py {'>=0.5' if parse_version(version) >= NEW_ARGS else '<0.5'} arguments")
@@ -202,17 +202,13 @@ class TrainDraft(Playbook[TrainDraftSpec]):
                                 layers))
 
     def finish(self, job: JobContext[TrainDraftSpec], run: Run) -> Outputs:
-        """One remote call: the checkpoints (one folder per epoch) train.py saved, also after a failure."""
+        """The checkpoints (one folder per epoch, named by its number) train.py saved, also after a failure."""
         out = self.output_dir(job)
-        cmd = (f"cd {quote(out)} 2>/dev/null || {{ echo 0 0 -; exit 0; }}\n"
-               "n=0; last=-; for d in $(ls -1 | grep -E '^[0-9]+$' | sort -n); do "
-               "[ -d \"$d\" ] && n=$((n+1)) && last=$d; done\n"
-               "echo $n $(du -sb . | cut -f1) $last\n")
-        fields = job.remote.run(cmd).stdout.split()
-        if len(fields) != 3 or not fields[0].isdigit() or not fields[1].isdigit():
-            raise OrchError(f"unexpected answer listing {out}: {' '.join(fields)[:200]!r}")
-        checkpoints, size = int(fields[0]), int(fields[1])
-        last = None if fields[2] == "-" else posixpath.join(out, fields[2])
+        epochs = sorted((e.name for e in job.remote.list_dir(out) or [] if e.kind == "dir" and EPOCH.fullmatch(e.name)),
+                        key=int)
+        held = job.remote.usage(out)
+        checkpoints, size = len(epochs), held.bytes if held is not None else 0
+        last = posixpath.join(out, epochs[-1]) if epochs else None
         found = {"output_dir": out, "hidden_states": hidden_states_dir(job.find_run, job.spec, job.host),
                  "checkpoints": checkpoints, "last_checkpoint": last, "bytes": size}
         return Outputs(found, [("checkpoints", checkpoints), ("output_mb", round(size / 2**20, 3))])
