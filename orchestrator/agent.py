@@ -98,10 +98,11 @@ class AgentLink:
                 info = link.call("hello", timeout=timeout)
             except (AgentError, Unreachable) as exc:
                 link.close()
-                if attempt == 2:
+                placed = remote_path(transport)
+                if attempt == 2 or placed == str(SOURCE):  # orch's own copy is never placed again
                     raise _why_not(transport, exc) from None
                 # not there, or not this version (the bootstrap runs nothing else): upload it, once
-                hostprogram.upload(transport, SOURCE, remote_path(transport))
+                hostprogram.upload(transport, SOURCE, placed)
                 continue
             if info.get("sha256") == digest():
                 link.info = info

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import RemoteError
-from .remote import Transport, quote
+from .remote import LocalTransport, Transport, quote
 
 MISSING = 97  # the bootstrap's exit status when the file is absent or not the expected version
 INLINE_REQUEST_LIMIT = 64 * 1024  # the kernel caps one argument at 128 KiB
@@ -38,8 +38,12 @@ BOOTSTRAP = (
 
 
 def remote_path(transport: Transport, script: Path, folder: str) -> tuple[str, str]:
-    """(path on the host, sha256) of this version of the program."""
+    """(path on the host, sha256) of this version of the program. On this machine it is orch's own copy:
+    nothing is placed in the workspace (a read-only command creates nothing there), except for a batch
+    scheduler, whose nodes reach the program only through the workdir."""
     digest = hashlib.sha256(script.read_bytes()).hexdigest()
+    if isinstance(transport, LocalTransport) and transport.host.scheduler is None:
+        return str(script), digest
     workdir = transport.expand(transport.host.workdir).rstrip("/")
     return f"{workdir}/{folder}/{script.stem}-{digest[:16]}.py", digest
 
@@ -82,4 +86,7 @@ def call(transport: Transport, script: Path, folder: str, request: dict[str, Any
 def upload(transport: Transport, script: Path, path: str) -> None:
     """Place the program: the transport writes a fresh name and renames it into place, so a symlink
     planted at the final name is replaced, never written through."""
+    if Path(path) == script:
+        raise RemoteError(transport.host.name, f"run {script.name}", None, "",
+                          reason=f"{script} is not the version this orch was started with")
     transport.put(script.read_bytes(), path, 0o644)

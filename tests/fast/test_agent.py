@@ -23,9 +23,15 @@ from orchestrator.hosts import Host
 from orchestrator.transport import LocalTransport
 
 
+def placing(workdir: Path) -> Host:
+    """A host on this machine whose programs are placed in its workdir: a batch scheduler's, whose nodes
+    reach them only there (the plain local host runs orch's own copy)."""
+    return Host(name="cluster", scheduler="slurm", workdir=str(workdir), python=sys.executable)
+
+
 @pytest.fixture
 def link(tmp_path: Path):
-    host = Host(name="local", workdir=str(tmp_path / "work"), python=sys.executable)
+    host = placing(tmp_path / "work")
     link = AgentLink.start(LocalTransport(host))
     yield link
     link.close()
@@ -127,7 +133,7 @@ def test_the_agent_exits_when_its_channel_closes(tmp_path: Path):
 
 
 def test_an_agent_file_swapped_on_the_host_is_never_run_but_placed_again(tmp_path: Path):
-    host = Host(name="local", workdir=str(tmp_path / "w"), python=sys.executable)
+    host = placing(tmp_path / "w")
     transport = LocalTransport(host)
     AgentLink.start(transport).close()
     placed = Path(agent_client.remote_path(transport))
@@ -441,3 +447,14 @@ def test_exec_runs_an_argv_list_without_a_shell(link: AgentLink, tmp_path: Path)
     with pytest.raises(AgentError, match="no end within 0.5 s"):
         link.call("exec", argv=["sleep", "30"], timeout_s=0.5)
     assert time.monotonic() - started < 10
+
+
+def test_on_the_local_host_the_agent_is_orchs_own_copy_and_nothing_is_placed(tmp_path: Path):
+    host = Host(name="local", workdir=str(tmp_path / "ws"), python=sys.executable)
+    link = AgentLink.start(LocalTransport(host))
+    try:
+        assert link.info["sha256"] == agent_client.digest()
+    finally:
+        link.close()
+    assert agent_client.remote_path(LocalTransport(host)) == str(agent_client.SOURCE)
+    assert not (tmp_path / "ws").exists()
