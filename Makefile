@@ -23,8 +23,10 @@ demo: setup
 system:
 	.ci/system-packages
 
+# Two workers, each test file on one of them (a file's module fixtures, the Slurm cluster and the
+# browser, stay in one process); each worker has its own sshd fleet on loopback addresses of its own.
 test: setup system
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-fast: setup
 	$(BIN)/python -m pytest -q tests/fast
