@@ -311,9 +311,12 @@ def gpu_free_retry(timeout_s: float, sleep: Callable[[float], None] = time.sleep
     Retries while the attempt returns (snapshot, busy) with something busy; when time runs out the last
     such result is returned rather than raised, so the caller can say what is still busy.
     """
+    stop: stop_base = stop_after_sleeping(timeout_s)
+    if sleep is time.sleep:  # real time also counts the snapshots; an injected sleep is the only clock
+        stop = stop | tenacity.stop_after_delay(timeout_s)
     return tenacity.Retrying(
         retry=tenacity.retry_if_result(lambda result: bool(result[1])),
-        stop=tenacity.stop_after_delay(timeout_s) | stop_after_sleeping(timeout_s),
+        stop=stop,
         wait=tenacity.wait_exponential(multiplier=0.5, max=10),
         sleep=sleep,
         retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,

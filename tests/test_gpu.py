@@ -410,10 +410,8 @@ def test_gpus_that_never_free_up_fail_at_the_timeout(fake_gpus: FakeGpus, ws: Wo
     fake_gpus.set_gpu(1, base_memory=30000)  # memory a dead process left behind
     slept: list[float] = []
     ctx = context(ws, store, FastSpec(kill_foreign=True, cleanup_timeout_s=5))
-    started = time.monotonic()
     with pytest.raises(OrchError) as err:
         clean(ctx, sleep=slept.append)
-    assert time.monotonic() - started < 10
     assert str(err.value) == "GPU 1 still busy after 5 s: GPU 1: 30000 MiB in use and no process listed"
     assert sum(slept) >= 5 and slept[0] == pytest.approx(0.5)
     assert p.wait(timeout=5) == -signal.SIGTERM
