@@ -264,10 +264,12 @@ def test_gpus_of_a_cluster_come_from_the_scheduler(orch, cluster, tmp_path):
 
 
 def test_a_sweep_with_max_parallel_never_runs_more_jobs_at_once_and_resumes_by_job_id(orch, cluster, tmp_path):
+    gates = tmp_path / "gates"  # each point's job runs until the test creates gates/<A><B>
+    gates.mkdir()
     sweep_file = orch.root / "s.toml"
-    sweep_file.write_text("""name = "grid"\nplaybook = "command"\nhosts = ["cluster"]\nmax_parallel = 2
-[spec]\ncmd = "sleep 3; echo point $A$B"\ngpus = [0]\npoll_min = 0.05\npoll_max = 0.3
-[matrix]\n"env.A" = ["x", "y"]\n"env.B" = ["1", "2", "3"]\n""")
+    sweep_file.write_text(f"""name = "grid"\nplaybook = "command"\nhosts = ["cluster"]\nmax_parallel = 2
+[spec]\ncmd = "while [ ! -e {gates}/$A$B ]; do sleep 0.1; done; echo point $A$B"\ngpus = [0]
+poll_min = 0.05\npoll_max = 0.3\n[matrix]\n"env.A" = ["x", "y"]\n"env.B" = ["1", "2", "3"]\n""")
     seen: list[int] = []  # the cluster's jobs not ended, sampled all along: none is submitted past the bound
     done = threading.Event()
 
@@ -291,15 +293,26 @@ def test_a_sweep_with_max_parallel_never_runs_more_jobs_at_once_and_resumes_by_j
     sampler.start()
     try:
         proc = orch.spawn("sweep", "run", str(sweep_file))
+        (gates / "x1").touch()  # the first point ends; the next two are submitted and held
         deadline = time.time() + 90
-        while not (sum(r["status"] == "succeeded" for r in rows()) >= 1
+        while not (sum(r["status"] == "succeeded" for r in rows()) == 1
                    and sum(r["status"] == "running" and r["pid"] is not None for r in rows()) == 2):
             assert time.time() < deadline and proc.poll() is None
             time.sleep(0.05)
         kill_controller(proc)
         interrupted = {r["id"]: r["pid"] for r in rows() if r["status"] == "running"}
-        res = orch("sweep", "run", str(sweep_file), timeout=180)
-        assert res.returncode == 0, res.stderr
+        resumed = orch.spawn("sweep", "run", str(sweep_file))
+        said: list[str] = []
+        reader = threading.Thread(target=lambda: said.extend(resumed.stderr), daemon=True)
+        reader.start()
+        deadline = time.time() + 90  # the held jobs are found again before any is let go
+        while not all(any(f"watching run {run_id} again" in line for line in said) for run_id in interrupted):
+            assert time.time() < deadline and resumed.poll() is None, "".join(said)
+            time.sleep(0.05)
+        for point in ("x2", "x3", "y1", "y2", "y3"):
+            (gates / point).touch()
+        assert resumed.wait(timeout=180) == 0, "".join(said)
+        reader.join(10)
     finally:
         done.set()
         sampler.join()
@@ -309,7 +322,6 @@ def test_a_sweep_with_max_parallel_never_runs_more_jobs_at_once_and_resumes_by_j
     assert seen and max(seen) <= 2 and 2 in seen
     # the interrupted jobs were found again by their Slurm job ids and watched to their end
     for run_id, job_id in interrupted.items():
-        assert f"watching run {run_id} again" in res.stderr
         assert next(r for r in final if r["id"] == run_id)["pid"] == job_id
     # the jobs' own start and end times (one GPU each: Slurm alone would run all six at once): two at a time
     spans = [(r["started_at"], r["ended_at"]) for r in final]
