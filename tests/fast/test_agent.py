@@ -458,3 +458,10 @@ def test_on_the_local_host_the_agent_is_orchs_own_copy_and_nothing_is_placed(tmp
         link.close()
     assert agent_client.remote_path(LocalTransport(host)) == str(agent_client.SOURCE)
     assert not (tmp_path / "ws").exists()
+
+
+def test_the_agent_starts_its_wrappers_through_orchs_own_bootstrap() -> None:
+    # the agent is one stdlib file on the host and cannot import orch: its copy must stay the same text
+    from orchestrator import hostprogram
+
+    assert host_agent.BOOTSTRAP == hostprogram.BOOTSTRAP
