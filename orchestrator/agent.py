@@ -24,7 +24,7 @@ from typing import Any
 
 from . import hostprogram
 from .errors import HostError, RemoteError, Unreachable
-from .remote import Transport, quote
+from .remote import LocalTransport, Transport, quote
 from .transport import Stream
 
 SOURCE = Path(__file__).resolve().parent / "hostjobs" / "agent.py"
@@ -43,12 +43,17 @@ def digest() -> str:
 
 
 def remote_path(transport: Transport) -> str:
+    """Where the agent runs from. On this machine it is orch's own copy: nothing is placed in the
+    workspace (`orch gpus` in any folder creates nothing there), except for a batch scheduler, whose nodes
+    reach the agent's wrapper only through the workdir."""
+    if isinstance(transport, LocalTransport) and transport.host.scheduler is None:
+        return str(SOURCE)
     return hostprogram.remote_path(transport, SOURCE, REMOTE_DIR)[0]
 
 
 def bootstrap(transport: Transport) -> str:
     """The one shell line that starts the agent: the host's python runs the checked bytes of its file."""
-    path, sha = hostprogram.remote_path(transport, SOURCE, REMOTE_DIR)
+    path, sha = remote_path(transport), digest()
     return f"exec {quote(transport.host.python)} -u -c {quote(hostprogram.BOOTSTRAP)} {quote(path)} {sha}"
 
 

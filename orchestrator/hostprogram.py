@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import RemoteError
-from .remote import LocalTransport, Transport, quote
+from .remote import Transport, quote
 
 MISSING = 97  # the bootstrap's exit status when the file is absent or not the expected version
 INLINE_REQUEST_LIMIT = 64 * 1024  # the kernel caps one argument at 128 KiB
@@ -38,12 +38,8 @@ BOOTSTRAP = (
 
 
 def remote_path(transport: Transport, script: Path, folder: str) -> tuple[str, str]:
-    """(path on the host, sha256) of this version of the program. On this machine it is orch's own copy:
-    nothing is placed in the workspace (a read-only command creates nothing there), except for a batch
-    scheduler, whose nodes reach the program only through the workdir."""
+    """(path on the host, sha256) of this version of the program."""
     digest = hashlib.sha256(script.read_bytes()).hexdigest()
-    if isinstance(transport, LocalTransport) and transport.host.scheduler is None:
-        return str(script), digest
     workdir = transport.expand(transport.host.workdir).rstrip("/")
     return f"{workdir}/{folder}/{script.stem}-{digest[:16]}.py", digest
 
