@@ -143,7 +143,7 @@ def profile(path: Path, limit: int = 256 << 20) -> str:
 
 def one_pass(path: Path) -> float:
     """Seconds the parser takes to read the log once, in this process, without a profiler: what inspect-log
-    costs beyond the CLI's start and its second read (it reads the log again for the metric samples)."""
+    costs beyond the CLI's start."""
     from orchestrator.logparse import inspect_file
 
     t0 = time.perf_counter()
@@ -243,9 +243,8 @@ def write_results(rows: list[dict[str, object]], note: str) -> None:
                    "the whole file costs 3-5x the file in RSS; `tail | grep` is instant but tells neither the phase "
                    "nor the progress, and misses an error further back than its last MiB. Both logs end `failed`: "
                    "big's traceback is uncaught at `<module>`, oneline's carries SGLang's scheduler marker. "
-                   "End to end includes the CLI's start and a second read of the whole log (inspect-log reads it "
-                   "once for the reading and again for the metric samples of its summaries); the parser's own "
-                   "pass is timed apart.")]
+                   "End to end includes the CLI's start (one read gives the reading and the metric samples of "
+                   "its summaries); the parser's own pass is timed apart.")]
     for name, text in PROFILES.items():
         mb_s = next((r["size_mb"] / r["wall_s"] for r in rows  # type: ignore[operator]
                      if r["file"] == name and str(r["tool"]).startswith("orch")), float("nan"))
