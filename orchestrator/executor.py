@@ -8,6 +8,7 @@ machine) through its agent; `SlurmExecutor` submits them to a Slurm cluster (slu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from . import agent, slurm
@@ -17,7 +18,7 @@ from .launch import JobState, RunPaths, pushed_state, read_state
 from .remote import Transport
 
 Handle = tuple[int, str]
-__all__ = ["AgentExecutor", "Executor", "HostExecutor", "SlurmExecutor", "executor_for", "pushed_state"]
+__all__ = ["Executor", "HostExecutor", "SlurmExecutor", "executor_for", "pushed_state"]
 
 
 class Executor:
@@ -46,11 +47,11 @@ class Executor:
         return f"pid {handle[0]}"
 
     def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0,
-             wake: str | None = None, wake_perl: str | None = None, inode: int | None = None,
+             wake: Sequence[str] = (), inode: int | None = None,
              mark: str | None = None) -> JobState:
         """Is the job alive, its exit code, and its log's bytes from `offset` (of the file with `inode`, when
         known: a rotated log is read to its end first; `mark`: launch.tail_mark of the bytes before it). May first wait up to `hold_s` for news: the job's
-        end, or a new log line matching `wake` (extended regex) or `wake_perl`."""
+        end, or a new log line matching any of the regular expressions `wake`."""
         raise NotImplementedError
 
     def kill(self, handle: Handle, grace_s: float) -> str:
@@ -94,10 +95,9 @@ class HostExecutor(Executor):
         return (int(job["pid"]), str(job["start"])) if job else None
 
     def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0,
-             wake: str | None = None, wake_perl: str | None = None, inode: int | None = None,
+             wake: Sequence[str] = (), inode: int | None = None,
              mark: str | None = None) -> JobState:
-        return read_state(self.call, paths, handle, offset, max_bytes, hold_s, [w for w in (wake, wake_perl) if w],
-                          inode, mark)
+        return read_state(self.call, paths, handle, offset, max_bytes, hold_s, list(wake), inode, mark)
 
     def kill(self, handle: Handle, grace_s: float) -> str:
         return str(self.call("kill", timeout=grace_s + 30, pid=handle[0], start=handle[1], grace_s=grace_s)["outcome"])
@@ -109,8 +109,6 @@ class HostExecutor(Executor):
     def tail(self, paths: RunPaths, lines: int) -> str:
         return str(self.call("tail", path=paths.log, lines=lines)["text"])
 
-
-AgentExecutor = HostExecutor  # the host watcher's name for it
 
 
 class SlurmExecutor(Executor):
@@ -131,7 +129,7 @@ class SlurmExecutor(Executor):
         return f"Slurm job {handle[0]}"
 
     def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0,
-             wake: str | None = None, wake_perl: str | None = None, inode: int | None = None,
+             wake: Sequence[str] = (), inode: int | None = None,
              mark: str | None = None) -> JobState:
         # the scheduler is asked once per round for all jobs, so the hold is spent here, not on a node
         return slurm.read_state(self.transport, paths, handle, offset, max_bytes, hold_s, inode, mark)

@@ -26,7 +26,7 @@ from . import notify, slurm
 from .agent import AgentLink, Push
 from .controller import STALE_FACTOR
 from .errors import DatabaseUnavailable, OrchError, Unreachable
-from .executor import AgentExecutor, pushed_state
+from .executor import HostExecutor, pushed_state
 from .hosts import Host, Inventory
 from .record import ACTIVE, Run, Status
 from .remote import connect
@@ -69,7 +69,7 @@ class HostWatcher:
         self.echo = echo or (lambda text: print(text, file=sys.stderr, flush=True))
         self.runs: dict[int, Followed] = {}
         self.link: AgentLink | None = None
-        self.executor = AgentExecutor(connect(self.host), None)  # through the agent once it runs
+        self.executor = HostExecutor(connect(self.host), None)  # through the agent once it runs
         self.starters = 0  # runs whose starter is still at work on them
         self._retry_at = 0.0
         self._retry_s = 1.0

@@ -169,8 +169,8 @@ class Watcher:
         self.wait.immediate = False
         hold, self.hold = self.hold, 0.0
         try:
-            state = self.executor.poll(self.paths, self.handle, self.offset, MAX_CHUNK, hold_s=hold, wake=WAKE,
-                                       wake_perl=self.opts.ready_pattern, inode=self.inode,
+            state = self.executor.poll(self.paths, self.handle, self.offset, MAX_CHUNK, hold_s=hold,
+                                       wake=[w for w in (WAKE, self.opts.ready_pattern) if w], inode=self.inode,
                                        mark=launch.tail_mark(self.tail) if self.tail else None)
         except (Unreachable, RemoteError) as exc:
             if isinstance(exc, RemoteError) and exc.remote_exit_code is not None:

@@ -534,10 +534,10 @@ def test_the_agent_drives_a_job_over_ssh_without_shell(ssh_host: Host, tmp_path:
         assert executor.launch(paths, script, "tok") == handle  # the same token: the same job
         assert executor.find(paths) == handle
         go.touch()
-        state = executor.poll(paths, handle, 0, 1 << 20, hold_s=600, wake="Uvicorn running")
+        state = executor.poll(paths, handle, 0, 1 << 20, hold_s=600, wake=["Uvicorn running"])
         while b"Uvicorn" not in state.data:  # woke by the line (or by "first", read before it came)
             state = executor.poll(paths, handle, state.offset + len(state.data), 1 << 20, hold_s=600,
-                                  wake="Uvicorn running")
+                                  wake=["Uvicorn running"])
         assert state.alive and executor.tail(paths, 1) == "Uvicorn running on x\n"
         assert gpu.snapshot(transport) is None  # no nvidia-smi on this host's PATH
         assert executor.kill(handle, 5) == "stopped"
