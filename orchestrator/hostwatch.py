@@ -76,6 +76,8 @@ class HostWatcher:
         self._enders: list[threading.Thread] = []
         self._later: list[Push] = []  # pushes left for the next turn: their run's previous one is recorded first
         self.stopping = threading.Event()  # set from another thread: the loop ends at its next turn
+        self.clock: Callable[[], float] = time.monotonic  # (both replaceable: a test drives the loop's time)
+        self.sleep: Callable[[float], None] = time.sleep
 
     # the loop -----------------------------------------------------------------------------------------
     def serve(self) -> bool:
@@ -101,7 +103,7 @@ class HostWatcher:
         next_sync = full_sync = 0.0
         idle_since: float | None = None
         while not self.stopping.is_set():
-            now = time.monotonic()
+            now = self.clock()
             if now >= next_sync:
                 # the record is read again only when another process wrote to it (a run started, ended or
                 # cancelled), while a starter is at work, and now and then (who watches a run may change
@@ -122,9 +124,9 @@ class HostWatcher:
             self._look_again(now)
             if self.link is None or not self.link.alive:  # nothing comes from the host: until the next retry or sync
                 retry = self._retry_at if self._retry_at > now else next_sync
-                time.sleep(max(0.0, min(next_sync, retry) - time.monotonic()))
+                self.sleep(max(0.0, min(next_sync, retry) - self.clock()))
                 continue
-            wait = max(0.0, min([next_sync, *(f.due for f in self.runs.values())]) - time.monotonic())
+            wait = max(0.0, min([next_sync, *(f.due for f in self.runs.values())]) - self.clock())
             pushes: list[Push] = []
             if not self._later:  # (pushes left from the last turn are taken at once)
                 try:
@@ -148,7 +150,7 @@ class HostWatcher:
             for f in list(self.runs.values()):
                 if f.watcher.lost_touch(reason):
                     self._end(f)
-            self._retry_at = time.monotonic() + self._retry_s
+            self._retry_at = self.clock() + self._retry_s
             self._retry_s = min(RECONNECT_MAX_S, self._retry_s * 2)
             return
         self._retry_s = 1.0
@@ -229,13 +231,13 @@ class HostWatcher:
         w = f.watcher
         state = pushed_state(push.doc)
         if state.offset != w.offset and not (state.offset == 0 and not state.rotated):
-            f.resync_at = f.resync_at or time.monotonic()  # the agent read on past the record: again from it
+            f.resync_at = f.resync_at or self.clock()  # the agent read on past the record: again from it
             return False
         if f.scheduled:
             try:
                 state = f.ctx.executor.judge(w.handle, state)
             except Unreachable as exc:  # the scheduler did not answer: these bytes again, later
-                f.resync_at = time.monotonic() + RESYNC_S
+                f.resync_at = self.clock() + RESYNC_S
                 if w.lost_touch(exc.reason):
                     self._end(f)
                 return False
@@ -243,7 +245,7 @@ class HostWatcher:
             w.stage(state)
         except DatabaseUnavailable as exc:  # these bytes again, once the database takes writes
             w.refused(exc)
-            f.resync_at = time.monotonic() + RESYNC_S
+            f.resync_at = self.clock() + RESYNC_S
             return False
         return True
 
@@ -267,8 +269,8 @@ class HostWatcher:
                 w.refused(exc)
                 done = False
             if not w.recorded and not done:
-                f.resync_at = time.monotonic() + RESYNC_S
-            f.due = time.monotonic() + self._interval(f)
+                f.resync_at = self.clock() + RESYNC_S
+            f.due = self.clock() + self._interval(f)
             if done:
                 self._end(f)
 
@@ -321,7 +323,7 @@ class HostWatcher:
             lock.release()
             raise
         lease.adopt(self.store, run.id)  # the lease names a live watcher again
-        f = Followed(ctx, watcher, lock, due=time.monotonic())
+        f = Followed(ctx, watcher, lock, due=self.clock())
         self.runs[run.id] = f
         self._follow(f)
 

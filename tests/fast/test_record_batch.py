@@ -17,6 +17,7 @@ from orchestrator.launch import JobState
 from orchestrator.lifecycle import transition
 from orchestrator.polling import WatchOptions
 from orchestrator.record import Status
+from orchestrator.ssh import SSHTransport
 from orchestrator.store import Store
 from orchestrator.watch import Watcher
 from orchestrator.workspace import Workspace
@@ -255,14 +256,17 @@ def test_a_watcher_whose_host_does_not_answer_waits_for_its_next_retry(tmp_path:
     transition(store, run_id, Status.RUNNING, pid=4242, pid_start="1")
     hw = HostWatcher(ws, "gone", echo=lambda text: None)
     sleeps: list[float] = []
+    clock = [1000.0]  # the loop's time passes only while it sleeps: a slow machine changes nothing
 
     def sleep(seconds: float) -> None:
         sleeps.append(seconds)
+        clock[0] += seconds
         if len(sleeps) >= 8:
             hw.stopping.set()
 
-    monkeypatch.setattr("orchestrator.hostwatch.time.sleep", sleep)
+    hw.clock, hw.sleep = (lambda: clock[0]), sleep
+    monkeypatch.setattr(SSHTransport, "retry_sleep", staticmethod(lambda seconds: None))  # (quick refusals)
     assert hw.serve()
-    # a connection attempt that outlasts the wait for the next sync leaves nothing to wait for, once
-    assert not any(a < 0.01 and b < 0.01 for a, b in zip(sleeps, sleeps[1:])), sleeps
+    assert len(sleeps) == 8 and all(s > 0.5 for s in sleeps), sleeps
+    assert clock[0] - 1000.0 >= 8, sleeps
     store.close()
