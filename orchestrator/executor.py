@@ -1,8 +1,8 @@
 """Where a run's job runs: the one small interface the run flow and the watcher drive a job through.
 
 An executor starts a job script in its run dir, reports the job's state with the new bytes of its log,
-and stops it. A job is named by a handle of two values the executor gives meaning to (on a host: the
-wrapper's pid and its start time). `HostExecutor` runs jobs on a host over its transport (SSH, or this
+and stops it. A job is named by a JobRef (on a host: the wrapper's pid and its start time; on a cluster: the
+scheduler's job id and name). `HostExecutor` runs jobs on a host over its transport (SSH, or this
 machine) through its agent; `SlurmExecutor` submits them to a Slurm cluster (slurm.py).
 """
 
@@ -15,9 +15,9 @@ from . import agent, slurm
 from .agent import AgentLink
 from .hosts import Host
 from .launch import JobState, RunPaths, pushed_state, read_state
+from .record import JobRef
 from .remote import Transport
 
-Handle = tuple[int, str]
 __all__ = ["Executor", "HostExecutor", "SlurmExecutor", "executor_for", "pushed_state"]
 
 
@@ -34,19 +34,16 @@ class Executor:
     # Its jobs are processes of the host it reaches, which its agent starts and signals.
     processes = False
 
-    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> Handle:
-        """Start the job (idempotent for the same token); its handle. `gpus`: how many a scheduler
+    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> JobRef:
+        """Start the job (idempotent for the same token); its reference. `gpus`: how many a scheduler
         allocates (default: a node's all); a host's GPUs are chosen by the cleanup step instead."""
         raise NotImplementedError
 
-    def find(self, paths: RunPaths) -> Handle | None:
-        """The handle the run dir recorded, for a run whose controller died while launching."""
+    def find(self, paths: RunPaths) -> JobRef | None:
+        """The job the run dir recorded, for a run whose controller died while launching."""
         raise NotImplementedError
 
-    def describe(self, handle: Handle) -> str:
-        return f"pid {handle[0]}"
-
-    def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0,
+    def poll(self, paths: RunPaths, job: JobRef, offset: int, max_bytes: int, hold_s: float = 0,
              wake: Sequence[str] = (), inode: int | None = None,
              mark: str | None = None) -> JobState:
         """Is the job alive, its exit code, and its log's bytes from `offset` (of the file with `inode`, when
@@ -54,18 +51,18 @@ class Executor:
         end, or a new log line matching any of the regular expressions `wake`."""
         raise NotImplementedError
 
-    def kill(self, handle: Handle, grace_s: float) -> str:
+    def kill(self, job: JobRef, grace_s: float) -> str:
         """Stop the job, provably this one: 'gone' | 'stopped' | 'killed'."""
         raise NotImplementedError
 
-    def explain_loss(self, paths: RunPaths, handle: Handle) -> str | None:
+    def explain_loss(self, paths: RunPaths, job: JobRef) -> str | None:
         """Why a job is gone without an exit code, as far as its host can tell (None: it cannot)."""
         return None
 
     def tail(self, paths: RunPaths, lines: int) -> str:
         raise NotImplementedError
 
-    def judge(self, handle: Handle, state: JobState) -> JobState:
+    def judge(self, job: JobRef, state: JobState) -> JobState:
         """A state its host's agent pushed, completed with what only the executor knows (a scheduler's view)."""
         return state
 
@@ -86,24 +83,24 @@ class HostExecutor(Executor):
         link = self.link if self.link is not None and self.link.alive else agent.shared(self.transport)
         return link.call(op, timeout=timeout, **args)
 
-    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> Handle:
+    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> JobRef:
         job = self.call("launch", dir=paths.root, script=script, token=token)
-        return int(job["pid"]), str(job["start"])
+        return JobRef(int(job["pid"]), str(job["start"]))
 
-    def find(self, paths: RunPaths) -> Handle | None:
-        job = self.call("find", dir=paths.root)["job"]
-        return (int(job["pid"]), str(job["start"])) if job else None
+    def find(self, paths: RunPaths) -> JobRef | None:
+        found = self.call("find", dir=paths.root)["job"]
+        return JobRef(int(found["pid"]), str(found["start"])) if found else None
 
-    def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0,
+    def poll(self, paths: RunPaths, job: JobRef, offset: int, max_bytes: int, hold_s: float = 0,
              wake: Sequence[str] = (), inode: int | None = None,
              mark: str | None = None) -> JobState:
-        return read_state(self.call, paths, handle, offset, max_bytes, hold_s, list(wake), inode, mark)
+        return read_state(self.call, paths, job, offset, max_bytes, hold_s, list(wake), inode, mark)
 
-    def kill(self, handle: Handle, grace_s: float) -> str:
-        return str(self.call("kill", timeout=grace_s + 30, pid=handle[0], start=handle[1], grace_s=grace_s)["outcome"])
+    def kill(self, job: JobRef, grace_s: float) -> str:
+        return str(self.call("kill", timeout=grace_s + 30, pid=job.id, start=job.proof, grace_s=grace_s)["outcome"])
 
-    def explain_loss(self, paths: RunPaths, handle: Handle) -> str | None:
-        reason = self.call("loss", dir=paths.root, start=handle[1])["reason"]
+    def explain_loss(self, paths: RunPaths, job: JobRef) -> str | None:
+        reason = self.call("loss", dir=paths.root, start=job.proof)["reason"]
         return str(reason) if reason else None
 
     def tail(self, paths: RunPaths, lines: int) -> str:
@@ -119,27 +116,24 @@ class SlurmExecutor(Executor):
     def __init__(self, host: Host, transport: Transport):
         self.host, self.transport = host, transport
 
-    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> Handle:
+    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> JobRef:
         return slurm.submit(self.transport, self.host, paths, script, token, self.host.gpus if gpus is None else gpus)
 
-    def find(self, paths: RunPaths) -> Handle | None:
+    def find(self, paths: RunPaths) -> JobRef | None:
         return slurm.find(self.transport, paths)
 
-    def describe(self, handle: Handle) -> str:
-        return f"Slurm job {handle[0]}"
-
-    def poll(self, paths: RunPaths, handle: Handle, offset: int, max_bytes: int, hold_s: float = 0,
+    def poll(self, paths: RunPaths, job: JobRef, offset: int, max_bytes: int, hold_s: float = 0,
              wake: Sequence[str] = (), inode: int | None = None,
              mark: str | None = None) -> JobState:
         # the scheduler is asked once per round for all jobs, so the hold is spent here, not on a node
-        return slurm.read_state(self.transport, paths, handle, offset, max_bytes, hold_s, inode, mark)
+        return slurm.read_state(self.transport, paths, job, offset, max_bytes, hold_s, inode, mark)
 
-    def kill(self, handle: Handle, grace_s: float) -> str:
-        return slurm.cancel(self.transport, handle, grace_s)
+    def kill(self, job: JobRef, grace_s: float) -> str:
+        return slurm.cancel(self.transport, job, grace_s)
 
-    def judge(self, handle: Handle, state: JobState) -> JobState:
+    def judge(self, job: JobRef, state: JobState) -> JobState:
         """A state the login node's agent pushed, with the scheduler's view laid over it."""
-        return slurm.judge(self.transport, handle, state, slurm.lookup(self.transport, handle))
+        return slurm.judge(self.transport, job, state, slurm.lookup(self.transport, job))
 
     def tail(self, paths: RunPaths, lines: int) -> str:
         return str(agent.call(self.transport, "tail", path=paths.log, lines=lines)["text"])

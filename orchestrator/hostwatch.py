@@ -166,7 +166,7 @@ class HostWatcher:
             return
         f.resync_at = None
         try:
-            self.link.tell("follow", key=str(w.run_id), dir=w.paths.root, pid=w.handle[0], start=w.handle[1],
+            self.link.tell("follow", key=str(w.run_id), dir=w.paths.root, pid=w.job.id, start=w.job.proof,
                            offset=w.offset, inode=w.inode, tail=w.tail.hex(), scheduled=f.scheduled)
         except Unreachable:
             pass  # the link's end is a push of its own: handled there
@@ -235,7 +235,7 @@ class HostWatcher:
             return False
         if f.scheduled:
             try:
-                state = f.ctx.executor.judge(w.handle, state)
+                state = f.ctx.executor.judge(w.job, state)
             except Unreachable as exc:  # the scheduler did not answer: these bytes again, later
                 f.resync_at = self.clock() + RESYNC_S
                 if w.lost_touch(exc.reason):
@@ -360,7 +360,7 @@ class HostWatcher:
             w = f.watcher
             if needs_stop:
                 try:
-                    outcome = w.executor.kill(w.handle, w.opts.kill_grace_s)
+                    outcome = w.executor.kill(w.job, w.opts.kill_grace_s)
                 except OrchError as exc:
                     outcome = f"not stopped: {exc}"
                 store.add_event(w.run_id, "stopped", f"process group: {outcome}")

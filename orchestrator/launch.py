@@ -18,6 +18,7 @@ from typing import Any
 from . import agent
 from .agent import data_of
 from .errors import OrchError
+from .record import JobRef
 from .remote import Transport, env_exports, quote
 
 # The mark the wrapper leaves in the environment of everything the job starts ("pid:start" of the wrapper),
@@ -118,20 +119,20 @@ def pushed_state(doc: dict[str, Any]) -> JobState:
         rotated=bool(doc.get("rotated")), node=node if isinstance(node, str) else None)
 
 
-def read_state(call: Call, paths: RunPaths, handle: tuple[int, str], offset: int, max_bytes: int = 4 << 20,
+def read_state(call: Call, paths: RunPaths, job: JobRef, offset: int, max_bytes: int = 4 << 20,
                hold_s: float = 0, wake: list[str] | None = None, inode: int | None = None,
-               mark: str | None = None, scheduled: bool = False) -> JobState:
+               mark: str | None = None) -> JobState:
     """Is the job alive, its exit code, and its log's bytes from `offset` (of the file with `inode`, when
     known: a rotated log is read to its end first; `mark`: tail_mark of the bytes before the offset).
 
     With `hold_s`, the agent first waits on the host until the job dies, a new log line matches one of
     `wake`, or the time is up. Liveness is read before the exit code, and both before the log, so a job
-    seen dead has its last bytes in this same answer. A batch job (`scheduled`) is alive by its scheduler's
-    word, not here: only its run dir is read.
+    seen dead has its last bytes in this same answer. A scheduler's job is alive by its scheduler's word, not
+    here: only its run dir is read.
     """
-    doc = call("read", timeout=hold_s + 60, dir=paths.root, pid=0 if scheduled else int(handle[0]),
-               start="" if scheduled else str(handle[1]), offset=offset, max_bytes=max_bytes, inode=inode,
-               tail=mark or "", hold_s=hold_s, wake=wake or [], scheduled=scheduled)
+    doc = call("read", timeout=hold_s + 60, dir=paths.root, pid=0 if job.scheduled else job.id,
+               start="" if job.scheduled else job.proof, offset=offset, max_bytes=max_bytes, inode=inode,
+               tail=mark or "", hold_s=hold_s, wake=wake or [], scheduled=job.scheduled)
     return pushed_state(doc)
 
 

@@ -232,7 +232,7 @@ def m009(db: Database) -> None:
 
 @migration("m010_scheduler_fields")
 def m010(db: Database) -> None:
-    # What a batch scheduler says of a run's job beyond its log (its id is the run's pid).
+    # What a batch scheduler says of a run's job beyond its log.
     db["runs"].add_column("node", str)  # the node (list) the job runs on
     db["runs"].add_column("queue_reason", str)  # why it still waits in the queue ("Resources", "Priority")
 
@@ -337,3 +337,13 @@ def m017(db: Database) -> None:
             doc["spec"] = masked_values(doc["spec"])
             db.conn.execute("UPDATE sweeps SET doc = ? WHERE id = ?", (json.dumps(doc), rowid))
     db.conn.execute(f"PRAGMA secure_delete = {int(secure)}")
+
+
+@migration("m018_scheduler_job_id")
+def m018(db: Database) -> None:
+    # A scheduler's job has columns of its own: its id and name were kept in `pid` and `pid_start`
+    # ("slurm:<name>"), where a pid is a process of the host that orch may signal.
+    db["runs"].add_column("job_id", int)
+    db["runs"].add_column("job_name", str)
+    db.conn.execute("UPDATE runs SET job_id = pid, job_name = substr(pid_start, 7), pid = NULL, pid_start = NULL"
+                    " WHERE pid_start LIKE 'slurm:%'")

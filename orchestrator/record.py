@@ -54,6 +54,26 @@ ALLOWED: dict[Status, frozenset[Status]] = {
 JSON_FIELDS = ("spec", "parser_state", "progress", "error", "end_steps", "patches_applied", "tags")
 
 
+@dataclass(frozen=True)
+class JobRef:
+    """A run's job, named with its proof: a process of its host (its pid and start time, so that a later
+    process given the same pid is never taken for it), or a batch scheduler's job (its id and name, so that
+    a job given the same id after the cluster's state was reset is not either)."""
+
+    id: int
+    proof: str
+    scheduled: bool = False  # a scheduler's job, not a process of the host
+
+    def __str__(self) -> str:
+        return f"Slurm job {self.id}" if self.scheduled else f"pid {self.id}"
+
+    def columns(self) -> dict[str, Any]:
+        """Where the run's row keeps it."""
+        if self.scheduled:
+            return {"job_id": self.id, "job_name": self.proof}
+        return {"pid": self.id, "pid_start": self.proof}
+
+
 @dataclass
 class Run:
     id: int
@@ -66,7 +86,7 @@ class Run:
     started_at: float | None = None
     ended_at: float | None = None
     exit_code: int | None = None
-    pid: int | None = None
+    pid: int | None = None  # a process of the host: its pid and start time (see JobRef)
     pid_start: str | None = None
     remote_dir: str | None = None
     log_offset: int = 0
@@ -93,6 +113,8 @@ class Run:
     name: str | None = None  # a person's name for the run
     tags: list[str] = field(default_factory=list)
     note: str | None = None  # a person's notes, one a line
+    job_id: int | None = None  # a scheduler's job: its id and name (see JobRef)
+    job_name: str | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Run:
@@ -109,13 +131,17 @@ class Run:
         return cls(**values)
 
     @property
-    def launched(self) -> bool:
-        return self.pid is not None
+    def job(self) -> JobRef | None:
+        """Its job, once launched."""
+        if self.job_id is not None:
+            return JobRef(self.job_id, self.job_name or "", scheduled=True)
+        if self.pid is not None:
+            return JobRef(self.pid, self.pid_start or "")
+        return None
 
     @property
-    def job_id(self) -> int | None:
-        """The scheduler's id of the job (its handle is the id and "slurm:<job name>")."""
-        return self.pid if (self.pid_start or "").startswith("slurm:") else None
+    def launched(self) -> bool:
+        return self.job is not None
 
     @property
     def watched_by(self) -> Controller | None:

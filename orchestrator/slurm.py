@@ -6,8 +6,8 @@ live under the host's workdir on the filesystem the nodes share, so the job's lo
 read there exactly as on a host. The batch script starts the agent's own wrapper (pid and start time on
 the node, combined log, exit code), so every playbook's job script runs unchanged.
 
-A handle is (job id, "slurm:<job name>"): the name guards against a job id reused after the cluster's
-state was reset. The scheduler owns the GPUs: a job asks for a count (`--gres=gpu:N`), Slurm sets
+A job is named by its id and its name (a JobRef): the name guards against a job id reused after the
+cluster's state was reset. The scheduler owns the GPUs: a job asks for a count (`--gres=gpu:N`), Slurm sets
 CUDA_VISIBLE_DEVICES and cleans up after the job, so orch neither cleans GPUs nor leases the host.
 
 Every watcher of a cluster in this process shares one `Queue`: whatever the number of runs, a poll
@@ -30,9 +30,8 @@ from .agent import AgentError
 from .errors import OrchError, Unreachable
 from .hosts import Host
 from .launch import JobState, RunPaths
+from .record import JobRef
 from .remote import Transport
-
-MARK = "slurm:"  # Run.job_id knows it too
 
 # Job states (squeue %T / sacct State); anything not listed as ended counts as still in the system.
 QUEUED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
@@ -235,51 +234,49 @@ def queue_for(transport: Transport) -> Queue:
         return q
 
 
-Handle = tuple[int, str]
 
-
-def submit(transport: Transport, host: Host, paths: RunPaths, script: str, token: str, gpus: int) -> Handle:
-    """sbatch the job through the login node's agent (idempotent for the same token); its handle."""
+def submit(transport: Transport, host: Host, paths: RunPaths, script: str, token: str, gpus: int) -> JobRef:
+    """sbatch the job through the login node's agent (idempotent for the same token)."""
     job = agent.call(transport, "submit", timeout=180, dir=paths.root, script=script, token=token,
                      options=sbatch_args(host, paths, gpus))
-    return int(job["job_id"]), MARK + job_name(paths)
+    return JobRef(int(job["job_id"]), job_name(paths), scheduled=True)
 
 
-def find(transport: Transport, paths: RunPaths) -> Handle | None:
+def find(transport: Transport, paths: RunPaths) -> JobRef | None:
     """The job a run dir was submitted as (for a run whose controller died while launching)."""
     job_id = agent.call(transport, "find", dir=paths.root).get("job_id")
-    return (int(job_id), MARK + job_name(paths)) if isinstance(job_id, int) else None
+    return JobRef(job_id, job_name(paths), scheduled=True) if isinstance(job_id, int) else None
 
 
-def _info(transport: Transport, handle: Handle, hold_s: float = 0) -> JobInfo | None:
+def _info(transport: Transport, job: JobRef, hold_s: float = 0) -> JobInfo | None:
     queue = queue_for(transport)
-    info = queue.wait(str(handle[0]), hold_s) if hold_s > 0 else queue.lookup(str(handle[0]))
-    if info is not None and info.name and handle[1].startswith(MARK) and info.name != handle[1][len(MARK):]:
+    info = queue.wait(str(job.id), hold_s) if hold_s > 0 else queue.lookup(str(job.id))
+    if info is not None and info.name and job.proof and info.name != job.proof:
         return None  # the id was reused for another job (the cluster's state was reset): ours is long gone
     return info
 
 
-def read_state(transport: Transport, paths: RunPaths, handle: Handle, offset: int, max_bytes: int,
+def read_state(transport: Transport, paths: RunPaths, job: JobRef, offset: int, max_bytes: int,
                hold_s: float = 0, inode: int | None = None, mark: str | None = None) -> JobState:
     """The scheduler's view first (waiting up to hold_s for a change), then the run dir's as the login
     node's agent reads it: a job seen ended has its last bytes in this same answer."""
-    info = _info(transport, handle, hold_s)
+    info = _info(transport, job, hold_s)
     state = launch.read_state(lambda op, timeout=60, **args: agent.call(transport, op, timeout, **args), paths,
-                              handle, offset, max_bytes, inode=inode, mark=mark, scheduled=True)
-    return judge(transport, handle, state, info)
+                              job, offset, max_bytes, inode=inode, mark=mark)
+    return judge(transport, job, state, info)
 
 
 EXIT_CODE_WAIT_S = 10.0  # after the scheduler says a job ended, how long its exit code may take to show
 
 
-def judge(transport: Transport, handle: Handle, state: JobState, info: JobInfo | None) -> JobState:
+def judge(transport: Transport, job: JobRef, state: JobState, info: JobInfo | None) -> JobState:
     """The run dir's side of a job's state (its log, exit code, the node its batch script noted) with the
     scheduler's view laid over it: alive while Slurm has it, queued and why, the end Slurm decided."""
     started = state.node is not None  # the batch script ran: whatever a queue answer of this round still says
     state.alive = info is not None and not info.ended
     if info is None:
         if state.exit_code is None:
-            state.cause = f"UNKNOWN: Slurm has no record of job {handle[0]}"
+            state.cause = f"UNKNOWN: Slurm has no record of job {job.id}"
         return state
     state.node = state.node or info.node
     if info.queued and not started:
@@ -305,24 +302,24 @@ def judge(transport: Transport, handle: Handle, state: JobState, info: JobInfo |
     return state
 
 
-def lookup(transport: Transport, handle: Handle) -> JobInfo | None:
+def lookup(transport: Transport, job: JobRef) -> JobInfo | None:
     """The job as the cluster's queue saw it this round (one squeue per round for every run)."""
-    return _info(transport, handle)
+    return _info(transport, job)
 
 
-def cancel(transport: Transport, handle: Handle, grace_s: float) -> str:
+def cancel(transport: Transport, job: JobRef, grace_s: float) -> str:
     """scancel: Slurm signals every process of the job (SIGTERM, SIGKILL after its KillWait); SIGKILL
     from here when the job outlives the grace."""
-    info = _info(transport, handle)
+    info = _info(transport, job)
     if info is None or info.ended:
         return "gone"
-    agent.call(transport, "scancel", job_id=int(handle[0]))
+    agent.call(transport, "scancel", job_id=job.id)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         time.sleep(min(0.5, grace_s))
-        if not _active(transport, int(handle[0])):
+        if not _active(transport, job.id):
             return "stopped"
-    agent.call(transport, "scancel", job_id=int(handle[0]), kill=True)
+    agent.call(transport, "scancel", job_id=job.id, kill=True)
     return "killed"
 
 

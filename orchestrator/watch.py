@@ -28,7 +28,7 @@ from .logparse.errors import describe as _error_text
 from .logparse.text import last_line
 from .logparse.wake import WAKE
 from .polling import PollWait, WatchOptions
-from .record import Run, Status
+from .record import JobRef, Run, Status
 from .store import Store
 
 FATAL_GRACE_S = 0.5  # after a fatal line, how long a living process has to exit by itself
@@ -106,8 +106,8 @@ class Watcher:
         )
 
     @property
-    def handle(self) -> tuple[int, str]:
-        return int(self.run.pid or 0), str(self.run.pid_start or "")
+    def job(self) -> JobRef:
+        return self.run.job or JobRef(0, "")  # (pid 0: no process is ever proved to be it)
 
     @property
     def status(self) -> Status:
@@ -169,7 +169,7 @@ class Watcher:
         self.wait.immediate = False
         hold, self.hold = self.hold, 0.0
         try:
-            state = self.executor.poll(self.paths, self.handle, self.offset, MAX_CHUNK, hold_s=hold,
+            state = self.executor.poll(self.paths, self.job, self.offset, MAX_CHUNK, hold_s=hold,
                                        wake=[w for w in (WAKE, self.opts.ready_pattern) if w], inode=self.inode,
                                        mark=launch.tail_mark(self.tail) if self.tail else None)
         except (Unreachable, RemoteError) as exc:
@@ -251,7 +251,7 @@ class Watcher:
         """A fatal line or a stall ended the run while its processes linger: stop them, the GPUs are freed."""
         if self.needs_stop:
             self.needs_stop = False
-            outcome = self.executor.kill(self.handle, self.opts.kill_grace_s)
+            outcome = self.executor.kill(self.job, self.opts.kill_grace_s)
             self.store.add_event(self.run_id, "stopped", f"process group: {outcome}")
 
     def _hold_next(self, seconds: float) -> None:
@@ -339,9 +339,8 @@ class Watcher:
         # the bytes before the new offset: the poll checks they are still there
         tail = b"" if new_offset == 0 else ((self.tail if state.offset == self.offset else b"") + state.data)
         tail = tail[-launch.TAIL_MARK:]
-        if stalled_for is not None and self.opts.on_stall == "dump" and not self.executor.schedules_gpus:
-            # (on a cluster the job's processes are on its node, not where this would look)
-            text = stall.dump(self.transport, self.handle[0])
+        if stalled_for is not None and self.opts.on_stall == "dump" and self.executor.processes:
+            text = stall.dump(self.transport, self.job.id)
             events.append(("stall-dump", f"{len(text)} bytes of stacks", {"text": text[-65536:]}))
         fields = {
             "log_offset": new_offset, "log_inode": inode, "log_tail": tail.hex(), "parser_state": p.to_dict(),
@@ -464,7 +463,7 @@ class Watcher:
             return "the wrapper was killed; the job's processes ran on without it and are gone now (no exit code)"
         why = None
         try:
-            why = self.executor.explain_loss(self.paths, self.handle)
+            why = self.executor.explain_loss(self.paths, self.job)
         except (Unreachable, RemoteError):
             pass  # the host stopped answering just now: say what is known
         return why or "the process is gone and wrote no exit code (killed with its wrapper, or the host rebooted)"

@@ -72,7 +72,7 @@ def test_command_job_through_sbatch_gets_the_gpus_it_asked_for(orch, cluster):
     doc = orch.status(1)
     assert doc["status"] == "succeeded" and doc["exit_code"] == 0
     job_id = doc["job_id"]
-    assert job_id and doc["node"] == "localhost"
+    assert job_id and doc["node"] == "localhost" and doc["pid"] is None  # a Slurm job is no process of the host
     assert squeue(cluster, job_id, "%j %T") == "orch-1 COMPLETED"
     visible = orch("logs", "1", check=0).stdout.strip().removeprefix("CVD=").split(",")
     assert len(visible) == 3  # --gres=gpu:3: three of the node's eight, whichever Slurm chose
@@ -296,11 +296,11 @@ poll_min = 0.05\npoll_max = 0.3\n[matrix]\n"env.A" = ["x", "y"]\n"env.B" = ["1",
         (gates / "x1").touch()  # the first point ends; the next two are submitted and held
         deadline = time.time() + 90
         while not (sum(r["status"] == "succeeded" for r in rows()) == 1
-                   and sum(r["status"] == "running" and r["pid"] is not None for r in rows()) == 2):
+                   and sum(r["status"] == "running" and r["job_id"] is not None for r in rows()) == 2):
             assert time.time() < deadline and proc.poll() is None
             time.sleep(0.05)
         kill_controller(proc)
-        interrupted = {r["id"]: r["pid"] for r in rows() if r["status"] == "running"}
+        interrupted = {r["id"]: r["job_id"] for r in rows() if r["status"] == "running"}
         resumed = orch.spawn("sweep", "run", str(sweep_file))
         said: list[str] = []
         reader = threading.Thread(target=lambda: said.extend(resumed.stderr), daemon=True)
@@ -322,7 +322,7 @@ poll_min = 0.05\npoll_max = 0.3\n[matrix]\n"env.A" = ["x", "y"]\n"env.B" = ["1",
     assert seen and max(seen) <= 2 and 2 in seen
     # the interrupted jobs were found again by their Slurm job ids and watched to their end
     for run_id, job_id in interrupted.items():
-        assert next(r for r in final if r["id"] == run_id)["pid"] == job_id
+        assert next(r for r in final if r["id"] == run_id)["job_id"] == job_id
     # the jobs' own start and end times (one GPU each: Slurm alone would run all six at once): two at a time
     spans = [(r["started_at"], r["ended_at"]) for r in final]
     assert max(sum(s <= start < e for s, e in spans) for start, _ in spans) == 2

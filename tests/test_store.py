@@ -75,6 +75,28 @@ def test_ids_removed_before_the_never_reused_schema_stay_taken(tmp_path):
     assert {"idx_runs_status", "idx_runs_host", "idx_runs_playbook", "idx_runs_sweep_id"} <= indexes
 
 
+def test_a_scheduler_job_recorded_in_the_pid_column_moves_to_its_own(tmp_path):
+    path = tmp_path / "orch.db"
+    old = Store.__new__(Store)
+    old.path = path
+    old.conn = sqlite3.connect(path, isolation_level=None)
+    from sqlite_utils import Database
+
+    old.db = Database(old.conn)
+    old.migrate(stop_before="m018_scheduler_job_id")
+    add = ("INSERT INTO runs (playbook, host, status, spec, created_at, pid, pid_start)"
+           " VALUES ('command', ?, 'running', '{}', 1.0, ?, ?)")
+    old.conn.execute(add, ("cluster", 991, "slurm:orch-1"))
+    old.conn.execute(add, ("gpu01", 4242, "123456"))
+    old.conn.close()
+    store = Store(path)
+    slurm_run, host_run = store.get_run(1), store.get_run(2)
+    assert (slurm_run.pid, slurm_run.job_id, slurm_run.job_name) == (None, 991, "orch-1")
+    assert str(slurm_run.job) == "Slurm job 991" and slurm_run.job.columns() == {"job_id": 991, "job_name": "orch-1"}
+    assert (host_run.pid, host_run.pid_start, host_run.job_id) == (4242, "123456", None)
+    assert str(host_run.job) == "pid 4242" and not host_run.job.scheduled
+
+
 def test_sweeps_before_instances_keep_their_identity(tmp_path):
     path = tmp_path / "orch.db"
     old = Store.__new__(Store)

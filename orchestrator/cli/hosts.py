@@ -61,12 +61,14 @@ def gpus(
 ) -> None:
     """GPU memory, utilisation and processes per host, with the orch run holding each."""
     from .. import gpu
+    from ..executor import executor_class
 
     ws = workspace()
     inv = inventory(ws)
     targets = inv.select(None) if all_hosts else [inv.get(h) for h in (host or [LOCAL])]
-    clusters = {h.name: _cluster_gpus(h) for h in targets if h.scheduler}  # the scheduler's view, by node
-    found = gpu.snapshots([h for h in targets if not h.scheduler], read_store(ws), timeout=timeout)
+    scheduled = {h.name for h in targets if executor_class(h).schedules_gpus}
+    clusters = {h.name: _cluster_gpus(h) for h in targets if h.name in scheduled}  # the scheduler's view, by node
+    found = gpu.snapshots([h for h in targets if h.name not in scheduled], read_store(ws), timeout=timeout)
     if as_json:
         emit_json({**{name: gpu.host_document(name, s) for name, s in found.items()},
                    **{name: {"host": name, "nodes": nodes} for name, nodes in clusters.items()}})

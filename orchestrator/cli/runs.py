@@ -116,7 +116,7 @@ def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_rea
             err.print(f"orch: stopped waiting; no run was started ({waited[0]})", markup=False)
             raise typer.Exit(130) from None
         raise
-    job = ctx.executor.describe((ctx.run.pid or 0, ctx.run.pid_start or ""))
+    job = ctx.run.job or "no job"
     err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, {job} in {ctx.paths.root}")
     if detach:
         _hand_over(ctx)

@@ -243,15 +243,15 @@ def follow_log(ctx: Context, write: Callable[[bytes], None], sleep: Callable[[fl
                offset: int | None = None) -> None:
     """Write the log's new bytes as they come (every second: someone reads along), until the job ended;
     from `offset` (where a tail ended), else from the log's end now."""
-    run = ctx.run
-    if run.pid is None:
+    job = ctx.run.job
+    if job is None:
         return
     if offset is None:
         size = agent.call(ctx.transport, "size", path=ctx.paths.log)["size"]
         offset = size if isinstance(size, int) else 0
     interval = min(ctx.host.default_poll[0], 1.0)
     while True:
-        state = ctx.executor.poll(ctx.paths, (run.pid, run.pid_start or ""), offset, 4 << 20)
+        state = ctx.executor.poll(ctx.paths, job, offset, 4 << 20)
         write(state.data)
         offset = state.offset + len(state.data)
         if not state.alive and offset >= state.size:

@@ -155,9 +155,9 @@ def cancel(ctx: Context, reason: str, grace_s: float = KILL_GRACE_S) -> str:
         raise OrchError(f"run {run.id} already ended ({run.status})")
     transition(ctx.store, ctx.run_id, Status.CANCELLED, reason)
     try:
-        if run.pid is None:
+        if run.job is None:
             return "never started"
-        outcome = ctx.executor.kill((run.pid, run.pid_start or ""), grace_s)
+        outcome = ctx.executor.kill(run.job, grace_s)
         ctx.event("stopped", f"process group: {outcome}")
         return outcome
     finally:
@@ -172,7 +172,7 @@ def stop(ctx: Context, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], N
     """
     outcome = cancel(ctx, reason, grace_s)
     if ctx.executor.schedules_gpus:
-        return f"{ctx.executor.describe((ctx.run.pid or 0, ''))} {outcome}; its GPUs are the scheduler's to free"
+        return f"{ctx.run.job or 'its job'} {outcome}; its GPUs are the scheduler's to free"
     freed = cleanup.after_stop(ctx.transport, ctx.run, ctx.spec.gpus, ctx.event, grace_s=grace_s, timeout_s=timeout_s,
                                sleep=sleep)
     return f"process group {outcome}; {freed}"
@@ -205,9 +205,9 @@ def _stop_other(ctx: Context, run_id: int, reason: str, grace_s: float) -> str:
             return cancel(other, reason, grace_s)
         except TransitionError:
             run = other.run  # it ended on its own meanwhile
-    if run.pid is None:
+    if run.job is None:
         return "gone"
-    return other.executor.kill((run.pid, run.pid_start or ""), grace_s)  # ended, but still on the GPUs
+    return other.executor.kill(run.job, grace_s)  # ended, but still on the GPUs
 
 
 def free_gpus(ctx: Context, *, grace_s: float = KILL_GRACE_S, timeout_s: float = gpu.CLEANUP_TIMEOUT_S,
@@ -239,11 +239,10 @@ def settle_orphan(ctx: Context) -> Run:
         if whose in ("other", "none"):
             return end(ctx.store, ctx.run_id, Status.FAILED, f"its controller died while launching; its run dir "
                        f"{ctx.paths.root} is {_WHOSE[whose]}", ctx, phase=None)
-        handle = ctx.executor.find(ctx.paths) if whose == "mine" else None
-        if handle is not None:
+        job = ctx.executor.find(ctx.paths) if whose == "mine" else None
+        if job is not None:
             transition(ctx.store, ctx.run_id, Status.QUEUED if ctx.executor.queues else Status.RUNNING,
-                       "picked up after its controller died",
-                       pid=handle[0], pid_start=handle[1])
+                       "picked up after its controller died", **job.columns())
             return ctx.run
         return end(ctx.store, ctx.run_id, Status.LOST, "its controller died while launching; no job pid was written",
                    ctx)

@@ -25,7 +25,7 @@ MAX_READS = 64  # chunks read at the end (256 MiB): a job that still prints cann
 def read_to_end(ctx: Context, clock: Callable[[], float] = time.time) -> None:
     """Read and record the log from the run's offset to its end."""
     run = ctx.run
-    if run.pid is None or not run.remote_dir:
+    if run.job is None or not run.remote_dir:
         return  # never launched: no log
     parser = (LogParser.from_dict(run.parser_state) if run.parser_state
               else LogParser(engine=ctx.pb.log_engine(ctx.spec), ready_pattern=ctx.pb.ready_pattern(ctx.spec)))
@@ -35,7 +35,7 @@ def read_to_end(ctx: Context, clock: Callable[[], float] = time.time) -> None:
     samples: list[Metric] = []
     last: str | None = None
     for _ in range(MAX_READS):
-        state = ctx.executor.poll(ctx.paths, (run.pid, run.pid_start or ""), offset, MAX_CHUNK, inode=inode,
+        state = ctx.executor.poll(ctx.paths, run.job, offset, MAX_CHUNK, inode=inode,
                                   mark=launch.tail_mark(tail) if tail else None)
         samples += parser.feed(state.data)
         last = last_line(state.data) or last

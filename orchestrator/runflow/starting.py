@@ -87,7 +87,7 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         script = _steps_before_launch(ctx)
         transition(store, run_id, Status.LAUNCHING)
         gpus = len(spec.gpus) if spec.gpus is not None else None
-        pid, pid_start = ctx.executor.launch(paths, script, run_token(ws, store, run_id), gpus)
+        job = ctx.executor.launch(paths, script, run_token(ws, store, run_id), gpus)
     # A run that never launched has no job, so no phase: it does not pretend to be `starting`.
     except OrchError as exc:
         end(store, run_id, Status.FAILED, f"before launch: {exc}", ctx, phase=None)
@@ -100,7 +100,7 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         raise
     try:
         transition(store, run_id, Status.QUEUED if ctx.executor.queues else Status.RUNNING,
-                   f"{ctx.executor.describe((pid, pid_start))} on {host.name}", pid=pid, pid_start=pid_start)
+                   f"{job} on {host.name}", **job.columns())
     except DatabaseUnavailable:
         # the job runs but its record could not say so: a background watcher picks it up from its run dir
         lock.release()

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serial
 
 from .. import registry, runflow
 from ..errors import UsageError
+from ..executor import executor_class
 from ..hosts import NAME_PATTERN, Host, Inventory
 from ..objective import Objective
 from ..store import Store
@@ -211,5 +212,5 @@ def plan(ws: Workspace, store: Store, path: Path, instance: str = "") -> Plan:
             runflow.check(store, pb, spec, host)
         except UsageError as exc:
             raise UsageError(f"invalid point {i} ({label(diff)}): {exc}") from None
-        points.append(Point(i, diff, spec, host.name, cluster=host.scheduler is not None))
+        points.append(Point(i, diff, spec, host.name, cluster=executor_class(host).schedules_gpus))
     return Plan(path, _hash(text), file, pb, hosts, points, instance)
