@@ -12,7 +12,7 @@ from collections.abc import Callable
 from . import gpu
 from .errors import OrchError
 from .gpu import GpuProcess, indices_text
-from .record import Run
+from .record import KILL_GRACE_S, Run
 from .remote import Transport
 from .store import Store
 
@@ -21,7 +21,7 @@ StopRun = Callable[[int, str], str]  # (run id, reason) -> what happened
 
 
 def before_launch(transport: Transport, store: Store, run_id: int, gpus: list[int] | None, kill_foreign: bool,
-                  event: Event, stop_run: StopRun, *, grace_s: float = gpu.KILL_GRACE_S,
+                  event: Event, stop_run: StopRun, *, grace_s: float = KILL_GRACE_S,
                   timeout_s: float = gpu.CLEANUP_TIMEOUT_S, sleep: Callable[[float], None] = time.sleep
                   ) -> dict[str, str]:
     """Free the GPUs the run needs and wait until they are empty; the job's CUDA_VISIBLE_DEVICES."""
@@ -53,7 +53,7 @@ def before_launch(transport: Transport, store: Store, run_id: int, gpus: list[in
 
 
 def after_stop(transport: Transport, run: Run, gpus: list[int] | None, event: Event, *,
-               grace_s: float = gpu.KILL_GRACE_S, timeout_s: float = gpu.CLEANUP_TIMEOUT_S,
+               grace_s: float = KILL_GRACE_S, timeout_s: float = gpu.CLEANUP_TIMEOUT_S,
                sleep: Callable[[float], None] = time.sleep) -> str:
     """Kill what is left of a stopped run on its GPUs (members outliving their group leader), then wait
     until those GPUs are free. A host without nvidia-smi has nothing to free."""

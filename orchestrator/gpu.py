@@ -19,7 +19,7 @@ from tenacity.stop import stop_base
 
 from . import agent
 from .errors import OrchError
-from .record import ACTIVE
+from .record import ACTIVE, KILL_GRACE_S
 from .remote import Transport, connect
 from .shapes import times
 
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 CLEANUP_TIMEOUT_S = 120.0  # how long to wait for the selected GPUs to free up
 MEMORY_FREE_MIB = 1024  # a GPU with less memory in use than this (and no process) counts as free
-KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL
 
 
 @dataclass

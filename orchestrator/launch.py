@@ -18,7 +18,7 @@ from typing import Any
 from . import agent
 from .agent import data_of
 from .errors import OrchError
-from .record import JobRef
+from .record import KILL_GRACE_S, JobRef
 from .remote import Transport, env_exports, quote
 
 # The mark the wrapper leaves in the environment of everything the job starts ("pid:start" of the wrapper),
@@ -136,7 +136,7 @@ def read_state(call: Call, paths: RunPaths, job: JobRef, offset: int, max_bytes:
     return pushed_state(doc)
 
 
-def kill(transport: Transport, pid: int, start: str, grace_s: float = 10.0) -> str:
+def kill(transport: Transport, pid: int, start: str, grace_s: float = KILL_GRACE_S) -> str:
     """Stop the job's whole process group through the host's agent: SIGTERM, a grace period, then SIGKILL,
     its identity proved again before each signal. Returns 'gone' | 'stopped' | 'killed'."""
     return str(agent.call(transport, "kill", timeout=grace_s + 30, pid=int(pid), start=str(start),

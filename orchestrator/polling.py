@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import tenacity
 
 from .health import HealthCheck
+from .record import KILL_GRACE_S
 
 
 @dataclass
@@ -19,7 +20,7 @@ class WatchOptions:
     engine: str | None = None
     stall_factor: float = 5.0
     on_stall: str = "warn"  # warn | kill | dump
-    kill_grace_s: float = 10.0
+    kill_grace_s: float = KILL_GRACE_S
     health: HealthCheck | None = None  # a server's endpoint, asked while it is ready; see health.py
     give_up_s: float | None = None  # a host silent for this long: the run ends lost
 

@@ -54,6 +54,9 @@ ALLOWED: dict[Status, frozenset[Status]] = {
 JSON_FIELDS = ("spec", "parser_state", "progress", "error", "end_steps", "patches_applied", "tags")
 
 
+KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL, wherever orch stops a job or a process on its GPUs
+
+
 @dataclass(frozen=True)
 class JobRef:
     """A run's job, named with its proof: a process of its host (its pid and start time, so that a later

@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 import typer
 
 from ..errors import OrchError
-from ..record import Run, Status
+from ..record import KILL_GRACE_S, Run, Status
 from ..shapes import run_document
 from ..workspace import LOCAL
 from .app import age_seconds, app, inventory, open_store, parse_run_id, read_store, workspace
@@ -271,7 +271,7 @@ def _label(run_id: str, as_json: bool, **labels: Any) -> None:
 
 @app.command()
 def cancel(run_id: str = typer.Argument(..., metavar="ID"),
-           grace: float = typer.Option(10.0, metavar="SECONDS", help="seconds between SIGTERM and SIGKILL"),
+           grace: float = typer.Option(KILL_GRACE_S, metavar="SECONDS", help="seconds between SIGTERM and SIGKILL"),
            as_json: bool = typer.Option(False, "--json")) -> None:
     """Kill a run's process group; its status becomes cancelled."""
     from .. import runflow
@@ -293,7 +293,7 @@ def cancel(run_id: str = typer.Argument(..., metavar="ID"),
 
 @app.command("stop")
 def stop_cmd(run_id: str = typer.Argument(..., metavar="ID"),
-             grace: float = typer.Option(10.0, metavar="SECONDS", help="seconds between SIGTERM and SIGKILL"),
+             grace: float = typer.Option(KILL_GRACE_S, metavar="SECONDS", help="seconds between SIGTERM and SIGKILL"),
              as_json: bool = typer.Option(False, "--json")) -> None:
     """End a run (a server): stop its process group, mark it cancelled, wait until its GPUs are free."""
     from .. import runflow

@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from ..record import KILL_GRACE_S
 from .app import app, no_runs_note, open_store, read_store, workspace
 from .render import age, emit_json, err, out, table
 
@@ -126,7 +127,7 @@ def sweep_watch(ref: str = typer.Argument(..., metavar="SWEEP", help="id or name
 
 @sweep_app.command("cancel")
 def sweep_cancel(ref: str = typer.Argument(..., metavar="SWEEP", help="id or name"),
-                 grace: float = typer.Option(10.0, metavar="SECONDS", help="seconds between SIGTERM and SIGKILL"),
+                 grace: float = typer.Option(KILL_GRACE_S, metavar="SECONDS", help="seconds between SIGTERM and SIGKILL"),
                  as_json: bool = typer.Option(False, "--json")) -> None:
     """Cancel the queued points and stop the running ones."""
     from .. import sweep

@@ -13,9 +13,9 @@ Modules below this one never call up into it: the lease and GPU cleanup get call
 
 from __future__ import annotations
 
+from ..record import KILL_GRACE_S
 from .context import (
     END_STEPS,
-    KILL_GRACE_S,
     Context,
     LogText,
     follow_log,

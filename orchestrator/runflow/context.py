@@ -24,7 +24,6 @@ from ..store import Store
 from ..watching import WatchLock
 from ..workspace import Workspace
 
-KILL_GRACE_S = 10.0
 LIVE_HOLD_S = 2.0  # the longest a poll holds while a person watches
 LOG_TAIL_LINES = 200
 # The end steps in their order: the lease is freed right after BEFORE_RELEASE (see lease.py); the

@@ -12,10 +12,10 @@ from .. import cleanup, gpu, hostlease, lease, notify, patching, registry
 from ..errors import OrchError, TransitionError
 from ..hostlease import run_token
 from ..lifecycle import transition
-from ..record import Run, Status
+from ..record import KILL_GRACE_S, Run, Status
 from ..store import Store
 from ..workspace import Workspace
-from .context import END_STEPS, KILL_GRACE_S, LOG_TAIL_LINES, Context, Hosts, open_run
+from .context import END_STEPS, LOG_TAIL_LINES, Context, Hosts, open_run
 from .lastread import read_to_end
 
 

@@ -106,7 +106,7 @@ def _end_unattended(store: Store, sweep_id: int) -> None:
         db.release(store, sweep_id)
 
 
-def cancel(ws: Workspace, ref: str, grace_s: float = 10.0) -> dict[str, Any]:
+def cancel(ws: Workspace, ref: str, grace_s: float = runflow.KILL_GRACE_S) -> dict[str, Any]:
     """Cancel the queued points and stop the running ones."""
     store = Store(ws.db_path)
     try:

@@ -33,7 +33,6 @@ from .logtail import LogTails
 
 STATIC = Path(__file__).parent / "static"
 HOST_TIMEOUT_S = 20.0
-ACTION_GRACE_S = 10.0
 # Defence in depth: even markup that got into a page could not run a script or load anything from elsewhere.
 HEADERS = {
     "content-security-policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
@@ -166,9 +165,9 @@ class Dashboard:
             ctx = runflow.open_run(self.ws, store, request.path_params["run_id"],
                                    Inventory.load(self.ws.hosts_file, self.ws.root))
             if request.path_params["action"] == "stop":
-                outcome = runflow.stop(ctx, ACTION_GRACE_S)
+                outcome = runflow.stop(ctx)
             else:
-                outcome = runflow.cancel(ctx, "cancelled from the dashboard", ACTION_GRACE_S)
+                outcome = runflow.cancel(ctx, "cancelled from the dashboard")
             return JSON({"run": ctx.run_id, "outcome": outcome})
         finally:
             store.close()
