@@ -95,6 +95,13 @@ class HealthWatch:
         return [], None
 
 
+def ready(phase: str | None, answering: bool | None) -> bool:
+    """The one rule for "the run is ready", which `--until-ready` waits for, whoever watches: its log says it
+    serves (`ready`, or `running` when that moment fell between two reads) and, for a server with a health
+    endpoint (`answering` not None), the endpoint answered when last asked."""
+    return phase in SERVING_PHASES and answering is not False
+
+
 def answering(events: list[dict[str, Any]]) -> bool:
     """Does the run's health endpoint answer, by the last `health` event recorded?"""
     for e in reversed(events):
@@ -104,4 +111,4 @@ def answering(events: list[dict[str, Any]]) -> bool:
     return False
 
 
-__all__ = ["GRACE_S", "SERVING_PHASES", "HealthCheck", "HealthWatch", "answering", "ask", "probe"]
+__all__ = ["GRACE_S", "SERVING_PHASES", "HealthCheck", "HealthWatch", "answering", "ask", "probe", "ready"]

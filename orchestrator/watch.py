@@ -16,7 +16,7 @@ from typing import Any
 
 import tenacity
 
-from . import history, launch, stall
+from . import health, history, launch, stall
 from .controller import Controller
 from .errors import DatabaseUnavailable, RemoteError, TransitionError, Unreachable
 from .executor import Executor
@@ -355,11 +355,7 @@ class Watcher:
             now=now, done=bool(end) or self._ready(p), stop=bool(end and end[0] is Status.FAILED and state.alive))
 
     def _ready(self, p: LogParser) -> bool:
-        if not self.opts.until_ready:
-            return False
-        if self.health is not None:  # ready: the log said so and the endpoint answers
-            return p.phase in SERVING_PHASES and self.health.ok
-        return p.phase == "ready"
+        return self.opts.until_ready and health.ready(p.phase, None if self.health is None else self.health.ok)
 
     def _scheduler(self, state: launch.JobState, events: list[tuple[str, str, Any]], fields: dict[str, Any]) -> None:
         """What a batch scheduler adds to the log: the job waits in its queue (phase `queued`, and why),

@@ -186,14 +186,14 @@ def ensure_watched(ws: Workspace, store: Store, runs: list[Run] | None = None, p
 
 
 def follow_record(ws: Workspace, store: Store, run_id: int, on_update: Callable[[Run], None] | None = None,
-                  until_ready: bool = False, sleep: Callable[[float], None] = time.sleep) -> Run:
+                  ready: Callable[[Run], bool] | None = None, sleep: Callable[[float], None] = time.sleep) -> Run:
     """Follow a run another process on this machine watches, by its record, until it ends (or, with
-    until_ready, is ready) or nobody watches it any more."""
+    `ready`, is ready by that rule) or nobody watches it any more."""
     while True:
         run = store.get_run(run_id)
         if on_update is not None:
             on_update(run)
-        if run.status.terminal or (until_ready and run.phase in ("ready", "running")):
+        if run.status.terminal or (ready is not None and ready(run)):
             return run
         if not watched_here(ws, run_id):
             return run

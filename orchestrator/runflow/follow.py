@@ -5,10 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from .. import lease
+from .. import health, lease
 from ..controller import STALE_FACTOR
 from ..errors import OrchError
-from ..health import SERVING_PHASES, answering
 from ..hosts import Host, Inventory
 from ..record import ACTIVE, Run, Status
 from ..store import Store
@@ -60,11 +59,19 @@ def watch(ctx: Context, *, until_ready: bool = False, on_update: Callable[[Run],
             run = watcher(ctx, until_ready=until_ready, on_update=on_update, sleep=sleep,
                           live=live).run_until_done()
             return finish(ctx) if run.status.terminal else run
-        run = follow_record(ctx.ws, ctx.store, ctx.run_id, on_update, until_ready, sleep)
+        ready = _ready_rule(ctx) if until_ready else None
+        run = follow_record(ctx.ws, ctx.store, ctx.run_id, on_update, ready, sleep)
         if run.status.terminal:
             return finish(ctx)  # its watcher did; finding nothing left to do
-        if until_ready and run.phase in SERVING_PHASES:
+        if ready is not None and ready(run):
             return run
+
+
+def _ready_rule(ctx: Context) -> Callable[[Run], bool]:
+    """health.ready read from the run's record: its phase, and its endpoint's last answer when it has one."""
+    if watch_options(ctx.pb, ctx.spec, ctx.host).health is None:
+        return lambda run: health.ready(run.phase, None)
+    return lambda run: health.ready(run.phase, health.answering(ctx.store.events(run.id)))
 
 
 def _inventory_host(ctx: Context) -> Host | None:
@@ -89,7 +96,7 @@ def _follow_host(ctx: Context, until_ready: bool, on_update: Callable[[Run], Non
 
 def _follow_record(ctx: Context, until_ready: bool, on_update: Callable[[Run], None] | None,
                    sleep: Callable[[float], None]) -> Run:
-    needs_health = until_ready and watch_options(ctx.pb, ctx.spec, ctx.host).health is not None
+    ready = _ready_rule(ctx) if until_ready else None
     spawned_at = -SPAWN_AGAIN_S
     while True:
         run = ctx.run
@@ -97,7 +104,7 @@ def _follow_record(ctx: Context, until_ready: bool, on_update: Callable[[Run], N
             on_update(run)
         if run.status.terminal:
             return finish(ctx)
-        if until_ready and run.phase in SERVING_PHASES and (not needs_health or answering(ctx.store.events(run.id))):
+        if ready is not None and ready(run):
             return run
         now = time.monotonic()
         if (now - spawned_at >= SPAWN_AGAIN_S and not watched_here(ctx.ws, ctx.run_id)

@@ -400,10 +400,12 @@ def test_stacks_are_taken_only_of_processes_proven_the_jobs(tmp_path: Path, monk
     link = AgentLink.start(LocalTransport(host))
     try:
         root = tmp_path / "work" / "runs" / "9"
-        job = link.call("launch", dir=str(root), script=f"exec {sys.executable} -c 'import time; time.sleep(300)'\n",
-                        token="t9")
+        at_line = tmp_path / "at-its-line"  # the job's python has started and reached its one line
+        job = link.call("launch", dir=str(root), token="t9",
+                        script=f"exec {sys.executable} -c 'import pathlib, time; pathlib.Path(\"{at_line}\").touch(); "
+                               "time.sleep(300)'\n")
         assert link.call("stacks", pid=job["pid"], start=str(int(job["start"]) + 1))["text"] == ""
-        wait_for(lambda: len(host_agent.group_pids(job["pid"])) == 2)  # the wrapper and the job's python
+        wait_for(lambda: len(host_agent.group_pids(job["pid"])) == 2 and at_line.exists())  # wrapper and job
         text = link.call("stacks", timeout=180, pid=job["pid"], start=job["start"])["text"]
         assert text.count("== pid ") == 2 and "(<string>:1)" in text  # the job's python, at its one line
     finally:
