@@ -116,6 +116,11 @@ def extract_run(find_run: FindRun, spec: TrainDraftSpec, host: Host) -> Run:
         raise UsageError(f"{where} did not succeed")
     if not run.spec.get("output_dir") and not run.remote_dir:
         raise UsageError(f"{where} has no output_dir on record")
+    if run.spec.get("include_last_layer") is False:
+        # train.py takes the last layer it finds as the verifier's own (its logits are the target) and the
+        # layers before it as the draft's input: without it, a target layer is taken for it (shape mismatch)
+        raise UsageError(f"{where} left out the verifier's last layer (include_last_layer = false), which "
+                         "speculators' train.py needs as its training target; extract again without it")
     return run
 
 

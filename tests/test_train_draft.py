@@ -106,6 +106,8 @@ def run_of(**kw: object) -> Run:
     (run_of(spec={"backend": "hf"}), "with backend speculators"),
     (run_of(host="other"), "is not on h"),
     (run_of(status=Status.FAILED), "did not succeed"),
+    (run_of(spec={"backend": "speculators", "output_dir": "/hs", "include_last_layer": False}),
+     r"left out the verifier's last layer \(include_last_layer = false\)"),
 ])
 def test_from_run_refusals(run, message):
     spec = TrainDraftSpec(scripts_dir="/s", verifier="/m", from_run=3)
