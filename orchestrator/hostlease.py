@@ -20,7 +20,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from . import hostprogram
+from . import agent
 from .errors import OrchError
 from .launch import RunPaths
 from .remote import Transport
@@ -71,7 +71,7 @@ def run_paths(ws: Workspace, workdir: str, run_id: int) -> RunPaths:
 def _call(transport: Transport, request: dict[str, Any]) -> dict[str, Any]:
     request = {"workdir": transport.expand(transport.host.workdir).rstrip("/"),
                "shared": transport.host.shared_workdir, "lock_wait_s": LOCK_WAIT_S, **request}
-    return hostprogram.call(transport, PROGRAM, PROGRAM_DIR, request, timeout=90)
+    return agent.program(transport, PROGRAM, PROGRAM_DIR, request, timeout=90)
 
 
 def take(transport: Transport, paths: RunPaths, token: str, gpus: list[int] | None, exclusive: bool = True
