@@ -42,14 +42,20 @@ def check(store: Store, pb: Playbook[Any], spec: RunSpec, host: Host) -> None:
     pb.check_inputs(spec, host, store.get_run)
 
 
+# What a start waits for, told to `on_wait`: a run of this workspace (lease.Busy) or another workspace's
+# run, as the host's lease files say (hostlease.HostLeaseBusy).
+Waiting = lease.Busy | hostlease.HostLeaseBusy
+
+
 def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: Host, *, queue: bool = False,
-          on_wait: Callable[[lease.Busy], None] | None = None,
+          on_wait: Callable[[Waiting], None] | None = None,
           run_fields: dict[str, Any] | None = None, replace: bool = False) -> Context:
     """Create the run and take it to `running`; on any failure the run ends `failed` with the reason.
 
-    The run is created together with its lease on the host (or its GPU set): a busy host raises
-    lease.Busy naming the holder, or with queue waits for it; with replace the holder is stopped
-    instead (see `take_replacing`).
+    The host is asked first whether another workspace's run holds it (or the GPU set): that refuses
+    before any run is made (HostLeaseBusy), or with queue is waited for. Then the run is created together
+    with its lease in this workspace's database: a busy host raises lease.Busy naming the holder, or with
+    queue waits for it; with replace the holder is stopped instead (see `take_replacing`).
     """
     check(store, pb, spec, host)
 
@@ -63,6 +69,7 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     if pb.exclusive and not executor_for(host, connect(host)).schedules_gpus:
         opts = watch_options(pb, spec, host)
         poll = (opts.poll_min, opts.poll_max)
+        wait_for_host(ws, host, spec.gpus, poll, queue=queue, on_wait=on_wait)
         if replace:
             run_id = take_replacing(ws, store, host, spec.gpus, create, poll, queue=queue, on_wait=on_wait)
         else:
@@ -109,9 +116,33 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     return ctx
 
 
-def busy_message(store: Store, busy: lease.Busy, ways_on: bool = True) -> str:
+def wait_for_host(ws: Workspace, host: Host, gpus: list[int] | None, poll: tuple[float, float], *,
+                  queue: bool = False, on_wait: Callable[[Waiting], None] | None = None,
+                  sleep: Callable[[float], None] = time.sleep) -> None:
+    """Ask the host whether another workspace's run holds it (or some of `gpus`): HostLeaseBusy naming that
+    run, or with queue wait (polling every poll[0] s, at most 5 s) until the host says it is free. A host
+    that cannot answer is left to the run's own lease take, which records why."""
+    transport = connect(host)
+    while True:
+        try:
+            hostlease.check(transport, hostlease.workspace_id(ws), gpus)
+            return
+        except hostlease.HostLeaseBusy as busy:
+            if not queue:
+                raise
+            if on_wait is not None:
+                on_wait(busy)  # may raise to give up waiting
+            sleep(min(poll[0], 5.0))
+        except OrchError:
+            return
+
+
+def busy_message(store: Store, busy: Waiting, ways_on: bool = True) -> str:
     """Who holds the host, as a person asks it: the run (its playbook, status, phase, for how long) and the
-    two ways on; the holder's controller only when it is gone while its job runs."""
+    two ways on; the holder's controller only when it is gone while its job runs. Another workspace's
+    run is named as the host's lease files name it."""
+    if isinstance(busy, hostlease.HostLeaseBusy):
+        return f"{busy}; --queue waits for it to end" if ways_on else str(busy)
     held = busy.lease
     what = held.describe()
     try:
@@ -138,7 +169,7 @@ def _span(seconds: float) -> str:
 
 def take_replacing(ws: Workspace, store: Store, host: Host, gpus: list[int] | None, create: Callable[[], int],
                    poll: tuple[float, float], *, queue: bool = False,
-                   on_wait: Callable[[lease.Busy], None] | None = None) -> int:
+                   on_wait: Callable[[Waiting], None] | None = None) -> int:
     """`--replace`: the new run is created first, so the runs holding its host (or GPU set) are stopped
     through the normal cancel path with a reason that names it; once their GPUs are free it takes
     the lease. A holder of the same sweep is a sibling point, never replaced: it is waited for (queue)
