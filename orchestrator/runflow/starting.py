@@ -153,7 +153,9 @@ def busy_message(store: Store, busy: Waiting, ways_on: bool = True) -> str:
     since = run.started_at or run.created_at
     if since:
         doing += f" for {_span(time.time() - since)}"
-    if not lease.holder_alive(held, run):
+    if run.status.terminal and not lease.holder_alive(held, run):
+        doing += "; whoever ended it is gone, and its host has not shown its job over"
+    elif not lease.holder_alive(held, run):
         doing += f"; its controller is gone but the job still runs: `orch watch {run.id}` follows it"
     verb = "is" if held.gpus is None else "are"
     line = f"{what} {verb} busy with run {run.id} ({doing})"
