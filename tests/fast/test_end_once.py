@@ -221,9 +221,11 @@ def test_an_ended_runs_lease_left_by_a_dead_finisher_goes_once_its_host_shows_th
     transition(store, first.run_id, Status.CANCELLED, "cancelled by a process that then died")
     store.conn.execute("UPDATE leases SET pid = ?, pid_start = '1' WHERE run_id = ?", (2**22 + 1, first.run_id))
     spec = CommandSpec(cmd="true", **FAST)
-    with pytest.raises(lease.Busy, match=f"run {first.run_id}"):
+    with pytest.raises(lease.Busy, match=f"run {first.run_id}") as busy:
         runflow.start(ws, store, registry.playbook("command"), spec, local_host(ws.root))
     assert [held.run_id for held in lease.held(store)] == [first.run_id] and first.run.end_steps == []
+    said = runflow.busy_message(store, busy.value)
+    assert "(command, cancelled for " in said and "whoever ended it is gone, and its host has not shown its job over" in said
     gate.touch()
     deadline = time.monotonic() + 20
     while True:
