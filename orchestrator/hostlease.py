@@ -39,7 +39,12 @@ LOCK_WAIT_S = 30.0  # how long a change waits for `leases/.lock` before naming w
 
 
 class HostLeaseBusy(OrchError):
-    """Another workspace's run holds the host or some of the GPUs here."""
+    """Another workspace's run holds the host or some of the GPUs here (`held`), or the lease lock is
+    held for too long."""
+
+    def __init__(self, message: str, held: bool = False):
+        super().__init__(message)
+        self.held = held
 
 
 class Refused(OrchError):
@@ -112,7 +117,7 @@ def _refused(transport: Transport, gpus: list[int] | None, error: dict[str, Any]
     if kind == "held":
         return HostLeaseBusy(f"{name}: {what} held by another workspace's run ({error.get('key')}: run dir "
                              f"{error.get('run_dir')}, {error.get('token')}, {error.get('why')}); choose other "
-                             "GPUs or a workdir of this workspace's own")
+                             "GPUs or a workdir of this workspace's own", held=True)
     if kind == "lock-busy":
         return HostLeaseBusy(f"{name}: cannot take {what}: {error.get('message')}")
     return Refused(f"{name}: {error.get('message') or 'the host program gave no reason'}")

@@ -142,7 +142,7 @@ def busy_message(store: Store, busy: Waiting, ways_on: bool = True) -> str:
     two ways on; the holder's controller only when it is gone while its job runs. Another workspace's
     run is named as the host's lease files name it."""
     if isinstance(busy, hostlease.HostLeaseBusy):
-        return f"{busy}; --queue waits for it to end" if ways_on else str(busy)
+        return f"{busy}; --queue waits for it to end" if ways_on and busy.held else str(busy)
     held = busy.lease
     what = held.describe()
     try:
