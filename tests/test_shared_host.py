@@ -204,6 +204,50 @@ def test_another_workspaces_run_is_refused_before_a_run_is_made_and_waited_for_w
     assert not (shared / "leases" / "gpu-0").exists()
 
 
+def test_a_queued_run_the_host_refuses_at_its_take_waits_there_and_touches_nothing(
+        tmp_path: Path, ssh_fleet: Any, shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another workspace took the GPUs between the host's answer and this run's take: a queued run waits
+    at its take (its run made, nothing done on the host), then goes on once the other's run ended."""
+    import threading
+
+    from orchestrator import registry
+    from orchestrator.hosts import Inventory
+    from playbooks.command import CommandSpec
+
+    a, _ = orch_pair(tmp_path, ssh_fleet, shared)
+    gate = tmp_path / "gate"
+    held = int(a("run", "command", "--host", "test1", "--detach", *FAST, "--set", "gpus=[0]",
+                 "--set", f"cmd=while [ ! -e {gate} ]; do sleep 0.05; done", check=0).stdout)
+    monkeypatch.setattr(hostlease, "check", lambda *args, **kwargs: [])  # the host said free a moment ago
+    ws = Workspace(root=tmp_path / "ws-b", hosts_file=tmp_path / "ws-a" / "hosts.toml")
+    store = Store(ws.db_path)
+    told: list[str] = []
+    waiting = threading.Event()
+
+    def on_wait(busy: Exception) -> None:
+        told.append(str(busy))
+        waiting.set()
+
+    spec = CommandSpec(cmd="true", gpus=[0], poll_min=0.05, poll_max=0.3)
+    host = Inventory.load(ws.hosts_file, ws.root).get("test1")
+    started: list[Any] = []
+    starter = threading.Thread(target=lambda: started.append(runflow.start(
+        ws, store, registry.playbook("command"), spec, host, queue=True, on_wait=on_wait)))
+    starter.start()
+    try:
+        assert waiting.wait(60), "the run never waited for the host"
+        assert "GPUs 0 held by another workspace's run" in told[0] and f"{a.db}:{held}:" in told[0]
+        assert store.get_run(1).status is Status.PREPARING and store.get_run(1).remote_dir is None
+        assert json.loads((shared / "leases" / "gpu-0").read_text())["run_dir"] == a.status(held)["remote_dir"]
+    finally:
+        gate.touch()
+        starter.join(90)
+    assert started and started[0].run_id == 1
+    runflow.watch(started[0])
+    assert store.get_run(1).status is Status.SUCCEEDED and a.status(held)["status"] == "succeeded"
+    store.close()
+
+
 def test_the_leases_program_runs_through_the_agent_and_no_shell_command(
         host: Host, shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator import agent

@@ -91,7 +91,8 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         paths = hostlease.run_paths(ws, transport.expand(host.workdir), run_id)
         agent.shared(transport)  # the host's agent does the host's side: a python that cannot run it fails here
         ctx = Context(ws, store, pb, host, transport, executor_for(host, transport), run_id, spec, paths, lock)
-        script = _steps_before_launch(ctx)
+        script = _steps_before_launch(ctx, _host_wait(store, run_id, watch_options(pb, spec, host).poll_min,
+                                                      on_wait) if queue else None)
         transition(store, run_id, Status.LAUNCHING)
         gpus = len(spec.gpus) if spec.gpus is not None else None
         pid, pid_start = ctx.executor.launch(paths, script, run_token(ws, store, run_id), gpus)
@@ -215,7 +216,21 @@ def replace_run(ws: Workspace, store: Store, holder_id: int, new_id: int, hosts:
     return stop(other, reason=f"replaced by run {new_id}")
 
 
-def _steps_before_launch(ctx: Context) -> str:
+def _host_wait(store: Store, run_id: int, poll_min: float, on_wait: Callable[[Waiting], None] | None
+               ) -> Callable[[hostlease.HostLeaseBusy], None]:
+    """How a queued run that the host refused at its lease take (another workspace's run took it after the
+    host was asked) waits to ask again: told, its heartbeat kept, a pause."""
+    def wait(busy: hostlease.HostLeaseBusy) -> None:
+        if on_wait is not None:
+            on_wait(busy)  # may raise to give up waiting
+        store.update_run(run_id, heartbeat=time.time())
+        time.sleep(min(poll_min, 5.0))
+    return wait
+
+
+def _steps_before_launch(ctx: Context, host_wait: Callable[[hostlease.HostLeaseBusy], None] | None = None) -> str:
+    """The steps before the launch; `host_wait` (queued runs): what to do when another workspace's run holds
+    the host's lease files, before asking again (else the refusal ends the run)."""
     # Patch sets are checked (read-only) first, so a set that does not apply changes nothing anywhere.
     sets = [registry.patch_set(name) for name in ctx.spec.patches]
     python = ctx.job().python  # the interpreter the job runs: its install is the one patched
@@ -224,8 +239,16 @@ def _steps_before_launch(ctx: Context) -> str:
     # The run dir becomes the run's own (its token) and, for a run that holds its host, another workspace
     # sharing this workdir sees the lease too: before anything changes. Only then is it the run's remote_dir.
     exclusive = holds_host(ctx)
-    for warning in hostlease.take(ctx.transport, ctx.paths, run_token(ctx.ws, ctx.store, ctx.run_id),
-                                  ctx.spec.gpus, exclusive):
+    while True:
+        try:
+            warnings = hostlease.take(ctx.transport, ctx.paths, run_token(ctx.ws, ctx.store, ctx.run_id),
+                                      ctx.spec.gpus, exclusive)
+            break
+        except hostlease.HostLeaseBusy as busy:
+            if host_wait is None or not busy.held:
+                raise
+            host_wait(busy)
+    for warning in warnings:
         ctx.event("warning", f"host lease: {warning}")
     ctx.store.update_run(ctx.run_id, remote_dir=ctx.paths.root, **({"host_lease": 1} if exclusive else {}))
     gpu_env = free_gpus(ctx) if ctx.spec.cleanup and not ctx.executor.schedules_gpus else {}
