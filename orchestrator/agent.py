@@ -253,26 +253,6 @@ def call(transport: Transport, op: str, timeout: float = 60, **args: Any) -> dic
     return shared(transport).call(op, timeout=timeout, **args)
 
 
-def _why_not(transport: Transport, exc: Exception) -> Exception:
-    """Why the agent did not answer: the host's python cannot run it (a one-line error naming it), or
-    the host itself went away."""
-    python = transport.host.python
-    probe = f"{quote(python)} -c 'import sys; assert sys.version_info >= (3, 8), sys.version'"
-    try:
-        res = transport.run(probe, check=False, timeout=30)
-    except Unreachable:
-        return exc
-    if res.ok:
-        return exc
-    said = (res.stderr.strip().splitlines() or [f"exit code {res.exit_code}"])[-1]
-    return HostError(f"{transport.host.name}: its python cannot run orch's agent: {python}: {said[:200]} "
-                     "(python 3.8 or newer is needed; set `python` in hosts.toml)")
-
-
-def data_of(doc: dict[str, Any]) -> bytes:
-    return base64.b64decode(doc.get("data") or "")
-
-
 def program(transport: Transport, script: Path, folder: str, request: dict[str, Any], *,
             python: str | None = None, pythonpath: str | None = None, timeout: float | None = None
             ) -> dict[str, Any]:
@@ -302,3 +282,24 @@ def program(transport: Transport, script: Path, folder: str, request: dict[str, 
         raise RemoteError(transport.host.name, what, result.get("code"), out + err,
                           reason=f"the host program {script.name} gave no reply") from None
     return reply
+
+
+def _why_not(transport: Transport, exc: Exception) -> Exception:
+    """Why the agent did not answer: the host's python cannot run it (a one-line error naming it), or
+    the host itself went away."""
+    python = transport.host.python
+    probe = f"{quote(python)} -c 'import sys; assert sys.version_info >= (3, 8), sys.version'"
+    try:
+        res = transport.run(probe, check=False, timeout=30)
+    except Unreachable:
+        return exc
+    if res.ok:
+        return exc
+    said = (res.stderr.strip().splitlines() or [f"exit code {res.exit_code}"])[-1]
+    return HostError(f"{transport.host.name}: its python cannot run orch's agent: {python}: {said[:200]} "
+                     "(python 3.8 or newer is needed; set `python` in hosts.toml)")
+
+
+def data_of(doc: dict[str, Any]) -> bytes:
+    return base64.b64decode(doc.get("data") or "")
+
