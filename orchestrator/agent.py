@@ -302,4 +302,3 @@ def _why_not(transport: Transport, exc: Exception) -> Exception:
 
 def data_of(doc: dict[str, Any]) -> bytes:
     return base64.b64decode(doc.get("data") or "")
-
