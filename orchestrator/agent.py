@@ -253,6 +253,37 @@ def call(transport: Transport, op: str, timeout: float = 60, **args: Any) -> dic
     return shared(transport).call(op, timeout=timeout, **args)
 
 
+def program(transport: Transport, script: Path, folder: str, request: dict[str, Any], *,
+            python: str | None = None, pythonpath: str | None = None, timeout: float | None = None
+            ) -> dict[str, Any]:
+    """Run one of orch's host programs (hostprogram.py) on the host with `request`, through the host's
+    agent: its `program` op starts `python` (default: the host's) on the bootstrap, which runs the placed
+    file only when its sha256 is this version's, the request on its stdin; no shell. The program's reply
+    (whatever its `ok`). One request in the usual case; the program is uploaded when the host lacks this
+    version (or holds a file swapped under its name), then asked again."""
+    path, sha = hostprogram.remote_path(transport, script, folder)
+    limit = hostprogram.TIMEOUT_S if timeout is None else timeout
+    args = {"python": python or transport.host.python, "path": path, "sha256": sha,
+            "input": json.dumps(request), "pythonpath": pythonpath, "timeout_s": limit}
+    what = f"{script.stem} {request.get('action')}"
+    try:
+        result = call(transport, "program", timeout=limit + 30, **args)
+        if result.get("code") == hostprogram.MISSING and not result.get("stdout"):
+            hostprogram.upload(transport, script, path)
+            result = call(transport, "program", timeout=limit + 30, **args)
+    except AgentError as exc:  # it did not end in time, or could not be started
+        raise RemoteError(transport.host.name, what, None, "", reason=exc.message) from None
+    out, err = str(result.get("stdout") or ""), str(result.get("stderr") or "")
+    try:
+        reply = json.loads(out.strip().splitlines()[-1])
+        if not isinstance(reply, dict):
+            raise TypeError(reply)
+    except (ValueError, TypeError, IndexError):
+        raise RemoteError(transport.host.name, what, result.get("code"), out + err,
+                          reason=f"the host program {script.name} gave no reply") from None
+    return reply
+
+
 def _why_not(transport: Transport, exc: Exception) -> Exception:
     """Why the agent did not answer: the host's python cannot run it (a one-line error naming it), or
     the host itself went away."""

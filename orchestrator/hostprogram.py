@@ -1,26 +1,25 @@
-"""Running orch's own host programs (`hostjobs/*.py`: stdlib Python, one JSON request in, one reply out).
+"""orch's own host programs (`hostjobs/*.py`: stdlib Python, one JSON request in, one reply out): where
+they are placed and how their bytes are checked before they run.
 
 A program is uploaded once per version, named by its content hash, under the host's workdir. That folder
 may be shared with other users, so the file found there is never simply run: a small bootstrap reads
 it, checks its sha256 against the version this orch ships and executes exactly the bytes it checked —
 a file swapped by someone else is uploaded again, never run. The upload goes to a fresh name renamed
 into place, so a symlink planted at the final name is replaced, not written through.
+
+The agent (hostjobs/agent.py) is started through the bootstrap; the other programs are run by the
+agent's `program` op, their request on stdin, with no shell in between (`agent.program`).
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import json
-import uuid
 from pathlib import Path
-from typing import Any
 
-from .errors import RemoteError
-from .remote import Transport, quote
+from .remote import Transport
 
 MISSING = 97  # the bootstrap's exit status when the file is absent or not the expected version
-INLINE_REQUEST_LIMIT = 64 * 1024  # the kernel caps one argument at 128 KiB
+TIMEOUT_S = 120.0  # a program run given no timeout of its own
 
 # argv: the program's path, its sha256, then the program's own arguments. The script's own folder is not
 # put on sys.path (as running the file would): nothing there can shadow a module the program imports. The
@@ -42,41 +41,6 @@ def remote_path(transport: Transport, script: Path, folder: str) -> tuple[str, s
     digest = hashlib.sha256(script.read_bytes()).hexdigest()
     workdir = transport.expand(transport.host.workdir).rstrip("/")
     return f"{workdir}/{folder}/{script.stem}-{digest[:16]}.py", digest
-
-
-def call(transport: Transport, script: Path, folder: str, request: dict[str, Any], *,
-         python: str | None = None, pythonpath: str | None = None, timeout: float | None = None) -> dict[str, Any]:
-    """Run the program on the host with `request`; its reply (whatever its `ok`). One round trip in the
-    usual case; the program is uploaded when the host lacks this version."""
-    path, digest = remote_path(transport, script, folder)
-    payload = base64.encodebytes(json.dumps(request).encode()).decode()
-    request_file = None
-    if len(payload) > INLINE_REQUEST_LIMIT:
-        request_file = f"{path.rsplit('/', 1)[0]}/request-{uuid.uuid4().hex}.json"
-        transport.put(json.dumps(request).encode(), request_file, 0o600)
-        # kept for the second try when the program had to be uploaded first
-        feed = f"< {quote(request_file)}; rc=$?; [ $rc = {MISSING} ] || rm -f {quote(request_file)}; exit $rc"
-    else:
-        feed = f"<<'ORCH_HOST_REQUEST'\n{payload}ORCH_HOST_REQUEST\n"
-    py = quote(python or transport.host.python)
-    if pythonpath is not None:
-        py = f"PYTHONPATH={quote(pythonpath)} {py}"
-    command = f"{py} -c {quote(BOOTSTRAP)} {quote(path)} {digest} {feed}"
-    result = transport.run(command, check=False, timeout=timeout)
-    if result.exit_code == MISSING and not result.stdout:
-        upload(transport, script, path)
-        result = transport.run(command, check=False, timeout=timeout)
-    try:
-        reply = json.loads(result.stdout.strip().splitlines()[-1])
-        if not isinstance(reply, dict):
-            raise TypeError(reply)
-    except (ValueError, TypeError, IndexError):
-        if request_file:
-            transport.run(f"rm -f {quote(request_file)}", check=False)
-        raise RemoteError(transport.host.name, f"{script.stem} {request.get('action')}", result.exit_code,
-                          result.stdout + result.stderr, reason=f"the host program {script.name} gave no reply"
-                          ) from None
-    return reply
 
 
 def upload(transport: Transport, script: Path, path: str) -> None:

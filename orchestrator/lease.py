@@ -1,11 +1,19 @@
 """Leases: a host, or a set of its GPUs, is held by at most one run at a time.
 
-A lease names its run and the controller process that took it (pid with its start time, hostname).
-It is taken in one `BEGIN IMMEDIATE` transaction together with the run's row, and dropped once the run
-has ended and the end steps that must precede the next run are done (BEFORE_RELEASE). A holder whose
-controller died is never trusted blindly either way: it is handed to the run flow's probe, which ends a
-run that never launched and polls a launched one once on its host — its lease is freed only once the job
-is seen to have ended, so two runs never share GPUs, and a host is never blocked past the end of its job.
+Which is the truth: the host. Whether a run's job can still use the GPUs is what its host can prove —
+its wrapper alive, its run dir's exit code — and, across workspaces, the host's lease files
+(hostlease.py) are what every workspace sees. This table is one workspace's record of it: what keeps
+that workspace's runs apart without a round trip, taken in one `BEGIN IMMEDIATE` transaction together
+with the run's row, so two runs of one workspace never both get the host.
+
+A lease names its run and the controller process that took it (pid with its start time, hostname). It is
+dropped once the run has ended and the end steps that must precede the next run are done
+(BEFORE_RELEASE). Controller heartbeats (`holder_alive`) only say whether someone is still at work on
+the run; they never free a lease by themselves. A holder nobody is at work on is handed to the run
+flow's probe, which asks the host: it ends a run that never launched, polls a launched one once — its
+lease is freed only once its job is seen to have ended — and frees the lease of a run that ended while
+whoever ended it died only once the host shows its job is not running. Two runs never share GPUs, and a
+host is never blocked past the end of its job.
 """
 
 from __future__ import annotations
@@ -76,7 +84,10 @@ def overlaps(a: list[int] | None, b: list[int] | None) -> bool:
 
 
 def holder_alive(lease: Lease, run: Run, now: float | None = None) -> bool:
-    """The lease's controller, or whoever watches the run now (`orch watch` after a dead controller).
+    """Whether someone is still at work on the run: the lease's controller, or whoever watches the run now
+    (`orch watch` after a dead controller). On this machine the kernel says so; elsewhere a recent
+    heartbeat does. It says nothing of the job: a holder nobody is at work on goes to the probe, which
+    asks the host.
 
     This process's own one-off polls of an orphan (the probe) also stamp the run as watched: they
     do not count, or the orphan would look alive for as long as this process waits on it.
@@ -113,8 +124,9 @@ def acquire(store: Store, host: str, gpus: list[int] | None, create_run: Callabl
             probe: Probe | None = None) -> int:
     """Create the run (create_run) and its lease in one transaction, or raise Busy naming the holder.
 
-    Holders whose run ended are dropped; holders whose controller died are handed to `probe` (outside
-    the transaction: it talks to the host), which ends them if their job is over.
+    Holders whose run ended with its end steps before release done are dropped. Holders nobody is at work
+    on are handed to `probe` (outside the transaction: it asks the host), which frees their lease only once
+    the host shows their job over; without a probe, an ended run's lease goes on the record's word.
     """
     probed: set[int] = set()
     while True:
@@ -129,12 +141,14 @@ def acquire(store: Store, host: str, gpus: list[int] | None, create_run: Callabl
                     run = store.get_run(lease.run_id)
                 except NotFound:
                     run = None
-                if run is None or (run.status.terminal
-                                   and (steps_before_release_done(store, run) or not holder_alive(lease, run))):
+                if run is None or (run.status.terminal and (steps_before_release_done(store, run) or (
+                        probe is None and not holder_alive(lease, run)))):
                     c.execute("DELETE FROM leases WHERE id = ?", (lease.id,))  # its run ended; nobody dropped it
                     continue
                 if run.status.terminal:  # its log is being read to the end or its patches reverted: a moment
                     busy = busy or Busy(lease)
+                    if not holder_alive(lease, run) and run.id not in probed:
+                        orphans.append(run)  # whoever ended it died: the host says whether its job is over
                     continue
                 if holder_alive(lease, run):
                     busy = busy or Busy(lease)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import hostprogram
+from . import agent
 from .patchset import NAME_PATTERN, PatchError, PatchSet, load, missing_flags, set_names
 from .remote import Transport, quote
 from .store import Store
@@ -236,7 +236,7 @@ def _request(transport: Transport, ps: PatchSet, action: str, run_id: int | None
 def _call(transport: Transport, request: dict[str, Any], pythonpath: str | None = None,
           python: str | None = None) -> dict[str, Any]:
     """Run the patcher with `python` (default: the host's) and `request`; refusals raise PatchError."""
-    reply = hostprogram.call(transport, PATCHER, REMOTE_DIR, request, python=python, pythonpath=pythonpath)
+    reply = agent.program(transport, PATCHER, REMOTE_DIR, request, python=python, pythonpath=pythonpath)
     if not reply.get("ok"):
         raise PatchError(_refusal(request, reply.get("error") or {}))
     return reply

@@ -15,16 +15,17 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from orchestrator import hostprogram, patching, registry
-from orchestrator.errors import RemoteError, UsageError
+from orchestrator import agent, hostprogram, patching, registry
+from orchestrator.errors import HostError, RemoteError, UsageError
 from orchestrator.hosts import Host, local_host
 from orchestrator.patching import PatchError, PatchSet
 from orchestrator.remote import LocalTransport, SSHTransport
 from orchestrator.store import Store
+from orchestrator.transport import Stream
 
 if TYPE_CHECKING:
     from engine_src import EngineSource
@@ -522,27 +523,43 @@ class CountingTransport(LocalTransport):
     def __init__(self, host: Host):
         super().__init__(host)
         self.commands: list[str] = []
+        self.streams: list[str] = []
         self.puts: list[str] = []
 
     def run(self, command: str, *, check: bool = True, timeout: float | None = None):  # type: ignore[override]
         self.commands.append(command)
         return super().run(command, check=check, timeout=timeout)
 
+    def stream(self, command: str) -> Stream:
+        self.streams.append(command)
+        return super().stream(command)
+
     def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
         self.puts.append(path)
         super().put(data, path, mode)
 
 
-def test_one_round_trip_once_the_script_is_there(engine_python: str, tmp_path: Path) -> None:
+def test_one_request_to_the_agent_once_the_script_is_there(engine_python: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The patcher runs through the host's agent (its `program` op): no shell command is run for it."""
+    asked: list[str] = []
+    real = agent.call
+
+    def counting(transport: Any, op: str, timeout: float = 60, **args: Any) -> Any:
+        asked.append(op)
+        return real(transport, op, timeout, **args)
+
+    monkeypatch.setattr(agent, "call", counting)
     transport = CountingTransport(local_host(tmp_path / "work", {"python": engine_python}))
     patching.status(transport, registry.patch_sets())
-    assert len(transport.puts) == 1
+    assert len(transport.puts) == 1 and asked == ["program", "program"]  # missing, uploaded, run
     [script] = (tmp_path / "work" / "runs" / "patcher").iterdir()
     assert re.fullmatch(r"patcher-[0-9a-f]{16}\.py", script.name)
-    transport.commands.clear()
+    asked.clear()
     transport.puts.clear()
     patching.check(transport, registry.patch_set(SPEC_SET))
-    assert (len(transport.commands), transport.puts) == (1, [])
+    assert (asked, transport.puts) == (["program"], [])
+    assert transport.commands == [] and len(transport.streams) == 1  # the agent, started once
 
 
 def test_a_swapped_patcher_file_is_never_run(engine_python: str, tmp_path: Path) -> None:
@@ -558,16 +575,16 @@ def test_a_swapped_patcher_file_is_never_run(engine_python: str, tmp_path: Path)
     assert not marker.exists() and len(transport.puts) == 1 and script.read_bytes() == shipped
 
 
-def test_a_long_request_travels_as_a_file(
-    engine: EngineSource, transport: LocalTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(hostprogram, "INLINE_REQUEST_LIMIT", 100)
-    ps = registry.patch_set(SGLANG_SET)
-    before = engine.snapshot(ps.package)
-    patching.apply(transport, ps)
-    patching.revert(transport, ps)
-    assert engine.snapshot(ps.package) == before
-    assert not list((tmp_path / "work" / "patches").glob("request-*"))
+def test_a_symlink_at_the_patchers_name_is_replaced_never_written_through(engine_python: str, tmp_path: Path) -> None:
+    transport = CountingTransport(local_host(tmp_path / "work", {"python": engine_python}))
+    path, _ = hostprogram.remote_path(transport, patching.PATCHER, patching.REMOTE_DIR)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    Path(path).parent.mkdir(parents=True)
+    Path(path).symlink_to(victim)
+    assert patching.status(transport, registry.patch_sets()) == []
+    assert victim.read_text() == "precious\n" and not Path(path).is_symlink()
+    assert Path(path).read_bytes() == patching.PATCHER.read_bytes()
 
 
 # --- hostile strings -----------------------------------------------------------------------------
@@ -602,10 +619,13 @@ def test_hostile_strings_never_execute(
     pathed = dataclasses.replace(ps, files={f"speculators/{hostile}.py": ps.files[CUSTOM_WORKER]})
     with pytest.raises(PatchError, match="file not found|unsafe path"):
         patching.apply(transport, pathed)
-    # A hostile python is one quoted word: it fails to run, nothing else does.
+    # A hostile python is one word of an argv (and of the agent's start, one quoted word): it fails to
+    # run, nothing else does.
     bad_python = LocalTransport(local_host(tmp_path, {"python": hostile}))
-    with pytest.raises(RemoteError):
+    with pytest.raises((RemoteError, HostError)):
         patching.check(bad_python, ps)
+    with pytest.raises(RemoteError, match="patcher check"):
+        patching.check(transport, ps, python=hostile)
     assert not marker.exists()
 
 

@@ -170,6 +170,123 @@ def test_a_held_lock_names_its_holder(host: Host, shared: Path, monkeypatch: pyt
         holder.wait()
 
 
+# --- the host owns its GPUs: every workspace asks its lease files ---------------------------------------
+
+
+def test_another_workspaces_run_is_refused_before_a_run_is_made_and_waited_for_with_queue(
+        tmp_path: Path, ssh_fleet: Any, shared: Path) -> None:
+    a, b = orch_pair(tmp_path, ssh_fleet, shared)
+    gate = tmp_path / "gate"
+    held = int(a("run", "command", "--host", "test1", "--detach", *FAST, "--set", "gpus=[0]",
+                 "--set", f"cmd=while [ ! -e {gate} ]; do sleep 0.05; done", check=0).stdout)
+    theirs = a.status(held)["remote_dir"]
+    res = b("run", "command", "--host", "test1", *FAST, "--set", "gpus=[0]", "--set", "cmd=true")
+    said = res.stderr.replace("\n", "")  # as wrapped on a terminal
+    assert res.returncode == 1 and "GPUs 0 held by another workspace's run" in said, res.stderr
+    assert f"{a.db}:{held}:" in said and theirs in said and "--queue waits for it to end" in said, res.stderr
+    assert b.status() == []  # refused by the host: no run made, nothing touched
+    queued = b.spawn("run", "command", "--host", "test1", *FAST, "--set", "gpus=[0]", "--set", "cmd=true",
+                     "--queue")
+    try:
+        assert queued.stderr is not None
+        first = queued.stderr.readline()
+        assert first.startswith("waiting: test1: GPUs 0 held by another workspace's run"), first
+        assert queued.poll() is None and b.status() == []  # it waits without a run of its own
+        gate.touch()
+        _, err = queued.communicate(timeout=90)
+    finally:
+        if queued.poll() is None:
+            queued.kill()
+            queued.wait()
+    assert queued.returncode == 0, err
+    assert a.status(held)["status"] == "succeeded" and b.status(1)["status"] == "succeeded"
+    b.wait_for(1, lambda d: len(d["end_steps"]) == len(runflow.END_STEPS), timeout=60)
+    assert not (shared / "leases" / "gpu-0").exists()
+
+
+def test_a_queued_run_the_host_refuses_at_its_take_waits_there_and_touches_nothing(
+        tmp_path: Path, ssh_fleet: Any, shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another workspace took the GPUs between the host's answer and this run's take: a queued run waits
+    at its take (its run made, nothing done on the host), then goes on once the other's run ended."""
+    import threading
+
+    from orchestrator import registry
+    from orchestrator.hosts import Inventory
+    from playbooks.command import CommandSpec
+
+    a, _ = orch_pair(tmp_path, ssh_fleet, shared)
+    gate = tmp_path / "gate"
+    held = int(a("run", "command", "--host", "test1", "--detach", *FAST, "--set", "gpus=[0]",
+                 "--set", f"cmd=while [ ! -e {gate} ]; do sleep 0.05; done", check=0).stdout)
+    monkeypatch.setattr(hostlease, "check", lambda *args, **kwargs: [])  # the host said free a moment ago
+    ws = Workspace(root=tmp_path / "ws-b", hosts_file=tmp_path / "ws-a" / "hosts.toml")
+    store = Store(ws.db_path)
+    told: list[str] = []
+    waiting = threading.Event()
+
+    def on_wait(busy: Exception) -> None:
+        told.append(str(busy))
+        waiting.set()
+
+    spec = CommandSpec(cmd="true", gpus=[0], poll_min=0.05, poll_max=0.3)
+    host = Inventory.load(ws.hosts_file, ws.root).get("test1")
+    started: list[Any] = []
+    starter = threading.Thread(target=lambda: started.append(runflow.start(
+        ws, store, registry.playbook("command"), spec, host, queue=True, on_wait=on_wait)))
+    starter.start()
+    try:
+        assert waiting.wait(60), "the run never waited for the host"
+        assert "GPUs 0 held by another workspace's run" in told[0] and f"{a.db}:{held}:" in told[0]
+        assert store.get_run(1).status is Status.PREPARING and store.get_run(1).remote_dir is None
+        assert json.loads((shared / "leases" / "gpu-0").read_text())["run_dir"] == a.status(held)["remote_dir"]
+    finally:
+        gate.touch()
+        starter.join(90)
+    assert started and started[0].run_id == 1
+    runflow.watch(started[0])
+    assert store.get_run(1).status is Status.SUCCEEDED and a.status(held)["status"] == "succeeded"
+    store.close()
+
+
+def test_the_leases_program_runs_through_the_agent_and_no_shell_command(
+        host: Host, shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator import agent
+    from orchestrator.remote import SSHTransport, Transport
+
+    commands: list[str] = []
+
+    class Counting(SSHTransport):
+        def run(self, command: str, **kwargs: Any) -> Any:  # type: ignore[override]
+            commands.append(command)
+            return super().run(command, **kwargs)
+
+    ops: list[str] = []
+    asked = agent.call
+
+    def counting(transport: Transport, op: str, timeout: float = 60, **args: Any) -> Any:
+        ops.append(op)
+        return asked(transport, op, timeout, **args)
+
+    monkeypatch.setattr(agent, "call", counting)
+    transport = Counting(host)
+    try:
+        me, bob = token("alice"), token("bob")
+        assert hostlease.check(transport, hostlease.workspace_of(me), [0]) == []
+        assert hostlease.take(transport, RunPaths.for_run(str(shared), 1, "aaa"), me, [0]) == []
+        with pytest.raises(hostlease.HostLeaseBusy, match=r"GPUs 0 held by another workspace's run .*preparing"):
+            hostlease.check(transport, hostlease.workspace_of(bob), [0])
+        assert hostlease.check(transport, hostlease.workspace_of(bob), [1]) == []
+        hostlease.release(transport, me)
+        hostlease.check(transport, hostlease.workspace_of(bob), [0])
+        # the agent's requests only: no shell line runs the program (the upload makes its folder)
+        assert commands and all(c.startswith("mkdir -p ") for c in commands), commands
+        assert ops == ["program"] * 7  # one more: the first found no program there, which was then placed
+        placed = list((shared / "runs" / "hostjobs").glob("leases-*.py"))
+        assert len(placed) == 1 and placed[0].read_bytes() == hostlease.PROGRAM.read_bytes()
+    finally:
+        transport.close()
+
+
 # --- run dirs: removed, adopted or signalled only by their own run ----------------------------------
 
 
@@ -289,9 +406,11 @@ def test_two_users_run_side_by_side_on_one_shared_workdir(tmp_path: Path, two_us
     assert dir_a != dir_b and dir_a.stat().st_uid == USERS["orchalice"] and dir_b.stat().st_uid == USERS["orchbob"]
     leases = shared / "leases"
     assert sorted(p.name for p in leases.iterdir() if not p.name.startswith(".")) == ["gpu-0", "gpu-1"]
-    # bob may not take alice's GPU, nor remove or adopt her run dir
+    # bob may not take alice's GPU (the host refuses before he makes a run), nor remove or adopt her run dir
     res = bob("run", "command", "--host", "box", *FAST, "--set", "gpus=[0]", "--set", "cmd=true")
     assert res.returncode == 1 and "GPUs 0 held by another workspace's run" in res.stderr, res.stderr
+    assert [d["id"] for d in bob.status()] == [b]
+    assert bob("run", "command", "--host", "box", *FAST, "--set", "gpus=[2]", "--set", "cmd=true").returncode == 0
     with sqlite3.connect(bob.db) as db:
         db.execute("UPDATE runs SET remote_dir = ? WHERE id = 2", (str(dir_a),))
     assert bob("rm", "2").returncode == 1 and (dir_a / ".orch" / "pid").exists()

@@ -86,7 +86,7 @@ def _labels(name: str | None, tags: list[str], note: str | None) -> dict[str, An
 
 def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_ready: bool, queue: bool,
            replace: bool, as_json: bool, labels: dict[str, Any]) -> None:
-    from .. import lease, runflow
+    from .. import hostlease, lease, runflow
 
     ws = workspace()
     target = inventory(ws).get(host)
@@ -98,7 +98,7 @@ def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_rea
         return
     waited: list[str] = []
 
-    def on_wait(busy: lease.Busy) -> None:
+    def on_wait(busy: runflow.Waiting) -> None:
         if not waited:
             line = runflow.busy_message(store, busy, ways_on=False)
             waited.append(line)  # before the line: a Ctrl-C right after it finds the wait recorded
@@ -108,7 +108,7 @@ def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_rea
     try:
         ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait, replace=replace,
                             run_fields=labels)
-    except lease.Busy as busy:
+    except (lease.Busy, hostlease.HostLeaseBusy) as busy:
         raise OrchError(runflow.busy_message(store, busy)) from None
     except KeyboardInterrupt:
         if waited and not _started_here(store, newest):  # Ctrl-C in the queue: nothing to leave running

@@ -692,6 +692,25 @@ def run_argv(argv, timeout, most=1 << 20):
             "stderr": out.stderr[-most:].decode(errors="replace")}
 
 
+def run_program(python, path, sha256, data, pythonpath, timeout, most=16 << 20):
+    """Run one of orch's placed host programs (its leases, its patcher): `python` starts the bootstrap,
+    which runs the file's bytes only when their sha256 is `sha256` (else it exits 97 having run nothing),
+    with `data`, the program's JSON request, on its stdin. No shell; `pythonpath`, when given, is the
+    program's PYTHONPATH. Its exit code and the last `most` bytes of its stdout and stderr."""
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    try:
+        out = subprocess.run([python, "-c", BOOTSTRAP, path, sha256], input=data.encode(), capture_output=True,
+                             timeout=timeout, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{os.path.basename(path)}: no end within {timeout:g} s (killed)") from None
+    except OSError as exc:
+        return {"code": 127, "stdout": "", "stderr": f"{python}: {exc.strerror or exc}\n"}
+    return {"code": out.returncode, "stdout": out.stdout[-most:].decode(errors="replace"),
+            "stderr": out.stderr[-most:].decode(errors="replace")}
+
+
 def health(url, timeout):
     """The HTTP status of a server's endpoint, asked on this host; None when nothing answered."""
     try:
@@ -928,6 +947,14 @@ def _argv(v):
     return isinstance(v, list) and 0 < len(v) <= 4096 and all(_arg(x) for x in v) and v[0] != ""
 
 
+def _arg_word(v):
+    return _arg(v) and v != "" and len(v) < 4096
+
+
+def _sha256(v):
+    return isinstance(v, str) and len(v) == 64 and _hex(v)
+
+
 def _maybe_word(v):
     return v == "" or _word(v)
 
@@ -983,6 +1010,8 @@ ARGS = {
     "listdir": {"path": (_path, REQUIRED), "most": (_count, 100000)},
     "usage": {"path": (_path, REQUIRED)},
     "exec": {"argv": (_argv, REQUIRED), "timeout_s": (_seconds, 120)},
+    "program": {"python": (_arg_word, REQUIRED), "path": (_path, REQUIRED), "sha256": (_sha256, REQUIRED),
+                "input": (_text, ""), "pythonpath": (_maybe(_arg), None), "timeout_s": (_seconds, 120)},
     "submit": {"dir": (_path, REQUIRED), "script": (_text, REQUIRED), "token": (_token, REQUIRED),
                "options": (_list_of(_option, 256), [])},
     "squeue": {"job_id": (_maybe(_count), None)},
@@ -1117,6 +1146,9 @@ class Agent:
     def exec(self, a):
         return run_argv(a["argv"], float(a["timeout_s"]))
 
+    def program(self, a):
+        return run_program(a["python"], a["path"], a["sha256"], a["input"], a["pythonpath"], float(a["timeout_s"]))
+
     def health(self, a):
         return {"code": health(a["url"], float(a["timeout_s"]))}
 
@@ -1129,7 +1161,8 @@ class Agent:
 
     # answered from a thread: pushes and other requests go on meanwhile
     SLOW = ("launch", "kill", "kill_pids", "stacks", "loss", "health", "tail", "find", "read", "chunk", "gpus", "files",
-            "submit", "squeue", "sacct", "scancel", "sinfo", "listdir", "usage", "exec")
+            "submit", "squeue", "sacct", "scancel", "sinfo", "listdir", "usage", "exec",
+            "program")
 
     def handle(self, line):
         try:

@@ -2,8 +2,8 @@
 
 Runs with the host's python (3.8 or newer, standard library only): one JSON request on stdin (or that
 JSON in base64), one JSON reply on stdout, exit code 0 whenever a reply was written. Each action is a
-function of its own (`take`, `release`, `owner`, `remove`), so a longer-lived host program can call them
-directly.
+function of its own (`take`, `held`, `release`, `owner`, `remove`), so a longer-lived host program can
+call them directly.
 
 Everything read here may have been written by someone else: lease files are parsed as JSON into known
 shapes (numbers as numbers, paths checked to lie under `<workdir>/runs/`), never evaluated; files and
@@ -365,6 +365,44 @@ def claim_run_dir(workdir, run_dir, token, shared=False):
         raise Refusal(f"run dir in use by another run: {run_dir}", kind="dir-in-use", path=run_dir)
 
 
+def conflicts(workdir, keys, workspace, now):
+    """Refuse (Refusal kind `held`, naming the lease) while another workspace's live run holds one of
+    `keys` or the whole host; else the warnings about lease files ignored. Leases of `workspace` itself
+    are its database's business and never block here."""
+    leases_dir = posixpath.join(workdir, LEASES)
+    names = os.listdir(leases_dir) if keys == ["host"] else ["host", *keys]
+    warnings = []
+    for name, _, text in _lease_files(leases_dir, names):
+        lease = parse_lease(text, _runs_dirs(workdir)) if text is not None else None
+        if lease is None:
+            warnings.append(f"ignored {name}: not a lease file")
+            continue
+        if workspace_of(lease["token"]) == workspace:
+            continue
+        live, why = liveness(lease, now)
+        if live:
+            raise Refusal(f"{name} held by {lease['token']} ({why})", kind="held", key=name,
+                          token=lease["token"], run_dir=lease["run_dir"], taken_at=lease["taken_at"],
+                          why=why)
+        if why == "dated in the future":
+            warnings.append(f"ignored {name}: taken at {lease['taken_at']:.0f}, in the future")
+    return warnings
+
+
+def held(workdir, keys, workspace, shared=False, now=None):
+    """Whether `keys` could be taken now by a run of `workspace`: refused as `take` would refuse, else
+    its warnings. Only reads (no lock, nothing made): the lease files are renamed into place whole, and
+    `take` decides again under the lock."""
+    workdir = posixpath.normpath(workdir)
+    for key in keys:
+        if not KEY_RE.match(key):
+            raise Refusal(f"not a lease key: {key!r}")
+    leases_dir = posixpath.join(workdir, LEASES)
+    if not keys or _check_dir(leases_dir, "leases folder", shared) is None:
+        return {"warnings": []}
+    return {"warnings": conflicts(workdir, keys, workspace, time.time() if now is None else now)}
+
+
 def take(workdir, run_dir, token, keys, shared=False, now=None, lock_wait_s=LOCK_WAIT_S):
     """Claim the run dir and take the lease files `keys` (`host`, or `gpu-N`), under the lock; refuse
     (Refusal kind `held`) while another workspace's live run holds a conflicting key. Leases of this
@@ -380,22 +418,7 @@ def take(workdir, run_dir, token, keys, shared=False, now=None, lock_wait_s=LOCK
         _make_dir(leases_dir, "leases folder", shared=shared, group=shared)
         with Lock(leases_dir, lock_wait_s):
             now = time.time() if now is None else now
-            names = os.listdir(leases_dir) if keys == ["host"] else ["host", *keys]
-            mine = workspace_of(token)
-            for name, _, text in _lease_files(leases_dir, names):
-                lease = parse_lease(text, _runs_dirs(workdir)) if text is not None else None
-                if lease is None:
-                    warnings.append(f"ignored {name}: not a lease file")
-                    continue
-                if workspace_of(lease["token"]) == mine:
-                    continue
-                live, why = liveness(lease, now)
-                if live:
-                    raise Refusal(f"{name} held by {lease['token']} ({why})", kind="held", key=name,
-                                  token=lease["token"], run_dir=lease["run_dir"], taken_at=lease["taken_at"],
-                                  why=why)
-                if why == "dated in the future":
-                    warnings.append(f"ignored {name}: taken at {lease['taken_at']:.0f}, in the future")
+            warnings = conflicts(workdir, keys, workspace_of(token), now)
             claim_run_dir(workdir, run_dir, token, shared)
             doc = json.dumps({"token": token, "run_dir": run_dir, "taken_at": now, "uid": os.geteuid()})
             for key in keys:
@@ -449,6 +472,7 @@ ACTIONS = {
                            lock_wait_s=float(r.get("lock_wait_s", LOCK_WAIT_S))),
     "release": lambda r: release(r["workdir"], r["token"], bool(r.get("shared")),
                                  lock_wait_s=float(r.get("lock_wait_s", LOCK_WAIT_S))),
+    "held": lambda r: held(r["workdir"], r["keys"], r["workspace"], bool(r.get("shared"))),
     "owner": lambda r: owner(r["workdir"], r["run_dir"], r["token"]),
     "remove": lambda r: remove(r["workdir"], r["run_dir"], r["token"]),
 }

@@ -4,8 +4,8 @@ Runs with the host's python (3.8 or newer, standard library only). Reads one JSO
 and writes one JSON reply on stdout; the exit code is 0 whenever a reply was written, including a
 refusal (`ok: false`), so the caller always gets a reason it can show.
 
-Request (JSON, or that JSON in base64 as the controller sends it inline): {action: check|apply|
-revert|status, set_name, set_hash, package, distribution, versions, strip, files: {relpath: diff},
+Request (JSON, as orch's agent feeds it; or that JSON in base64, as an older orch sent it): {action:
+check|apply|revert|status, set_name, set_hash, package, distribution, versions, strip, files: {relpath: diff},
 force, state_dir, run_id, within?}. `within`: the package must be found below this folder (a run's
 own copy) or nothing is done. `relpath` is the file's path below the
 directory that holds the package's top-level folder (site-packages for an ordinary install).
@@ -552,7 +552,7 @@ def main():
     try:
         raw = sys.stdin.read().strip()
         if not raw.startswith("{"):
-            raw = base64.b64decode(raw).decode("utf-8")  # the controller's heredoc form
+            raw = base64.b64decode(raw).decode("utf-8")  # an older orch's heredoc form
         request = json.loads(raw)
         reply = handle(request)
     except PatchFailure as exc:

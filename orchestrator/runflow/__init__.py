@@ -26,7 +26,7 @@ from .context import (
 )
 from .ending import abandon, cancel, end, finish, free_gpus, notification, settle_orphan, stop, stop_quietly
 from .follow import keep_watching, poll, probe_orphan, refresh, watch, watcher
-from .starting import DryRunTransport, busy_message, check, dry_run, run_token, start
+from .starting import DryRunTransport, Waiting, busy_message, check, dry_run, run_token, start, wait_for_host
 
 __all__ = [
     "END_STEPS",
@@ -34,6 +34,7 @@ __all__ = [
     "Context",
     "DryRunTransport",
     "LogText",
+    "Waiting",
     "abandon",
     "busy_message",
     "cancel",
@@ -56,6 +57,7 @@ __all__ = [
     "start",
     "stop",
     "stop_quietly",
+    "wait_for_host",
     "watch",
     "watch_options",
     "watcher",

@@ -143,14 +143,28 @@ def poll(ctx: Context) -> Run:
 
 
 def probe_orphan(ws: Workspace, store: Store, run: Run) -> None:
-    """The lease's probe: settle a run whose controller died and poll it once; if its job has ended, end
-    it (which frees its lease)."""
+    """The lease's probe, which asks the host: settle a run whose controller died and poll it once; if its
+    job has ended, end it (which frees its lease). A run that ended while whoever ended it died has its
+    lease freed (its end steps left done first) once the host shows its job is not running."""
     try:
         ctx = open_run(ws, store, run, any_spec=True)
-        if settle_orphan(ctx).status.live:
+        if ctx.run.status.terminal:
+            finish_if_over(ctx)
+        elif settle_orphan(ctx).status.live:
             poll(ctx)
     except OrchError as exc:  # the host cannot say: the lease stays, the caller reports the holder
         store.add_event(run.id, "warning", f"lease check: {exc}")
+
+
+def finish_if_over(ctx: Context) -> None:
+    """An ended run whose lease outlived whoever was ending it: finished (its lease freed) unless its host
+    shows its job still running — a run that never launched has none."""
+    run = ctx.run
+    if run.pid is not None and ctx.executor.processes:
+        state = ctx.executor.poll(ctx.paths, (run.pid, run.pid_start or ""), 0, 0)
+        if state.alive:  # its record says ended, its host says otherwise: the lease stays
+            return
+    finish(ctx)
 
 
 def refresh(ws: Workspace, store: Store, ids: list[int] | None, timeout: float,

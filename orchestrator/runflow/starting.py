@@ -42,14 +42,20 @@ def check(store: Store, pb: Playbook[Any], spec: RunSpec, host: Host) -> None:
     pb.check_inputs(spec, host, store.get_run)
 
 
+# What a start waits for, told to `on_wait`: a run of this workspace (lease.Busy) or another workspace's
+# run, as the host's lease files say (hostlease.HostLeaseBusy).
+Waiting = lease.Busy | hostlease.HostLeaseBusy
+
+
 def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: Host, *, queue: bool = False,
-          on_wait: Callable[[lease.Busy], None] | None = None,
+          on_wait: Callable[[Waiting], None] | None = None,
           run_fields: dict[str, Any] | None = None, replace: bool = False) -> Context:
     """Create the run and take it to `running`; on any failure the run ends `failed` with the reason.
 
-    The run is created together with its lease on the host (or its GPU set): a busy host raises
-    lease.Busy naming the holder, or with queue waits for it; with replace the holder is stopped
-    instead (see `take_replacing`).
+    The host is asked first whether another workspace's run holds it (or the GPU set): that refuses
+    before any run is made (HostLeaseBusy), or with queue is waited for. Then the run is created together
+    with its lease in this workspace's database: a busy host raises lease.Busy naming the holder, or with
+    queue waits for it; with replace the holder is stopped instead (see `take_replacing`).
     """
     check(store, pb, spec, host)
 
@@ -63,6 +69,7 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     if pb.exclusive and not executor_for(host, connect(host)).schedules_gpus:
         opts = watch_options(pb, spec, host)
         poll = (opts.poll_min, opts.poll_max)
+        wait_for_host(ws, host, spec.gpus, poll, queue=queue, on_wait=on_wait)
         if replace:
             run_id = take_replacing(ws, store, host, spec.gpus, create, poll, queue=queue, on_wait=on_wait)
         else:
@@ -84,7 +91,8 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         paths = hostlease.run_paths(ws, transport.expand(host.workdir), run_id)
         agent.shared(transport)  # the host's agent does the host's side: a python that cannot run it fails here
         ctx = Context(ws, store, pb, host, transport, executor_for(host, transport), run_id, spec, paths, lock)
-        script = _steps_before_launch(ctx)
+        script = _steps_before_launch(ctx, _host_wait(store, run_id, watch_options(pb, spec, host).poll_min,
+                                                      on_wait) if queue else None)
         transition(store, run_id, Status.LAUNCHING)
         gpus = len(spec.gpus) if spec.gpus is not None else None
         job = ctx.executor.launch(paths, script, run_token(ws, store, run_id), gpus)
@@ -109,9 +117,33 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     return ctx
 
 
-def busy_message(store: Store, busy: lease.Busy, ways_on: bool = True) -> str:
+def wait_for_host(ws: Workspace, host: Host, gpus: list[int] | None, poll: tuple[float, float], *,
+                  queue: bool = False, on_wait: Callable[[Waiting], None] | None = None,
+                  sleep: Callable[[float], None] = time.sleep) -> None:
+    """Ask the host whether another workspace's run holds it (or some of `gpus`): HostLeaseBusy naming that
+    run, or with queue wait (polling every poll[0] s, at most 5 s) until the host says it is free. A host
+    that cannot answer is left to the run's own lease take, which records why."""
+    transport = connect(host)
+    while True:
+        try:
+            hostlease.check(transport, hostlease.workspace_id(ws), gpus)
+            return
+        except hostlease.HostLeaseBusy as busy:
+            if not queue:
+                raise
+            if on_wait is not None:
+                on_wait(busy)  # may raise to give up waiting
+            sleep(min(poll[0], 5.0))
+        except OrchError:
+            return
+
+
+def busy_message(store: Store, busy: Waiting, ways_on: bool = True) -> str:
     """Who holds the host, as a person asks it: the run (its playbook, status, phase, for how long) and the
-    two ways on; the holder's controller only when it is gone while its job runs."""
+    two ways on; the holder's controller only when it is gone while its job runs. Another workspace's
+    run is named as the host's lease files name it."""
+    if isinstance(busy, hostlease.HostLeaseBusy):
+        return f"{busy}; --queue waits for it to end" if ways_on and busy.held else str(busy)
     held = busy.lease
     what = held.describe()
     try:
@@ -122,7 +154,9 @@ def busy_message(store: Store, busy: lease.Busy, ways_on: bool = True) -> str:
     since = run.started_at or run.created_at
     if since:
         doing += f" for {_span(time.time() - since)}"
-    if not lease.holder_alive(held, run):
+    if run.status.terminal and not lease.holder_alive(held, run):
+        doing += "; whoever ended it is gone, and its host has not shown its job over"
+    elif not lease.holder_alive(held, run):
         doing += f"; its controller is gone but the job still runs: `orch watch {run.id}` follows it"
     verb = "is" if held.gpus is None else "are"
     line = f"{what} {verb} busy with run {run.id} ({doing})"
@@ -138,7 +172,7 @@ def _span(seconds: float) -> str:
 
 def take_replacing(ws: Workspace, store: Store, host: Host, gpus: list[int] | None, create: Callable[[], int],
                    poll: tuple[float, float], *, queue: bool = False,
-                   on_wait: Callable[[lease.Busy], None] | None = None) -> int:
+                   on_wait: Callable[[Waiting], None] | None = None) -> int:
     """`--replace`: the new run is created first, so the runs holding its host (or GPU set) are stopped
     through the normal cancel path with a reason that names it; once their GPUs are free it takes
     the lease. A holder of the same sweep is a sibling point, never replaced: it is waited for (queue)
@@ -182,7 +216,21 @@ def replace_run(ws: Workspace, store: Store, holder_id: int, new_id: int, hosts:
     return stop(other, reason=f"replaced by run {new_id}")
 
 
-def _steps_before_launch(ctx: Context) -> str:
+def _host_wait(store: Store, run_id: int, poll_min: float, on_wait: Callable[[Waiting], None] | None
+               ) -> Callable[[hostlease.HostLeaseBusy], None]:
+    """How a queued run that the host refused at its lease take (another workspace's run took it after the
+    host was asked) waits to ask again: told, its heartbeat kept, a pause."""
+    def wait(busy: hostlease.HostLeaseBusy) -> None:
+        if on_wait is not None:
+            on_wait(busy)  # may raise to give up waiting
+        store.update_run(run_id, heartbeat=time.time())
+        time.sleep(min(poll_min, 5.0))
+    return wait
+
+
+def _steps_before_launch(ctx: Context, host_wait: Callable[[hostlease.HostLeaseBusy], None] | None = None) -> str:
+    """The steps before the launch; `host_wait` (queued runs): what to do when another workspace's run holds
+    the host's lease files, before asking again (else the refusal ends the run)."""
     # Patch sets are checked (read-only) first, so a set that does not apply changes nothing anywhere.
     sets = [registry.patch_set(name) for name in ctx.spec.patches]
     python = ctx.job().python  # the interpreter the job runs: its install is the one patched
@@ -191,8 +239,16 @@ def _steps_before_launch(ctx: Context) -> str:
     # The run dir becomes the run's own (its token) and, for a run that holds its host, another workspace
     # sharing this workdir sees the lease too: before anything changes. Only then is it the run's remote_dir.
     exclusive = holds_host(ctx)
-    for warning in hostlease.take(ctx.transport, ctx.paths, run_token(ctx.ws, ctx.store, ctx.run_id),
-                                  ctx.spec.gpus, exclusive):
+    while True:
+        try:
+            warnings = hostlease.take(ctx.transport, ctx.paths, run_token(ctx.ws, ctx.store, ctx.run_id),
+                                      ctx.spec.gpus, exclusive)
+            break
+        except hostlease.HostLeaseBusy as busy:
+            if host_wait is None or not busy.held:
+                raise
+            host_wait(busy)
+    for warning in warnings:
         ctx.event("warning", f"host lease: {warning}")
     ctx.store.update_run(ctx.run_id, remote_dir=ctx.paths.root, **({"host_lease": 1} if exclusive else {}))
     gpu_env = free_gpus(ctx) if ctx.spec.cleanup and not ctx.executor.schedules_gpus else {}

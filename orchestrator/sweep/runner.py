@@ -141,7 +141,7 @@ class Runner:
     def _start_and_watch(self, store: Store, pt: Point) -> Run:
         told: list[bool] = []
 
-        def on_wait(busy: lease.Busy) -> None:
+        def on_wait(busy: runflow.Waiting) -> None:
             if db.cancelled(store, self.sweep_id, pt.index):
                 raise Stopped()
             if not told:

@@ -251,6 +251,12 @@ def test_the_protocol_is_json_lines(tmp_path: Path):
     ("exec", {"argv": ["echo", "a\0b"]}, "bad argv"),
     ("exec", {"argv": ["id"], "shell": True}, "unknown argument"),
     ("exec", {"argv": ["id"], "timeout_s": 10**6}, "bad timeout_s"),
+    ("program", {"python": "python3", "path": "relative.py", "sha256": "0" * 64}, "bad path"),
+    ("program", {"python": "python3", "path": "/tmp/p.py", "sha256": "0" * 63}, "bad sha256"),
+    ("program", {"python": "python3", "path": "/tmp/p.py", "sha256": "G" * 64}, "bad sha256"),
+    ("program", {"python": "", "path": "/tmp/p.py", "sha256": "0" * 64}, "bad python"),
+    ("program", {"python": "python3", "path": "/tmp/p.py", "sha256": "0" * 64, "argv": ["-c", "1"]},
+     "unknown argument"),
 ])
 def test_every_op_refuses_an_argument_that_does_not_check(link: AgentLink, op: str, args: dict, why: str):
     with pytest.raises(AgentError, match=why):
@@ -467,3 +473,81 @@ def test_the_agent_starts_its_wrappers_through_orchs_own_bootstrap() -> None:
     from orchestrator import hostprogram
 
     assert host_agent.BOOTSTRAP == hostprogram.BOOTSTRAP
+
+
+ECHO_PROGRAM = (b"import json, os, sys\n"
+                b"req = json.loads(sys.stdin.read())\n"
+                b"print('noise first')\n"
+                b"print(json.dumps({'ok': True, 'size': len(req['blob']), 'path': os.environ.get('PYTHONPATH'),"
+                b" 'sha': ORCH_SHA256}))\n")
+
+
+def test_a_placed_program_runs_with_its_request_on_stdin_over_a_pipe(tmp_path: Path):
+    """The `program` op, spoken by hand: the bootstrap runs the placed file only when its sha256 is the one
+    asked for, the request on its stdin (2 MiB of it in one line), no shell; a swapped file runs nothing."""
+    import hashlib
+
+    program = tmp_path / "progs" / "echo-1.py"
+    program.parent.mkdir()
+    program.write_bytes(ECHO_PROGRAM)
+    sha = hashlib.sha256(ECHO_PROGRAM).hexdigest()
+    marker = tmp_path / "pwned"
+    proc = subprocess.Popen([sys.executable, "-u", host_agent.__file__], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def ask(rid: int, **args) -> dict:
+        proc.stdin.write((json.dumps({"id": rid, "op": "program", **args}) + "\n").encode())
+        proc.stdin.flush()
+        while True:
+            doc = json.loads(proc.stdout.readline())
+            if doc.get("id") == rid:
+                return doc
+
+    try:
+        blob = "x" * (2 << 20) + f"$(touch {marker})"
+        reply = ask(1, python=sys.executable, path=str(program), sha256=sha, input=json.dumps({"blob": blob}),
+                    pythonpath=f"{tmp_path}/$(touch {marker})")
+        assert reply["ok"] and reply["result"]["code"] == 0, reply
+        out = reply["result"]["stdout"].splitlines()
+        assert out[0] == "noise first" and json.loads(out[-1]) == {
+            "ok": True, "size": len(blob), "path": f"{tmp_path}/$(touch {marker})", "sha": sha}
+        program.write_bytes(f"import pathlib; pathlib.Path({str(marker)!r}).touch()\n".encode())
+        swapped = ask(2, python=sys.executable, path=str(program), sha256=sha, input="{}")
+        assert swapped["result"] == {"code": 97, "stdout": "", "stderr": ""}
+        gone = ask(3, python=sys.executable, path=str(tmp_path / "none.py"), sha256=sha, input="{}")
+        assert gone["result"]["code"] == 97 and gone["result"]["stdout"] == ""
+        no_python = ask(4, python=str(tmp_path / "no-such-python"), path=str(program), sha256=sha)
+        assert no_python["result"]["code"] == 127 and "No such file" in no_python["result"]["stderr"]
+        assert not marker.exists()
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=10) == 0
+
+
+def test_agent_program_places_a_missing_or_swapped_program_and_says_when_it_gives_no_reply(tmp_path: Path):
+    host = placing(tmp_path / "work")
+    transport = LocalTransport(host)
+    script = tmp_path / "echo.py"
+    script.write_bytes(ECHO_PROGRAM)
+    try:
+        from orchestrator import hostprogram
+
+        path, sha = hostprogram.remote_path(transport, script, "runs/progs")
+        reply = agent_client.program(transport, script, "runs/progs", {"blob": "abc"}, pythonpath="/nowhere")
+        assert reply == {"ok": True, "size": 3, "path": "/nowhere", "sha": sha}
+        marker = tmp_path / "pwned"
+        Path(path).write_text(f"import pathlib; pathlib.Path({str(marker)!r}).touch()\n")
+        assert agent_client.program(transport, script, "runs/progs", {"blob": ""})["size"] == 0
+        assert not marker.exists() and Path(path).read_bytes() == ECHO_PROGRAM
+        silent = tmp_path / "silent.py"
+        silent.write_text("import sys; sys.stderr.write('it broke\\n'); sys.exit(4)\n")
+        from orchestrator.errors import RemoteError
+
+        with pytest.raises(RemoteError, match="the host program silent.py gave no reply") as info:
+            agent_client.program(transport, silent, "runs/progs", {"action": "take"})
+        first, *rest = str(info.value).splitlines()
+        assert first == "cluster: command failed (the host program silent.py gave no reply): silent take"
+        assert rest == ["it broke"]
+    finally:
+        agent_client.shared(transport).close()

@@ -207,3 +207,33 @@ def test_the_next_run_waits_for_the_patch_revert(ws: Workspace, store: Store, re
         ender.join(30)
     second = runflow.start(ws, store, registry.playbook("command"), spec, local_host(ws.root))
     assert second.run_id != first.run_id and first.run.end_steps == list(runflow.END_STEPS)
+
+
+def test_an_ended_runs_lease_left_by_a_dead_finisher_goes_once_its_host_shows_the_job_over(
+        ws: Workspace, store: Store, receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record says the run ended, but whoever ended it died before its end steps, and its job still runs
+    on the host: the host is believed, not the record nor a heartbeat — the lease stays until the job is over."""
+    from orchestrator import lease, watching
+
+    monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)  # nobody else watches run 1
+    gate = tmp_path / "gate"
+    first = start(ws, store, receiver, f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    transition(store, first.run_id, Status.CANCELLED, "cancelled by a process that then died")
+    store.conn.execute("UPDATE leases SET pid = ?, pid_start = '1' WHERE run_id = ?", (2**22 + 1, first.run_id))
+    spec = CommandSpec(cmd="true", **FAST)
+    with pytest.raises(lease.Busy, match=f"run {first.run_id}") as busy:
+        runflow.start(ws, store, registry.playbook("command"), spec, local_host(ws.root))
+    assert [held.run_id for held in lease.held(store)] == [first.run_id] and first.run.end_steps == []
+    said = runflow.busy_message(store, busy.value)
+    assert "(command, cancelled for " in said and "whoever ended it is gone, and its host has not shown its job over" in said
+    gate.touch()
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            second = runflow.start(ws, store, registry.playbook("command"), spec, local_host(ws.root))
+            break
+        except lease.Busy:  # the job's wrapper sees the gate within a tick
+            assert time.monotonic() < deadline, "the lease stayed after the job ended"
+            time.sleep(0.1)
+    assert second.run_id != first.run_id
+    assert first.run.end_steps == list(runflow.END_STEPS)  # the steps left were done, then the lease freed

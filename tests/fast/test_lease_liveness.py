@@ -8,8 +8,10 @@ import socket
 import pytest
 
 from orchestrator.controller import STALE_FACTOR, Controller, process_start
-from orchestrator.lease import Lease, holder_alive
+from orchestrator.lease import Busy, Lease, acquire, held, holder_alive, release
+from orchestrator.lifecycle import transition
 from orchestrator.record import Run, Status
+from orchestrator.store import Store
 
 NOW = 1_000_000.0
 POLL_MAX = 10.0  # a heartbeat older than STALE_FACTOR * POLL_MAX s is stale
@@ -61,3 +63,44 @@ def test_one_encoding(text: str, parsed: Controller | None) -> None:
 def test_me_is_mine() -> None:
     assert ME.is_mine and ME.start == process_start(os.getpid())
     assert not Controller(ME.hostname, ME.pid, "0").is_mine
+
+
+# --- the host, not a heartbeat, frees a lease --------------------------------------------------------
+
+
+def ended_run_of_a_dead_finisher(store: Store) -> int:
+    """A run that ended (cancelled) while whoever was ending it died before its end steps: its lease
+    stays in the table, naming a controller that is gone."""
+    run_id = acquire(store, "h", [0], lambda: store.create_run("command", "h", {}), POLL_MAX)
+    store.conn.execute("UPDATE leases SET pid = ?, pid_start = ?, hostname = ? WHERE run_id = ?",
+                       (DEAD_HERE.pid, DEAD_HERE.start, DEAD_HERE.hostname, run_id))
+    for status in (Status.PREPARING, Status.LAUNCHING, Status.RUNNING, Status.CANCELLED):
+        transition(store, run_id, status)
+    store.update_run(run_id, pid=4242, pid_start="1")
+    return run_id
+
+
+def test_an_ended_runs_lease_goes_only_once_the_host_shows_its_job_over(store: Store) -> None:
+    old = ended_run_of_a_dead_finisher(store)
+    asked: list[int] = []
+
+    def host_says_it_runs(run: Run) -> None:
+        asked.append(run.id)
+
+    with pytest.raises(Busy, match=f"run {old}"):
+        acquire(store, "h", [0], lambda: store.create_run("command", "h", {}), POLL_MAX, host_says_it_runs)
+    assert asked == [old] and [lease.run_id for lease in held(store)] == [old]
+    assert len(store.list_runs()) == 1  # refused: no run was made
+    assert acquire(store, "h", [1], lambda: store.create_run("command", "h", {}), POLL_MAX, host_says_it_runs)
+
+    def host_says_it_ended(run: Run) -> None:
+        release(store, run.id)  # as the run flow's probe does once the host shows the job over
+
+    new = acquire(store, "h", [0], lambda: store.create_run("command", "h", {}), POLL_MAX, host_says_it_ended)
+    assert old not in [lease.run_id for lease in held(store)] and new in [lease.run_id for lease in held(store)]
+
+
+def test_without_a_probe_an_ended_runs_lease_goes_on_the_records_word(store: Store) -> None:
+    old = ended_run_of_a_dead_finisher(store)
+    new = acquire(store, "h", [0], lambda: store.create_run("command", "h", {}), POLL_MAX)
+    assert [lease.run_id for lease in held(store)] == [new] and new != old
