@@ -159,9 +159,9 @@ def probe_orphan(ws: Workspace, store: Store, run: Run) -> None:
 def finish_if_over(ctx: Context) -> None:
     """An ended run whose lease outlived whoever was ending it: finished (its lease freed) unless its host
     shows its job still running — a run that never launched has none."""
-    run = ctx.run
-    if run.pid is not None and ctx.executor.processes:
-        state = ctx.executor.poll(ctx.paths, (run.pid, run.pid_start or ""), 0, 0)
+    job = ctx.run.job
+    if job is not None and ctx.executor.processes:
+        state = ctx.executor.poll(ctx.paths, job, 0, 0)
         if state.alive:  # its record says ended, its host says otherwise: the lease stays
             return
     finish(ctx)
