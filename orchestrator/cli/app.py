@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,10 +53,13 @@ class LazyCommands(MutableMapping[str, click.Command]):
         del self.built[name]
 
     def __iter__(self) -> Iterator[str]:
-        return iter({**dict.fromkeys(COMMAND_MODULES), **self.built})
+        return iter(self.names())
 
     def __len__(self) -> int:
-        return len({**dict.fromkeys(COMMAND_MODULES), **self.built})
+        return len(self.names())
+
+    def names(self) -> list[str]:
+        return list({**dict.fromkeys(COMMAND_MODULES), **self.built})
 
 
 class LazyGroup(TyperGroup):
@@ -105,25 +109,29 @@ TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-
 # long as importing Typer and Rich. Such a value is returned as Typer's parsing would return it; any other
 # value is Typer's to parse (and to reject, with its own message).
 _PLAIN_TYPES = (str, int, float)  # a value of one of these types parses to itself
-_typer_process_value = TyperOption.process_value  # TyperArgument's too
 
 
-def _process_value(self: Any, ctx: click.Context, value: Any) -> Any:
-    kind = self.type_descriptor
-    many = self.multiple or self.nargs == -1
-    if value is None:  # Typer's parsing returns this before it parses anything
-        value = () if many else None
-    elif many and not value and isinstance(value, list | tuple) and kind.file_annotation is None:
-        value = []
-    elif not (type(value) is kind.annotation and kind.annotation in _PLAIN_TYPES
-              and kind.parameter_info.parser is None and not kind.is_ranged):
-        return _typer_process_value(self, ctx, value)
-    if self.required and self.value_is_missing(value):
-        raise click.exceptions.MissingParameter(ctx=ctx, param=self)
-    return value if self.callback is None else self.callback(ctx, self, value)
+def _parsed_when_needed(typer_process_value: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(typer_process_value)
+    def process_value(self: Any, ctx: click.Context, value: Any) -> Any:
+        kind = self.type_descriptor
+        many = self.multiple or self.nargs == -1
+        if value is None:  # Typer's parsing returns this before it parses anything
+            value = () if many else None
+        elif many and not value and isinstance(value, list | tuple) and kind.file_annotation is None:
+            value = []
+        elif not (type(value) is kind.annotation and kind.annotation in _PLAIN_TYPES
+                  and kind.parameter_info.parser is None and not kind.is_ranged):
+            return typer_process_value(self, ctx, value)
+        if self.required and self.value_is_missing(value):
+            raise click.exceptions.MissingParameter(ctx=ctx, param=self)
+        return value if self.callback is None else self.callback(ctx, self, value)
+
+    return process_value
 
 
-TyperOption.process_value = TyperArgument.process_value = _process_value  # type: ignore[method-assign]
+TyperOption.process_value = _parsed_when_needed(TyperOption.process_value)  # type: ignore[method-assign]
+TyperArgument.process_value = _parsed_when_needed(TyperArgument.process_value)  # type: ignore[method-assign]
 
 
 class State:
