@@ -95,7 +95,7 @@ class ServerUrls:
         self.hosts: Any = None
 
     def of(self, run: Run) -> str | None:
-        if run.status is not Status.RUNNING:  # (before the import: the health module brings the hosts')
+        if run.status is not Status.RUNNING:  # asked first: importing health imports the hosts and pydantic
             return None
         from ..health import SERVING_PHASES
 
