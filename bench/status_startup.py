@@ -46,6 +46,19 @@ def populate(db: Path, runs: int) -> None:
     store.close()
 
 
+def measured_env(ws: Path) -> dict[str, str]:
+    """The environment of every command measured: `orch` runs this checkout (not whichever orch the venv
+    has installed), and Python writes the .pyc files the warm-up is for (typer's and rich's are
+    precompiled in site-packages; a PYTHONDONTWRITEBYTECODE left set would recompile orch at every run)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env["ORCH_HOME"] = str(ws)
+    found = subprocess.run([sys.executable, "-c", "import orchestrator; print(orchestrator.__file__)"], env=env,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(found).parent == ROOT / "orchestrator", f"orch would run {found}, not this checkout"
+    return env
+
+
 def timed(argv: list[str], env: dict[str, str]) -> float:
     started = time.perf_counter()
     subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
@@ -100,7 +113,7 @@ def main() -> None:
         (ws / "hosts.toml").write_text("")
         db = ws / "runs" / "orch.db"
         populate(db, args.runs)
-        env = {**os.environ, "ORCH_HOME": str(ws)}
+        env = measured_env(ws)
         commands = {
             "orch status": [str(ORCH), "status"],
             "orch status --json": [str(ORCH), "status", "--json"],
@@ -125,8 +138,9 @@ def write_results(args: argparse.Namespace, medians: dict[str, float], imports: 
     load = os.getloadavg()[0]
     lines = [f"{SECTION} (bench/status_startup.py)", "",
              (f"`orch status` with {args.runs:,} runs ({3 * args.runs:,} events, {4 * args.runs:,} metric samples): "
-              f"median of {args.repeat} interleaved runs each, output to a pipe, on the development machine "
-              f"({os.cpu_count()} cores, load average {load:.1f}: shared with other jobs)."), "",
+              f"median of {args.repeat} interleaved runs each, output to a pipe, on this machine "
+              f"({os.cpu_count()} cores, load average {load:.1f}: shared with other jobs). Every command runs with "
+              "this checkout first on PYTHONPATH and its .pyc files written by a warm-up run."), "",
              "| command | median wall s | vs the Typer + Rich floor |", "|---|---:|---:|"]
     for name, wall in medians.items():
         lines.append(f"| {name.replace('|', '/')} | {wall:.3f} | {wall / floor:.2f}x |")

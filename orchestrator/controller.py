@@ -8,12 +8,17 @@ another machine (a shared database) is alive while its heartbeat is recent.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from dataclasses import dataclass
 
 # A controller elsewhere is taken for dead after this many of its longest poll intervals without a heartbeat.
 STALE_FACTOR = 3.0
+
+
+def hostname() -> str:
+    import socket  # on first use: every orch command imports this module, few ask who they are
+
+    return socket.gethostname()
 
 
 def process_start(pid: int) -> str | None:
@@ -51,7 +56,7 @@ class Controller:
 
     @classmethod
     def me(cls) -> Controller:
-        return cls(socket.gethostname(), os.getpid(), process_start(os.getpid()))
+        return cls(hostname(), os.getpid(), process_start(os.getpid()))
 
     @classmethod
     def parse(cls, text: str | None) -> Controller | None:
@@ -75,7 +80,7 @@ class Controller:
 
     @property
     def is_local(self) -> bool:
-        return self.hostname == socket.gethostname()
+        return self.hostname == hostname()
 
     @property
     def is_mine(self) -> bool:

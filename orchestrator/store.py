@@ -16,8 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import tenacity
-
 from . import migrations
 from .errors import DatabaseUnavailable, NotFound, UsageError
 from .record import JSON_FIELDS, Run
@@ -68,7 +66,16 @@ def _unavailable(exc: sqlite3.OperationalError) -> bool:
 def _use_wal(conn: sqlite3.Connection) -> None:
     """Switch a database to WAL once. Two processes creating it at once can meet SQLITE_BUSY here,
     which the busy timeout does not cover, so the switch is retried briefly (a read-only database
-    is not: it will not change its mind)."""
+    is not: it will not change its mind). A database in WAL already (every open but its first) is left
+    as it is, without the retry machinery's import."""
+    try:
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+            return
+    except sqlite3.OperationalError as exc:
+        if not _busy(exc):
+            raise
+    import tenacity
+
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception(_busy),
         stop=tenacity.stop_after_delay(10),

@@ -7,8 +7,7 @@ import sys
 import typer
 
 from ..errors import OrchError
-from . import catalog, dashboard, hosts, inspect, logs, patches, runs, status, sweeps  # noqa: F401 - each registers its commands
-from .app import State, app
+from .app import State, app  # a command's module is imported when the command is looked up (app.LazyCommands)
 from .render import err
 
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable, Iterator, MutableMapping
+from importlib import import_module
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
-from typer.core import TyperArgument, TyperOption
+from typer import _click as click  # Typer's own copy of click: its Command and Context
+from typer.core import TyperArgument, TyperGroup, TyperOption
+from typer.main import get_command_from_info, get_command_name, get_group_from_info
 
 from ..errors import UsageError
 from ..store import Store
@@ -17,7 +22,69 @@ from .render import err
 if TYPE_CHECKING:
     from ..hosts import Inventory
 
-app = typer.Typer(no_args_is_help=True, help="Run and watch large-model experiments.")
+# Every command and the module of this package that declares it, in the order `orch --help` lists them.
+COMMAND_MODULES = {
+    "playbooks": "catalog", "ui": "dashboard", "hosts": "hosts", "gpus": "hosts", "inspect-log": "inspect",
+    "compare": "inspect", "logs": "logs", "pull": "logs", "ssh": "logs", "run": "runs", "rerun": "runs",
+    "watch": "runs", "watch-host": "runs", "note": "runs", "tag": "runs", "cancel": "runs", "stop": "runs",
+    "rm": "runs", "gc": "runs", "status": "status", "patch": "patches", "sweep": "sweeps", "cron": "sweeps",
+}
+
+
+class LazyCommands(MutableMapping[str, click.Command]):
+    """The commands of `orch`, by name: a command's module is imported, and its Typer function made a
+    click command, when the command is first looked up. Running a command builds that one alone; help and
+    completion, which list them all, build them all."""
+
+    def __init__(self, built: MutableMapping[str, click.Command]):
+        self.built = dict(built)  # those declared before the group was made (a module imported already)
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self.built:
+            if name not in COMMAND_MODULES:
+                raise KeyError(name)
+            self.built[name] = build_command(name)
+        return self.built[name]
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self.built[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self.built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+    def names(self) -> list[str]:
+        return list({**dict.fromkeys(COMMAND_MODULES), **self.built})
+
+
+class LazyGroup(TyperGroup):
+    """`orch` itself: Typer's group, its commands a LazyCommands."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.commands = LazyCommands(self.commands)
+
+
+def build_command(name: str) -> click.Command:
+    """The click command of one command of `app` (a group for patch, sweep, cron), its module imported."""
+    import_module(f"{__package__}.{COMMAND_MODULES[name]}")
+    for info in app.registered_commands:
+        if info.callback is not None and (info.name or get_command_name(info.callback.__name__)) == name:
+            return get_command_from_info(info, pretty_exceptions_short=app.pretty_exceptions_short,
+                                         rich_markup_mode=app.rich_markup_mode)
+    for group in app.registered_groups:
+        if group.name == name:
+            return get_group_from_info(group, pretty_exceptions_short=app.pretty_exceptions_short,
+                                       rich_markup_mode=app.rich_markup_mode, suggest_commands=app.suggest_commands)
+    raise LookupError(f"{__package__}.{COMMAND_MODULES[name]} declares no command {name!r}")
+
+
+app = typer.Typer(cls=LazyGroup, no_args_is_help=True, help="Run and watch large-model experiments.")
 
 # Help shows Python type names (`<bool>` after a flag, `<list[str]>`); a person reads TEXT, NUMBER, or nothing.
 _TYPE_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "path": "PATH"}
@@ -36,6 +103,35 @@ def _option_metavar(self: TyperOption, ctx: typer.Context) -> str | None:
 
 TyperOption.display_type_rich = _option_metavar  # type: ignore[method-assign,assignment]
 TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]  # its name says it
+
+# Typer parses every value with a pydantic TypeAdapter made on first use, even a value with nothing to
+# parse: an option not given, or a default of the option's own type; importing pydantic alone takes as
+# long as importing Typer and Rich. Such a value is returned as Typer's parsing would return it; any other
+# value is Typer's to parse (and to reject, with its own message).
+_PLAIN_TYPES = (str, int, float)  # a value of one of these types parses to itself
+
+
+def _parsed_when_needed(typer_process_value: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(typer_process_value)
+    def process_value(self: Any, ctx: click.Context, value: Any) -> Any:
+        kind = self.type_descriptor
+        many = self.multiple or self.nargs == -1
+        if value is None:  # Typer's parsing returns this before it parses anything
+            value = () if many else None
+        elif many and not value and isinstance(value, list | tuple) and kind.file_annotation is None:
+            value = []
+        elif not (type(value) is kind.annotation and kind.annotation in _PLAIN_TYPES
+                  and kind.parameter_info.parser is None and not kind.is_ranged):
+            return typer_process_value(self, ctx, value)
+        if self.required and self.value_is_missing(value):
+            raise click.exceptions.MissingParameter(ctx=ctx, param=self)
+        return value if self.callback is None else self.callback(ctx, self, value)
+
+    return process_value
+
+
+TyperOption.process_value = _parsed_when_needed(TyperOption.process_value)  # type: ignore[method-assign]
+TyperArgument.process_value = _parsed_when_needed(TyperArgument.process_value)  # type: ignore[method-assign]
 
 
 class State:

@@ -59,9 +59,11 @@ def status(
         from .. import runflow
 
         runflow.refresh(ws, store, [parse_run_id(run_id)] if run_id else None, timeout, err.print)
-    from .. import watching
+    active_runs = store.list_runs(limit=100_000, statuses=[s.value for s in ACTIVE])
+    if active_runs:  # a run whose watcher died gets a new one (the watchers' module: only for active runs)
+        from .. import watching
 
-    watching.ensure_watched(ws, store)  # a run whose watcher died gets a new one
+        watching.ensure_watched(ws, store, active_runs)
     urls = ServerUrls(ws)
     if run_id is not None:
         run = store.get_run(parse_run_id(run_id))
@@ -93,9 +95,11 @@ class ServerUrls:
         self.hosts: Any = None
 
     def of(self, run: Run) -> str | None:
+        if run.status is not Status.RUNNING:  # asked first: importing health imports the hosts and pydantic
+            return None
         from ..health import SERVING_PHASES
 
-        if run.status is not Status.RUNNING or run.phase not in SERVING_PHASES:
+        if run.phase not in SERVING_PHASES:
             return None
         from .. import outcome
 
