@@ -2,14 +2,27 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
+from sqlite_utils import Database
 
 from orchestrator.errors import NotFound, TransitionError
 from orchestrator.record import ALLOWED, TERMINAL, Status
 from orchestrator.lifecycle import transition
 from orchestrator import migrations
 from orchestrator.store import Store
+
+
+def old_schema(tmp_path: Path, stop_before: str) -> tuple[Path, Store]:
+    """A database at an earlier schema: every migration before `stop_before` applied."""
+    path = tmp_path / "orch.db"
+    old = Store.__new__(Store)
+    old.path = path
+    old.conn = sqlite3.connect(path, isolation_level=None)
+    old.db = Database(old.conn)
+    old.migrate(stop_before=stop_before)
+    return path, old
 
 
 def test_blank_database_gets_every_migration(tmp_path):
@@ -22,14 +35,7 @@ def test_blank_database_gets_every_migration(tmp_path):
 
 @pytest.mark.parametrize("stop_before", migrations.names()[1:])
 def test_each_earlier_schema_migrates(tmp_path, stop_before):
-    path = tmp_path / "orch.db"
-    old = Store.__new__(Store)
-    old.path = path
-    old.conn = sqlite3.connect(path, isolation_level=None)
-    from sqlite_utils import Database
-
-    old.db = Database(old.conn)
-    old.migrate(stop_before=stop_before)
+    path, old = old_schema(tmp_path, stop_before)
     old.conn.execute(
         "INSERT INTO runs (playbook, host, status, phase, spec, created_at, log_offset)"
         " VALUES ('command', 'local', 'running', 'loading', '{}', 1.0, 10)"
@@ -50,14 +56,7 @@ def test_a_removed_runs_id_is_never_given_again(tmp_path):
 
 
 def test_ids_removed_before_the_never_reused_schema_stay_taken(tmp_path):
-    path = tmp_path / "orch.db"
-    old = Store.__new__(Store)
-    old.path = path
-    old.conn = sqlite3.connect(path, isolation_level=None)
-    from sqlite_utils import Database
-
-    old.db = Database(old.conn)
-    old.migrate(stop_before="m016_run_ids_never_reused")
+    path, old = old_schema(tmp_path, "m016_run_ids_never_reused")
     add = ("INSERT INTO runs (playbook, host, status, phase, spec, created_at, log_offset)"
            " VALUES ('command', 'local', 'running', 'loading', '{}', 1.0, 10)")
     for _ in range(3):
@@ -76,14 +75,7 @@ def test_ids_removed_before_the_never_reused_schema_stay_taken(tmp_path):
 
 
 def test_a_scheduler_job_recorded_in_the_pid_column_moves_to_its_own(tmp_path):
-    path = tmp_path / "orch.db"
-    old = Store.__new__(Store)
-    old.path = path
-    old.conn = sqlite3.connect(path, isolation_level=None)
-    from sqlite_utils import Database
-
-    old.db = Database(old.conn)
-    old.migrate(stop_before="m018_scheduler_job_id")
+    path, old = old_schema(tmp_path, "m018_scheduler_job_id")
     add = ("INSERT INTO runs (playbook, host, status, spec, created_at, pid, pid_start)"
            " VALUES ('command', ?, 'running', '{}', 1.0, ?, ?)")
     old.conn.execute(add, ("cluster", 991, "slurm:orch-1"))
@@ -98,14 +90,7 @@ def test_a_scheduler_job_recorded_in_the_pid_column_moves_to_its_own(tmp_path):
 
 
 def test_sweeps_before_instances_keep_their_identity(tmp_path):
-    path = tmp_path / "orch.db"
-    old = Store.__new__(Store)
-    old.path = path
-    old.conn = sqlite3.connect(path, isolation_level=None)
-    from sqlite_utils import Database
-
-    old.db = Database(old.conn)
-    old.migrate(stop_before="m007_sweep_instance")
+    path, old = old_schema(tmp_path, "m007_sweep_instance")
     add = "INSERT INTO sweeps (name, file_hash, playbook, status, created_at{}) VALUES ('s', 'h', 'command', 'queued', 1{})"
     old.conn.execute(add.format("", ""))
     old.conn.close()
