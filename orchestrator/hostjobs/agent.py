@@ -808,7 +808,8 @@ class Followed:
         if path != self.log:
             size = _size(path)
         data = _pread(path, self.offset, min(self.chunk, max(0, size - self.offset)))
-        self.behind = self.offset + len(data) < size
+        # more to read at once; not when nothing could be read (an unreadable log waits for the tick)
+        self.behind = bool(data) and self.offset + len(data) < size
         brief = (alive, wrapper, exit_code, present, node)
         if not data and brief == self.last and not self.wanted and not rotated:
             return None

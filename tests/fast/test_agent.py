@@ -535,3 +535,12 @@ def test_the_agent_starts_its_wrappers_through_orchs_own_bootstrap() -> None:
     from orchestrator import hostprogram
 
     assert host_agent.BOOTSTRAP == hostprogram.BOOTSTRAP
+
+
+def test_a_log_that_cannot_be_read_waits_for_the_tick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(host_agent, "send", lambda doc: None)
+    (tmp_path / "elsewhere").write_bytes(b"x" * 5000)
+    (tmp_path / "log").symlink_to(tmp_path / "elsewhere")  # sized through the link, never read through it
+    agent = host_agent.Agent()
+    agent.follow({"key": "a", "dir": str(tmp_path)})
+    assert not agent.tick()  # nothing read: no pushing at once, over and over
