@@ -1204,6 +1204,7 @@ class Agent:
                 doc = run.state(now)
             except Exception as exc:  # noqa: BLE001 - one run's trouble (a vanished dir) is that run's, not the agent's
                 doc = {"push": "trouble", "key": run.key, "error": str(exc)}
+                run.behind = False  # said once a tick, not over and over
             if doc is not None:
                 self.unacked += len(doc.get("data") or b"")
                 send(doc)
