@@ -70,6 +70,16 @@ class CountingTransport(SSHTransport):
         return super().run(command, check=check, timeout=timeout, idle_timeout=idle_timeout)
 
 
+class CountingExecutor(HostExecutor):
+    """Counts the requests to the host's agent: every poll is one (shell commands: CountingTransport)."""
+
+    calls = 0
+
+    def call(self, op: str, timeout: float = 60, **args: Any) -> dict[str, Any]:
+        self.calls += 1
+        return super().call(op, timeout=timeout, **args)
+
+
 class PlainPoller(Watcher):
     """The same reading and parsing, but waiting between polls here, as a shell loop with sleep does."""
 
@@ -98,18 +108,19 @@ def polled(host: Host, tmp: Path, name: str, paths: launch.RunPaths, pid: int, s
     opts = WatchOptions(poll_min=lo, poll_max=hi, until_ready=until == "ready", engine="sglang", kill_grace_s=0.5)
     if name != "held-poll":  # no host-side hold, no waking on lines
         opts.ready_pattern = None
-    watcher = cls(store, run_id, HostExecutor(transport), opts)
+    executor = CountingExecutor(transport)
+    watcher = cls(store, run_id, executor, opts)
     if until == "quiet":  # count round trips only: poll, then wait as the watcher would, to the deadline
         deadline = time.time() + QUIET_S
         while time.time() < deadline:
             watcher.poll_once()
             watcher._hold_next(min(watcher.wait(None), max(0.0, deadline - time.time())))
-        out[name] = {"calls": transport.calls}
+        out[name] = {"calls": transport.calls + executor.calls}
     else:
         watcher.run_until_done()
         kinds, messages = RECORDED[until]
         seen = next(e["ts"] for e in store.events(run_id) if e["kind"] in kinds and e["message"].startswith(messages))
-        out[name] = {"seen": seen, "scale": scale, "calls": transport.calls}
+        out[name] = {"seen": seen, "scale": scale, "calls": transport.calls + executor.calls}
     transport.close()
     store.close()
 

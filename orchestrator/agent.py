@@ -5,13 +5,16 @@ The agent is one of orch's host programs (hostprogram.py): named by its content 
 workdir, uploaded once per version, and started through the bootstrap that runs only the bytes whose
 sha256 it checked — a file someone else swapped there is uploaded again, never run. One reader thread takes the
 agent's lines apart: replies go to the request that waits for them, pushes (a run's new log bytes, its
-end, a heartbeat) into `pushes`. A link that stays silent past SILENT_S (the agent beats every 2 s) is
-closed: `alive` turns False and whoever holds the link makes a new one.
+end, a heartbeat) into `pushes`. A message with file bytes names their count in `bytes`; they follow its
+line raw and land in its `data` (see hostjobs/agent.py). The agent pushes at most its window of log bytes
+ahead of `ack`: whoever takes pushes acknowledges them once done, which bounds what waits in `pushes`
+while the reader never stops reading (a reply never waits behind a full queue). A link that stays
+silent past SILENT_S (the agent beats every 2 s) is closed: `alive` turns False and whoever holds the
+link makes a new one.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import itertools
 import json
@@ -70,6 +73,11 @@ class Push:
     kind: str  # state | beat | trouble | closed
     key: str | None = None
     doc: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        """The log bytes it carries, as counted against the agent's window."""
+        return len(data_of(self.doc))
 
 
 class AgentLink:
@@ -147,6 +155,14 @@ class AgentLink:
         """A request whose reply nobody waits for (follow, poke): sent, its answer dropped."""
         self._send({"id": None, "op": op, **args})
 
+    def ack(self, size: int) -> None:
+        """Done with `size` bytes of pushed log: the agent may push as many more."""
+        if size > 0 and self.alive:
+            try:
+                self.tell("ack", bytes=size)
+            except Unreachable:
+                pass  # the link's end is a push of its own
+
     def _send(self, doc: dict[str, Any]) -> None:
         data = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
         try:
@@ -158,28 +174,45 @@ class AgentLink:
 
     # the reader ---------------------------------------------------------------------------------------
     def _read(self) -> None:
-        buf = b""
+        buf = bytearray()
+        head: dict[str, Any] | None = None  # a message whose raw bytes are still coming
+        want = 0
         while True:
-            chunk = self._stream.recv(1 << 18)
+            chunk = self._stream.recv(1 << 20)
             if not chunk:
                 break
             self.heard = time.monotonic()
             buf += chunk
-            if b"\n" not in chunk:
-                continue
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                if line:
-                    self._dispatch(line)
+            at = 0
+            while True:
+                if head is not None:
+                    if len(buf) - at < want:
+                        break
+                    with memoryview(buf) as view:
+                        data = bytes(view[at:at + want])
+                    at += want
+                    self._dispatch(head, data)
+                    head = None
+                    continue
+                end = buf.find(b"\n", at)
+                if end < 0:
+                    break
+                doc = _message(bytes(buf[at:end]))
+                at = end + 1
+                if doc is None:
+                    continue
+                size = doc.get("bytes")
+                if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+                    head, want = doc, size
+                else:
+                    self._dispatch(doc, b"")
+            del buf[:at]
         self._end()
 
-    def _dispatch(self, line: bytes) -> None:
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            return  # not a line of the agent's (a login banner, a shell's word): ignored
-        if not isinstance(doc, dict):
-            return
+    def _dispatch(self, doc: dict[str, Any], data: bytes) -> None:
+        if "bytes" in doc:
+            result = doc.get("result")
+            (result if isinstance(result, dict) else doc)["data"] = data
         if "push" in doc:
             if self.idle_close_s is None:
                 self.pushes.put(Push(str(doc["push"]), doc.get("key"), doc))
@@ -300,5 +333,16 @@ def _why_not(transport: Transport, exc: Exception) -> Exception:
                      "(python 3.8 or newer is needed; set `python` in hosts.toml)")
 
 
+def _message(line: bytes) -> dict[str, Any] | None:
+    """One of the agent's lines; None for anything else (a login banner, a shell's word)."""
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def data_of(doc: dict[str, Any]) -> bytes:
-    return base64.b64decode(doc.get("data") or "")
+    """The file bytes a message carried (raw after its line; see `_read`)."""
+    data = doc.get("data")
+    return data if isinstance(data, bytes) else b""

@@ -205,6 +205,7 @@ class HostWatcher:
         no lock held), then all are written together, each with the offset its bytes end at. A run's
         second push in the turn waits for the next one, as it reads on from what the first records."""
         pushes, self._later = [*self._later, *pushes], []
+        link = self.link
         staged: list[Followed] = []
         for push in pushes:
             if push.kind == "closed":
@@ -220,6 +221,8 @@ class HostWatcher:
             elif self._stage(f, push):
                 staged.append(f)
         self._commit(staged)
+        if link is not None:  # what this turn is done with makes room for the agent's next pushes
+            link.ack(sum(p.size for p in pushes) - sum(p.size for p in self._later))
 
     def _followed(self, push: Push) -> Followed | None:
         if push.kind != "state" or push.key is None or not push.key.isdigit():

@@ -126,8 +126,9 @@ class LogParser:
         # The last bar, so its redraws are recognised cheaply: [text before it, has a total, engine, phase].
         self._bar: list[Any] | None = None
         self._partial: tuple[bytes, Progress | None] | None = None  # parsed unfinished line, by identity
-        # Compiled for self._bar: its label, whether it has a total, the run and the line patterns.
-        self._run_re: tuple[str, bool, re.Pattern[bytes], re.Pattern[bytes]] | None = None
+        # Compiled for self._bar: its label, whether it has a total, the run and the line patterns, the
+        # label's bytes, whether the label has digits.
+        self._run_re: tuple[str, bool, re.Pattern[bytes], re.Pattern[bytes], bytes, bool] | None = None
         self.error: LogError | None = None
         self.metrics: dict[str, float] = {}
         self.lines = 0
@@ -281,40 +282,46 @@ class LogParser:
     def _skip_redraws(self, data: bytes, start: int, end: int) -> int:
         """Take a run of lines that only redraw the last bar at C speed; same effect as one by one."""
         bar = self._bar
-        tentative = self.error is not None and not self.error.fatal
-        if (bar is None or not bar[4] or bar[2] != self.engine or self._ready_re is not None
-                or self._tracebacks.open or self._error_after or tentative
-                or any(r.piece is not None for r in self._rich.values())):
+        if bar is None or not bar[4]:
             return start
         prefix, with_total = bar[0], bar[1]
-        if not data.startswith(prefix.encode(), start):
+        run = self._run_re
+        if run is None or run[0] != prefix or run[1] != with_total:
+            # (compiled once per bar: most calls are at a line that is no redraw, and end at startswith)
+            run = self._run_re = (prefix, with_total, redraw_run(prefix, with_total), redraw_line(prefix, with_total),
+                                  prefix.encode(), any(c.isdigit() for c in prefix))
+        if not data.startswith(run[4], start):
             return start
-        if self._run_re is None or self._run_re[:2] != (prefix, with_total):
-            self._run_re = (prefix, with_total, redraw_run(prefix, with_total), redraw_line(prefix, with_total))
-        found = run_by_shapes(data, start, end, self._run_re[3]) if not any(c.isdigit() for c in prefix) else None
+        tentative = self.error is not None and not self.error.fatal
+        if (bar[2] != self.engine or self._ready_re is not None or self._tracebacks.open or self._error_after
+                or tentative or any(r.piece is not None for r in self._rich.values())):
+            return start
+        found = run_by_shapes(data, start, end, run[3]) if not run[5] else None
         if found is None:
-            m = self._run_re[2].match(data, start, end)
+            m = run[2].match(data, start, end)
             if m is None:
                 return start
             found = m.end(), data.count(b"\r", start, m.end())
         stop, count = found
-        # The last CONTEXT_BEFORE lines of the run are all that outlives it.
-        tail: list[str] = []
-        cut = stop - 1
-        while len(tail) < CONTEXT_BEFORE and cut > start:
-            begin = data.rfind(b"\r", start, cut) + 1 or start
-            tail.append(data[begin:cut].decode("utf-8", "replace"))
-            cut = begin - 1
-        last = match_bar_at(tail[0], len(prefix), with_total)
+        # The last CONTEXT_BEFORE lines of the run are all that outlives it: split off the end of the run
+        # that holds them (its lines are alike in length), else off the whole run.
+        lo = max(start, stop - 1 - 2 * CONTEXT_BEFORE * ((stop - start) // count + 1))
+        pieces = data[lo:stop - 1].split(b"\r")
+        if lo > start:
+            del pieces[0]  # cut anywhere: part of a line
+            if len(pieces) < CONTEXT_BEFORE:
+                pieces = data[start:stop - 1].split(b"\r")
+        tail = [piece.decode("utf-8", "replace") for piece in pieces[-CONTEXT_BEFORE:]]
+        last = match_bar_at(tail[-1], len(prefix), with_total)
         if last is None:
             return start
         self.lines += count
         self._pending = last
         if bar[3] is not None:
             self._set_phase(bar[3])
-        self._recent.extend(t[:CONTEXT_LINE_CHARS] for t in reversed(tail))
+        self._recent.extend(t[:CONTEXT_LINE_CHARS] for t in tail)
         if "=" in last.group("postfix"):
-            self._redrawn += self._postfix(last, Line(tail[0], tail[0], "", None))
+            self._redrawn += self._postfix(last, Line(tail[-1], tail[-1], "", None))
         return stop
 
     def _other(self, line: Line, found: list[Metric], glued: int = 0) -> None:

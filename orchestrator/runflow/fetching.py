@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,14 +19,14 @@ PULL_LIMIT = 1 << 30  # default bound on what `orch pull` copies
 
 def read_chunks(transport: Transport, path: str, write: Callable[[bytes], object], chunk: int = CHUNK,
                 max_bytes: int | None = None) -> int:
-    """Write a remote file's bytes in chunks (base64 over the wire: the transport's replies are text), at
+    """Write a remote file's bytes in chunks (raw over the wire, after each reply's line), at
     most `max_bytes` of them; the number of bytes written. A symlink reads as empty: a file swapped for
     one (to /dev/zero, say) is never followed."""
     offset = 0
     while max_bytes is None or offset < max_bytes:
         want = chunk if max_bytes is None else min(chunk, max_bytes - offset)
         reply = agent.call(transport, "chunk", timeout=300, path=path, offset=offset, length=want)
-        data = base64.b64decode(reply["data"])
+        data = agent.data_of(reply)
         write(data)
         offset += len(data)
         if len(data) < want:

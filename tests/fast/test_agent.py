@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import queue
 import os
@@ -20,7 +19,7 @@ from orchestrator.agent import AgentError, AgentLink, Push
 from orchestrator.executor import pushed_state
 from orchestrator.hostjobs import agent as host_agent
 from orchestrator.hosts import Host
-from orchestrator.transport import LocalTransport
+from orchestrator.transport import LocalTransport, Stream
 
 
 def placing(workdir: Path) -> Host:
@@ -53,7 +52,7 @@ def states(link: AgentLink, key: str, until, timeout: float = 20) -> list[dict]:
 
 
 def log_of(pushes: list[dict]) -> bytes:
-    return b"".join(base64.b64decode(p["data"]) for p in pushes)
+    return b"".join(p["data"] for p in pushes)
 
 
 def test_hello_is_the_placed_version_and_the_file_is_content_addressed(link: AgentLink, tmp_path: Path):
@@ -70,7 +69,7 @@ def test_a_launched_job_is_followed_to_its_exit_with_every_byte(link: AgentLink,
     assert job["pid"] > 0 and job["start"].isdigit() and not job["again"]
     link.tell("follow", key="1", dir=root, pid=job["pid"], start=job["start"], offset=0)
     got = states(link, "1", lambda s: s[-1]["exit_code"] is not None and s[-1]["offset"] + len(
-        base64.b64decode(s[-1]["data"])) >= s[-1]["size"])
+        s[-1]["data"]) >= s[-1]["size"])
     assert log_of(got) == Path(root, "log").read_bytes()
     assert got[-1]["exit_code"] == 3 and got[-1]["ended_at"] >= got[-1]["started_at"]
     state = pushed_state(got[-1])
@@ -156,7 +155,7 @@ def drain(f: host_agent.Followed) -> bytes:
         doc = f.state(time.monotonic())
         if doc is None:
             return out
-        out += base64.b64decode(doc["data"])
+        out += doc["data"]
     raise AssertionError("the log never ran dry")
 
 
@@ -204,7 +203,7 @@ def test_a_huge_line_comes_in_bounded_chunks(tmp_path: Path, monkeypatch: pytest
     f = follow(tmp_path)
     sizes = []
     while (doc := f.state(time.monotonic())) is not None:
-        sizes.append(len(base64.b64decode(doc["data"])))
+        sizes.append(len(doc["data"]))
     assert sum(sizes) == 5 << 20 and max(sizes) == 1 << 16
 
 
@@ -215,7 +214,7 @@ def test_quiet_runs_push_nothing_until_poked(tmp_path: Path):
     assert f.state(1.0) is None
     f.wanted = True
     doc = f.state(2.0)
-    assert doc is not None and doc["data"] == "" and doc["offset"] == 6
+    assert doc is not None and doc["data"] == b"" and doc["offset"] == 6
 
 
 def test_the_protocol_is_json_lines(tmp_path: Path):
@@ -227,8 +226,79 @@ def test_the_protocol_is_json_lines(tmp_path: Path):
     proc.stdin.flush()
     reply = json.loads(proc.stdout.readline())
     assert reply["id"] == 7 and reply["ok"] and reply["result"]["sha256"] == agent_client.digest()
+    # file bytes travel raw: the reply's line counts them, they follow it, then the next line
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"a\nb\0\xff\n")
+    proc.stdin.write(b'{"id": 8, "op": "chunk", "path": "%s", "offset": 1}\n' % bytes(blob))
+    proc.stdin.flush()
+    reply = json.loads(proc.stdout.readline())
+    while "push" in reply:  # a heartbeat meanwhile
+        reply = json.loads(proc.stdout.readline())
+    assert reply == {"id": 8, "ok": True, "result": {}, "bytes": 5}
+    assert proc.stdout.read(5) == b"\nb\0\xff\n"
+    proc.stdin.write(b'{"id": 9, "op": "ping"}\n')
+    proc.stdin.flush()
+    assert json.loads(proc.stdout.readline()) == {"id": 9, "ok": True, "result": {}}
     proc.stdin.close()
     assert proc.wait(timeout=10) == 0
+
+
+class Pieces(Stream):
+    """The agent's output as it may come off a channel: in pieces cut anywhere."""
+
+    def __init__(self, data: bytes, cut: int):
+        self.pieces = [data[i:i + cut] for i in range(0, len(data), cut)]
+        self.sent: list[bytes] = []
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    def recv(self, n: int) -> bytes:
+        return self.pieces.pop(0) if self.pieces else b""
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("cut", [1, 7, 4096])
+def test_raw_bytes_after_a_line_are_read_whole_however_the_channel_cuts_them(cut: int):
+    payload = b"line\n\r\0" * 300 + b"no newline"
+    out = (b'login banner\n{"push": "state", "key": "1", "bytes": %d}\n' % len(payload) + payload
+           + b'{"push": "state", "key": "1", "bytes": 0}\n{"push": "beat"}\n')
+    link = AgentLink(LocalTransport(Host(name="local")), Pieces(out, cut))
+    got = [link.pushes.get(timeout=10) for _ in range(4)]
+    assert [(p.kind, p.size) for p in got] == [("state", len(payload)), ("state", 0), ("beat", 0), ("closed", 0)]
+    assert got[0].doc["data"] == payload and got[1].doc["data"] == b""
+
+
+def test_a_backlog_goes_out_within_the_window_and_on_as_it_is_acknowledged(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(host_agent, "CHUNK", 100)
+    monkeypatch.setattr(host_agent, "WINDOW", 250)
+    sent: list[dict] = []
+    monkeypatch.setattr(host_agent, "send", sent.append)
+    for key in ("a", "b"):
+        (tmp_path / key).mkdir()
+        (tmp_path / key / "log").write_bytes(key.encode() * 1000)
+    agent = host_agent.Agent()
+    for key in ("a", "b"):
+        agent.follow({"key": key, "dir": str(tmp_path / key)})
+    assert agent.tick()  # more to push at once: no tick's wait
+    assert not agent.tick()  # the window is full
+    assert sum(len(d["data"]) for d in sent) == 250 and {d["key"] for d in sent} == {"a", "b"}
+    agent.tick()
+    assert sum(len(d["data"]) for d in sent) == 250  # nothing more until the watcher acknowledges
+    for _ in range(100):  # at most as many bytes more as were acknowledged, to the end of both logs
+        before = len(sent)
+        agent.ack({"bytes": 250})
+        agent.tick()
+        pushed = sum(len(d["data"]) for d in sent[before:])
+        assert pushed <= 250
+        if not pushed:
+            break
+    for key in ("a", "b"):
+        assert b"".join(d["data"] for d in sent if d["key"] == key) == key.encode() * 1000
+    assert not agent.tick() and sum(len(d["data"]) for d in sent[before:]) == 0
 
 
 # -- the ops that replaced shell: each argument checked, argv lists only ---------------------------------
@@ -361,8 +431,8 @@ def test_tail_chunk_and_files_never_follow_a_symlink(link: AgentLink, tmp_path: 
     (root / "secret").symlink_to("/etc/hostname")
     got = link.call("tail", path=str(root / "log"), lines=2)
     assert got == {"text": "line 998\nline 999\n", "size": (root / "log").stat().st_size}
-    assert link.call("chunk", path=str(root / "secret"), offset=0, length=100)["data"] == ""
-    assert base64.b64decode(link.call("chunk", path=str(root / "log"), offset=7, length=7)["data"]) == b"line 1\n"
+    assert link.call("chunk", path=str(root / "secret"), offset=0, length=100)["data"] == b""
+    assert link.call("chunk", path=str(root / "log"), offset=7, length=7)["data"] == b"line 1\n"
     assert link.call("files", dir=str(root))["files"] == [[(root / "log").stat().st_size, "log"]]
     assert link.call("size", path=str(root / "secret"))["size"] is None
 
@@ -551,3 +621,12 @@ def test_agent_program_places_a_missing_or_swapped_program_and_says_when_it_give
         assert rest == ["it broke"]
     finally:
         agent_client.shared(transport).close()
+
+
+def test_a_log_that_cannot_be_read_waits_for_the_tick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(host_agent, "send", lambda doc: None)
+    (tmp_path / "elsewhere").write_bytes(b"x" * 5000)
+    (tmp_path / "log").symlink_to(tmp_path / "elsewhere")  # sized through the link, never read through it
+    agent = host_agent.Agent()
+    agent.follow({"key": "a", "dir": str(tmp_path)})
+    assert not agent.tick()  # nothing read: no pushing at once, over and over
