@@ -166,3 +166,18 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def agent_ops(monkeypatch: Any) -> list[str]:
+    """The ops this process asks hosts' agents for through `agent.call`, in order, from now on."""
+    from orchestrator import agent
+
+    ops: list[str] = []
+    asked = agent.call
+
+    def counting(transport: Any, op: str, timeout: float = 60, **args: Any) -> Any:
+        ops.append(op)
+        return asked(transport, op, timeout, **args)
+
+    monkeypatch.setattr(agent, "call", counting)
+    return ops

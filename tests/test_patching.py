@@ -15,11 +15,13 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
-from orchestrator import agent, hostprogram, patching, registry
+from orchtest import agent_ops
+
+from orchestrator import hostprogram, patching, registry
 from orchestrator.errors import HostError, RemoteError, UsageError
 from orchestrator.hosts import Host, local_host
 from orchestrator.patching import PatchError, PatchSet
@@ -542,14 +544,7 @@ class CountingTransport(LocalTransport):
 def test_one_request_to_the_agent_once_the_script_is_there(engine_python: str, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The patcher runs through the host's agent (its `program` op): no shell command is run for it."""
-    asked: list[str] = []
-    real = agent.call
-
-    def counting(transport: Any, op: str, timeout: float = 60, **args: Any) -> Any:
-        asked.append(op)
-        return real(transport, op, timeout, **args)
-
-    monkeypatch.setattr(agent, "call", counting)
+    asked = agent_ops(monkeypatch)
     transport = CountingTransport(local_host(tmp_path / "work", {"python": engine_python}))
     patching.status(transport, registry.patch_sets())
     assert len(transport.puts) == 1 and asked == ["program", "program"]  # missing, uploaded, run

@@ -25,7 +25,7 @@ from orchestrator.remote import connect
 from orchestrator.store import Store
 from orchestrator.workspace import Workspace
 
-from orchtest import FAST, Orch, alive, job_cmd
+from orchtest import FAST, Orch, agent_ops, alive, job_cmd
 
 
 def token(ws: str, run_id: int = 1) -> str:
@@ -250,8 +250,7 @@ def test_a_queued_run_the_host_refuses_at_its_take_waits_there_and_touches_nothi
 
 def test_the_leases_program_runs_through_the_agent_and_no_shell_command(
         host: Host, shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator import agent
-    from orchestrator.remote import SSHTransport, Transport
+    from orchestrator.remote import SSHTransport
 
     commands: list[str] = []
 
@@ -260,14 +259,7 @@ def test_the_leases_program_runs_through_the_agent_and_no_shell_command(
             commands.append(command)
             return super().run(command, **kwargs)
 
-    ops: list[str] = []
-    asked = agent.call
-
-    def counting(transport: Transport, op: str, timeout: float = 60, **args: Any) -> Any:
-        ops.append(op)
-        return asked(transport, op, timeout, **args)
-
-    monkeypatch.setattr(agent, "call", counting)
+    ops = agent_ops(monkeypatch)
     transport = Counting(host)
     try:
         me, bob = token("alice"), token("bob")

@@ -695,37 +695,32 @@ def usage(path):
     return {"entries": entries, "bytes": size, "kib": blocks * 512 // 1024}
 
 
-def run_argv(argv, timeout, most=1 << 20):
-    """Run a command from its argv list, no shell, stdin empty, within `timeout` seconds: its exit code
-    and the last `most` bytes of its stdout and stderr. A program that cannot be started answers as a
-    shell would (127 and why). This gives a request nothing new: `launch` already runs a script."""
+def run_argv(argv, timeout, most=1 << 20, data=None, env=None, name=None):
+    """Run a command from its argv list, no shell, within `timeout` seconds, `data` on its stdin (else it is
+    empty): its exit code and the last `most` bytes of its stdout and stderr. A program that cannot be
+    started answers as a shell would (127 and why). This gives a request nothing new: `launch` already
+    runs a script."""
+    feed = {"stdin": subprocess.DEVNULL} if data is None else {"input": data}
     try:
-        out = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False)
+        out = subprocess.run(argv, capture_output=True, timeout=timeout, env=env, check=False, **feed)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{argv[0]}: no end within {timeout:g} s (killed)") from None
+        raise RuntimeError(f"{name or argv[0]}: no end within {timeout:g} s (killed)") from None
     except OSError as exc:
         return {"code": 127, "stdout": "", "stderr": f"{argv[0]}: {exc.strerror or exc}\n"}
     return {"code": out.returncode, "stdout": out.stdout[-most:].decode(errors="replace"),
             "stderr": out.stderr[-most:].decode(errors="replace")}
 
 
-def run_program(python, path, sha256, data, pythonpath, timeout, most=16 << 20):
+def run_program(python, path, sha256, data, pythonpath, timeout):
     """Run one of orch's placed host programs (its leases, its patcher): `python` starts the bootstrap,
     which runs the file's bytes only when their sha256 is `sha256` (else it exits 97 having run nothing),
     with `data`, the program's JSON request, on its stdin. No shell; `pythonpath`, when given, is the
-    program's PYTHONPATH. Its exit code and the last `most` bytes of its stdout and stderr."""
+    program's PYTHONPATH."""
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
-    try:
-        out = subprocess.run([python, "-c", BOOTSTRAP, path, sha256], input=data.encode(), capture_output=True,
-                             timeout=timeout, env=env, check=False)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{os.path.basename(path)}: no end within {timeout:g} s (killed)") from None
-    except OSError as exc:
-        return {"code": 127, "stdout": "", "stderr": f"{python}: {exc.strerror or exc}\n"}
-    return {"code": out.returncode, "stdout": out.stdout[-most:].decode(errors="replace"),
-            "stderr": out.stderr[-most:].decode(errors="replace")}
+    return run_argv([python, "-c", BOOTSTRAP, path, sha256], timeout, 16 << 20, data.encode(), env,
+                    os.path.basename(path))
 
 
 def health(url, timeout):
