@@ -136,4 +136,4 @@ def test_inspect_log_summarizes_every_metric_line(orch: Orch, tmp_path: Path) ->
         assert doc[name]["samples"] == len(values) and doc[name]["last"] == want["last"]
         assert doc[name]["mean"] == pytest.approx(want["mean"]) and doc[name]["p50"] == pytest.approx(want["p50"])
     code, out, _ = orch("inspect-log", str(log))
-    assert any(x.strip().startswith("tput = ") and f"p50 {doc['tput']['p50']:.4g}" in x for x in out.splitlines())
+    assert any(x.strip().startswith("tput = ") and f"p50 {doc['tput']['p50']:.4g}" in x for x in out.splitlines()), out

@@ -101,12 +101,14 @@ def test_compare_on_a_terminal_colours_better_green_and_worse_red(orch: Orch, tm
 
     from rich.console import Console
 
-    from orchestrator.cli import render
+    from orchestrator.cli import inspect, render
 
     a_sweep(tmp_path)
     screen = io.StringIO()
-    monkeypatch.setattr(render, "out", Console(file=screen, force_terminal=True, color_system="standard", width=200,
-                                               highlight=False, markup=False))
+    console = Console(file=screen, force_terminal=True, color_system="standard", width=200, highlight=False,
+                      markup=False)
+    for module in (render, inspect):  # (each module's own name for it: a module imported now keeps what it finds)
+        monkeypatch.setattr(module, "out", console)
     code, _, _ = orch("compare", "1", "2")
     assert code == 0
     lines = {line.split()[0]: line for line in screen.getvalue().splitlines() if line.strip()}
