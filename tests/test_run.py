@@ -79,9 +79,10 @@ def test_environment_and_cwd_reach_the_job(orch, tmp_path):
     assert not Path("/tmp/orch-pwned").exists()
 
 
-def test_detach_then_watch_logs_and_cancel(orch):
+def test_detach_then_watch_logs_and_cancel(orch, tmp_path):
+    hold = tmp_path / "hold"  # never released: the job is still there when it is cancelled
     res = orch("run", "command", "--host", "test1", "--detach",
-               "--set", job_cmd("--steps", "200", "--sleep", "0.05"), *FAST, check=0)
+               "--set", job_cmd("--steps", "200", "--sleep", "0.05", "--pause", f"5:{hold}"), *FAST, check=0)
     run_id = int(res.stdout.strip())
     doc = orch.status(run_id)
     assert doc["status"] == "running" and doc["pid"] > 0
@@ -304,12 +305,19 @@ def test_ctrl_c_in_the_queue_starts_nothing(orch, tmp_path):
     orch("cancel", str(held), check=0)
 
 
-def test_truncated_log_is_read_again_from_the_start(orch):
-    cmd = ("cmd=for i in 1 2 3 4 5 6 7 8; do echo \"before truncation line $i\"; done; sleep 1; "
-           "truncate -s 0 log; echo after; sleep 1")
-    res = orch("run", "command", "--host", "test1", "--set", cmd, *FAST)
-    assert res.returncode == 0, res.stderr
-    doc = orch.status(1)
+def test_truncated_log_is_read_again_from_the_start(orch, tmp_path):
+    gate = tmp_path / "truncate"  # the log is truncated once its first lines are recorded
+    cmd = (f"cmd=for i in 1 2 3 4 5 6 7 8; do echo \"before truncation line $i\"; done; "
+           f"while [ ! -e {gate} ]; do sleep 0.05; done; truncate -s 0 log; echo after; sleep 1")
+    run_id = int(orch("run", "command", "--host", "test1", "--detach", "--set", cmd, *FAST, check=0).stdout)
+    with sqlite3.connect(orch.db) as conn:
+        deadline = time.time() + 60
+        while not conn.execute("SELECT log_offset FROM runs WHERE id = ?", (run_id,)).fetchone()[0]:
+            assert time.time() < deadline, "the log's first lines were never recorded"
+            time.sleep(0.05)
+    gate.touch()
+    assert orch("watch", str(run_id)).returncode == 0
+    doc = orch.status(run_id)
     assert any(e["kind"] == "log" and "truncated" in e["message"] for e in doc["events"])
     assert orch("logs", "1", check=0).stdout == "after\n"  # appended at the new end: no hole of zeros
 

@@ -139,7 +139,9 @@ cmd = {job("--steps", "8", "--sleep", "0.1")}
     never_launched = {r["point"] for r in before if r["status"] in ("pending", "preparing", "launching")}
     per_point = dict(db(orch).execute("SELECT point, COUNT(*) FROM runs GROUP BY point").fetchall())
     assert len(per_point) == 4
-    assert all(n == 1 or (n == 2 and point in never_launched) for point, n in per_point.items())
+    after = [(r["id"], r["point"], r["status"], r["reason"]) for r in runs(orch)]
+    assert all(n == 1 or (n == 2 and point in never_launched) for point, n in per_point.items()), (
+        [(r["id"], r["point"], r["status"]) for r in before], after, res.stderr)
     rows = runs(orch)
     assert [r["status"] for r in rows].count("succeeded") == 4
     # a run caught before its wrapper wrote a pid ended as one that never launched (failed, or lost when
@@ -290,8 +292,10 @@ cmd = {job("--steps", "300", "--sleep", "0.05")}
     assert "run 1 started" in log.read_text()
 
 
-def test_two_runs_racing_for_one_host_then_queue(orch):
-    args = ("run", "command", "--host", "test1", "--set", job_cmd("--steps", "20", "--sleep", "0.1"),
+def test_two_runs_racing_for_one_host_then_queue(orch, tmp_path):
+    hold = tmp_path / "hold"  # the winner's job waits there until the queued run has said it waits
+    args = ("run", "command", "--host", "test1", "--set", job_cmd("--steps", "20", "--sleep", "0.01", "--pause",
+                                                                   f"10:{hold}"),
             "--set", "poll_min=0.05", "--set", "poll_max=0.3")
     a, b = orch.spawn(*args), orch.spawn(*args)
     first = None
@@ -304,11 +308,14 @@ def test_two_runs_racing_for_one_host_then_queue(orch):
     assert "orch: host test1 is busy with run 1 (command, " in errs
     assert "--queue waits for it to end, --replace stops it first" in errs
     queued = orch.spawn(*args, "--queue")
+    assert queued.stderr is not None
+    told = queued.stderr.readline()
+    assert told.startswith("waiting: host test1 is busy with run 1"), told
+    release(hold)
     winner = b if first is a else a
     assert winner.wait(timeout=60) == 0
     _, errs = queued.communicate(timeout=60)
     assert queued.returncode == 0, errs
-    assert "waiting: host test1 is busy with run 1" in errs
     rows = runs(orch)
     assert [r["status"] for r in rows] == ["succeeded", "succeeded"]  # the refused one left no run
     assert rows[1]["created_at"] >= rows[0]["ended_at"]
