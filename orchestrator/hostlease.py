@@ -73,7 +73,7 @@ def workspace_of(token: str) -> str:
 
 def workspace_key(ws: Workspace) -> str:
     """A short name of this workspace for its run dirs on shared hosts (`<workdir>/runs/<key>/<id>`)."""
-    return hashlib.sha256(f"{socket.gethostname()}:{ws.db_path}".encode()).hexdigest()[:12]
+    return hashlib.sha256(workspace_id(ws).encode()).hexdigest()[:12]
 
 
 def run_paths(ws: Workspace, workdir: str, run_id: int) -> RunPaths:

@@ -340,7 +340,7 @@ class Watcher:
         tail = b"" if new_offset == 0 else ((self.tail if state.offset == self.offset else b"") + state.data)
         tail = tail[-launch.TAIL_MARK:]
         if stalled_for is not None and self.opts.on_stall == "dump" and self.executor.processes:
-            text = stall.dump(self.transport, self.job.id)
+            text = stall.dump(self.transport, self.job.id, self.job.proof)  # only processes proven the job's
             events.append(("stall-dump", f"{len(text)} bytes of stacks", {"text": text[-65536:]}))
         fields = {
             "log_offset": new_offset, "log_inode": inode, "log_tail": tail.hex(), "parser_state": p.to_dict(),

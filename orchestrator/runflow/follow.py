@@ -44,6 +44,7 @@ def watch(ctx: Context, *, until_ready: bool = False, on_update: Callable[[Run],
     cluster only the run's watcher polls; while another process on this machine is that watcher, this
     one follows the record, and takes over when that process is gone.
     """
+    ready = _ready_rule(ctx) if until_ready else None
     while True:
         run = ctx.run
         if run.status.terminal:
@@ -59,7 +60,6 @@ def watch(ctx: Context, *, until_ready: bool = False, on_update: Callable[[Run],
             run = watcher(ctx, until_ready=until_ready, on_update=on_update, sleep=sleep,
                           live=live).run_until_done()
             return finish(ctx) if run.status.terminal else run
-        ready = _ready_rule(ctx) if until_ready else None
         run = follow_record(ctx.ws, ctx.store, ctx.run_id, on_update, ready, sleep)
         if run.status.terminal:
             return finish(ctx)  # its watcher did; finding nothing left to do

@@ -11,7 +11,7 @@ from .. import agent, hostlease, lease, patching, registry, slurm, watching
 from ..agent import bootstrap
 from ..controller import Controller
 from ..errors import DatabaseUnavailable, OrchError, UsageError
-from ..executor import executor_for
+from ..executor import executor_class, executor_for
 from ..hostlease import run_token
 from ..hosts import Host
 from ..launch import job_script
@@ -66,7 +66,7 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         return new_id
 
     # On a cluster the queue is the scheduler's: no lease.
-    if pb.exclusive and not executor_for(host, connect(host)).schedules_gpus:
+    if pb.exclusive and not executor_class(host).schedules_gpus:
         opts = watch_options(pb, spec, host)
         poll = (opts.poll_min, opts.poll_max)
         wait_for_host(ws, host, spec.gpus, poll, queue=queue, on_wait=on_wait)
