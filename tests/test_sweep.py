@@ -110,12 +110,18 @@ env.B = ["x", "y", "z"]
 
 
 def test_killed_controller_then_rerun_resumes_without_rerunning(orch):
+    # every point but N=0 holds before its last line until the test opens its gate: the controller dies
+    # while a run is surely running, and that run ends only after
+    gates = orch.root / "gate"
+    gates.mkdir()
+    (gates / "0").touch()
+    cmd = job_cmd("--steps", "8", "--sleep", "0.05").removeprefix("cmd=") + f' --pause end:{gates}/"$N"'
     path = write_sweep(orch, f"""
 name = "resume"
 playbook = "command"
 hosts = ["test1", "test2"]
 [spec]
-cmd = {job("--steps", "8", "--sleep", "0.1")}
+cmd = {json.dumps(cmd)}
 {FAST_SPEC}
 [matrix]
 "env.N" = ["0", "1", "2", "3"]
@@ -124,14 +130,17 @@ cmd = {job("--steps", "8", "--sleep", "0.1")}
     deadline = time.time() + 60
     while time.time() < deadline:
         statuses = [r["status"] for r in runs(orch)]
-        if "succeeded" in statuses and statuses.count("running") >= 1 and len(statuses) >= 3:
+        # once N=0 succeeded, every run still running is held at its gate
+        if "succeeded" in statuses and "running" in statuses and len(statuses) >= 3:
             break
         time.sleep(0.05)
     kill_controller(proc)
     killed_at = time.time()
     before = runs(orch)
     interrupted = [r["id"] for r in before if r["status"] == "running"]
-    assert interrupted and sweep_doc(orch)["status"] == "interrupted"
+    assert interrupted and sweep_doc(orch)["status"] == "interrupted", [dict(r) for r in before]
+    for n in "123":
+        (gates / n).touch()
     res = orch("sweep", "run", str(path), timeout=120)
     assert res.returncode == 0, res.stderr
     # a point that had finished ran once, and so did one whose run was watched again; only a point whose
