@@ -3,7 +3,7 @@
 The start's host side (starting.open_new, starting.prepare_and_launch: the lease files, patch checks,
 GPU cleanup, the playbook's looks and uploads, the launch) runs as it is, over a `RecordingTransport`.
 That transport runs nothing: each shell command, upload and request to the host's agent is recorded and
-answered as an idle, empty host would answer (no GPU busy, no file there, every program content), so what
+answered as an idle, empty host would answer (no GPU busy, no file there, each of orch's host programs content), so what
 the dry run lists is what a start sends, in its order, with no description of its own to keep in step.
 The run, its lease and its events go to a copy of the database in memory (Store.scratch_copy) and vanish.
 """
@@ -41,7 +41,7 @@ class Step:
     """One thing a start would send to its host, as it would be sent."""
 
     host: str
-    kind: str  # agent (a request to the host's agent) | command (a shell command) | upload | start agent
+    kind: str  # agent (a request to the host's agent) | command (a shell command) | upload | agent-start
     what: str  # in words, from the request itself
     request: dict[str, Any] = field(default_factory=dict)
     body: str | None = None  # what to show in full: the command, the job script
@@ -77,7 +77,7 @@ class RecordingTransport(Transport):
                     {"path": path, "bytes": len(data), "mode": mode})
 
     def stream(self, command: str) -> Stream:
-        self.record("start agent", f"start orch's agent with {self.host.python} (its file run only once its "
+        self.record("agent-start", f"start orch's agent with {self.host.python} (its file run only once its "
                     "sha256 is this orch's)", {"python": self.host.python})
         stream = _RecordingAgent(self)
         self._streams.append(stream)
@@ -105,7 +105,7 @@ class _RecordingAgent(Stream):
             op = str(request.get("op"))
             args = {k: v for k, v in request.items() if k not in ("id", "op")}
             if op not in _LINK_OPS:
-                what, body = _describe(op, args)
+                what, body = _describe(op, args, self.transport.gpus)
                 self.transport.record("agent", what, {"op": op, **args}, body)
             if request.get("id") is not None:
                 reply = {"id": request["id"], "ok": True, "result": _answer(self.transport, op, args)}
@@ -165,8 +165,8 @@ def _answer(transport: RecordingTransport, op: str, args: dict[str, Any]) -> dic
     return {}  # stat: nothing there; chunk: no bytes
 
 
-def _describe(op: str, args: dict[str, Any]) -> tuple[str, str | None]:
-    """A request to the agent in words, and what of it to show in full."""
+def _describe(op: str, args: dict[str, Any], gpus: list[int]) -> tuple[str, str | None]:
+    """A request to the agent in words (`gpus`: those the answer lists), and what of it to show in full."""
     path = args.get("path") or args.get("dir")
     if op == "launch":
         what = (f"write job.sh into {args['dir']} and start it under the agent's wrapper as a session leader "
@@ -178,7 +178,10 @@ def _describe(op: str, args: dict[str, Any]) -> tuple[str, str | None]:
     if op == "program":
         return _describe_program(args), None
     if op == "gpus":
-        return "look at what holds each GPU (nvidia-smi, /proc): answered as free, so nothing is stopped", None
+        if not gpus:
+            return "look at what holds the GPUs (nvidia-smi): answered as a host without GPUs", None
+        listed = ",".join(map(str, gpus))
+        return f"look at what holds GPUs {listed} (nvidia-smi, /proc): answered as free, so nothing is stopped", None
     if op == "exec":
         return "run without a shell: " + " ".join(quote(str(a)) for a in args.get("argv") or []), None
     words = {"stat": "look at what is at", "listdir": "list", "usage": "count what is in", "chunk": "read",

@@ -85,7 +85,7 @@ def test_the_dry_run_sends_what_a_start_sends_with_a_playbooks_own_steps(
     runflow.watch(ctx)
 
     recorded = [_key(s.request["op"], s.request) if s.kind == "agent" else f"upload {s.request['path']}"
-                for s in dry.steps if s.kind != "start agent"]
+                for s in dry.steps if s.kind != "agent-start"]
     assert recorded == sent
     root = ctx.paths.root
     assert dry.run_id == ctx.run_id == 2
@@ -123,6 +123,7 @@ def test_a_dry_run_lists_the_start_and_creates_nothing(orch: Orch, tmp_path: Pat
     assert [s.split(": ", 1)[1].split(" ", 1)[0] for s in steps] == [
         "start", "ask", "make", "look", "look", "write"]  # agent, lease files, run dir, GPUs twice, launch
     assert "whether another workspace's run holds gpu-1" in steps[1]
+    assert "look at what holds GPUs 0,1 (nvidia-smi, /proc): answered as free" in steps[3]
     assert "(setsid)" in steps[-1] and out.endswith("export CUDA_VISIBLE_DEVICES=1\necho hi\n")
     assert not (tmp_path / "host").exists()  # the host's workdir: nothing placed, nothing taken
     assert files_under(tmp_path / "ws") == ["hosts.toml"]  # no database, no run dir, no lock
