@@ -172,3 +172,32 @@ def test_bad_input_to_a_dry_run_exits_2_and_creates_nothing(orch: Orch, tmp_path
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert out == ""
     assert files_under(tmp_path / "ws") == ["hosts.toml"] and not (tmp_path / "host").exists()
+
+
+def test_a_dry_run_on_a_cluster_patches_the_runs_copy_and_submits(tmp_path: Path) -> None:
+    from orchestrator import hostlease, registry
+    from orchestrator.hosts import Host
+
+    ws = Workspace(root=tmp_path / "ws", hosts_file=tmp_path / "ws" / "hosts.toml")
+    cluster = Host(name="cl", scheduler="slurm", workdir=str(tmp_path / "cl"), partition="gpu", gpus=4)
+    flags = "--cuda-graph-backend-decode=disabled --cuda-graph-backend-prefill=disabled"
+    spec = CommandSpec(cmd=f"python -m sglang.launch_server {flags}", patches=["sglang-eagle3-hidden-debug"])
+    store = Store(":memory:")
+    dry = runflow.dry_run(ws, store, Command(), spec, cluster)
+    store.close()
+    root = hostlease.run_paths(ws, cluster.workdir, 1).root
+    ops = [s.request.get("op", s.kind) for s in dry.steps]
+    # no lease files asked nor GPUs looked at: the scheduler places the job
+    assert ops == ["agent-start", "program", "program", "command", "program", "submit"]
+    files = ", ".join(registry.patch_set("sglang-eagle3-hidden-debug").files)
+    assert dry.steps[1].what == ("check that patch set sglang-eagle3-hidden-debug applies to sglang ==0.5.23 of "
+                                 f"python3 ({files}); nothing written")
+    assert dry.steps[2].what == f"make {root} the run's own (its token)"
+    assert dry.steps[3].body == (f"mkdir -p {root}/overlay && cp -a -- '<site-packages of python3>/sglang' "
+                                 f"{root}/overlay/")
+    assert dry.steps[4].what.startswith(f"apply patch set sglang-eagle3-hidden-debug to the run's copy of sglang "
+                                        f"in {root}/overlay (")
+    assert dry.steps[5].what.endswith(f"sbatch --job-name=orch-1 --chdir={root} --output={root}/slurm.out "
+                                      "--nodes=1 --gres=gpu:4 --partition=gpu")
+    assert dry.script is not None and f"\nexport PYTHONPATH={root}/overlay$" in dry.script
+    assert not (tmp_path / "cl").exists() and not (tmp_path / "ws").exists()
