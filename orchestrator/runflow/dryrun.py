@@ -18,17 +18,17 @@ import queue
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .. import agent, hostlease, lease, patching
-from ..executor import executor_class
-from ..hosts import Host
-from ..lifecycle import transition
+from ..config.hosts import Host
+from ..config.spec import RunSpec
+from ..config.workspace import Workspace
+from ..host import agent, hostlease, patching
+from ..host.executor import executor_class
+from ..host.remote import Result, Transport, quote
+from ..host.transport import Stream
 from ..playbook import Playbook
-from ..record import Status
-from ..remote import Result, Transport, quote
-from ..spec import RunSpec
-from ..store import Store
-from ..transport import Stream
-from ..workspace import Workspace
+from ..store import Store, lease
+from ..store.lifecycle import transition
+from ..store.record import Status
 from .context import watch_options
 from .starting import busy_message, check, open_new, prepare_and_launch, wait_for_host
 

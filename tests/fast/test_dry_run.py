@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 from orchtest import in_process
 
-from orchestrator import agent, runflow
-from orchestrator.hosts import local_host
+from orchestrator import runflow
+from orchestrator.config.hosts import local_host
+from orchestrator.config.workspace import Workspace
+from orchestrator.host import agent
+from orchestrator.host.transport import LocalTransport
 from orchestrator.playbook import JobContext, Prepared
 from orchestrator.store import Store
-from orchestrator.transport import LocalTransport
-from orchestrator.workspace import Workspace
 from playbooks.command import Command, CommandSpec
 
 Orch = Callable[..., tuple[int, str, str]]
@@ -139,9 +140,9 @@ def test_a_dry_run_lists_the_start_and_creates_nothing(orch: Orch, tmp_path: Pat
 
 
 def test_a_dry_run_on_a_busy_host_says_so_and_adds_no_run(orch: Orch, tmp_path: Path) -> None:
-    from orchestrator import lease
-    from orchestrator.lifecycle import transition
-    from orchestrator.record import Status
+    from orchestrator.store import lease
+    from orchestrator.store.lifecycle import transition
+    from orchestrator.store.record import Status
 
     store = Store(tmp_path / "ws" / "runs" / "orch.db")
     held = lease.acquire(store, "local", None, lambda: store.create_run("command", "local", {"cmd": "x"}), 30.0)
@@ -175,8 +176,9 @@ def test_bad_input_to_a_dry_run_exits_2_and_creates_nothing(orch: Orch, tmp_path
 
 
 def test_a_dry_run_on_a_cluster_patches_the_runs_copy_and_submits(tmp_path: Path) -> None:
-    from orchestrator import hostlease, registry
-    from orchestrator.hosts import Host
+    from orchestrator.config.hosts import Host
+    from orchestrator.host import hostlease
+    from orchestrator.runflow import registry
 
     ws = Workspace(root=tmp_path / "ws", hosts_file=tmp_path / "ws" / "hosts.toml")
     cluster = Host(name="cl", scheduler="slurm", workdir=str(tmp_path / "cl"), partition="gpu", gpus=4)
