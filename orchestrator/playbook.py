@@ -51,7 +51,7 @@ class Remote(Protocol):
     """The host a job runs on, as a playbook may use it: run a command, upload a file, and look at files
     and ask a program without a shell. The looks are read-only, answered by the host's agent; a relative
     path is taken from the run dir, as the job sees it. In a dry run nothing is asked: each look is
-    printed and answered as an empty host would (nothing there, no output)."""
+    recorded and answered as an empty host would (nothing there, no output)."""
 
     def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result: ...
 
@@ -95,7 +95,7 @@ class JobContext(Generic[S]):
     remote: Remote
     find_run: FindRun
     event: Callable[[str, str], None]  # (kind, message): an event on the run
-    dry_run: bool = False  # commands are printed, not run: answers are empty
+    dry_run: bool = False  # nothing reaches the host: requests are recorded, answers are an empty host's
 
     @property
     def python(self) -> str:

@@ -34,11 +34,11 @@ def run(
     file: Path | None = typer.Option(None, "--file", "-f", metavar="SPEC.toml", help="spec TOML"),
     sets: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="a spec key (value read as a TOML literal)"),
     detach: bool = typer.Option(False, "--detach", help="return right after a good launch"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="print the remote commands instead"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list what a start would send to the host; do nothing"),
     until_ready: bool = typer.Option(False, "--until-ready", help="return once the job is ready"),
     queue: bool = typer.Option(False, "--queue", help="wait while the host (or GPU set) is busy"),
     replace: bool = typer.Option(False, "--replace", help="stop the orch run holding the host (or GPU set) first"),
-    as_json: bool = typer.Option(False, "--json", help="the end-of-run summary (or the launch) as JSON"),
+    as_json: bool = typer.Option(False, "--json", help="the end-of-run summary (or the launch, the dry run) as JSON"),
     name: str | None = typer.Option(None, "--name", metavar="NAME", help="a name for the run, shown by status"),
     tags: list[str] = typer.Option([], "--tag", metavar="TAG", help="a tag on the run (repeatable)"),
     note: str | None = typer.Option(None, "--note", metavar="TEXT", help="a note on the run"),
@@ -58,11 +58,11 @@ def rerun(
     host: str | None = typer.Option(None, "--host", "-H", metavar="HOST", help="default: the run's host"),
     sets: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="change a spec key"),
     detach: bool = typer.Option(False, "--detach", help="return right after a good launch"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="print the remote commands instead"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list what a start would send to the host; do nothing"),
     until_ready: bool = typer.Option(False, "--until-ready", help="return once the job is ready"),
     queue: bool = typer.Option(False, "--queue", help="wait while the host (or GPU set) is busy"),
     replace: bool = typer.Option(False, "--replace", help="stop the orch run holding the host (or GPU set) first"),
-    as_json: bool = typer.Option(False, "--json", help="the end-of-run summary (or the launch) as JSON"),
+    as_json: bool = typer.Option(False, "--json", help="the end-of-run summary (or the launch, the dry run) as JSON"),
     name: str | None = typer.Option(None, "--name", metavar="NAME", help="a name for the run, shown by status"),
     tags: list[str] = typer.Option([], "--tag", metavar="TAG", help="a tag on the run (repeatable)"),
     note: str | None = typer.Option(None, "--note", metavar="TEXT", help="a note on the run"),
@@ -92,12 +92,20 @@ def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_rea
 
     ws = workspace()
     target = inventory(ws).get(host)
-    store = open_store(ws)
     if dry_run:  # what it prints shows each secret as the record would
         from ..config.spec import masked
 
-        runflow.dry_run(ws, store, pb, masked(spec), target, out.print)
+        store = read_store(ws)  # a dry run creates no database either
+        try:
+            done = runflow.dry_run(ws, store, pb, masked(spec), target)
+        finally:
+            store.close()
+        if as_json:
+            emit_json(done.document())
+        else:
+            out.print(done.text(), end="")
         return
+    store = open_store(ws)
     waited: list[str] = []
 
     def on_wait(busy: runflow.Waiting) -> None:

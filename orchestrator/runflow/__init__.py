@@ -15,16 +15,19 @@ from __future__ import annotations
 
 from ..store.record import KILL_GRACE_S
 from .context import END_STEPS, Context, LogText, follow_log, log_tail, open_run, read_log, watch_options
+from .dryrun import DryRun, RecordingTransport, Step, dry_run
 from .ending import abandon, cancel, end, finish, free_gpus, notification, settle_orphan, stop, stop_quietly
 from .follow import keep_watching, poll, probe_orphan, refresh, watch, watcher
-from .starting import DryRunTransport, Waiting, busy_message, check, dry_run, run_token, start, wait_for_host
+from .starting import Waiting, busy_message, check, run_token, start, wait_for_host
 
 __all__ = [
     "END_STEPS",
     "KILL_GRACE_S",
     "Context",
-    "DryRunTransport",
+    "DryRun",
     "LogText",
+    "RecordingTransport",
+    "Step",
     "Waiting",
     "abandon",
     "busy_message",

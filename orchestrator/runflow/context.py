@@ -46,6 +46,7 @@ class Context:
     spec: RunSpec
     paths: RunPaths
     lock: WatchLock | None = None  # this process watches the run (see watching.py)
+    dry_run: bool = False  # its transport records what it is given and answers as an idle, empty host
 
     @property
     def run(self) -> Run:
@@ -60,22 +61,18 @@ class Context:
             self.lock.release()
             self.lock = None
 
-    def job(self, dry_run: bool = False) -> JobContext[Any]:
+    def job(self) -> JobContext[Any]:
         """The playbook's view of the run."""
-        # a dry run's transport prints what it is given: the looks at files are printed the same way
-        echo = getattr(self.transport, "echo", None) if dry_run else None
-        remote = JobRemote(self.transport, self.paths.root, echo)
-        return JobContext(self.run_id, self.spec, self.host, self.paths, remote, self.store.get_run,
-                          lambda kind, message: self.event(kind, message), dry_run)
+        return JobContext(self.run_id, self.spec, self.host, self.paths, JobRemote(self.transport, self.paths.root),
+                          self.store.get_run, lambda kind, message: self.event(kind, message), self.dry_run)
 
 
 class JobRemote:
     """playbook.Remote: commands and uploads through the host's transport; looks at files and argv
-    commands through its agent, so a playbook's checks hold no shell. With `echo` (a dry run) nothing is
-    asked: each look is printed and answered as an empty host would."""
+    commands through its agent, so a playbook's checks hold no shell."""
 
-    def __init__(self, transport: Transport, root: str, echo: Callable[[str], None] | None = None):
-        self.transport, self.root, self.echo = transport, root, echo
+    def __init__(self, transport: Transport, root: str):
+        self.transport, self.root = transport, root
         self.host = transport.host.name
 
     def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result:
@@ -88,15 +85,11 @@ class JobRemote:
         # the agent takes absolute paths only; a relative one means what it means to the job, in its run dir
         return posixpath.join(self.root, path)
 
-    def _ask(self, what: str, op: str, timeout: float = 60, **args: Any) -> dict[str, Any] | None:
-        if self.echo is not None:
-            self.echo(f"# on {self.host}, asked of the agent: {what}\n")
-            return None
+    def _ask(self, op: str, timeout: float = 60, **args: Any) -> dict[str, Any]:
         return agent.call(self.transport, op, timeout=timeout, **args)
 
     def _stat(self, path: str) -> dict[str, Any]:
-        at = self._at(path)
-        return self._ask(f"what is at {at}", "stat", path=at) or {}
+        return self._ask("stat", path=self._at(path))
 
     def exists(self, path: str) -> bool:
         return self._stat(path).get("to") is not None
@@ -108,13 +101,11 @@ class JobRemote:
         return self._stat(path).get("to") == "dir"
 
     def list_dir(self, path: str) -> list[Entry] | None:
-        at = self._at(path)
-        got = (self._ask(f"the entries of {at}", "listdir", timeout=300, path=at) or {}).get("entries")
+        got = self._ask("listdir", timeout=300, path=self._at(path)).get("entries")
         return None if got is None else [Entry(str(name), str(kind), int(size)) for name, kind, size in got]
 
     def usage(self, path: str) -> Usage | None:
-        at = self._at(path)
-        got = (self._ask(f"what {at} holds", "usage", timeout=300, path=at) or {}).get("usage")
+        got = self._ask("usage", timeout=300, path=self._at(path)).get("usage")
         return None if got is None else Usage(int(got["entries"]), int(got["bytes"]), int(got["kib"]))
 
     def read_text(self, path: str, limit: int = 1 << 20) -> str | None:
@@ -133,10 +124,7 @@ class JobRemote:
     def run_argv(self, argv: list[str], *, check: bool = True, timeout: float | None = None) -> Result:
         shown = " ".join(quote(a) for a in argv)
         timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
-        got = self._ask(f"run without a shell: {shown}", "exec", timeout=timeout + 30, argv=list(argv),
-                        timeout_s=timeout)
-        if got is None:
-            return Result(self.host, shown, 0, "", "")
+        got = self._ask("exec", timeout=timeout + 30, argv=list(argv), timeout_s=timeout)
         result = Result(self.host, shown, int(got["code"]), str(got["stdout"]), str(got["stderr"]))
         return result.check() if check else result
 

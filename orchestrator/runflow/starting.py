@@ -1,4 +1,5 @@
-"""Starting a run: check, create it with its lease, patch, free GPUs, prepare, launch; and the dry run."""
+"""Starting a run: check, create it with its lease, patch, free GPUs, prepare, launch (the host's part is the
+same for a dry run, see dryrun.py)."""
 
 from __future__ import annotations
 
@@ -11,17 +12,16 @@ from ..config.hosts import Host
 from ..config.spec import RunSpec
 from ..config.workspace import Workspace
 from ..errors import DatabaseUnavailable, OrchError, UsageError
-from ..host import agent, hostlease, patching, slurm
-from ..host.agent import bootstrap
+from ..host import agent, hostlease, patching
 from ..host.executor import executor_class, executor_for
 from ..host.hostlease import run_token
 from ..host.launch import job_script
-from ..host.remote import Result, Transport, connect, quote
+from ..host.remote import Transport, connect, quote
 from ..playbook import JobContext, Playbook, Prepared
 from ..store import Store, lease
 from ..store.controller import Controller
 from ..store.lifecycle import transition
-from ..store.record import Status
+from ..store.record import JobRef, Status
 from . import registry, watching
 from .context import Context, Hosts, holds_host, open_run, watch_options
 from .ending import end, file_states, free_gpus, stop
@@ -88,15 +88,9 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     watching.watch_host_soon(ws, host)
     ctx: Context | None = None
     try:
-        transport = connect(host)
-        paths = hostlease.run_paths(ws, transport.expand(host.workdir), run_id)
-        agent.shared(transport)  # the host's agent does the host's side: a python that cannot run it fails here
-        ctx = Context(ws, store, pb, host, transport, executor_for(host, transport), run_id, spec, paths, lock)
-        script = _steps_before_launch(ctx, _host_wait(store, run_id, watch_options(pb, spec, host).poll_min,
-                                                      on_wait) if queue else None)
-        transition(store, run_id, Status.LAUNCHING)
-        gpus = len(spec.gpus) if spec.gpus is not None else None
-        job = ctx.executor.launch(paths, script, run_token(ws, store, run_id), gpus)
+        ctx = open_new(ws, store, pb, spec, host, connect(host), run_id, lock)
+        job = prepare_and_launch(ctx, _host_wait(store, run_id, watch_options(pb, spec, host).poll_min, on_wait)
+                                 if queue else None)
     # A run that never launched has no job, so no phase: it does not pretend to be `starting`.
     except OrchError as exc:
         end(store, run_id, Status.FAILED, f"before launch: {exc}", ctx, phase=None)
@@ -118,13 +112,33 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     return ctx
 
 
+def open_new(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: Host, transport: Transport,
+             run_id: int, lock: WatchLock | None = None, dry_run: bool = False) -> Context:
+    """A run just created, as the flow acts on it: its run dir on the host, and the host's agent started (a
+    python that cannot run it fails here)."""
+    paths = hostlease.run_paths(ws, transport.expand(host.workdir), run_id)
+    agent.shared(transport)
+    return Context(ws, store, pb, host, transport, executor_for(host, transport), run_id, spec, paths, lock,
+                   dry_run)
+
+
+def prepare_and_launch(ctx: Context, host_wait: Callable[[hostlease.HostLeaseBusy], None] | None = None
+                       ) -> JobRef:
+    """Everything a start does on the host, in order: the steps before the launch, then the launch; the
+    job's reference."""
+    script = _steps_before_launch(ctx, host_wait)
+    transition(ctx.store, ctx.run_id, Status.LAUNCHING)
+    gpus = len(ctx.spec.gpus) if ctx.spec.gpus is not None else None
+    return ctx.executor.launch(ctx.paths, script, run_token(ctx.ws, ctx.store, ctx.run_id), gpus)
+
+
 def wait_for_host(ws: Workspace, host: Host, gpus: list[int] | None, poll: tuple[float, float], *,
                   queue: bool = False, on_wait: Callable[[Waiting], None] | None = None,
-                  sleep: Callable[[float], None] = time.sleep) -> None:
+                  sleep: Callable[[float], None] = time.sleep, transport: Transport | None = None) -> None:
     """Ask the host whether another workspace's run holds it (or some of `gpus`): HostLeaseBusy naming that
     run, or with queue wait (polling every poll[0] s, at most 5 s) until the host says it is free. A host
     that cannot answer is left to the run's own lease take, which records why."""
-    transport = connect(host)
+    transport = transport or connect(host)
     while True:
         try:
             hostlease.check(transport, hostlease.workspace_id(ws), gpus)
@@ -277,60 +291,3 @@ def _job_script(ctx: Context, job: JobContext[Any], prepared: Prepared, gpu_env:
     if overlay is not None:  # the patched copies come before the install, whatever PYTHONPATH held
         body = f"export PYTHONPATH={quote(overlay.path)}${{PYTHONPATH:+:$PYTHONPATH}}\n{body}"
     return job_script(body, env, ctx.pb.cwd(ctx.spec))
-
-
-class DryRunTransport(Transport):
-    """Prints each remote command instead of running it."""
-
-    def __init__(self, host: Host, echo: Callable[[str], None]):
-        self.host, self.echo = host, echo
-        self._home = "$HOME" if not host.is_local else connect(host).home()
-
-    def run(self, command: str, *, check: bool = True, timeout: float | None = None,
-            idle_timeout: float | None = None) -> Result:
-        self.echo(f"# on {self.host.name}:\n{command.rstrip()}\n")
-        return Result(self.host.name, command, 0, "", "")
-
-    def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
-        self.echo(f"# upload {len(data)} bytes to {self.host.name}:{path}\n")
-
-
-def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: Host,
-            echo: Callable[[str], None]) -> None:
-    """Print every step a run would take, and its remote commands, touching nothing."""
-    check(store, pb, spec, host)
-    transport = DryRunTransport(host, echo)
-    next_id = store.next_run_id()
-    paths = hostlease.run_paths(ws, transport.expand(host.workdir), next_id)
-    ctx = Context(ws, store, pb, host, transport, executor_for(host, transport), next_id, spec, paths)
-    overlay = patching.Overlay.of(paths.root) if spec.patches and host.scheduler else None
-    for name in spec.patches:
-        ps = registry.patch_set(name)
-        if overlay is not None:
-            echo(f"# patch set {name}: check, then apply {len(ps.files)} file(s) to the run's copy of {ps.package} "
-                 f"in {overlay.path} (first on the job's PYTHONPATH)\n")
-            continue
-        echo(f"# patch set {name}: check, then apply {len(ps.files)} file(s) of {ps.package} {ps.versions}"
-             + (" (reverted when the run ends)" if ps.revert_after else "") + "\n")
-    gpu_env: dict[str, str] = {}
-    if holds_host(ctx):
-        what = "the host" if spec.gpus is None else "GPUs " + ",".join(map(str, spec.gpus))
-        echo(f"# lease of {what} in {host.workdir}/{hostlease.DIR}/ (refused while another workspace's run"
-             " holds it)\n")
-    if spec.cleanup and not host.scheduler:  # a cluster's GPUs are its scheduler's
-        which = ",".join(map(str, spec.gpus)) if spec.gpus is not None else "every GPU of the host"
-        echo(f"# GPU cleanup of {which}: stop stale orch runs there"
-             + (", kill foreign processes" if spec.kill_foreign else ", refuse foreign processes")
-             + ", wait until free\n")
-        if spec.gpus is not None:
-            gpu_env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.gpus))}
-    job = ctx.job(dry_run=True)
-    script = _job_script(ctx, job, pb.prepare(job), gpu_env, overlay)
-    echo(f"# job.sh for run {next_id}:\n{script}")
-    if ctx.executor.processes:
-        echo(f"# on {host.name}: the agent ({bootstrap(transport)}) writes job.sh into {paths.root} and starts "
-             "its own wrapper there as a session leader (setsid): its pid and start time identify the job\n")
-    else:
-        echo(f"# on {host.name}: the agent ({bootstrap(transport)}) writes job.sh into {paths.root} and submits "
-             "it: sbatch " + " ".join(quote(a) for a in slurm.sbatch_args(
-                 host, paths, len(spec.gpus) if spec.gpus is not None else host.gpus)) + "\n")

@@ -193,6 +193,13 @@ class Store:
     def close(self) -> None:
         self.conn.close()
 
+    def scratch_copy(self) -> Store:
+        """This database copied into memory: what is written to the copy (a dry run's run, its lease and
+        events) goes nowhere, while everything already recorded reads as here."""
+        copy = Store(":memory:")
+        self.conn.backup(copy.conn)
+        return copy
+
     # runs -------------------------------------------------------------------------------------
     def create_run(self, playbook: str, host: str, spec: dict[str, Any]) -> int:
         now = time.time()

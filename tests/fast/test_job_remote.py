@@ -1,5 +1,5 @@
 """A playbook's looks at its host (JobContext.remote): answered by the host's agent, with no shell in
-between; printed and answered as an empty host in a dry run."""
+between; recorded and answered as an empty host in a dry run."""
 
 from __future__ import annotations
 
@@ -64,28 +64,31 @@ def test_run_argv_passes_words_as_data(remote: JobRemote, tmp_path: Path):
         remote.run_argv([sys.executable, "-c", "raise SystemExit(2)"])
 
 
-def test_a_dry_run_prints_each_look_and_answers_as_an_empty_host(tmp_path: Path):
-    printed: list[str] = []
-    dry = JobRemote(LocalTransport(local_host(tmp_path)), str(tmp_path), printed.append)
+def test_a_recording_host_records_each_look_and_answers_as_an_empty_host(tmp_path: Path):
+    recorder = runflow.RecordingTransport(local_host(tmp_path))
+    dry = JobRemote(recorder, str(tmp_path))
     (tmp_path / "there").write_text("x")
-    assert not dry.is_file("there") and dry.list_dir(".") is None and dry.usage(".") is None
-    assert dry.read_text("there") is None
-    assert dry.run_argv(["python3", "-c", "print(1)"]).stdout == ""
-    assert len(printed) == 5 and all(p.startswith("# on local, asked of the agent: ") for p in printed)
-    assert "run without a shell: python3 -c 'print(1)'" in printed[-1]
+    try:
+        assert not dry.is_file("there") and dry.list_dir(".") is None and dry.usage(".") is None
+        assert dry.read_text("there") is None
+        assert dry.run_argv(["python3", "-c", "print(1)"]).stdout == ""
+    finally:
+        recorder.close()
+    asked = [s for s in recorder.steps if s.kind == "agent"]
+    assert [s.request["op"] for s in asked] == ["stat", "listdir", "usage", "stat", "exec"]
+    assert asked[0].what == f"look at what is at {tmp_path}/there (answered: nothing there)"
+    assert asked[-1].what == "run without a shell: python3 -c 'print(1)'"
 
 
-def test_the_dry_run_of_a_playbook_prints_its_looks(tmp_path: Path):
+def test_the_dry_run_of_a_playbook_lists_its_looks(tmp_path: Path):
     ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
     pb = registry.playbook("train-draft")
     spec = pb.Spec.model_validate({"scripts_dir": "/s", "verifier": "/m", "hidden_states": "/h", "data_path": "/d",
                                    "cleanup": False})
-    printed: list[str] = []
     store = Store(ws.db_path)
     try:
-        runflow.dry_run(ws, store, pb, spec, local_host(tmp_path), printed.append)
+        text = runflow.dry_run(ws, store, pb, spec, local_host(tmp_path)).text()
     finally:
         store.close()
-    text = "".join(printed)
-    assert "# on local, asked of the agent: what is at /s/train.py" in text
-    assert "asked of the agent: run without a shell: " in text and "--data-path /d" in text
+    assert "on local, the agent: look at what is at /s/train.py (answered: nothing there)" in text
+    assert "the agent: run without a shell: " in text and "--data-path /d" in text

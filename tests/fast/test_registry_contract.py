@@ -1,5 +1,5 @@
 """Every registered playbook keeps the plugin contract: its Spec round-trips through JSON, and a dry run
-quotes hostile values so that running the job script it prints injects nothing."""
+quotes hostile values so that running the job script it would launch injects nothing."""
 
 from __future__ import annotations
 
@@ -77,13 +77,12 @@ def test_dry_run_quotes_hostile_values(pb: Playbook[Any], tmp_path: Path) -> Non
     spec, taken = hostile_spec(pb, marker, python)
     assert taken or pb.name not in REQUIRED, "no text field took a hostile value: the test tests nothing"
     ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
-    printed: list[str] = []
     store = Store(ws.db_path)
     try:
-        runflow.dry_run(ws, store, pb, spec, local_host(tmp_path), printed.append)
+        script = runflow.dry_run(ws, store, pb, spec, local_host(tmp_path)).script
     finally:
         store.close()
-    script = "".join(printed).split("# job.sh for run 1:\n", 1)[1].split("# on local:\n", 1)[0]
+    assert script is not None, f"{pb.name}: the dry run launched nothing"
     run_dir = tmp_path / "runs" / "1"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "job.sh").write_text(script)
