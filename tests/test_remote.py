@@ -174,14 +174,23 @@ def test_timeout_is_a_remote_error_and_the_transport_survives(transport: Transpo
 # -- SSH specifics ------------------------------------------------------------------------------------------
 
 
-def test_put_goes_over_sftp(ssh_host: Host, tmp_path: Path) -> None:
+def test_files_go_over_one_sftp_session_and_no_shell(ssh_host: Host, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     t, _ = ssh_transport(ssh_host)
+    t.home()  # expanding `~` asks the shell once; nothing after it may
+    monkeypatch.setattr(t, "run", lambda *a, **k: pytest.fail(f"a shell command: {a}"))
     try:
-        t.put(b"payload", str(tmp_path / "f"))
-        assert t._conn._sftp is not None  # Fabric opened an SFTP session on the connection
-        assert (tmp_path / "f").read_bytes() == b"payload"
+        t.put(b"payload", str(tmp_path / "new" / "folders" / "f"))  # its folders made over SFTP too
+        session = t._sftp
+        assert session is not None and session[0] is t._conn
+        with t.open_file(str(tmp_path / "new" / "folders" / "f")) as f:
+            assert (f.size, f.read(100), f.read(100)) == (7, b"payload", b"")
+        t.put(b"again", str(tmp_path / "g"))
+        assert t._sftp is session  # opened once for the connection, then reused
+        assert (tmp_path / "new" / "folders" / "f").read_bytes() == b"payload"
     finally:
         t.close()
+    assert t._sftp is None
 
 
 def test_one_connection_is_reused(ssh_host: Host, tmp_path: Path) -> None:
