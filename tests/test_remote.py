@@ -193,6 +193,25 @@ def test_files_go_over_one_sftp_session_and_no_shell(ssh_host: Host, tmp_path: P
     assert t._sftp is None
 
 
+def test_a_server_that_answers_less_than_asked_is_met_at_its_size(ssh_host: Host, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked for more than it gives at once (sftp-server answers at most 255 KiB), the server's answer
+    sets the size of every later request, and no byte is lost or read twice."""
+    from orchestrator import ssh
+
+    monkeypatch.setattr(ssh, "SFTP_PIECE", 1 << 20)
+    data = os.urandom(20 << 20)  # more than two read-aheads
+    (tmp_path / "big").write_bytes(data)
+    t, _ = ssh_transport(ssh_host)
+    try:
+        with t.open_file(str(tmp_path / "big")) as f:
+            got = b"".join(iter(lambda: f.read(3 << 20), b""))
+        assert got == data
+        assert 32 << 10 <= t._sftp_piece < 1 << 20
+    finally:
+        t.close()
+
+
 def test_one_connection_is_reused(ssh_host: Host, tmp_path: Path) -> None:
     t, _ = ssh_transport(ssh_host)
     try:
