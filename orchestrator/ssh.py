@@ -543,7 +543,8 @@ class SSHTransport(Transport):
             try:
                 sftp = self._session(conn)
                 # SFTP opens through a symlink, so the name is looked at first (lstat) and the open file
-                # again (fstat): a symlink, a FIFO or a device is never read.
+                # again (fstat): a symlink, a FIFO or a device there is never read. (A link swapped in
+                # between the two is read only when it leads to a plain file.)
                 try:
                     if not stat.S_ISREG(sftp.lstat(target).st_mode or 0):
                         raise FileNotFoundError(f"no plain file at {target}")
