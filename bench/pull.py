@@ -65,7 +65,8 @@ def chunk_pull(transport: SSHTransport, root: str, to: Path) -> None:
             offset = 0
             while offset < size:
                 want = min(1 << 20, size - offset)
-                reply = agent.call(transport, "chunk", timeout=300, path=f"{root}/{name}", offset=offset, length=want)
+                reply = agent.call(transport, "chunk", timeout=300, path=f"{root}/{name}", offset=offset,
+                                   length=want)
                 data = agent.data_of(reply)
                 f.write(data)
                 offset += len(data)
@@ -140,10 +141,12 @@ def main() -> None:
     ssh_version = subprocess.run(["ssh", "-V"], capture_output=True, text=True, check=False).stderr.strip()
     lines = [
         "## Pull (bench/pull.py)", "",
-        (f"`python bench/pull.py --mib {args.mib} --repeat {args.repeat}` — one sshd on loopback (tests/sshd.py), "
+        (f"`python bench/pull.py --mib {args.mib} --repeat {args.repeat}` — one sshd on loopback "
+        f"(tests/sshd.py), "
         f"a run dir of {args.mib} MiB (one file of random bytes, a 4 MiB log, 64 files of 16 KiB), copied into "
         f"a fresh folder on a connection already up (the CLI's start-up left out: the same for every way); "
-        f"median wall time of {args.repeat} copies taking turns, each checked byte for byte. CPython {platform.python_version()}, {os.cpu_count()} CPUs, {ssh_version}; paramiko "
+        f"median wall time of {args.repeat} copies taking turns, each checked byte for byte. "
+        f"CPython {platform.python_version()}, {os.cpu_count()} CPUs, {ssh_version}; paramiko "
         f"{__import__('paramiko').__version__}, read-ahead {ssh.READ_AHEAD >> 20} MiB in requests of "
         f"{ssh.SFTP_PIECE >> 10} KiB; load average {load:.1f} at the start (the machine is shared)."), "",
         "| way | median wall s | MiB/s | vs SFTP |", "|---|---:|---:|---:|",
@@ -158,7 +161,8 @@ def main() -> None:
         "first read) cuts its work per byte, and READ_AHEAD bytes asked for at a time keep the link busy while "
         "what waits in memory stays bounded (`orch logs --all` never holds a whole log). The agent's way took a "
         "JSON request, a reply and a copy through the agent's own Python for every MiB. scp is C at both ends, "
-        "and its figure includes its own connection and login. The machine is shared: figures move with its load, the ratios less so."),
+        "and its figure includes its own connection and login. The machine is shared: figures move with its "
+        "load, the ratios less so."),
     ]
     section = "\n".join(lines) + "\n"
     print(section)
