@@ -29,14 +29,14 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from results import write_section  # noqa: E402
 from sshd import SSHFleet  # noqa: E402
 
-from orchestrator import agent, ssh  # noqa: E402
-from orchestrator.hosts import Host  # noqa: E402
-from orchestrator.launch import RunPaths  # noqa: E402
-from orchestrator.runflow import fetching  # noqa: E402
-from orchestrator.ssh import SSHTransport  # noqa: E402
-from results import write_section  # noqa: E402
+from orchestrator.config.hosts import Host
+from orchestrator.host import agent, ssh
+from orchestrator.host.launch import RunPaths
+from orchestrator.host.ssh import SSHTransport
+from orchestrator.runflow import fetching
 
 
 def make_run_dir(root: Path, mib: int) -> int:

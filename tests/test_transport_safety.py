@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from sshd import SSHServer, keygen, public_key
 
-from orchestrator.hosts import local_host
-from orchestrator.remote import LocalTransport, SSHTransport, Transport
+from orchestrator.config.hosts import local_host
+from orchestrator.host.remote import LocalTransport, SSHTransport, Transport
 
 
 @pytest.fixture(params=["ssh", "local"])
@@ -83,7 +83,7 @@ def test_open_file_reads_only_a_plain_file_never_through_a_symlink(transport: Tr
 def test_a_large_put_is_metered(transport: Transport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import contextlib
 
-    from orchestrator import transport as transport_module
+    from orchestrator.host import transport as transport_module
 
     told: list[tuple[str, int, list[int]]] = []
 
@@ -105,8 +105,8 @@ def test_a_large_put_is_metered(transport: Transport, tmp_path: Path, monkeypatc
 DRIVER = textwrap.dedent("""
     import socket, sys
     from orchestrator import ssh
-    from orchestrator.hosts import Host
-    from orchestrator.remote import connect
+    from orchestrator.config.hosts import Host
+    from orchestrator.host.remote import connect
 
     address, port, user, key, known, relay_port = sys.argv[1:7]
     # to the test, which lets go of sshd's only startup slot when orch says it retries

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import agent
+from ..config.hosts import Host
 from ..errors import OrchError, UsageError
-from ..hosts import Host
-from ..remote import quote
-from ..transport import RemoteFile, metered
+from ..host import agent
+from ..host.remote import quote
+from ..host.transport import RemoteFile, metered
 from .context import Context
 
 CHUNK = 1 << 20  # bytes handed on at a time: a long log never sits whole in memory
