@@ -264,6 +264,72 @@ def test_logs_all_and_pull_copy_the_whole_run_dir(orch, tmp_path):
     assert elsewhere.stdout.strip() == str(tmp_path / "mine") and (tmp_path / "mine" / "result.txt").is_file()
 
 
+def test_pull_copies_a_big_run_dir_byte_for_byte_and_follows_no_symlink(orch, tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"outside the run dir")
+    cmd = (f"cmd=head -c 5000000 /dev/urandom > big.bin; ln -s {secret} link; ln -s /dev/zero zeros; "
+           "mkdir -p sub/deeper && echo deep > sub/deeper/f; printf 'last words, no newline'")
+    assert orch("run", "command", "--host", "test1", "--set", cmd, *FAST).returncode == 0
+    remote = Path(orch.status(1)["remote_dir"])
+    # the whole log, its last line without a newline
+    res = subprocess.run([sys.executable, "-m", "orchestrator", "logs", "1", "--all"], env=orch.env,
+                         capture_output=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == (remote / "log").read_bytes() and res.stdout.endswith(b"last words, no newline")
+    # above --max-size: refused whole, nothing copied
+    too_big = orch("pull", "1", "--to", str(tmp_path / "small"), "--max-size", "4M")
+    assert too_big.returncode == 2 and "more than --max-size 4.0 MiB" in too_big.stderr
+    assert not (tmp_path / "small").exists()
+    pulled = orch("pull", "1", "--to", str(tmp_path / "here"), "--json")
+    assert pulled.returncode == 0, pulled.stderr
+    assert pulled.stderr == ""  # off a terminal: no bar
+    into = tmp_path / "here"
+    plain = sorted(str(p.relative_to(remote)) for p in remote.rglob("*") if p.is_file() and not p.is_symlink())
+    assert sorted(str(p.relative_to(into)) for p in into.rglob("*") if not p.is_dir()) == plain
+    assert (into / "big.bin").read_bytes() == (remote / "big.bin").read_bytes()
+    assert (into / "sub" / "deeper" / "f").read_text() == "deep\n"
+    assert not (into / "link").exists() and not (into / "link").is_symlink() and not (into / "zeros").exists()
+    doc = json.loads(pulled.stdout)
+    assert (doc["files"], doc["bytes"]) == (len(plain), sum((remote / p).stat().st_size for p in plain))
+
+
+def test_pull_shows_a_bar_on_a_terminal_and_none_with_json(orch, tmp_path):
+    import pty
+    import select
+
+    assert orch("run", "command", "--host", "test1", "--set", "cmd=head -c 3000000 /dev/zero > out.bin",
+                *FAST).returncode == 0
+
+    def stderr_on_a_terminal(*args: str) -> tuple[bytes, bytes]:
+        leader, follower = pty.openpty()
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], env=orch.env,
+                                stdout=subprocess.PIPE, stderr=follower, stdin=subprocess.DEVNULL)
+        os.close(follower)
+        shown = b""
+        try:
+            while True:
+                if select.select([leader], [], [], 0.5)[0]:
+                    try:
+                        chunk = os.read(leader, 65536)
+                    except OSError:  # EIO: the process closed the terminal
+                        break
+                    if not chunk:
+                        break
+                    shown += chunk
+                elif proc.poll() is not None:
+                    break
+        finally:
+            os.close(leader)
+            out = proc.communicate(timeout=120)[0]
+        assert proc.returncode == 0, shown
+        return out, shown
+
+    out, shown = stderr_on_a_terminal("pull", "1", "--to", str(tmp_path / "a"))
+    assert b"pull run 1" in shown and b"MiB" in shown and out.decode().strip() == str(tmp_path / "a")
+    out, shown = stderr_on_a_terminal("pull", "1", "--to", str(tmp_path / "b"), "--json")
+    assert b"pull run 1" not in shown and json.loads(out)["bytes"] > 3_000_000
+
+
 def test_ssh_opens_the_run_dir_on_its_host(orch, tmp_path, ssh_fleet):
     import shlex
 

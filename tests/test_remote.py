@@ -174,12 +174,40 @@ def test_timeout_is_a_remote_error_and_the_transport_survives(transport: Transpo
 # -- SSH specifics ------------------------------------------------------------------------------------------
 
 
-def test_put_goes_over_sftp(ssh_host: Host, tmp_path: Path) -> None:
+def test_files_go_over_one_sftp_session_and_no_shell(ssh_host: Host, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    t, _ = ssh_transport(ssh_host)
+    t.home()  # expanding `~` asks the shell once; nothing after it may
+    monkeypatch.setattr(t, "run", lambda *a, **k: pytest.fail(f"a shell command: {a}"))
+    try:
+        t.put(b"payload", str(tmp_path / "new" / "folders" / "f"))  # its folders made over SFTP too
+        session = t._sftp
+        assert session is not None and session[0] is t._conn
+        with t.open_file(str(tmp_path / "new" / "folders" / "f")) as f:
+            assert (f.size, f.read(100), f.read(100)) == (7, b"payload", b"")
+        t.put(b"again", str(tmp_path / "g"))
+        assert t._sftp is session  # opened once for the connection, then reused
+        assert (tmp_path / "new" / "folders" / "f").read_bytes() == b"payload"
+    finally:
+        t.close()
+    assert t._sftp is None
+
+
+def test_a_server_that_answers_less_than_asked_is_met_at_its_size(ssh_host: Host, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked for more than it gives at once (sftp-server answers at most 255 KiB), the server's answer
+    sets the size of every later request, and no byte is lost or read twice."""
+    from orchestrator.host import ssh
+
+    monkeypatch.setattr(ssh, "SFTP_PIECE", 1 << 20)
+    data = os.urandom(20 << 20)  # more than two read-aheads
+    (tmp_path / "big").write_bytes(data)
     t, _ = ssh_transport(ssh_host)
     try:
-        t.put(b"payload", str(tmp_path / "f"))
-        assert t._conn._sftp is not None  # Fabric opened an SFTP session on the connection
-        assert (tmp_path / "f").read_bytes() == b"payload"
+        with t.open_file(str(tmp_path / "big")) as f:
+            got = b"".join(iter(lambda: f.read(3 << 20), b""))
+        assert got == data
+        assert 32 << 10 <= t._sftp_piece < 1 << 20
     finally:
         t.close()
 

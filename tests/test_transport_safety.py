@@ -8,6 +8,7 @@ drops a connection past its MaxStartups is said in one line and retried, with no
 from __future__ import annotations
 
 import getpass
+import os
 import socket
 import stat
 import subprocess
@@ -16,6 +17,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sshd import SSHServer, keygen, public_key
@@ -56,6 +58,46 @@ def test_a_symlink_at_the_target_is_replaced_not_written_through(transport: Tran
     transport.put(b"{}", str(target))
     assert victim.read_bytes() == b"precious"
     assert not target.is_symlink() and target.read_bytes() == b"{}"
+
+
+def test_open_file_reads_only_a_plain_file_never_through_a_symlink(transport: Transport, tmp_path: Path) -> None:
+    (tmp_path / "secret").write_bytes(b"precious")
+    (tmp_path / "link").symlink_to(tmp_path / "secret")
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    for name in ("link", "folder", "fifo", "missing"):
+        with pytest.raises(FileNotFoundError):
+            transport.open_file(str(tmp_path / name))
+    # what was there when it was opened: bytes appended later are not read
+    data = bytes(range(256)) * 40000 + b"no newline at the end"  # ~10 MiB: more than one read-ahead
+    (tmp_path / "log").write_bytes(data)
+    with transport.open_file(str(tmp_path / "log")) as f:
+        with (tmp_path / "log").open("ab") as grow:
+            grow.write(b"later")
+        got = b"".join(iter(lambda: f.read(1 << 20), b""))
+    assert f.size == len(data) and got == data
+    with transport.open_file(str(tmp_path / "log")) as f:  # the session is free again
+        assert f.read(3) == bytes([0, 1, 2])
+
+
+def test_a_large_put_is_metered(transport: Transport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    from orchestrator.host import transport as transport_module
+
+    told: list[tuple[str, int, list[int]]] = []
+
+    @contextlib.contextmanager
+    def meter(what: str, total: int) -> Iterator[Any]:
+        told.append((what, total, []))
+        yield told[-1][2].append
+
+    monkeypatch.setattr(transport_module, "transfer_meter", meter)
+    transport.put(b"small", str(tmp_path / "small"))
+    data = os.urandom(transport_module.LARGE_UPLOAD + 12345)
+    transport.put(data, str(tmp_path / "big"))
+    assert (tmp_path / "big").read_bytes() == data
+    assert [(what, total, sum(pieces)) for what, total, pieces in told] == [("upload big", len(data), len(data))]
 
 
 # -- a busy sshd --------------------------------------------------------------------------------------------

@@ -182,6 +182,11 @@ def inventory(ws: Workspace) -> Inventory:
 
     if not State.quiet_retries:  # every command that reaches a host comes through here
         ssh.retry_notice = lambda line: err.print(f"orch: {line}")
+        if err.is_terminal:  # a person watching: transfers show a bar (a pipe or a log file gets none)
+            from ..host import transport
+            from .render import transfer_bar
+
+            transport.transfer_meter = transfer_bar
     return Inventory.load(ws.hosts_file, ws.root)
 
 

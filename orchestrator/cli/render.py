@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any, Self
 
 from rich.console import Console
@@ -15,6 +17,35 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 def emit_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+@contextlib.contextmanager
+def transfer_bar(what: str, total: int) -> Iterator[Callable[[int], object]]:
+    """A bar on stderr for a file transfer (orch pull, a large upload): bytes, rate and time left; gone
+    once the transfer ends. Where another live display is on the screen (a run being followed) and this
+    rich cannot nest one in it, the transfer goes unshown."""
+    from rich.errors import LiveError
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
+                   TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True)
+    try:
+        bar.start()
+    except LiveError:
+        yield lambda n: None
+        return
+    try:
+        task = bar.add_task(what, total=total)
+        yield lambda n: bar.advance(task, n)
+    finally:
+        bar.stop()
 
 
 def progress_line(progress: dict[str, Any] | None, phase: str | None) -> str:

@@ -4,6 +4,7 @@ transient failures by the named policy `ssh_retry`, keepalives, and a watchdog f
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import errno
 import functools
@@ -11,8 +12,10 @@ import hashlib
 import io
 import logging
 import os
+import posixpath
 import secrets
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +26,7 @@ import tenacity
 
 from ..config.hosts import Host
 from ..errors import AuthFailed, HostKeyError, RemoteError, Unreachable
-from .transport import DEFAULT_TIMEOUT_S, Result, Stream, Transport, quote
+from .transport import DEFAULT_TIMEOUT_S, RemoteFile, Result, Stream, Transport, write_pieces
 
 KEEPALIVE_S = 15  # SSH keepalives, so an idle connection through NAT stays up
 # A long-lived command's channel (a host agent's, carrying its runs' logs): paramiko's Python handles every
@@ -31,6 +34,12 @@ KEEPALIVE_S = 15  # SSH keepalives, so an idle connection through NAT stays up
 # acknowledgement (what waits in memory stays bounded by it).
 STREAM_WINDOW = 8 << 20
 STREAM_PACKET = 256 << 10
+# A file read over SFTP: this many bytes are asked for at once, in requests of up to SFTP_PIECE each, so
+# the link stays busy without waiting on each answer while what waits in memory stays bounded.
+READ_AHEAD = 8 << 20
+# What OpenSSH's sftp-server answers to one read (256 KiB less its message's head room); paramiko's own 32
+# KiB costs three times the CPU per byte. A server that answers less (older ones: 64 KiB) is met at its size.
+SFTP_PIECE = 255 << 10
 
 # Paramiko logs what fails in its transport thread, traceback and all, and Python's last-resort handler
 # prints that on stderr (a watcher's log): every such failure reaches orch as an exception too, and is
@@ -236,6 +245,76 @@ def load_known_hosts(keys: Any, path: str) -> set[str]:
     return revoked
 
 
+class _SFTPFile(RemoteFile):
+    """A file read over the connection's SFTP session, READ_AHEAD bytes asked for at a time. It holds the
+    session (one thread at a time uses it) until closed."""
+
+    def __init__(self, owner: SSHTransport, conn: Any, file: Any, size: int, release: Callable[[], None]):
+        self._owner, self._conn, self._file, self._release = owner, conn, file, release
+        file.MAX_REQUEST_SIZE = SFTP_PIECE  # paramiko splits what it is asked for into requests of this size
+        self.size, self._at = size, 0
+        self._pieces: collections.deque[bytes] = collections.deque()
+
+    def read(self, n: int) -> bytes:
+        if not self._pieces:
+            self._fill()
+        taken, got = [], 0
+        while self._pieces and got < n:
+            piece = self._pieces.popleft()
+            if got + len(piece) > n:
+                piece, rest = piece[:n - got], piece[n - got:]
+                self._pieces.appendleft(rest)
+            taken.append(piece)
+            got += len(piece)
+        return b"".join(taken)
+
+    def _fill(self) -> None:
+        import paramiko
+
+        try:
+            piece = self._owner._sftp_piece or self._learn_piece()
+            want = min(READ_AHEAD, self.size - self._at)
+            if want <= 0 or not piece:
+                return
+            asked = [(self._at + i, min(piece, want - i)) for i in range(0, want, piece)]
+            for (_, length), data in zip(asked, self._file.readv(asked), strict=False):
+                self._pieces.append(data)
+                self._at += len(data)
+                if len(data) < length:  # the file was cut short since it was opened
+                    self.size = self._at
+                    break
+        except EOFError:
+            self.size = self._at
+        except (OSError, paramiko.SSHException) as exc:
+            self._owner._lost_sftp(self._conn)
+            raise Unreachable(self._owner.host.name, f"reading a file over SFTP: {exc or type(exc).__name__}") from None
+
+    def _learn_piece(self) -> int:
+        """The session's first read: one request, alone, for SFTP_PIECE bytes; what the server answers is the
+        most it gives at once (asked for more, paramiko would fetch the rest one request at a time). Its
+        bytes are the file's first piece. 0: the file ended before anything could be told."""
+        ask = min(SFTP_PIECE, self.size - self._at)
+        if ask <= 0:
+            return 0
+        self._file.seek(self._at)
+        first = self._file._read(ask)  # paramiko's single request: what the server gave, not topped up
+        if not first:
+            self.size = self._at
+            return 0
+        self._pieces.append(first)
+        self._at += len(first)
+        if len(first) < ask or ask == SFTP_PIECE:  # short: the server's own bound (or a file cut short)
+            self._owner._sftp_piece = len(first)
+        return len(first)
+
+    def close(self) -> None:
+        try:
+            with contextlib.suppress(Exception):  # a dead connection fails to close it; it is discarded either way
+                self._file.close()
+        finally:
+            self._release()
+
+
 class SSHTransport(Transport):
     retry_sleep: Callable[[float], None] = staticmethod(time.sleep)  # type: ignore[assignment]
 
@@ -246,6 +325,8 @@ class SSHTransport(Transport):
         # channels, so one watcher holding a poll open on the host never blocks another run's calls.
         self._lock = threading.Lock()
         self._sftp_lock = threading.Lock()  # one SFTP session per connection, used by one thread at a time
+        self._sftp: tuple[Any, Any] | None = None  # (connection, its SFTP session), opened at the first file
+        self._sftp_piece = 0  # the most the session's server answers to one read, once learnt
         self._revoked: set[str] = set()  # host keys marked @revoked in known_hosts
 
     def _connect(self) -> Any:
@@ -337,6 +418,10 @@ class SSHTransport(Transport):
     def _drop(self, conn: Any = None) -> None:
         """Discard the connection (only `conn`, when given: another thread may have replaced it)."""
         if self._conn is not None and (conn is None or conn is self._conn):
+            if self._sftp is not None and self._sftp[0] is self._conn:
+                with contextlib.suppress(Exception):
+                    self._sftp[1].close()
+                self._sftp = None
             with contextlib.suppress(Exception):  # a dead connection may fail to close; it is discarded either way
                 self._conn.close()
             self._conn = None
@@ -351,6 +436,8 @@ class SSHTransport(Transport):
                     conn = self._connection()
                 try:
                     return fn(conn)
+                except FileNotFoundError:
+                    raise  # the host's answer about a file, not a failed link
                 except (_ConnectionLost, OSError, EOFError, paramiko.SSHException) as exc:
                     with self._lock:
                         self._drop(conn)
@@ -400,28 +487,85 @@ class SSHTransport(Transport):
         result = self._call(go)
         return result.check() if check else result
 
+    def _session(self, conn: Any) -> Any:
+        """The connection's SFTP session, opened at its first use and kept with it; its channel takes the
+        same large window and packets as a streamed command's. Called holding `_sftp_lock`."""
+        import paramiko
+
+        if self._sftp is None or self._sftp[0] is not conn:
+            client = paramiko.SFTPClient.from_transport(conn.transport, window_size=STREAM_WINDOW,
+                                                        max_packet_size=STREAM_PACKET)
+            if client is None:
+                raise paramiko.SSHException("the host offers no SFTP session")
+            client.get_channel().settimeout(DEFAULT_TIMEOUT_S)  # a host gone silent fails the call, never hangs it
+            self._sftp, self._sftp_piece = (conn, client), 0
+        return self._sftp[1]
+
+    def _lost_sftp(self, conn: Any) -> None:
+        """A file transfer failed on the link itself: the connection (and its session) is made anew."""
+        with self._lock:
+            self._drop(conn)
+
+    def _refused(self, what: str, exc: OSError) -> RemoteError:
+        """The host's SFTP server said no (a permission, a full disk): its answer, not a link to retry."""
+        return RemoteError(self.host.name, what, None, "", reason=exc.strerror or str(exc))
+
     def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
         target = self.expand(path)
-        self.run(f"mkdir -p {quote(os.path.dirname(target) or '.')}")
 
         def go(conn: Any) -> None:
             with self._sftp_lock:
-                sftp = conn.sftp()
-                sftp.get_channel().settimeout(DEFAULT_TIMEOUT_S)
+                sftp = self._session(conn)
                 # A name nobody can guess, created only if absent (O_EXCL): a symlink planted at a fixed
                 # temporary name would redirect the write. Its mode is set before any byte is written.
                 tmp = f"{target}.{secrets.token_hex(8)}.tmp"
                 try:
+                    _make_folders(sftp, posixpath.dirname(target))
                     with sftp.open(tmp, "wx") as f:
                         f.chmod(mode)
-                        f.write(data)
+                        f.set_pipelined(True)  # writes go out without waiting on each answer; close checks them
+                        write_pieces(f.write, data, target)
                     sftp.posix_rename(tmp, target)
-                except BaseException:
+                except BaseException as exc:
                     with contextlib.suppress(Exception):
                         sftp.remove(tmp)
+                    if isinstance(exc, OSError) and exc.errno is not None and conn.is_connected:
+                        raise self._refused(f"sftp put {target}", exc) from None
                     raise
 
         self._call(go)
+
+    def open_file(self, path: str) -> RemoteFile:
+        target = self.expand(path)
+
+        def go(conn: Any) -> RemoteFile:
+            self._sftp_lock.acquire()
+            try:
+                sftp = self._session(conn)
+                # SFTP opens through a symlink, so the name is looked at first (lstat) and the open file
+                # again (fstat): a symlink, a FIFO or a device there is never read. (A link swapped in
+                # between the two is read only when it leads to a plain file.)
+                try:
+                    if not stat.S_ISREG(sftp.lstat(target).st_mode or 0):
+                        raise FileNotFoundError(f"no plain file at {target}")
+                    f = sftp.open(target, "rb")
+                except OSError as exc:
+                    if isinstance(exc, FileNotFoundError) or exc.errno == errno.ENOENT:
+                        raise FileNotFoundError(f"no plain file at {target}") from None
+                    if exc.errno is not None and conn.is_connected:
+                        raise self._refused(f"sftp read {target}", exc) from None
+                    raise
+                st = f.stat()
+                if not stat.S_ISREG(st.st_mode or 0):
+                    f.close()
+                    raise FileNotFoundError(f"no plain file at {target}")
+                return _SFTPFile(self, conn, f, st.st_size or 0, self._sftp_lock.release)
+            except BaseException:
+                self._sftp_lock.release()
+                raise
+
+        result: RemoteFile = self._call(go)
+        return result
 
     def stream(self, command: str) -> Stream:
         def go(conn: Any) -> Stream:
@@ -457,3 +601,21 @@ class SSHTransport(Transport):
             self._drop()
         finally:
             self._lock.release()
+
+
+def _make_folders(sftp: Any, folder: str) -> None:
+    """`mkdir -p` over SFTP: each missing folder of the path made in turn (one that exists, as a folder or
+    a symlink to one, is left as it is)."""
+    if not folder or folder == "/":
+        return
+    try:
+        sftp.stat(folder)
+        return
+    except FileNotFoundError:
+        pass
+    _make_folders(sftp, posixpath.dirname(folder))
+    try:
+        sftp.mkdir(folder)
+    except OSError:
+        if not stat.S_ISDIR(sftp.stat(folder).st_mode or 0):  # made meanwhile by someone else: fine
+            raise

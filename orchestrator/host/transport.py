@@ -1,14 +1,19 @@
-"""What every way of running commands on a host offers: `run` a shell command, `put` a file; and the
-local one. Every value placed into a command goes through `quote`."""
+"""What every way of running commands on a host offers: `run` a shell command, `put` a file, `open_file`
+to read one; and the local one. Every value placed into a command goes through `quote`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shlex
+import stat
 import subprocess
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Self
 
 from ..config.hosts import Host
 from ..errors import RemoteError
@@ -16,6 +21,24 @@ from ..errors import RemoteError
 quote = shlex.quote
 
 DEFAULT_TIMEOUT_S = 120.0  # a call given no timeout of its own: a host that stops answering never hangs orch
+LARGE_UPLOAD = 8 << 20  # an upload this big is shown as it goes; a smaller one is over in a blink
+
+Meter = Callable[[str, int], AbstractContextManager[Callable[[int], object]]]
+# Shows a transfer as it goes: given what it is and its size in bytes, a context whose value is told the
+# byte count of each piece moved. The CLI sets one on a terminal; None: transfers are silent (--json, a
+# pipe, a watcher, the library in tests).
+transfer_meter: Meter | None = None
+
+
+def metered(what: str, total: int) -> AbstractContextManager[Callable[[int], object]]:
+    """The context that counts a transfer's bytes: `transfer_meter`'s, or one that shows nothing."""
+    if transfer_meter is None:
+        return contextlib.nullcontext(_unseen)
+    return transfer_meter(what, total)
+
+
+def _unseen(n: int) -> None:
+    pass
 
 
 @dataclass
@@ -91,8 +114,43 @@ class _ProcessStream(Stream):
             self.proc.wait()
 
 
+class RemoteFile:
+    """A plain file on a host, open for reading; its bytes as they were up to `size`, its length when opened
+    (bytes appended later are not read: a log that grows as it is read still ends)."""
+
+    size: int
+
+    def read(self, n: int) -> bytes:
+        """Up to n bytes (at least one while any are left); b"" at the end."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _LocalFile(RemoteFile):
+    def __init__(self, fd: int, size: int):
+        self._file = os.fdopen(fd, "rb")
+        self.size, self._left = size, size
+
+    def read(self, n: int) -> bytes:
+        data = self._file.read(min(n, self._left)) if self._left > 0 else b""
+        self._left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class Transport:
-    """Runs shell commands on one host. Subclasses: LocalTransport, SSHTransport."""
+    """Runs shell commands on one host, and moves files to and from it. Subclasses: LocalTransport,
+    SSHTransport."""
 
     host: Host
 
@@ -104,6 +162,13 @@ class Transport:
         raise NotImplementedError
 
     def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
+        """Write `data` to `path` (its folders made as needed): a fresh name renamed into place, so a
+        symlink at `path` is replaced, never written through. A large one is shown by `transfer_meter`."""
+        raise NotImplementedError
+
+    def open_file(self, path: str) -> RemoteFile:
+        """A plain file on the host, open for reading. Anything else at `path` (nothing, a folder, a
+        symlink, which is never followed) raises FileNotFoundError."""
         raise NotImplementedError
 
     def stream(self, command: str) -> Stream:
@@ -157,13 +222,37 @@ class LocalTransport(Transport):
         try:
             with os.fdopen(fd, "wb") as f:
                 os.fchmod(f.fileno(), mode)
-                f.write(data)
+                write_pieces(f.write, data, str(target))
             tmp.replace(target)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
 
+    def open_file(self, path: str) -> RemoteFile:
+        try:
+            # O_NOFOLLOW: a symlink is refused by the open itself; O_NONBLOCK: a FIFO never hangs the open
+            fd = os.open(self.expand(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            raise FileNotFoundError(f"no plain file at {path}: {exc.strerror}") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise FileNotFoundError(f"no plain file at {path}")
+        return _LocalFile(fd, st.st_size)
+
     def stream(self, command: str) -> Stream:
         proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL)
         return _ProcessStream(proc)
+
+
+def write_pieces(write: Callable[[bytes], Any], data: bytes, path: str, piece: int = 1 << 20) -> None:
+    """Hand `data` to `write` a piece at a time, a large upload shown by `transfer_meter` as it goes."""
+    if len(data) < LARGE_UPLOAD:
+        write(data)
+        return
+    with metered(f"upload {os.path.basename(path)}", len(data)) as advance:
+        for at in range(0, len(data), piece):
+            chunk = data[at:at + piece]
+            write(chunk)
+            advance(len(chunk))

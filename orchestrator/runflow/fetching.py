@@ -1,4 +1,5 @@
-"""Getting a run's files back from its host: the whole log streamed, the run dir pulled, a shell there."""
+"""Getting a run's files back from its host: the whole log streamed, the run dir pulled (both over the
+host's SFTP session, or plain files on this machine), a shell there."""
 
 from __future__ import annotations
 
@@ -10,35 +11,39 @@ from pathlib import Path
 from ..config.hosts import Host
 from ..errors import OrchError, UsageError
 from ..host import agent
-from ..host.remote import Transport, quote
+from ..host.remote import quote
+from ..host.transport import RemoteFile, metered
 from .context import Context
 
-CHUNK = 1 << 20  # bytes per round trip: a long log never sits whole in memory, here or in one reply
+CHUNK = 1 << 20  # bytes handed on at a time: a long log never sits whole in memory
 PULL_LIMIT = 1 << 30  # default bound on what `orch pull` copies
 
 
-def read_chunks(transport: Transport, path: str, write: Callable[[bytes], object], chunk: int = CHUNK,
-                max_bytes: int | None = None) -> int:
-    """Write a remote file's bytes in chunks (raw over the wire, after each reply's line), at
-    most `max_bytes` of them; the number of bytes written. A symlink reads as empty: a file swapped for
-    one (to /dev/zero, say) is never followed."""
-    offset = 0
-    while max_bytes is None or offset < max_bytes:
-        want = chunk if max_bytes is None else min(chunk, max_bytes - offset)
-        reply = agent.call(transport, "chunk", timeout=300, path=path, offset=offset, length=want)
-        data = agent.data_of(reply)
-        write(data)
-        offset += len(data)
-        if len(data) < want:
+def copy_file(source: RemoteFile, write: Callable[[bytes], object], most: int | None = None,
+              advance: Callable[[int], object] | None = None) -> int:
+    """Hand on an open file's bytes chunk by chunk, at most `most` of them; the number handed on."""
+    done = 0
+    while most is None or done < most:
+        data = source.read(CHUNK if most is None else min(CHUNK, most - done))
+        if not data:
             break
-    return offset
+        write(data)
+        done += len(data)
+        if advance is not None:
+            advance(len(data))
+    return done
 
 
 def stream_log(ctx: Context, write: Callable[[bytes], None]) -> int:
-    """The run's whole log, from its first byte, chunk by chunk."""
+    """The run's whole log, from its first byte, chunk by chunk (over SFTP from a remote host)."""
     if not ctx.store.get_run(ctx.run_id).remote_dir:
         raise OrchError(f"run {ctx.run_id} has no log: it never reached its host")
-    return read_chunks(ctx.transport, ctx.paths.log, write)
+    try:
+        source = ctx.transport.open_file(ctx.paths.log)
+    except FileNotFoundError:
+        return 0  # not written yet, or not a plain file: nothing to show
+    with source:
+        return copy_file(source, write)
 
 
 @dataclass
@@ -49,23 +54,33 @@ class Pulled:
 
 
 def pull(ctx: Context, to: Path, limit: int = PULL_LIMIT) -> Pulled:
-    """Copy the run's remote dir (log, outputs manifest, whatever the job left there) into `to`;
-    refused whole, before any copy, when it holds more than `limit` bytes."""
+    """Copy the run's remote dir (log, outputs manifest, whatever the job left there) into `to` over the
+    host's SFTP session; refused whole, before any copy, when it holds more than `limit` bytes. Each file
+    is copied up to its listed size (one that grew since adds nothing); one gone or swapped for a symlink
+    since the listing is left out, the link never followed."""
     root = ctx.paths.root
-    # size and path of each plain file; a `pulled/` inside is an earlier pull (the local host's run dir is
-    # the local artifacts' dir)
+    # size and path of each plain file, symlinks left out, in one request to the host's agent; a `pulled/`
+    # inside is an earlier pull (the local host's run dir is the local artifacts' dir)
     listing = agent.call(ctx.transport, "files", timeout=120, dir=root, skip="pulled")["files"]
     files = [(int(size), str(name)) for size, name in listing]
     total = sum(size for size, _ in files)
     if total > limit:
         raise UsageError(f"run {ctx.run_id}'s dir {ctx.host.name}:{root} holds {_size(total)} in {len(files)} files,"
                          f" more than --max-size {_size(limit)}; raise it, or copy what you need with scp")
-    for size, name in files:
-        target = to / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with target.open("wb") as f:  # as listed: a file that grew or was swapped since adds nothing
-            read_chunks(ctx.transport, f"{root}/{name}", f.write, max_bytes=size)
-    return Pulled(to, len(files), total)
+    copied = size_copied = 0
+    with metered(f"pull run {ctx.run_id}", total) as advance:
+        for size, name in files:
+            try:
+                source = ctx.transport.open_file(f"{root}/{name}")
+            except FileNotFoundError:
+                continue
+            with source:
+                target = to / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with target.open("wb") as f:
+                    size_copied += copy_file(source, f.write, most=size, advance=advance)
+            copied += 1
+    return Pulled(to, copied, size_copied)
 
 
 def _size(n: float) -> str:
