@@ -1,5 +1,6 @@
-"""The debug patch set's `[orch-eagle3-debug]` lines as a per-run table: its own logging code (taken from
-the diff) run with torch on the CPU, on a real sshd host, watched, stored and shown by `orch status`."""
+"""The debug patch set's `[orch-eagle3-debug]` lines as a per-run table (the EAGLE-3 plugin's own): its own
+logging code (taken from the diff) run with torch on the CPU, on a real sshd host, watched, stored and shown
+by `orch status`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from orchtest import FAST, Orch
 
 from orchestrator.logparse import LogParser
-from orchestrator.logparse.eagle3_debug import parse
+from playbooks.eagle3_debug import Eagle3Debug, parse
 
 TESTS = Path(__file__).parent
 JOB = TESTS / "jobs" / "eagle3_debug_job.py"
@@ -28,9 +29,13 @@ def test_lines_parse_into_records():
     assert parse(LINE.replace("absmean=0.01234", "absmean=nan"))["absmean"] != 0  # nan is kept: it is the finding
     assert parse("[orch-eagle3-debug] target.final_hidden call=0") is None  # cut mid-line
     assert parse("Decode batch, #running-req: 1") is None
-    p = LogParser(engine="sglang")
+    p = LogParser(engine="sglang", readers=Eagle3Debug.readers)
     p.feed((LINE + "\n").encode() * 2)
-    assert [r["call"] for r in p.take_debug()] == [3, 3] and p.take_debug() == []
+    assert [(table, r["call"], r["line"]) for table, r in p.take_rows()] == [("eagle3_debug", 3, 1), ("eagle3_debug", 3, 2)]
+    assert p.take_rows() == []
+    plain = LogParser(engine="sglang")  # the parser itself knows no plugin's lines
+    plain.feed((LINE + "\n").encode())
+    assert plain.take_rows() == []
 
 
 def test_status_shows_the_debug_table(tmp_path, ssh_fleet):

@@ -10,7 +10,7 @@ import typer
 
 from ..config.workspace import Workspace
 from ..errors import OrchError
-from ..store import summaries
+from ..store import runtables, summaries
 from ..store.record import ACTIVE, Run, Status
 from ..store.shapes import run_document
 from .app import age_seconds, app, inventory, no_runs_note, open_store, parse_run_id, read_store, workspace
@@ -67,8 +67,9 @@ def status(
     urls = ServerUrls(ws)
     if run_id is not None:
         run = store.get_run(parse_run_id(run_id))
-        doc = {**run_document(store, run), "url": urls.of(run)}
-        emit_json(doc) if as_json else _print_run(doc)
+        tables = runtables.installed(on_broken=lambda line: err.print(f"orch: {line}", markup=False))
+        doc = {**run_document(store, run, tables=tables), "url": urls.of(run)}
+        emit_json(doc) if as_json else _print_run(doc, tables)
         return
     wanted = [s for s in (statuses or list(Status)) if s in ACTIVE] if active else statuses
     filters: dict[str, Any] = {"statuses": [s.value for s in wanted] if active or wanted else None, "host": host,
@@ -130,7 +131,7 @@ def _row(doc: dict[str, Any], run: Run, now: float) -> list[Any]:
             age(now - doc["created_at"]), seen, "" if run.status is Status.SUCCEEDED else doc["reason"], doc["url"]]
 
 
-def _print_run(doc: dict[str, Any]) -> None:
+def _print_run(doc: dict[str, Any], tables: list[runtables.RunTables]) -> None:
     phase = f" ({doc['shown_phase']})" if doc["shown_phase"] else ""
     name = f" ({doc['name']})" if doc["name"] else ""
     out.print(f"run {doc['id']}{name} {doc['playbook']} on {doc['host']}: {doc['shown_status']}{phase}")
@@ -158,11 +159,11 @@ def _print_run(doc: dict[str, Any]) -> None:
             out.print(f"  try: {e['hint']}", markup=False)
     for k, s in doc["metric_summaries"].items():  # mean and p50: the first 10 % of samples left out
         out.print(f"  {summaries.line(k, s)}", markup=False)
-    if doc.get("eagle3_debug"):
-        out.print("  hidden-state debug ([orch-eagle3-debug] lines):")
-        table(["stage", "layer", "part", "shape", "dtype", "mean |x|", "calls"],
-              [[r["stage"], r["layer"], r["part"], r["shape"], r["dtype"],
-                "-" if r["absmean"] is None else f"{r['absmean']:.5g}", r["calls"]] for r in doc["eagle3_debug"]])
+    for t in tables:  # each plugin's section, as the plugin shows it
+        shown = t.show(doc[t.name]) if t.name in doc else None
+        if shown is not None:
+            out.print(f"  {shown.title}:", markup=False)
+            table(shown.columns, shown.rows)
     out.print("  spec: " + json.dumps(doc["spec"]))
     for e in doc["events"]:
         out.print(f"  {time.strftime('%m-%d %H:%M:%S', time.localtime(e['ts']))} {e['kind']}: {e['message']}")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
-from . import bench, eagle3_debug, generic, sglang, slurm, speculators, trainers, vllm
+from . import bench, generic, sglang, slurm, speculators, trainers, vllm
 from .errors import (
     COMMON_RULES,
     CUT_MESSAGE,
@@ -102,6 +103,21 @@ def _plain_prefix(prefix: str, with_total: bool) -> bool:
     return not prefix.lstrip().startswith(("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
 
 
+class RowReader(Protocol):
+    """A plugin's reading of its own lines (store/runtables.LineReader is one): each line, cleaned as the parser
+    reads it, that holds `marker` is handed to `read`; a row it returns goes to the table `table`, with the
+    line's number."""
+
+    @property
+    def table(self) -> str: ...
+
+    @property
+    def marker(self) -> str: ...
+
+    @property
+    def read(self) -> Callable[[str], dict[str, Any] | None]: ...
+
+
 @dataclass
 class Metric:
     name: str
@@ -113,7 +129,8 @@ class Metric:
 class LogParser:
     """Follows one log as it grows. Feed it bytes in any chunks; the state depends only on the bytes."""
 
-    def __init__(self, engine: str | None = None, ready_pattern: str | None = None) -> None:
+    def __init__(self, engine: str | None = None, ready_pattern: str | None = None,
+                 readers: Sequence[RowReader] = ()) -> None:
         self.engine: str | None = engine
         self.auto_engine = engine is None
         self._by_layout = False  # the engine was named only by the layout of its lines
@@ -144,7 +161,8 @@ class LogParser:
         self._load_begin: str | None = None  # time of the last 'Load weight begin' line, as printed
         self._caught = False  # the error is a complete traceback that something caught
         self._failed_in: str | None = None  # the phase the run failed in
-        self.debug: list[dict[str, Any]] = []  # debug patch lines since the last take_debug(); not state
+        self.readers = tuple(readers)  # plugins' readings of their own lines; not state
+        self.rows: list[tuple[str, dict[str, Any]]] = []  # (table, row) since the last take_rows(); not state
         self._redrawn: list[Metric] = []  # postfix samples of bars redrawn in place, for feed() to return
         self._cut_line = False  # reading the line the log ends in without its line end; not state
 
@@ -376,16 +394,17 @@ class LogParser:
             self._progress, self._pending = Progress("epoch", done, total, round(done / total * 100, 4),
                                                      None, None, None), None
             self._set_phase("running")
-        if eagle3_debug.PREFIX in text:
-            record = eagle3_debug.parse(text)
-            if record is not None:
-                self.debug.append({**record, "line": self.lines})
+        for reader in self.readers:
+            if reader.marker in text:
+                row = reader.read(text)
+                if row is not None:
+                    self.rows.append((reader.table, {**row, "line": self.lines}))
         self._phase_of(line)
         self._find_error(line)
 
-    def take_debug(self) -> list[dict[str, Any]]:
-        """The debug patch set's records read since the last call."""
-        taken, self.debug = self.debug, []
+    def take_rows(self) -> list[tuple[str, dict[str, Any]]]:
+        """The plugins' rows read since the last call, as (table, row), in the log's order."""
+        taken, self.rows = self.rows, []
         return taken
 
     def _postfix(self, m: re.Match[str], line: Line) -> list[Metric]:
@@ -709,8 +728,8 @@ class LogParser:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> LogParser:
-        p = cls(engine=d.get("engine"), ready_pattern=d.get("ready_pattern"))
+    def from_dict(cls, d: dict[str, Any], readers: Sequence[RowReader] = ()) -> LogParser:
+        p = cls(engine=d.get("engine"), ready_pattern=d.get("ready_pattern"), readers=readers)
         p.auto_engine = bool(d.get("auto_engine", p.engine is None))
         p._by_layout = bool(d.get("by_layout", False))
         p.phase = d.get("phase", "starting")

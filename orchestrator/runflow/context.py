@@ -18,7 +18,7 @@ from ..host.hostlease import run_paths
 from ..host.launch import RunPaths
 from ..host.remote import DEFAULT_TIMEOUT_S, Result, Transport, connect, quote
 from ..playbook import Entry, JobContext, Playbook, Usage
-from ..store import Store
+from ..store import Store, runtables
 from ..store.lease import BEFORE_RELEASE
 from ..store.record import Run
 from . import registry
@@ -188,6 +188,7 @@ def watch_options(pb: Playbook[Any], spec: RunSpec, host: Host, until_ready: boo
         on_stall=spec.on_stall,
         health=pb.health(spec, host),
         give_up_s=host.unreachable_give_up_s,
+        tables=runtables.installed(),  # one that does not load is told by `orch status ID`
     )
 
 

@@ -16,6 +16,7 @@ from ..host import launch
 from ..logparse import LogParser, Metric, stamp_time
 from ..logparse.errors import describe
 from ..logparse.text import last_line
+from ..store import runtables
 from .context import Context
 from .watch import CLOCK_SLACK_S, MAX_CHUNK
 
@@ -27,8 +28,11 @@ def read_to_end(ctx: Context, clock: Callable[[], float] = time.time) -> None:
     run = ctx.run
     if run.job is None or not run.remote_dir:
         return  # never launched: no log
-    parser = (LogParser.from_dict(run.parser_state) if run.parser_state
-              else LogParser(engine=ctx.pb.log_engine(ctx.spec), ready_pattern=ctx.pb.ready_pattern(ctx.spec)))
+    tables = runtables.installed()
+    readers = [reader for t in tables for reader in t.readers]
+    parser = (LogParser.from_dict(run.parser_state, readers) if run.parser_state
+              else LogParser(engine=ctx.pb.log_engine(ctx.spec), ready_pattern=ctx.pb.ready_pattern(ctx.spec),
+                             readers=readers))
     offset, inode = run.log_offset, run.log_inode
     tail = bytes.fromhex(run.log_tail) if run.log_tail else b""
     error_before, phase_before = parser.error, parser.phase
@@ -69,8 +73,8 @@ def read_to_end(ctx: Context, clock: Callable[[], float] = time.time) -> None:
             started = run.started_at or now
             ctx.store.add_metrics(ctx.run_id, [(m.name, m.value, m.line, _own_time(m, now, started))
                                                for m in samples], now)
-        if parser.debug:
-            ctx.store.add_eagle3_debug(ctx.run_id, parser.take_debug(), now)
+        if parser.rows:
+            ctx.store.add_rows(ctx.run_id, parser.take_rows(), now, tables)
         ctx.store.update_run(ctx.run_id, **fields)
 
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import tenacity
 
 from ..host.health import HealthCheck
 from ..store.record import KILL_GRACE_S
+
+if TYPE_CHECKING:
+    from ..store.runtables import RunTables
 
 
 @dataclass
@@ -23,6 +27,7 @@ class WatchOptions:
     kill_grace_s: float = KILL_GRACE_S
     health: HealthCheck | None = None  # a server's endpoint, asked while it is ready; see health.py
     give_up_s: float | None = None  # a host silent for this long: the run ends lost
+    tables: Sequence[RunTables] = ()  # plugins' tables: their readers read the log, the rows go to them
 
 
 class PollWait(tenacity.wait.wait_base):

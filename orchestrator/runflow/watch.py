@@ -49,7 +49,7 @@ class Staged:
     expect: int  # the offset the record must still hold: nobody else recorded these bytes meanwhile
     events: list[tuple[str, str, Any]]
     samples: list[tuple[str, float, int | None, float | None]]
-    debug: list[dict[str, Any]]
+    rows: list[tuple[str, dict[str, Any]]]  # plugins' rows, as (table, row)
     fields: dict[str, Any]  # the run's columns: offset, parser state, phase, progress...
     tail: bytes  # the log's bytes before the new offset
     left_queue: float | None
@@ -99,10 +99,11 @@ class Watcher:
         self.tail = bytes.fromhex(run.log_tail) if run.log_tail else b""  # the bytes before the offset
         self.left_queue = None  # known again from the next state, should the record still say queued
         state = run.parser_state
+        readers = [reader for t in self.opts.tables for reader in t.readers]
         self.parser = (
-            LogParser.from_dict(state)
+            LogParser.from_dict(state, readers)
             if state
-            else LogParser(engine=self.opts.engine, ready_pattern=self.opts.ready_pattern)
+            else LogParser(engine=self.opts.engine, ready_pattern=self.opts.ready_pattern, readers=readers)
         )
 
     @property
@@ -351,7 +352,7 @@ class Watcher:
         return Staged(
             expect=self.offset, events=events,
             samples=[(m.name, m.value, m.line, self._sample_ts(m, now)) for m in samples],
-            debug=p.take_debug() if p.debug else [], fields=fields, tail=tail, left_queue=self.left_queue, end=end,
+            rows=p.take_rows(), fields=fields, tail=tail, left_queue=self.left_queue, end=end,
             now=now, done=bool(end) or self._ready(p), stop=bool(end and end[0] is Status.FAILED and state.alive))
 
     def _ready(self, p: LogParser) -> bool:
@@ -474,8 +475,8 @@ class Watcher:
             self.store.add_event(self.run_id, kind, message, data, ts=rec.now)
         if rec.samples:
             self.store.add_metrics(self.run_id, rec.samples, rec.now)
-        if rec.debug:  # the debug patch set's lines
-            self.store.add_eagle3_debug(self.run_id, rec.debug, rec.now)
+        if rec.rows:
+            self.store.add_rows(self.run_id, rec.rows, rec.now, self.opts.tables)
         self.store.update_run(self.run_id, **rec.fields)
         try:
             if rec.left_queue is not None:  # the job's own start on its node, not when it was seen

@@ -24,6 +24,8 @@ from .summaries import summaries
 if TYPE_CHECKING:
     from sqlite_utils import Database
 
+    from .runtables import RunTables
+
 def _finite(value: Any) -> Any:
     """Non-finite floats as null: JSON has no infinity, and a number read from a log (a 400-digit
     counter) can overflow to one."""
@@ -347,13 +349,6 @@ class Store:
                  for s in samples],
             )
 
-    def add_eagle3_debug(self, run_id: int, records: Iterable[dict[str, Any]], ts: float) -> None:
-        """Rows of the debug patch set's table (records from logparse.eagle3_debug, with their log line)."""
-        cols = ("line", "stage", "layer", "call", "part", "parts", "shape", "dtype", "absmean")
-        with self.tx() as c:
-            c.executemany(f"INSERT INTO eagle3_debug (run_id, ts, {', '.join(cols)}) VALUES (?, ?{', ?' * len(cols)})",
-                          [(run_id, ts, *(r.get(k) for k in cols)) for r in records])
-
     def latest_metrics(self, run_id: int) -> dict[str, float]:
         rows = self.conn.execute(
             "SELECT name, value FROM metrics WHERE id IN"
@@ -373,6 +368,33 @@ class Store:
         )
         return rows.fetchall()
 
+    # plugins' tables --------------------------------------------------------------------------
+    def use(self, tables: RunTables) -> None:
+        """Make a plugin's tables as its own migrations say, those not applied yet in this database."""
+        if not tables.migrations:
+            return
+        try:
+            done = {name for (name,) in self.conn.execute(
+                "SELECT name FROM _sqlite_migrations WHERE migration_set = ?", (tables.migration_set,))}
+        except sqlite3.OperationalError:
+            done = set()
+        if {name for name, _ in tables.migrations} <= done:
+            return
+        with self.tx():
+            migrations.apply_set(self.db, tables.migration_set, tables.migrations)
+
+    def add_rows(self, run_id: int, rows: Iterable[tuple[str, dict[str, Any]]], ts: float,
+                 tables: Iterable[RunTables]) -> None:
+        """Rows that plugins' line readers read from a run's log, as (table, row), into those plugins' tables."""
+        owners = {reader.table: t for t in tables for reader in t.readers}
+        by_table: dict[str, list[dict[str, Any]]] = {}
+        for table, row in rows:
+            by_table.setdefault(table, []).append({**row, "run_id": run_id, "ts": ts})
+        with self.tx():
+            for table, found in by_table.items():
+                self.use(owners[table])
+                self.db.table(table).insert_all(found)
+
     # patches ----------------------------------------------------------------------------------
     def record_patches(self, records: Iterable[dict[str, Any]]) -> None:
         now = time.time()
@@ -389,19 +411,3 @@ def _data(text: str | None) -> Any:
         return load_json(text) if text else None
     except ValueError:
         return None
-
-
-def eagle3_debug_table(store: Store, run_id: int) -> list[dict[str, Any]]:
-    """The debug patch set's table for a run: per stage, layer and part, the latest call's shape, dtype
-    and mean |x|, with how many calls were logged; in the order the stages first appeared."""
-    rows = store.conn.execute(
-        "SELECT stage, layer, part, parts, call, shape, dtype, absmean FROM eagle3_debug WHERE run_id = ?"
-        " ORDER BY id", (run_id,))
-    table: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for stage, layer, part, parts, call, shape, dtype, absmean in rows:
-        key = (stage, layer, part)
-        calls = table[key]["calls"] + 1 if key in table else 1
-        table[key] = {"stage": stage, "layer": layer, "part": f"{part}/{parts}", "shape": shape, "dtype": dtype,
-                      "absmean": absmean, "call": call, "calls": calls}
-    return list(table.values())
-

@@ -6,7 +6,7 @@ opens without it, which keeps `orch status` quick to start.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -35,6 +35,16 @@ def apply(db: Database, stop_before: str | None = None) -> None:
     for name, fn in _REGISTERED:
         migrations(name=name)(fn)
     migrations.apply(db, stop_before=stop_before)
+
+
+def apply_set(db: Database, name: str, registered: Iterable[tuple[str, Callable[[Database], None]]]) -> None:
+    """Apply a plugin's migration set (see store/runtables.py): orch's own way, under the set's name."""
+    from sqlite_utils.migrations import Migrations
+
+    migrations = Migrations(name)
+    for step, fn in registered:
+        migrations(name=step)(fn)
+    migrations.apply(db)
 
 
 @migration("m001_runs_events_metrics")
@@ -237,15 +247,8 @@ def m010(db: Database) -> None:
     db["runs"].add_column("queue_reason", str)  # why it still waits in the queue ("Resources", "Priority")
 
 
-@migration("m011_eagle3_debug")
-def m011(db: Database) -> None:
-    # The sglang-eagle3-hidden-debug patch set's lines, one row per tensor logged (logparse/eagle3_debug.py).
-    db["eagle3_debug"].create(
-        {"id": int, "run_id": int, "ts": float, "line": int, "stage": str, "layer": int, "call": int, "part": int,
-         "parts": int, "shape": str, "dtype": str, "absmean": float},
-        pk="id", foreign_keys=[("run_id", "runs", "id")],
-    )
-    db["eagle3_debug"].create_index(["run_id", "stage"])
+# m011_eagle3_debug made the table of the sglang-eagle3-hidden-debug patch set's lines; that table is the
+# EAGLE-3 plugin's own now (playbooks/eagle3_debug.py, its own migration set), which keeps one made here.
 
 
 @migration("m012_dashboard_indexes")

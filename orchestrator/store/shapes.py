@@ -3,11 +3,15 @@ progress object everywhere, ISO 8601 times beside epoch seconds."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .db import Store, eagle3_debug_table
+from .db import Store
 from .record import STOPPED_REASONS, Run, Status
+
+if TYPE_CHECKING:
+    from .runtables import RunTables
 
 PROGRESS_KEYS = ("label", "done", "total", "percent", "rate_per_s", "eta_s", "elapsed_s")
 
@@ -88,8 +92,19 @@ def error_hint(error: dict[str, Any] | None, phase: str | None = None) -> str | 
     return hint_of(err, phase)
 
 
-def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, Any]:
-    """A run as `orch status --json` prints it."""
+def sections(store: Store, run_id: int, tables: Iterable[RunTables]) -> dict[str, Any]:
+    """Each plugin's section of a run, read from its own tables (made now if this database has not yet)."""
+    found = {}
+    for t in tables:
+        store.use(t)
+        section = t.section(store.db, run_id)
+        if section is not None:
+            found[t.name] = section
+    return found
+
+
+def run_document(store: Store, run: Run, with_events: bool = True, tables: Iterable[RunTables] = ()) -> dict[str, Any]:
+    """A run as `orch status --json` prints it; with events, each plugin's section too (`tables`)."""
     error = run.error
     silent_since = unreachable_since(store, run)
     doc = {
@@ -125,7 +140,7 @@ def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, 
         "end_steps": run.end_steps,  # the end steps that ran (log to end, patch revert, outputs, log tail, notify)
     }
     if with_events:
-        doc["eagle3_debug"] = eagle3_debug_table(store, run.id)
+        doc.update(sections(store, run.id, tables))
         doc["events"] = [{"ts": e["ts"], "ts_iso": iso(e["ts"]), "kind": e["kind"], "message": e["message"]}
                          for e in store.events(run.id)]
     return doc

@@ -12,7 +12,7 @@ from ..config.objective import lower_is_better
 from ..config.workspace import Workspace
 from ..errors import OrchError
 from ..runflow import registry
-from ..store import Store
+from ..store import Store, runtables
 from ..store.record import Run
 from ..store.shapes import error_hint, run_document
 from . import report
@@ -28,7 +28,7 @@ END_PHASES = ("finished", "failed")
 def run_page(ws: Workspace, store: Store, run_id: int) -> dict[str, Any]:
     """Everything the run page shows except the log tail and the metric series (fetched on their own)."""
     run = store.get_run(run_id)
-    doc = run_document(store, run)
+    doc = run_document(store, run, tables=runtables.installed())
     doc.update({
         "sweep_id": run.sweep_id, "point": run.point and _json(run.point), "last_line": run.last_line,
         "heartbeat": run.heartbeat, "progress_at": run.progress_at, "watcher": run.watcher,
