@@ -12,7 +12,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator
 
 from ..errors import OrchError, SpecError
-from ..secrets import MASK, masked_env
+from ..secret_env import MASK, masked_env
 from . import specdoc
 from .checks import DAY_S, GPUS_MAX, bad_env_names, passable
 

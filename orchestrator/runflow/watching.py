@@ -128,8 +128,7 @@ def _spawn(ws: Workspace, log: Path, args: list[str]) -> None:
 
 def _start(ws: Workspace, log: Path, args: list[str]) -> None:
     """Start `python ARGS` in the workspace, in its own session, its output appended to `log`."""
-    # the folder that holds the orchestrator package (orchestrator/ itself would shadow the standard library's
-    # `secrets` with orch's own)
+    # the folder that holds the orchestrator package, not the package's own folder
     package_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "ORCH_HOME": str(ws.root),
            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}

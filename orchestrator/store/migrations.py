@@ -316,7 +316,7 @@ def m017(db: Database) -> None:
     import json
     from typing import Any
 
-    from ..secrets import masked_values
+    from ..secret_env import masked_values
 
     def rows(sql: str) -> list[tuple[int, Any]]:
         found = []

@@ -51,7 +51,7 @@ class SweepFile(BaseModel):
     @field_serializer("spec")
     def _masked_spec(self, spec: dict[str, Any]) -> dict[str, Any]:
         # stored with the sweep: its secrets as a run's spec stores them
-        from ..secrets import masked_values
+        from ..secret_env import masked_values
 
         return masked_values(spec)
 
@@ -167,7 +167,7 @@ def expand(file: SweepFile) -> list[dict[str, Any]]:
 
 def _no_swept_secret(file: SweepFile, axes: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
     """A point's swept values are its label in status, reports and notifications: a secret cannot be one."""
-    from ..secrets import looks_secret
+    from ..secret_env import looks_secret
 
     marked = file.spec.get("secret_env")
     marked = set(marked) if isinstance(marked, list) else set()
