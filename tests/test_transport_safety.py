@@ -104,7 +104,7 @@ def test_a_large_put_is_metered(transport: Transport, tmp_path: Path, monkeypatc
 
 DRIVER = textwrap.dedent("""
     import socket, sys
-    from orchestrator import ssh
+    from orchestrator.host import ssh
     from orchestrator.config.hosts import Host
     from orchestrator.host.remote import connect
 
