@@ -62,7 +62,7 @@ import ctypes, os, signal, sys, threading, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
 from test_faults import alive, recycle, wait_for
-from orchestrator import launch
+from orchestrator.host import launch
 from orchestrator.config.hosts import local_host
 from orchestrator.host.launch import RunPaths
 from orchestrator.host.remote import connect
