@@ -40,14 +40,14 @@ def test_a_plugins_table_is_made_only_by_its_own_migrations(tmp_path):
     store = Store(tmp_path / "orch.db")
     run_id = store.create_run("command", "local", {})
     assert "eagle3_debug" not in objects(store.path)  # orch's own schema has no plugin's table
-    assert set(migration_sets(store.path)) == {migrations.SET}
+    assert set(migration_sets(store.path)) == {migrations.MIGRATIONS.name}
     plugin = Eagle3Debug()
     # a run shown in full uses the plugin: its migrations run then, as a set of their own
     doc = run_document(store, store.get_run(run_id), tables=[plugin])
     assert doc["eagle3_debug"] == []
     assert objects(store.path)["eagle3_debug"] == "table" and objects(store.path)["eagle3_debug_stages"] == "view"
     assert migration_sets(store.path)["plugin:eagle3_debug"] == ["m001_eagle3_debug", "m002_stages_view"]
-    assert migration_sets(store.path)[migrations.SET] == migrations.names()
+    assert migration_sets(store.path)[migrations.MIGRATIONS.name] == migrations.names()
     store.add_rows(run_id, [("eagle3_debug", {"stage": "s", "call": c, "part": 1, "parts": 1, "shape": "(1,)",
                                               "dtype": "float16", "absmean": 0.25, "line": c}) for c in (0, 1)],
                    5.0, [plugin])

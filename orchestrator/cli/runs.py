@@ -114,7 +114,7 @@ def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_rea
             waited.append(line)  # before the line: a Ctrl-C right after it finds the wait recorded
             err.print(f"waiting: {line}")
 
-    newest = store.conn.execute("SELECT COALESCE(MAX(id), 0) FROM runs").fetchone()[0]
+    newest = store.newest_run_id()
     try:
         ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait, replace=replace,
                             run_fields=labels)
@@ -143,7 +143,7 @@ def _started_here(store: Any, newest: int) -> bool:
     from ..store.controller import Controller
 
     me = str(Controller.me())
-    return store.conn.execute("SELECT 1 FROM runs WHERE id > ? AND watcher = ?", (newest, me)).fetchone() is not None
+    return store.count_runs(after_id=newest, watcher=me) > 0
 
 
 def _hand_over(ctx: Any) -> None:

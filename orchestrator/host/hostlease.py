@@ -62,8 +62,8 @@ def workspace_id(ws: Workspace) -> str:
 
 def run_token(ws: Workspace, store: Store, run_id: int) -> str:
     """Names this run of this workspace in its remote dir, so another workspace's run N is not taken for it."""
-    created = store.conn.execute("SELECT created_at FROM runs WHERE id = ?", (run_id,)).fetchone()
-    return f"{workspace_id(ws)}:{run_id}:{created[0] if created else 0}"
+    created = store.created_at(run_id)
+    return f"{workspace_id(ws)}:{run_id}:{created if created is not None else 0}"
 
 
 def workspace_of(token: str) -> str:

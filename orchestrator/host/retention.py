@@ -32,11 +32,7 @@ def check_removable(run: Run) -> None:
 
 def older_than(store: Store, seconds: float, now: float | None = None) -> list[Run]:
     """Ended runs, not part of a sweep, that ended (or were created) more than `seconds` ago."""
-    cutoff = (now or time.time()) - seconds
-    rows = store.conn.execute(
-        "SELECT id FROM runs WHERE sweep_id IS NULL AND COALESCE(ended_at, created_at) < ?"
-        f" AND status NOT IN ({','.join('?' * len(ACTIVE))}) ORDER BY id", [cutoff, *[s.value for s in ACTIVE]])
-    return [store.get_run(run_id) for (run_id,) in rows]
+    return store.ended_before((now or time.time()) - seconds)
 
 
 def _remove_remote(ws: Workspace, store: Store, run: Run, inv: Inventory) -> str:
@@ -62,10 +58,7 @@ def remove(ws: Workspace, store: Store, runs: list[Run], inv: Inventory, keep_re
         except OrchError as exc:
             done.append(Removed(run.id, str(exc), ok=False))
             continue
-        with store.tx() as c:
-            for table in ("events", "metrics", "leases"):
-                c.execute(f"DELETE FROM {table} WHERE run_id = ?", (run.id,))
-            c.execute("DELETE FROM runs WHERE id = ?", (run.id,))
+        store.delete_run(run.id)
         shutil.rmtree(ws.runs_dir / str(run.id), ignore_errors=True)
         done.append(Removed(run.id, remote))
     return done

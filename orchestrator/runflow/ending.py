@@ -80,13 +80,7 @@ def _release_host(ctx: Context) -> None:
 
 def _claim_step(store: Store, run_id: int, name: str) -> bool:
     """Record that the step runs now; False when it already ran (or runs elsewhere)."""
-    with store.tx() as c:
-        row = c.execute("SELECT end_steps FROM runs WHERE id = ?", (run_id,)).fetchone()
-        done = json.loads(row[0]) if row[0] else []
-        if name in done:
-            return False
-        store.update_run(run_id, end_steps=[*done, name])
-    return True
+    return store.claim_end_step(run_id, name)
 
 
 def _collect_outputs(ctx: Context) -> None:

@@ -467,9 +467,8 @@ class Watcher:
 
     def _save(self, rec: Staged) -> None:
         """Write a staged record; _Conflict when another writer recorded these bytes (or the run's end) first."""
-        c = self.store.conn
-        row = c.execute("SELECT log_offset, status FROM runs WHERE id = ?", (self.run_id,)).fetchone()
-        if row[0] != rec.expect or Status(row[1]).terminal:
+        offset, status = self.store.log_position(self.run_id)
+        if offset != rec.expect or status.terminal:
             raise _Conflict()
         for kind, message, data in rec.events:
             self.store.add_event(self.run_id, kind, message, data, ts=rec.now)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DatabaseUnavailable, NotFound, UsageError
 from . import migrations
-from .record import JSON_FIELDS, Run
+from .record import ACTIVE, JSON_FIELDS, Run, Status
 from .summaries import summaries
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _dump(value: Any) -> str | None:
+def dump_json(value: Any) -> str | None:
     """Strict JSON only: SQLite's json functions (and every other reader) refuse `Infinity` or `NaN`."""
     return None if value is None else json.dumps(_finite(value), sort_keys=True, allow_nan=False)
 
@@ -131,19 +131,10 @@ class Store:
         return Database(self.conn)
 
     def migrate(self, stop_before: str | None = None) -> None:
-        if stop_before is None and not self._pending_migrations():
+        if stop_before is None and not migrations.pending(self.conn):
             return
         with self.tx():
-            migrations.apply(self.db, stop_before=stop_before)
-
-    def _pending_migrations(self) -> bool:
-        try:
-            rows = self.conn.execute(
-                "SELECT name FROM _sqlite_migrations WHERE migration_set = ?", (migrations.SET,)
-            )
-        except sqlite3.OperationalError:  # a new database: not even the bookkeeping table yet
-            return True
-        return bool(set(migrations.names()) - {name for (name,) in rows})
+            migrations.MIGRATIONS.apply(self.db, stop_before=stop_before)
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
@@ -209,7 +200,7 @@ class Store:
             cur = c.execute(
                 "INSERT INTO runs (playbook, host, status, phase, spec, created_at, log_offset)"
                 " VALUES (?, ?, 'pending', 'starting', ?, ?, 0)",
-                (playbook, host, _dump(spec), now),
+                (playbook, host, dump_json(spec), now),
             )
             run_id = int(cur.lastrowid or 0)
             self.add_event(run_id, "status", "pending", ts=now)
@@ -219,6 +210,21 @@ class Store:
         """The id the next run will get (ids are never reused: removed runs' ids stay taken)."""
         row = self.conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'runs'").fetchone()
         return int(row[0] if row else 0) + 1
+
+    def newest_run_id(self) -> int:
+        """The highest id of a run on record (0: none), as a mark to tell the runs created after it."""
+        return int(self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM runs").fetchone()[0])
+
+    def created_at(self, run_id: int) -> float | None:
+        """When the run was created (None: no such run); one column, without decoding the row."""
+        row = self.conn.execute("SELECT created_at FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return None if row is None else row[0]  # as stored: run tokens on hosts hold its text
+
+    def log_position(self, run_id: int) -> tuple[int, Status]:
+        """How far the run's log is recorded (log_offset) and its status: what a watcher checks before it
+        writes what it read past that offset."""
+        offset, status = self.conn.execute("SELECT log_offset, status FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return offset, Status(status)
 
     def get_run(self, run_id: int) -> Run:
         row = self.conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
@@ -260,21 +266,27 @@ class Store:
 
     def count_runs(self, *, statuses: Iterable[str] | None = None, host: str | None = None,
                    playbook: str | None = None, tag: str | None = None, sweep_id: int | None = None,
-                   since: float | None = None) -> int:
-        where, args = self._run_filter(statuses, host, playbook, tag, sweep_id, since)
+                   since: float | None = None, after_id: int | None = None, watcher: str | None = None) -> int:
+        where, args = self._run_filter(statuses, host, playbook, tag, sweep_id, since, after_id=after_id,
+                                       watcher=watcher)
         return int(self.conn.execute(f"SELECT COUNT(*) FROM runs{where}", args).fetchone()[0])
 
     @staticmethod
     def _run_filter(statuses: Iterable[str] | None, host: str | None, playbook: str | None, tag: str | None,
-                    sweep_id: int | None, since: float | None) -> tuple[str, list[Any]]:
-        """A WHERE clause for the filters given (each one ANDed); `since` is epoch seconds of creation."""
+                    sweep_id: int | None, since: float | None, *, after_id: int | None = None,
+                    watcher: str | None = None) -> tuple[str, list[Any]]:
+        """A WHERE clause for the filters given (each one ANDed); `since` is epoch seconds of creation,
+        `after_id` keeps the runs created after that one."""
         clauses: list[str] = []
         args: list[Any] = []
         if statuses is not None:
             statuses = list(statuses)
             clauses.append(f"status IN ({','.join('?' * len(statuses))})")
             args += statuses
-        for column, value in (("host", host), ("playbook", playbook), ("sweep_id", sweep_id)):
+        if after_id is not None:
+            clauses.append("id > ?")
+            args.append(after_id)
+        for column, value in (("host", host), ("playbook", playbook), ("sweep_id", sweep_id), ("watcher", watcher)):
             if value is not None:
                 clauses.append(f"{column} = ?")
                 args.append(value)
@@ -285,6 +297,32 @@ class Store:
             clauses.append("EXISTS (SELECT 1 FROM json_each(runs.tags) WHERE value = ?)")
             args.append(tag)
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
+
+    def ended_before(self, cutoff: float) -> list[Run]:
+        """Ended runs, not part of a sweep, that ended (or, never started, were created) before `cutoff`
+        (epoch seconds), oldest first."""
+        active = [s.value for s in ACTIVE]
+        rows = self.conn.execute(
+            "SELECT id FROM runs WHERE sweep_id IS NULL AND COALESCE(ended_at, created_at) < ?"
+            f" AND status NOT IN ({','.join('?' * len(active))}) ORDER BY id", [cutoff, *active]).fetchall()
+        return [self.get_run(run_id) for (run_id,) in rows]
+
+    def delete_run(self, run_id: int) -> None:
+        """The run's record goes, with its events, metrics and lease; its id stays taken (AUTOINCREMENT)."""
+        with self.tx() as c:
+            for table in ("events", "metrics", "leases"):
+                c.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+            c.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+
+    def claim_end_step(self, run_id: int, step: str) -> bool:
+        """Record in the run's end_steps that the step runs now; False when it already ran (or runs elsewhere)."""
+        with self.tx() as c:
+            (text,) = c.execute("SELECT end_steps FROM runs WHERE id = ?", (run_id,)).fetchone()
+            done = load_json(text) if text else []
+            if step in done:
+                return False
+            self.update_run(run_id, end_steps=[*done, step])
+        return True
 
     def label_run(self, run_id: int, *, tags: Iterable[str] = (), note: str | None = None) -> Run:
         """Add tags (each once) and a note line to a run; the run as it is then."""
@@ -301,7 +339,7 @@ class Store:
             return
         if "status" in fields:
             raise ValueError("status changes go through lifecycle.transition")
-        values = [_dump(v) if k in JSON_FIELDS else v for k, v in fields.items()]
+        values = [dump_json(v) if k in JSON_FIELDS else v for k, v in fields.items()]
         with self.tx() as c:
             c.execute(
                 f"UPDATE runs SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?", [*values, run_id]
@@ -314,7 +352,7 @@ class Store:
         with self.tx() as c:
             c.execute(
                 "INSERT INTO events (run_id, ts, kind, message, data) VALUES (?, ?, ?, ?, ?)",
-                (run_id, ts or time.time(), kind, message, _dump(data)),
+                (run_id, ts or time.time(), kind, message, dump_json(data)),
             )
 
     def events(self, run_id: int) -> list[dict[str, Any]]:

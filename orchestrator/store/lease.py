@@ -18,14 +18,13 @@ host is never blocked past the end of its job.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import NotFound, OrchError
 from .controller import STALE_FACTOR, Controller
-from .db import Store
+from .db import Store, dump_json, load_json
 from .record import Run
 
 # The probe hands a run whose controller died to the run flow, which ends it if its job is over.
@@ -106,7 +105,7 @@ def holder_alive(lease: Lease, run: Run, now: float | None = None) -> bool:
 
 def _row(row: tuple) -> Lease:
     id_, host, gpus, run_id, pid, pid_start, hostname, heartbeat, poll_max = row
-    return Lease(id_, host, json.loads(gpus) if gpus else None, run_id, Controller(hostname, pid, pid_start),
+    return Lease(id_, host, load_json(gpus) if gpus else None, run_id, Controller(hostname, pid, pid_start),
                  heartbeat, poll_max)
 
 
@@ -162,7 +161,7 @@ def acquire(store: Store, host: str, gpus: list[int] | None, create_run: Callabl
                 c.execute(
                     "INSERT INTO leases (host, gpus, run_id, pid, pid_start, hostname, heartbeat, poll_max,"
                     " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (host, json.dumps(sorted(gpus)) if gpus is not None else None, run_id, me.pid, me.start,
+                    (host, dump_json(sorted(gpus) if gpus is not None else None), run_id, me.pid, me.start,
                      me.hostname, time.time(), poll_max, time.time()),
                 )
                 return run_id

@@ -1,40 +1,68 @@
-"""Named schema migrations, applied in order on every open (never edit one that has shipped).
+"""Named schema migrations, applied in order on every open (never edit one that has shipped): one
+sqlite-utils `Migrations` set, `MIGRATIONS`, which records each applied name in `_sqlite_migrations`.
 
-They run through sqlite-utils' Migrations, imported only when one is pending: an up-to-date database
-opens without it, which keeps `orch status` quick to start.
+An up-to-date database opens without the rest of sqlite-utils: its package imports all of it (numpy too,
+where installed), a quarter of a second that `orch status` would pay on every start, while its migrations
+module needs only the standard library. So that module is loaded alone, and `pending` reads the applied
+names with one query; sqlite-utils itself is imported only to apply a migration.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sqlite3
+import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sqlite_utils import Database
-
-SET = "orch"
-_REGISTERED: list[tuple[str, Callable[[Database], None]]] = []
+    from sqlite_utils.migrations import Migrations
 
 
-def migration(name: str) -> Callable[[Callable[[Database], None]], Callable[[Database], None]]:
-    def register(fn: Callable[[Database], None]) -> Callable[[Database], None]:
-        _REGISTERED.append((name, fn))
-        return fn
+def _migrations_class() -> type[Migrations]:
+    """sqlite-utils' `Migrations`, from its own module, without importing the package around it."""
+    if "sqlite_utils.migrations" in sys.modules:  # sqlite-utils is loaded already: nothing to save
+        return sys.modules["sqlite_utils.migrations"].Migrations  # type: ignore[no-any-return]
+    name = f"{__name__}._sqlite_utils_migrations"
+    try:
+        package = importlib.util.find_spec("sqlite_utils")  # finds it without running its __init__
+        assert package is not None and package.submodule_search_locations
+        spec = importlib.util.spec_from_file_location(
+            name, Path(package.submodule_search_locations[0]) / "migrations.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # its dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module.Migrations  # type: ignore[no-any-return]
+    except Exception:  # noqa: BLE001 - a sqlite-utils whose module needs the package: import it whole
+        sys.modules.pop(name, None)
+        from sqlite_utils.migrations import Migrations
 
-    return register
+        return Migrations
+
+
+MIGRATIONS = _migrations_class()("orch")
 
 
 def names() -> list[str]:
-    return [name for name, _ in _REGISTERED]
+    """Every migration of the set, in order (sqlite-utils offers them only as `pending` on a database)."""
+    return [m.name for m in MIGRATIONS._migrations]
 
 
-def apply(db: Database, stop_before: str | None = None) -> None:
-    from sqlite_utils.migrations import Migrations
-
-    migrations = Migrations(SET)
-    for name, fn in _REGISTERED:
-        migrations(name=name)(fn)
-    migrations.apply(db, stop_before=stop_before)
+def pending(conn: sqlite3.Connection) -> list[str]:
+    """The set's migrations not applied to this database yet: what `MIGRATIONS.pending` says, read with one
+    query rather than through sqlite-utils."""
+    try:
+        rows = conn.execute(f"SELECT name FROM [{MIGRATIONS.migrations_table}] WHERE migration_set = ?",
+                            (MIGRATIONS.name,)).fetchall()
+    except sqlite3.OperationalError:
+        # a new database (not even the bookkeeping table yet), or one not readable just now: applying reads
+        # the table again, under the write lock
+        rows = []
+    applied = {name for (name,) in rows}
+    return [name for name in names() if name not in applied]
 
 
 def apply_set(db: Database, name: str, registered: Iterable[tuple[str, Callable[[Database], None]]]) -> None:
@@ -47,7 +75,7 @@ def apply_set(db: Database, name: str, registered: Iterable[tuple[str, Callable[
     migrations.apply(db)
 
 
-@migration("m001_runs_events_metrics")
+@MIGRATIONS(name="m001_runs_events_metrics")
 def m001(db: Database) -> None:
     db["runs"].create(
         {
@@ -90,7 +118,7 @@ def m001(db: Database) -> None:
     db["metrics"].create_index(["run_id", "name", "id"])
 
 
-@migration("m002_run_watch_fields")
+@MIGRATIONS(name="m002_run_watch_fields")
 def m002(db: Database) -> None:
     db["runs"].add_column("stalled", int, not_null_default=0)
     db["runs"].add_column("watcher", str)  # "hostname:pid" of the controller watching the run
@@ -98,7 +126,7 @@ def m002(db: Database) -> None:
     db["runs"].create_index(["status"])
 
 
-@migration("m003_patch_records")
+@MIGRATIONS(name="m003_patch_records")
 def m003(db: Database) -> None:
     db["patch_records"].create(
         {
@@ -123,13 +151,13 @@ def m003(db: Database) -> None:
     db["patch_records"].create_index(["run_id"])
 
 
-@migration("m004_progress_time_and_prediction")
+@MIGRATIONS(name="m004_progress_time_and_prediction")
 def m004(db: Database) -> None:
     db["runs"].add_column("progress_at", float)  # when progress last advanced (stall detection)
     db["runs"].add_column("predicted_at", float)  # when loading should end, from earlier runs
 
 
-@migration("m005_leases")
+@MIGRATIONS(name="m005_leases")
 def m005(db: Database) -> None:
     db["leases"].create(
         {
@@ -151,7 +179,7 @@ def m005(db: Database) -> None:
     db["leases"].create_index(["run_id"], unique=True)
 
 
-@migration("m006_sweeps")
+@MIGRATIONS(name="m006_sweeps")
 def m006(db: Database) -> None:
     db["sweeps"].create(
         {
@@ -203,7 +231,7 @@ def m006(db: Database) -> None:
     db["runs"].create_index(["sweep_id"])
 
 
-@migration("m007_sweep_instance")
+@MIGRATIONS(name="m007_sweep_instance")
 def m007(db: Database) -> None:
     # A sweep is its name, file hash and instance: a nightly entry's instance is the date, so an unchanged
     # file makes a new sweep every night; '' keeps "the same file again resumes it".
@@ -216,7 +244,7 @@ def m007(db: Database) -> None:
     db["sweeps"].create_index(["name", "file_hash", "instance"], unique=True)
 
 
-@migration("m008_end_steps")
+@MIGRATIONS(name="m008_end_steps")
 def m008(db: Database) -> None:
     # Which end steps ran and which patch sets a run applied, as data rather than read back from events.
     db["runs"].add_column("end_steps", str)  # JSON list of step names
@@ -235,12 +263,12 @@ def m008(db: Database) -> None:
     )
 
 
-@migration("m009_last_line")
+@MIGRATIONS(name="m009_last_line")
 def m009(db: Database) -> None:
     db["runs"].add_column("last_line", str)  # the log's last line as of the last poll, for the live view
 
 
-@migration("m010_scheduler_fields")
+@MIGRATIONS(name="m010_scheduler_fields")
 def m010(db: Database) -> None:
     # What a batch scheduler says of a run's job beyond its log.
     db["runs"].add_column("node", str)  # the node (list) the job runs on
@@ -251,7 +279,7 @@ def m010(db: Database) -> None:
 # EAGLE-3 plugin's own now (playbooks/eagle3_debug.py, its own migration set), which keeps one made here.
 
 
-@migration("m012_dashboard_indexes")
+@MIGRATIONS(name="m012_dashboard_indexes")
 def m012(db: Database) -> None:
     # The dashboard's runs table filters by host and playbook, newest first, over 100 000s of runs; an
     # index on one column also holds the rowid, so `WHERE host = ? ORDER BY id DESC LIMIT n` walks it.
@@ -259,7 +287,7 @@ def m012(db: Database) -> None:
     db["runs"].create_index(["playbook"])
 
 
-@migration("m013_log_inode")
+@MIGRATIONS(name="m013_log_inode")
 def m013(db: Database) -> None:
     # Which log file the offset is in, and the bytes just before it (hex): a rotation is told by identity,
     # a log truncated and grown past the offset again by its content, not by its size.
@@ -267,7 +295,7 @@ def m013(db: Database) -> None:
     db["runs"].add_column("log_tail", str)
 
 
-@migration("m014_run_labels")
+@MIGRATIONS(name="m014_run_labels")
 def m014(db: Database) -> None:
     # What a person calls a run and what they note on it (`orch run --name/--tag/--note`, `orch tag`, `orch note`).
     db["runs"].add_column("name", str)
@@ -275,12 +303,12 @@ def m014(db: Database) -> None:
     db["runs"].add_column("note", str)
 
 
-@migration("m015_host_lease")
+@MIGRATIONS(name="m015_host_lease")
 def m015(db: Database) -> None:
     db["runs"].add_column("host_lease", int, not_null_default=0)  # the run holds lease files on its host
 
 
-@migration("m016_run_ids_never_reused")
+@MIGRATIONS(name="m016_run_ids_never_reused")
 def m016(db: Database) -> None:
     # AUTOINCREMENT: a run id once given is never given again, even after `orch rm` of the newest run, so an
     # id in a note, a chat message or a host's run dir names one run for good. SQLite cannot alter a key:
@@ -309,7 +337,7 @@ def m016(db: Database) -> None:
     conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('runs', ?)", (used,))
 
 
-@migration("m017_env_secrets_masked")
+@MIGRATIONS(name="m017_env_secrets_masked")
 def m017(db: Database) -> None:
     # Specs stored before secrets were masked: their secret `env` values become the mask, as a spec stored
     # now has them (a run started again from one takes the value from orch's environment).
@@ -342,7 +370,7 @@ def m017(db: Database) -> None:
     db.conn.execute(f"PRAGMA secure_delete = {int(secure)}")
 
 
-@migration("m018_scheduler_job_id")
+@MIGRATIONS(name="m018_scheduler_job_id")
 def m018(db: Database) -> None:
     # A scheduler's job has columns of its own: its id and name were kept in `pid` and `pid_start`
     # ("slurm:<name>"), where a pid is a process of the host that orch may signal.
@@ -350,3 +378,43 @@ def m018(db: Database) -> None:
     db["runs"].add_column("job_name", str)
     db.conn.execute("UPDATE runs SET job_id = pid, job_name = substr(pid_start, 7), pid = NULL, pid_start = NULL"
                     " WHERE pid_start LIKE 'slurm:%'")
+
+
+@MIGRATIONS(name="m019_browsing_views")
+def m019(db: Database) -> None:
+    # For people browsing the file (datasette, sqlite3): the runs as they read (times as ISO 8601 UTC text,
+    # the duration, the spec's telling fields) and one row of latest metric values per run. orch reads
+    # neither. JSON is read only where valid, so one damaged row cannot fail the whole view. A later migration
+    # that rebuilds `runs` (as m016 does) drops these first and makes them again.
+    def iso(column: str) -> str:
+        return f"strftime('%Y-%m-%dT%H:%M:%SZ', {column}, 'unixepoch') AS {column.removesuffix('_at')}"
+
+    def field(column: str, path: str, name: str) -> str:
+        return f"CASE WHEN json_valid({column}) THEN json_extract({column}, '$.{path}') END AS {name}"
+
+    run_columns = [
+        "id", "name", "playbook", "host", "status", "phase",
+        iso("created_at"), iso("started_at"), iso("ended_at"), "ROUND(ended_at - started_at, 3) AS duration_s",
+        "exit_code", "reason", field("error", "message", "error"),
+        *(field("spec", name, name) for name in ("cmd", "model", "draft_model", "tp", "gpus", "patches")),
+        "CASE WHEN json_valid(tags) THEN (SELECT group_concat(value, ' ') FROM json_each(runs.tags)) END AS tags",
+        "note", "sweep_id", "point", "node", "COALESCE(pid, job_id) AS job", "remote_dir",
+    ]
+    db.create_view("runs_view", "SELECT\n    " + ",\n    ".join(run_columns) + "\nFROM runs")
+    # The metric names orch's log readers and playbooks record most; `metrics` holds every name's value.
+    common = ["gen_throughput", "accept_len", "accept_rate", "load_weight_s", "output_throughput",
+              "median_ttft_ms", "median_itl_ms", "tokens_per_s", "train/loss"]
+    pivot_columns = [
+        "run_id", "runs.playbook", "runs.host",
+        *(f"MAX(CASE WHEN latest.name = '{name}' THEN latest.value END) AS [{name}]" for name in common),
+        "json_group_object(latest.name, latest.value) AS metrics",
+    ]
+    db.create_view("metrics_pivot", (
+        "WITH latest AS (\n"  # each run's last sample of each name, as `orch status` shows it
+        "    SELECT run_id, name, value FROM metrics\n"
+        "    WHERE id IN (SELECT MAX(id) FROM metrics GROUP BY run_id, name)\n"
+        "    ORDER BY run_id, name\n"
+        ")\n"
+        "SELECT\n    " + ",\n    ".join(pivot_columns) + "\n"
+        "FROM latest JOIN runs ON runs.id = latest.run_id\n"
+        "GROUP BY run_id"))
