@@ -3,7 +3,7 @@
 A playbook is a Spec (a Pydantic model) and a few small steps. It never sees the store or how commands
 reach the host: `prepare` gets a `JobContext` and returns what it found as a `Prepared` value that
 `command` then turns into the job's shell lines; `finish` returns the run's `Outputs`. The run flow
-(runflow.py) calls these in order and records everything.
+(runflow/) calls these in order and records everything.
 
 A plugin may also keep tables about runs (RunTables, see store/runtables.py): its own migrations make them, its
 line readers fill them from any run's log, and `orch status ID` shows them as a section named after it.
