@@ -36,7 +36,9 @@ def sweep(store: Store, sweep_id: int) -> dict[str, Any] | None:
     """The sweep's row, or None (none such; or a database from before sweeps were recorded)."""
     try:
         rows = _dicts(store.conn.execute("SELECT * FROM sweeps WHERE id = ?", (sweep_id,)))
-    except sqlite3.OperationalError:
+    except sqlite3.OperationalError as exc:
+        if "no such table" not in str(exc):
+            raise
         return None
     return _sweep(rows[0]) if rows else None
 
