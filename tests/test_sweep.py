@@ -333,7 +333,7 @@ def test_two_runs_racing_for_one_host_then_queue(orch, tmp_path):
 
 def test_stale_leases_are_recovered(orch, tmp_path):
     # a controller that took the host and died before launching
-    code = ("import sys; from orchestrator import lease; from orchestrator.store import Store;"
+    code = ("import sys; from orchestrator.store import lease; from orchestrator.store import Store;"
             "s = Store(sys.argv[1]);"
             "lease.acquire(s, 'test1', None, lambda: s.create_run('command', 'test1', {'cmd': 'true'}), 0.3)")
     subprocess.run([sys.executable, "-c", code, str(orch.db)], check=True)
