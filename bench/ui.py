@@ -86,6 +86,8 @@ def timed_get(host: str, port: int, path: str, token: str) -> tuple[float, float
 
 def sqlite_same(db: Path, path: str) -> float:
     """The page's three queries (rows, their metrics, the capped count) straight through sqlite3."""
+    from orchestrator.store import Store
+    from orchestrator.store.runtable import COLUMNS
     from orchestrator.ui import table
 
     class Params(dict):  # the query string, as Starlette hands it to table.Filters
@@ -98,14 +100,15 @@ def sqlite_same(db: Path, path: str) -> float:
     where, args = table.Filters.parse(params).where()
     before = params.get("before")
     keyset = (" AND" if where else " WHERE") + f" id < {int(before)}" if before else ""
-    conn = sqlite3.connect(db)
+    store = Store(db)
+    conn = store.conn
     t0 = time.perf_counter()
-    rows = conn.execute(f"SELECT {', '.join(table.COLUMNS)} FROM runs{where}{keyset} ORDER BY id DESC LIMIT 51",
+    rows = conn.execute(f"SELECT {', '.join(COLUMNS)} FROM runs{where}{keyset} ORDER BY id DESC LIMIT 51",
                         args).fetchall()
-    table.latest_metrics(conn, [r[0] for r in rows[:50]])
+    store.latest_metrics_of([r[0] for r in rows[:50]])
     conn.execute(f"SELECT COUNT(*) FROM (SELECT 1 FROM runs{where} LIMIT ?)", [*args, table.COUNT_CAP + 1]).fetchone()
     took = time.perf_counter() - t0
-    conn.close()
+    store.close()
     return took
 
 

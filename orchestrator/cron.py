@@ -20,7 +20,6 @@ import os
 import re
 import secrets
 import shlex
-import sqlite3
 import subprocess
 import sys
 import time
@@ -282,10 +281,11 @@ def _log(path: Path, line: str) -> None:
 def _record_skip(entry_id: str, file: Path, message: str) -> None:
     """An event for the skip on the sweep still running."""
     from . import sweep
+    from .store import StoreError
 
     try:
         sweep.record_cron_skip(entry_id, file, message)
-    except (OrchError, sqlite3.Error) as exc:  # the log line already says what happened
+    except (OrchError, StoreError) as exc:  # the log line already says what happened
         sys.stderr.write(f"orch: could not record the skip as an event: {exc}\n")
 
 

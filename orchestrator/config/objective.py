@@ -50,9 +50,7 @@ def best(objective: Objective, points: Iterable[tuple[Any, dict[str, float]]]) -
     return found
 
 
-def of_doc(doc: str | None) -> Objective | None:
-    """The objective of a stored sweep file (the sweeps row's `doc`), if it has one."""
-    import json
-
-    raw = json.loads(doc).get("objective") if doc else None
+def of_doc(doc: dict[str, Any] | None) -> Objective | None:
+    """The objective of a stored sweep file (the sweeps row's `doc`, as read), if it has one."""
+    raw = doc.get("objective") if doc else None
     return Objective.model_validate(raw) if raw else None

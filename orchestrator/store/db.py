@@ -7,8 +7,6 @@ belongs together happens in one `BEGIN IMMEDIATE` transaction.
 from __future__ import annotations
 
 import functools
-import json
-import math
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -18,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DatabaseUnavailable, NotFound, UsageError
 from . import migrations
+from .encoding import decoded, dump_json, load_json
 from .record import ACTIVE, JSON_FIELDS, Run, Status
 from .summaries import summaries
 
@@ -26,31 +25,9 @@ if TYPE_CHECKING:
 
     from .runtables import RunTables
 
-def _finite(value: Any) -> Any:
-    """Non-finite floats as null: JSON has no infinity, and a number read from a log (a 400-digit
-    counter) can overflow to one."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
-def dump_json(value: Any) -> str | None:
-    """Strict JSON only: SQLite's json functions (and every other reader) refuse `Infinity` or `NaN`."""
-    return None if value is None else json.dumps(_finite(value), sort_keys=True, allow_nan=False)
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def load_json(text: str) -> Any:
-    """Strict JSON back; ValueError (JSONDecodeError is one) for anything else."""
-    return json.loads(text, parse_constant=_refuse_constant)
-
+# What a statement can raise past the store's own errors (a damaged file, a failed constraint): callers
+# that must carry on whatever the database did catch this rather than sqlite3's class by name.
+StoreError = sqlite3.Error
 
 BUSY_TIMEOUT_S = 60.0  # how long a write waits for another process's transaction
 
@@ -183,6 +160,10 @@ class Store:
         changed, self._data_version = version != self._data_version, version
         return changed
 
+    def read_only(self) -> None:
+        """From now on this connection refuses every write (a reader that must never change anything)."""
+        self.conn.execute("PRAGMA query_only = 1")
+
     def close(self) -> None:
         self.conn.close()
 
@@ -233,7 +214,7 @@ class Store:
         return self._decode(row)
 
     def _decode(self, row: sqlite3.Row | tuple) -> Run:
-        cols = self._run_columns()
+        cols = self.run_columns()
         run = dict(zip(cols, row))
         unreadable = []
         for key in JSON_FIELDS:
@@ -247,7 +228,7 @@ class Store:
         run["unreadable"] = unreadable
         return Run.from_row(run)
 
-    def _run_columns(self) -> list[str]:
+    def run_columns(self) -> list[str]:
         if not hasattr(self, "_cols"):
             self._cols = [r[1] for r in self.conn.execute("PRAGMA table_info(runs)")]
         return self._cols
@@ -324,6 +305,13 @@ class Store:
             self.update_run(run_id, end_steps=[*done, step])
         return True
 
+    def run_counts(self) -> dict[str, dict[str, int]]:
+        """Per host, how many runs it has in each status."""
+        counts: dict[str, dict[str, int]] = {}
+        for host, status, n in self.conn.execute("SELECT host, status, COUNT(*) FROM runs GROUP BY host, status"):
+            counts.setdefault(host, {})[status] = n
+        return counts
+
     def label_run(self, run_id: int, *, tags: Iterable[str] = (), note: str | None = None) -> Run:
         """Add tags (each once) and a note line to a run; the run as it is then."""
         with self.tx():
@@ -360,7 +348,7 @@ class Store:
             "SELECT ts, kind, message, data FROM events WHERE run_id = ? ORDER BY id", (run_id,)
         )
         return [
-            {"ts": ts, "kind": kind, "message": msg, "data": _data(data)}
+            {"ts": ts, "kind": kind, "message": msg, "data": decoded(data)}
             for ts, kind, msg, data in rows
         ]
 
@@ -399,6 +387,30 @@ class Store:
         """Per metric of the run: last, and mean and p50 over the steady state (see summaries.py)."""
         rows = self.conn.execute("SELECT name, value FROM metrics WHERE run_id = ? ORDER BY id", (run_id,))
         return summaries(rows.fetchall())
+
+    def latest_metrics_of(self, run_ids: list[int]) -> dict[int, dict[str, float]]:
+        """The newest value of each metric of each run, in one query over the (run_id, name, id) index."""
+        found: dict[int, dict[str, float]] = {i: {} for i in run_ids}
+        if not run_ids:
+            return found
+        marks = ",".join("?" * len(run_ids))
+        rows = self.conn.execute(
+            f"SELECT run_id, name, value FROM metrics WHERE id IN (SELECT MAX(id) FROM metrics"
+            f" WHERE run_id IN ({marks}) GROUP BY run_id, name) ORDER BY run_id, name", run_ids)
+        for run_id, name, value in rows:
+            found[run_id][name] = value
+        return found
+
+    def count_samples(self, run_id: int, name: str) -> int:
+        """How many samples of a metric the run recorded."""
+        row = self.conn.execute("SELECT COUNT(*) FROM metrics WHERE run_id = ? AND name = ?", (run_id, name))
+        return int(row.fetchone()[0])
+
+    def recent_samples(self, run_id: int, limit: int) -> list[tuple[str, float, float]]:
+        """The run's newest `limit` samples of all its metrics, (name, ts, value) in recorded order."""
+        return self.conn.execute(
+            "SELECT name, ts, value FROM (SELECT id, name, ts, value FROM metrics WHERE run_id = ?"
+            " ORDER BY id DESC LIMIT ?) ORDER BY id", (run_id, limit)).fetchall()
 
     def metric_series(self, run_id: int, name: str) -> list[tuple[float, float, int | None]]:
         rows = self.conn.execute(
@@ -442,10 +454,6 @@ class Store:
     def patch_records(self, host: str) -> list[dict[str, Any]]:
         return list(self.db["patch_records"].rows_where("host = ?", [host], order_by="id"))
 
+    def patch_records_of_run(self, run_id: int) -> list[dict[str, Any]]:
+        return list(self.db["patch_records"].rows_where("run_id = ?", [run_id], order_by="id"))
 
-def _data(text: str | None) -> Any:
-    """An event's data; unreadable data is dropped, since the message says what happened."""
-    try:
-        return load_json(text) if text else None
-    except ValueError:
-        return None

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from ..errors import NotFound, OrchError
 from .controller import STALE_FACTOR, Controller
-from .db import Store, dump_json, load_json
+from .db import Store
+from .encoding import dump_json, load_json
 from .record import Run
 
 # The probe hands a run whose controller died to the run flow, which ends it if its job is over.

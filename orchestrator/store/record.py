@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from .controller import Controller
+from .encoding import decoded
 
 
 class Status(StrEnum):
@@ -145,6 +146,11 @@ class Run:
     @property
     def launched(self) -> bool:
         return self.job is not None
+
+    @property
+    def point_diff(self) -> dict[str, Any] | None:
+        """A sweep's run: its point's spec differences (None: not a sweep's, or the column is damaged)."""
+        return decoded(self.point)
 
     @property
     def watched_by(self) -> Controller | None:

@@ -1,38 +1,28 @@
-"""A sweep's rows: the sweep, its points and its events. Every status change goes through
-`transition_sweep` or `transition_point`, which write the status and its event in one transaction."""
+"""A sweep's rows: the sweep, its points and its events (kept by store.sweeps). Every status change goes
+through `transition_sweep` or `transition_point`, which write the status and its event in one transaction."""
 
 from __future__ import annotations
 
-import json
-import sqlite3
 import time
 from typing import Any
 
 from ..errors import NotFound, OrchError, TransitionError
 from ..store import Store
+from ..store import sweeps as stored_sweeps
 from ..store.controller import Controller
-from ..store.record import ACTIVE, Run
+from ..store.record import Run
 from . import policy
 from .plan import Plan
 from .record import POINT_ALLOWED, SWEEP_ALLOWED, Fault, PointRow, PointStatus, SweepRow, SweepStatus
 
 
-def _dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
-
-
 # events ----------------------------------------------------------------------------------------------
 def add_event(store: Store, sweep_id: int | None, kind: str, message: str = "", data: Any = None) -> None:
-    with store.tx() as c:
-        c.execute("INSERT INTO sweep_events (sweep_id, ts, kind, message, data) VALUES (?, ?, ?, ?, ?)",
-                  (sweep_id, time.time(), kind, message, json.dumps(data) if data is not None else None))
+    stored_sweeps.add_event(store, sweep_id, kind, message, data)
 
 
 def events(store: Store, sweep_id: int) -> list[dict[str, Any]]:
-    rows = store.conn.execute("SELECT ts, kind, message, data FROM sweep_events WHERE sweep_id = ? ORDER BY id",
-                              (sweep_id,))
-    return [{"ts": ts, "kind": k, "message": m, "data": json.loads(d) if d else None} for ts, k, m, d in rows]
+    return stored_sweeps.events(store, sweep_id)
 
 
 def on_run_ended(store: Store, sweep_id: int, point: int, run_id: int) -> None:
@@ -44,82 +34,72 @@ def on_run_ended(store: Store, sweep_id: int, point: int, run_id: int) -> None:
 
 # reading ---------------------------------------------------------------------------------------------
 def sweep(store: Store, sweep_id: int) -> SweepRow:
-    rows = _dicts(store.conn.execute("SELECT * FROM sweeps WHERE id = ?", (sweep_id,)))
-    if not rows:
+    row = stored_sweeps.sweep(store, sweep_id)
+    if row is None:
         raise NotFound(f"no sweep {sweep_id}")
-    return SweepRow.from_row(rows[0])
+    return SweepRow.from_row(row)
 
 
 def points(store: Store, sweep_id: int) -> list[PointRow]:
-    cur = store.conn.execute("SELECT * FROM sweep_points WHERE sweep_id = ? ORDER BY idx", (sweep_id,))
-    return [PointRow.from_row(r) for r in _dicts(cur)]
+    return [PointRow.from_row(r) for r in stored_sweeps.points(store, sweep_id)]
 
 
 def point(store: Store, sweep_id: int, index: int) -> PointRow:
-    cur = store.conn.execute("SELECT * FROM sweep_points WHERE sweep_id = ? AND idx = ?", (sweep_id, index))
-    rows = _dicts(cur)
-    if not rows:
+    row = stored_sweeps.point(store, sweep_id, index)
+    if row is None:
         raise NotFound(f"no point {index} in sweep {sweep_id}")
-    return PointRow.from_row(rows[0])
+    return PointRow.from_row(row)
 
 
 def resolve(store: Store, ref: str | None) -> int:
     """A sweep by id or by name (the newest of that name); None: the newest sweep."""
     if ref is None:
-        row = store.conn.execute("SELECT MAX(id) FROM sweeps").fetchone()
-        if row[0] is None:
+        newest = stored_sweeps.newest(store)
+        if newest is None:
             raise NotFound("no sweeps yet")
-        return int(row[0])
+        return newest
     if ref.isascii() and ref.isdigit() and len(ref) <= 18:  # not '²', nor past SQLite's integers
         sweep(store, int(ref))
         return int(ref)
-    row = store.conn.execute("SELECT MAX(id) FROM sweeps WHERE name = ?", (ref,)).fetchone()
-    if row[0] is None:
+    found = stored_sweeps.newest(store, ref)
+    if found is None:
         raise NotFound(f"no sweep {ref!r}")
-    return int(row[0])
+    return found
 
 
 def newest_of(store: Store, name: str, file_hash: str) -> int | None:
     """The newest sweep of this file, whatever its instance."""
-    row = store.conn.execute("SELECT MAX(id) FROM sweeps WHERE name = ? AND file_hash = ?",
-                             (name, file_hash)).fetchone()
-    return None if row[0] is None else int(row[0])
+    return stored_sweeps.newest(store, name, file_hash)
 
 
 def latest_run(store: Store, sweep_id: int, key: str) -> Run | None:
-    row = store.conn.execute("SELECT MAX(id) FROM runs WHERE sweep_id = ? AND point = ?", (sweep_id, key)).fetchone()
-    return store.get_run(row[0]) if row[0] is not None else None
+    run_id = stored_sweeps.latest_run_of_point(store, sweep_id, key)
+    return store.get_run(run_id) if run_id is not None else None
 
 
 def runs_of(store: Store, sweep_id: int, key: str) -> int:
-    return int(store.conn.execute("SELECT COUNT(*) FROM runs WHERE sweep_id = ? AND point = ?",
-                                  (sweep_id, key)).fetchone()[0])
+    return stored_sweeps.runs_of_point(store, sweep_id, key)
 
 
 def active_runs(store: Store, sweep_id: int) -> list[int]:
     """The sweep's runs that launched and have not ended."""
-    marks = ",".join("?" * len(ACTIVE))
-    return [r[0] for r in store.conn.execute(
-        f"SELECT id FROM runs WHERE sweep_id = ? AND pid IS NOT NULL AND status IN ({marks})",
-        (sweep_id, *[s.value for s in ACTIVE]))]
+    return stored_sweeps.active_runs(store, sweep_id)
 
 
 def cancelled(store: Store, sweep_id: int, index: int) -> bool:
     """The point, or its whole sweep, was cancelled."""
-    row = store.conn.execute(
-        "SELECT s.status, p.status FROM sweeps s JOIN sweep_points p ON p.sweep_id = s.id"
-        " WHERE s.id = ? AND p.idx = ?", (sweep_id, index)).fetchone()
-    return SweepStatus(row[0]) is SweepStatus.CANCELLED or PointStatus(row[1]) is PointStatus.CANCELLED
+    of_sweep, of_point = stored_sweeps.statuses(store, sweep_id, index)
+    return SweepStatus(of_sweep) is SweepStatus.CANCELLED or PointStatus(of_point) is PointStatus.CANCELLED
 
 
 # status changes --------------------------------------------------------------------------------------
 def transition_sweep(store: Store, sweep_id: int, to: SweepStatus, message: str = "") -> None:
     """Move a sweep to `to` and record it as an event, in one transaction; refuses a move not allowed."""
-    with store.tx() as c:
+    with store.tx():
         current = sweep(store, sweep_id).status
         if to not in SWEEP_ALLOWED[current]:
             raise TransitionError(f"sweep {sweep_id} cannot go from {current} to {to}")
-        c.execute("UPDATE sweeps SET status = ? WHERE id = ?", (to.value, sweep_id))
+        stored_sweeps.update(store, sweep_id, status=to.value)
         add_event(store, sweep_id, "status", f"{to}: {message}" if message else to.value,
                   {"from": current.value, "to": to.value})
 
@@ -130,13 +110,12 @@ def transition_point(store: Store, sweep_id: int, index: int, to: PointStatus, *
     it as an event, in one transaction; refuses a move not allowed."""
     if (fault is not None) != (to is PointStatus.FAILED):
         raise ValueError(f"a {to} point with fault {fault}: only a failed point has a fault, and always one")
-    with store.tx() as c:
+    with store.tx():
         current = point(store, sweep_id, index).status
         if to not in POINT_ALLOWED[current]:
             raise TransitionError(f"sweep {sweep_id} point {index} cannot go from {current} to {to}")
-        c.execute("UPDATE sweep_points SET status = ?, fault = ?, reason = ?, run_id = COALESCE(?, run_id),"
-                  " attempts = attempts + ? WHERE sweep_id = ? AND idx = ?",
-                  (to.value, fault.value if fault else None, reason, run_id, int(attempt), sweep_id, index))
+        stored_sweeps.set_point_status(store, sweep_id, index, to.value, fault=fault.value if fault else None, reason=reason,
+                              run_id=run_id, attempt=attempt)
         add_event(store, sweep_id, "point", f"point {index}: {to}" + (f" ({fault})" if fault else ""),
                   {"point": index, "from": current.value, "to": to.value})
 
@@ -153,13 +132,12 @@ def check_not_running(row: SweepRow) -> None:
 def claim(store: Store, sweep_id: int) -> None:
     """Make this process the sweep's controller, unless a live one already is; what did not finish
     last time is queued again."""
-    with store.tx() as c:
+    with store.tx():
         row = sweep(store, sweep_id)
         check_not_running(row)
         if row.status is not SweepStatus.RUNNING:  # still running: its controller died, this one takes over
             transition_sweep(store, sweep_id, SweepStatus.RUNNING)
-        c.execute("UPDATE sweeps SET controller = ?, heartbeat = ?, ended_at = NULL WHERE id = ?",
-                  (str(Controller.me()), time.time(), sweep_id))
+        stored_sweeps.update(store, sweep_id, controller=str(Controller.me()), heartbeat=time.time(), ended_at=None)
         for pt in points(store, sweep_id):
             if policy.runs_again(pt.status, pt.fault):
                 transition_point(store, sweep_id, pt.index, PointStatus.QUEUED)
@@ -167,35 +145,26 @@ def claim(store: Store, sweep_id: int) -> None:
 
 def release(store: Store, sweep_id: int) -> None:
     """The sweep has no controller any more: it ended (or was cancelled with nobody running it)."""
-    with store.tx() as c:
-        c.execute("UPDATE sweeps SET ended_at = ?, controller = NULL WHERE id = ?", (time.time(), sweep_id))
+    stored_sweeps.update(store, sweep_id, ended_at=time.time(), controller=None)
 
 
 def heartbeat(store: Store, sweep_id: int, now: float) -> None:
-    with store.tx() as c:
-        c.execute("UPDATE sweeps SET heartbeat = ? WHERE id = ?", (now, sweep_id))
+    stored_sweeps.update(store, sweep_id, heartbeat=now)
 
 
 # writing ---------------------------------------------------------------------------------------------
 def register(store: Store, p: Plan) -> int:
     """The sweep's id: the existing one for this name, file content and instance, or a new one with its points."""
-    with store.tx() as c:
-        row = c.execute("SELECT id FROM sweeps WHERE name = ? AND file_hash = ? AND instance = ?",
-                        (p.file.name, p.file_hash, p.instance)).fetchone()
-        if row:
-            return int(row[0])
-        cur = c.execute(
-            "INSERT INTO sweeps (name, file_hash, instance, path, playbook, doc, notify, status, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (p.file.name, p.file_hash, p.instance, str(p.path), p.file.playbook, p.file.model_dump_json(),
-             json.dumps(p.file.notify), SweepStatus.QUEUED.value, time.time()),
-        )
-        sweep_id = int(cur.lastrowid or 0)
-        c.executemany(
-            "INSERT INTO sweep_points (sweep_id, idx, point, host, gpus, status, attempts) VALUES (?, ?, ?, ?, ?, ?, 0)",
-            [(sweep_id, pt.index, pt.key, pt.host, json.dumps(pt.spec.gpus) if pt.spec.gpus is not None else None,
-              PointStatus.QUEUED.value) for pt in p.points],
-        )
+    with store.tx():
+        found = stored_sweeps.find(store, p.file.name, p.file_hash, p.instance)
+        if found is not None:
+            return found
+        sweep_id = stored_sweeps.create(
+            store, name=p.file.name, file_hash=p.file_hash, instance=p.instance, path=str(p.path),
+            playbook=p.file.playbook, doc=p.file.model_dump(mode="json"), notify=p.file.notify,
+            status=SweepStatus.QUEUED.value,
+            points=[{"index": pt.index, "point": pt.key, "host": pt.host, "gpus": pt.spec.gpus,
+                     "status": PointStatus.QUEUED.value} for pt in p.points])
         add_event(store, sweep_id, "created", f"{len(p.points)} points on {', '.join(h.name for h in p.hosts)}")
     return sweep_id
 
@@ -223,8 +192,8 @@ def start_point(store: Store, sweep_id: int, index: int) -> bool:
 
 def attach_run(store: Store, sweep_id: int, index: int, run_id: int) -> bool:
     """Record the point's run; False when the point or its sweep was cancelled meanwhile."""
-    with store.tx() as c:
-        c.execute("UPDATE sweep_points SET run_id = ? WHERE sweep_id = ? AND idx = ?", (run_id, sweep_id, index))
+    with store.tx():
+        stored_sweeps.set_point_run(store, sweep_id, index, run_id)
         return not cancelled(store, sweep_id, index)
 
 

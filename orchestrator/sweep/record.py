@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -83,12 +82,14 @@ class SweepRow:
     created_at: float
     ended_at: float | None
     notify: list[str]
+    doc: dict[str, Any] | None = None  # the sweep file as it was parsed when the sweep was registered
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> SweepRow:
+        """From the store's row (store.sweeps), its JSON read."""
         return cls(row["id"], row["name"], row["instance"], row["file_hash"], row["path"], row["playbook"],
                    SweepStatus(row["status"]), Controller.parse(row["controller"]), row["heartbeat"],
-                   row["created_at"], row["ended_at"], json.loads(row["notify"] or "[]"))
+                   row["created_at"], row["ended_at"], list(row["notify"] or []), row["doc"])
 
     def controller_alive(self, now: float | None = None) -> bool:
         return self.controller is not None and self.controller.alive(self.heartbeat, CONTROLLER_STALE_S, now)
@@ -106,14 +107,11 @@ class PointRow:
     reason: str | None
     attempts: int
     run_id: int | None
+    diff: dict[str, Any]  # the point's spec differences: `key` read
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> PointRow:
-        return cls(row["sweep_id"], row["idx"], row["point"], row["host"],
-                   json.loads(row["gpus"]) if row["gpus"] else None, PointStatus(row["status"]),
-                   Fault(row["fault"]) if row["fault"] else None, row["reason"], row["attempts"] or 0,
-                   row["run_id"])
-
-    @property
-    def diff(self) -> dict[str, Any]:
-        return dict(json.loads(self.key))
+        """From the store's row (store.sweeps), its JSON read."""
+        return cls(row["sweep_id"], row["idx"], row["point"], row["host"], row["gpus"],
+                   PointStatus(row["status"]), Fault(row["fault"]) if row["fault"] else None, row["reason"],
+                   row["attempts"] or 0, row["run_id"], dict(row["diff"]))

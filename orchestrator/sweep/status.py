@@ -8,6 +8,7 @@ from typing import Any
 
 from ..config.objective import Objective, best, of_doc
 from ..store import Store
+from ..store import sweeps as stored_sweeps
 from ..store.shapes import shown_phase
 from . import db
 from .plan import label
@@ -40,7 +41,7 @@ def document(store: Store, sweep_id: int) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for pt in points:
         counts[pt["status"]] = counts.get(pt["status"], 0) + 1
-    objective = of_doc(store.conn.execute("SELECT doc FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()[0])
+    objective = of_doc(row.doc)
     for pt in points:  # the value that decides, first: each point's objective
         pt["objective"] = pt["metrics"].get(objective.metric) if objective else None
     return {
@@ -80,8 +81,7 @@ def best_line(doc: dict[str, Any]) -> str | None:
 
 
 def list_sweeps(store: Store, limit: int = 50) -> list[dict[str, Any]]:
-    ids = [r[0] for r in store.conn.execute("SELECT id FROM sweeps ORDER BY id DESC LIMIT ?", (limit,))]
-    docs = [document(store, i) for i in ids]
+    docs = [document(store, i) for i in stored_sweeps.ids(store, limit)]
     for d in docs:
         del d["points"]
     return docs

@@ -13,6 +13,7 @@ from ..config.workspace import Workspace
 from ..errors import OrchError
 from ..runflow import registry
 from ..store import Store, runtables
+from ..store import sweeps as stored_sweeps
 from ..store.record import Run
 from ..store.shapes import error_hint, run_document
 from . import report
@@ -30,24 +31,17 @@ def run_page(ws: Workspace, store: Store, run_id: int) -> dict[str, Any]:
     run = store.get_run(run_id)
     doc = run_document(store, run, tables=runtables.installed())
     doc.update({
-        "sweep_id": run.sweep_id, "point": run.point and _json(run.point), "last_line": run.last_line,
+        "sweep_id": run.sweep_id, "point": run.point_diff, "last_line": run.last_line,
         "heartbeat": run.heartbeat, "progress_at": run.progress_at, "watcher": run.watcher,
         # in full: the line number, the lines around it, the chained exceptions, the remedy
         "error": run.error and {**run.error, "hint": error_hint(run.error)},
         "timeline": timeline(run, doc["events"]),
         "spec_keys": spec_keys(run),
-        "patches": [dict(r) for r in store.db["patch_records"].rows_where("run_id = ?", [run_id], order_by="id")],
+        "patches": store.patch_records_of_run(run_id),
         "outputs": outputs(ws, run_id),
         "reproduce": reproduce(run),
     })
     return doc
-
-
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
 
 
 def timeline(run: Run, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -114,10 +108,7 @@ def reproduce(run: Run) -> str:
 def metric_series(store: Store, run_id: int) -> dict[str, list[list[float]]]:
     """Each metric of a run over time, [[ts, value], ...], thinned to at most SERIES_POINTS points."""
     series: dict[str, list[list[float]]] = {}
-    rows = store.conn.execute(
-        "SELECT name, ts, value FROM (SELECT id, name, ts, value FROM metrics WHERE run_id = ?"
-        " ORDER BY id DESC LIMIT ?) ORDER BY id", (run_id, SERIES_ROWS))
-    for name, ts, value in rows:
+    for name, ts, value in store.recent_samples(run_id, SERIES_ROWS):
         series.setdefault(name, []).append([ts, value])
     for name, points in series.items():
         if len(points) > SERIES_POINTS:
@@ -159,16 +150,13 @@ def _best(points: list[dict[str, Any]], metric: str, lower: bool) -> int | None:
 
 def trend(store: Store, name: str, metric: str, lower: bool) -> list[dict[str, Any]]:
     """The best value of a metric in each earlier sweep of the same name (a nightly file's nights)."""
-    rows = store.conn.execute("SELECT id, instance, created_at FROM sweeps WHERE name = ? ORDER BY id DESC LIMIT ?",
-                              (name, TREND_SWEEPS)).fetchall()
     pick = min if lower else max
     found = []
-    for sweep_id, instance, created_at in reversed(rows):
-        values = [v for (v,) in store.conn.execute(
-            "SELECT value FROM metrics WHERE id IN (SELECT MAX(m.id) FROM metrics m JOIN runs r ON r.id = m.run_id"
-            " WHERE r.sweep_id = ? AND m.name = ? GROUP BY m.run_id)", (sweep_id, metric))]
+    for row in reversed(stored_sweeps.of_name(store, name, TREND_SWEEPS)):
+        values = stored_sweeps.latest_values(store, row["id"], metric)
         if values:
-            found.append({"sweep_id": sweep_id, "instance": instance, "created_at": created_at, "best": pick(values)})
+            found.append({"sweep_id": row["id"], "instance": row["instance"], "created_at": row["created_at"],
+                          "best": pick(values)})
     return found
 
 
@@ -180,9 +168,7 @@ def sweeps_page(store: Store) -> list[dict[str, Any]]:
 def hosts_page(ws: Workspace, store: Store) -> list[dict[str, Any]]:
     """The inventory, with each host's active and total runs (GPUs and reachability are asked on demand)."""
     inv = Inventory.load(ws.hosts_file, ws.root)
-    counts: dict[str, dict[str, int]] = {}
-    for host, status, n in store.conn.execute("SELECT host, status, COUNT(*) FROM runs GROUP BY host, status"):
-        counts.setdefault(host, {})[status] = n
+    counts = store.run_counts()
     return [{"name": h.name, "address": h.address or h.name, "gpus": h.gpus, "tags": h.tags,
              "scheduler": h.scheduler, "runs": counts.get(h.name, {})} for h in inv.hosts.values()]
 

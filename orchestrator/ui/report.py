@@ -5,13 +5,13 @@ from __future__ import annotations
 import html
 import json
 import os
-import sqlite3
 import time
 from typing import Any
 
 from ..config.objective import Objective, best, lower_is_better, of_doc
 from ..errors import UsageError
 from ..store import Store
+from ..store import sweeps as stored_sweeps
 from ..store.record import Status
 
 RATIO_DIGITS = 4
@@ -108,10 +108,9 @@ def _swept_label(diff: dict[str, Any]) -> str:
 def sweep_points(store: Store, sweep_id: int) -> list[dict[str, Any]]:
     """The points of a sweep in the order they were first run, each its latest run (a retry replaces the
     attempt before it) with its flattened spec, swept values and latest metrics."""
-    cols = {r[1] for r in store.conn.execute("PRAGMA table_info(runs)")}
-    if "sweep_id" not in cols:
+    if "sweep_id" not in store.run_columns():
         raise UsageError("this database records no sweeps")
-    ids = [r[0] for r in store.conn.execute("SELECT id FROM runs WHERE sweep_id = ? ORDER BY id", (sweep_id,))]
+    ids = stored_sweeps.run_ids(store, sweep_id)
     if not ids:
         raise UsageError(f"no runs in sweep {sweep_id!r}")
     latest: dict[str, int] = {}  # point -> its latest run; a dict keeps the order points first ran in
@@ -121,8 +120,8 @@ def sweep_points(store: Store, sweep_id: int) -> list[dict[str, Any]]:
     points: list[dict[str, Any]] = []
     for run_id in latest.values():
         run = store.get_run(run_id)
-        diff = json.loads(run.point) if run.point else None
-        points.append({"run": run, "spec": flatten(run.spec), "diff": diff, "metrics": store.latest_metrics(run_id)})
+        points.append({"run": run, "spec": flatten(run.spec), "diff": run.point_diff,
+                       "metrics": store.latest_metrics(run_id)})
     specs: list[dict[str, Any]] = [p["spec"] for p in points]
     differ = [k for k in _ordered_union(specs) if any(s.get(k) != specs[0].get(k) for s in specs[1:])]
     for p, spec in zip(points, specs):  # without a recorded point: the spec keys that differ are its swept values
@@ -137,24 +136,13 @@ def best_point(points: list[dict[str, Any]], metric: str | Objective) -> int | N
     return None if found is None else int(found[0])
 
 
-def _sweep_row(store: Store, sweep_id: int) -> dict[str, Any] | None:
-    try:
-        cur = store.conn.execute("SELECT id, name, instance, file_hash, doc, created_at FROM sweeps WHERE id = ?",
-                                 (sweep_id,))
-    except sqlite3.OperationalError:  # a database from before sweeps were recorded
-        return None
-    row = cur.fetchone()
-    return dict(zip(("id", "name", "instance", "file_hash", "doc", "created_at"), row)) if row else None
-
-
 def nights(store: Store, row: dict[str, Any], objective: Objective) -> list[dict[str, Any]]:
     """The sweeps of the same file (name and content), one per instance — a nightly entry's nights —
     oldest first: each with every point's value of the objective and its best."""
     found = []
-    ids = [r[0] for r in store.conn.execute(
-        "SELECT id FROM sweeps WHERE name = ? AND file_hash = ? ORDER BY created_at, id", (row["name"], row["file_hash"]))]
+    ids = stored_sweeps.of_file(store, row["name"], row["file_hash"])
     for sweep_id in ids[-MAX_NIGHTS:]:
-        other = _sweep_row(store, sweep_id)
+        other = stored_sweeps.sweep(store, sweep_id)
         try:
             points = sweep_points(store, sweep_id)
         except UsageError:
@@ -186,7 +174,7 @@ def sweep_report(store: Store, sweep_id: int, out_dir: Any, metric: str | None =
 
     points = sweep_points(store, sweep_id)
     names = _ordered_union([p["metrics"] for p in points])
-    row = _sweep_row(store, sweep_id)
+    row = stored_sweeps.sweep(store, sweep_id)  # None: a database from before sweeps were recorded
     objective = of_doc(row["doc"]) if row else None
     if metric is not None:
         if metric not in names:
@@ -202,7 +190,7 @@ def sweep_report(store: Store, sweep_id: int, out_dir: Any, metric: str | None =
         first = [objective.metric] if objective and objective.metric in names else []
         charts = [*first, *(n for n in names if n not in first)][:MAX_BAR_CHARTS]
     if series is None:
-        series = [n for n in names if any(_samples(store, p["run"].id, n) > 1 for p in points)]
+        series = [n for n in names if any(store.count_samples(p["run"].id, n) > 1 for p in points)]
         series = series[:MAX_SERIES_CHARTS]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -227,11 +215,6 @@ def _title(store: Store, sweep_id: int, row: dict[str, Any] | None, points: list
     if row is None:
         return f"Sweep {sweep_id} on {hosts}"
     return f"{row['name']} — {_night(row)} — sweep {sweep_id} on {hosts}"
-
-
-def _samples(store: Store, run_id: int, name: str) -> int:
-    row = store.conn.execute("SELECT COUNT(*) FROM metrics WHERE run_id = ? AND name = ?", (run_id, name))
-    return int(row.fetchone()[0])
 
 
 def _pyplot() -> Any:

@@ -101,7 +101,7 @@ class Dashboard:
         store = getattr(self._local, "store", None)
         if store is None:
             store = Store(self.ws.db_path)
-            store.conn.execute("PRAGMA query_only = 1")  # the pages only read
+            store.read_only()  # the pages only read
             self._local.store = store
         return store
 
