@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from slurmcluster import SlurmCluster  # noqa: E402
 
-from orchestrator import executor, registry, runflow, slurm  # noqa: E402
+from orchestrator import registry, runflow, slurm  # noqa: E402
 from orchestrator import spec as specmod  # noqa: E402
 from orchestrator.hosts import Inventory  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
@@ -48,13 +48,13 @@ def by_orch(tmp: Path, jobs: int, sleep_s: float) -> dict[str, float]:
     pb = registry.playbook("command")
     spec = specmod.build(pb.Spec, {"cmd": f"sleep {sleep_s}", "gpus": []})
     polls = [0]
-    real_poll = executor.SlurmExecutor.poll
+    real_poll = slurm.SlurmExecutor.poll
 
     def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         polls[0] += 1
         return real_poll(self, *args, **kwargs)
 
-    executor.SlurmExecutor.poll = counted  # type: ignore[method-assign]
+    slurm.SlurmExecutor.poll = counted  # type: ignore[method-assign]
     ctxs = [runflow.start(ws, store, pb, spec, host) for _ in range(jobs)]
     queue = slurm.queue_for(ctxs[0].transport)
     calls0, t0 = queue.calls, time.perf_counter()

@@ -32,7 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from sshd import SSHFleet
 
 from orchestrator import launch
-from orchestrator.executor import HostExecutor
+from orchestrator.launch import HostExecutor
 from orchestrator.hosts import Host
 from orchestrator.hostwatch import HostWatcher
 from orchestrator.lifecycle import transition
@@ -189,7 +189,8 @@ def one(host: Host, fleet: SSHFleet, tmp: Path, flags: list[str], event: str, un
                                       "--capture-time", "0.5", "--events", str(events), *flags])
     if quiet:
         cmd += " --serve-after " + str(QUIET_S + 30)
-    pid, start = launch.launch(transport, paths, launch.job_script(cmd, {}), f"bench-{paths.root}")
+    job = HostExecutor(transport).launch(paths, launch.job_script(cmd, {}), f"bench-{paths.root}")
+    pid, start = job.id, job.proof
     out: dict[str, Any] = {}
     stop = threading.Event()
     until = "quiet" if quiet else until
@@ -204,7 +205,7 @@ def one(host: Host, fleet: SSHFleet, tmp: Path, flags: list[str], event: str, un
     for t in threads:
         t.join(timeout=QUIET_S + 900)
     stop.set()
-    launch.kill(transport, pid, start, 0.5)
+    HostExecutor(transport).kill(job, 0.5)
     transport.close()
     printed = next(float(line.split()[0]) for line in events.read_text().splitlines() if line.endswith(event))
     return out, printed

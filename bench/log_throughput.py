@@ -30,7 +30,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from sshd import SSHFleet  # noqa: E402
 
 from orchestrator import launch  # noqa: E402
-from orchestrator.executor import HostExecutor  # noqa: E402
+from orchestrator.launch import HostExecutor  # noqa: E402
 from orchestrator.hosts import Host  # noqa: E402
 from orchestrator.hostwatch import HostWatcher  # noqa: E402
 from orchestrator.lifecycle import transition  # noqa: E402
@@ -82,8 +82,8 @@ def jobs(host: Host, tmp: Path, n: int, mib: int, kind: str) -> list[tuple[launc
         paths = launch.RunPaths.for_run(host.workdir, int(time.time() * 1000) % 10**9 + i)
         cmd = " ".join(shlex.quote(a) for a in (sys.executable, str(writer), str(mib), kind))
         began = time.time()
-        pid, start = launch.launch(transport, paths, launch.job_script(cmd, {}), f"bench-{paths.root}")
-        out.append((paths, pid, start, began))
+        job = HostExecutor(transport).launch(paths, launch.job_script(cmd, {}), f"bench-{paths.root}")
+        out.append((paths, job.id, job.proof, began))
     transport.close()
     return out
 

@@ -26,8 +26,8 @@ from . import notify, slurm
 from .agent import AgentLink, Push
 from .controller import STALE_FACTOR
 from .errors import DatabaseUnavailable, OrchError, Unreachable
-from .executor import HostExecutor, pushed_state
 from .hosts import Host, Inventory
+from .launch import HostExecutor, pushed_state
 from .record import ACTIVE, Run, Status
 from .remote import connect
 from .runflow import Context, finish, open_run, settle_orphan, watch_options

@@ -17,8 +17,8 @@ import pytest
 from orchestrator import gpu, launch
 from orchestrator.errors import OrchError
 from orchestrator.hosts import local_host
-from orchestrator.launch import RunPaths
-from orchestrator.record import Status
+from orchestrator.launch import HostExecutor, RunPaths
+from orchestrator.record import JobRef, Status
 from orchestrator.lifecycle import transition
 from orchestrator import registry, runflow
 from orchestrator.executor import executor_for
@@ -147,7 +147,7 @@ class OrchJobs:
 
     def __init__(self, ws: Workspace, store: Store):
         self.ws, self.store = ws, store
-        self.started: list[tuple[int, str]] = []
+        self.started: list[JobRef] = []
 
     def start(self, body: str) -> tuple[int, int, int]:
         """A job recorded as a running run. Returns (run id, wrapper pid, the job's own pid, which is
@@ -158,16 +158,16 @@ class OrchJobs:
         transition(self.store, run_id, Status.PREPARING)
         transition(self.store, run_id, Status.LAUNCHING)
         script = launch.job_script(f"echo $$ > job.pid\n{body}", {}, None)
-        pid, start = launch.launch(connect(host), paths, script, f"test-{run_id}")
-        self.started.append((pid, start))
-        transition(self.store, run_id, Status.RUNNING, f"pid {pid}", pid=pid, pid_start=start)
+        job = HostExecutor(connect(host)).launch(paths, script, f"test-{run_id}")
+        self.started.append(job)
+        transition(self.store, run_id, Status.RUNNING, f"pid {job.id}", **job.columns())
         job_pid_file = Path(paths.root) / "job.pid"
         wait_for(lambda: job_pid_file.exists() and job_pid_file.read_text().strip())
-        return run_id, pid, int(job_pid_file.read_text())
+        return run_id, job.id, int(job_pid_file.read_text())
 
     def stop_all(self) -> None:
-        for pid, start in self.started:
-            launch.kill(connect(local_host(self.ws.root)), pid, start, 0.2)
+        for job in self.started:
+            HostExecutor(connect(local_host(self.ws.root))).kill(job, 0.2)
 
 
 @pytest.fixture

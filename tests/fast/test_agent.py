@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator import agent as agent_client
 from orchestrator.agent import AgentError, AgentLink, Push
-from orchestrator.executor import pushed_state
+from orchestrator.launch import pushed_state
 from orchestrator.hostjobs import agent as host_agent
 from orchestrator.hosts import Host
 from orchestrator.transport import LocalTransport, Stream
