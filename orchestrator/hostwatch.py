@@ -22,12 +22,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import notify, slurm
+from . import notify
 from .agent import AgentLink, Push
 from .controller import STALE_FACTOR
 from .errors import DatabaseUnavailable, OrchError, Unreachable
 from .hosts import Host, Inventory
 from .launch import HostExecutor, pushed_state
+from .polling import default_poll, queue_query_s
 from .record import ACTIVE, Run, Status
 from .remote import connect
 from .runflow import Context, finish, open_run, settle_orphan, watch_options
@@ -196,7 +197,7 @@ class HostWatcher:
         wait.immediate = False  # a backlog comes by itself: the agent pushes it chunk after chunk
         interval = wait.next_interval()
         if f.scheduled and f.watcher.run.status is Status.QUEUED:  # leaving the queue is the scheduler's news
-            interval = min(interval, slurm.query_interval(f.ctx.host))
+            interval = min(interval, queue_query_s(f.ctx.host))
         return interval
 
     # pushes -------------------------------------------------------------------------------------------
@@ -308,7 +309,7 @@ class HostWatcher:
     def _adopt(self, run: Run) -> None:
         from . import lease
 
-        poll_max = self.host.default_poll[1]
+        poll_max = default_poll(self.host)[1]
         if watched_elsewhere(run, poll_max):
             return
         lock = WatchLock(self.ws, run.id)
@@ -334,7 +335,7 @@ class HostWatcher:
         """A run its starter is preparing or launching: left alone while the starter lives, settled once
         it died (ended when it never launched, picked up when its job started)."""
         starter = run.watched_by
-        poll_max = max(float(run.spec.get("poll_max") or 0), self.host.default_poll[1])
+        poll_max = max(float(run.spec.get("poll_max") or 0), default_poll(self.host)[1])
         if starter is not None and starter.alive(run.heartbeat, STALE_FACTOR * poll_max):
             self.starters += 1
             return

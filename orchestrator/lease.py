@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from .controller import STALE_FACTOR, Controller
 from .errors import NotFound, OrchError
+from .polling import busy_wait_s
 from .record import Run
 from .store import Store
 
@@ -185,7 +186,7 @@ def take(store: Store, host: str, gpus: list[int] | None, create_run: Callable[[
                 raise
             if on_wait is not None:
                 on_wait(busy)  # may raise to give up waiting
-            sleep(min(poll[0], 5.0))
+            sleep(busy_wait_s(poll[0]))
 
 
 def release(store: Store, run_id: int) -> None:

@@ -1,4 +1,5 @@
-"""How a watcher polls: its options, and the backoff between polls (a tenacity wait strategy)."""
+"""How often orch looks: a host's poll bounds, the backoff between polls (a tenacity wait strategy), and
+every other pace derived from them (a cluster's queue query, a followed log, a wait for a busy host)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,46 @@ from dataclasses import dataclass
 import tenacity
 
 from .health import HealthCheck
+from .hosts import Host
 from .record import KILL_GRACE_S
+
+LIVE_HOLD_S = 2.0  # the longest a poll holds while a person watches
+BUSY_WAIT_MAX_S = 5.0  # a start waiting for a busy host asks again at least this often
+
+
+def default_poll(host: Host) -> tuple[float, float]:
+    """The host's poll bounds as its inventory entry sets them, else: SSH hosts 30 s → 600 s; the local host
+    1 s → 10 s, since a poll costs nothing there."""
+    lo, hi = (1.0, 10.0) if host.is_local else (30.0, 600.0)
+    return (host.poll_min or lo, host.poll_max or hi)
+
+
+def poll_bounds(host: Host, poll_min: float | None = None, poll_max: float | None = None) -> tuple[float, float]:
+    """A run's poll bounds: its spec's where it sets them, else its host's; never a maximum under the minimum."""
+    lo, hi = default_poll(host)
+    lo = poll_min or lo
+    return lo, max(poll_max or hi, lo)
+
+
+def live_poll_max(poll_min: float, poll_max: float) -> float:
+    """While a person watches: news within seconds, whatever the backoff."""
+    return min(poll_max, max(poll_min, LIVE_HOLD_S))
+
+
+def queue_query_s(host: Host) -> float:
+    """The shortest gap between two queries of a cluster's queue: a third of its shortest poll, 1 s to 10 s
+    (a cluster polled from 30 s sees a job's end by the scheduler within 10 s)."""
+    return min(max(default_poll(host)[0] / 3, 1.0), 10.0)
+
+
+def follow_log_s(host: Host) -> float:
+    """How often a log someone reads along is looked at: every second at most."""
+    return min(default_poll(host)[0], 1.0)
+
+
+def busy_wait_s(poll_min: float) -> float:
+    """How long a start queued behind a busy host waits before asking again."""
+    return min(poll_min, BUSY_WAIT_MAX_S)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from .agent import AgentError
 from .errors import OrchError, Unreachable
 from .hosts import Host
 from .launch import HostExecutor, JobState, RunPaths
+from .polling import queue_query_s
 from .record import JobRef
 from .remote import Transport
 
@@ -221,18 +222,12 @@ _queues: dict[str, Queue] = {}
 _queues_lock = threading.Lock()
 
 
-def query_interval(host: Host) -> float:
-    """The shortest gap between two queries of a cluster's queue: a third of its shortest poll, 1 s to 10 s
-    (a cluster polled from 30 s sees a job's end by the scheduler within 10 s)."""
-    return min(max(host.default_poll[0] / 3, 1.0), 10.0)
-
-
 def queue_for(transport: Transport) -> Queue:
     """The one queue of a cluster in this process."""
     with _queues_lock:
         q = _queues.get(transport.host.name)
         if q is None or q.transport.host != transport.host:
-            q = _queues[transport.host.name] = Queue(transport, query_interval(transport.host))
+            q = _queues[transport.host.name] = Queue(transport, queue_query_s(transport.host))
         return q
 
 

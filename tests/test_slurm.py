@@ -20,6 +20,7 @@ from orchestrator import slurm
 from orchestrator.hostjobs import agent as host_agent
 from orchestrator.hosts import Host
 from orchestrator.launch import RunPaths
+from orchestrator.polling import queue_query_s
 from orchestrator.remote import LocalTransport
 from orchtest import Orch, kill_controller, wait_for_file
 from slurmcluster import SlurmCluster, free_port, missing
@@ -221,7 +222,7 @@ def test_one_scheduler_query_serves_every_watcher_of_a_round(cluster, tmp_path):
     transport = LocalTransport(host)
     ids = [cluster.client("sbatch", "--parsable", "-o", "/dev/null", "--wrap", "sleep 30", check=True).stdout.strip()
            for _ in range(6)]
-    queue = slurm.Queue(transport, interval_s=slurm.query_interval(host))
+    queue = slurm.Queue(transport, interval_s=queue_query_s(host))
     answers: dict[str, slurm.JobInfo | None] = {}
     threads = [threading.Thread(target=lambda i=i: answers.__setitem__(i, queue.lookup(i))) for i in ids]
     for t in threads:

@@ -16,7 +16,7 @@ from ..hosts import Host, Inventory
 from ..launch import RunPaths
 from ..lease import BEFORE_RELEASE
 from ..playbook import Entry, JobContext, Playbook, Usage
-from ..polling import WatchOptions
+from ..polling import WatchOptions, follow_log_s, poll_bounds
 from ..record import Run
 from ..remote import DEFAULT_TIMEOUT_S, Result, Transport, connect, quote
 from ..spec import RunSpec, stored
@@ -24,7 +24,6 @@ from ..store import Store
 from ..watching import WatchLock
 from ..workspace import Workspace
 
-LIVE_HOLD_S = 2.0  # the longest a poll holds while a person watches
 LOG_TAIL_LINES = 200
 # The end steps in their order: the lease is freed right after BEFORE_RELEASE (see lease.py); the
 # others may run while the host's next run starts.
@@ -186,9 +185,7 @@ def holds_host(ctx: Context) -> bool:
 
 
 def watch_options(pb: Playbook[Any], spec: RunSpec, host: Host, until_ready: bool = False) -> WatchOptions:
-    lo, hi = host.default_poll
-    lo = spec.poll_min or lo
-    hi = max(spec.poll_max or hi, lo)
+    lo, hi = poll_bounds(host, spec.poll_min, spec.poll_max)
     return WatchOptions(
         poll_min=lo,
         poll_max=hi,
@@ -248,7 +245,7 @@ def follow_log(ctx: Context, write: Callable[[bytes], None], sleep: Callable[[fl
     if offset is None:
         size = agent.call(ctx.transport, "size", path=ctx.paths.log)["size"]
         offset = size if isinstance(size, int) else 0
-    interval = min(ctx.host.default_poll[0], 1.0)
+    interval = follow_log_s(ctx.host)
     while True:
         state = ctx.executor.poll(ctx.paths, job, offset, 4 << 20)
         write(state.data)

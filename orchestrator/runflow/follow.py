@@ -9,6 +9,7 @@ from .. import health, lease
 from ..controller import STALE_FACTOR
 from ..errors import OrchError
 from ..hosts import Host, Inventory
+from ..polling import live_poll_max
 from ..record import ACTIVE, Run, Status
 from ..store import Store
 from ..watch import Watcher
@@ -23,7 +24,7 @@ from ..watching import (
     watched_here,
 )
 from ..workspace import Workspace
-from .context import LIVE_HOLD_S, Context, open_run, watch_options
+from .context import Context, open_run, watch_options
 from .ending import finish, settle_orphan
 
 
@@ -31,7 +32,7 @@ def watcher(ctx: Context, *, until_ready: bool = False, on_update: Callable[[Run
             sleep: Callable[[float], None] = time.sleep, live: bool = False) -> Watcher:
     opts = watch_options(ctx.pb, ctx.spec, ctx.host, until_ready)
     if live:  # a person is looking: news within seconds, whatever the backoff
-        opts.poll_max = min(opts.poll_max, max(opts.poll_min, LIVE_HOLD_S))
+        opts.poll_max = live_poll_max(opts.poll_min, opts.poll_max)
     update = (lambda w: on_update(w.run)) if on_update is not None else None
     return Watcher(ctx.store, ctx.run_id, ctx.executor, opts, on_update=update, sleep=sleep)
 

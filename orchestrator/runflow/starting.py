@@ -17,6 +17,7 @@ from ..hosts import Host
 from ..launch import job_script
 from ..lifecycle import transition
 from ..playbook import JobContext, Playbook, Prepared
+from ..polling import busy_wait_s
 from ..record import Status
 from ..remote import Result, Transport, connect, quote
 from ..spec import RunSpec
@@ -133,7 +134,7 @@ def wait_for_host(ws: Workspace, host: Host, gpus: list[int] | None, poll: tuple
                 raise
             if on_wait is not None:
                 on_wait(busy)  # may raise to give up waiting
-            sleep(min(poll[0], 5.0))
+            sleep(busy_wait_s(poll[0]))
         except OrchError:
             return
 
@@ -196,7 +197,7 @@ def take_replacing(ws: Workspace, store: Store, host: Host, gpus: list[int] | No
                         raise
                     if on_wait is not None:
                         on_wait(busy)
-                    time.sleep(min(poll[0], 5.0))
+                    time.sleep(busy_wait_s(poll[0]))
                     continue
                 replaced.add(holder.id)
                 outcome = replace_run(ws, store, holder.id, run_id, {host.name: host})
@@ -224,7 +225,7 @@ def _host_wait(store: Store, run_id: int, poll_min: float, on_wait: Callable[[Wa
         if on_wait is not None:
             on_wait(busy)  # may raise to give up waiting
         store.update_run(run_id, heartbeat=time.time())
-        time.sleep(min(poll_min, 5.0))
+        time.sleep(busy_wait_s(poll_min))
     return wait
 
 
