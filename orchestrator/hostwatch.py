@@ -31,7 +31,7 @@ from .launch import HostExecutor, pushed_state
 from .polling import default_poll, queue_query_s
 from .record import ACTIVE, Run, Status
 from .remote import connect
-from .runflow import Context, finish, open_run, settle_orphan, watch_options
+from .runflow import Job, finish, open_run, settle_orphan, watch_options
 from .ssh import SSHTransport
 from .store import Store
 from .watch import Watcher
@@ -48,7 +48,7 @@ RECONNECT_MAX_S = 30.0
 
 @dataclass
 class Followed:
-    ctx: Context
+    ctx: Job
     watcher: Watcher
     lock: WatchLock
     due: float  # monotonic time of the next look at a quiet run

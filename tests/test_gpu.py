@@ -116,7 +116,7 @@ def foreign(procs: list[subprocess.Popen], *argv: str) -> subprocess.Popen:
 class Starting:
     """The run being started, preparing, as the run flow has it when cleanup runs; env: what cleanup set."""
 
-    ctx: runflow.Context
+    ctx: runflow.Job
     env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -129,7 +129,7 @@ def context(ws: Workspace, store: Store, spec: FastSpec) -> Starting:
     run_id = store.create_run("command", host.name, spec.model_dump(mode="json"))
     transition(store, run_id, Status.PREPARING)
     transport = connect(host)
-    return Starting(runflow.Context(ws, store, registry.playbook("command"), host, transport,
+    return Starting(runflow.Job(ws, store, registry.playbook("command"), host, transport,
                                     executor_for(host, transport), run_id, spec,
                                     RunPaths.for_run(str(ws.root), run_id)))
 
@@ -461,7 +461,7 @@ def test_a_run_stopped_by_cleanup_ends_like_any_run(fake_gpus: FakeGpus, ws: Wor
     try:
         clean(context(ws, store, FastSpec()), sleep=NO_SLEEP)
         notify.drain(5)
-        run = stale.run
+        run = stale.refresh()
         assert run.status == "cancelled" and run.end_steps == list(runflow.END_STEPS)
         assert "serving" in (ws.run_dir(stale.run_id) / "log.tail").read_text()
         assert engine.snapshot("sglang") == before

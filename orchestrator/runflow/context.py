@@ -1,11 +1,12 @@
-"""A run as the run flow acts on it: opened from its record, with its playbook, spec, host and paths."""
+"""A run's job as the run flow acts on it: opened from its record, with its playbook, spec, host, paths and
+backend."""
 
 from __future__ import annotations
 
 import posixpath
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import agent, registry
@@ -31,8 +32,11 @@ END_STEPS = (*BEFORE_RELEASE, "outputs", "log tail", "notify")
 
 
 @dataclass
-class Context:
-    """One run as the flow acts on it: its record's id, playbook, spec, host and where its job lives."""
+class Job:
+    """One run's job, the one object the run flow acts on: its identity (the run's id and record), playbook
+    and spec, host, paths (RunPaths) and backend (its executor, which its record's JobRef names the job to),
+    and its state: the record as last read, read again by `refresh` — a store that others write (watchers,
+    a `stop` elsewhere) is asked when the flow needs its word, not at every look."""
 
     ws: Workspace
     store: Store
@@ -44,10 +48,23 @@ class Context:
     spec: RunSpec
     paths: RunPaths
     lock: WatchLock | None = None  # this process watches the run (see watching.py)
+    record: Run | None = field(default=None, repr=False)  # as last read; None until first needed
 
     @property
     def run(self) -> Run:
-        return self.store.get_run(self.run_id)
+        """The run's record as last read (a dry run's, whose record does not exist yet, is never read)."""
+        return self.record if self.record is not None else self.refresh()
+
+    def refresh(self) -> Run:
+        """Read the run's record again: what the flow decides next depends on what others wrote since."""
+        self.record = self.store.get_run(self.run_id)
+        return self.record
+
+    @property
+    def holds_host(self) -> bool:
+        """Does the run hold its host (or GPU set) while it runs? A client of a server does not, nor a job the
+        scheduler places."""
+        return self.pb.exclusive and not self.executor.schedules_gpus
 
     def event(self, kind: str, message: str, data: Any = None) -> None:
         self.store.add_event(self.run_id, kind, message, data)
@@ -58,7 +75,7 @@ class Context:
             self.lock.release()
             self.lock = None
 
-    def job(self, dry_run: bool = False) -> JobContext[Any]:
+    def for_playbook(self, dry_run: bool = False) -> JobContext[Any]:
         """The playbook's view of the run."""
         # a dry run's transport prints what it is given: the looks at files are printed the same way
         echo = getattr(self.transport, "echo", None) if dry_run else None
@@ -151,7 +168,7 @@ def _host(ws: Workspace, name: str, hosts: Hosts | None) -> Host:
 
 
 def open_run(ws: Workspace, store: Store, run: Run | int, hosts: Hosts | None = None,
-             any_spec: bool = False) -> Context:
+             any_spec: bool = False) -> Job:
     """The one way to act on an existing run: its playbook, spec, host and paths from its record.
 
     A stored spec that is damaged or no longer validates is an error naming the run; with `any_spec`
@@ -175,13 +192,8 @@ def open_run(ws: Workspace, store: Store, run: Run | int, hosts: Hosts | None = 
     host = _host(ws, record.host, hosts)
     transport = connect(host)
     root = record.remote_dir or run_paths(ws, transport.expand(host.workdir), record.id).root
-    return Context(ws, store, pb, host, transport, executor_for(host, transport), record.id, spec, RunPaths(root))
-
-
-def holds_host(ctx: Context) -> bool:
-    """Does the run hold its host (or GPU set) while it runs? A client of a server does not, nor a job the
-    scheduler places."""
-    return ctx.pb.exclusive and not ctx.executor.schedules_gpus
+    return Job(ws, store, pb, host, transport, executor_for(host, transport), record.id, spec, RunPaths(root),
+               record=record)
 
 
 def watch_options(pb: Playbook[Any], spec: RunSpec, host: Host, until_ready: bool = False) -> WatchOptions:
@@ -199,10 +211,6 @@ def watch_options(pb: Playbook[Any], spec: RunSpec, host: Host, until_ready: boo
     )
 
 
-def log_tail(ctx: Context, lines: int) -> str:
-    return ctx.executor.tail(ctx.paths, lines)
-
-
 @dataclass
 class LogText:
     text: str
@@ -210,7 +218,7 @@ class LogText:
     end: int | None = None  # the byte of the host's log the text ends at: following goes on from there
 
 
-def tail_with_end(ctx: Context, lines: int) -> LogText:
+def tail_with_end(ctx: Job, lines: int) -> LogText:
     """The last lines of the log up to its size at one moment, and that size: in one call, so a follow
     that starts there neither repeats nor drops a line printed meanwhile."""
     got = agent.call(ctx.transport, "tail", path=ctx.paths.log, lines=lines)
@@ -235,11 +243,11 @@ def read_log(ws: Workspace, store: Store, run_id: int, lines: int, hosts: Hosts 
         return LogText("".join(kept), f"{exc}; showing the tail kept when the run ended ({local})")
 
 
-def follow_log(ctx: Context, write: Callable[[bytes], None], sleep: Callable[[float], None] = time.sleep,
+def follow_log(ctx: Job, write: Callable[[bytes], None], sleep: Callable[[float], None] = time.sleep,
                offset: int | None = None) -> None:
     """Write the log's new bytes as they come (every second: someone reads along), until the job ended;
     from `offset` (where a tail ended), else from the log's end now."""
-    job = ctx.run.job
+    job = ctx.refresh().job
     if job is None:
         return
     if offset is None:

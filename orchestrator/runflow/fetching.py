@@ -11,7 +11,7 @@ from .. import agent
 from ..errors import OrchError, UsageError
 from ..hosts import Host
 from ..remote import Transport, quote
-from .context import Context
+from .context import Job
 
 CHUNK = 1 << 20  # bytes per round trip: a long log never sits whole in memory, here or in one reply
 PULL_LIMIT = 1 << 30  # default bound on what `orch pull` copies
@@ -34,9 +34,9 @@ def read_chunks(transport: Transport, path: str, write: Callable[[bytes], object
     return offset
 
 
-def stream_log(ctx: Context, write: Callable[[bytes], None]) -> int:
+def stream_log(ctx: Job, write: Callable[[bytes], None]) -> int:
     """The run's whole log, from its first byte, chunk by chunk."""
-    if not ctx.store.get_run(ctx.run_id).remote_dir:
+    if not ctx.refresh().remote_dir:
         raise OrchError(f"run {ctx.run_id} has no log: it never reached its host")
     return read_chunks(ctx.transport, ctx.paths.log, write)
 
@@ -48,7 +48,7 @@ class Pulled:
     size: int
 
 
-def pull(ctx: Context, to: Path, limit: int = PULL_LIMIT) -> Pulled:
+def pull(ctx: Job, to: Path, limit: int = PULL_LIMIT) -> Pulled:
     """Copy the run's remote dir (log, outputs manifest, whatever the job left there) into `to`;
     refused whole, before any copy, when it holds more than `limit` bytes."""
     root = ctx.paths.root

@@ -24,7 +24,7 @@ from ..spec import RunSpec
 from ..store import Store
 from ..watching import WatchLock
 from ..workspace import Workspace
-from .context import Context, Hosts, holds_host, open_run, watch_options
+from .context import Hosts, Job, open_run, watch_options
 from .ending import end, file_states, free_gpus, stop
 from .follow import probe_orphan
 
@@ -50,7 +50,7 @@ Waiting = lease.Busy | hostlease.HostLeaseBusy
 
 def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: Host, *, queue: bool = False,
           on_wait: Callable[[Waiting], None] | None = None,
-          run_fields: dict[str, Any] | None = None, replace: bool = False) -> Context:
+          run_fields: dict[str, Any] | None = None, replace: bool = False) -> Job:
     """Create the run and take it to `running`; on any failure the run ends `failed` with the reason.
 
     The host is asked first whether another workspace's run holds it (or the GPU set): that refuses
@@ -86,12 +86,12 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     )
     transition(store, run_id, Status.PREPARING)
     watching.watch_host_soon(ws, host)
-    ctx: Context | None = None
+    ctx: Job | None = None
     try:
         transport = connect(host)
         paths = hostlease.run_paths(ws, transport.expand(host.workdir), run_id)
         agent.shared(transport)  # the host's agent does the host's side: a python that cannot run it fails here
-        ctx = Context(ws, store, pb, host, transport, executor_for(host, transport), run_id, spec, paths, lock)
+        ctx = Job(ws, store, pb, host, transport, executor_for(host, transport), run_id, spec, paths, lock)
         script = _steps_before_launch(ctx, _host_wait(store, run_id, watch_options(pb, spec, host).poll_min,
                                                       on_wait) if queue else None)
         transition(store, run_id, Status.LAUNCHING)
@@ -115,6 +115,7 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         lock.release()
         watching.spawn(ws, run_id)
         raise
+    ctx.refresh()  # launched: the record names its job
     return ctx
 
 
@@ -229,17 +230,17 @@ def _host_wait(store: Store, run_id: int, poll_min: float, on_wait: Callable[[Wa
     return wait
 
 
-def _steps_before_launch(ctx: Context, host_wait: Callable[[hostlease.HostLeaseBusy], None] | None = None) -> str:
+def _steps_before_launch(ctx: Job, host_wait: Callable[[hostlease.HostLeaseBusy], None] | None = None) -> str:
     """The steps before the launch; `host_wait` (queued runs): what to do when another workspace's run holds
     the host's lease files, before asking again (else the refusal ends the run)."""
     # Patch sets are checked (read-only) first, so a set that does not apply changes nothing anywhere.
     sets = [registry.patch_set(name) for name in ctx.spec.patches]
-    python = ctx.job().python  # the interpreter the job runs: its install is the one patched
+    python = ctx.for_playbook().python  # the interpreter the job runs: its install is the one patched
     checked = [patching.check(ctx.transport, ps, python=python) for ps in sets]
-    ctx.pb.preflight(ctx.job())
+    ctx.pb.preflight(ctx.for_playbook())
     # The run dir becomes the run's own (its token) and, for a run that holds its host, another workspace
     # sharing this workdir sees the lease too: before anything changes. Only then is it the run's remote_dir.
-    exclusive = holds_host(ctx)
+    exclusive = ctx.holds_host
     while True:
         try:
             warnings = hostlease.take(ctx.transport, ctx.paths, run_token(ctx.ws, ctx.store, ctx.run_id),
@@ -265,11 +266,11 @@ def _steps_before_launch(ctx: Context, host_wait: Callable[[hostlease.HostLeaseB
         ctx.event("patch", f"{ps.name} on {res.package} {res.version}{where}: " + file_states(res),
                   {"applied": ps.name, "set_hash": ps.set_hash, "python": python, "root": res.root,
                    "files": [f.__dict__ for f in res.files]})
-    job = ctx.job()
+    job = ctx.for_playbook()
     return _job_script(ctx, job, ctx.pb.prepare(job), gpu_env, overlay)
 
 
-def _job_script(ctx: Context, job: JobContext[Any], prepared: Prepared, gpu_env: dict[str, str],
+def _job_script(ctx: Job, job: JobContext[Any], prepared: Prepared, gpu_env: dict[str, str],
                 overlay: patching.Overlay | None = None) -> str:
     """The job's environment (host, spec, GPUs, then what prepare added), working dir and command lines."""
     env = {**ctx.host.env, **ctx.spec.env, **gpu_env, **prepared.env}
@@ -302,7 +303,7 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host:
     transport = DryRunTransport(host, echo)
     next_id = store.next_run_id()
     paths = hostlease.run_paths(ws, transport.expand(host.workdir), next_id)
-    ctx = Context(ws, store, pb, host, transport, executor_for(host, transport), next_id, spec, paths)
+    ctx = Job(ws, store, pb, host, transport, executor_for(host, transport), next_id, spec, paths)
     overlay = patching.Overlay.of(paths.root) if spec.patches and host.scheduler else None
     for name in spec.patches:
         ps = registry.patch_set(name)
@@ -313,7 +314,7 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host:
         echo(f"# patch set {name}: check, then apply {len(ps.files)} file(s) of {ps.package} {ps.versions}"
              + (" (reverted when the run ends)" if ps.revert_after else "") + "\n")
     gpu_env: dict[str, str] = {}
-    if holds_host(ctx):
+    if ctx.holds_host:
         what = "the host" if spec.gpus is None else "GPUs " + ",".join(map(str, spec.gpus))
         echo(f"# lease of {what} in {host.workdir}/{hostlease.DIR}/ (refused while another workspace's run"
              " holds it)\n")
@@ -324,7 +325,7 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host:
              + ", wait until free\n")
         if spec.gpus is not None:
             gpu_env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.gpus))}
-    job = ctx.job(dry_run=True)
+    job = ctx.for_playbook(dry_run=True)
     script = _job_script(ctx, job, pb.prepare(job), gpu_env, overlay)
     echo(f"# job.sh for run {next_id}:\n{script}")
     if ctx.executor.processes:

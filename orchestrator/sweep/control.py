@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import runflow
 from ..errors import OrchError, UsageError
+from ..record import KILL_GRACE_S
 from ..store import Store
 from ..workspace import Workspace
 from . import db, notification, policy
@@ -106,7 +107,7 @@ def _end_unattended(store: Store, sweep_id: int) -> None:
         db.release(store, sweep_id)
 
 
-def cancel(ws: Workspace, ref: str, grace_s: float = runflow.KILL_GRACE_S) -> dict[str, Any]:
+def cancel(ws: Workspace, ref: str, grace_s: float = KILL_GRACE_S) -> dict[str, Any]:
     """Cancel the queued points and stop the running ones."""
     store = Store(ws.db_path)
     try:
