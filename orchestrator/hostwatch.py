@@ -28,7 +28,7 @@ from .controller import STALE_FACTOR
 from .errors import DatabaseUnavailable, OrchError, Unreachable
 from .hosts import Host, Inventory
 from .launch import HostExecutor, pushed_state
-from .polling import default_poll, queue_query_s
+from .polling import default_poll, next_look_s
 from .record import ACTIVE, Run, Status
 from .remote import connect
 from .runflow import Job, finish, open_run, settle_orphan, watch_options
@@ -193,12 +193,7 @@ class HostWatcher:
 
     @staticmethod
     def _interval(f: Followed) -> float:
-        wait = f.watcher.wait
-        wait.immediate = False  # a backlog comes by itself: the agent pushes it chunk after chunk
-        interval = wait.next_interval()
-        if f.scheduled and f.watcher.run.status is Status.QUEUED:  # leaving the queue is the scheduler's news
-            interval = min(interval, queue_query_s(f.ctx.host))
-        return interval
+        return next_look_s(f.watcher.wait, f.ctx.host, f.scheduled and f.watcher.run.status is Status.QUEUED)
 
     # pushes -------------------------------------------------------------------------------------------
     def _take_turn(self, pushes: list[Push]) -> None:

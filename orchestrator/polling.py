@@ -41,6 +41,15 @@ def queue_query_s(host: Host) -> float:
     return min(max(default_poll(host)[0] / 3, 1.0), 10.0)
 
 
+def next_look_s(wait: PollWait, host: Host, in_queue: bool) -> float:
+    """When a host's watcher asks again about a quiet run whose news its agent pushes: on the backoff (a
+    backlog comes by itself, pushed chunk after chunk); a job in a scheduler's queue at the queue's pace,
+    since its leaving the queue is the scheduler's news, not its log's."""
+    wait.immediate = False
+    interval = wait.next_interval()
+    return min(interval, queue_query_s(host)) if in_queue else interval
+
+
 def follow_log_s(host: Host) -> float:
     """How often a log someone reads along is looked at: every second at most."""
     return min(default_poll(host)[0], 1.0)
