@@ -521,8 +521,7 @@ def test_the_agent_drives_a_job_over_ssh_without_shell(ssh_host: Host, tmp_path:
     """Launch, a held read woken by a line, tail, the GPU look of a CPU host, kill, and the account of a
     job gone without an exit code: each one request on the agent's one channel."""
     from orchestrator import agent, gpu
-    from orchestrator.launch import HostExecutor
-    from orchestrator.launch import RunPaths
+    from orchestrator.launch import HostExecutor, RunPaths
 
     transport, _ = ssh_transport(ssh_host)
     try:
