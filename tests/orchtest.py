@@ -111,8 +111,8 @@ def release(path: Path) -> None:
 
 def _orch_watcher(argv: list[bytes]) -> bool:
     """`orch watch ID --background` / `orch watch-host NAME --background`, or a host's watcher as orch
-    starts it (`python -m orchestrator.hostwatch NAME`)."""
-    return (b"orchestrator" in argv and b"--background" in argv) or b"orchestrator.hostwatch" in argv
+    starts it (`python -m orchestrator.runflow.hostwatch NAME`)."""
+    return (b"orchestrator" in argv and b"--background" in argv) or b"orchestrator.runflow.hostwatch" in argv
 
 
 def stop_background_watchers(home: Path, timeout: float = 30) -> None:
@@ -170,7 +170,7 @@ def alive(pid: int) -> bool:
 
 def agent_ops(monkeypatch: Any) -> list[str]:
     """The ops this process asks hosts' agents for through `agent.call`, in order, from now on."""
-    from orchestrator import agent
+    from orchestrator.host import agent
 
     ops: list[str] = []
     asked = agent.call

@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
-
 from orchtest import FAST, Orch, job_cmd, kill_controller, release, wait_for_file
+from safetensors.torch import load_file
 
 
 @pytest.fixture

@@ -9,21 +9,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import agent, registry
+from ..config.hosts import Host, Inventory
+from ..config.spec import RunSpec, stored
+from ..config.workspace import Workspace
 from ..errors import HostError, OrchError, Unreachable
-from ..executor import Executor, executor_for
-from ..hostlease import run_paths
-from ..hosts import Host, Inventory
-from ..launch import RunPaths
-from ..lease import BEFORE_RELEASE
+from ..host import agent
+from ..host.executor import Executor, executor_for
+from ..host.hostlease import run_paths
+from ..host.launch import RunPaths
+from ..host.remote import DEFAULT_TIMEOUT_S, Result, Transport, connect, quote
 from ..playbook import Entry, JobContext, Playbook, Usage
-from ..polling import WatchOptions, follow_log_s, poll_bounds
-from ..record import Run
-from ..remote import DEFAULT_TIMEOUT_S, Result, Transport, connect, quote
-from ..spec import RunSpec, stored
 from ..store import Store
-from ..watching import WatchLock
-from ..workspace import Workspace
+from ..store.lease import BEFORE_RELEASE
+from ..store.record import Run
+from . import registry
+from .polling import WatchOptions, follow_log_s, poll_bounds
+from .watching import WatchLock
 
 LOG_TAIL_LINES = 200
 # The end steps in their order: the lease is freed right after BEFORE_RELEASE (see lease.py); the

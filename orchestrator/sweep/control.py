@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import runflow
+from ..config.workspace import Workspace
 from ..errors import OrchError, UsageError
-from ..record import KILL_GRACE_S
 from ..store import Store
-from ..workspace import Workspace
+from ..store.record import KILL_GRACE_S
 from . import db, notification, policy
 from .plan import identity, plan
 from .record import Fault, PointStatus, SweepRow, SweepStatus

@@ -7,13 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from orchtest import in_process
 
-from orchestrator import lease
-from orchestrator.lifecycle import transition
-from orchestrator.record import Status
-from orchestrator.store import Store
+from orchestrator.store import Store, lease
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
 
 Orch = Callable[..., tuple[int, str, str]]
 
@@ -52,9 +50,10 @@ def test_a_busy_host_names_the_run_and_both_ways_on(orch: Orch, tmp_path: Path) 
 def test_following_a_log_goes_on_from_the_byte_its_tail_ended_at(tmp_path: Path) -> None:
     """A job printing a line every few ms on this machine: the tail and what follows it are the log's
     lines to its end, none twice and none left out."""
-    from orchestrator import registry, runflow
-    from orchestrator.hosts import local_host
-    from orchestrator.workspace import Workspace
+    from orchestrator import runflow
+    from orchestrator.config.hosts import local_host
+    from orchestrator.config.workspace import Workspace
+    from orchestrator.runflow import registry
 
     ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
     store = Store(ws.db_path)
