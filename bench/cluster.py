@@ -30,7 +30,7 @@ from orchestrator import runflow
 from orchestrator.config import spec as specmod
 from orchestrator.config.hosts import Inventory
 from orchestrator.config.workspace import Workspace
-from orchestrator.host import executor, slurm
+from orchestrator.host import slurm
 from orchestrator.runflow import registry
 from orchestrator.store import Store
 
@@ -51,13 +51,13 @@ def by_orch(tmp: Path, jobs: int, sleep_s: float) -> dict[str, float]:
     pb = registry.playbook("command")
     spec = specmod.build(pb.Spec, {"cmd": f"sleep {sleep_s}", "gpus": []})
     polls = [0]
-    real_poll = executor.SlurmExecutor.poll
+    real_poll = slurm.SlurmExecutor.poll
 
     def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         polls[0] += 1
         return real_poll(self, *args, **kwargs)
 
-    executor.SlurmExecutor.poll = counted  # type: ignore[method-assign]
+    slurm.SlurmExecutor.poll = counted  # type: ignore[method-assign]
     ctxs = [runflow.start(ws, store, pb, spec, host) for _ in range(jobs)]
     queue = slurm.queue_for(ctxs[0].transport)
     calls0, t0 = queue.calls, time.perf_counter()

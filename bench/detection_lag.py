@@ -35,11 +35,11 @@ from sshd import SSHFleet
 from orchestrator.config.hosts import Host
 from orchestrator.config.workspace import Workspace
 from orchestrator.host import launch
-from orchestrator.host.executor import HostExecutor
+from orchestrator.host.launch import HostExecutor
+from orchestrator.host.polling import WatchOptions
 from orchestrator.host.remote import Result, SSHTransport, quote
 from orchestrator.logparse import LogParser
 from orchestrator.runflow.hostwatch import HostWatcher
-from orchestrator.runflow.polling import WatchOptions
 from orchestrator.runflow.watch import Watcher
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
@@ -189,7 +189,8 @@ def one(host: Host, fleet: SSHFleet, tmp: Path, flags: list[str], event: str, un
                                       "--capture-time", "0.5", "--events", str(events), *flags])
     if quiet:
         cmd += " --serve-after " + str(QUIET_S + 30)
-    pid, start = launch.launch(transport, paths, launch.job_script(cmd, {}), f"bench-{paths.root}")
+    job = HostExecutor(transport).launch(paths, launch.job_script(cmd, {}), f"bench-{paths.root}")
+    pid, start = job.id, job.proof
     out: dict[str, Any] = {}
     stop = threading.Event()
     until = "quiet" if quiet else until
@@ -204,7 +205,7 @@ def one(host: Host, fleet: SSHFleet, tmp: Path, flags: list[str], event: str, un
     for t in threads:
         t.join(timeout=QUIET_S + 900)
     stop.set()
-    launch.kill(transport, pid, start, 0.5)
+    HostExecutor(transport).kill(job, 0.5)
     transport.close()
     printed = next(float(line.split()[0]) for line in events.read_text().splitlines() if line.endswith(event))
     return out, printed

@@ -118,7 +118,7 @@ def polled_by_all(store: Any, ids: list[int], since: float, most_s: float = 300)
 def legacy_watch(ws: str, run_id: int) -> None:
     """One run's watcher as a process of its own, polling over its own connection (the old shape)."""
     from orchestrator.config.workspace import Workspace
-    from orchestrator.host.executor import HostExecutor
+    from orchestrator.host.launch import HostExecutor
     from orchestrator.host.ssh import SSHTransport
     from orchestrator.runflow import open_run, watch_options
     from orchestrator.runflow.watch import Watcher

@@ -33,11 +33,11 @@ from sshd import SSHFleet  # noqa: E402
 from orchestrator.config.hosts import Host
 from orchestrator.config.workspace import Workspace
 from orchestrator.host import launch
-from orchestrator.host.executor import HostExecutor
+from orchestrator.host.launch import HostExecutor
+from orchestrator.host.polling import WatchOptions
 from orchestrator.host.ssh import SSHTransport
 from orchestrator.logparse import LogParser
 from orchestrator.runflow.hostwatch import HostWatcher
-from orchestrator.runflow.polling import WatchOptions
 from orchestrator.runflow.watch import Watcher
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
@@ -82,8 +82,8 @@ def jobs(host: Host, tmp: Path, n: int, mib: int, kind: str) -> list[tuple[launc
         paths = launch.RunPaths.for_run(host.workdir, int(time.time() * 1000) % 10**9 + i)
         cmd = " ".join(shlex.quote(a) for a in (sys.executable, str(writer), str(mib), kind))
         began = time.time()
-        pid, start = launch.launch(transport, paths, launch.job_script(cmd, {}), f"bench-{paths.root}")
-        out.append((paths, pid, start, began))
+        job = HostExecutor(transport).launch(paths, launch.job_script(cmd, {}), f"bench-{paths.root}")
+        out.append((paths, job.id, job.proof, began))
     transport.close()
     return out
 

@@ -53,7 +53,7 @@ def ssh_ws(tmp_path: Path, ssh_fleet: SSHFleet) -> Iterator[tuple[Workspace, Sto
 
 
 def serve_until_decoding(ws: Workspace, store: Store, host: Any, lines: int = 5, spec: Any = None,
-                         **run_fields: Any) -> runflow.Context:
+                         **run_fields: Any) -> runflow.Job:
     """Start a server, watch it until ready, then let it print `lines` decode lines nobody polls."""
     ctx = runflow.start(ws, store, registry.playbook("serve-eagle3"), spec or server_spec(), host,
                         run_fields=run_fields)
@@ -65,13 +65,13 @@ def serve_until_decoding(ws: Workspace, store: Store, host: Any, lines: int = 5,
     return ctx
 
 
-def decode_lines(ctx: runflow.Context) -> list[float]:
+def decode_lines(ctx: runflow.Job) -> list[float]:
     """The decode stats the log holds (the host is this machine: its file is read directly)."""
     return [float(v) for v in DECODE.findall(Path(ctx.paths.log).read_text(errors="replace"))]
 
 
-def assert_recorded_to_the_end(ctx: runflow.Context) -> None:
-    run = ctx.run
+def assert_recorded_to_the_end(ctx: runflow.Job) -> None:
+    run = ctx.refresh()
     assert run.status.terminal and "log to end" in run.end_steps
     printed = decode_lines(ctx)
     recorded = [v for _, v, _ in ctx.store.metric_series(ctx.run_id, "gen_throughput")]
@@ -81,18 +81,18 @@ def assert_recorded_to_the_end(ctx: runflow.Context) -> None:
     assert run.last_line and run.last_line in Path(ctx.paths.log).read_text(errors="replace").splitlines()[-1]
 
 
-def ended_by_stop(ws: Workspace, store: Store, inv: Inventory, ctx: runflow.Context) -> None:
+def ended_by_stop(ws: Workspace, store: Store, inv: Inventory, ctx: runflow.Job) -> None:
     runflow.stop(ctx, grace_s=3)
 
 
-def ended_by_cancel(ws: Workspace, store: Store, inv: Inventory, ctx: runflow.Context) -> None:
+def ended_by_cancel(ws: Workspace, store: Store, inv: Inventory, ctx: runflow.Job) -> None:
     runflow.cancel(ctx, "cancelled by test", grace_s=3)
 
 
-def ended_by_replace(ws: Workspace, store: Store, inv: Inventory, ctx: runflow.Context) -> None:
+def ended_by_replace(ws: Workspace, store: Store, inv: Inventory, ctx: runflow.Job) -> None:
     new = runflow.start(ws, store, registry.playbook("command"), registry.playbook("command").Spec(cmd="true"),
                         inv.get("test1"), replace=True)
-    assert ctx.run.reason == f"replaced by run {new.run_id}"
+    assert ctx.refresh().reason == f"replaced by run {new.run_id}"
     runflow.watch(new)
 
 
@@ -101,11 +101,11 @@ def ended_by_replace(ws: Workspace, store: Store, inv: Inventory, ctx: runflow.C
 ], ids=["stop", "cancel", "replace"])
 def test_a_run_ended_by_another_records_its_log_to_the_last_line(
         ssh_ws: tuple[Workspace, Store, Inventory],
-        end: Callable[[Workspace, Store, Inventory, runflow.Context], None], status: Status) -> None:
+        end: Callable[[Workspace, Store, Inventory, runflow.Job], None], status: Status) -> None:
     ws, store, inv = ssh_ws
     ctx = serve_until_decoding(ws, store, inv.get("test1"))
     end(ws, store, inv, ctx)
-    assert ctx.run.status is status
+    assert ctx.refresh().status is status
     assert_recorded_to_the_end(ctx)
 
 
@@ -131,7 +131,7 @@ def test_a_sweep_cancelled_records_its_running_points_log_to_the_last_line(
     sweep_db.attach_run(store, sweep_id, 0, ctx.run_id)
     done = control.cancel(ws, str(sweep_id), grace_s=3)
     assert list(done["stopped"]) == [ctx.run_id]
-    assert ctx.run.reason == "sweep cancelled"
+    assert ctx.refresh().reason == "sweep cancelled"
     assert_recorded_to_the_end(ctx)
 
 
@@ -144,6 +144,7 @@ def test_a_run_stopped_by_another_runs_gpu_cleanup_records_its_log_to_the_last_l
     command = registry.playbook("command")
     nxt = runflow.start(ws, store, command, command.Spec(cmd="true", gpus=[0], poll_min=0.05, poll_max=0.2),
                         local_host(ws.root))
-    assert ctx.run.status is Status.CANCELLED and str(nxt.run_id) in (ctx.run.reason or "")
+    run = ctx.refresh()  # stopped by the next run's GPU cleanup, elsewhere
+    assert run.status is Status.CANCELLED and str(nxt.run_id) in (run.reason or "")
     runflow.watch(nxt)
     assert_recorded_to_the_end(ctx)

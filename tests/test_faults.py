@@ -64,7 +64,7 @@ sys.path.insert(0, sys.argv[2])
 from test_faults import alive, recycle, wait_for
 from orchestrator.host import launch
 from orchestrator.config.hosts import local_host
-from orchestrator.host.launch import RunPaths
+from orchestrator.host.launch import HostExecutor, RunPaths
 from orchestrator.host.remote import connect
 
 ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the job's processes are reaped here
@@ -82,10 +82,12 @@ threading.Thread(target=reap, daemon=True).start()
 root = Path(sys.argv[1])
 transport = connect(local_host(root))
 # the job ignores SIGTERM (its wrapper does not): the group outlives its leader into the grace window
-pid, start = launch.launch(transport, RunPaths(str(root / "run")), launch.job_script("trap '' TERM; sleep 300", {}), "t4")
+host_jobs = HostExecutor(transport)
+job = host_jobs.launch(RunPaths(str(root / "run")), launch.job_script("trap '' TERM; sleep 300", {}), "t4")
+pid = job.id
 wait_for(lambda: alive(pid))
 outcome = []
-killer = threading.Thread(target=lambda: outcome.append(launch.kill(transport, pid, start, grace_s=4)))
+killer = threading.Thread(target=lambda: outcome.append(host_jobs.kill(job, grace_s=4)))
 killer.start()
 wait_for(lambda: not Path(f"/proc/{pid}").exists(), step=0.001)  # SIGTERM ended the wrapper; its job lingers
 os.killpg(pid, signal.SIGKILL)  # the job ends too, and the group's id is free again: recycled at once

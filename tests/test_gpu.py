@@ -22,12 +22,12 @@ from orchestrator.config.workspace import Workspace
 from orchestrator.errors import OrchError
 from orchestrator.host import gpu, launch
 from orchestrator.host.executor import executor_for
-from orchestrator.host.launch import RunPaths
+from orchestrator.host.launch import HostExecutor, RunPaths
 from orchestrator.host.remote import connect
 from orchestrator.runflow import registry
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
-from orchestrator.store.record import Status
+from orchestrator.store.record import JobRef, Status
 
 pytest_plugins = ["engine_src"]  # engine: real sglang 0.5.23 source, for a patch set inside a run
 
@@ -117,7 +117,7 @@ def foreign(procs: list[subprocess.Popen], *argv: str) -> subprocess.Popen:
 class Starting:
     """The run being started, preparing, as the run flow has it when cleanup runs; env: what cleanup set."""
 
-    ctx: runflow.Context
+    ctx: runflow.Job
     env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -130,7 +130,7 @@ def context(ws: Workspace, store: Store, spec: FastSpec) -> Starting:
     run_id = store.create_run("command", host.name, spec.model_dump(mode="json"))
     transition(store, run_id, Status.PREPARING)
     transport = connect(host)
-    return Starting(runflow.Context(ws, store, registry.playbook("command"), host, transport,
+    return Starting(runflow.Job(ws, store, registry.playbook("command"), host, transport,
                                     executor_for(host, transport), run_id, spec,
                                     RunPaths.for_run(str(ws.root), run_id)))
 
@@ -148,7 +148,7 @@ class OrchJobs:
 
     def __init__(self, ws: Workspace, store: Store):
         self.ws, self.store = ws, store
-        self.started: list[tuple[int, str]] = []
+        self.started: list[JobRef] = []
 
     def start(self, body: str) -> tuple[int, int, int]:
         """A job recorded as a running run. Returns (run id, wrapper pid, the job's own pid, which is
@@ -159,16 +159,16 @@ class OrchJobs:
         transition(self.store, run_id, Status.PREPARING)
         transition(self.store, run_id, Status.LAUNCHING)
         script = launch.job_script(f"echo $$ > job.pid\n{body}", {}, None)
-        pid, start = launch.launch(connect(host), paths, script, f"test-{run_id}")
-        self.started.append((pid, start))
-        transition(self.store, run_id, Status.RUNNING, f"pid {pid}", pid=pid, pid_start=start)
+        job = HostExecutor(connect(host)).launch(paths, script, f"test-{run_id}")
+        self.started.append(job)
+        transition(self.store, run_id, Status.RUNNING, f"pid {job.id}", **job.columns())
         job_pid_file = Path(paths.root) / "job.pid"
         wait_for(lambda: job_pid_file.exists() and job_pid_file.read_text().strip())
-        return run_id, pid, int(job_pid_file.read_text())
+        return run_id, job.id, int(job_pid_file.read_text())
 
     def stop_all(self) -> None:
-        for pid, start in self.started:
-            launch.kill(connect(local_host(self.ws.root)), pid, start, 0.2)
+        for job in self.started:
+            HostExecutor(connect(local_host(self.ws.root))).kill(job, 0.2)
 
 
 @pytest.fixture
@@ -462,7 +462,7 @@ def test_a_run_stopped_by_cleanup_ends_like_any_run(fake_gpus: FakeGpus, ws: Wor
     try:
         clean(context(ws, store, FastSpec()), sleep=NO_SLEEP)
         notify.drain(5)
-        run = stale.run
+        run = stale.refresh()
         assert run.status == "cancelled" and run.end_steps == list(runflow.END_STEPS)
         assert "serving" in (ws.run_dir(stale.run_id) / "log.tail").read_text()
         assert engine.snapshot("sglang") == before

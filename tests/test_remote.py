@@ -549,8 +549,7 @@ def test_the_agent_drives_a_job_over_ssh_without_shell(ssh_host: Host, tmp_path:
     """Launch, a held read woken by a line, tail, the GPU look of a CPU host, kill, and the account of a
     job gone without an exit code: each one request on the agent's one channel."""
     from orchestrator.host import agent, gpu
-    from orchestrator.host.executor import HostExecutor
-    from orchestrator.host.launch import RunPaths
+    from orchestrator.host.launch import HostExecutor, RunPaths
 
     transport, _ = ssh_transport(ssh_host)
     try:

@@ -479,8 +479,7 @@ def test_pull_copies_at_most_what_it_listed(tmp_path: Path, host: Host, monkeypa
 
 
 def test_the_tail_of_a_log_without_newlines_is_bounded(tmp_path: Path, host: Host) -> None:
-    from orchestrator.host.executor import HostExecutor
-    from orchestrator.host.launch import TAIL_BYTES
+    from orchestrator.host.launch import TAIL_BYTES, HostExecutor
 
     root = tmp_path / "run"
     root.mkdir()

@@ -22,6 +22,7 @@ from orchestrator.config.hosts import Host
 from orchestrator.host import slurm
 from orchestrator.host.hostjobs import agent as host_agent
 from orchestrator.host.launch import RunPaths
+from orchestrator.host.polling import queue_query_s
 from orchestrator.host.remote import LocalTransport
 
 pytest_plugins = ["engine_src"]  # engine: real sglang 0.5.23 source
@@ -221,7 +222,7 @@ def test_one_scheduler_query_serves_every_watcher_of_a_round(cluster, tmp_path):
     transport = LocalTransport(host)
     ids = [cluster.client("sbatch", "--parsable", "-o", "/dev/null", "--wrap", "sleep 30", check=True).stdout.strip()
            for _ in range(6)]
-    queue = slurm.Queue(transport, interval_s=slurm.query_interval(host))
+    queue = slurm.Queue(transport, interval_s=queue_query_s(host))
     answers: dict[str, slurm.JobInfo | None] = {}
     threads = [threading.Thread(target=lambda i=i: answers.__setitem__(i, queue.lookup(i))) for i in ids]
     for t in threads:

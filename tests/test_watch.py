@@ -12,9 +12,9 @@ from orchtest import FAST, Orch, job_cmd
 
 from orchestrator.config.hosts import local_host
 from orchestrator.host import launch
-from orchestrator.host.executor import HostExecutor
+from orchestrator.host.launch import HostExecutor
+from orchestrator.host.polling import PollWait, WatchOptions
 from orchestrator.host.remote import LocalTransport
-from orchestrator.runflow.polling import PollWait, WatchOptions
 from orchestrator.runflow.watch import Watcher
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
@@ -61,9 +61,9 @@ def polls_for_quiet_job(tmp_path: Path, poll_min: float, poll_max: float) -> int
         transition(store, run_id, s)
     transport = LocalTransport(local_host(tmp_path))
     paths = launch.RunPaths.for_run(str(tmp_path), run_id)
-    pid, start = launch.launch(transport, paths, launch.job_script("sleep 3", {}), f"t-{run_id}")
+    job = HostExecutor(transport).launch(paths, launch.job_script("sleep 3", {}), f"t-{run_id}")
     store.update_run(run_id, remote_dir=paths.root)
-    transition(store, run_id, Status.RUNNING, pid=pid, pid_start=start)
+    transition(store, run_id, Status.RUNNING, **job.columns())
     executor = CountingExecutor(transport)
     run = Watcher(store, run_id, executor, WatchOptions(poll_min=poll_min, poll_max=poll_max)).run_until_done()
     assert run.status == "succeeded"
@@ -181,9 +181,9 @@ def test_metric_samples_carry_the_lines_own_time(tmp_path):
         "Avg generation throughput: 43.5 tokens/s, Running: 1 reqs'; "
         "echo 'orch-metric loss=0.25 acc=0.5'"
     )
-    pid, start = launch.launch(transport, paths, launch.job_script(script, {}), f"t-{run_id}")
+    job = HostExecutor(transport).launch(paths, launch.job_script(script, {}), f"t-{run_id}")
     store.update_run(run_id, remote_dir=paths.root)
-    transition(store, run_id, Status.RUNNING, pid=pid, pid_start=start)
+    transition(store, run_id, Status.RUNNING, **job.columns())
     started = store.get_run(run_id).started_at
     store.update_run(run_id, started_at=past - 10)  # the job began before its first line
     run = Watcher(store, run_id, HostExecutor(transport), WatchOptions(poll_min=0.05, poll_max=0.2)).run_until_done()

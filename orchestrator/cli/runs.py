@@ -131,7 +131,7 @@ def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_rea
     if detach:
         _hand_over(ctx)
         if as_json:
-            emit_json(run_document(store, ctx.run, with_events=False))
+            emit_json(run_document(store, ctx.refresh(), with_events=False))
         else:
             out.print(ctx.run_id)
         return

@@ -75,12 +75,6 @@ class Host(BaseModel):
         """Commands run here, not over SSH: the local host, or a cluster whose scheduler is this machine's."""
         return self.is_local or (self.scheduler is not None and self.address is None)
 
-    @property
-    def default_poll(self) -> tuple[float, float]:
-        """SSH hosts are polled 30 s → 600 s; the local host 1 s → 10 s, since a poll costs nothing there."""
-        lo, hi = (1.0, 10.0) if self.is_local else (30.0, 600.0)
-        return (self.poll_min or lo, self.poll_max or hi)
-
 
 def local_host(workspace_root: Path, overrides: dict[str, Any] | None = None) -> Host:
     fields: dict[str, Any] = {"workdir": str(workspace_root), "python": sys.executable}

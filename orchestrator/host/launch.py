@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import posixpath
 import signal
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ..errors import OrchError
-from ..store.record import KILL_GRACE_S, JobRef
+from ..store.record import JobRef
 from . import agent
 from .agent import data_of
 from .remote import Transport, env_exports, quote
@@ -67,12 +67,6 @@ def job_script(body: str, env: dict[str, str], cwd: str | None = None) -> str:
     return head + body.rstrip("\n") + "\n"
 
 
-def launch(transport: Transport, paths: RunPaths, script: str, token: str) -> tuple[int, str]:
-    """Start the job through the host's agent (idempotent for the same token); its pid and start time."""
-    job = agent.call(transport, "launch", dir=paths.root, script=script, token=token)
-    return int(job["pid"]), str(job["start"])
-
-
 @dataclass
 class JobState:
     alive: bool
@@ -94,7 +88,6 @@ class JobState:
     rotated: bool = False  # `data` is the rest of a rotated log (`size` is that file's); the new one is next
 
 
-Call = Callable[..., "dict[str, Any]"]  # a request to the host's agent: (op, timeout=, **args) -> its result
 TAIL_BYTES = 1 << 20  # the last lines of a log come from its last MiB, however long its lines (the agent's too)
 TAIL_MARK = 64  # bytes before the offset that must still be there, or the log was rewritten under it
 
@@ -119,31 +112,65 @@ def pushed_state(doc: dict[str, Any]) -> JobState:
         rotated=bool(doc.get("rotated")), node=node if isinstance(node, str) else None)
 
 
-def read_state(call: Call, paths: RunPaths, job: JobRef, offset: int, max_bytes: int = 4 << 20,
-               hold_s: float = 0, wake: list[str] | None = None, inode: int | None = None,
-               mark: str | None = None) -> JobState:
-    """Is the job alive, its exit code, and its log's bytes from `offset` (of the file with `inode`, when
-    known: a rotated log is read to its end first; `mark`: tail_mark of the bytes before the offset).
+class HostExecutor:
+    """A host's jobs (executor.Executor), driven through its agent: launched under the agent's wrapper, read,
+    signalled only once proven theirs. Over `link` when given (the host's watcher holds one), else over the
+    process's shared link to the host's agent (one per one-shot command)."""
 
-    With `hold_s`, the agent first waits on the host until the job dies, a new log line matches one of
-    `wake`, or the time is up. Liveness is read before the exit code, and both before the log, so a job
-    seen dead has its last bytes in this same answer. A scheduler's job is alive by its scheduler's word, not
-    here: only its run dir is read.
-    """
-    doc = call("read", timeout=hold_s + 60, dir=paths.root, pid=0 if job.scheduled else job.id,
-               start="" if job.scheduled else job.proof, offset=offset, max_bytes=max_bytes, inode=inode,
-               tail=mark or "", hold_s=hold_s, wake=wake or [], scheduled=job.scheduled)
-    return pushed_state(doc)
+    schedules_gpus: ClassVar[bool] = False
+    streams: ClassVar[bool] = True
+    queues: ClassVar[bool] = False
+    processes: ClassVar[bool] = True
+
+    def __init__(self, transport: Transport, link: agent.AgentLink | None = None):
+        self.transport = transport
+        self.link = link
+
+    def call(self, op: str, timeout: float = 60, **args: Any) -> dict[str, Any]:
+        link = self.link if self.link is not None and self.link.alive else agent.shared(self.transport)
+        return link.call(op, timeout=timeout, **args)
+
+    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> JobRef:
+        """Start the job through the host's agent (idempotent for the same token): its pid and start time."""
+        job = self.call("launch", dir=paths.root, script=script, token=token)
+        return JobRef(int(job["pid"]), str(job["start"]))
+
+    def find(self, paths: RunPaths) -> JobRef | None:
+        found = self.call("find", dir=paths.root)["job"]
+        return JobRef(int(found["pid"]), str(found["start"])) if found else None
+
+    def poll(self, paths: RunPaths, job: JobRef, offset: int, max_bytes: int, hold_s: float = 0,
+             wake: Sequence[str] = (), inode: int | None = None, mark: str | None = None) -> JobState:
+        """Is the job alive, its exit code, and its log's bytes from `offset` (of the file with `inode`, when
+        known: a rotated log is read to its end first; `mark`: tail_mark of the bytes before the offset).
+
+        With `hold_s`, the agent first waits on the host until the job dies, a new log line matches one of
+        `wake`, or the time is up. Liveness is read before the exit code, and both before the log, so a job
+        seen dead has its last bytes in this same answer. A scheduler's job is alive by its scheduler's word,
+        not here: only its run dir is read.
+        """
+        doc = self.call("read", timeout=hold_s + 60, dir=paths.root, pid=0 if job.scheduled else job.id,
+                        start="" if job.scheduled else job.proof, offset=offset, max_bytes=max_bytes, inode=inode,
+                        tail=mark or "", hold_s=hold_s, wake=list(wake), scheduled=job.scheduled)
+        return pushed_state(doc)
+
+    def kill(self, job: JobRef, grace_s: float) -> str:
+        """Stop the job's whole process group: SIGTERM, a grace period, then SIGKILL, its identity proved
+        again before each signal. 'gone' | 'stopped' | 'killed'."""
+        return str(self.call("kill", timeout=grace_s + 30, pid=job.id, start=job.proof, grace_s=grace_s)["outcome"])
+
+    def explain_loss(self, paths: RunPaths, job: JobRef) -> str | None:
+        reason = self.call("loss", dir=paths.root, start=job.proof)["reason"]
+        return str(reason) if reason else None
+
+    def tail(self, paths: RunPaths, lines: int) -> str:
+        return str(self.call("tail", path=paths.log, lines=lines)["text"])
+
+    def judge(self, job: JobRef, state: JobState) -> JobState:
+        return state  # the agent's word is the whole of it
 
 
-def kill(transport: Transport, pid: int, start: str, grace_s: float = KILL_GRACE_S) -> str:
-    """Stop the job's whole process group through the host's agent: SIGTERM, a grace period, then SIGKILL,
-    its identity proved again before each signal. Returns 'gone' | 'stopped' | 'killed'."""
-    return str(agent.call(transport, "kill", timeout=grace_s + 30, pid=int(pid), start=str(start),
-                          grace_s=grace_s)["outcome"])
-
-
-__all__ = ["RunPaths", "job_script", "kill", "launch", "pushed_state", "read_state"]
+__all__ = ["HostExecutor", "JobState", "RunPaths", "job_script", "pushed_state", "tail_mark"]
 
 
 def describe_exit(code: int) -> str:

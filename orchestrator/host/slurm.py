@@ -21,16 +21,17 @@ from __future__ import annotations
 import posixpath
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ..config.hosts import Host
 from ..errors import OrchError, Unreachable
 from ..store.record import JobRef
-from . import agent, launch
+from . import agent
 from .agent import AgentError
-from .launch import JobState, RunPaths
+from .launch import HostExecutor, JobState, RunPaths
+from .polling import queue_query_s
 from .remote import Transport
 
 # Job states (squeue %T / sacct State); anything not listed as ended counts as still in the system.
@@ -47,6 +48,8 @@ CAUSES = {
     "BOOT_FAIL": "its node failed to boot",
     "DEADLINE": "the job reached its deadline",
 }
+EXIT_CODE_WAIT_S = 10.0  # after the scheduler says a job ended, how long its exit code may take to show
+
 
 def job_name(paths: RunPaths) -> str:
     return f"orch-{posixpath.basename(paths.root)}"
@@ -219,116 +222,119 @@ _queues: dict[str, Queue] = {}
 _queues_lock = threading.Lock()
 
 
-def query_interval(host: Host) -> float:
-    """The shortest gap between two queries of a cluster's queue: a third of its shortest poll, 1 s to 10 s
-    (a cluster polled from 30 s sees a job's end by the scheduler within 10 s)."""
-    return min(max(host.default_poll[0] / 3, 1.0), 10.0)
-
-
 def queue_for(transport: Transport) -> Queue:
     """The one queue of a cluster in this process."""
     with _queues_lock:
         q = _queues.get(transport.host.name)
         if q is None or q.transport.host != transport.host:
-            q = _queues[transport.host.name] = Queue(transport, query_interval(transport.host))
+            q = _queues[transport.host.name] = Queue(transport, queue_query_s(transport.host))
         return q
 
 
 
-def submit(transport: Transport, host: Host, paths: RunPaths, script: str, token: str, gpus: int) -> JobRef:
-    """sbatch the job through the login node's agent (idempotent for the same token)."""
-    job = agent.call(transport, "submit", timeout=180, dir=paths.root, script=script, token=token,
-                     options=sbatch_args(host, paths, gpus))
-    return JobRef(int(job["job_id"]), job_name(paths), scheduled=True)
+class SlurmExecutor(HostExecutor):
+    """A Slurm cluster as an executor (executor.Executor), reached through its login node's agent as a host
+    is: jobs submitted with sbatch, their state the scheduler's view laid over their run dir's (read as on a
+    host), stopped with scancel."""
 
+    schedules_gpus: ClassVar[bool] = True
+    queues: ClassVar[bool] = True
+    streams: ClassVar[bool] = True  # the login node's agent follows the job's log on the shared filesystem
+    processes: ClassVar[bool] = False
 
-def find(transport: Transport, paths: RunPaths) -> JobRef | None:
-    """The job a run dir was submitted as (for a run whose controller died while launching)."""
-    job_id = agent.call(transport, "find", dir=paths.root).get("job_id")
-    return JobRef(job_id, job_name(paths), scheduled=True) if isinstance(job_id, int) else None
+    def __init__(self, host: Host, transport: Transport):
+        super().__init__(transport)
+        self.host = host
 
+    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> JobRef:
+        """sbatch the job through the login node's agent (idempotent for the same token)."""
+        job = self.call("submit", timeout=180, dir=paths.root, script=script, token=token,
+                         options=sbatch_args(self.host, paths, self.host.gpus if gpus is None else gpus))
+        return JobRef(int(job["job_id"]), job_name(paths), scheduled=True)
 
-def _info(transport: Transport, job: JobRef, hold_s: float = 0) -> JobInfo | None:
-    queue = queue_for(transport)
-    info = queue.wait(str(job.id), hold_s) if hold_s > 0 else queue.lookup(str(job.id))
-    if info is not None and info.name and job.proof and info.name != job.proof:
-        return None  # the id was reused for another job (the cluster's state was reset): ours is long gone
-    return info
+    def find(self, paths: RunPaths) -> JobRef | None:
+        """The job a run dir was submitted as (for a run whose controller died while launching)."""
+        job_id = self.call("find", dir=paths.root).get("job_id")
+        return JobRef(job_id, job_name(paths), scheduled=True) if isinstance(job_id, int) else None
 
+    def lookup(self, job: JobRef, hold_s: float = 0) -> JobInfo | None:
+        """The job as the cluster's queue saw it this round (one squeue per round for every run), after
+        waiting up to `hold_s` for it to change."""
+        queue = queue_for(self.transport)
+        info = queue.wait(str(job.id), hold_s) if hold_s > 0 else queue.lookup(str(job.id))
+        if info is not None and info.name and job.proof and info.name != job.proof:
+            return None  # the id was reused for another job (the cluster's state was reset): ours is long gone
+        return info
 
-def read_state(transport: Transport, paths: RunPaths, job: JobRef, offset: int, max_bytes: int,
-               hold_s: float = 0, inode: int | None = None, mark: str | None = None) -> JobState:
-    """The scheduler's view first (waiting up to hold_s for a change), then the run dir's as the login
-    node's agent reads it: a job seen ended has its last bytes in this same answer."""
-    info = _info(transport, job, hold_s)
-    state = launch.read_state(lambda op, timeout=60, **args: agent.call(transport, op, timeout, **args), paths,
-                              job, offset, max_bytes, inode=inode, mark=mark)
-    return judge(transport, job, state, info)
+    def poll(self, paths: RunPaths, job: JobRef, offset: int, max_bytes: int, hold_s: float = 0,
+             wake: Sequence[str] = (), inode: int | None = None, mark: str | None = None) -> JobState:
+        """The scheduler's view first (waiting up to hold_s for a change: the scheduler is asked once per
+        round for all jobs, so the hold is spent here, not on a node), then the run dir's as the login
+        node's agent reads it: a job seen ended has its last bytes in this same answer."""
+        info = self.lookup(job, hold_s)
+        state = super().poll(paths, job, offset, max_bytes, inode=inode, mark=mark)
+        return self._laid_over(job, state, info)
 
+    def judge(self, job: JobRef, state: JobState) -> JobState:
+        """A state the login node's agent pushed, with the scheduler's view laid over it."""
+        return self._laid_over(job, state, self.lookup(job))
 
-EXIT_CODE_WAIT_S = 10.0  # after the scheduler says a job ended, how long its exit code may take to show
-
-
-def judge(transport: Transport, job: JobRef, state: JobState, info: JobInfo | None) -> JobState:
-    """The run dir's side of a job's state (its log, exit code, the node its batch script noted) with the
-    scheduler's view laid over it: alive while Slurm has it, queued and why, the end Slurm decided."""
-    started = state.node is not None  # the batch script ran: whatever a queue answer of this round still says
-    state.alive = info is not None and not info.ended
-    if info is None:
-        if state.exit_code is None:
-            state.cause = f"UNKNOWN: Slurm has no record of job {job.id}"
+    def _laid_over(self, job: JobRef, state: JobState, info: JobInfo | None) -> JobState:
+        """The run dir's side of a job's state (its log, exit code, the node its batch script noted) with the
+        scheduler's view laid over it: alive while Slurm has it, queued and why, the end Slurm decided."""
+        started = state.node is not None  # the batch script ran: whatever a queue answer of this round still says
+        state.alive = info is not None and not info.ended
+        if info is None:
+            if state.exit_code is None:
+                state.cause = f"UNKNOWN: Slurm has no record of job {job.id}"
+            return state
+        state.node = state.node or info.node
+        if info.queued and not started:
+            state.queued = info.reason or "not yet scheduled"
+        if state.exit_code not in (None, 0) and not info.ended:
+            # A job Slurm stops (time limit, preemption, scancel) exits non-zero before Slurm records why:
+            # the end waits for the scheduler's verdict, one round later.
+            state.exit_code = None
+        if info.ended:
+            queue = queue_for(self.transport)
+            if info.state in CAUSES:
+                state.cause = f"{info.state}: Slurm job {info.job_id}: {CAUSES[info.state]}"
+            elif state.exit_code is None and info.exit_code is not None:
+                state.exit_code = info.exit_code  # the wrapper could not write it (the run dir was unreachable)
+            elif state.exit_code is None:
+                if queue.clock() - queue.ended_seen.get(info.job_id, queue.clock()) < EXIT_CODE_WAIT_S:
+                    # a state read from the run dir before the scheduler's answer that the job ended: the
+                    # exit code the wrapper wrote last comes with the next one
+                    state.alive = True
+                    return state
+                state.cause = f"{info.state}: Slurm job {info.job_id} ended without the job's exit code"
+            queue.forget(info.job_id)
         return state
-    state.node = state.node or info.node
-    if info.queued and not started:
-        state.queued = info.reason or "not yet scheduled"
-    if state.exit_code not in (None, 0) and not info.ended:
-        # A job Slurm stops (time limit, preemption, scancel) exits non-zero before Slurm records why:
-        # the end waits for the scheduler's verdict, one round later.
-        state.exit_code = None
-    if info.ended:
-        queue = queue_for(transport)
-        if info.state in CAUSES:
-            state.cause = f"{info.state}: Slurm job {info.job_id}: {CAUSES[info.state]}"
-        elif state.exit_code is None and info.exit_code is not None:
-            state.exit_code = info.exit_code  # the wrapper could not write it (the run dir was unreachable)
-        elif state.exit_code is None:
-            if queue.clock() - queue.ended_seen.get(info.job_id, queue.clock()) < EXIT_CODE_WAIT_S:
-                # a state read from the run dir before the scheduler's answer that the job ended: the
-                # exit code the wrapper wrote last comes with the next one
-                state.alive = True
-                return state
-            state.cause = f"{info.state}: Slurm job {info.job_id} ended without the job's exit code"
-        queue.forget(info.job_id)
-    return state
 
+    def kill(self, job: JobRef, grace_s: float) -> str:
+        """scancel: Slurm signals every process of the job (SIGTERM, SIGKILL after its KillWait); SIGKILL
+        from here when the job outlives the grace. 'gone' | 'stopped' | 'killed'."""
+        info = self.lookup(job)
+        if info is None or info.ended:
+            return "gone"
+        self.call("scancel", job_id=job.id)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            time.sleep(min(0.5, grace_s))
+            if not self._active(job.id):
+                return "stopped"
+        self.call("scancel", job_id=job.id, kill=True)
+        return "killed"
 
-def lookup(transport: Transport, job: JobRef) -> JobInfo | None:
-    """The job as the cluster's queue saw it this round (one squeue per round for every run)."""
-    return _info(transport, job)
+    def _active(self, job_id: int) -> bool:
+        try:
+            rows = self.call("squeue", job_id=job_id)["jobs"]
+        except AgentError:  # squeue refuses an id it no longer knows
+            return False
+        return bool(rows) and _state(str(rows[0].get("state", ""))) not in ENDED
 
-
-def cancel(transport: Transport, job: JobRef, grace_s: float) -> str:
-    """scancel: Slurm signals every process of the job (SIGTERM, SIGKILL after its KillWait); SIGKILL
-    from here when the job outlives the grace."""
-    info = _info(transport, job)
-    if info is None or info.ended:
-        return "gone"
-    agent.call(transport, "scancel", job_id=job.id)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        time.sleep(min(0.5, grace_s))
-        if not _active(transport, job.id):
-            return "stopped"
-    agent.call(transport, "scancel", job_id=job.id, kill=True)
-    return "killed"
-
-
-def _active(transport: Transport, job_id: int) -> bool:
-    try:
-        rows = agent.call(transport, "squeue", job_id=job_id)["jobs"]
-    except AgentError:  # squeue refuses an id it no longer knows
-        return False
-    return bool(rows) and _state(str(rows[0].get("state", ""))) not in ENDED
+    def explain_loss(self, paths: RunPaths, job: JobRef) -> str | None:
+        return None  # the scheduler's cause comes with the job's state
 
 
 def ping(transport: Transport, timeout: float) -> str:

@@ -13,46 +13,35 @@ Modules below this one never call up into it: the lease and GPU cleanup get call
 
 from __future__ import annotations
 
-from ..store.record import KILL_GRACE_S
-from .context import END_STEPS, Context, LogText, follow_log, log_tail, open_run, read_log, watch_options
-from .dryrun import DryRun, RecordingTransport, Step, dry_run
-from .ending import abandon, cancel, end, finish, free_gpus, notification, settle_orphan, stop, stop_quietly
-from .follow import keep_watching, poll, probe_orphan, refresh, watch, watcher
-from .starting import Waiting, busy_message, check, run_token, start, wait_for_host
+from .context import END_STEPS, Job, follow_log, open_run, read_log, watch_options
+from .dryrun import RecordingTransport, dry_run
+from .ending import abandon, cancel, finish, free_gpus, settle_orphan, stop, stop_quietly
+from .follow import keep_watching, poll, refresh, watch
+from .starting import Waiting, busy_message, check, start
 
+# What the rest of orch uses; the modules hold more.
 __all__ = [
     "END_STEPS",
-    "KILL_GRACE_S",
-    "Context",
-    "DryRun",
-    "LogText",
+    "Job",
     "RecordingTransport",
-    "Step",
     "Waiting",
     "abandon",
     "busy_message",
     "cancel",
     "check",
     "dry_run",
-    "end",
     "finish",
     "follow_log",
     "free_gpus",
     "keep_watching",
-    "log_tail",
-    "notification",
     "open_run",
     "poll",
-    "probe_orphan",
     "read_log",
     "refresh",
-    "run_token",
     "settle_orphan",
     "start",
     "stop",
     "stop_quietly",
-    "wait_for_host",
     "watch",
     "watch_options",
-    "watcher",
 ]

@@ -1,11 +1,12 @@
-"""A run as the run flow acts on it: opened from its record, with its playbook, spec, host and paths."""
+"""A run's job as the run flow acts on it: opened from its record, with its playbook, spec, host, paths and
+backend."""
 
 from __future__ import annotations
 
 import posixpath
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.hosts import Host, Inventory
@@ -16,16 +17,15 @@ from ..host import agent
 from ..host.executor import Executor, executor_for
 from ..host.hostlease import run_paths
 from ..host.launch import RunPaths
+from ..host.polling import WatchOptions, follow_log_s, poll_bounds
 from ..host.remote import DEFAULT_TIMEOUT_S, Result, Transport, connect, quote
 from ..playbook import Entry, JobContext, Playbook, Usage
 from ..store import Store, runtables
 from ..store.lease import BEFORE_RELEASE
 from ..store.record import Run
 from . import registry
-from .polling import WatchOptions
 from .watching import WatchLock
 
-LIVE_HOLD_S = 2.0  # the longest a poll holds while a person watches
 LOG_TAIL_LINES = 200
 # The end steps in their order: the lease is freed right after BEFORE_RELEASE (see lease.py); the
 # others may run while the host's next run starts.
@@ -33,8 +33,11 @@ END_STEPS = (*BEFORE_RELEASE, "outputs", "log tail", "notify")
 
 
 @dataclass
-class Context:
-    """One run as the flow acts on it: its record's id, playbook, spec, host and where its job lives."""
+class Job:
+    """One run's job, the one object the run flow acts on: its identity (the run's id and record), playbook
+    and spec, host, paths (RunPaths) and backend (its executor, which its record's JobRef names the job to),
+    and its state: the record as last read, read again by `refresh` — a store that others write (watchers,
+    a `stop` elsewhere) is asked when the flow needs its word, not at every look."""
 
     ws: Workspace
     store: Store
@@ -47,10 +50,23 @@ class Context:
     paths: RunPaths
     lock: WatchLock | None = None  # this process watches the run (see watching.py)
     dry_run: bool = False  # its transport records what it is given and answers as an idle, empty host
+    record: Run | None = field(default=None, repr=False)  # as last read; None until first needed
 
     @property
     def run(self) -> Run:
-        return self.store.get_run(self.run_id)
+        """The run's record as last read (a dry run's, whose record does not exist yet, is never read)."""
+        return self.record if self.record is not None else self.refresh()
+
+    def refresh(self) -> Run:
+        """Read the run's record again: what the flow decides next depends on what others wrote since."""
+        self.record = self.store.get_run(self.run_id)
+        return self.record
+
+    @property
+    def holds_host(self) -> bool:
+        """Does the run hold its host (or GPU set) while it runs? A client of a server does not, nor a job the
+        scheduler places."""
+        return self.pb.exclusive and not self.executor.schedules_gpus
 
     def event(self, kind: str, message: str, data: Any = None) -> None:
         self.store.add_event(self.run_id, kind, message, data)
@@ -61,7 +77,7 @@ class Context:
             self.lock.release()
             self.lock = None
 
-    def job(self) -> JobContext[Any]:
+    def for_playbook(self) -> JobContext[Any]:
         """The playbook's view of the run."""
         return JobContext(self.run_id, self.spec, self.host, self.paths, JobRemote(self.transport, self.paths.root),
                           self.store.get_run, lambda kind, message: self.event(kind, message), self.dry_run)
@@ -141,7 +157,7 @@ def _host(ws: Workspace, name: str, hosts: Hosts | None) -> Host:
 
 
 def open_run(ws: Workspace, store: Store, run: Run | int, hosts: Hosts | None = None,
-             any_spec: bool = False) -> Context:
+             any_spec: bool = False) -> Job:
     """The one way to act on an existing run: its playbook, spec, host and paths from its record.
 
     A stored spec that is damaged or no longer validates is an error naming the run; with `any_spec`
@@ -165,19 +181,12 @@ def open_run(ws: Workspace, store: Store, run: Run | int, hosts: Hosts | None = 
     host = _host(ws, record.host, hosts)
     transport = connect(host)
     root = record.remote_dir or run_paths(ws, transport.expand(host.workdir), record.id).root
-    return Context(ws, store, pb, host, transport, executor_for(host, transport), record.id, spec, RunPaths(root))
-
-
-def holds_host(ctx: Context) -> bool:
-    """Does the run hold its host (or GPU set) while it runs? A client of a server does not, nor a job the
-    scheduler places."""
-    return ctx.pb.exclusive and not ctx.executor.schedules_gpus
+    return Job(ws, store, pb, host, transport, executor_for(host, transport), record.id, spec, RunPaths(root),
+               record=record)
 
 
 def watch_options(pb: Playbook[Any], spec: RunSpec, host: Host, until_ready: bool = False) -> WatchOptions:
-    lo, hi = host.default_poll
-    lo = spec.poll_min or lo
-    hi = max(spec.poll_max or hi, lo)
+    lo, hi = poll_bounds(host, spec.poll_min, spec.poll_max)
     return WatchOptions(
         poll_min=lo,
         poll_max=hi,
@@ -192,10 +201,6 @@ def watch_options(pb: Playbook[Any], spec: RunSpec, host: Host, until_ready: boo
     )
 
 
-def log_tail(ctx: Context, lines: int) -> str:
-    return ctx.executor.tail(ctx.paths, lines)
-
-
 @dataclass
 class LogText:
     text: str
@@ -203,7 +208,7 @@ class LogText:
     end: int | None = None  # the byte of the host's log the text ends at: following goes on from there
 
 
-def tail_with_end(ctx: Context, lines: int) -> LogText:
+def tail_with_end(ctx: Job, lines: int) -> LogText:
     """The last lines of the log up to its size at one moment, and that size: in one call, so a follow
     that starts there neither repeats nor drops a line printed meanwhile."""
     got = agent.call(ctx.transport, "tail", path=ctx.paths.log, lines=lines)
@@ -228,17 +233,17 @@ def read_log(ws: Workspace, store: Store, run_id: int, lines: int, hosts: Hosts 
         return LogText("".join(kept), f"{exc}; showing the tail kept when the run ended ({local})")
 
 
-def follow_log(ctx: Context, write: Callable[[bytes], None], sleep: Callable[[float], None] = time.sleep,
+def follow_log(ctx: Job, write: Callable[[bytes], None], sleep: Callable[[float], None] = time.sleep,
                offset: int | None = None) -> None:
     """Write the log's new bytes as they come (every second: someone reads along), until the job ended;
     from `offset` (where a tail ended), else from the log's end now."""
-    job = ctx.run.job
+    job = ctx.refresh().job
     if job is None:
         return
     if offset is None:
         size = agent.call(ctx.transport, "size", path=ctx.paths.log)["size"]
         offset = size if isinstance(size, int) else 0
-    interval = min(ctx.host.default_poll[0], 1.0)
+    interval = follow_log_s(ctx.host)
     while True:
         state = ctx.executor.poll(ctx.paths, job, offset, 4 << 20)
         write(state.data)

@@ -16,11 +16,11 @@ from ..store import Store, lease
 from ..store.lifecycle import transition
 from ..store.record import KILL_GRACE_S, Run, Status
 from . import cleanup, notify, registry
-from .context import END_STEPS, LOG_TAIL_LINES, Context, Hosts, open_run
+from .context import END_STEPS, LOG_TAIL_LINES, Hosts, Job, open_run
 from .lastread import read_to_end
 
 
-def end(store: Store, run_id: int, status: Status, message: str, ctx: Context | None = None,
+def end(store: Store, run_id: int, status: Status, message: str, ctx: Job | None = None,
         **fields: Any) -> Run:
     """End a run the watcher did not end itself, then finish it (a run never opened only frees its lease)."""
     transition(store, run_id, status, message, **fields)
@@ -30,7 +30,7 @@ def end(store: Store, run_id: int, status: Status, message: str, ctx: Context | 
     return finish(ctx)
 
 
-def finish(ctx: Context) -> Run:
+def finish(ctx: Job) -> Run:
     """The end steps of an ended run, each at most once whoever calls; its lease is freed as soon as the
     steps that must precede the host's next run are done (lease.BEFORE_RELEASE: the log read to its end, the
     patch revert), and the others (outputs, log tail, notify) run after that.
@@ -38,7 +38,7 @@ def finish(ctx: Context) -> Run:
     A step is claimed in the record before it runs, so two processes finishing the same run never both
     run it. A step that fails is a warning event; the others still run.
     """
-    if not ctx.run.status.terminal:
+    if not ctx.refresh().status.terminal:
         return ctx.run
     try:
         for name in lease.BEFORE_RELEASE:
@@ -49,11 +49,11 @@ def finish(ctx: Context) -> Run:
     for name in END_STEPS:
         if name not in lease.BEFORE_RELEASE:
             _step(ctx, name)
-    return ctx.run
+    return ctx.refresh()
 
 
-def _step(ctx: Context, name: str) -> None:
-    steps: dict[str, Callable[[Context], None]] = {
+def _step(ctx: Job, name: str) -> None:
+    steps: dict[str, Callable[[Job], None]] = {
         "log to end": read_to_end, "outputs": _collect_outputs, "log tail": _fetch_log_tail,
         "patch revert": _revert_patches, "notify": _notify,
     }
@@ -67,7 +67,7 @@ def _step(ctx: Context, name: str) -> None:
         ctx.event("warning", f"{name}: {what}")
 
 
-def _release_host(ctx: Context) -> None:
+def _release_host(ctx: Job) -> None:
     """Drop the run's lease files on its host; one left behind (the host unreachable) goes stale with the run."""
     if not ctx.run.host_lease:
         return
@@ -83,26 +83,26 @@ def _claim_step(store: Store, run_id: int, name: str) -> bool:
     return store.claim_end_step(run_id, name)
 
 
-def _collect_outputs(ctx: Context) -> None:
-    run = ctx.run
-    outputs = ctx.pb.finish(ctx.job(), run)
+def _collect_outputs(ctx: Job) -> None:
+    run = ctx.refresh()  # as the log's last bytes left it
+    outputs = ctx.pb.finish(ctx.for_playbook(), run)
     if outputs.manifest is not None:
         (ctx.ws.run_dir(ctx.run_id) / "outputs.json").write_text(json.dumps(outputs.manifest, indent=2))
     if outputs.metrics:
         ctx.store.add_metrics(ctx.run_id, [(n, v, None) for n, v in outputs.metrics], run.ended_at or 0)
 
 
-def _fetch_log_tail(ctx: Context) -> None:
+def _fetch_log_tail(ctx: Job) -> None:
     run = ctx.run
     if not run.launched and run.status is not Status.LOST:
         return  # never launched: there is no log (and a host that failed the start is not asked again)
     (ctx.ws.run_dir(ctx.run_id) / "log.tail").write_text(ctx.executor.tail(ctx.paths, LOG_TAIL_LINES))
 
 
-def _revert_patches(ctx: Context) -> None:
+def _revert_patches(ctx: Job) -> None:
     if ctx.host.scheduler:  # the sets went to the run's own overlay; the install never changed
         return
-    python = ctx.job().python  # the interpreter the sets were applied for
+    python = ctx.for_playbook().python  # the interpreter the sets were applied for
     for name in ctx.run.patches_applied:
         ps = registry.patch_set(name)
         if ps.revert_after:
@@ -123,7 +123,7 @@ def notification(store: Store, run: Run) -> dict[str, Any]:
     }
 
 
-def _notify(ctx: Context) -> None:
+def _notify(ctx: Job) -> None:
     if not ctx.spec.notify:
         return
     db_path, run_id = ctx.store.path, ctx.run_id
@@ -136,16 +136,16 @@ def _notify(ctx: Context) -> None:
             own.close()
 
     # a daemon thread: never waits for the receiver
-    notify.send(ctx.spec.notify, notification(ctx.store, ctx.run), record, total_s=ctx.spec.notify_timeout_s)
+    notify.send(ctx.spec.notify, notification(ctx.store, ctx.refresh()), record, total_s=ctx.spec.notify_timeout_s)
 
 
-def cancel(ctx: Context, reason: str, grace_s: float = KILL_GRACE_S) -> str:
+def cancel(ctx: Job, reason: str, grace_s: float = KILL_GRACE_S) -> str:
     """Decide (the run is cancelled), stop its process group, finish it. Returns what happened to the group.
 
     The decision is recorded first, so a watcher that sees the processes vanish finds it already made
     instead of calling the run lost.
     """
-    run = ctx.run
+    run = ctx.refresh()
     if run.status.terminal:
         raise OrchError(f"run {run.id} already ended ({run.status})")
     transition(ctx.store, ctx.run_id, Status.CANCELLED, reason)
@@ -159,7 +159,7 @@ def cancel(ctx: Context, reason: str, grace_s: float = KILL_GRACE_S) -> str:
         finish(ctx)
 
 
-def stop(ctx: Context, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], None] = time.sleep,
+def stop(ctx: Job, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], None] = time.sleep,
          timeout_s: float = gpu.CLEANUP_TIMEOUT_S, reason: str = "stopped by user") -> str:
     """End a run (a server, usually) and leave its GPUs free: cancel it, then wait until its GPUs are free.
 
@@ -191,7 +191,7 @@ def stop_quietly(ws: Workspace, store: Store, run_id: int, reason: str, hosts: H
         return str(exc)
 
 
-def _stop_other(ctx: Context, run_id: int, reason: str, grace_s: float) -> str:
+def _stop_other(ctx: Job, run_id: int, reason: str, grace_s: float) -> str:
     """GPU cleanup found an earlier run of this workspace on the GPUs: it ends like any run."""
     other = open_run(ctx.ws, ctx.store, run_id, {ctx.host.name: ctx.host}, any_spec=True)
     run = other.run
@@ -199,13 +199,13 @@ def _stop_other(ctx: Context, run_id: int, reason: str, grace_s: float) -> str:
         try:
             return cancel(other, reason, grace_s)
         except TransitionError:
-            run = other.run  # it ended on its own meanwhile
+            run = other.refresh()  # it ended on its own meanwhile
     if run.job is None:
         return "gone"
     return other.executor.kill(run.job, grace_s)  # ended, but still on the GPUs
 
 
-def free_gpus(ctx: Context, *, grace_s: float = KILL_GRACE_S, timeout_s: float = gpu.CLEANUP_TIMEOUT_S,
+def free_gpus(ctx: Job, *, grace_s: float = KILL_GRACE_S, timeout_s: float = gpu.CLEANUP_TIMEOUT_S,
               sleep: Callable[[float], None] = time.sleep) -> dict[str, str]:
     """The GPU cleanup step: earlier runs on the GPUs are cancelled (and finished) first; the job's
     CUDA_VISIBLE_DEVICES."""
@@ -221,10 +221,10 @@ def file_states(res: Any) -> str:
 _WHOSE = {"other": "another run's", "none": "no run's (no token)"}
 
 
-def settle_orphan(ctx: Context) -> Run:
+def settle_orphan(ctx: Job) -> Run:
     """A run whose controller died: end it when it never launched, pick up its pid when the launch got
     that far; a running one is left as it is. Returns the run as it is now."""
-    run = ctx.run
+    run = ctx.refresh()
     if run.status.terminal or run.status.live:
         return run
     if run.status is Status.LAUNCHING and run.remote_dir:
@@ -238,7 +238,7 @@ def settle_orphan(ctx: Context) -> Run:
         if job is not None:
             transition(ctx.store, ctx.run_id, Status.QUEUED if ctx.executor.queues else Status.RUNNING,
                        "picked up after its controller died", **job.columns())
-            return ctx.run
+            return ctx.refresh()
         return end(ctx.store, ctx.run_id, Status.LOST, "its controller died while launching; no job pid was written",
                    ctx)
     return end(ctx.store, ctx.run_id, Status.FAILED, f"its controller died before launch ({run.status})", ctx,

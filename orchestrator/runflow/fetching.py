@@ -13,7 +13,7 @@ from ..errors import OrchError, UsageError
 from ..host import agent
 from ..host.remote import quote
 from ..host.transport import RemoteFile, metered
-from .context import Context
+from .context import Job
 
 CHUNK = 1 << 20  # bytes handed on at a time: a long log never sits whole in memory
 PULL_LIMIT = 1 << 30  # default bound on what `orch pull` copies
@@ -34,9 +34,9 @@ def copy_file(source: RemoteFile, write: Callable[[bytes], object], most: int | 
     return done
 
 
-def stream_log(ctx: Context, write: Callable[[bytes], None]) -> int:
+def stream_log(ctx: Job, write: Callable[[bytes], None]) -> int:
     """The run's whole log, from its first byte, chunk by chunk (over SFTP from a remote host)."""
-    if not ctx.store.get_run(ctx.run_id).remote_dir:
+    if not ctx.refresh().remote_dir:
         raise OrchError(f"run {ctx.run_id} has no log: it never reached its host")
     try:
         source = ctx.transport.open_file(ctx.paths.log)
@@ -53,7 +53,7 @@ class Pulled:
     size: int
 
 
-def pull(ctx: Context, to: Path, limit: int = PULL_LIMIT) -> Pulled:
+def pull(ctx: Job, to: Path, limit: int = PULL_LIMIT) -> Pulled:
     """Copy the run's remote dir (log, outputs manifest, whatever the job left there) into `to` over the
     host's SFTP session; refused whole, before any copy, when it holds more than `limit` bytes. Each file
     is copied up to its listed size (one that grew since adds nothing); one gone or swapped for a symlink

@@ -9,10 +9,11 @@ from ..config.hosts import Host, Inventory
 from ..config.workspace import Workspace
 from ..errors import OrchError
 from ..host import health
+from ..host.polling import live_poll_max
 from ..store import Store, lease
 from ..store.controller import STALE_FACTOR
 from ..store.record import ACTIVE, Run, Status
-from .context import LIVE_HOLD_S, Context, open_run, watch_options
+from .context import Job, open_run, watch_options
 from .ending import finish, settle_orphan
 from .watch import Watcher
 from .watching import (
@@ -27,16 +28,16 @@ from .watching import (
 )
 
 
-def watcher(ctx: Context, *, until_ready: bool = False, on_update: Callable[[Run], None] | None = None,
+def watcher(ctx: Job, *, until_ready: bool = False, on_update: Callable[[Run], None] | None = None,
             sleep: Callable[[float], None] = time.sleep, live: bool = False) -> Watcher:
     opts = watch_options(ctx.pb, ctx.spec, ctx.host, until_ready)
     if live:  # a person is looking: news within seconds, whatever the backoff
-        opts.poll_max = min(opts.poll_max, max(opts.poll_min, LIVE_HOLD_S))
+        opts.poll_max = live_poll_max(opts.poll_min, opts.poll_max)
     update = (lambda w: on_update(w.run)) if on_update is not None else None
     return Watcher(ctx.store, ctx.run_id, ctx.executor, opts, on_update=update, sleep=sleep)
 
 
-def watch(ctx: Context, *, until_ready: bool = False, on_update: Callable[[Run], None] | None = None,
+def watch(ctx: Job, *, until_ready: bool = False, on_update: Callable[[Run], None] | None = None,
           sleep: Callable[[float], None] = time.sleep, live: bool = False) -> Run:
     """Watch the run until it ends (or, with until_ready, is ready); an ended run is finished.
 
@@ -46,7 +47,7 @@ def watch(ctx: Context, *, until_ready: bool = False, on_update: Callable[[Run],
     """
     ready = _ready_rule(ctx) if until_ready else None
     while True:
-        run = ctx.run
+        run = ctx.refresh()
         if run.status.terminal:
             return finish(ctx)
         if ctx.executor.streams and run.launched and _inventory_host(ctx) == ctx.host:
@@ -59,22 +60,23 @@ def watch(ctx: Context, *, until_ready: bool = False, on_update: Callable[[Run],
         if ctx.lock is not None:
             run = watcher(ctx, until_ready=until_ready, on_update=on_update, sleep=sleep,
                           live=live).run_until_done()
+            ctx.record = run  # the watcher's last read
             return finish(ctx) if run.status.terminal else run
-        run = follow_record(ctx.ws, ctx.store, ctx.run_id, on_update, ready, sleep)
+        run = ctx.record = follow_record(ctx.ws, ctx.store, ctx.run_id, on_update, ready, sleep)
         if run.status.terminal:
             return finish(ctx)  # its watcher did; finding nothing left to do
         if ready is not None and ready(run):
             return run
 
 
-def _ready_rule(ctx: Context) -> Callable[[Run], bool]:
+def _ready_rule(ctx: Job) -> Callable[[Run], bool]:
     """health.ready read from the run's record: its phase, and its endpoint's last answer when it has one."""
     if watch_options(ctx.pb, ctx.spec, ctx.host).health is None:
         return lambda run: health.ready(run.phase, None)
     return lambda run: health.ready(run.phase, health.answering(ctx.store.events(run.id)))
 
 
-def _inventory_host(ctx: Context) -> Host | None:
+def _inventory_host(ctx: Job) -> Host | None:
     """The run's host as the workspace's inventory has it (the host's watcher reads that one); None for a
     host made in process and known to no inventory."""
     try:
@@ -86,7 +88,7 @@ def _inventory_host(ctx: Context) -> Host | None:
 SPAWN_AGAIN_S = 10.0  # a host watcher just started takes a moment to hold its lock
 
 
-def _follow_host(ctx: Context, until_ready: bool, on_update: Callable[[Run], None] | None,
+def _follow_host(ctx: Job, until_ready: bool, on_update: Callable[[Run], None] | None,
                  sleep: Callable[[float], None]) -> Run:
     """Follow the run's record while its host's watcher follows the run (started here when missing)."""
     with FollowLock(ctx.ws, ctx.run_id):
@@ -94,12 +96,12 @@ def _follow_host(ctx: Context, until_ready: bool, on_update: Callable[[Run], Non
         return _follow_record(ctx, until_ready, on_update, sleep)
 
 
-def _follow_record(ctx: Context, until_ready: bool, on_update: Callable[[Run], None] | None,
+def _follow_record(ctx: Job, until_ready: bool, on_update: Callable[[Run], None] | None,
                    sleep: Callable[[float], None]) -> Run:
     ready = _ready_rule(ctx) if until_ready else None
     spawned_at = -SPAWN_AGAIN_S
     while True:
-        run = ctx.run
+        run = ctx.refresh()
         if on_update is not None:
             on_update(run)
         if run.status.terminal:
@@ -115,14 +117,14 @@ def _follow_record(ctx: Context, until_ready: bool, on_update: Callable[[Run], N
         sleep(FOLLOW_S)
 
 
-def keep_watching(ctx: Context, sleep: Callable[[float], None] = time.sleep) -> Run | None:
+def keep_watching(ctx: Job, sleep: Callable[[float], None] = time.sleep) -> Run | None:
     """A background watcher's whole job: wait while the run's starter is at work, settle it if the
     starter died, then watch it to its end. None when another process watches it already."""
     with WatchLock(ctx.ws, ctx.run_id) as lock:
         if not lock.held:
             return None
         ctx.lock = lock
-        while (run := ctx.run).status in (Status.PENDING, Status.PREPARING, Status.LAUNCHING):
+        while (run := ctx.refresh()).status in (Status.PENDING, Status.PREPARING, Status.LAUNCHING):
             starter = run.watched_by
             poll_max = watch_options(ctx.pb, ctx.spec, ctx.host).poll_max
             if starter is None or not starter.alive(run.heartbeat, STALE_FACTOR * poll_max):
@@ -135,10 +137,11 @@ def keep_watching(ctx: Context, sleep: Callable[[float], None] = time.sleep) -> 
         return run
 
 
-def poll(ctx: Context) -> Run:
+def poll(ctx: Job) -> Run:
     """Poll the run's host once; an ended run is finished."""
     w = watcher(ctx)
     w.poll_once()
+    ctx.record = w.run
     return finish(ctx) if w.run.status.terminal else w.run
 
 
@@ -148,7 +151,7 @@ def probe_orphan(ws: Workspace, store: Store, run: Run) -> None:
     lease freed (its end steps left done first) once the host shows its job is not running."""
     try:
         ctx = open_run(ws, store, run, any_spec=True)
-        if ctx.run.status.terminal:
+        if ctx.refresh().status.terminal:
             finish_if_over(ctx)
         elif settle_orphan(ctx).status.live:
             poll(ctx)
@@ -156,7 +159,7 @@ def probe_orphan(ws: Workspace, store: Store, run: Run) -> None:
         store.add_event(run.id, "warning", f"lease check: {exc}")
 
 
-def finish_if_over(ctx: Context) -> None:
+def finish_if_over(ctx: Job) -> None:
     """An ended run whose lease outlived whoever was ending it: finished (its lease freed) unless its host
     shows its job still running — a run that never launched has none."""
     job = ctx.run.job

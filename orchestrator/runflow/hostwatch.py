@@ -25,15 +25,15 @@ from dataclasses import dataclass
 from ..config.hosts import Host, Inventory
 from ..config.workspace import Workspace
 from ..errors import DatabaseUnavailable, OrchError, Unreachable
-from ..host import slurm
 from ..host.agent import AgentLink, Push
-from ..host.executor import HostExecutor, pushed_state
+from ..host.launch import HostExecutor, pushed_state
+from ..host.polling import default_poll, next_look_s
 from ..host.remote import connect
 from ..host.ssh import SSHTransport
 from ..store import Store
 from ..store.controller import STALE_FACTOR
 from ..store.record import ACTIVE, Run, Status
-from . import Context, finish, notify, open_run, settle_orphan, watch_options
+from . import Job, finish, notify, open_run, settle_orphan, watch_options
 from .watch import Watcher
 from .watching import FileLock, WatchLock, followed, host_lock_path, watched_elsewhere
 
@@ -47,7 +47,7 @@ RECONNECT_MAX_S = 30.0
 
 @dataclass
 class Followed:
-    ctx: Context
+    ctx: Job
     watcher: Watcher
     lock: WatchLock
     due: float  # monotonic time of the next look at a quiet run
@@ -192,12 +192,7 @@ class HostWatcher:
 
     @staticmethod
     def _interval(f: Followed) -> float:
-        wait = f.watcher.wait
-        wait.immediate = False  # a backlog comes by itself: the agent pushes it chunk after chunk
-        interval = wait.next_interval()
-        if f.scheduled and f.watcher.run.status is Status.QUEUED:  # leaving the queue is the scheduler's news
-            interval = min(interval, slurm.query_interval(f.ctx.host))
-        return interval
+        return next_look_s(f.watcher.wait, f.ctx.host, f.scheduled and f.watcher.run.status is Status.QUEUED)
 
     # pushes -------------------------------------------------------------------------------------------
     def _take_turn(self, pushes: list[Push]) -> None:
@@ -308,7 +303,7 @@ class HostWatcher:
     def _adopt(self, run: Run) -> None:
         from ..store import lease
 
-        poll_max = self.host.default_poll[1]
+        poll_max = default_poll(self.host)[1]
         if watched_elsewhere(run, poll_max):
             return
         lock = WatchLock(self.ws, run.id)
@@ -334,7 +329,7 @@ class HostWatcher:
         """A run its starter is preparing or launching: left alone while the starter lives, settled once
         it died (ended when it never launched, picked up when its job started)."""
         starter = run.watched_by
-        poll_max = max(float(run.spec.get("poll_max") or 0), self.host.default_poll[1])
+        poll_max = max(float(run.spec.get("poll_max") or 0), default_poll(self.host)[1])
         if starter is not None and starter.alive(run.heartbeat, STALE_FACTOR * poll_max):
             self.starters += 1
             return

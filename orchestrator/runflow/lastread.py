@@ -17,15 +17,15 @@ from ..logparse import LogParser, Metric, stamp_time
 from ..logparse.errors import describe
 from ..logparse.text import last_line
 from ..store import runtables
-from .context import Context
+from .context import Job
 from .watch import CLOCK_SLACK_S, MAX_CHUNK
 
 MAX_READS = 64  # chunks read at the end (256 MiB): a job that still prints cannot keep the end waiting
 
 
-def read_to_end(ctx: Context, clock: Callable[[], float] = time.time) -> None:
+def read_to_end(ctx: Job, clock: Callable[[], float] = time.time) -> None:
     """Read and record the log from the run's offset to its end."""
-    run = ctx.run
+    run = ctx.refresh()  # up to where its watcher recorded the log
     if run.job is None or not run.remote_dir:
         return  # never launched: no log
     tables = runtables.installed()

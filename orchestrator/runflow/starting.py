@@ -16,6 +16,7 @@ from ..host import agent, hostlease, patching
 from ..host.executor import executor_class, executor_for
 from ..host.hostlease import run_token
 from ..host.launch import job_script
+from ..host.polling import busy_wait_s
 from ..host.remote import Transport, connect, quote
 from ..playbook import JobContext, Playbook, Prepared
 from ..store import Store, lease
@@ -23,7 +24,7 @@ from ..store.controller import Controller
 from ..store.lifecycle import transition
 from ..store.record import JobRef, Status
 from . import registry, watching
-from .context import Context, Hosts, holds_host, open_run, watch_options
+from .context import Hosts, Job, open_run, watch_options
 from .ending import end, file_states, free_gpus, stop
 from .follow import probe_orphan
 from .watching import WatchLock
@@ -50,7 +51,7 @@ Waiting = lease.Busy | hostlease.HostLeaseBusy
 
 def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: Host, *, queue: bool = False,
           on_wait: Callable[[Waiting], None] | None = None,
-          run_fields: dict[str, Any] | None = None, replace: bool = False) -> Context:
+          run_fields: dict[str, Any] | None = None, replace: bool = False) -> Job:
     """Create the run and take it to `running`; on any failure the run ends `failed` with the reason.
 
     The host is asked first whether another workspace's run holds it (or the GPU set): that refuses
@@ -74,7 +75,7 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         if replace:
             run_id = take_replacing(ws, store, host, spec.gpus, create, poll, queue=queue, on_wait=on_wait)
         else:
-            run_id = lease.take(store, host.name, spec.gpus, create, poll, queue=queue,
+            run_id = lease.take(store, host.name, spec.gpus, create, poll[1], retry_s=busy_wait_s(poll[0]), queue=queue,
                                 on_wait=on_wait, probe=lambda orphan: probe_orphan(ws, store, orphan))
     else:
         with store.tx():
@@ -86,7 +87,7 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     )
     transition(store, run_id, Status.PREPARING)
     watching.watch_host_soon(ws, host)
-    ctx: Context | None = None
+    ctx: Job | None = None
     try:
         ctx = open_new(ws, store, pb, spec, host, connect(host), run_id, lock)
         job = prepare_and_launch(ctx, _host_wait(store, run_id, watch_options(pb, spec, host).poll_min, on_wait)
@@ -109,20 +110,21 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         lock.release()
         watching.spawn(ws, run_id)
         raise
+    ctx.refresh()  # launched: the record names its job
     return ctx
 
 
 def open_new(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: Host, transport: Transport,
-             run_id: int, lock: WatchLock | None = None, dry_run: bool = False) -> Context:
+             run_id: int, lock: WatchLock | None = None, dry_run: bool = False) -> Job:
     """A run just created, as the flow acts on it: its run dir on the host, and the host's agent started (a
     python that cannot run it fails here)."""
     paths = hostlease.run_paths(ws, transport.expand(host.workdir), run_id)
     agent.shared(transport)
-    return Context(ws, store, pb, host, transport, executor_for(host, transport), run_id, spec, paths, lock,
+    return Job(ws, store, pb, host, transport, executor_for(host, transport), run_id, spec, paths, lock,
                    dry_run)
 
 
-def prepare_and_launch(ctx: Context, host_wait: Callable[[hostlease.HostLeaseBusy], None] | None = None
+def prepare_and_launch(ctx: Job, host_wait: Callable[[hostlease.HostLeaseBusy], None] | None = None
                        ) -> JobRef:
     """Everything a start does on the host, in order: the steps before the launch, then the launch; the
     job's reference."""
@@ -148,7 +150,7 @@ def wait_for_host(ws: Workspace, host: Host, gpus: list[int] | None, poll: tuple
                 raise
             if on_wait is not None:
                 on_wait(busy)  # may raise to give up waiting
-            sleep(min(poll[0], 5.0))
+            sleep(busy_wait_s(poll[0]))
         except OrchError:
             return
 
@@ -211,7 +213,7 @@ def take_replacing(ws: Workspace, store: Store, host: Host, gpus: list[int] | No
                         raise
                     if on_wait is not None:
                         on_wait(busy)
-                    time.sleep(min(poll[0], 5.0))
+                    time.sleep(busy_wait_s(poll[0]))
                     continue
                 replaced.add(holder.id)
                 outcome = replace_run(ws, store, holder.id, run_id, {host.name: host})
@@ -239,21 +241,21 @@ def _host_wait(store: Store, run_id: int, poll_min: float, on_wait: Callable[[Wa
         if on_wait is not None:
             on_wait(busy)  # may raise to give up waiting
         store.update_run(run_id, heartbeat=time.time())
-        time.sleep(min(poll_min, 5.0))
+        time.sleep(busy_wait_s(poll_min))
     return wait
 
 
-def _steps_before_launch(ctx: Context, host_wait: Callable[[hostlease.HostLeaseBusy], None] | None = None) -> str:
+def _steps_before_launch(ctx: Job, host_wait: Callable[[hostlease.HostLeaseBusy], None] | None = None) -> str:
     """The steps before the launch; `host_wait` (queued runs): what to do when another workspace's run holds
     the host's lease files, before asking again (else the refusal ends the run)."""
     # Patch sets are checked (read-only) first, so a set that does not apply changes nothing anywhere.
     sets = [registry.patch_set(name) for name in ctx.spec.patches]
-    python = ctx.job().python  # the interpreter the job runs: its install is the one patched
+    python = ctx.for_playbook().python  # the interpreter the job runs: its install is the one patched
     checked = [patching.check(ctx.transport, ps, python=python) for ps in sets]
-    ctx.pb.preflight(ctx.job())
+    ctx.pb.preflight(ctx.for_playbook())
     # The run dir becomes the run's own (its token) and, for a run that holds its host, another workspace
     # sharing this workdir sees the lease too: before anything changes. Only then is it the run's remote_dir.
-    exclusive = holds_host(ctx)
+    exclusive = ctx.holds_host
     while True:
         try:
             warnings = hostlease.take(ctx.transport, ctx.paths, run_token(ctx.ws, ctx.store, ctx.run_id),
@@ -279,11 +281,11 @@ def _steps_before_launch(ctx: Context, host_wait: Callable[[hostlease.HostLeaseB
         ctx.event("patch", f"{ps.name} on {res.package} {res.version}{where}: " + file_states(res),
                   {"applied": ps.name, "set_hash": ps.set_hash, "python": python, "root": res.root,
                    "files": [f.__dict__ for f in res.files]})
-    job = ctx.job()
+    job = ctx.for_playbook()
     return _job_script(ctx, job, ctx.pb.prepare(job), gpu_env, overlay)
 
 
-def _job_script(ctx: Context, job: JobContext[Any], prepared: Prepared, gpu_env: dict[str, str],
+def _job_script(ctx: Job, job: JobContext[Any], prepared: Prepared, gpu_env: dict[str, str],
                 overlay: patching.Overlay | None = None) -> str:
     """The job's environment (host, spec, GPUs, then what prepare added), working dir and command lines."""
     env = {**ctx.host.env, **ctx.spec.env, **gpu_env, **prepared.env}

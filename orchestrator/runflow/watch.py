@@ -21,6 +21,7 @@ from ..host import health, launch, stall
 from ..host.executor import Executor
 from ..host.health import SERVING_PHASES, HealthWatch
 from ..host.launch import RunPaths, describe_exit
+from ..host.polling import PollWait, WatchOptions
 from ..logparse import LogParser, Metric, stamp_time
 from ..logparse.errors import describe as _error_text
 from ..logparse.text import last_line
@@ -29,7 +30,6 @@ from ..store import Store, history
 from ..store.controller import Controller
 from ..store.lifecycle import transition
 from ..store.record import JobRef, Run, Status
-from .polling import PollWait, WatchOptions
 
 FATAL_GRACE_S = 0.5  # after a fatal line, how long a living process has to exit by itself
 MAX_CHUNK = 4 << 20  # bytes read per poll; a longer backlog is read by immediate re-polls

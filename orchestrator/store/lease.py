@@ -173,19 +173,19 @@ def acquire(store: Store, host: str, gpus: list[int] | None, create_run: Callabl
             probe(run)
 
 
-def take(store: Store, host: str, gpus: list[int] | None, create_run: Callable[[], int], poll: tuple[float, float],
-         *, probe: Probe | None = None, queue: bool = False,
+def take(store: Store, host: str, gpus: list[int] | None, create_run: Callable[[], int], poll_max: float,
+         *, retry_s: float, probe: Probe | None = None, queue: bool = False,
          on_wait: Callable[[Busy], None] | None = None, sleep: Callable[[float], None] = time.sleep) -> int:
-    """`acquire`; with queue, wait (polling every poll[0] s, at most 5 s) until the holder is gone."""
+    """`acquire`; with queue, wait (asking again every retry_s) until the holder is gone."""
     while True:
         try:
-            return acquire(store, host, gpus, create_run, poll[1], probe)
+            return acquire(store, host, gpus, create_run, poll_max, probe)
         except Busy as busy:
             if not queue:
                 raise
             if on_wait is not None:
                 on_wait(busy)  # may raise to give up waiting
-            sleep(min(poll[0], 5.0))
+            sleep(retry_s)
 
 
 def release(store: Store, run_id: int) -> None:

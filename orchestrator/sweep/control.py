@@ -14,6 +14,7 @@ from .. import runflow
 from ..config.workspace import Workspace
 from ..errors import OrchError, UsageError
 from ..store import Store
+from ..store.record import KILL_GRACE_S
 from . import db, notification, policy
 from .plan import identity, plan
 from .record import Fault, PointStatus, SweepRow, SweepStatus
@@ -106,7 +107,7 @@ def _end_unattended(store: Store, sweep_id: int) -> None:
         db.release(store, sweep_id)
 
 
-def cancel(ws: Workspace, ref: str, grace_s: float = runflow.KILL_GRACE_S) -> dict[str, Any]:
+def cancel(ws: Workspace, ref: str, grace_s: float = KILL_GRACE_S) -> dict[str, Any]:
     """Cancel the queued points and stop the running ones."""
     store = Store(ws.db_path)
     try:

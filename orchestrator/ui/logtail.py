@@ -85,7 +85,7 @@ class LogTails:
         # open_run is given the record itself, so this thread never uses the caller's connection
         try:
             ctx = runflow.open_run(self.ws, store, run, Inventory.load(self.ws.hosts_file, self.ws.root), any_spec=True)
-            found: dict[str, Any] = {"text": last_lines(runflow.log_tail(ctx, lines), lines), "error": None}
+            found: dict[str, Any] = {"text": last_lines(ctx.executor.tail(ctx.paths, lines), lines), "error": None}
         except OrchError as exc:  # an unreachable host, a vanished run dir: said on the page
             found = {"text": run.last_line or "", "error": str(exc)}
         finally:

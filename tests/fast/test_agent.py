@@ -17,8 +17,8 @@ import pytest
 from orchestrator.config.hosts import Host
 from orchestrator.host import agent as agent_client
 from orchestrator.host.agent import AgentError, AgentLink, Push
-from orchestrator.host.executor import pushed_state
 from orchestrator.host.hostjobs import agent as host_agent
+from orchestrator.host.launch import pushed_state
 from orchestrator.host.transport import LocalTransport, Stream
 
 

@@ -31,17 +31,17 @@ def receiver() -> Iterator[Receiver]:
     r.close()
 
 
-def start(ws: Workspace, store: Store, receiver: Receiver, cmd: str) -> runflow.Context:
+def start(ws: Workspace, store: Store, receiver: Receiver, cmd: str) -> runflow.Job:
     spec = CommandSpec(cmd=cmd, notify=[receiver.url], **FAST)
     return runflow.start(ws, store, registry.playbook("command"), spec, local_host(ws.root))
 
 
-def assert_ended_once(ctx: runflow.Context, receiver: Receiver) -> None:
+def assert_ended_once(ctx: runflow.Job, receiver: Receiver) -> None:
     for _ in range(2):  # whoever comes later finds nothing left to do
         runflow.finish(ctx)
         runflow.watch(ctx)
     notify.drain(5)
-    run = ctx.run
+    run = ctx.refresh()
     assert run.status.terminal
     assert run.end_steps == list(runflow.END_STEPS)
     finished = [e["message"] for e in ctx.store.events(ctx.run_id) if e["kind"] == "finished"]
@@ -52,21 +52,21 @@ def assert_ended_once(ctx: runflow.Context, receiver: Receiver) -> None:
         assert (ctx.ws.run_dir(ctx.run_id) / "log.tail").exists()
 
 
-def ended_by_watch(ctx: runflow.Context) -> None:
+def ended_by_watch(ctx: runflow.Job) -> None:
     runflow.watch(ctx)
 
 
-def ended_by_poll(ctx: runflow.Context) -> None:
+def ended_by_poll(ctx: runflow.Job) -> None:
     deadline = time.monotonic() + 10
     while not runflow.poll(ctx).status.terminal and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
-def ended_by_cancel(ctx: runflow.Context) -> None:
+def ended_by_cancel(ctx: runflow.Job) -> None:
     assert runflow.cancel(ctx, "cancelled by test", 1.0) in ("stopped", "killed")
 
 
-def ended_by_stop(ctx: runflow.Context) -> None:
+def ended_by_stop(ctx: runflow.Job) -> None:
     assert runflow.stop(ctx, 1.0).startswith("process group stopped")
 
 
@@ -77,10 +77,10 @@ def ended_by_stop(ctx: runflow.Context) -> None:
     (ended_by_stop, "sleep 30", Status.CANCELLED),
 ])
 def test_end_steps_once_whoever_ends_the_run(ws: Workspace, store: Store, receiver: Receiver,
-                                             end: Callable[[runflow.Context], None], cmd: str, status: Status) -> None:
+                                             end: Callable[[runflow.Job], None], cmd: str, status: Status) -> None:
     ctx = start(ws, store, receiver, cmd)
     end(ctx)
-    assert ctx.run.status is status
+    assert ctx.refresh().status is status
     assert_ended_once(ctx, receiver)
 
 
@@ -118,7 +118,7 @@ def test_a_failing_end_step_does_not_skip_the_others(ws: Workspace, store: Store
     notify.drain(5)
     warnings = [e["message"] for e in store.events(ctx.run_id) if e["kind"] == "warning"]
     assert warnings == ["outputs: ValueError: a manifest that is not JSON"]
-    assert ctx.run.end_steps == list(runflow.END_STEPS) and len(receiver.bodies) == 1
+    assert ctx.refresh().end_steps == list(runflow.END_STEPS) and len(receiver.bodies) == 1
 
 
 def test_a_queued_run_starts_before_a_slow_notify_of_the_previous_run_ends(
@@ -131,7 +131,7 @@ def test_a_queued_run_starts_before_a_slow_notify_of_the_previous_run_ends(
     notifying, gate, notified = threading.Event(), threading.Event(), threading.Event()
     real_notify = ending._notify
 
-    def slow_notify(ctx: runflow.Context) -> None:
+    def slow_notify(ctx: runflow.Job) -> None:
         notifying.set()
         gate.wait(20)  # a receiver that takes its time
         real_notify(ctx)
@@ -157,15 +157,15 @@ def test_a_queued_run_starts_before_a_slow_notify_of_the_previous_run_ends(
         waited = time.monotonic() - began
         assert not notified.is_set(), "run 2 started only after run 1's notification was sent"
         assert waited < 10, f"run 2 waited {waited:.1f} s for the lease"
-        assert second.run.status in (Status.RUNNING, Status.SUCCEEDED)
-        done = first.run.end_steps
+        assert second.refresh().status in (Status.RUNNING, Status.SUCCEEDED)
+        done = first.refresh().end_steps
         assert done[:2] == ["log to end", "patch revert"] and "notify" in done  # claimed, under way
     finally:
         gate.set()
         ender.join(30)
     notify.drain(5)
     assert [b["run_id"] for b in receiver.bodies] == [first.run_id]
-    assert first.run.end_steps == list(runflow.END_STEPS)
+    assert first.refresh().end_steps == list(runflow.END_STEPS)
 
 
 def test_the_next_run_waits_for_the_patch_revert(ws: Workspace, store: Store, receiver: Receiver,
@@ -179,7 +179,7 @@ def test_the_next_run_waits_for_the_patch_revert(ws: Workspace, store: Store, re
     reverting, gate = threading.Event(), threading.Event()
     real_revert = ending._revert_patches
 
-    def slow_revert(ctx: runflow.Context) -> None:
+    def slow_revert(ctx: runflow.Job) -> None:
         reverting.set()
         gate.wait(20)
         real_revert(ctx)
@@ -199,14 +199,14 @@ def test_the_next_run_waits_for_the_patch_revert(ws: Workspace, store: Store, re
     spec = CommandSpec(cmd="true", **FAST)
     try:
         assert reverting.wait(20), "run 1's patch revert never began"
-        assert first.run.status is Status.CANCELLED
+        assert first.refresh().status is Status.CANCELLED
         with pytest.raises(lease.Busy, match=f"run {first.run_id}"):
             runflow.start(ws, store, registry.playbook("command"), spec, local_host(ws.root))
     finally:
         gate.set()
         ender.join(30)
     second = runflow.start(ws, store, registry.playbook("command"), spec, local_host(ws.root))
-    assert second.run_id != first.run_id and first.run.end_steps == list(runflow.END_STEPS)
+    assert second.run_id != first.run_id and first.refresh().end_steps == list(runflow.END_STEPS)
 
 
 def test_an_ended_runs_lease_left_by_a_dead_finisher_goes_once_its_host_shows_the_job_over(
@@ -224,7 +224,7 @@ def test_an_ended_runs_lease_left_by_a_dead_finisher_goes_once_its_host_shows_th
     spec = CommandSpec(cmd="true", **FAST)
     with pytest.raises(lease.Busy, match=f"run {first.run_id}") as busy:
         runflow.start(ws, store, registry.playbook("command"), spec, local_host(ws.root))
-    assert [held.run_id for held in lease.held(store)] == [first.run_id] and first.run.end_steps == []
+    assert [held.run_id for held in lease.held(store)] == [first.run_id] and first.refresh().end_steps == []
     said = runflow.busy_message(store, busy.value)
     assert "(command, cancelled for " in said and "whoever ended it is gone, and its host has not shown its job over" in said
     gate.touch()
@@ -237,4 +237,4 @@ def test_an_ended_runs_lease_left_by_a_dead_finisher_goes_once_its_host_shows_th
             assert time.monotonic() < deadline, "the lease stayed after the job ended"
             time.sleep(0.1)
     assert second.run_id != first.run_id
-    assert first.run.end_steps == list(runflow.END_STEPS)  # the steps left were done, then the lease freed
+    assert first.refresh().end_steps == list(runflow.END_STEPS)  # the steps left were done, then the lease freed

@@ -150,16 +150,22 @@ def signal_job(pid, start, sig):
     return True
 
 
-def kill(pid, start, grace_s):
-    """SIGTERM, a grace period, SIGKILL: 'gone' | 'stopped' | 'killed'."""
-    if not signal_job(pid, start, signal.SIGTERM):
+def terminate(send, alive, grace_s):
+    """Every stop here: SIGTERM, a grace period, SIGKILL: 'gone' | 'stopped' | 'killed'. `send(sig)` signals
+    what is still provably the target (False: nothing is); `alive()` says whether anything of it is left."""
+    if not send(signal.SIGTERM):
         return "gone"
     deadline = time.monotonic() + max(0.0, float(grace_s))
     while time.monotonic() < deadline:
         time.sleep(0.1)
-        if ours(pid, start) is None:
+        if not alive():
             return "stopped"
-    return "killed" if signal_job(pid, start, signal.SIGKILL) else "stopped"
+    return "killed" if send(signal.SIGKILL) else "stopped"
+
+
+def kill(pid, start, grace_s):
+    """Stop the job's process group, proved the job's before each signal."""
+    return terminate(lambda sig: signal_job(pid, start, sig), lambda: ours(pid, start) is not None, grace_s)
 
 
 def stacks(pid, start):
@@ -249,8 +255,8 @@ def gpus(timeout):
 
 
 def kill_pids(procs, grace_s):
-    """SIGTERM each process that still has the start time seen, a grace period, SIGKILL: 'gone' | 'stopped'
-    | 'killed'. Each pid's start time is checked right before its own signal: a reused pid is left alone."""
+    """Stop each process that still has the start time seen. Each pid's start time is checked right before
+    its own signal: a reused pid is left alone."""
     def signal_all(sig):
         sent = False
         for pid, start in procs:
@@ -262,14 +268,7 @@ def kill_pids(procs, grace_s):
                     pass
         return sent
 
-    if not signal_all(signal.SIGTERM):
-        return "gone"
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-        if not any(live_start(pid) == start for pid, start in procs):
-            return "stopped"
-    return "killed" if signal_all(signal.SIGKILL) else "stopped"
+    return terminate(signal_all, lambda: any(live_start(pid) == start for pid, start in procs), grace_s)
 
 
 # -- Slurm, on its login node -------------------------------------------------------------------------------
@@ -1014,9 +1013,9 @@ ARGS = {
     "poke": {"keys": (_list_of(_word), [])},
     "ack": {"bytes": (_count, REQUIRED)},
     "launch": {"dir": (_path, REQUIRED), "script": (_text, REQUIRED), "token": (_token, REQUIRED)},
-    "kill": {"pid": (_count, REQUIRED), "start": (_ticks, REQUIRED), "grace_s": (_seconds, 10)},
+    "kill": {"pid": (_count, REQUIRED), "start": (_ticks, REQUIRED), "grace_s": (_seconds, REQUIRED)},
     "stacks": {"pid": (_count, REQUIRED), "start": (_ticks, "")},
-    "kill_pids": {"procs": (_list_of(_pid_start, 4096), REQUIRED), "grace_s": (_seconds, 10)},
+    "kill_pids": {"procs": (_list_of(_pid_start, 4096), REQUIRED), "grace_s": (_seconds, REQUIRED)},
     "find": {"dir": (_path, REQUIRED)},
     "loss": {"dir": (_path, REQUIRED), "start": (_ticks, "")},
     "read": {"dir": (_path, REQUIRED), "pid": (_count, 0), "start": (_ticks, ""), "offset": (_count, 0),
