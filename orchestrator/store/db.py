@@ -419,16 +419,22 @@ class Store:
         return rows.fetchall()
 
     # plugins' tables --------------------------------------------------------------------------
-    def use(self, tables: RunTables) -> None:
-        """Make a plugin's tables as its own migrations say, those not applied yet in this database."""
-        if not tables.migrations:
-            return
+    def has_tables_of(self, tables: RunTables) -> bool:
+        """Are a plugin's migrations all applied in this database?"""
         try:
             done = {name for (name,) in self.conn.execute(
                 "SELECT name FROM _sqlite_migrations WHERE migration_set = ?", (tables.migration_set,))}
         except sqlite3.OperationalError:
             done = set()
-        if {name for name, _ in tables.migrations} <= done:
+        return {name for name, _ in tables.migrations} <= done
+
+    @property
+    def writable(self) -> bool:
+        return not self.conn.execute("PRAGMA query_only").fetchone()[0]
+
+    def use(self, tables: RunTables) -> None:
+        """Make a plugin's tables as its own migrations say, those not applied yet in this database."""
+        if self.has_tables_of(tables):
             return
         with self.tx():
             migrations.apply_set(self.db, tables.migration_set, tables.migrations)

@@ -93,10 +93,14 @@ def error_hint(error: dict[str, Any] | None, phase: str | None = None) -> str | 
 
 
 def sections(store: Store, run_id: int, tables: Iterable[RunTables]) -> dict[str, Any]:
-    """Each plugin's section of a run, read from its own tables (made now if this database has not yet)."""
+    """Each plugin's section of a run, read from its own tables (made now if this database has not yet; a
+    reader that may not write shows none of a plugin whose tables are not made)."""
     found = {}
     for t in tables:
-        store.use(t)
+        if not store.has_tables_of(t):
+            if not store.writable:
+                continue
+            store.use(t)
         section = t.section(store.db, run_id)
         if section is not None:
             found[t.name] = section
