@@ -143,7 +143,7 @@ class Orch:
         if new_process or not runs_in_process(args) or self._interpreter_env_differs():
             proc = subprocess.run(
                 [sys.executable, "-m", "orchestrator", *args],
-                env=self.env, capture_output=True, text=True, timeout=timeout,
+                env=self.env, capture_output=True, text=True, timeout=timeout, check=False,
             )
         else:
             proc = run_in_process(list(args), self.env)
