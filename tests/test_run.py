@@ -121,7 +121,8 @@ def test_sshd_down_mid_watch_then_back(orch, ssh_fleet_restarts, tmp_path):
                       "--set", job_cmd("--steps", "30", "--sleep", "0.1", "--marker", str(marker)), *FAST)
     wait_for_file(marker)
     server.stop()
-    time.sleep(6.0)  # longer than the retry policy absorbs; the job finishes meanwhile
+    # down longer than the retry policy absorbs: until the watcher has recorded the host unreachable
+    orch.wait_for(1, lambda d: "unreachable" in [e["kind"] for e in d["events"]])
     server.start()
     out, errs = proc.communicate(timeout=120)
     assert proc.returncode == 0, errs
