@@ -292,3 +292,14 @@ def test_patch_status_keeps_to_runs_in_the_workspace(tmp_path):
     assert json.loads(res.stdout) == []
     assert sorted(os.listdir(orch.root)) == ["hosts.toml", "runs"]
     assert [p.name for p in (orch.root / "runs" / "patcher").iterdir()][0].startswith("patcher-")
+
+
+def test_a_prompt_command_says_the_same_in_the_tests_process_as_in_its_own(tmp_path):
+    """Orch runs `logs`, `status` and the like in the test's process: their output and exit codes are
+    those of `python -m orchestrator`."""
+    orch = Orch(tmp_path / "ws")
+    orch("run", "command", "--set", "cmd=printf 'one\\ttab\\r\\nwide é\\n'", *FAST, check=0)
+    for args in (("logs", "1"), ("logs", "1", "--json"), ("status", "nope"), ("tag", "9", "x"), ("playbooks",),
+                 ("status", "--host", "nowhere", "--json"), ("hosts", "--json"), ("logs", "1", "-n", "x")):
+        here, there = orch(*args), orch(*args, new_process=True)
+        assert (here.returncode, here.stdout, here.stderr) == (there.returncode, there.stdout, there.stderr), args
