@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -140,7 +141,9 @@ class Orch:
     def __call__(self, *args: str, timeout: float = 120, check: int | None = None,
                  new_process: bool = False) -> subprocess.CompletedProcess:
         """`orch ARGS`; `new_process` for a test of the real entry point (`python -m orchestrator`)."""
-        if new_process or not runs_in_process(args) or self._interpreter_env_differs():
+        # os.environ and sys.stdout are the process's: a call from another thread gets a process of its own
+        elsewhere = threading.current_thread() is not threading.main_thread()
+        if new_process or elsewhere or not runs_in_process(args) or self._interpreter_env_differs():
             proc = subprocess.run(
                 [sys.executable, "-m", "orchestrator", *args],
                 env=self.env, capture_output=True, text=True, timeout=timeout, check=False,
