@@ -29,7 +29,10 @@ FAST = ["--set", "poll_min=0.05", "--set", "poll_max=0.3"]
 IN_PROCESS = {"status", "inspect-log", "compare", "logs", "pull", "hosts", "gpus", "playbooks", "note", "tag",
               "cancel", "stop", "rm", "gc", "patch"}
 IN_PROCESS_SUBCOMMANDS = {"sweep": {"status", "report", "cancel"}, "cron": {"list"}}
-FOLLOWING = {"-f", "--follow"}  # `orch logs -f` follows the job until it ends
+# In a process of their own all the same: `orch logs -f` follows the job until it ends; `orch status
+# --refresh` polls the runs, and a poll names its process as the run's watcher (alive, as long as the
+# tests run, where the command's own process would be gone)
+OWN_PROCESS_OPTIONS = {"logs": {"-f", "--follow"}, "status": {"--refresh"}}
 
 
 def runs_in_process(args: tuple[str, ...]) -> bool:
@@ -42,7 +45,7 @@ def runs_in_process(args: tuple[str, ...]) -> bool:
     command, sub = rest[0], rest[1] if len(rest) > 1 else None
     if command in IN_PROCESS_SUBCOMMANDS:
         return sub in IN_PROCESS_SUBCOMMANDS[command]
-    return command in IN_PROCESS and not (command == "logs" and FOLLOWING & set(rest))
+    return command in IN_PROCESS and not OWN_PROCESS_OPTIONS.get(command, set()) & set(rest)
 
 
 # The consoles orchestrator.cli.render made at its import; a call in this process gets a pair of its own
