@@ -23,12 +23,13 @@ JOB = TESTS / "jobs" / "progress_job.py"
 FAST = ["--set", "poll_min=0.05", "--set", "poll_max=0.3"]
 
 # The commands that return promptly and neither follow a job in the foreground, install signal handlers,
-# exec, start a controller nor record the calling process as a run's controller: `Orch` runs them in the
-# test's own process (an interpreter start costs more than most of them). Any other command, and any
-# command line these do not name, gets an interpreter of its own.
+# exec, start a controller nor name the calling process in a run's record (its watcher, its lease): `Orch`
+# runs them in the test's own process (an interpreter start costs more than most of them). Any other
+# command (run, watch, cancel and stop, which end a run as its watcher), and any command line these do
+# not name, gets an interpreter of its own.
 IN_PROCESS = {"status", "inspect-log", "compare", "logs", "pull", "hosts", "gpus", "playbooks", "note", "tag",
-              "cancel", "stop", "rm", "gc", "patch"}
-IN_PROCESS_SUBCOMMANDS = {"sweep": {"status", "report", "cancel"}, "cron": {"list"}}
+              "rm", "gc", "patch"}
+IN_PROCESS_SUBCOMMANDS = {"sweep": {"status", "report"}, "cron": {"list"}}
 # In a process of their own all the same: `orch logs -f` follows the job until it ends; `orch status
 # --refresh` polls the runs, and a poll names its process as the run's watcher (alive, as long as the
 # tests run, where the command's own process would be gone)

@@ -18,7 +18,7 @@ from orchestrator.cli import render
 def test_which_commands_run_in_process() -> None:
     assert runs_in_process(("status", "--json")) and runs_in_process(("--hosts", "h.toml", "logs", "3"))
     assert runs_in_process(("sweep", "status")) and runs_in_process(("cron", "list"))
-    for args in (("run", "command"), ("watch", "1"), ("logs", "3", "-f"), ("status", "--refresh"),
+    for args in (("run", "command"), ("watch", "1"), ("logs", "3", "-f"), ("status", "--refresh"), ("cancel", "1"),
                  ("sweep", "run", "s.toml"), ("cron", "install", "s.toml"), ("ssh", "1"), ("ui",), ("--version",), ()):
         assert not runs_in_process(args), args
 
