@@ -121,10 +121,12 @@ def run_in_process(args: list[str], env: dict[str, str]) -> subprocess.Completed
         try:
             main(args)
             code = 0
-        except SystemExit as exc:  # as the interpreter takes it: None is 0, a message goes to stderr with 1
-            code = exc.code or 0 if isinstance(exc.code, int | None) else 1
-            if code == 1 and not isinstance(exc.code, int):
+        except SystemExit as exc:  # as the interpreter takes it: None is 0, any other non-int a message and 1
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:
                 print(exc.code, file=sys.stderr)
+                code = 1
         except Exception:  # noqa: BLE001 - as the interpreter would: the traceback, exit 1
             traceback.print_exc()
             code = 1
