@@ -224,23 +224,6 @@ def test_names_tags_and_notes_and_the_filters_on_them(tmp_path):
     assert json.loads(orch("rerun", "1", "--name", "again", "--detach", "--json").stdout)["name"] == "again"
 
 
-def test_status_filters_by_sweep_and_age(tmp_path):
-    import sqlite3
-
-    orch = Orch(tmp_path / "ws")
-    for _ in range(3):
-        orch("run", "command", "--set", "cmd=true", *FAST, check=0)
-    with sqlite3.connect(orch.db) as db:  # run 1 is three days old and run 2 belongs to a sweep
-        db.execute("UPDATE runs SET created_at = created_at - 3 * 86400 WHERE id = 1")
-        db.execute("UPDATE runs SET sweep_id = 5 WHERE id = 2")
-    ids = lambda *args: [d["id"] for d in json.loads(orch("status", *args, "--json", check=0).stdout)]
-    assert ids("--since", "2h") == [3, 2] and ids("--since", "4d") == [3, 2, 1]
-    assert ids("--sweep", "5") == [2] and ids("--sweep", "5", "--since", "1h") == [2] and ids("--sweep", "6") == []
-    limited = orch("status", "--since", "1d", "-n", "1", check=0)
-    assert "showing 1 of 2 runs" in limited.stderr
-    assert orch("status", "--since", "yesterday").returncode == 2
-
-
 def test_logs_all_and_pull_copy_the_whole_run_dir(orch, tmp_path):
     # a log of several chunks, with bytes that are no UTF-8
     cmd = "cmd=head -c 2500000 /dev/zero | tr '\\0' x; printf '\\n\\377\\376 end\\n'; echo out > result.txt"
