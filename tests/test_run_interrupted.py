@@ -4,6 +4,7 @@ truncated under the watcher; the real `orch` CLI, real sshd hosts on loopback, r
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -12,8 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
-from orchtest import FAST, job_cmd, kill_controller, release, wait_for_file
-from test_run import HOSTS, orch  # noqa: F401 - the fixture, for these tests too
+from orchtest import FAST, Orch, job_cmd, kill_controller, release, wait_for_file
+from test_run import HOSTS
+
+
+@pytest.fixture
+def orch(tmp_path, ssh_fleet) -> Orch:
+    """A workspace whose hosts.toml lists the fleet (test1, test2), each with a workdir of this test."""
+    overrides = {f"test{i}": {"workdir": str(tmp_path / f"remote{i}")} for i in (1, 2)}
+    return Orch(tmp_path / "ws", ssh_fleet.hosts_toml(**overrides))
 
 
 def test_detach_then_watch_logs_and_cancel(orch, tmp_path):
