@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 from orchtest import FAST, Orch, job_cmd, kill_controller, release, wait_for_file
-from test_run import HOSTS
+
+HOSTS = ["local", "test1"]
 
 
 @pytest.fixture
