@@ -26,16 +26,19 @@ sys.path.insert(0, str(ROOT))
 
 from slurmcluster import SlurmCluster  # noqa: E402
 
-from orchestrator import executor, registry, runflow, slurm  # noqa: E402
-from orchestrator import spec as specmod  # noqa: E402
-from orchestrator.hosts import Inventory  # noqa: E402
-from orchestrator.store import Store  # noqa: E402
-from orchestrator.workspace import Workspace  # noqa: E402
+from orchestrator import runflow
+from orchestrator.config import spec as specmod
+from orchestrator.config.hosts import Inventory
+from orchestrator.config.workspace import Workspace
+from orchestrator.host import executor, slurm
+from orchestrator.runflow import registry
+from orchestrator.store import Store
 
 ENDED = set(slurm.ENDED)
 
 
 from results import write_section  # noqa: E402
+
 
 def by_orch(tmp: Path, jobs: int, sleep_s: float) -> dict[str, float]:
     ws_root = tmp / "ws"

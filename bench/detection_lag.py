@@ -29,21 +29,21 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from results import write_section
 from sshd import SSHFleet
 
-from orchestrator import launch
-from orchestrator.executor import HostExecutor
-from orchestrator.hosts import Host
-from orchestrator.hostwatch import HostWatcher
-from orchestrator.lifecycle import transition
+from orchestrator.config.hosts import Host
+from orchestrator.config.workspace import Workspace
+from orchestrator.host import launch
+from orchestrator.host.executor import HostExecutor
+from orchestrator.host.remote import Result, SSHTransport, quote
 from orchestrator.logparse import LogParser
-from orchestrator.record import Status
-from orchestrator.remote import Result, SSHTransport, quote
+from orchestrator.runflow.hostwatch import HostWatcher
+from orchestrator.runflow.polling import WatchOptions
+from orchestrator.runflow.watch import Watcher
 from orchestrator.store import Store
-from orchestrator.polling import WatchOptions
-from orchestrator.watch import Watcher
-from orchestrator.workspace import Workspace
-from results import write_section
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
 
 EMULATOR = ROOT / "tests" / "fakes" / "sglang_emulator.py"
 REPEATS = 5

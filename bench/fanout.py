@@ -34,6 +34,7 @@ ORCH = [sys.executable, "-m", "orchestrator"]
 
 from results import write_section  # noqa: E402
 
+
 def median_wall(fn: Callable[[], None], repeats: int = REPEATS) -> float:
     walls = []
     for _ in range(repeats):

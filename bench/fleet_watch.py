@@ -26,9 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from sshd import SSHFleet  # noqa: E402
-
 from results import write_section  # noqa: E402
+from sshd import SSHFleet  # noqa: E402
 
 DECODE = ("[2026-12-02 10:00:00 TP0] Decode batch. #running-req: 8, #token: 4096, token usage: 0.05, "
           "accept len: 2.91, gen throughput (token/s): 94.00, #queue-req: 0")
@@ -118,12 +117,12 @@ def polled_by_all(store: Any, ids: list[int], since: float, most_s: float = 300)
 
 def legacy_watch(ws: str, run_id: int) -> None:
     """One run's watcher as a process of its own, polling over its own connection (the old shape)."""
-    from orchestrator.executor import HostExecutor
+    from orchestrator.config.workspace import Workspace
+    from orchestrator.host.executor import HostExecutor
+    from orchestrator.host.ssh import SSHTransport
     from orchestrator.runflow import open_run, watch_options
-    from orchestrator.ssh import SSHTransport
+    from orchestrator.runflow.watch import Watcher
     from orchestrator.store import Store
-    from orchestrator.watch import Watcher
-    from orchestrator.workspace import Workspace
 
     w = Workspace.find()
     store = Store(w.db_path)
@@ -147,10 +146,12 @@ def main() -> None:
         ws_root.mkdir()
         (ws_root / "hosts.toml").write_text(fleet.hosts_toml())
         os.environ["ORCH_HOME"] = str(ws_root)
-        from orchestrator import registry, remote, runflow, watching
-        from orchestrator.hosts import Inventory
+        from orchestrator import runflow
+        from orchestrator.config.hosts import Inventory
+        from orchestrator.config.workspace import Workspace
+        from orchestrator.host import remote
+        from orchestrator.runflow import registry, watching
         from orchestrator.store import Store
-        from orchestrator.workspace import Workspace
 
         ws = Workspace.find()
         store = Store(ws.db_path)
@@ -172,11 +173,11 @@ def main() -> None:
         print(f"{len(ids)} runs started in {started:.0f} s", flush=True)
         watching.ensure_watched(ws, store)
         deadline = time.time() + 120
-        while len(pids_with("orchestrator.hostwatch", ws_root)) < args.hosts and time.time() < deadline:
+        while len(pids_with("orchestrator.runflow.hostwatch", ws_root)) < args.hosts and time.time() < deadline:
             time.sleep(0.5)
-        agent = measure("one watcher per host", fleet, pids_with("orchestrator.hostwatch", ws_root), flag, args.quiet_s)
+        agent = measure("one watcher per host", fleet, pids_with("orchestrator.runflow.hostwatch", ws_root), flag, args.quiet_s)
         followed = sum(1 for i in ids if store.get_run(i).phase == "running")
-        for pid in pids_with("orchestrator.hostwatch", ws_root):
+        for pid in pids_with("orchestrator.runflow.hostwatch", ws_root):
             os.kill(pid, signal.SIGKILL)
         time.sleep(1)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -214,7 +215,7 @@ def write(args: argparse.Namespace, agent: dict[str, float], old: dict[str, floa
         f" the same run; {followed} of {runs} runs were recorded `running` by their host's watcher. Load average"
         f" {os.getloadavg()[0]:.1f} at the end (the per-run watchers' own, mostly), on 2 cores.",
         "",
-        "A host's watcher starts as `python -m orchestrator.hostwatch HOST` (no Typer or Rich loaded), reads the"
+        "A host's watcher starts as `python -m orchestrator.runflow.hostwatch HOST` (no Typer or Rich loaded), reads the"
         " record again only when SQLite's data_version says another process wrote (else every 10 s), and its SSH"
         " connection's reader wakes once a second: before that, the same bench measured 969 MiB and 3.87 % of a core"
         " for the 16 host watchers (under the full test suite, load average up to 35). The per-run row is measured"

@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 from results import RESULTS, write_section  # noqa: E402
+
 SECTION = "## inspect-log"
 REDRAWS_PER_STRETCH = 2000
 TOTAL_SAMPLES = 100_000_000  # above every count drawn: a bar past its total is another case

@@ -27,21 +27,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from results import write_section  # noqa: E402
 from sshd import SSHFleet  # noqa: E402
 
-from orchestrator import launch  # noqa: E402
-from orchestrator.executor import HostExecutor  # noqa: E402
-from orchestrator.hosts import Host  # noqa: E402
-from orchestrator.hostwatch import HostWatcher  # noqa: E402
-from orchestrator.lifecycle import transition  # noqa: E402
-from orchestrator.logparse import LogParser  # noqa: E402
-from orchestrator.polling import WatchOptions  # noqa: E402
-from orchestrator.record import Status  # noqa: E402
-from orchestrator.ssh import SSHTransport  # noqa: E402
-from orchestrator.store import Store  # noqa: E402
-from orchestrator.watch import Watcher  # noqa: E402
-from orchestrator.workspace import Workspace  # noqa: E402
-from results import write_section  # noqa: E402
+from orchestrator.config.hosts import Host
+from orchestrator.config.workspace import Workspace
+from orchestrator.host import launch
+from orchestrator.host.executor import HostExecutor
+from orchestrator.host.ssh import SSHTransport
+from orchestrator.logparse import LogParser
+from orchestrator.runflow.hostwatch import HostWatcher
+from orchestrator.runflow.polling import WatchOptions
+from orchestrator.runflow.watch import Watcher
+from orchestrator.store import Store
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
 
 WRITER = r"""
 import sys

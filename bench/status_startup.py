@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from results import write_section  # noqa: E402
+
 SECTION = "## orch status start-up"
 ORCH = Path(sys.executable).parent / "orch"
 QUERY = "SELECT * FROM runs ORDER BY id DESC LIMIT 50"
@@ -87,8 +88,8 @@ def in_process(db: Path) -> tuple[float, float]:
     from rich.console import Console
 
     from orchestrator.cli import render
-    from orchestrator.shapes import run_document
     from orchestrator.store import Store
+    from orchestrator.store.shapes import run_document
 
     store = Store(db)
     started = time.perf_counter()

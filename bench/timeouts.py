@@ -89,7 +89,7 @@ def main() -> None:
         rows.append(("  its end to the notification's warning", "1 s", statistics.median(delays)))
         silent.close()
 
-    from orchestrator import notify
+    from orchestrator.runflow import notify
 
     trickler = socket.socket()
     trickler.bind(("127.0.0.1", 0))

@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .checks import unprintable
+from .config.checks import unprintable
+from .config.workspace import Workspace
 from .errors import NotFound, OrchError, UsageError
-from .workspace import Workspace
 
 TAG = "orch:"
 CRON_PATH = "/usr/local/bin:/usr/bin:/bin"  # appended after the interpreter's bin dir

@@ -14,14 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Generic, Protocol, TypeVar
 
+from .config.hosts import Host
+from .config.spec import RunSpec, check_regex
 from .errors import NotFound, OrchError, UsageError
-from .health import SERVING_PHASES, HealthCheck
-from .health import probe as http_probe
-from .hosts import Host
-from .launch import RunPaths
-from .record import Run, Status
-from .remote import Result, quote
-from .spec import RunSpec, check_regex
+from .host.health import SERVING_PHASES, HealthCheck
+from .host.health import probe as http_probe
+from .host.launch import RunPaths
+from .host.remote import Result, quote
+from .store.record import Run, Status
 
 S = TypeVar("S", bound=RunSpec)
 

@@ -1,1 +1,1 @@
-"""The playbooks orch ships: one module each, holding its Spec and its steps (found by orchestrator.registry)."""
+"""The playbooks orch ships: one module each, holding its Spec and its steps (found by orchestrator.runflow.registry)."""

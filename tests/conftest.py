@@ -7,13 +7,12 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-
-from orchestrator.hosts import Host
-from orchestrator.store import Store
-from orchestrator.workspace import Workspace
-
 from orchtest import stop_background_watchers
 from sshd import SSHFleet  # tests/ is on sys.path (rootdir-relative, no __init__.py)
+
+from orchestrator.config.hosts import Host
+from orchestrator.config.workspace import Workspace
+from orchestrator.store import Store
 
 # ---------------------------------------------------------------------------------------------------
 # Nothing of the user running the tests: HOME (~/.ssh config, keys and known_hosts, ~/.fabric.yaml),

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.registry import patch_sets
+from orchestrator.runflow.registry import patch_sets
 
 ENGINE_REQUIREMENTS = ("sglang==0.5.23", "speculators==0.3.0")
 SPECULATORS_04 = ("speculators==0.4.0.1",)

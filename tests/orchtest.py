@@ -75,8 +75,8 @@ def _as_a_new_process(env: dict[str, str]) -> Iterator[tuple[io.TextIOWrapper, i
     stderr of its own (bytes, as a pipe takes them), fresh consoles, and none of the process-wide state an
     earlier call (or the test itself) left: pooled connections, agent links, Slurm queues, the retry notice,
     the global options. All of it is put back afterwards."""
-    from orchestrator import agent, remote, slurm, ssh
     from orchestrator.cli.app import State
+    from orchestrator.host import agent, remote, slurm, ssh
 
     fresh_state: list[tuple[Any, str, Any]] = [
         (remote, "_pool", {}), (agent, "_shared", {}), (agent, "_starting", {}), (slurm, "_queues", {}),
@@ -242,8 +242,8 @@ def release(path: Path) -> None:
 
 def _orch_watcher(argv: list[bytes]) -> bool:
     """`orch watch ID --background` / `orch watch-host NAME --background`, or a host's watcher as orch
-    starts it (`python -m orchestrator.hostwatch NAME`)."""
-    return (b"orchestrator" in argv and b"--background" in argv) or b"orchestrator.hostwatch" in argv
+    starts it (`python -m orchestrator.runflow.hostwatch NAME`)."""
+    return (b"orchestrator" in argv and b"--background" in argv) or b"orchestrator.runflow.hostwatch" in argv
 
 
 def stop_background_watchers(home: Path, timeout: float = 30) -> None:
@@ -301,7 +301,7 @@ def alive(pid: int) -> bool:
 
 def agent_ops(monkeypatch: Any) -> list[str]:
     """The ops this process asks hosts' agents for through `agent.call`, in order, from now on."""
-    from orchestrator import agent
+    from orchestrator.host import agent
 
     ops: list[str] = []
     asked = agent.call

@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import json
-import queue
 import os
+import queue
 import signal
 import subprocess
-import threading
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from orchestrator import agent as agent_client
-from orchestrator.agent import AgentError, AgentLink, Push
-from orchestrator.executor import pushed_state
-from orchestrator.hostjobs import agent as host_agent
-from orchestrator.hosts import Host
-from orchestrator.transport import LocalTransport, Stream
+from orchestrator.config.hosts import Host
+from orchestrator.host import agent as agent_client
+from orchestrator.host.agent import AgentError, AgentLink, Push
+from orchestrator.host.executor import pushed_state
+from orchestrator.host.hostjobs import agent as host_agent
+from orchestrator.host.transport import LocalTransport, Stream
 
 
 def placing(workdir: Path) -> Host:
@@ -440,7 +440,6 @@ def test_tail_chunk_and_files_never_follow_a_symlink(link: AgentLink, tmp_path: 
 def oldest_python() -> str | None:
     """A Python 3.8 on this machine (the oldest the agent supports), if there is one."""
     import glob
-
     import pwd
 
     home = pwd.getpwuid(os.getuid()).pw_dir  # the tests' own HOME is a private one
@@ -540,7 +539,7 @@ def test_on_the_local_host_the_agent_is_orchs_own_copy_and_nothing_is_placed(tmp
 
 def test_the_agent_starts_its_wrappers_through_orchs_own_bootstrap() -> None:
     # the agent is one stdlib file on the host and cannot import orch: its copy must stay the same text
-    from orchestrator import hostprogram
+    from orchestrator.host import hostprogram
 
     assert host_agent.BOOTSTRAP == hostprogram.BOOTSTRAP
 
@@ -601,7 +600,7 @@ def test_agent_program_places_a_missing_or_swapped_program_and_says_when_it_give
     script = tmp_path / "echo.py"
     script.write_bytes(ECHO_PROGRAM)
     try:
-        from orchestrator import hostprogram
+        from orchestrator.host import hostprogram
 
         path, sha = hostprogram.remote_path(transport, script, "runs/progs")
         reply = agent_client.program(transport, script, "runs/progs", {"blob": "abc"}, pythonpath="/nowhere")

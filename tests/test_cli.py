@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from orchtest import FAST, Orch
 
 ROOT = Path(__file__).parent.parent

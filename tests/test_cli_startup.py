@@ -19,14 +19,14 @@ from orchtest import in_process
 from typer import _click as click
 
 from orchestrator.cli.app import COMMAND_MODULES, app
-from orchestrator.lifecycle import transition
-from orchestrator.record import Status
 from orchestrator.store import Store
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
 
 ROOT = Path(__file__).resolve().parent.parent
 OTHER_COMMANDS = {f"orchestrator.cli.{module}" for module in set(COMMAND_MODULES.values()) - {"status"}}
-ONLY_OTHERS_NEED = {"pydantic", "orchestrator.hosts", "orchestrator.watching", "orchestrator.runflow",
-                    "orchestrator.sweep", "orchestrator.ui", "orchestrator.registry"}
+ONLY_OTHERS_NEED = {"pydantic", "orchestrator.config.hosts", "orchestrator.runflow.watching", "orchestrator.runflow",
+                    "orchestrator.sweep", "orchestrator.ui", "orchestrator.runflow.registry"}
 # orch in a fresh interpreter, as the console script runs it; then the modules it imported, on stderr
 ORCH = """
 import json, sys
@@ -141,7 +141,7 @@ def test_bad_input_is_still_one_message_and_exit_2(capsys: pytest.CaptureFixture
 
 
 def test_the_lean_entry_point_loads_no_cli() -> None:
-    code = ("import sys, orchestrator.hostwatch; "
+    code = ("import sys, orchestrator.runflow.hostwatch; "
             "print(sorted(m for m in ('typer', 'rich', 'click', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from orchtest import Orch
 
 FOREIGN = "17 3 * * * /usr/bin/true # someone else's line"

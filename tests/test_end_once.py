@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 from test_notify import Receiver
 
-from orchestrator import notify, registry, runflow
+from orchestrator import runflow
+from orchestrator.config.hosts import local_host
+from orchestrator.config.workspace import Workspace
 from orchestrator.errors import OrchError
-from orchestrator.hosts import local_host
-from orchestrator.lifecycle import transition
-from orchestrator.record import Status
+from orchestrator.runflow import notify, registry
 from orchestrator.store import Store
-from orchestrator.workspace import Workspace
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
 from playbooks.command import CommandSpec
 from playbooks.extract_hidden_states import ExtractSpec
 
@@ -124,8 +125,7 @@ def test_a_queued_run_starts_before_a_slow_notify_of_the_previous_run_ends(
         ws: Workspace, store: Store, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
     """The lease is freed once the log is read to its end and the patches are reverted; the outputs, the
     log tail and the notification follow while the host's next run starts."""
-    from orchestrator import watching
-    from orchestrator.runflow import ending
+    from orchestrator.runflow import ending, watching
 
     monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)  # this test alone ends run 1
     notifying, gate, notified = threading.Event(), threading.Event(), threading.Event()
@@ -172,8 +172,8 @@ def test_the_next_run_waits_for_the_patch_revert(ws: Workspace, store: Store, re
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """An ended run whose patches are being reverted still holds its host: a next run's patches need the
     install as it was."""
-    from orchestrator import lease, watching
-    from orchestrator.runflow import ending
+    from orchestrator.runflow import ending, watching
+    from orchestrator.store import lease
 
     monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)  # this test alone ends run 1
     reverting, gate = threading.Event(), threading.Event()
@@ -213,7 +213,8 @@ def test_an_ended_runs_lease_left_by_a_dead_finisher_goes_once_its_host_shows_th
         ws: Workspace, store: Store, receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The record says the run ended, but whoever ended it died before its end steps, and its job still runs
     on the host: the host is believed, not the record nor a heartbeat — the lease stays until the job is over."""
-    from orchestrator import lease, watching
+    from orchestrator.runflow import watching
+    from orchestrator.store import lease
 
     monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)  # nobody else watches run 1
     gate = tmp_path / "gate"

@@ -19,14 +19,15 @@ from sshd import SSHFleet, free_port
 from test_gpu import FakeGpus, fake_gpus
 from test_serve import EMULATOR, no_server_left_behind
 
-from orchestrator import registry, runflow
-from orchestrator.hosts import Inventory, local_host
-from orchestrator.record import Status
+from orchestrator import runflow
+from orchestrator.config.hosts import Inventory, local_host
+from orchestrator.config.workspace import Workspace
+from orchestrator.runflow import registry
 from orchestrator.store import Store
+from orchestrator.store.record import Status
 from orchestrator.sweep import control
 from orchestrator.sweep import db as sweep_db
 from orchestrator.sweep.plan import plan
-from orchestrator.workspace import Workspace
 
 __all__ = ["fake_gpus", "no_server_left_behind"]  # fixtures
 

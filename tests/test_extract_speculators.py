@@ -18,8 +18,8 @@ from orchtest import FAST, Orch, processes_of
 from safetensors.numpy import load_file
 from sshd import free_port
 
+from orchestrator.config.spec import load
 from orchestrator.errors import SpecError
-from orchestrator.spec import load
 from playbooks.extract_hidden_states import (
     ExtractSpec,
     generator_argv,

@@ -14,14 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
-
-
-from orchestrator import registry, runflow
-from orchestrator.hosts import Host
-from orchestrator.store import Store
-from orchestrator.workspace import Workspace
-
 from orchtest import FAST, JOB, TESTS, Orch, alive, job_cmd
+
+from orchestrator import runflow
+from orchestrator.config.hosts import Host
+from orchestrator.config.workspace import Workspace
+from orchestrator.runflow import registry
+from orchestrator.store import Store
 
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 
@@ -64,9 +63,9 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[2])
 from test_faults import alive, recycle, wait_for
 from orchestrator import launch
-from orchestrator.hosts import local_host
-from orchestrator.launch import RunPaths
-from orchestrator.remote import connect
+from orchestrator.config.hosts import local_host
+from orchestrator.host.launch import RunPaths
+from orchestrator.host.remote import connect
 
 ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the job's processes are reaped here
 

@@ -15,11 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
-from orchestrator import fleet
-from orchestrator.store import Store
-
 from orchtest import FAST, Orch, release, stop_background_watchers, wait_for_file
+
+from orchestrator.host import fleet
+from orchestrator.store import Store
 
 
 @pytest.fixture

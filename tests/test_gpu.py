@@ -13,20 +13,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from orchestrator import gpu, launch
-from orchestrator.errors import OrchError
-from orchestrator.hosts import local_host
-from orchestrator.launch import RunPaths
-from orchestrator.record import Status
-from orchestrator.lifecycle import transition
-from orchestrator import registry, runflow
-from orchestrator.executor import executor_for
-from orchestrator.remote import connect
-from orchestrator.spec import RunSpec
-from orchestrator.store import Store
-from orchestrator.workspace import Workspace
 from orchtest import alive
+
+from orchestrator import runflow
+from orchestrator.config.hosts import local_host
+from orchestrator.config.spec import RunSpec
+from orchestrator.config.workspace import Workspace
+from orchestrator.errors import OrchError
+from orchestrator.host import gpu, launch
+from orchestrator.host.executor import executor_for
+from orchestrator.host.launch import RunPaths
+from orchestrator.host.remote import connect
+from orchestrator.runflow import registry
+from orchestrator.store import Store
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
 
 pytest_plugins = ["engine_src"]  # engine: real sglang 0.5.23 source, for a patch set inside a run
 
@@ -316,7 +317,7 @@ def test_a_leaderless_group_is_the_runs_only_with_its_mark(fake_gpus: FakeGpus, 
         snap = gpu.attribute(gpu.snapshot(connect(local_host(ws.root))), store, "local")
         assert [p.run_id for p in snap.processes()] == [None]  # foreign: never killed as a leftover
         events: list[str] = []
-        from orchestrator import cleanup
+        from orchestrator.runflow import cleanup
         cleanup._kill_leftovers(connect(local_host(ws.root)), store.get_run(run_id), snap.processes(),
                                 lambda kind, message, data: events.append(message), 0.2)
         assert alive(unmarked) and events == []
@@ -446,7 +447,7 @@ def test_a_run_stopped_by_cleanup_ends_like_any_run(fake_gpus: FakeGpus, ws: Wor
     """Its log tail is fetched, its patch set reverted byte for byte, its notification sent."""
     from test_notify import Receiver
 
-    from orchestrator import notify
+    from orchestrator.runflow import notify
     from playbooks.command import CommandSpec
 
     receiver = Receiver()

@@ -14,9 +14,9 @@ from typing import get_args
 import pytest
 from orchtest import FAST, Orch
 
-from orchestrator import registry
-from orchestrator import spec as specmod
+from orchestrator.config import spec as specmod
 from orchestrator.errors import SpecError
+from orchestrator.runflow import registry
 from orchestrator.store import Store
 
 

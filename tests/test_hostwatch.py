@@ -10,10 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from orchtest import FAST, Orch, job_cmd, release, wait_for_file
 
-WATCHER = b"orchestrator.hostwatch"  # a host's watcher: `python -m orchestrator.hostwatch HOST`
+WATCHER = b"orchestrator.runflow.hostwatch"  # a host's watcher: `python -m orchestrator.runflow.hostwatch HOST`
 
 
 def processes(home: Path, word: bytes) -> list[int]:

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import registry, runflow
+from orchestrator import runflow
+from orchestrator.config.hosts import Host, local_host
+from orchestrator.config.workspace import Workspace
 from orchestrator.errors import RemoteError
-from orchestrator.hosts import Host, local_host
+from orchestrator.host.transport import LocalTransport
 from orchestrator.playbook import Entry
+from orchestrator.runflow import registry
 from orchestrator.runflow.context import JobRemote
 from orchestrator.store import Store
-from orchestrator.transport import LocalTransport
-from orchestrator.workspace import Workspace
 
 
 @pytest.fixture

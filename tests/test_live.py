@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from orchtest import FAST, Orch, job_cmd, reached, release, stop_background_watchers
 
 from orchestrator.logparse import LogParser
-
-from orchtest import FAST, Orch, job_cmd, reached, release, stop_background_watchers
 
 EMULATOR = Path(__file__).parent / "fakes" / "sglang_emulator.py"
 FAKES = Path(__file__).parent / "fakes"

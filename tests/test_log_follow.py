@@ -11,9 +11,10 @@ from orchestrator.store import Store
 def test_following_a_log_goes_on_from_the_byte_its_tail_ended_at(tmp_path: Path) -> None:
     """A job printing a line every few ms on this machine: the tail and what follows it are the log's
     lines to its end, none twice and none left out."""
-    from orchestrator import registry, runflow
-    from orchestrator.hosts import local_host
-    from orchestrator.workspace import Workspace
+    from orchestrator import runflow
+    from orchestrator.config.hosts import local_host
+    from orchestrator.config.workspace import Workspace
+    from orchestrator.runflow import registry
 
     ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
     store = Store(ws.db_path)

@@ -94,7 +94,7 @@ def test_hint_survives_the_stored_state() -> None:
 
 
 def test_an_error_recorded_without_a_hint_is_diagnosed_when_shown() -> None:
-    from orchestrator.shapes import error_hint
+    from orchestrator.store.shapes import error_hint
 
     p = LogParser()
     p.feed((LOGS / "sglang_port_in_use.log").read_bytes())

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_logparse import CRASHES, SGLANG_0_5_23_EAGLE, SPECULATORS_OLD, VLLM_0_11, VLLM_0_33
 
 from orchestrator.logparse import LogParser, inspect_file
-from test_logparse import CRASHES, SGLANG_0_5_23_EAGLE, SPECULATORS_OLD, VLLM_0_11, VLLM_0_33
 
 LOGS = Path(__file__).parent / "logs"
 

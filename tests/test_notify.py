@@ -9,12 +9,11 @@ import threading
 import time
 
 import pytest
-
-from orchestrator import notify
-from orchestrator.errors import SpecError
-from orchestrator.spec import RunSpec, load
-
 from orchtest import FAST, Orch
+
+from orchestrator.config.spec import RunSpec, load
+from orchestrator.errors import SpecError
+from orchestrator.runflow import notify
 
 
 class Receiver:
@@ -323,7 +322,7 @@ def test_sweep_end_is_announced(tmp_path, receiver):
 
 
 def test_the_summary_is_one_bounded_line():
-    from orchestrator.notify import summary
+    from orchestrator.runflow.notify import summary
 
     assert summary("orch run 3 (command on gpu01) failed", "exit code 3:\nTraceback  x", {}) == \
         "orch run 3 (command on gpu01) failed: exit code 3: Traceback x"

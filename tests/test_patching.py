@@ -18,16 +18,16 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 import pytest
-
 from orchtest import agent_ops
 
-from orchestrator import hostprogram, patching, registry
+from orchestrator.config.hosts import Host, local_host
 from orchestrator.errors import HostError, RemoteError, UsageError
-from orchestrator.hosts import Host, local_host
-from orchestrator.patching import PatchError, PatchSet
-from orchestrator.remote import LocalTransport, SSHTransport
+from orchestrator.host import hostprogram, patching
+from orchestrator.host.patching import PatchError, PatchSet
+from orchestrator.host.remote import LocalTransport, SSHTransport
+from orchestrator.host.transport import Stream
+from orchestrator.runflow import registry
 from orchestrator.store import Store
-from orchestrator.transport import Stream
 
 if TYPE_CHECKING:
     from engine_src import EngineSource

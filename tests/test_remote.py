@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from sshd import SSHFleet, alive, descendants, keygen, public_key
 
+from orchestrator.config.hosts import Host, Inventory, local_host
 from orchestrator.errors import AuthFailed, HostKeyError, RemoteError, Unreachable
-from orchestrator.hosts import Host, Inventory, local_host
-from orchestrator.remote import (
+from orchestrator.host.remote import (
     LocalTransport,
     SSHTransport,
     Transport,
@@ -520,9 +520,9 @@ def test_marker_lines_in_known_hosts_are_understood(ssh_fleet: SSHFleet, ssh_hos
 def test_the_agent_drives_a_job_over_ssh_without_shell(ssh_host: Host, tmp_path: Path) -> None:
     """Launch, a held read woken by a line, tail, the GPU look of a CPU host, kill, and the account of a
     job gone without an exit code: each one request on the agent's one channel."""
-    from orchestrator import agent, gpu
-    from orchestrator.executor import HostExecutor
-    from orchestrator.launch import RunPaths
+    from orchestrator.host import agent, gpu
+    from orchestrator.host.executor import HostExecutor
+    from orchestrator.host.launch import RunPaths
 
     transport, _ = ssh_transport(ssh_host)
     try:

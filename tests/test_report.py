@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-
-from orchestrator import report
-from orchestrator.errors import UsageError
-from orchestrator.record import Status
-from orchestrator.lifecycle import transition
-from orchestrator.store import Store
 from test_ui import browser
+
+from orchestrator.errors import UsageError
+from orchestrator.store import Store
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
+from orchestrator.ui import report
 
 __all__ = ["browser"]  # the fixture
 

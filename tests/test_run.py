@@ -8,9 +8,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
-
 from orchtest import FAST, Orch, job_cmd
+from safetensors.torch import load_file
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 from orchtest import FAST, Orch, fleet_toml
 from test_ui import Dashboard
 
-from orchestrator import spec as specmod
+from orchestrator import secrets
 from orchestrator.store import Store
 from orchestrator.ui import pages
 
@@ -147,10 +147,10 @@ def test_a_secret_cannot_be_swept(tmp_path: Path, matrix: str) -> None:
 def test_secret_names(tmp_path: Path) -> None:
     for name in ("HF_TOKEN", "hf_token", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY",
                  "AWS_ACCESS_KEY_ID", "PGPASSWORD", "DB_PASSWD", "OPENAI_APIKEY", "CLIENT_SECRETS", "GH_TOKENS", "APIKEY2"):
-        assert specmod.looks_secret(name), name
+        assert secrets.looks_secret(name), name
     for name in ("TOKENIZERS_PARALLELISM", "KEYBOARD", "CUDA_VISIBLE_DEVICES", "HF_HOME", "NCCL_DEBUG", "SECRETARY"):
-        assert not specmod.looks_secret(name), name
-    assert specmod.masked_env({"HF_TOKEN": "", "X": "1", "Y": "2"}, ["Y"]) == {"HF_TOKEN": "", "X": "1", "Y": "***"}
+        assert not secrets.looks_secret(name), name
+    assert secrets.masked_env({"HF_TOKEN": "", "X": "1", "Y": "2"}, ["Y"]) == {"HF_TOKEN": "", "X": "1", "Y": "***"}
 
 
 def test_specs_stored_before_masking_are_masked_when_the_database_opens(tmp_path: Path) -> None:

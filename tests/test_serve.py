@@ -23,9 +23,9 @@ import pytest
 from orchtest import FAST, Orch
 from sshd import free_port
 
-from orchestrator.health import ask
-from orchestrator.hosts import local_host
-from orchestrator.remote import LocalTransport
+from orchestrator.config.hosts import local_host
+from orchestrator.host.health import ask
+from orchestrator.host.remote import LocalTransport
 from playbooks.bench_serving import module_for
 from playbooks.serve_eagle3 import no_graph_flags
 
@@ -329,7 +329,7 @@ def test_a_slow_health_answer_counts_within_the_probes_timeout(tmp_path, slow_he
 
 
 def test_serve_eagle3_waits_for_a_busy_sglang_health_answer(tmp_path, slow_health):
-    from orchestrator.health import TIMEOUT_S
+    from orchestrator.host.health import TIMEOUT_S
     from playbooks.serve_eagle3 import ServeEagle3Spec, health_check
 
     _Health.delay_s = TIMEOUT_S + 1  # longer than a generic probe waits

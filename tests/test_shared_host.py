@@ -15,17 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from orchestrator import hostlease, runflow
-from orchestrator.hosts import Host
-from orchestrator.launch import RunPaths
-from orchestrator.lifecycle import transition
-from orchestrator.record import Status
-from orchestrator.remote import connect
-from orchestrator.store import Store
-from orchestrator.workspace import Workspace
-
 from orchtest import FAST, Orch, agent_ops, alive, job_cmd
+
+from orchestrator import runflow
+from orchestrator.config.hosts import Host
+from orchestrator.config.workspace import Workspace
+from orchestrator.host import hostlease
+from orchestrator.host.launch import RunPaths
+from orchestrator.host.remote import connect
+from orchestrator.store import Store
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
 
 
 def token(ws: str, run_id: int = 1) -> str:
@@ -210,8 +210,8 @@ def test_a_queued_run_the_host_refuses_at_its_take_waits_there_and_touches_nothi
     at its take (its run made, nothing done on the host), then goes on once the other's run ended."""
     import threading
 
-    from orchestrator import registry
-    from orchestrator.hosts import Inventory
+    from orchestrator.config.hosts import Inventory
+    from orchestrator.runflow import registry
     from playbooks.command import CommandSpec
 
     a, _ = orch_pair(tmp_path, ssh_fleet, shared)
@@ -250,7 +250,7 @@ def test_a_queued_run_the_host_refuses_at_its_take_waits_there_and_touches_nothi
 
 def test_the_leases_program_runs_through_the_agent_and_no_shell_command(
         host: Host, shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.remote import SSHTransport
+    from orchestrator.host.remote import SSHTransport
 
     commands: list[str] = []
 
@@ -449,8 +449,8 @@ def test_pull_copies_at_most_what_it_listed(tmp_path: Path, host: Host, monkeypa
     """A file swapped for a symlink to /dev/zero after the listing (an active run's dir) adds nothing."""
     from types import SimpleNamespace
 
-    from orchestrator import agent
-    from orchestrator.remote import SSHTransport
+    from orchestrator.host import agent
+    from orchestrator.host.remote import SSHTransport
     from orchestrator.runflow import fetching
 
     root = tmp_path / "run"
@@ -478,8 +478,8 @@ def test_pull_copies_at_most_what_it_listed(tmp_path: Path, host: Host, monkeypa
 
 
 def test_the_tail_of_a_log_without_newlines_is_bounded(tmp_path: Path, host: Host) -> None:
-    from orchestrator.executor import HostExecutor
-    from orchestrator.launch import TAIL_BYTES
+    from orchestrator.host.executor import HostExecutor
+    from orchestrator.host.launch import TAIL_BYTES
 
     root = tmp_path / "run"
     root.mkdir()

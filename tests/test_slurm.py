@@ -4,8 +4,8 @@ scancel and the scheduler's own ends, through the real `orch` CLI."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import os
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-
-from orchestrator import slurm
-from orchestrator.hostjobs import agent as host_agent
-from orchestrator.hosts import Host
-from orchestrator.launch import RunPaths
-from orchestrator.remote import LocalTransport
 from orchtest import Orch, kill_controller, wait_for_file
 from slurmcluster import SlurmCluster, free_port, missing
+
+from orchestrator.config.hosts import Host
+from orchestrator.host import slurm
+from orchestrator.host.hostjobs import agent as host_agent
+from orchestrator.host.launch import RunPaths
+from orchestrator.host.remote import LocalTransport
 
 pytest_plugins = ["engine_src"]  # engine: real sglang 0.5.23 source
 

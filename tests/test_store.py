@@ -8,10 +8,9 @@ import pytest
 from sqlite_utils import Database
 
 from orchestrator.errors import NotFound, TransitionError
-from orchestrator.record import ALLOWED, TERMINAL, Status
-from orchestrator.lifecycle import transition
-from orchestrator import migrations
-from orchestrator.store import Store
+from orchestrator.store import Store, migrations
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import ALLOWED, TERMINAL, Status
 
 
 def old_schema(tmp_path: Path, stop_before: str) -> tuple[Path, Store]:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from orchtest import Orch, job_cmd, kill_controller, release, stop_background_watchers, wait_for_file
 
-from orchestrator import lease, sweep
+from orchestrator import sweep
+from orchestrator.config.workspace import Workspace
 from orchestrator.errors import UsageError
-from orchestrator.store import Store
-from orchestrator.workspace import Workspace
+from orchestrator.store import Store, lease
 
 FAST_SPEC = "poll_min = 0.05\npoll_max = 0.3\n"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator import sweep
+from orchestrator.config.workspace import Workspace
 from orchestrator.store import Store
-from orchestrator.workspace import Workspace
 
 FILE = """name = "ff"
 playbook = "command"

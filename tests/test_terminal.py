@@ -14,10 +14,9 @@ import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from orchtest import FAST, Orch
 
 from orchestrator.logparse.text import TerminalText, terminal_safe
-
-from orchtest import FAST, Orch
 
 HOSTILE = (
     "title\x1b]0;pwned title\x07|"

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 from orchtest import FAST, Orch
-
-from orchestrator.errors import UsageError
-from orchestrator.hosts import Host
-from orchestrator.record import Run, Status
-from playbooks.train_draft import TrainDraftSpec, hidden_states_dir, target_layers, train_argv
 from sshd import free_port
+
+from orchestrator.config.hosts import Host
+from orchestrator.errors import UsageError
+from orchestrator.store.record import Run, Status
+from playbooks.train_draft import TrainDraftSpec, hidden_states_dir, target_layers, train_argv
 
 SCRIPTS = Path(__file__).parent / "fakes" / "speculators_emulator" / "scripts"
 PROMPTS = Path(__file__).parents[1] / "playbooks" / "data" / "prompts.jsonl"

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from sshd import SSHServer, keygen, public_key
 
-from orchestrator.hosts import local_host
-from orchestrator.remote import LocalTransport, SSHTransport, Transport
+from orchestrator.config.hosts import local_host
+from orchestrator.host.remote import LocalTransport, SSHTransport, Transport
 
 
 @pytest.fixture(params=["ssh", "local"])
@@ -63,8 +63,8 @@ def test_a_symlink_at_the_target_is_replaced_not_written_through(transport: Tran
 DRIVER = textwrap.dedent("""
     import socket, sys
     from orchestrator import ssh
-    from orchestrator.hosts import Host
-    from orchestrator.remote import connect
+    from orchestrator.config.hosts import Host
+    from orchestrator.host.remote import connect
 
     address, port, user, key, known, relay_port = sys.argv[1:7]
     # to the test, which lets go of sshd's only startup slot when orch says it retries

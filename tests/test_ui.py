@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-
-from orchestrator.lifecycle import transition
-from orchestrator.record import Status
-from orchestrator.store import Store
-from orchestrator.ui.guard import Guard, is_loopback
-from orchestrator.workspace import Workspace
 from orchtest import FAST, Orch, job_cmd, reached, release
+
+from orchestrator.store import Store
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
+from orchestrator.ui.guard import Guard, is_loopback
 
 FAKES = Path(__file__).resolve().parent / "fakes"
 SCRIPT = '<script>window.PWNED=1</script><img src=x onerror="window.PWNED=2">'

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 from orchtest import FAST, Orch, job_cmd
 
-from orchestrator import launch
-from orchestrator.executor import HostExecutor
-from orchestrator.hosts import local_host
-from orchestrator.lifecycle import transition
-from orchestrator.record import Status
-from orchestrator.remote import LocalTransport
+from orchestrator.config.hosts import local_host
+from orchestrator.host import launch
+from orchestrator.host.executor import HostExecutor
+from orchestrator.host.remote import LocalTransport
+from orchestrator.runflow.polling import PollWait, WatchOptions
+from orchestrator.runflow.watch import Watcher
 from orchestrator.store import Store
-from orchestrator.polling import PollWait, WatchOptions
-from orchestrator.watch import Watcher
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
 
 EMULATOR = Path(__file__).parent / "fakes" / "sglang_emulator.py"
 

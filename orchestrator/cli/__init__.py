@@ -7,7 +7,7 @@ import sys
 import typer
 
 from ..errors import OrchError
-from .app import State, app  # a command's module is imported when the command is looked up (app.LazyCommands)
+from .app import State, app
 from .render import err
 
 
@@ -28,10 +28,10 @@ def main(argv: list[str] | None = None) -> None:
             err.print(f"  {line}", markup=False)
         sys.exit(exc.exit_code)
     finally:
-        if "orchestrator.remote" in sys.modules:  # connections to close (a command that made none skips the import)
-            sys.modules["orchestrator.remote"].close_all()
-        if "orchestrator.notify" in sys.modules:  # notifications still being sent: a bounded wait
-            sys.modules["orchestrator.notify"].drain()
+        if "orchestrator.host.remote" in sys.modules:  # connections to close (a command that made none skips the import)
+            sys.modules["orchestrator.host.remote"].close_all()
+        if "orchestrator.runflow.notify" in sys.modules:  # notifications still being sent: a bounded wait
+            sys.modules["orchestrator.runflow.notify"].drain()
 
 
 __all__ = ["app", "main"]

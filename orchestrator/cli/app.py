@@ -14,13 +14,13 @@ from typer import _click as click  # Typer's own copy of click: its Command and 
 from typer.core import TyperArgument, TyperGroup, TyperOption
 from typer.main import get_command_from_info, get_command_name, get_group_from_info
 
+from ..config.workspace import Workspace
 from ..errors import UsageError
 from ..store import Store
-from ..workspace import Workspace
 from .render import err
 
 if TYPE_CHECKING:
-    from ..hosts import Inventory
+    from ..config.hosts import Inventory
 
 # Every command and the module of this package that declares it, in the order `orch --help` lists them.
 COMMAND_MODULES = {
@@ -177,8 +177,8 @@ def no_runs_note(ws: Workspace) -> None:
 
 
 def inventory(ws: Workspace) -> Inventory:
-    from .. import ssh
-    from ..hosts import Inventory  # pydantic: only for the commands that need hosts
+    from ..config.hosts import Inventory
+    from ..host import ssh
 
     if not State.quiet_retries:  # every command that reaches a host comes through here
         ssh.retry_notice = lambda line: err.print(f"orch: {line}")

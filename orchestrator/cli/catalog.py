@@ -14,7 +14,8 @@ from .render import emit_json, err, out, table
 
 
 def playbook_fields(name: str) -> list[dict[str, Any]]:
-    from .. import registry, specdoc
+    from ..config import specdoc
+    from ..runflow import registry
 
     return [{"key": d.name, "type": d.type, "default": d.default, "required": d.required,
              "bounds": d.bounds, "description": d.description}
@@ -22,7 +23,8 @@ def playbook_fields(name: str) -> list[dict[str, Any]]:
 
 
 def print_fields(name: str) -> None:
-    from .. import registry, specdoc
+    from ..config import specdoc
+    from ..runflow import registry
 
     pb = registry.playbook(name)
     out.print(f"\n{name}: {registry.summary(pb)}")
@@ -36,7 +38,7 @@ class RunCommand(TyperCommand):
     """`orch run`: with a playbook named, --help also lists that playbook's spec keys."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        from .. import registry
+        from ..runflow import registry
 
         names = set(registry.playbook_names())
         ctx.meta["playbook"] = next((a for a in args if a in names), None)
@@ -56,7 +58,7 @@ class RunCommand(TyperCommand):
 @app.command()
 def playbooks(as_json: bool = typer.Option(False, "--json", help="name, summary, engine and spec keys of each")) -> None:
     """The playbooks orch can run: name, what it does, the log format it reads."""
-    from .. import registry
+    from ..runflow import registry
 
     # a plugin that cannot be loaded is named on stderr; the others are listed all the same
     found = registry.playbooks(on_broken=lambda message: err.print(f"orch: {message}", markup=False))

@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-from ..workspace import LOCAL
+from ..config.workspace import LOCAL
 from .app import app, inventory, read_store, workspace
 from .render import emit_json, table
 
@@ -24,7 +24,7 @@ def hosts(
         {"name": h.name, "address": h.address or h.name, "user": h.user, "port": h.port, "gpus": h.gpus,
          "tags": h.tags, "workdir": h.workdir} for h in inv.hosts.values()]
     if check:
-        from .. import fleet
+        from ..host import fleet
 
         found = fleet.check(list(inv.hosts.values()), timeout, scheduler=_ping_scheduler)
         for row in rows:
@@ -39,15 +39,15 @@ def hosts(
 
 
 def _ping_scheduler(host: Any, timeout: float) -> str:
-    from ..remote import connect
-    from ..slurm import ping
+    from ..host.remote import connect
+    from ..host.slurm import ping
 
     return ping(connect(host), timeout)
 
 
 def _cluster_gpus(host: Any) -> list[dict[str, Any]]:
-    from ..remote import connect
-    from ..slurm import gpus_by_node
+    from ..host.remote import connect
+    from ..host.slurm import gpus_by_node
 
     return gpus_by_node(connect(host))
 
@@ -60,8 +60,8 @@ def gpus(
     timeout: float = typer.Option(30.0, help="seconds per host"),
 ) -> None:
     """GPU memory, utilisation and processes per host, with the orch run holding each."""
-    from .. import gpu
-    from ..executor import executor_class
+    from ..host import gpu
+    from ..host.executor import executor_class
 
     ws = workspace()
     inv = inventory(ws)

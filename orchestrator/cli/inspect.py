@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from .. import shapes, summaries
 from ..errors import UsageError
+from ..store import shapes, summaries
 from .app import app, parse_run_id, read_store, workspace
 from .render import BETTER, WORSE, Styled, emit_json, out, progress_line, table
 
@@ -61,7 +61,7 @@ def compare(
                                        "before it"),
 ) -> None:
     """Specs and metrics of runs side by side, with ratios against the first run (or the baseline)."""
-    from .. import report
+    from ..ui import report
 
     store = read_store(workspace())
     ids = [parse_run_id(r) for r in run_ids or []]

@@ -6,8 +6,8 @@ from typing import Any
 
 import typer
 
+from ..config.workspace import LOCAL
 from ..store import Store
-from ..workspace import LOCAL
 from .app import app, inventory, open_store, read_store, workspace
 from .render import emit_json, out, table
 
@@ -18,7 +18,7 @@ app.add_typer(patch_app, name="patch")
 @patch_app.command("list")
 def patch_list(as_json: bool = typer.Option(False, "--json")) -> None:
     """The patch sets orch knows (its own and those of installed packages)."""
-    from .. import registry
+    from ..runflow import registry
 
     sets = registry.patch_sets()
     rows: list[dict[str, Any]] = [
@@ -34,8 +34,8 @@ def patch_list(as_json: bool = typer.Option(False, "--json")) -> None:
 
 
 def _patch_target(name: str | None, host: str, writes: bool = True) -> tuple[Any, Any, Store]:
-    from .. import registry
-    from ..remote import connect
+    from ..host.remote import connect
+    from ..runflow import registry
 
     ws = workspace()
     target = inventory(ws).get(host)
@@ -62,7 +62,7 @@ def _print_patch_result(res: Any, as_json: bool) -> None:
 def patch_check(name: str, host: str = typer.Option(LOCAL, "--host", "-H"), python: str | None = PYTHON,
                 as_json: bool = typer.Option(False, "--json")) -> None:
     """Would the set apply on the host? Changes nothing."""
-    from .. import patching
+    from ..host import patching
 
     ps, transport, _ = _patch_target(name, host, writes=False)
     _print_patch_result(patching.check(transport, ps, python=python), as_json)
@@ -72,7 +72,7 @@ def patch_check(name: str, host: str = typer.Option(LOCAL, "--host", "-H"), pyth
 def patch_apply(name: str, host: str = typer.Option(LOCAL, "--host", "-H"), python: str | None = PYTHON,
                 as_json: bool = typer.Option(False, "--json")) -> None:
     """Apply every file of the set, or none."""
-    from .. import patching
+    from ..host import patching
 
     ps, transport, store = _patch_target(name, host)
     _print_patch_result(patching.apply(transport, ps, store=store, python=python), as_json)
@@ -83,7 +83,8 @@ def patch_revert(name: str, host: str = typer.Option(LOCAL, "--host", "-H"), pyt
                  force: bool = typer.Option(False, "--force", help="revert files changed since patching"),
                  as_json: bool = typer.Option(False, "--json")) -> None:
     """Restore the original bytes of every file the set patched."""
-    from .. import patching, registry
+    from ..host import patching
+    from ..runflow import registry
 
     _, transport, store = _patch_target(None, host)
     known = {p.name: p for p in registry.patch_sets(loadable_only=True)}
@@ -97,7 +98,8 @@ def patch_status(host: str = typer.Option(LOCAL, "--host", "-H"), python: str | 
     """Which sets are applied on the host, by which run, and whether the files still match."""
     import dataclasses
 
-    from .. import patching, registry
+    from ..host import patching
+    from ..runflow import registry
 
     _, transport, store = _patch_target(None, host, writes=False)
     applied = patching.status(transport, registry.patch_sets(loadable_only=True), store, python=python)

@@ -9,10 +9,10 @@ from typing import Any, NoReturn
 
 import typer
 
+from ..config.workspace import LOCAL
 from ..errors import OrchError
-from ..record import KILL_GRACE_S, Run, Status
-from ..shapes import run_document
-from ..workspace import LOCAL
+from ..store.record import KILL_GRACE_S, Run, Status
+from ..store.shapes import run_document
 from .app import age_seconds, app, inventory, open_store, parse_run_id, read_store, workspace
 from .catalog import RunCommand
 from .render import emit_json, err, out, summary_lines, table
@@ -44,8 +44,8 @@ def run(
     note: str | None = typer.Option(None, "--note", metavar="TEXT", help="a note on the run"),
 ) -> None:
     """Run a playbook on a host and watch it to the end."""
-    from .. import registry
-    from .. import spec as specmod
+    from ..config import spec as specmod
+    from ..runflow import registry
 
     pb = registry.playbook(playbook)
     _start(pb, specmod.load(pb.Spec, file, sets), host, detach, dry_run, until_ready, queue, replace, as_json,
@@ -68,8 +68,8 @@ def rerun(
     note: str | None = typer.Option(None, "--note", metavar="TEXT", help="a note on the run"),
 ) -> None:
     """Run a run's playbook again with its spec, changed by --set."""
-    from .. import registry
-    from .. import spec as specmod
+    from ..config import spec as specmod
+    from ..runflow import registry
 
     old = read_store(workspace()).get_run(parse_run_id(run_id))
     pb = registry.playbook(old.playbook)
@@ -86,13 +86,15 @@ def _labels(name: str | None, tags: list[str], note: str | None) -> dict[str, An
 
 def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_ready: bool, queue: bool,
            replace: bool, as_json: bool, labels: dict[str, Any]) -> None:
-    from .. import hostlease, lease, runflow
+    from .. import runflow
+    from ..host import hostlease
+    from ..store import lease
 
     ws = workspace()
     target = inventory(ws).get(host)
     store = open_store(ws)
     if dry_run:  # what it prints shows each secret as the record would
-        from ..spec import masked
+        from ..config.spec import masked
 
         runflow.dry_run(ws, store, pb, masked(spec), target, out.print)
         return
@@ -130,7 +132,7 @@ def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_rea
 
 def _started_here(store: Any, newest: int) -> bool:
     """Whether this process created a run (one newer than `newest`, whose starter it is)."""
-    from ..controller import Controller
+    from ..store.controller import Controller
 
     me = str(Controller.me())
     return store.conn.execute("SELECT 1 FROM runs WHERE id > ? AND watcher = ?", (newest, me)).fetchone() is not None
@@ -138,7 +140,7 @@ def _started_here(store: Any, newest: int) -> bool:
 
 def _hand_over(ctx: Any) -> None:
     """This process stops watching the run; a background watcher keeps it (see watching.py)."""
-    from .. import watching
+    from ..runflow import watching
 
     ctx.release()
     watching.ensure_watched(ctx.ws, ctx.store, [ctx.run])
@@ -156,7 +158,7 @@ def watch(run_id: str = typer.Argument(..., metavar="ID"), until_ready: bool = t
     ctx = runflow.open_run(ws, open_store(ws), parse_run_id(run_id), inventory(ws), any_spec=background)
     if background:
         if ctx.executor.streams:  # its host's watcher follows it, with the host's other runs
-            from .. import hostwatch
+            from ..runflow import hostwatch
 
             hostwatch.serve(ws, ctx.host.name)
         else:
@@ -169,7 +171,7 @@ def watch(run_id: str = typer.Argument(..., metavar="ID"), until_ready: bool = t
 def watch_host(name: str = typer.Argument(..., metavar="HOST"),
                background: bool = typer.Option(False, "--background", hidden=True)) -> None:
     """Follow every active run of a host until none is left (what orch starts for a host)."""
-    from .. import hostwatch
+    from ..runflow import hostwatch
 
     ws = workspace()
     inventory(ws).get(name)  # an unknown host: one line, exit 2
@@ -180,8 +182,9 @@ def _follow(ctx: Any, until_ready: bool, as_json: bool) -> None:
     """Watch through the run flow, showing its events and a live progress line; Ctrl-C detaches."""
     from rich.live import Live
 
-    from .. import outcome, runflow
-    from ..liveview import PlainProgress, RunView
+    from .. import runflow
+    from ..runflow import outcome
+    from .liveview import PlainProgress, RunView
 
     tty = err.is_terminal
     view = RunView(ctx.run)
@@ -322,7 +325,7 @@ def gc(older_than: str = typer.Option(..., "--older-than", metavar="AGE", help="
        dry_run: bool = typer.Option(False, "--dry-run", help="list what would be removed"),
        as_json: bool = typer.Option(False, "--json")) -> None:
     """Remove ended runs older than AGE (runs of a sweep stay with their sweep)."""
-    from .. import retention
+    from ..host import retention
 
     ws = workspace()
     store = open_store(ws)
@@ -338,7 +341,7 @@ def gc(older_than: str = typer.Option(..., "--older-than", metavar="AGE", help="
 
 
 def _remove(ws: Any, store: Any, runs: list[Any], keep_remote: bool, as_json: bool) -> None:
-    from .. import retention
+    from ..host import retention
 
     done = retention.remove(ws, store, runs, inventory(ws), keep_remote=keep_remote)
     if as_json:

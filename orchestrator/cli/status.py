@@ -8,11 +8,11 @@ from typing import Any
 
 import typer
 
-from .. import summaries
+from ..config.workspace import Workspace
 from ..errors import OrchError
-from ..record import ACTIVE, Run, Status
-from ..shapes import run_document
-from ..workspace import Workspace
+from ..store import summaries
+from ..store.record import ACTIVE, Run, Status
+from ..store.shapes import run_document
 from .app import age_seconds, app, inventory, no_runs_note, open_store, parse_run_id, read_store, workspace
 from .render import Styled, age, duration, emit_json, err, out, progress_line, shown_of, table
 
@@ -61,7 +61,7 @@ def status(
         runflow.refresh(ws, store, [parse_run_id(run_id)] if run_id else None, timeout, err.print)
     active_runs = store.list_runs(limit=100_000, statuses=[s.value for s in ACTIVE])
     if active_runs:  # a run whose watcher died gets a new one (the watchers' module: only for active runs)
-        from .. import watching
+        from ..runflow import watching
 
         watching.ensure_watched(ws, store, active_runs)
     urls = ServerUrls(ws)
@@ -97,11 +97,11 @@ class ServerUrls:
     def of(self, run: Run) -> str | None:
         if run.status is not Status.RUNNING:  # asked first: importing health imports the hosts and pydantic
             return None
-        from ..health import SERVING_PHASES
+        from ..host.health import SERVING_PHASES
 
         if run.phase not in SERVING_PHASES:
             return None
-        from .. import outcome
+        from ..runflow import outcome
 
         try:
             self.hosts = self.hosts or inventory(self.ws)

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from ..record import KILL_GRACE_S
+from ..store.record import KILL_GRACE_S
 from .app import app, no_runs_note, open_store, read_store, workspace
 from .render import age, emit_json, err, out, table
 
@@ -146,7 +146,8 @@ def sweep_report(ref: str = typer.Argument(..., metavar="SWEEP", help="id or nam
                  chart: list[str] = typer.Option([], "--chart", help="metric drawn per point (default: all)"),
                  series: list[str] = typer.Option([], "--series", help="metric drawn over time (default: sampled ones)")) -> None:
     """Write runs/sweeps/<id>/report.html: the points, their spec differences and metrics, charts."""
-    from .. import report, sweep
+    from .. import sweep
+    from ..ui import report
 
     ws = workspace()
     store = open_store(ws)

@@ -13,17 +13,8 @@ Modules below this one never call up into it: the lease and GPU cleanup get call
 
 from __future__ import annotations
 
-from ..record import KILL_GRACE_S
-from .context import (
-    END_STEPS,
-    Context,
-    LogText,
-    follow_log,
-    log_tail,
-    open_run,
-    read_log,
-    watch_options,
-)
+from ..store.record import KILL_GRACE_S
+from .context import END_STEPS, Context, LogText, follow_log, log_tail, open_run, read_log, watch_options
 from .ending import abandon, cancel, end, finish, free_gpus, notification, settle_orphan, stop, stop_quietly
 from .follow import keep_watching, poll, probe_orphan, refresh, watch, watcher
 from .starting import DryRunTransport, Waiting, busy_message, check, dry_run, run_token, start, wait_for_host

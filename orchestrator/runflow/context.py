@@ -8,21 +8,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import agent, registry
+from ..config.hosts import Host, Inventory
+from ..config.spec import RunSpec, stored
+from ..config.workspace import Workspace
 from ..errors import HostError, OrchError, Unreachable
-from ..executor import Executor, executor_for
-from ..hostlease import run_paths
-from ..hosts import Host, Inventory
-from ..launch import RunPaths
-from ..lease import BEFORE_RELEASE
+from ..host import agent
+from ..host.executor import Executor, executor_for
+from ..host.hostlease import run_paths
+from ..host.launch import RunPaths
+from ..host.remote import DEFAULT_TIMEOUT_S, Result, Transport, connect, quote
 from ..playbook import Entry, JobContext, Playbook, Usage
-from ..polling import WatchOptions
-from ..record import Run
-from ..remote import DEFAULT_TIMEOUT_S, Result, Transport, connect, quote
-from ..spec import RunSpec, stored
 from ..store import Store
-from ..watching import WatchLock
-from ..workspace import Workspace
+from ..store.lease import BEFORE_RELEASE
+from ..store.record import Run
+from . import registry
+from .polling import WatchOptions
+from .watching import WatchLock
 
 LIVE_HOLD_S = 2.0  # the longest a poll holds while a person watches
 LOG_TAIL_LINES = 200

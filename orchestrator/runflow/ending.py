@@ -8,13 +8,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import cleanup, gpu, hostlease, lease, notify, patching, registry
+from ..config.workspace import Workspace
 from ..errors import OrchError, TransitionError
-from ..hostlease import run_token
-from ..lifecycle import transition
-from ..record import KILL_GRACE_S, Run, Status
-from ..store import Store
-from ..workspace import Workspace
+from ..host import gpu, hostlease, patching
+from ..host.hostlease import run_token
+from ..store import Store, lease
+from ..store.lifecycle import transition
+from ..store.record import KILL_GRACE_S, Run, Status
+from . import cleanup, notify, registry
 from .context import END_STEPS, LOG_TAIL_LINES, Context, Hosts, open_run
 from .lastread import read_to_end
 

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import agent
+from ..config.hosts import Host
 from ..errors import OrchError, UsageError
-from ..hosts import Host
-from ..remote import Transport, quote
+from ..host import agent
+from ..host.remote import Transport, quote
 from .context import Context
 
 CHUNK = 1 << 20  # bytes per round trip: a long log never sits whole in memory, here or in one reply

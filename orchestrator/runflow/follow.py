@@ -5,14 +5,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from .. import health, lease
-from ..controller import STALE_FACTOR
+from ..config.hosts import Host, Inventory
+from ..config.workspace import Workspace
 from ..errors import OrchError
-from ..hosts import Host, Inventory
-from ..record import ACTIVE, Run, Status
-from ..store import Store
-from ..watch import Watcher
-from ..watching import (
+from ..host import health
+from ..store import Store, lease
+from ..store.controller import STALE_FACTOR
+from ..store.record import ACTIVE, Run, Status
+from .context import LIVE_HOLD_S, Context, open_run, watch_options
+from .ending import finish, settle_orphan
+from .watch import Watcher
+from .watching import (
     FOLLOW_S,
     FollowLock,
     WatchLock,
@@ -22,9 +25,6 @@ from ..watching import (
     watched_elsewhere,
     watched_here,
 )
-from ..workspace import Workspace
-from .context import LIVE_HOLD_S, Context, open_run, watch_options
-from .ending import finish, settle_orphan
 
 
 def watcher(ctx: Context, *, until_ready: bool = False, on_update: Callable[[Run], None] | None = None,
@@ -171,7 +171,7 @@ def refresh(ws: Workspace, store: Store, ids: list[int] | None, timeout: float,
             on_error: Callable[[str], None]) -> None:
     """Poll every active run's host once; hosts in parallel, each with its own store connection and
     `timeout` seconds: a host that does not answer is reported and left behind."""
-    from ..fleet import fan_out
+    from ..host.fleet import fan_out
 
     runs = [store.get_run(i) for i in ids] if ids else store.list_runs(limit=10_000, statuses=[s.value for s in ACTIVE])
     runs = [r for r in runs if r.launched and not r.status.terminal]

@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import launch
+from ..host import launch
 from ..logparse import LogParser, Metric, stamp_time
 from ..logparse.errors import describe
 from ..logparse.text import last_line
-from ..watch import CLOCK_SLACK_S, MAX_CHUNK
 from .context import Context
+from .watch import CLOCK_SLACK_S, MAX_CHUNK
 
 MAX_READS = 64  # chunks read at the end (256 MiB): a job that still prints cannot keep the end waiting
 

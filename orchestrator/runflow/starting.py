@@ -7,25 +7,26 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import agent, hostlease, lease, patching, registry, slurm, watching
-from ..agent import bootstrap
-from ..controller import Controller
+from ..config.hosts import Host
+from ..config.spec import RunSpec
+from ..config.workspace import Workspace
 from ..errors import DatabaseUnavailable, OrchError, UsageError
-from ..executor import executor_class, executor_for
-from ..hostlease import run_token
-from ..hosts import Host
-from ..launch import job_script
-from ..lifecycle import transition
+from ..host import agent, hostlease, patching, slurm
+from ..host.agent import bootstrap
+from ..host.executor import executor_class, executor_for
+from ..host.hostlease import run_token
+from ..host.launch import job_script
+from ..host.remote import Result, Transport, connect, quote
 from ..playbook import JobContext, Playbook, Prepared
-from ..record import Status
-from ..remote import Result, Transport, connect, quote
-from ..spec import RunSpec
-from ..store import Store
-from ..watching import WatchLock
-from ..workspace import Workspace
+from ..store import Store, lease
+from ..store.controller import Controller
+from ..store.lifecycle import transition
+from ..store.record import Status
+from . import registry, watching
 from .context import Context, Hosts, holds_host, open_run, watch_options
 from .ending import end, file_states, free_gpus, stop
 from .follow import probe_orphan
+from .watching import WatchLock
 
 
 def check(store: Store, pb: Playbook[Any], spec: RunSpec, host: Host) -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import runflow
+from ..config.workspace import Workspace
 from ..errors import OrchError, UsageError
 from ..store import Store
-from ..workspace import Workspace
 from . import db, notification, policy
 from .plan import identity, plan
 from .record import Fault, PointStatus, SweepRow, SweepStatus

@@ -8,10 +8,10 @@ import sqlite3
 import time
 from typing import Any
 
-from ..controller import Controller
 from ..errors import NotFound, OrchError, TransitionError
-from ..record import ACTIVE, Run
 from ..store import Store
+from ..store.controller import Controller
+from ..store.record import ACTIVE, Run
 from . import policy
 from .plan import Plan
 from .record import POINT_ALLOWED, SWEEP_ALLOWED, Fault, PointRow, PointStatus, SweepRow, SweepStatus

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import notify
+from ..runflow import notify
 from ..store import Store
 from . import db
 from .plan import label

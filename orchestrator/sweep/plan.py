@@ -13,13 +13,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, model_validator
 
-from .. import registry, runflow
+from .. import runflow
+from ..config.hosts import NAME_PATTERN, Host, Inventory
+from ..config.objective import Objective
+from ..config.workspace import Workspace
 from ..errors import UsageError
-from ..executor import executor_class
-from ..hosts import NAME_PATTERN, Host, Inventory
-from ..objective import Objective
+from ..host.executor import executor_class
+from ..runflow import registry
 from ..store import Store
-from ..workspace import Workspace
 
 
 class SweepFile(BaseModel):
@@ -50,7 +51,7 @@ class SweepFile(BaseModel):
     @field_serializer("spec")
     def _masked_spec(self, spec: dict[str, Any]) -> dict[str, Any]:
         # stored with the sweep: its secrets as a run's spec stores them
-        from ..spec import masked_values
+        from ..secrets import masked_values
 
         return masked_values(spec)
 
@@ -166,7 +167,7 @@ def expand(file: SweepFile) -> list[dict[str, Any]]:
 
 def _no_swept_secret(file: SweepFile, axes: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
     """A point's swept values are its label in status, reports and notifications: a secret cannot be one."""
-    from ..spec import looks_secret
+    from ..secrets import looks_secret
 
     marked = file.spec.get("secret_env")
     marked = set(marked) if isinstance(marked, list) else set()
@@ -194,7 +195,7 @@ def _apply(base: dict[str, Any], diff: dict[str, Any]) -> dict[str, Any]:
 
 def plan(ws: Workspace, store: Store, path: Path, instance: str = "") -> Plan:
     """Validate everything — the file, the hosts, every point's spec — before anything starts."""
-    from .. import spec as specmod
+    from ..config import spec as specmod
 
     path = Path(path).expanduser().resolve()
     text, _ = _read(path)

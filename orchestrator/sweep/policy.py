@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ..errors import HostKeyError, OrchError, Unreachable
-from ..record import Run, Status
+from ..store.record import Run, Status
 from .record import Fault, PointStatus, SweepStatus
 
 

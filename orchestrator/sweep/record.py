@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ..controller import Controller
+from ..store.controller import Controller
 
 # A controller on another machine is taken for dead after this long without a stamp: its watchers may
 # poll as rarely as the longest default poll interval (600 s).

@@ -9,11 +9,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import lease, runflow
+from .. import runflow
+from ..config.workspace import Workspace
 from ..errors import OrchError
-from ..record import Run
-from ..store import Store
-from ..workspace import Workspace
+from ..store import Store, lease
+from ..store.record import Run
 from . import db, policy
 from .plan import Plan, Point
 from .policy import Action, Decision, Resume, Verdict

@@ -6,9 +6,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..objective import Objective, best, of_doc
-from ..shapes import shown_phase
+from ..config.objective import Objective, best, of_doc
 from ..store import Store
+from ..store.shapes import shown_phase
 from . import db
 from .plan import label
 from .record import INTERRUPTED, PointRow, SweepStatus

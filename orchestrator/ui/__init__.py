@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ..errors import UsageError
 
 if TYPE_CHECKING:
-    from ..workspace import Workspace
+    from ..config.workspace import Workspace
 
 
 def serve(ws: Workspace, port: int = 8765, bind: str = "127.0.0.1", allow_actions: bool = False,

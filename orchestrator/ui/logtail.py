@@ -16,12 +16,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from .. import runflow
+from ..config.hosts import Inventory
+from ..config.workspace import Workspace
 from ..errors import OrchError
-from ..hosts import Inventory
 from ..logparse.text import strip_ansi
-from ..record import Run
 from ..store import Store
-from ..workspace import Workspace
+from ..store.record import Run
 
 MAX_LINES = 1000
 MAX_BYTES = 256 << 10

@@ -6,14 +6,16 @@ import json
 import shlex
 from typing import Any
 
-from .. import registry, report, sweep
+from .. import sweep
+from ..config.hosts import Inventory
+from ..config.objective import lower_is_better
+from ..config.workspace import Workspace
 from ..errors import OrchError
-from ..hosts import Inventory
-from ..objective import lower_is_better
-from ..record import Run
-from ..shapes import error_hint, run_document
+from ..runflow import registry
 from ..store import Store
-from ..workspace import Workspace
+from ..store.record import Run
+from ..store.shapes import error_hint, run_document
+from . import report
 
 SERIES_POINTS = 600  # a chart needs no more points than it has pixels
 SERIES_ROWS = 200_000  # the newest samples of a run that a chart reads at most
@@ -187,7 +189,7 @@ def hosts_page(ws: Workspace, store: Store) -> list[dict[str, Any]]:
 
 def gpus(ws: Workspace, store: Store, names: list[str], timeout: float) -> dict[str, Any]:
     """A GPU snapshot of each named host (who holds each GPU included), or its error in words."""
-    from .. import gpu
+    from ..host import gpu
 
     inv = Inventory.load(ws.hosts_file, ws.root)
     found = gpu.snapshots([inv.get(n) for n in names], store, timeout=timeout)
@@ -196,7 +198,7 @@ def gpus(ws: Workspace, store: Store, names: list[str], timeout: float) -> dict[
 
 
 def reachability(ws: Workspace, names: list[str], timeout: float) -> dict[str, Any]:
-    from .. import fleet
+    from ..host import fleet
 
     inv = Inventory.load(ws.hosts_file, ws.root)
     return fleet.check([inv.get(n) for n in names], timeout)

@@ -23,10 +23,10 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import runflow
+from ..config.hosts import Inventory
+from ..config.workspace import Workspace
 from ..errors import NotFound, OrchError, UsageError
-from ..hosts import Inventory
 from ..store import Store
-from ..workspace import Workspace
 from . import pages, table
 from .guard import Guard
 from .logtail import LogTails

@@ -7,8 +7,8 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..record import Status
 from ..store import Store
+from ..store.record import Status
 
 PAGE_MAX = 200
 COUNT_CAP = 10_000  # past this the table says "10000+": an exact count of a text search reads every row

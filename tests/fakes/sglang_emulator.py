@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import http.server
-import os
 import sys
 import threading
 import time

@@ -6,13 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from orchtest import in_process
 
-from orchestrator import lease
-from orchestrator.lifecycle import transition
-from orchestrator.record import Status
-from orchestrator.store import Store
+from orchestrator.store import Store, lease
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
 
 Orch = Callable[..., tuple[int, str, str]]
 

@@ -8,8 +8,8 @@ import pytest
 from orchtest import Orch
 
 from orchestrator.errors import NotFound, UsageError
-from orchestrator.report import compare, flatten
 from orchestrator.store import Store
+from orchestrator.ui.report import compare, flatten
 
 BASE = {"cmd": "python -m sglang.launch_server --model-path /m", "env": {"NCCL_DEBUG": "WARN"},
         "patches": [], "poll_min": None, "speculative_num_steps": 3}

@@ -7,11 +7,11 @@ import socket
 
 import pytest
 
-from orchestrator.controller import STALE_FACTOR, Controller, process_start
-from orchestrator.lease import Busy, Lease, acquire, held, holder_alive, release
-from orchestrator.lifecycle import transition
-from orchestrator.record import Run, Status
 from orchestrator.store import Store
+from orchestrator.store.controller import STALE_FACTOR, Controller, process_start
+from orchestrator.store.lease import Busy, Lease, acquire, held, holder_alive, release
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Run, Status
 
 NOW = 1_000_000.0
 POLL_MAX = 10.0  # a heartbeat older than STALE_FACTOR * POLL_MAX s is stale

@@ -11,11 +11,10 @@ import pytest
 from test_cli_loop import Orch, orch
 from test_objective_first import a_sweep
 
-from orchestrator import summaries
-from orchestrator.lifecycle import transition
-from orchestrator.record import Status
-from orchestrator.store import Store
-from orchestrator.workspace import Workspace
+from orchestrator.config.workspace import Workspace
+from orchestrator.store import Store, summaries
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
 
 __all__ = ["orch"]  # the fixture
 

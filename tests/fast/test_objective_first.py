@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 from test_cli_loop import Orch, orch
 
-from orchestrator import report, sweep
-from orchestrator.lifecycle import transition
-from orchestrator.objective import lower_is_better
-from orchestrator.record import Status
+from orchestrator import sweep
+from orchestrator.config.objective import lower_is_better
+from orchestrator.config.workspace import Workspace
 from orchestrator.store import Store
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
 from orchestrator.sweep import db as sweep_db
 from orchestrator.sweep.record import PointStatus
-from orchestrator.ui import pages
-from orchestrator.workspace import Workspace
+from orchestrator.ui import pages, report
 
 __all__ = ["orch"]  # the fixture
 

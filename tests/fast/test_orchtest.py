@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from orchtest import IMPORTED_CONSOLES, Orch, runs_in_process
 
-from orchestrator import remote
 from orchestrator.cli import render
+from orchestrator.host import remote
 
 
 def test_which_commands_run_in_process() -> None:

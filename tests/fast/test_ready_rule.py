@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import health, runflow
-from orchestrator.lifecycle import transition
-from orchestrator.record import Status
+from orchestrator import runflow
+from orchestrator.config.workspace import Workspace
+from orchestrator.host import health
 from orchestrator.runflow.follow import _ready_rule
 from orchestrator.store import Store
-from orchestrator.workspace import Workspace
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
 
 
 @pytest.mark.parametrize(("phase", "answering", "ready"), [

@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agent import Push
+from orchestrator.config.workspace import Workspace
 from orchestrator.errors import DatabaseUnavailable
-from orchestrator.hostwatch import HostWatcher
-from orchestrator.launch import JobState
-from orchestrator.lifecycle import transition
-from orchestrator.polling import WatchOptions
-from orchestrator.record import Status
-from orchestrator.ssh import SSHTransport
+from orchestrator.host.agent import Push
+from orchestrator.host.launch import JobState
+from orchestrator.host.ssh import SSHTransport
+from orchestrator.runflow.hostwatch import HostWatcher
+from orchestrator.runflow.polling import WatchOptions
+from orchestrator.runflow.watch import Watcher
 from orchestrator.store import Store
-from orchestrator.watch import Watcher
-from orchestrator.workspace import Workspace
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
 
 # a job's log: a loading bar, the ready line, metrics, a phase change, more metrics
 LOG = b"".join([

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from orchestrator import registry, runflow
-from orchestrator.hosts import local_host
+from orchestrator import runflow
+from orchestrator.config.hosts import local_host
+from orchestrator.config.workspace import Workspace
 from orchestrator.playbook import Playbook, RunSpec
+from orchestrator.runflow import registry
 from orchestrator.store import Store
-from orchestrator.workspace import Workspace
 
 # The least each built-in needs; a playbook from a package gets its own entry or is tested with defaults.
 REQUIRED: dict[str, dict[str, Any]] = {

@@ -1,7 +1,7 @@
 import pytest
 
+from orchestrator.config.spec import load, merge_sets, parse_value
 from orchestrator.errors import SpecError
-from orchestrator.spec import load, merge_sets, parse_value
 from playbooks.command import CommandSpec
 from playbooks.extract_hidden_states import ExtractSpec
 
@@ -102,8 +102,8 @@ def test_huge_numbers_are_a_clear_error_in_every_field(tmp_path):
 
 
 def test_huge_numbers_in_hosts_toml_are_a_clear_error(tmp_path):
+    from orchestrator.config.hosts import Inventory
     from orchestrator.errors import UsageError
-    from orchestrator.hosts import Inventory
 
     (tmp_path / "hosts.toml").write_text("[hosts.gpu01]\npoll_min = 1e300\nunreachable_give_up_s = 1e10\n"
                                          "gpus = 100000\n")

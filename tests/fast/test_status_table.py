@@ -11,15 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from orchtest import in_process
 from rich.console import Console
 
-from orchestrator import watching
 from orchestrator.cli import render, status
-from orchestrator.lifecycle import transition
-from orchestrator.record import Status
+from orchestrator.runflow import watching
 from orchestrator.store import Store
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
 
 Orch = Callable[..., tuple[int, str, str]]
 HOSTS = '[hosts.gpu01]\naddress = "10.1.2.3"\n'

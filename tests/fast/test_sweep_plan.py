@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from orchestrator.config.workspace import Workspace
 from orchestrator.errors import UsageError
 from orchestrator.store import Store
 from orchestrator.sweep import expand, label, load, plan
-from orchestrator.workspace import Workspace
 
 HOSTS = "[hosts.a]\ntags = ['gpu']\n[hosts.b]\ntags = ['gpu']\n[hosts.c]\n"
 HEAD = "name = 's'\nplaybook = 'command'\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.errors import HostKeyError, OrchError, RemoteError, Unreachable, UsageError
-from orchestrator.record import Run, Status
+from orchestrator.store.record import Run, Status
 from orchestrator.sweep import policy
 from orchestrator.sweep.policy import Action, Decision, Resume, Verdict, decide
 from orchestrator.sweep.record import Fault, PointStatus, SweepStatus

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.controller import Controller
 from orchestrator.errors import OrchError, TransitionError
 from orchestrator.store import Store
+from orchestrator.store.controller import Controller
 from orchestrator.sweep import db
 from orchestrator.sweep.record import POINT_ALLOWED, SWEEP_ALLOWED, Fault, PointStatus, SweepStatus
 

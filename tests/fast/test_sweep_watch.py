@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator import sweep
-from orchestrator.lifecycle import transition
-from orchestrator.record import Status
+from orchestrator.config.workspace import Workspace
 from orchestrator.store import Store
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
 from orchestrator.sweep import db as sweep_db
 from orchestrator.sweep.record import PointStatus, SweepStatus
-from orchestrator.workspace import Workspace
 
 
 @pytest.fixture

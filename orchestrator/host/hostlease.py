@@ -1,0 +1,150 @@
+"""Leases and run dirs on the host itself: the host owns its GPUs, so that workspaces sharing a host's
+workdir never hold the same GPUs nor touch each other's runs.
+
+Which is the truth: the host. Its lease files, under an flock in `<workdir>/leases/`, are what every
+workspace sees — one file per key, `host` for the whole host, `gpu-N` per GPU of a run's set, naming its
+run token (workspace and run), its run dir and when it was taken — and whether a holder can still run is
+judged there, from what the host can prove: its run prepares (no pid yet, under an hour old), or its
+wrapper lives and its run dir holds its token without an exit code. The SQLite lease (lease.py) is one
+workspace's record: it keeps that workspace's runs apart (one transaction with the run's row), and
+another workspace's database cannot see it.
+
+So a run that holds its host asks the host first, before it is made (`check`: refused naming the other
+workspace's run, or with --queue waited for), and takes the files before GPU cleanup or anything else
+changes the host (`take`, which decides again under the lock). The same call makes the run dir the run's
+own (its token in `.orch/token`); removing, adopting or signalling a run's job checks that token first.
+
+The work is done on the host by `hostjobs/leases.py`, run by the host's agent, which parses what it reads
+strictly and refuses symlinks: any member of a shared workdir's group can write there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+from pathlib import Path
+from typing import Any
+
+from ..config.workspace import Workspace
+from ..errors import OrchError
+from ..store import Store
+from . import agent
+from .launch import RunPaths
+from .remote import Transport
+
+DIR = "leases"
+PROGRAM = Path(__file__).resolve().parent / "hostjobs" / "leases.py"
+PROGRAM_DIR = "runs/hostjobs"
+LOCK_WAIT_S = 30.0  # how long a change waits for `leases/.lock` before naming who holds it
+
+
+class HostLeaseBusy(OrchError):
+    """Another workspace's run holds the host or some of the GPUs here (`held`), or the lease lock is
+    held for too long."""
+
+    def __init__(self, message: str, held: bool = False):
+        super().__init__(message)
+        self.held = held
+
+
+class Refused(OrchError):
+    """The host's files are not safe to use: a symlink, another user's folder, another run's dir."""
+
+
+def keys(gpus: list[int] | None) -> list[str]:
+    return ["host"] if gpus is None else [f"gpu-{i}" for i in sorted(gpus)]
+
+
+def workspace_id(ws: Workspace) -> str:
+    """This workspace as run tokens name it (`hostname:db path`)."""
+    return f"{socket.gethostname()}:{ws.db_path}"
+
+
+def run_token(ws: Workspace, store: Store, run_id: int) -> str:
+    """Names this run of this workspace in its remote dir, so another workspace's run N is not taken for it."""
+    created = store.conn.execute("SELECT created_at FROM runs WHERE id = ?", (run_id,)).fetchone()
+    return f"{workspace_id(ws)}:{run_id}:{created[0] if created else 0}"
+
+
+def workspace_of(token: str) -> str:
+    """The workspace part of a run token (`hostname:db path:run id:created`)."""
+    return token.rsplit(":", 2)[0]
+
+
+def workspace_key(ws: Workspace) -> str:
+    """A short name of this workspace for its run dirs on shared hosts (`<workdir>/runs/<key>/<id>`)."""
+    return hashlib.sha256(workspace_id(ws).encode()).hexdigest()[:12]
+
+
+def run_paths(ws: Workspace, workdir: str, run_id: int) -> RunPaths:
+    """A run's dir on a host: keyed by workspace as well as id, unless the workdir is the workspace itself
+    (the local host), which no other workspace uses."""
+    own = workdir.rstrip("/") == str(ws.root).rstrip("/")
+    return RunPaths.for_run(workdir, run_id, None if own else workspace_key(ws))
+
+
+def _call(transport: Transport, request: dict[str, Any]) -> dict[str, Any]:
+    request = {"workdir": transport.expand(transport.host.workdir).rstrip("/"),
+               "shared": transport.host.shared_workdir, "lock_wait_s": LOCK_WAIT_S, **request}
+    return agent.program(transport, PROGRAM, PROGRAM_DIR, request, timeout=90)
+
+
+def take(transport: Transport, paths: RunPaths, token: str, gpus: list[int] | None, exclusive: bool = True
+         ) -> list[str]:
+    """Make the run dir the run's and, when exclusive, take the host's lease files for it; or refuse
+    (HostLeaseBusy, Refused) naming who holds what. Returns warnings (lease files ignored)."""
+    reply = _call(transport, {"action": "take", "run_dir": paths.root, "token": token,
+                              "keys": keys(gpus) if exclusive else []})
+    if reply.get("ok"):
+        return [str(w) for w in reply.get("warnings", [])]
+    raise _refused(transport, gpus, reply.get("error") or {})
+
+
+def check(transport: Transport, workspace: str, gpus: list[int] | None) -> list[str]:
+    """Ask the host, before a run of `workspace` is made, whether it could take the host (gpus None) or
+    these GPUs: HostLeaseBusy naming the other workspace's run that holds them, else the warnings. Only
+    reads; `take` decides again under the host's lock."""
+    reply = _call(transport, {"action": "held", "keys": keys(gpus), "workspace": workspace})
+    if reply.get("ok"):
+        return [str(w) for w in reply.get("warnings", [])]
+    raise _refused(transport, gpus, reply.get("error") or {})
+
+
+def _refused(transport: Transport, gpus: list[int] | None, error: dict[str, Any]) -> OrchError:
+    what = "the host" if gpus is None else f"GPUs {','.join(map(str, gpus))}"
+    name = transport.host.name
+    kind = error.get("kind")
+    if kind == "held":
+        return HostLeaseBusy(f"{name}: {what} held by another workspace's run ({error.get('key')}: run dir "
+                             f"{error.get('run_dir')}, {error.get('token')}, {error.get('why')}); choose other "
+                             "GPUs or a workdir of this workspace's own", held=True)
+    if kind == "lock-busy":
+        return HostLeaseBusy(f"{name}: cannot take {what}: {error.get('message')}")
+    return Refused(f"{name}: {error.get('message') or 'the host program gave no reason'}")
+
+
+def release(transport: Transport, token: str) -> None:
+    """Remove this run's lease files (those naming its token)."""
+    reply = _call(transport, {"action": "release", "token": token})
+    if not reply.get("ok"):
+        raise OrchError(f"{transport.host.name}: lease files not released: {(reply.get('error') or {}).get('message')}")
+
+
+def owner(transport: Transport, paths: RunPaths, token: str) -> str:
+    """Whose the run dir is: `mine`, `other`, `none` (no token) or `missing`; refused dirs raise."""
+    reply = _call(transport, {"action": "owner", "run_dir": paths.root, "token": token})
+    if not reply.get("ok"):
+        raise Refused(f"{transport.host.name}: {(reply.get('error') or {}).get('message')}")
+    return str(reply["owner"])
+
+
+def remove(transport: Transport, paths: RunPaths, token: str) -> str:
+    """Delete the run dir if it is this run's (under the workdir's runs/, holding its token); in words."""
+    reply = _call(transport, {"action": "remove", "run_dir": paths.root, "token": token})
+    if not reply.get("ok"):
+        raise Refused(f"{transport.host.name}: {(reply.get('error') or {}).get('message')}")
+    return "removed" if reply.get("removed") else str(reply.get("why"))
+
+
+__all__ = ["HostLeaseBusy", "Refused", "check", "keys", "owner", "release", "remove", "run_paths",
+           "run_token", "take", "workspace_id", "workspace_key"]

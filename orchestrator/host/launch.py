@@ -1,0 +1,155 @@
+"""A run's job on its host: where its files are, its state as the host's agent reads it, starting and
+stopping it through that agent.
+
+The agent (hostjobs/agent.py) starts the job under its own `wrap` mode as a session leader (setsid, with
+SIGHUP ignored as under nohup): the wrapper records `pid start_time` (start time in clock ticks from
+/proc, so a reused pid is never taken for the job), writes the combined stdout+stderr to `log`, and the
+exit code to `.orch/exit_code`.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import OrchError
+from ..store.record import KILL_GRACE_S, JobRef
+from . import agent
+from .agent import data_of
+from .remote import Transport, env_exports, quote
+
+# The mark the wrapper leaves in the environment of everything the job starts ("pid:start" of the wrapper),
+# so members that outlive it can still be told from a later group that took the same id.
+JOB_MARK = "ORCH_JOB"
+
+# orch's own files of a run (pid, exit code, start and end, token) are in a folder of the run dir, out of
+# the way of a job that writes `./exit_code` or `./pid` in its working dir (the run dir by default).
+CONTROL = ".orch"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Every remote path of a run derives from here."""
+
+    root: str
+
+    def __post_init__(self) -> None:
+        # An empty root would quote to '' and turn `cd` into a no-op: refuse it outright.
+        if not self.root or not self.root.startswith("/"):
+            raise OrchError(f"not an absolute remote run dir: {self.root!r}")
+
+    @classmethod
+    def for_run(cls, workdir: str, run_id: int, workspace: str | None = None) -> RunPaths:
+        """`<workdir>/runs/<id>`, or `<workdir>/runs/<workspace>/<id>` where workspaces may share the workdir."""
+        return cls(posixpath.join(workdir, "runs", *([workspace] if workspace else []), str(run_id)))
+
+    @property
+    def log(self) -> str:
+        return posixpath.join(self.root, "log")
+
+    @property
+    def control(self) -> str:
+        return posixpath.join(self.root, CONTROL)
+
+    @property
+    def pid(self) -> str:
+        return posixpath.join(self.control, "pid")
+
+
+def job_script(body: str, env: dict[str, str], cwd: str | None = None) -> str:
+    """The script the wrapper runs: environment, working directory, then the job's own command lines."""
+    head = "export PYTHONUNBUFFERED=1\n" + env_exports(env)
+    if cwd:
+        head += f"cd {quote(cwd)} || exit 97\n"
+    return head + body.rstrip("\n") + "\n"
+
+
+def launch(transport: Transport, paths: RunPaths, script: str, token: str) -> tuple[int, str]:
+    """Start the job through the host's agent (idempotent for the same token); its pid and start time."""
+    job = agent.call(transport, "launch", dir=paths.root, script=script, token=token)
+    return int(job["pid"]), str(job["start"])
+
+
+@dataclass
+class JobState:
+    alive: bool
+    exit_code: int | None
+    size: int  # log size in bytes
+    offset: int  # where `data` starts (0 again after the log was truncated)
+    data: bytes
+    run_dir: bool = True  # the run dir still exists on the host
+    started_at: float | None = None  # the job's own start and end (the host's clock), when known
+    ended_at: float | None = None
+    # What a batch scheduler adds: why the job still waits in its queue, the end it decided
+    # ("TIMEOUT: ..."), the job's node.
+    queued: str | None = None
+    cause: str | None = None
+    node: str | None = None
+    # the wrapper itself lives; False while `alive` means its process group runs on without it
+    wrapper: bool = True
+    inode: int | None = None  # the identity of the file `data` is from
+    rotated: bool = False  # `data` is the rest of a rotated log (`size` is that file's); the new one is next
+
+
+Call = Callable[..., "dict[str, Any]"]  # a request to the host's agent: (op, timeout=, **args) -> its result
+TAIL_BYTES = 1 << 20  # the last lines of a log come from its last MiB, however long its lines (the agent's too)
+TAIL_MARK = 64  # bytes before the offset that must still be there, or the log was rewritten under it
+
+
+def tail_mark(tail: bytes) -> str:
+    """What the agent compares the bytes before its offset with: those bytes."""
+    return tail[-TAIL_MARK:].hex()
+
+
+def pushed_state(doc: dict[str, Any]) -> JobState:
+    """The job's state as the agent said it (a push, or a read's answer)."""
+    def num(key: str) -> float | None:
+        value = doc.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    exit_code, inode, node = doc.get("exit_code"), doc.get("inode"), doc.get("node")
+    return JobState(
+        alive=bool(doc.get("alive")), exit_code=exit_code if isinstance(exit_code, int) else None,
+        size=int(num("size") or 0), offset=int(num("offset") or 0), data=data_of(doc),
+        run_dir=bool(doc.get("run_dir", True)), started_at=num("started_at"), ended_at=num("ended_at"),
+        wrapper=bool(doc.get("wrapper", True)), inode=inode if isinstance(inode, int) else None,
+        rotated=bool(doc.get("rotated")), node=node if isinstance(node, str) else None)
+
+
+def read_state(call: Call, paths: RunPaths, job: JobRef, offset: int, max_bytes: int = 4 << 20,
+               hold_s: float = 0, wake: list[str] | None = None, inode: int | None = None,
+               mark: str | None = None) -> JobState:
+    """Is the job alive, its exit code, and its log's bytes from `offset` (of the file with `inode`, when
+    known: a rotated log is read to its end first; `mark`: tail_mark of the bytes before the offset).
+
+    With `hold_s`, the agent first waits on the host until the job dies, a new log line matches one of
+    `wake`, or the time is up. Liveness is read before the exit code, and both before the log, so a job
+    seen dead has its last bytes in this same answer. A scheduler's job is alive by its scheduler's word, not
+    here: only its run dir is read.
+    """
+    doc = call("read", timeout=hold_s + 60, dir=paths.root, pid=0 if job.scheduled else job.id,
+               start="" if job.scheduled else job.proof, offset=offset, max_bytes=max_bytes, inode=inode,
+               tail=mark or "", hold_s=hold_s, wake=wake or [], scheduled=job.scheduled)
+    return pushed_state(doc)
+
+
+def kill(transport: Transport, pid: int, start: str, grace_s: float = KILL_GRACE_S) -> str:
+    """Stop the job's whole process group through the host's agent: SIGTERM, a grace period, then SIGKILL,
+    its identity proved again before each signal. Returns 'gone' | 'stopped' | 'killed'."""
+    return str(agent.call(transport, "kill", timeout=grace_s + 30, pid=int(pid), start=str(start),
+                          grace_s=grace_s)["outcome"])
+
+
+__all__ = ["RunPaths", "job_script", "kill", "launch", "pushed_state", "read_state"]
+
+
+def describe_exit(code: int) -> str:
+    if code > 128:
+        try:
+            return f"exit code {code} (killed by {signal.Signals(code - 128).name})"
+        except ValueError:
+            pass
+    return f"exit code {code}"

@@ -1,0 +1,415 @@
+"""One watcher per (workspace, host): one connection, one agent, every active run of the host followed.
+
+The host's agent (hostjobs/agent.py) pushes each run's new log bytes, its end and its liveness as they
+happen; the host watcher hands each push to that run's `Watcher`, whose parser decides what it means,
+and which records it. Quiet runs are looked at again on the backoff (`poll_min` → `poll_max`), for the
+stall detector, a server's health endpoint and the `seen` column. The end of a run (stopping processes
+that linger after a fatal line, the end steps) happens on a thread of its own, so one run's end steps
+never delay the news of another.
+
+Found by an flock per host (`runs/watchers/<host>.lock`); started by `orch run`, `orch watch`, `orch
+status`, a sweep or the dashboard when a host with active runs has none (`watching.ensure_watched`);
+gone LINGER_S after its host's last active run ended. While it follows a run it holds that run's watch
+lock too, so nobody else polls it.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..config.hosts import Host, Inventory
+from ..config.workspace import Workspace
+from ..errors import DatabaseUnavailable, OrchError, Unreachable
+from ..host import slurm
+from ..host.agent import AgentLink, Push
+from ..host.executor import HostExecutor, pushed_state
+from ..host.remote import connect
+from ..host.ssh import SSHTransport
+from ..store import Store
+from ..store.controller import STALE_FACTOR
+from ..store.record import ACTIVE, Run, Status
+from . import Context, finish, notify, open_run, settle_orphan, watch_options
+from .watch import Watcher
+from .watching import FileLock, WatchLock, followed, host_lock_path, watched_elsewhere
+
+SYNC_S = 1.0  # how often the database is asked whether anyone else wrote to it (runs started, ended, cancelled)
+FULL_SYNC_S = 10.0  # and how often the host's runs are read in any case: a starter or a remote watcher may die
+LINGER_S = 5.0  # with no active run left, how long to wait for a new one before exiting
+TURN_MAX = 256  # pushes taken in one turn of the loop, at most (one transaction records them)
+RESYNC_S = 1.0  # after a state that could not be recorded, the agent re-reads the log this much later
+RECONNECT_MAX_S = 30.0
+
+
+@dataclass
+class Followed:
+    ctx: Context
+    watcher: Watcher
+    lock: WatchLock
+    due: float  # monotonic time of the next look at a quiet run
+    resync_at: float | None = None
+
+    @property
+    def scheduled(self) -> bool:
+        """A batch job: the agent follows its log, the scheduler says whether it lives."""
+        return not self.ctx.executor.processes
+
+
+class HostWatcher:
+    def __init__(self, ws: Workspace, host_name: str, hosts: Inventory | None = None,
+                 echo: Callable[[str], None] | None = None):
+        self.ws = ws
+        self.hosts = hosts or Inventory.load(ws.hosts_file, ws.root)
+        self.host: Host = self.hosts.get(host_name)
+        self.store = Store(ws.db_path)
+        self.echo = echo or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.runs: dict[int, Followed] = {}
+        self.link: AgentLink | None = None
+        self.executor = HostExecutor(connect(self.host), None)  # through the agent once it runs
+        self.starters = 0  # runs whose starter is still at work on them
+        self._retry_at = 0.0
+        self._retry_s = 1.0
+        self._enders: list[threading.Thread] = []
+        self._later: list[Push] = []  # pushes left for the next turn: their run's previous one is recorded first
+        self.stopping = threading.Event()  # set from another thread: the loop ends at its next turn
+        self.clock: Callable[[], float] = time.monotonic  # (both replaceable: a test drives the loop's time)
+        self.sleep: Callable[[float], None] = time.sleep
+
+    # the loop -----------------------------------------------------------------------------------------
+    def serve(self) -> bool:
+        """Watch the host's runs until none is left; False when another process is its watcher."""
+        lock = FileLock(host_lock_path(self.ws, self.host.name))
+        if not lock.acquire():
+            return False
+        try:
+            self._loop()
+        finally:
+            for thread in self._enders:
+                thread.join()
+            notify.drain()  # a notification still in flight is delivered (or reported) before the exit
+            for f in self.runs.values():
+                f.lock.release()
+            if self.link is not None:
+                self.link.close()
+            self.store.close()
+            lock.release()
+        return True
+
+    def _loop(self) -> None:
+        next_sync = full_sync = 0.0
+        idle_since: float | None = None
+        while not self.stopping.is_set():
+            now = self.clock()
+            if now >= next_sync:
+                # the record is read again only when another process wrote to it (a run started, ended or
+                # cancelled), while a starter is at work, and now and then (who watches a run may change
+                # by the clock alone): an idle watcher costs a look at one number
+                if self.store.changed() or self.starters or now >= full_sync:
+                    self._sync()
+                    full_sync = now + FULL_SYNC_S
+                next_sync = now + SYNC_S
+            if self.runs or self.starters:
+                idle_since = None
+            else:
+                idle_since = idle_since or now
+                if now - idle_since > LINGER_S:
+                    return
+            if ((self.runs or self.starters) and (self.link is None or not self.link.alive)
+                    and now >= self._retry_at):  # connected while a run prepares: ready for its first byte
+                self._connect()
+            self._look_again(now)
+            if self.link is None or not self.link.alive:  # nothing comes from the host: until the next retry or sync
+                retry = self._retry_at if self._retry_at > now else next_sync
+                self.sleep(max(0.0, min(next_sync, retry) - self.clock()))
+                continue
+            wait = max(0.0, min([next_sync, *(f.due for f in self.runs.values())]) - self.clock())
+            pushes: list[Push] = []
+            if not self._later:  # (pushes left from the last turn are taken at once)
+                try:
+                    pushes.append(self.link.pushes.get(timeout=wait))
+                except queue.Empty:
+                    continue
+            while len(pushes) < TURN_MAX:  # whatever else came meanwhile: recorded together
+                try:
+                    pushes.append(self.link.pushes.get_nowait())
+                except queue.Empty:
+                    break
+            self._take_turn(pushes)
+
+    def _connect(self) -> None:
+        transport = connect(self.host)
+        try:
+            self.link = AgentLink.start(transport)
+        except OrchError as exc:
+            self.link = None
+            reason = exc.reason if isinstance(exc, Unreachable) else str(exc)
+            for f in list(self.runs.values()):
+                if f.watcher.lost_touch(reason):
+                    self._end(f)
+            self._retry_at = self.clock() + self._retry_s
+            self._retry_s = min(RECONNECT_MAX_S, self._retry_s * 2)
+            return
+        self._retry_s = 1.0
+        if isinstance(transport, SSHTransport):
+            transport.hold_open()
+        self.executor.link = self.link
+        for f in self.runs.values():
+            self._follow(f)
+
+    def _follow(self, f: Followed) -> None:
+        w = f.watcher
+        if self.link is None or not self.link.alive:
+            return
+        f.resync_at = None
+        try:
+            self.link.tell("follow", key=str(w.run_id), dir=w.paths.root, pid=w.job.id, start=w.job.proof,
+                           offset=w.offset, inode=w.inode, tail=w.tail.hex(), scheduled=f.scheduled)
+        except Unreachable:
+            pass  # the link's end is a push of its own: handled there
+
+    def _look_again(self, now: float) -> None:
+        """Ask the agent for the state of quiet runs whose next look is due, and re-read those whose
+        last state could not be recorded."""
+        if self.link is None or not self.link.alive:
+            return
+        due = []
+        for f in self.runs.values():
+            if f.resync_at is not None:
+                if now >= f.resync_at:
+                    self._follow(f)
+            elif now >= f.due:
+                due.append(str(f.watcher.run_id))
+                f.due = now + self._interval(f)
+        if due:
+            try:
+                self.link.tell("poke", keys=due)
+            except Unreachable:
+                pass
+
+    @staticmethod
+    def _interval(f: Followed) -> float:
+        wait = f.watcher.wait
+        wait.immediate = False  # a backlog comes by itself: the agent pushes it chunk after chunk
+        interval = wait.next_interval()
+        if f.scheduled and f.watcher.run.status is Status.QUEUED:  # leaving the queue is the scheduler's news
+            interval = min(interval, slurm.query_interval(f.ctx.host))
+        return interval
+
+    # pushes -------------------------------------------------------------------------------------------
+    def _take_turn(self, pushes: list[Push]) -> None:
+        """Record the pushes of one turn in one transaction: each run's state is staged (parsed and judged,
+        no lock held), then all are written together, each with the offset its bytes end at. A run's
+        second push in the turn waits for the next one, as it reads on from what the first records."""
+        pushes, self._later = [*self._later, *pushes], []
+        link = self.link
+        staged: list[Followed] = []
+        for push in pushes:
+            if push.kind == "closed":
+                self._commit(staged)  # what came before the link closed
+                staged = []
+                self._lost_link("the agent's channel closed (the link went dark, or the agent was killed)")
+                continue
+            f = self._followed(push)
+            if f is None:
+                continue
+            if any(g is f for g in staged):
+                self._later.append(push)
+            elif self._stage(f, push):
+                staged.append(f)
+        self._commit(staged)
+        if link is not None:  # what this turn is done with makes room for the agent's next pushes
+            link.ack(sum(p.size for p in pushes) - sum(p.size for p in self._later))
+
+    def _followed(self, push: Push) -> Followed | None:
+        if push.kind != "state" or push.key is None or not push.key.isdigit():
+            return None
+        return self.runs.get(int(push.key))
+
+    def _stage(self, f: Followed, push: Push) -> bool:
+        """Stage what a push says of its run; False when there is nothing to record."""
+        w = f.watcher
+        state = pushed_state(push.doc)
+        if state.offset != w.offset and not (state.offset == 0 and not state.rotated):
+            f.resync_at = f.resync_at or self.clock()  # the agent read on past the record: again from it
+            return False
+        if f.scheduled:
+            try:
+                state = f.ctx.executor.judge(w.job, state)
+            except Unreachable as exc:  # the scheduler did not answer: these bytes again, later
+                f.resync_at = self.clock() + RESYNC_S
+                if w.lost_touch(exc.reason):
+                    self._end(f)
+                return False
+        try:
+            w.stage(state)
+        except DatabaseUnavailable as exc:  # these bytes again, once the database takes writes
+            w.refused(exc)
+            f.resync_at = self.clock() + RESYNC_S
+            return False
+        return True
+
+    def _commit(self, staged: list[Followed]) -> None:
+        """Write the staged states in one transaction, then act on each: a run not recorded (another
+        writer was first, the database refused) reads its log again from the record; an ended one ends."""
+        if not staged:
+            return
+        try:
+            with self.store.tx():
+                for f in staged:
+                    f.watcher.commit()
+        except DatabaseUnavailable as exc:
+            for f in staged:
+                f.watcher.refused(exc)
+        for f in staged:
+            w = f.watcher
+            try:
+                done = w.settle()
+            except DatabaseUnavailable as exc:  # recorded, not read back: the next push reads the record first
+                w.refused(exc)
+                done = False
+            if not w.recorded and not done:
+                f.resync_at = self.clock() + RESYNC_S
+            f.due = self.clock() + self._interval(f)
+            if done:
+                self._end(f)
+
+    def _lost_link(self, reason: str) -> None:
+        if self.link is not None:
+            self.link.close()
+            self.link.transport.close()  # the next connect starts afresh, not on a dead connection
+        self.link = None
+        for f in list(self.runs.values()):
+            if f.watcher.lost_touch(reason):
+                self._end(f)
+
+    # the record ---------------------------------------------------------------------------------------
+    def _sync(self) -> None:
+        """Follow the host's runs that became active, settle those whose starter died, drop ended ones."""
+        active = self.store.statuses(self.host.name, [s.value for s in ACTIVE])
+        for run_id in [i for i in self.runs if i not in active]:
+            self._end(self.runs[run_id])  # ended elsewhere (cancel, stop): its end steps once, here or there
+        self.starters = 0
+        for run_id in active:
+            if run_id in self.runs:
+                continue
+            try:
+                run = self.store.get_run(run_id)
+                if run.status.live and run.launched:
+                    self._adopt(run)
+                elif run.status in (Status.PENDING, Status.PREPARING, Status.LAUNCHING):
+                    self._starting(run)
+            except OrchError as exc:
+                self.echo(f"orch: run {run_id} on {self.host.name}: {exc}")
+
+    def _adopt(self, run: Run) -> None:
+        from ..store import lease
+
+        poll_max = self.host.default_poll[1]
+        if watched_elsewhere(run, poll_max):
+            return
+        lock = WatchLock(self.ws, run.id)
+        if not lock.acquire():
+            return  # someone on this machine polls it already
+        try:
+            ctx = open_run(self.ws, self.store, run, self.hosts, any_spec=True)
+            if not ctx.executor.streams:
+                lock.release()
+                return
+            # this host's processes are signalled through its agent; a batch job through its scheduler
+            executor = self.executor if ctx.executor.processes else ctx.executor
+            watcher = Watcher(self.store, run.id, executor, watch_options(ctx.pb, ctx.spec, ctx.host))
+        except BaseException:
+            lock.release()
+            raise
+        lease.adopt(self.store, run.id)  # the lease names a live watcher again
+        f = Followed(ctx, watcher, lock, due=self.clock())
+        self.runs[run.id] = f
+        self._follow(f)
+
+    def _starting(self, run: Run) -> None:
+        """A run its starter is preparing or launching: left alone while the starter lives, settled once
+        it died (ended when it never launched, picked up when its job started)."""
+        starter = run.watched_by
+        poll_max = max(float(run.spec.get("poll_max") or 0), self.host.default_poll[1])
+        if starter is not None and starter.alive(run.heartbeat, STALE_FACTOR * poll_max):
+            self.starters += 1
+            return
+        with WatchLock(self.ws, run.id) as lock:
+            if lock.held:
+                settle_orphan(open_run(self.ws, self.store, run, self.hosts, any_spec=True))
+
+    def _end(self, f: Followed) -> None:
+        """The run ended (or was ended elsewhere): stop following it; on a thread of its own, stop what
+        of its job lingers and run its end steps."""
+        run_id = f.watcher.run_id
+        self.runs.pop(run_id, None)
+        if self.link is not None and self.link.alive:
+            try:
+                self.link.tell("unfollow", key=str(run_id))
+            except Unreachable:
+                pass
+        needs_stop = f.watcher.needs_stop
+        thread = threading.Thread(target=self._finish, args=(f, needs_stop), name=f"orch-end-{run_id}")
+        self._enders = [t for t in self._enders if t.is_alive()] + [thread]
+        thread.start()
+
+    def _finish(self, f: Followed, needs_stop: bool) -> None:
+        store = Store(self.ws.db_path)
+        try:
+            w = f.watcher
+            if needs_stop:
+                try:
+                    outcome = w.executor.kill(w.job, w.opts.kill_grace_s)
+                except OrchError as exc:
+                    outcome = f"not stopped: {exc}"
+                store.add_event(w.run_id, "stopped", f"process group: {outcome}")
+            while followed(self.ws, w.run_id):  # its follower runs the end steps and shows their outcome
+                time.sleep(0.2)
+            ctx = open_run(self.ws, store, w.run_id, self.hosts, any_spec=True)
+            finish(ctx)  # none left to do when the follower did them
+        except OrchError as exc:
+            self.echo(f"orch: run {f.watcher.run_id}: end steps: {exc}")
+        finally:
+            store.close()
+            f.lock.release()
+
+
+def serve(ws: Workspace, host_name: str) -> bool:
+    """`orch watch-host NAME`: the host's watcher, until its last active run ended."""
+    return HostWatcher(ws, host_name).serve()
+
+
+def main(argv: list[str]) -> int:
+    """`python -m orchestrator.runflow.hostwatch HOST [--hosts FILE]`: the host's watcher as orch starts it, without
+    the CLI. A fleet has one of these per host, each a process of its own: Typer and Rich would be loaded
+    in every one for nothing."""
+    host, hosts_file = None, None
+    args = iter(argv)
+    for arg in args:
+        if arg == "--hosts":
+            hosts_file = next(args, None)
+        elif host is None and not arg.startswith("-"):
+            host = arg
+    if host is None:
+        print("usage: python -m orchestrator.runflow.hostwatch HOST [--hosts FILE]", file=sys.stderr)
+        return 2
+    from ..host import remote
+
+    try:
+        ws = Workspace.find(hosts_file)
+        Inventory.load(ws.hosts_file, ws.root).get(host)  # an unknown host: one line, as `orch watch-host` says it
+        serve(ws, host)
+    except OrchError as exc:
+        print(f"orch: {exc}", file=sys.stderr)
+        return exc.exit_code
+    finally:
+        remote.close_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,131 @@
+"""The JSON shapes `--json` prints, one per noun (README "JSON output"): integers for counts, one
+progress object everywhere, ISO 8601 times beside epoch seconds."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from .db import Store, eagle3_debug_table
+from .record import STOPPED_REASONS, Run, Status
+
+PROGRESS_KEYS = ("label", "done", "total", "percent", "rate_per_s", "eta_s", "elapsed_s")
+
+
+def number(value: Any) -> Any:
+    """A whole float as an int (12 shards, not 12.0); anything else as it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+
+def times(**stamps: float | None) -> dict[str, Any]:
+    """`created_at` (epoch seconds) and `created_at_iso` side by side, for each stamp given."""
+    doc: dict[str, Any] = {}
+    for name, ts in stamps.items():
+        doc[name] = ts
+        doc[f"{name}_iso"] = iso(ts)
+    return doc
+
+
+def progress(p: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The progress object of `orch status` and `orch inspect-log` alike."""
+    if not p:
+        return None
+    doc = {k: number(p.get(k)) for k in PROGRESS_KEYS}
+    if doc["percent"] is None and doc["total"]:
+        doc["percent"] = round(100 * doc["done"] / doc["total"], 1)
+    return doc
+
+
+def metrics(values: dict[str, float]) -> dict[str, Any]:
+    return {k: number(v) for k, v in values.items()}
+
+
+def shown_status(run: Run, unreachable_since: float | None) -> str:
+    """The status word a person reads: the lifecycle's, but `stopped` for a run ended on purpose and
+    `unreachable` for an active run whose host stopped answering."""
+    if run.status is Status.CANCELLED and (run.reason or "").startswith(STOPPED_REASONS):
+        return "stopped"
+    if unreachable_since is not None and not run.status.terminal:
+        return "unreachable"
+    return run.status.value
+
+
+def shown_phase(run: Run) -> str | None:
+    """The phase a person reads: a job no engine knows (no bar, no ready line) is `running` once it
+    prints, rather than `starting` for its whole life."""
+    state = run.parser_state or {}
+    if (run.status is Status.RUNNING and run.phase == "starting" and state.get("engine") in (None, "generic")
+            and state.get("lines")):
+        return "running"
+    return run.phase
+
+
+def unreachable_since(store: Store, run: Run) -> float | None:
+    """When the host of an active run stopped answering, if it has not answered since."""
+    if run.status.terminal:
+        return None
+    last = store.last_event(run.id, ("unreachable", "reconnected"))
+    return last["ts"] if last is not None and last["kind"] == "unreachable" else None
+
+
+def error_hint(error: dict[str, Any] | None, phase: str | None = None) -> str | None:
+    """The remedy the log parser gave a run's error; for an error recorded without one (by an older
+    orch), the same diagnosis made now from its kind, class, message, chain and context lines."""
+    if not error or not error.get("kind"):
+        return None
+    if error.get("hint"):
+        return str(error["hint"])
+    from ..logparse.errors import LogError
+    from ..logparse.hints import hint_of
+
+    err = LogError(kind=str(error["kind"]), exception=error.get("exception"), message=str(error.get("message") or ""),
+                   line=int(error.get("line") or 0), context=[str(c) for c in error.get("context") or []],
+                   chain=[str(c) for c in error.get("chain") or []])
+    return hint_of(err, phase)
+
+
+def run_document(store: Store, run: Run, with_events: bool = True) -> dict[str, Any]:
+    """A run as `orch status --json` prints it."""
+    error = run.error
+    silent_since = unreachable_since(store, run)
+    doc = {
+        "id": run.id,
+        "name": run.name,
+        "tags": run.tags,
+        "note": run.note,
+        "playbook": run.playbook,
+        "host": run.host,
+        "status": run.status.value,
+        "phase": run.phase,
+        "shown_status": shown_status(run, silent_since),  # the words `orch status` shows
+        "shown_phase": shown_phase(run),
+        "stalled": run.stalled,
+        "progress": progress(run.progress),
+        "error": ({**{k: error.get(k) for k in ("kind", "exception", "message")}, "hint": error_hint(error)}
+                  if error else None),
+        "reason": run.reason,
+        "metrics": metrics(store.latest_metrics(run.id)),
+        # per metric: last, and mean and p50 over the steady state (the first 10 % of samples left out)
+        "metric_summaries": {k: {f: number(v) for f, v in s.items()} for k, s in store.metric_summaries(run.id).items()},
+        "exit_code": run.exit_code,
+        "pid": run.pid,
+        "job_id": run.job_id,
+        "node": run.node,
+        "queue_reason": run.queue_reason,
+        "remote_dir": run.remote_dir,
+        "sweep_id": run.sweep_id,
+        **times(created_at=run.created_at, started_at=run.started_at, ended_at=run.ended_at,
+                predicted_ready_at=run.predicted_at, unreachable_since=silent_since),
+        "duration_s": round(run.ended_at - run.started_at, 3) if run.ended_at and run.started_at else None,
+        "spec": None if "spec" in run.unreadable else run.spec,
+        "end_steps": run.end_steps,  # the end steps that ran (log to end, patch revert, outputs, log tail, notify)
+    }
+    if with_events:
+        doc["eagle3_debug"] = eagle3_debug_table(store, run.id)
+        doc["events"] = [{"ts": e["ts"], "ts_iso": iso(e["ts"]), "kind": e["kind"], "message": e["message"]}
+                         for e in store.events(run.id)]
+    return doc
