@@ -28,8 +28,9 @@ system:
 test: setup system
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
+# In-process tests only; the plugins of the other tests (hypothesis, anyio) cost more to load than these run.
 test-fast: setup
-	$(BIN)/python -m pytest -q tests/fast
+	$(BIN)/python -m pytest -q -p no:hypothesispytest -p no:anyio tests/fast
 
 lint: setup
 	$(BIN)/ruff check orchestrator playbooks

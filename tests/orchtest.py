@@ -2,22 +2,141 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from orchestrator.cli import render
 
 TESTS = Path(__file__).parent
 JOB = TESTS / "jobs" / "progress_job.py"
 FAST = ["--set", "poll_min=0.05", "--set", "poll_max=0.3"]
 
+# The commands that return promptly and neither follow a job in the foreground, install signal handlers,
+# exec, start a controller nor name the calling process in a run's record (its watcher, its lease): `Orch`
+# runs them in the test's own process (an interpreter start costs more than most of them). Any other
+# command (run, watch, cancel and stop, which end a run as its watcher), and any command line these do
+# not name, gets an interpreter of its own.
+IN_PROCESS = {"status", "inspect-log", "compare", "logs", "pull", "hosts", "gpus", "playbooks", "note", "tag",
+              "rm", "gc", "patch"}
+IN_PROCESS_SUBCOMMANDS = {"sweep": {"status", "report"}, "cron": {"list"}}
+# In a process of their own all the same: `orch logs -f` follows the job until it ends; `orch status
+# --refresh` polls the runs, and a poll names its process as the run's watcher (alive, as long as the
+# tests run, where the command's own process would be gone)
+OWN_PROCESS_OPTIONS = {"logs": {"-f", "--follow"}, "status": {"--refresh"}}
+
+
+def runs_in_process(args: tuple[str, ...]) -> bool:
+    """Whether `orch ARGS` is one of the commands `Orch` runs in this process (see IN_PROCESS)."""
+    rest = list(args)
+    while rest and rest[0] == "--hosts" and len(rest) > 1 or rest and rest[0].startswith("--hosts="):
+        del rest[:1 if "=" in rest[0] else 2]
+    if not rest:
+        return False
+    command, sub = rest[0], rest[1] if len(rest) > 1 else None
+    if command in IN_PROCESS_SUBCOMMANDS:
+        return sub in IN_PROCESS_SUBCOMMANDS[command]
+    return command in IN_PROCESS and not OWN_PROCESS_OPTIONS.get(command, set()) & set(rest)
+
+
+# The consoles orchestrator.cli.render made at its import; a call in this process gets a pair of its own
+# (made under the call's environment, writing to its captured output) in their place. A console a test
+# put there itself stays.
+IMPORTED_CONSOLES = (render.out, render.err)
+
+
+def _orchestrator_modules() -> list[Any]:
+    return [m for name, m in list(sys.modules.items()) if name.startswith("orchestrator.") and m is not None]
+
+
+def _replace_consoles(replacing: dict[int, Any]) -> None:
+    """In every module of orchestrator (those imported during a call too), `out`/`err` that is one of the
+    keys (by id) becomes its value."""
+    for module in _orchestrator_modules():
+        for name in ("out", "err"):
+            now = module.__dict__.get(name)
+            if id(now) in replacing:
+                setattr(module, name, replacing[id(now)])
+
+
+@contextlib.contextmanager
+def _as_a_new_process(env: dict[str, str]) -> Iterator[tuple[io.TextIOWrapper, io.TextIOWrapper]]:
+    """What a call in this process must find as a new interpreter would: the Orch's environment, stdout and
+    stderr of its own (bytes, as a pipe takes them), fresh consoles, and none of the process-wide state an
+    earlier call (or the test itself) left: pooled connections, agent links, Slurm queues, the retry notice,
+    the global options. All of it is put back afterwards."""
+    from orchestrator.cli.app import State
+    from orchestrator.host import agent, remote, slurm, ssh
+
+    fresh_state: list[tuple[Any, str, Any]] = [
+        (remote, "_pool", {}), (agent, "_shared", {}), (agent, "_starting", {}), (slurm, "_queues", {}),
+        (ssh, "retry_notice", None), (State, "hosts_file", None), (State, "quiet_retries", False)]
+    before = [getattr(owner, name) for owner, name, _ in fresh_state]
+    saved_env, saved_streams = dict(os.environ), (sys.stdout, sys.stderr)
+    # as a pipe takes them: stdout strict UTF-8, stderr with backslash escapes; written through, so text and
+    # bytes written to .buffer keep their order
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True)
+    stderr = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="backslashreplace", write_through=True)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.stdout, sys.stderr = stdout, stderr
+    for owner, name, value in fresh_state:
+        setattr(owner, name, value)
+    fresh = render.consoles()  # made now: this environment, these streams
+    _replace_consoles({id(old): new for old, new in zip(IMPORTED_CONSOLES, fresh)})
+    try:
+        yield stdout, stderr
+    finally:
+        _replace_consoles({id(new): old for old, new in zip(IMPORTED_CONSOLES, fresh)})
+        for (owner, name, _), value in zip(fresh_state, before):
+            setattr(owner, name, value)
+        sys.stdout, sys.stderr = saved_streams
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+def _text(stream: io.TextIOWrapper) -> str:
+    """What subprocess.run(text=True) makes of the bytes: decoded, universal newlines."""
+    stream.flush()
+    data = stream.buffer.getvalue().decode()  # type: ignore[attr-defined]
+    return data.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def run_in_process(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`orch ARGS` through orchestrator.cli.main in this process, as `python -m orchestrator ARGS` would
+    run it with `env`: its exit code, stdout and stderr; a traceback and exit 1 for an uncaught exception."""
+    from orchestrator.cli import main
+
+    with _as_a_new_process(env) as (stdout, stderr):
+        try:
+            main(args)
+            code = 0
+        except SystemExit as exc:  # as the interpreter takes it: None is 0, any other non-int a message and 1
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:
+                print(exc.code, file=sys.stderr)
+                code = 1
+        except Exception:  # noqa: BLE001 - as the interpreter would: the traceback, exit 1
+            traceback.print_exc()
+            code = 1
+    return subprocess.CompletedProcess(["orch", *args], code, _text(stdout), _text(stderr))
+
 
 class Orch:
-    """An `orch` workspace (ORCH_HOME) and a way to run the CLI in it as a separate process."""
+    """An `orch` workspace (ORCH_HOME) and a way to run the CLI in it: a command that returns promptly in
+    this process (see IN_PROCESS), any other in an interpreter of its own, both from this process's
+    working directory with `env`."""
 
     def __init__(self, root: Path, hosts_toml: str = ""):
         self.root = root
@@ -25,14 +144,26 @@ class Orch:
         (root / "hosts.toml").write_text(hosts_toml)
         self.env = {**os.environ, "ORCH_HOME": str(root), "COLUMNS": "200"}
 
-    def __call__(self, *args: str, timeout: float = 120, check: int | None = None) -> subprocess.CompletedProcess:
-        proc = subprocess.run(
-            [sys.executable, "-m", "orchestrator", *args],
-            env=self.env, capture_output=True, text=True, timeout=timeout,
-        )
+    def __call__(self, *args: str, timeout: float = 120, check: int | None = None,
+                 new_process: bool = False) -> subprocess.CompletedProcess:
+        """`orch ARGS`; `new_process` for a test of the real entry point (`python -m orchestrator`)."""
+        # os.environ and sys.stdout are the process's: a call from another thread gets a process of its own
+        elsewhere = threading.current_thread() is not threading.main_thread()
+        if new_process or elsewhere or not runs_in_process(args) or self._interpreter_env_differs():
+            proc = subprocess.run(
+                [sys.executable, "-m", "orchestrator", *args],
+                env=self.env, capture_output=True, text=True, timeout=timeout, check=False,
+            )
+        else:
+            proc = run_in_process(list(args), self.env)
         if check is not None:
             assert proc.returncode == check, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         return proc
+
+    def _interpreter_env_differs(self) -> bool:
+        """An environment that changes the interpreter itself (PYTHONPATH: another package installed) is
+        only a new interpreter's."""
+        return any(self.env.get(k) != os.environ.get(k) for k in {*self.env, *os.environ} if k.startswith("PYTHON"))
 
     def spawn(self, *args: str) -> subprocess.Popen:
         return subprocess.Popen(

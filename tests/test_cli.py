@@ -223,23 +223,6 @@ def test_names_tags_and_notes_and_the_filters_on_them(tmp_path):
     assert json.loads(orch("rerun", "1", "--name", "again", "--detach", "--json").stdout)["name"] == "again"
 
 
-def test_status_filters_by_sweep_and_age(tmp_path):
-    import sqlite3
-
-    orch = Orch(tmp_path / "ws")
-    for _ in range(3):
-        orch("run", "command", "--set", "cmd=true", *FAST, check=0)
-    with sqlite3.connect(orch.db) as db:  # run 1 is three days old and run 2 belongs to a sweep
-        db.execute("UPDATE runs SET created_at = created_at - 3 * 86400 WHERE id = 1")
-        db.execute("UPDATE runs SET sweep_id = 5 WHERE id = 2")
-    ids = lambda *args: [d["id"] for d in json.loads(orch("status", *args, "--json", check=0).stdout)]
-    assert ids("--since", "2h") == [3, 2] and ids("--since", "4d") == [3, 2, 1]
-    assert ids("--sweep", "5") == [2] and ids("--sweep", "5", "--since", "1h") == [2] and ids("--sweep", "6") == []
-    limited = orch("status", "--since", "1d", "-n", "1", check=0)
-    assert "showing 1 of 2 runs" in limited.stderr
-    assert orch("status", "--since", "yesterday").returncode == 2
-
-
 def test_logs_all_and_pull_copy_the_whole_run_dir(orch, tmp_path):
     # a log of several chunks, with bytes that are no UTF-8
     cmd = "cmd=head -c 2500000 /dev/zero | tr '\\0' x; printf '\\n\\377\\376 end\\n'; echo out > result.txt"
@@ -357,3 +340,14 @@ def test_patch_status_keeps_to_runs_in_the_workspace(tmp_path):
     assert json.loads(res.stdout) == []
     assert sorted(os.listdir(orch.root)) == ["hosts.toml", "runs"]
     assert [p.name for p in (orch.root / "runs" / "patcher").iterdir()][0].startswith("patcher-")
+
+
+def test_a_prompt_command_says_the_same_in_the_tests_process_as_in_its_own(tmp_path):
+    """Orch runs `logs`, `status` and the like in the test's process: their output and exit codes are
+    those of `python -m orchestrator`."""
+    orch = Orch(tmp_path / "ws")
+    orch("run", "command", "--set", "cmd=printf 'one\\ttab\\r\\nwide é\\n'", *FAST, check=0)
+    for args in (("logs", "1"), ("logs", "1", "--json"), ("status", "nope"), ("tag", "9", "x"), ("playbooks",),
+                 ("status", "--host", "nowhere", "--json"), ("hosts", "--json"), ("logs", "1", "-n", "x")):
+        here, there = orch(*args), orch(*args, new_process=True)
+        assert (here.returncode, here.stdout, here.stderr) == (there.returncode, there.stdout, there.stderr), args

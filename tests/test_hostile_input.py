@@ -120,6 +120,8 @@ def test_a_garbage_database_is_one_line(tmp_path):
     orch = Orch(tmp_path / "ws")
     orch.db.parent.mkdir()
     orch.db.write_bytes(b"this is not sqlite at all " * 100)
+    # the real entry point (`python -m orchestrator`): one line, exit 2, no traceback
+    one_line(orch("status", new_process=True), 2, str(orch.db), "not an orch database")
     one_line(orch("status"), 2, str(orch.db), "not an orch database")
     one_line(orch("run", "command", "--set", "cmd=true"), 2, "not an orch database")
 

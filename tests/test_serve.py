@@ -312,7 +312,7 @@ class _Health(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def slow_health() -> Iterator[int]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     try:
         yield server.server_address[1]
     finally:
@@ -343,7 +343,7 @@ def test_health_is_asked_on_the_host_by_its_agent(tmp_path):
     transport = LocalTransport(local_host(tmp_path))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
     port = server.server_address[1]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
 
     def status() -> int | None:
         return ask(transport, port)

@@ -10,9 +10,15 @@ from typing import Any, Self
 
 from rich.console import Console
 
-# No markup: run output, log lines and error messages are data, and `[rank3]` must print as itself.
-out = Console(highlight=False, soft_wrap=True, markup=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+
+def consoles() -> tuple[Console, Console]:
+    """The stdout and stderr consoles, as the terminal and the environment (COLUMNS, NO_COLOR, ...) are
+    now. No markup: run output, log lines and error messages are data, and `[rank3]` must print as itself."""
+    return (Console(highlight=False, soft_wrap=True, markup=False),
+            Console(stderr=True, highlight=False, soft_wrap=True, markup=False))
+
+
+out, err = consoles()
 
 
 def emit_json(value: Any) -> None:

@@ -230,17 +230,6 @@ def test_a_turn_of_pushes_is_one_transaction_with_one_push_per_run(ws: Workspace
     hw.store.close()
 
 
-def test_the_lean_entry_point_loads_no_cli() -> None:
-    import subprocess
-    import sys
-
-    code = ("import sys, orchestrator.runflow.hostwatch; "
-            "print(sorted(m for m in ('typer', 'rich', 'click', 'matplotlib') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
-
-
-
 def test_a_watcher_whose_host_does_not_answer_waits_for_its_next_retry(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """With the host unreachable and its runs due for a look, the loop sleeps until the next connection

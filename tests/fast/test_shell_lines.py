@@ -70,9 +70,10 @@ def _assignments(body: list[ast.stmt]) -> dict[str, list[ast.expr]]:
 
 
 class Counter:
-    def __init__(self) -> None:
-        self.modules: dict[str, Module] = {}
-        for top in SOURCES:
+    def __init__(self, modules: dict[str, Module] | None = None) -> None:
+        """Over the given modules, or (none given) every module of orch's sources."""
+        self.modules: dict[str, Module] = {} if modules is None else modules
+        for top in SOURCES if modules is None else ():
             for path in sorted((ROOT / top).rglob("*.py")):
                 if "hostjobs" in path.parts:
                     continue  # the host programs are Python, run by the host's python
@@ -183,7 +184,6 @@ def test_shell_inside_python_strings_stays_under_its_ceiling():
 def test_the_counter_sees_shell_through_names_functions_and_constants(tmp_path: Path):
     """A command built in a function from a module constant, passed through a name, is counted; a
     quoted word and an argv list are not."""
-    counter = Counter()
     src = ("from .remote import quote\n"
            "SCRIPT = 'echo one\\necho two'\n"
            "def build(x):\n"
@@ -194,7 +194,7 @@ def test_the_counter_sees_shell_through_names_functions_and_constants(tmp_path: 
            "    t.run(['argv', 'list'])\n")
     path = tmp_path / "probe.py"
     path.write_text(src)
-    counter.modules = {"orchestrator.probe": Module("orchestrator.probe", path)}
+    counter = Counter({"orchestrator.probe": Module("orchestrator.probe", path)})
     found = {n for _, n in counter.count()}
     assert found == {2, 4}
 

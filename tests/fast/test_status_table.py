@@ -160,3 +160,22 @@ def test_compare_previous_is_the_run_before_on_the_same_host(orch: Orch, store: 
     code, _, err = orch("compare", str(first), "--previous")
     assert code == 2 and f"run {first} is the first run of serve-eagle3 on gpu01" in err
     assert orch("compare", str(first), str(second), "--previous")[0] == 2
+
+
+def test_status_filters_by_sweep_and_age(orch: Orch, store: Store) -> None:
+    for _ in range(3):
+        make_run(store, end=Status.SUCCEEDED)
+    with store.tx() as c:  # run 1 is three days old and run 2 belongs to a sweep
+        c.execute("UPDATE runs SET created_at = created_at - 3 * 86400 WHERE id = 1")
+        c.execute("UPDATE runs SET sweep_id = 5 WHERE id = 2")
+
+    def ids(*args: str) -> list[int]:
+        code, out, err = orch("status", *args, "--json")
+        assert code == 0, err
+        return [d["id"] for d in json.loads(out)]
+
+    assert ids("--since", "2h") == [3, 2] and ids("--since", "4d") == [3, 2, 1]
+    assert ids("--sweep", "5") == [2] and ids("--sweep", "5", "--since", "1h") == [2] and ids("--sweep", "6") == []
+    code, _, err = orch("status", "--since", "1d", "-n", "1")
+    assert code == 0 and "showing 1 of 2 runs" in err
+    assert orch("status", "--since", "yesterday")[0] == 2

@@ -23,7 +23,7 @@ from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parent.parent
 OTHER_COMMANDS = {f"orchestrator.cli.{module}" for module in set(COMMAND_MODULES.values()) - {"status"}}
 ONLY_OTHERS_NEED = {"pydantic", "orchestrator.config.hosts", "orchestrator.runflow.watching", "orchestrator.runflow",
                     "orchestrator.sweep", "orchestrator.ui", "orchestrator.runflow.registry"}
@@ -138,3 +138,10 @@ def test_bad_input_is_still_one_message_and_exit_2(capsys: pytest.CaptureFixture
     assert code == 2 and "'bogus' is not one of" in err
     code, out, _ = run("status", "--status", "succeeded", "--json", "-n", "5")
     assert code == 0 and [doc["status"] for doc in json.loads(out)] == ["succeeded"]
+
+
+def test_the_lean_entry_point_loads_no_cli() -> None:
+    code = ("import sys, orchestrator.runflow.hostwatch; "
+            "print(sorted(m for m in ('typer', 'rich', 'click', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -389,7 +389,7 @@ def test_a_job_killed_by_a_signal_exits_as_a_shell_says_it(link: AgentLink, tmp_
     assert (root / ".orch" / "exit_code").read_text() == "137\n"
 
 
-FAKES = Path(__file__).resolve().parents[1] / "fakes"
+FAKES = Path(__file__).resolve().parent / "fakes"
 
 
 def test_gpus_are_read_and_attributed_on_the_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

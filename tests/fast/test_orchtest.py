@@ -1,0 +1,55 @@
+"""`Orch` runs a prompt command in the test's process as a new interpreter would find it, and leaves the
+process as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from orchtest import IMPORTED_CONSOLES, Orch, runs_in_process
+
+from orchestrator.cli import render
+from orchestrator.host import remote
+
+
+def test_which_commands_run_in_process() -> None:
+    assert runs_in_process(("status", "--json")) and runs_in_process(("--hosts", "h.toml", "logs", "3"))
+    assert runs_in_process(("sweep", "status")) and runs_in_process(("cron", "list"))
+    for args in (("run", "command"), ("watch", "1"), ("logs", "3", "-f"), ("status", "--refresh"), ("cancel", "1"),
+                 ("sweep", "run", "s.toml"), ("cron", "install", "s.toml"), ("ssh", "1"), ("ui",), ("--version",), ()):
+        assert not runs_in_process(args), args
+
+
+def test_a_call_has_the_orchs_environment_and_gives_this_process_its_own_back(tmp_path: Path) -> None:
+    a, b = Orch(tmp_path / "a"), Orch(tmp_path / "b")
+    before, streams, pool = dict(os.environ), (sys.stdout, sys.stderr), remote._pool
+    a.env["NO_SUCH_VARIABLE_HERE"] = "1"
+    res = a("status", "--json")
+    assert res.returncode == 0 and json.loads(res.stdout) == []
+    assert str(tmp_path / "a") in res.stderr  # "no runs here": the workspace is a's ORCH_HOME
+    assert str(tmp_path / "b") in b("status").stderr
+    assert dict(os.environ) == before and (sys.stdout, sys.stderr) == streams and remote._pool is pool
+
+
+def test_bad_input_is_exit_2_and_one_line_on_stderr(tmp_path: Path) -> None:
+    res = Orch(tmp_path / "ws")("status", "nope")
+    assert (res.returncode, res.stdout, res.stderr) == (2, "", "orch: not a run id: 'nope'\n")
+
+
+def test_the_consoles_are_the_calls_own_and_a_tests_own_console_stays(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    orch = Orch(tmp_path / "ws")
+    assert orch("playbooks").stdout.startswith("name\t")  # a pipe's tab-separated lines, not a table
+    orch("status")  # its module may be imported during the call, taking the call's consoles
+    status = sys.modules["orchestrator.cli.status"]
+    assert (render.out, render.err) == IMPORTED_CONSOLES  # put back, in every module that holds them
+    assert (status.out, status.err) == IMPORTED_CONSOLES
+    from rich.console import Console
+
+    mine = Console(record=True, width=100)
+    monkeypatch.setattr(render, "out", mine)
+    orch("status")
+    assert render.out is mine
