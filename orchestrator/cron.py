@@ -118,12 +118,6 @@ def orch_argv() -> list[str]:
     return [sys.executable, "-m", "orchestrator"]
 
 
-def _cron_quote(word: str) -> str:
-    # cron turns an unescaped % into a newline before the shell sees the line; python-crontab escapes
-    # every % of the command as it writes the line, so it is not escaped here too
-    return shlex.quote(word)
-
-
 def check_one_line(ws: Workspace, file: Path) -> None:
     """Every path the line carries must keep it one line: cron (and python-crontab reading it back)
     splits on newlines, which quoting does not protect, so a path holding one would add entries."""
@@ -139,16 +133,18 @@ def cron_command(ws: Workspace, entry_id: str, file: Path) -> str:
     check_one_line(ws, file)
     log = cron_dir(ws) / f"{sweep_key(file)}.log"
     bindir = str(Path(sys.executable).parent)
-    env = [f"ORCH_HOME={_cron_quote(str(ws.root))}", f"PATH={_cron_quote(bindir + ':' + CRON_PATH)}"]
+    # cron turns an unescaped % into a newline before the shell sees the line; python-crontab escapes every
+    # % of the command as it writes the line, so the words are only shell-quoted here
+    env = [f"ORCH_HOME={shlex.quote(str(ws.root))}", f"PATH={shlex.quote(bindir + ':' + CRON_PATH)}"]
     if orch_argv()[0] != "orch":  # running from a source tree: the package must be importable
-        env.append(f"PYTHONPATH={_cron_quote(str(Path(__file__).resolve().parent.parent))}")
+        env.append(f"PYTHONPATH={shlex.quote(str(Path(__file__).resolve().parent.parent))}")
     argv = [*orch_argv()]
     if ws.hosts_file != ws.root / "hosts.toml":
         argv += ["--hosts", str(ws.hosts_file)]
     argv += ["cron", "fire", entry_id, str(file)]
     return (
-        f"cd {_cron_quote(str(ws.root))} && {' '.join(env)} {' '.join(_cron_quote(a) for a in argv)}"
-        f" >> {_cron_quote(str(log))} 2>&1"
+        f"cd {shlex.quote(str(ws.root))} && {' '.join(env)} {' '.join(shlex.quote(a) for a in argv)}"
+        f" >> {shlex.quote(str(log))} 2>&1"
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,7 @@ def ssh(run_id: str = typer.Argument(..., metavar="ID"),
         raise UsageError(f"run {run.id} has no run dir: it never reached its host")
     argv = fetching.ssh_command(inventory(ws).get(run.host), run.remote_dir, command)
     if show:
-        out.print(fetching.shell_line(argv))
+        out.print(shlex.join(argv))
         return
     sys.stdout.flush()
     os.execvp(argv[0], argv)  # the shell is the person's now: ssh's exit status is ours

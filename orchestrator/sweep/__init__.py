@@ -22,8 +22,9 @@ documents), `notification` (what the URLs are told), `runner` (the lanes and poi
 commands).
 """
 
+from ..store.sweeps import add_event, events
 from .control import cancel, detach, on_sweep_finished, record_cron_skip, run
-from .db import add_event, claim, events, on_run_ended, register, resolve
+from .db import claim, on_run_ended, register, resolve
 from .plan import Plan, Point, SweepFile, expand, label, load, plan
 from .policy import Verdict, decide, verdict
 from .record import Fault, PointStatus, SweepStatus

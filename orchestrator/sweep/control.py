@@ -14,6 +14,7 @@ from .. import runflow
 from ..config.workspace import Workspace
 from ..errors import OrchError, UsageError
 from ..store import Store
+from ..store import sweeps as stored_sweeps
 from ..store.record import KILL_GRACE_S
 from . import db, notification, policy
 from .plan import identity, plan
@@ -28,7 +29,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent
 def on_sweep_finished(store: Store, sweep_id: int) -> None:
     """Called when a sweep finishes (whatever its outcome): an event, and the notification."""
     row = db.sweep(store, sweep_id)
-    db.add_event(store, sweep_id, "finished", row.status.value, {"notify": row.notify})
+    stored_sweeps.add_event(store, sweep_id, "finished", row.status.value, {"notify": row.notify})
     notification.announce(store, sweep_id, document(store, sweep_id))
 
 
@@ -52,7 +53,7 @@ def run(ws: Workspace, path: Path, echo: Callable[[str], None] = lambda s: None,
         db.claim(store, sweep_id)
         done = sum(pt.status is PointStatus.SUCCEEDED or pt.fault is Fault.JOB for pt in db.points(store, sweep_id))
         row = db.sweep(store, sweep_id)
-        db.add_event(store, sweep_id, "started",
+        stored_sweeps.add_event(store, sweep_id, "started",
                      f"controller {row.controller}; {done} of {len(p.points)} points already done")
         title = f"{p.file.name} {instance}" if instance else p.file.name
         echo(f"sweep {sweep_id} ({title}): {len(p.points)} points on {', '.join(h.name for h in p.hosts)}"
@@ -60,7 +61,7 @@ def run(ws: Workspace, path: Path, echo: Callable[[str], None] = lambda s: None,
         try:
             Runner(ws, p, sweep_id, echo, sleep).run()
         except KeyboardInterrupt:
-            db.add_event(store, sweep_id, "interrupted", "controller interrupted; running the file again resumes")
+            stored_sweeps.add_event(store, sweep_id, "interrupted", "controller interrupted; running the file again resumes")
             raise
         return _finish(store, sweep_id)
     finally:
@@ -114,10 +115,10 @@ def cancel(ws: Workspace, ref: str, grace_s: float = KILL_GRACE_S) -> dict[str, 
         sweep_id = db.resolve(store, ref)
         row, queued = _mark_cancelled(store, sweep_id)
         stopped = {run_id: runflow.stop_quietly(ws, store, run_id, "sweep cancelled", grace_s=grace_s)
-                   for run_id in db.active_runs(store, sweep_id)}
+                   for run_id in stored_sweeps.active_runs(store, sweep_id)}
         if not row.controller_alive():  # nobody else will end it
             _end_unattended(store, sweep_id)
-        db.add_event(store, sweep_id, "cancelled", f"{queued} queued point(s) cancelled, {len(stopped)} run(s) stopped")
+        stored_sweeps.add_event(store, sweep_id, "cancelled", f"{queued} queued point(s) cancelled, {len(stopped)} run(s) stopped")
         return {"sweep_id": sweep_id, "queued_cancelled": queued, "stopped": stopped}
     finally:
         store.close()
@@ -129,9 +130,9 @@ def record_cron_skip(entry_id: str, file: Path, message: str) -> None:
     store = Store(ws.db_path)
     try:
         try:
-            sweep_id = db.newest_of(store, *identity(Path(file)))
+            sweep_id = stored_sweeps.newest(store, *identity(Path(file)))
         except UsageError:
             sweep_id = None
-        db.add_event(store, sweep_id, "cron_skip", message, {"entry": entry_id, "file": str(file)})
+        stored_sweeps.add_event(store, sweep_id, "cron_skip", message, {"entry": entry_id, "file": str(file)})
     finally:
         store.close()

@@ -4,27 +4,19 @@ through `transition_sweep` or `transition_point`, which write the status and its
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from ..errors import NotFound, OrchError, TransitionError
 from ..store import Store
 from ..store import sweeps as stored_sweeps
 from ..store.controller import Controller
 from ..store.record import Run
+from ..store.sweeps import add_event
 from . import policy
 from .plan import Plan
 from .record import POINT_ALLOWED, SWEEP_ALLOWED, Fault, PointRow, PointStatus, SweepRow, SweepStatus
 
 
 # events ----------------------------------------------------------------------------------------------
-def add_event(store: Store, sweep_id: int | None, kind: str, message: str = "", data: Any = None) -> None:
-    stored_sweeps.add_event(store, sweep_id, kind, message, data)
-
-
-def events(store: Store, sweep_id: int) -> list[dict[str, Any]]:
-    return stored_sweeps.events(store, sweep_id)
-
-
 def on_run_ended(store: Store, sweep_id: int, point: int, run_id: int) -> None:
     """Called when a point's run ends: an event with the run's status."""
     run = store.get_run(run_id)
@@ -67,23 +59,9 @@ def resolve(store: Store, ref: str | None) -> int:
     return found
 
 
-def newest_of(store: Store, name: str, file_hash: str) -> int | None:
-    """The newest sweep of this file, whatever its instance."""
-    return stored_sweeps.newest(store, name, file_hash)
-
-
 def latest_run(store: Store, sweep_id: int, key: str) -> Run | None:
     run_id = stored_sweeps.latest_run_of_point(store, sweep_id, key)
     return store.get_run(run_id) if run_id is not None else None
-
-
-def runs_of(store: Store, sweep_id: int, key: str) -> int:
-    return stored_sweeps.runs_of_point(store, sweep_id, key)
-
-
-def active_runs(store: Store, sweep_id: int) -> list[int]:
-    """The sweep's runs that launched and have not ended."""
-    return stored_sweeps.active_runs(store, sweep_id)
 
 
 def cancelled(store: Store, sweep_id: int, index: int) -> bool:
@@ -146,10 +124,6 @@ def claim(store: Store, sweep_id: int) -> None:
 def release(store: Store, sweep_id: int) -> None:
     """The sweep has no controller any more: it ended (or was cancelled with nobody running it)."""
     stored_sweeps.update(store, sweep_id, ended_at=time.time(), controller=None)
-
-
-def heartbeat(store: Store, sweep_id: int, now: float) -> None:
-    stored_sweeps.update(store, sweep_id, heartbeat=now)
 
 
 # writing ---------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..runflow import notify
 from ..store import Store
-from . import db
+from ..store import sweeps as stored_sweeps
 from .plan import label
 
 POINT_FIELDS = ("index", "point", "host", "status", "run_id", "metrics")
@@ -44,7 +44,7 @@ def announce(store: Store, sweep_id: int, doc: dict[str, Any]) -> None:
     def record(url: str, message: str) -> None:
         own = Store(db_path)  # the sending thread's own connection
         try:
-            db.add_event(own, sweep_id, "warning", f"notify {url}: {message}")
+            stored_sweeps.add_event(own, sweep_id, "warning", f"notify {url}: {message}")
         finally:
             own.close()
 

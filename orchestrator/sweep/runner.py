@@ -13,6 +13,7 @@ from .. import runflow
 from ..config.workspace import Workspace
 from ..errors import OrchError
 from ..store import Store, lease
+from ..store import sweeps as stored_sweeps
 from ..store.record import Run
 from . import db, policy
 from .plan import Plan, Point
@@ -83,7 +84,7 @@ class Runner:
         starts a new point, so a resumed cluster lane never runs more than its width."""
         store = Store(self.ws.db_path)
         try:
-            live = {store.get_run(run_id).point for run_id in db.active_runs(store, self.sweep_id)}
+            live = {store.get_run(run_id).point for run_id in stored_sweeps.active_runs(store, self.sweep_id)}
         finally:
             store.close()
         return sorted(points, key=lambda pt: pt.key not in live)
@@ -193,7 +194,7 @@ class Runner:
         file = self.plan.file
         self.echo(f"point {pt.index} ({pt.label}) on {pt.host}: {attempt.reason}; retry {attempts} of "
                   f"{file.retries} in {file.retry_backoff_s:g} s")
-        db.add_event(store, self.sweep_id, "retry", f"point {pt.index}: {attempt.reason}",
+        stored_sweeps.add_event(store, self.sweep_id, "retry", f"point {pt.index}: {attempt.reason}",
                      {"point": pt.index, "try": attempts})
         return db.settle_point(store, self.sweep_id, pt.index, PointStatus.QUEUED)
 
@@ -217,7 +218,7 @@ class Runner:
     def _fail_fast(self, store: Store, pt: Point) -> None:
         reason = f"fail_fast: point {pt.index} failed"
         n = db.cancel_points(store, self.sweep_id, {PointStatus.QUEUED}, reason)
-        db.add_event(store, self.sweep_id, "fail_fast", f"point {pt.index} failed; {n} queued point(s) cancelled")
+        stored_sweeps.add_event(store, self.sweep_id, "fail_fast", f"point {pt.index} failed; {n} queued point(s) cancelled")
         self.echo(f"fail_fast: point {pt.index} failed; {n} queued point(s) cancelled")
 
     # waiting -------------------------------------------------------------------------------------
@@ -231,4 +232,4 @@ class Runner:
         now = time.time()
         if now - self._beat >= HEARTBEAT_S:
             self._beat = now
-            db.heartbeat(store, self.sweep_id, now)
+            stored_sweeps.update(store, self.sweep_id, heartbeat=now)

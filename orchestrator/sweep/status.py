@@ -22,7 +22,7 @@ def _point(store: Store, pt: PointRow) -> dict[str, Any]:
     return {
         "index": pt.index, "point": pt.diff, "host": pt.host, "gpus": pt.gpus,
         "status": pt.status.value, "fault": pt.fault.value if pt.fault else None, "reason": pt.reason,
-        "attempts": pt.attempts, "runs": db.runs_of(store, pt.sweep_id, pt.key),
+        "attempts": pt.attempts, "runs": stored_sweeps.runs_of_point(store, pt.sweep_id, pt.key),
         "run_id": pt.run_id, "run_status": run.status.value if run else None,
         "phase": shown_phase(run) if run else None, "last_line": run.last_line if run else None,
         "metrics": store.latest_metrics(pt.run_id) if pt.run_id else {},

@@ -16,7 +16,6 @@ from ..store import Store, runtables
 from ..store import sweeps as stored_sweeps
 from ..store.record import Run
 from ..store.shapes import error_hint, run_document
-from . import report
 
 SERIES_POINTS = 600  # a chart needs no more points than it has pixels
 SERIES_ROWS = 200_000  # the newest samples of a run that a chart reads at most
@@ -188,8 +187,3 @@ def reachability(ws: Workspace, names: list[str], timeout: float) -> dict[str, A
 
     inv = Inventory.load(ws.hosts_file, ws.root)
     return fleet.check([inv.get(n) for n in names], timeout)
-
-
-def compare(store: Store, ids: list[int], all_keys: bool) -> dict[str, Any]:
-    return report.compare(store, ids, all_keys)
-

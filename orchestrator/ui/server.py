@@ -27,7 +27,7 @@ from ..config.hosts import Inventory
 from ..config.workspace import Workspace
 from ..errors import NotFound, OrchError, UsageError
 from ..store import Store
-from . import pages, table
+from . import pages, report, table
 from .guard import Guard
 from .logtail import LogTails
 
@@ -150,7 +150,7 @@ class Dashboard:
         ids = [_int(i, None) for i in request.query_params.get("ids", "").replace(" ", ",").split(",") if i]
         if None in ids:
             raise UsageError("ids: run ids, separated by commas")
-        return JSON(pages.compare(self.store(), [i for i in ids if i is not None],
+        return JSON(report.compare(self.store(), [i for i in ids if i is not None],
                                   request.query_params.get("all") == "1"))
 
     # actions ---------------------------------------------------------------------------------------

@@ -41,8 +41,8 @@ def test_json_columns_come_back_as_values(store: Store) -> None:
     points = db.points(store, sweep_id)
     assert [(p.key, p.diff, p.gpus) for p in points] == [('{"tp": 1}', {"tp": 1}, [0, 1]),
                                                           ('{"tp": 2}', {"tp": 2}, None)]
-    db.add_event(store, sweep_id, "note", "hello", {"point": 0, "why": ["a"]})
-    assert [(e["kind"], e["data"]) for e in db.events(store, sweep_id)][-1] == ("note", {"point": 0, "why": ["a"]})
+    stored_sweeps.add_event(store, sweep_id, "note", "hello", {"point": 0, "why": ["a"]})
+    assert [(e["kind"], e["data"]) for e in stored_sweeps.events(store, sweep_id)][-1] == ("note", {"point": 0, "why": ["a"]})
     assert sweep.document(store, sweep_id)["objective"] == {"metric": "tok_s", "goal": "max"}
 
 

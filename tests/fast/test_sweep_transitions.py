@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator.errors import OrchError, TransitionError
 from orchestrator.store import Store
+from orchestrator.store import sweeps as stored_sweeps
 from orchestrator.store.controller import Controller
 from orchestrator.sweep import db
 from orchestrator.sweep.record import POINT_ALLOWED, SWEEP_ALLOWED, Fault, PointStatus, SweepStatus
@@ -63,13 +64,13 @@ def test_sweep_transition(store: Store, current: SweepStatus, to: SweepStatus) -
     if (current, to) in SWEEP_MOVES:
         db.transition_sweep(store, sweep_id, to, "why")
         assert db.sweep(store, sweep_id).status is to
-        (event,) = db.events(store, sweep_id)
+        (event,) = stored_sweeps.events(store, sweep_id)
         assert event["kind"] == "status" and event["message"] == f"{to}: why"
         assert event["data"] == {"from": current.value, "to": to.value}
     else:
         with pytest.raises(TransitionError, match=f"cannot go from {current} to {to}"):
             db.transition_sweep(store, sweep_id, to)
-        assert db.sweep(store, sweep_id).status is current and db.events(store, sweep_id) == []
+        assert db.sweep(store, sweep_id).status is current and stored_sweeps.events(store, sweep_id) == []
 
 
 @pytest.mark.parametrize("current, to", list(itertools.product(PointStatus, PointStatus)))
@@ -80,13 +81,13 @@ def test_point_transition(store: Store, current: PointStatus, to: PointStatus) -
         db.transition_point(store, sweep_id, 0, to, reason="why", fault=fault, run_id=7, attempt=True)
         pt = db.point(store, sweep_id, 0)
         assert (pt.status, pt.fault, pt.reason, pt.run_id, pt.attempts) == (to, fault, "why", 7, 1)
-        (event,) = db.events(store, sweep_id)
+        (event,) = stored_sweeps.events(store, sweep_id)
         assert event["kind"] == "point" and event["data"] == {"point": 0, "from": current.value, "to": to.value}
     else:
         with pytest.raises(TransitionError, match=f"point 0 cannot go from {current} to {to}"):
             db.transition_point(store, sweep_id, 0, to, fault=fault, run_id=7)
         pt = db.point(store, sweep_id, 0)
-        assert (pt.status, pt.run_id, pt.attempts) == (current, None, 0) and db.events(store, sweep_id) == []
+        assert (pt.status, pt.run_id, pt.attempts) == (current, None, 0) and stored_sweeps.events(store, sweep_id) == []
 
 
 @pytest.mark.parametrize("to, fault", [(P.FAILED, None), (P.QUEUED, Fault.JOB), (P.CANCELLED, Fault.FLEET)])
