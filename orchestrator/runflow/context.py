@@ -27,7 +27,7 @@ from . import registry
 from .watching import WatchLock
 
 LOG_TAIL_LINES = 200
-# The end steps in their order: the lease is freed right after BEFORE_RELEASE (see lease.py); the
+# The end steps in their order: the lease is freed right after BEFORE_RELEASE (see store/lease.py); the
 # others may run while the host's next run starts.
 END_STEPS = (*BEFORE_RELEASE, "outputs", "log tail", "notify")
 
