@@ -54,7 +54,7 @@ class Job:
 
     @property
     def run(self) -> Run:
-        """The run's record as last read (a dry run's, whose record does not exist yet, is never read)."""
+        """The run's record as last read (read now when it never was; a dry run's is in its scratch copy)."""
         return self.record if self.record is not None else self.refresh()
 
     def refresh(self) -> Run:
