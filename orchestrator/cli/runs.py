@@ -147,7 +147,7 @@ def _started_here(store: Any, newest: int) -> bool:
 
 
 def _hand_over(ctx: Any) -> None:
-    """This process stops watching the run; a background watcher keeps it (see watching.py)."""
+    """This process stops watching the run; a background watcher keeps it (see runflow/watching.py)."""
     from ..runflow import watching
 
     ctx.release()

@@ -1,4 +1,4 @@
-"""Many runs: orch sweep (run, status, cancel, report) and orch cron (nightly sweeps)."""
+"""Many runs: orch sweep (run, status, watch, cancel, report) and orch cron (nightly sweeps)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A patch set on disk: patch.toml and its unified diffs, loaded and checked (the patch.toml schema,
-which file each diff patches, the set's hash, the flags it requires). See patching.py for the format."""
+which file each diff patches, the set's hash, the flags it requires). See host/patching.py for the format."""
 
 from __future__ import annotations
 

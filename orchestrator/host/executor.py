@@ -26,7 +26,7 @@ class Executor(Protocol):
     # The scheduler allocates GPUs and cleans up after jobs: the run flow then does neither GPU cleanup
     # nor host leases.
     schedules_gpus: ClassVar[bool]
-    # The host's agent pushes the job's log and end as they happen to one watcher per host (hostwatch.py);
+    # The host's agent pushes the job's log and end as they happen to one watcher per host (runflow/hostwatch.py);
     # otherwise each run is polled by a watcher of its own.
     streams: ClassVar[bool]
     # A job waits in the scheduler's queue before it runs: its run is `queued` until it leaves it.

@@ -5,7 +5,7 @@ Which is the truth: the host. Its lease files, under an flock in `<workdir>/leas
 workspace sees — one file per key, `host` for the whole host, `gpu-N` per GPU of a run's set, naming its
 run token (workspace and run), its run dir and when it was taken — and whether a holder can still run is
 judged there, from what the host can prove: its run prepares (no pid yet, under an hour old), or its
-wrapper lives and its run dir holds its token without an exit code. The SQLite lease (lease.py) is one
+wrapper lives and its run dir holds its token without an exit code. The SQLite lease (store/lease.py) is one
 workspace's record: it keeps that workspace's runs apart (one transaction with the run's row), and
 another workspace's database cannot see it.
 

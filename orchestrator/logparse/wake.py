@@ -1,8 +1,8 @@
 """The log lines worth waking a held poll for: what ends a run, readies a server or changes its phase.
 
-One extended regex (grep -E), run on the host over the new bytes about once a second. Progress bars
-and decode statistics are left out on purpose: they come all the time, and the backoff reads them soon
-enough. A false wake costs one round trip; a missed one, the rest of the hold.
+One regular expression, looked for by the host's agent in the new bytes five times a second while it holds
+a poll. Progress bars and decode statistics are left out on purpose: they come all the time, and the
+backoff reads them soon enough. A false wake costs one round trip; a missed one, the rest of the hold.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """The run flow: from a spec to a finished run, and every way a run ends.
 
-start: check → create the run with its lease → patch sets checked → GPU cleanup → patches applied →
-prepare → launch. watch/poll: the watcher records what the log says until the run ends. Every ending
-(the watcher's verdict, cancel, stop, another run's GPU cleanup, a dead controller's run settled, a
-failed start) reaches `finish`, which runs the end steps — the log read to its last byte, outputs, log
-tail, patch revert, notification — each exactly once whoever ends the run, then frees its lease. `start(replace=True)`
-stops the run holding the host or GPU set through that same path (its reason names the new run) and
-waits until its GPUs are free before taking the lease.
+start: check → create the run with its lease → patch sets checked → preflight → the host's lease files
+and run dir → GPU cleanup → patches applied → prepare → launch. watch/poll: the watcher records what the
+log says until the run ends. Every ending (the watcher's verdict, cancel, stop, another run's GPU cleanup,
+a dead controller's run settled, a failed start) reaches `finish`, which runs the end steps — the log read
+to its last byte and the patch revert, then its lease is freed, then outputs, log tail and notification —
+each exactly once whoever ends the run. `start(replace=True)` stops the run holding the host or GPU set
+through that same path (its reason names the new run) and waits until its GPUs are free before taking
+the lease.
 
 Modules below this one never call up into it: the lease and GPU cleanup get callbacks.
 """

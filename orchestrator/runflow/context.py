@@ -27,7 +27,7 @@ from . import registry
 from .watching import WatchLock
 
 LOG_TAIL_LINES = 200
-# The end steps in their order: the lease is freed right after BEFORE_RELEASE (see lease.py); the
+# The end steps in their order: the lease is freed right after BEFORE_RELEASE (see store/lease.py); the
 # others may run while the host's next run starts.
 END_STEPS = (*BEFORE_RELEASE, "outputs", "log tail", "notify")
 
@@ -54,7 +54,7 @@ class Job:
 
     @property
     def run(self) -> Run:
-        """The run's record as last read (a dry run's, whose record does not exist yet, is never read)."""
+        """The run's record as last read (read now when it never was; a dry run's is in its scratch copy)."""
         return self.record if self.record is not None else self.refresh()
 
     def refresh(self) -> Run:

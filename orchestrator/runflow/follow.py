@@ -41,9 +41,9 @@ def watch(ctx: Job, *, until_ready: bool = False, on_update: Callable[[Run], Non
           sleep: Callable[[float], None] = time.sleep, live: bool = False) -> Run:
     """Watch the run until it ends (or, with until_ready, is ready); an ended run is finished.
 
-    On a host whose agent streams, the host's watcher follows the run and this process its record. On a
-    cluster only the run's watcher polls; while another process on this machine is that watcher, this
-    one follows the record, and takes over when that process is gone.
+    On a host whose agent streams, the host's watcher follows the run and this process its record. Else
+    only the run's watcher polls; while another process on this machine is that watcher, this one follows
+    the record, and takes over when that process is gone.
     """
     ready = _ready_rule(ctx) if until_ready else None
     while True:

@@ -1,5 +1,5 @@
-"""Starting a run: check, create it with its lease, patch, free GPUs, prepare, launch (the host's part is the
-same for a dry run, see dryrun.py)."""
+"""Starting a run: check, create it with its lease, check its patch sets, free GPUs, apply the sets, prepare,
+launch (the host's part is the same for a dry run, see dryrun.py)."""
 
 from __future__ import annotations
 

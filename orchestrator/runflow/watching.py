@@ -1,9 +1,9 @@
 """Every active run is always watched: who watches a run, and a watcher for a host nobody watches.
 
-A host whose agent streams (an SSH host, this machine) has one watcher per workspace, `python -m
-orchestrator.runflow.hostwatch NAME` (hostwatch.py; `orch watch-host NAME` runs the same), found by its lock
-`runs/watchers/<host>.lock`; it follows every active run there, holding each run's lock,
-`runs/<id>/watch.lock`, while it does. A run on a Slurm cluster is
+A host whose agent streams (an SSH host, this machine, a Slurm cluster's login node) has one watcher per
+workspace, `python -m orchestrator.runflow.hostwatch NAME` (hostwatch.py; `orch watch-host NAME` runs the
+same), found by its lock `runs/watchers/<host>.lock`; it follows every active run there, holding each run's
+lock, `runs/<id>/watch.lock`, while it does. A run whose host no inventory knows (one made in process) is
 polled by a watcher of its own that holds the run's lock: `orch run` or `orch watch` in a terminal, a
 sweep's controller, or `orch watch ID --background`. Either is started for a run nobody watches — right
 after `orch run`, and from any `orch status` that finds an active run unwatched (its watcher was killed,
@@ -139,7 +139,8 @@ def _start(ws: Workspace, log: Path, args: list[str]) -> None:
 
 
 def spawn(ws: Workspace, run_id: int) -> None:
-    """Start a background watcher for one run (a run on a Slurm cluster)."""
+    """Start a background watcher for one run (`orch watch ID --background`: its host's watcher, when its
+    host's agent streams)."""
     _spawn(ws, ws.run_dir(run_id) / "watcher.log", ["watch", str(run_id)])
 
 

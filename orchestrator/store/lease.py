@@ -2,7 +2,7 @@
 
 Which is the truth: the host. Whether a run's job can still use the GPUs is what its host can prove —
 its wrapper alive, its run dir's exit code — and, across workspaces, the host's lease files
-(hostlease.py) are what every workspace sees. This table is one workspace's record of it: what keeps
+(host/hostlease.py) are what every workspace sees. This table is one workspace's record of it: what keeps
 that workspace's runs apart without a round trip, taken in one `BEGIN IMMEDIATE` transaction together
 with the run's row, so two runs of one workspace never both get the host.
 

@@ -106,7 +106,7 @@ class Run:
     sweep_id: int | None = None
     point: str | None = None
     last_line: str | None = None  # the log's last line as of the last poll
-    host_lease: bool = False  # it holds lease files on its host (hostlease.py)
+    host_lease: bool = False  # it holds lease files on its host (host/hostlease.py)
     end_steps: list[str] = field(default_factory=list)  # the end steps that already ran
     patches_applied: list[str] = field(default_factory=list)  # patch sets this run applied on its host
     unreadable: list[str] = field(default_factory=list)  # JSON columns found damaged (read as None)

@@ -1,4 +1,4 @@
-"""The JSON shapes `--json` prints, one per noun (README "JSON output"): integers for counts, one
+"""The JSON shapes `--json` prints, one per noun (README "Output for scripts"): integers for counts, one
 progress object everywhere, ISO 8601 times beside epoch seconds."""
 
 from __future__ import annotations

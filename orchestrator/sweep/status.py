@@ -26,7 +26,7 @@ def _point(store: Store, pt: PointRow) -> dict[str, Any]:
         "run_id": pt.run_id, "run_status": run.status.value if run else None,
         "phase": shown_phase(run) if run else None, "last_line": run.last_line if run else None,
         "metrics": store.latest_metrics(pt.run_id) if pt.run_id else {},
-        # last, and mean and p50 over the steady state (see summaries.py)
+        # last, and mean and p50 over the steady state (see store/summaries.py)
         "metric_summaries": store.metric_summaries(pt.run_id) if pt.run_id else {},
     }
 

@@ -1,8 +1,9 @@
 """`orch ui`: a local web dashboard of the workspace — runs, a run, sweeps, hosts, compare — live.
 
-The modules: `table` (the runs table in SQL), `pages` (the other pages' documents), `logtail` (log tails
-fetched without holding up the server), `guard` (what is allowed, for whom), `server` (the Starlette app
-and serving it); `static/` holds the one page shell, its script and its styles.
+The modules: `table` (the runs table, its SQL in store.runtable), `pages` (the other pages' documents),
+`logtail` (log tails fetched without holding up the server), `guard` (what is allowed, for whom), `server`
+(the Starlette app and serving it), `report` (compare and a sweep's HTML report, for the CLI too);
+`static/` holds the one page shell, its script and its styles.
 Starlette and uvicorn are the `ui` extra: nothing outside this package imports them.
 """
 

@@ -66,7 +66,7 @@ def compare(store: Store, ids: list[int], all_keys: bool = False, baseline: int 
         lower = lower_is_better(name)
         metrics[name] = {"values": values, "ratios": [ratio(v, values[0]) for v in values], "lower_is_better": lower,
                          "better": [None, *(_better(v, values[0], lower) for v in values[1:])],
-                         # last, mean and p50 over the steady state, per run (see summaries.py)
+                         # last, mean and p50 over the steady state, per run (see store/summaries.py)
                          "summaries": [s.get(name) for s in summed]}
     return {"runs": list(ids), "baseline": ids[0], "spec": spec, "metrics": metrics}
 
