@@ -3,8 +3,9 @@
 The start's host side (starting.open_new, starting.prepare_and_launch: the lease files, patch checks,
 GPU cleanup, the playbook's looks and uploads, the launch) runs as it is, over a `RecordingTransport`.
 That transport runs nothing: each shell command, upload and request to the host's agent is recorded and
-answered as an idle, empty host would answer (no GPU busy, no file there, each of orch's host programs content), so what
-the dry run lists is what a start sends, in its order, with no description of its own to keep in step.
+answered as an idle, empty host would answer (no GPU busy, no file there, each of orch's host programs
+succeeding), so what the dry run lists is what a start sends, in its order, with no description of its own
+to keep in step.
 The run, its lease and its events go to a copy of the database in memory (Store.scratch_copy) and vanish.
 """
 
