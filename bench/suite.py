@@ -32,6 +32,9 @@ def run_tier(clone: Path, args: list[str]) -> tuple[float, str]:
     proc = subprocess.run([sys.executable, *args], cwd=clone, env=env, capture_output=True, text=True)
     wall = time.monotonic() - started
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-300:]
+    for line in proc.stdout.splitlines():
+        if line.startswith(("FAILED", "ERROR")):
+            print(line, flush=True)
     return wall, re.sub(r"=+", "", summary).strip()
 
 
