@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from orchtest import FAST, Orch
+from orchtest import FAST, Orch, reached, release
 from sshd import free_port
 
 from orchestrator.config.hosts import local_host
@@ -219,9 +219,20 @@ def test_a_server_left_watching_records_decode_stats_then_stop_frees_its_gpus(tm
 def test_a_server_that_stops_answering_is_flagged_then_failed(tmp_path, ssh_fleet, mode, answer):
     orch = workspace(tmp_path, ssh_fleet)
     port = free_port("127.0.0.1")
-    res = orch("run", "serve-eagle3", "--host", "test1", "--set", "health_grace_s=1.5",
-               *serve_sets(port, "--unhealthy-after", "1", "--unhealthy-mode", mode, "--serve-after", "600"))
-    assert res.returncode == 1, res.stderr
+    serving = tmp_path / "serving"  # the server answers, held at `ready`, until the watcher has seen it answer
+    starter = orch.spawn("run", "serve-eagle3", "--host", "test1", "--set", "health_grace_s=1.5",
+                         *serve_sets(port, "--pause", f"ready:{serving}", "--unhealthy-after", "0",
+                                     "--unhealthy-mode", mode, "--serve-after", "600"))
+    try:
+        reached(serving, timeout=120)
+        orch.wait_for(1, lambda doc: any(e["kind"] == "health" for e in doc["events"]), timeout=120)
+        release(serving)
+        _, stderr = starter.communicate(timeout=120)
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+            starter.wait()
+    assert starter.returncode == 1, stderr
     doc = orch.status(1)
     assert doc["status"] == "failed"
     assert re.fullmatch(rf"health endpoint stopped answering for \d+ s \(last: {answer}\)", doc["reason"]), doc["reason"]

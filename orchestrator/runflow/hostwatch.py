@@ -70,7 +70,7 @@ class HostWatcher:
         self.runs: dict[int, Followed] = {}
         self.link: AgentLink | None = None
         self.executor = HostExecutor(connect(self.host), None)  # through the agent once it runs
-        self.starters = 0  # runs whose starter is still at work on them
+        self.starters = 0  # runs whose starter is still at work on them (preparing, or handing a launched one over)
         self._retry_at = 0.0
         self._retry_s = 1.0
         self._enders: list[threading.Thread] = []
@@ -308,7 +308,11 @@ class HostWatcher:
             return
         lock = WatchLock(self.ws, run.id)
         if not lock.acquire():
-            return  # someone on this machine polls it already
+            # its starter has launched it and not yet let go (or a process here watches it): looked for
+            # again at the next sync, not only when the record next changes — nothing writes it at the
+            # hand-over, and a watcher that counted no run would linger out meanwhile
+            self.starters += 1
+            return
         try:
             ctx = open_run(self.ws, self.store, run, self.hosts, any_spec=True)
             if not ctx.executor.streams:

@@ -15,8 +15,9 @@ from orchestrator.host.agent import Push
 from orchestrator.host.launch import JobState
 from orchestrator.host.polling import WatchOptions
 from orchestrator.host.ssh import SSHTransport
-from orchestrator.runflow.hostwatch import HostWatcher
+from orchestrator.runflow.hostwatch import SYNC_S, HostWatcher
 from orchestrator.runflow.watch import Watcher
+from orchestrator.runflow.watching import WatchLock
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status
@@ -257,4 +258,36 @@ def test_a_watcher_whose_host_does_not_answer_waits_for_its_next_retry(tmp_path:
     assert hw.serve()
     assert len(sleeps) == 8 and all(s > 0.5 for s in sleeps), sleeps
     assert clock[0] - 1000.0 >= 8, sleeps
+    store.close()
+
+
+def test_a_run_its_starter_hands_over_late_is_taken_at_the_next_look(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watcher's look at the record falls between the launch and the starter letting go of the run's
+    lock: nothing writes the record at the hand-over, yet the run is taken at the next look, and the
+    watcher, left with no run it follows meanwhile, does not linger out."""
+    ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
+    ws.hosts_file.write_text('[hosts.gone]\naddress = "127.0.0.1"\nport = 1\nconnect_timeout = 2\n')
+    store = Store(ws.db_path)
+    run_id = store.create_run("command", "gone", {"cmd": "true"})
+    for status in (Status.PREPARING, Status.LAUNCHING):
+        transition(store, run_id, status)
+    store.update_run(run_id, remote_dir=str(tmp_path / "r"))
+    transition(store, run_id, Status.RUNNING, pid=4242, pid_start="1")
+    starters_lock = WatchLock(ws, run_id)
+    assert starters_lock.acquire()  # launched, recorded, not yet let go
+    hw = HostWatcher(ws, "gone", echo=lambda text: None)
+    clock = [1000.0]  # the loop's time passes only while it sleeps
+
+    def sleep(seconds: float) -> None:
+        starters_lock.release()  # the hand-over, right after the watcher's first look
+        clock[0] += seconds
+        if run_id in hw.runs or clock[0] - 1000.0 > 60:
+            hw.stopping.set()
+
+    hw.clock, hw.sleep = (lambda: clock[0]), sleep
+    monkeypatch.setattr(SSHTransport, "retry_sleep", staticmethod(lambda seconds: None))  # (quick refusals)
+    assert hw.serve()
+    assert run_id in hw.runs
+    assert clock[0] - 1000.0 <= SYNC_S + 1  # at the next look at the record, not the next full read
     store.close()
