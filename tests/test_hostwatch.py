@@ -106,6 +106,7 @@ def test_a_killed_host_watcher_is_restarted_by_status_and_no_event_is_lost_or_do
                     f"cmd={sys.executable} {script} {n} {marker}", "--set", f"gpus=[{i}]", *FAST,
                     check=0).stdout) for i, marker in enumerate(markers)]
     wait_for_file(markers[0])
+    orch.wait_for(ids[0], lambda d: "n" in d["metrics"])  # the host's watcher is up and recording
     [watcher] = processes(private_home, WATCHER)
     os.kill(watcher, signal.SIGKILL)
     before = {run_id: orch.status(run_id)["events"] for run_id in ids}
