@@ -137,6 +137,7 @@ def run_document(store: Store, run: Run, with_events: bool = True, tables: Itera
         "queue_reason": run.queue_reason,
         "remote_dir": run.remote_dir,
         "sweep_id": run.sweep_id,
+        "point": run.point_diff,  # a sweep's run: its point's spec differences from the sweep's base spec
         **times(created_at=run.created_at, started_at=run.started_at, ended_at=run.ended_at,
                 predicted_ready_at=run.predicted_at, unreachable_since=silent_since),
         "duration_s": round(run.ended_at - run.started_at, 3) if run.ended_at and run.started_at else None,
