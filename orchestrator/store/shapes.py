@@ -146,6 +146,7 @@ def run_document(store: Store, run: Run, with_events: bool = True, tables: Itera
     }
     if with_events:
         doc.update(sections(store, run.id, tables))
-        doc["events"] = [{"ts": e["ts"], "ts_iso": iso(e["ts"]), "kind": e["kind"], "message": e["message"]}
-                         for e in store.events(run.id)]
+        # data: what the event carries beyond its line (a stall's stacks, an error's context lines), or null
+        doc["events"] = [{"ts": e["ts"], "ts_iso": iso(e["ts"]), "kind": e["kind"], "message": e["message"],
+                          "data": e["data"]} for e in store.events(run.id)]
     return doc
