@@ -127,6 +127,7 @@ def run_document(store: Store, run: Run, with_events: bool = True, tables: Itera
         "error": ({**{k: error.get(k) for k in ("kind", "exception", "message")}, "hint": error_hint(error)}
                   if error else None),
         "reason": run.reason,
+        "last_line": run.last_line,  # the log's last line as of the last poll
         "metrics": metrics(store.latest_metrics(run.id)),
         # per metric: last, and mean and p50 over the steady state (the first 10 % of samples left out)
         "metric_summaries": {k: {f: number(v) for f, v in s.items()} for k, s in store.metric_summaries(run.id).items()},
