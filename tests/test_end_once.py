@@ -15,7 +15,7 @@ from orchestrator.config.hosts import local_host
 from orchestrator.config.workspace import Workspace
 from orchestrator.errors import OrchError
 from orchestrator.runflow import notify, registry
-from orchestrator.store import Store
+from orchestrator.store import Store, lease
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status
 from playbooks.command import CommandSpec
@@ -47,7 +47,7 @@ def assert_ended_once(ctx: runflow.Job, receiver: Receiver) -> None:
     finished = [e["message"] for e in ctx.store.events(ctx.run_id) if e["kind"] == "finished"]
     assert sorted(finished) == sorted(runflow.END_STEPS)
     assert [b["run_id"] for b in receiver.bodies] == [ctx.run_id]
-    assert ctx.store.conn.execute("SELECT COUNT(*) FROM leases WHERE run_id = ?", (ctx.run_id,)).fetchone()[0] == 0
+    assert ctx.run_id not in [held.run_id for held in lease.held(ctx.store)]
     if run.launched:
         assert (ctx.ws.run_dir(ctx.run_id) / "log.tail").exists()
 

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from orchtest import FAST, JOB, TESTS, Orch, alive, job_cmd
@@ -236,6 +237,7 @@ def test_a_rotated_log_loses_no_line(orch: Orch, tmp_path: Path, kind: str) -> N
         proc.kill()
     doc = orch.status(1)
     assert doc["status"] == "succeeded"
+    # every sample in order: no command prints a metric's whole series (status gives its summary)
     series = sqlite3.connect(orch.db).execute(
         "SELECT value FROM metrics WHERE run_id = 1 AND name = 'n' ORDER BY id").fetchall()
     assert [int(v) for (v,) in series] == list(range(1, 81))  # every line, once, in order

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -98,12 +97,12 @@ def test_status_refresh_with_a_silent_host(orch, ssh_fleet_restarts, tmp_path):
     """`status --refresh` polls test1 while test2 is frozen. Nobody else watches these runs (their
     watchers are killed), so the quick run's end is known only if the refresh polled test1."""
     hold = tmp_path / "hold"
-    quick = orch("run", "command", "--host", "test1", "--detach", "--set", f"cmd=while [ ! -e {hold} ]; do sleep 0.05; done",
-                 *FAST, check=0)
+    quick = json.loads(orch("run", "command", "--host", "test1", "--detach", "--json",
+                            "--set", f"cmd=while [ ! -e {hold} ]; do sleep 0.05; done", *FAST, check=0).stdout)
     slow = orch("run", "command", "--host", "test2", "--detach", "--set", "cmd=sleep 300", *FAST, check=0)
-    quick_id, slow_id = int(quick.stdout.strip()), int(slow.stdout.strip())
+    quick_id, slow_id = quick["id"], int(slow.stdout.strip())
     stop_background_watchers(Path(os.environ["HOME"]))
-    (remote_dir,) = sqlite3.connect(orch.db).execute("SELECT remote_dir FROM runs WHERE id = ?", (quick_id,)).fetchone()
+    remote_dir = quick["remote_dir"]
     release(hold)
     wait_for_file(Path(remote_dir) / ".orch" / "exit_code")
     try:

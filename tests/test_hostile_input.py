@@ -30,7 +30,7 @@ def one_line(res, code: int, *words: str) -> str:
 
 
 def no_runs(orch: Orch) -> bool:
-    return not orch.db.exists() or not sqlite3.connect(orch.db).execute("SELECT id FROM runs").fetchall()
+    return orch.status() == []
 
 
 # inf / nan ---------------------------------------------------------------------------------------------
@@ -82,6 +82,7 @@ def test_the_database_holds_strict_json_only(tmp_path):
     run_id = store.create_run("command", "local", {"cmd": "true"})
     # a counter of 400 digits in a log is a float overflow away from infinity
     store.update_run(run_id, progress={"done": float("9" * 400), "eta_s": math.nan, "label": "x"})
+    # what is stored, as SQLite holds it (--json would show only what orch makes of it)
     raw = store.conn.execute("SELECT progress FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
     assert json.loads(raw, parse_constant=lambda c: pytest.fail(f"{c} in the database")) == {
         "done": None, "eta_s": None, "label": "x"}
@@ -95,7 +96,7 @@ def test_a_damaged_row_bricks_neither_status_nor_the_host(tmp_path):
     cmd = "echo hello"
     for _ in range(4):
         orch("run", "command", "--set", f"cmd={cmd}", *FAST, check=0)
-    db = sqlite3.connect(orch.db)
+    db = sqlite3.connect(orch.db)  # rows no orch command would write: only SQL can damage them
     damaged = {1: '{"cmd": "echo hello", "poll_min": Infinity}', 2: '{"cmd": "echo hel',
                3: '{"cmd": "echo hello", "poll_min": -1}'}
     with db:

@@ -112,7 +112,7 @@ def test_a_killed_host_watcher_is_restarted_by_status_and_no_event_is_lost_or_do
     before = {run_id: orch.status(run_id)["events"] for run_id in ids}
     time.sleep(1.0)
     orch("status", check=0)  # finds the runs unwatched and starts their host's watcher again
-    with sqlite3.connect(orch.db) as db:
+    with sqlite3.connect(orch.db) as db:  # every sample in order: no command prints a metric's whole series
         for run_id in ids:
             doc = orch.wait_for(run_id, lambda d: d["status"] == "succeeded", timeout=90)
             assert doc["events"][: len(before[run_id])] == before[run_id]

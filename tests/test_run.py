@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -98,8 +97,7 @@ def test_bad_input_exit_2_one_line_nothing_touched(orch, tmp_path, args, message
     # one line per problem: the two bad spec values under one heading
     assert len(res.stderr.strip().splitlines()) == (3 if message == "batch_size" else 1)
     assert not (tmp_path / "remote1").exists()
-    if orch.db.exists():
-        assert sqlite3.connect(orch.db).execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+    assert orch.status() == []
 
 
 HOSTILE = ["; touch {m}", "$(touch {m})", "`touch {m}`", "' ; touch {m}; '", '" ; touch {m}; "', "x\ntouch {m}"]

@@ -186,6 +186,7 @@ def test_a_server_left_watching_records_decode_stats_then_stop_frees_its_gpus(tm
         while time.time() < deadline and len(series) < 6:
             time.sleep(0.2)
             try:
+                # each sample with its own time: no command prints a metric's whole series
                 with sqlite3.connect(f"file:{orch.db}?mode=ro", uri=True) as db:
                     series = db.execute("SELECT ts, value FROM metrics WHERE run_id = 1 AND name = 'gen_throughput'"
                                         " ORDER BY id").fetchall()

@@ -403,7 +403,7 @@ def test_two_users_run_side_by_side_on_one_shared_workdir(tmp_path: Path, two_us
     assert res.returncode == 1 and "GPUs 0 held by another workspace's run" in res.stderr, res.stderr
     assert [d["id"] for d in bob.status()] == [b]
     assert bob("run", "command", "--host", "box", *FAST, "--set", "gpus=[2]", "--set", "cmd=true").returncode == 0
-    with sqlite3.connect(bob.db) as db:
+    with sqlite3.connect(bob.db) as db:  # a record pointing at alice's run dir: no command writes one
         db.execute("UPDATE runs SET remote_dir = ? WHERE id = 2", (str(dir_a),))
     assert bob("rm", "2").returncode == 1 and (dir_a / ".orch" / "pid").exists()
     # bob's cancel stops only his own job; alice's runs on

@@ -6,7 +6,6 @@ import itertools
 import json
 import os
 import re
-import sqlite3
 import subprocess
 import sys
 import time
@@ -40,27 +39,35 @@ def write_sweep(orch: Orch, body: str, name: str = "s.toml") -> Path:
     return path
 
 
-def db(orch: Orch) -> sqlite3.Connection:
-    conn = sqlite3.connect(orch.db)
-    conn.row_factory = sqlite3.Row
-    return conn
-
-
-def runs(orch: Orch) -> list[sqlite3.Row]:
-    """The runs table (empty while the database is still being created)."""
-    if not orch.db.exists():
+def runs(orch: Orch, while_created: bool = False) -> list[dict]:
+    """Every run as `orch status --json` shows it, oldest first; `while_created`: none while the database is
+    still being made (a sweep's controller just started)."""
+    res = orch("status", "--json", "--limit", "1000000")
+    if while_created and res.returncode != 0:
         return []
-    try:
-        return db(orch).execute("SELECT * FROM runs ORDER BY id").fetchall()
-    except sqlite3.OperationalError:
-        return []
+    assert res.returncode == 0, res.stderr
+    return sorted(json.loads(res.stdout), key=lambda r: r["id"])
 
 
 def sweep_doc(orch: Orch, ref: str = "1") -> dict:
     return json.loads(orch("sweep", "status", ref, "--json", check=0).stdout)
 
 
-def assert_one_at_a_time(rows: list[sqlite3.Row]) -> None:
+def sweeps(orch: Orch) -> list[dict]:
+    return json.loads(orch("sweep", "status", "--json", check=0).stdout)
+
+
+def no_lease_held(orch: Orch) -> bool:
+    # leases are orch's own bookkeeping, shown by no command: read through the store
+    return lease.held(Store(orch.db)) == []
+
+
+def point_key(run: dict) -> str:
+    """A run's sweep point, as a key to count its runs by."""
+    return json.dumps(run["point"], sort_keys=True)
+
+
+def assert_one_at_a_time(rows: list[dict]) -> None:
     by_host: dict[str, list[tuple[float, float]]] = {}
     for r in rows:
         by_host.setdefault(r["host"], []).append((r["created_at"], r["ended_at"]))
@@ -94,14 +101,14 @@ env.B = ["x", "y", "z"]
     assert doc["status"] == "succeeded" and doc["counts"] == {"succeeded": 6}
     points = {(p["point"]["env.A"], p["point"]["env.B"]): p for p in doc["points"]}
     assert sorted(points) == [(a, b) for a in "12" for b in "xyz"]
-    specs = {r["id"]: json.loads(r["spec"]) for r in rows}
+    specs = {r["id"]: r["spec"] for r in rows}
     for (a, b), p in points.items():
         assert p["runs"] == 1 and p["metrics"]["gen_throughput"] == float(a) + 0.5
         assert specs[p["run_id"]]["env"] == {"A": a, "B": b}
-    assert {json.loads(r["point"])["env.B"] for r in rows} == {"x", "y", "z"}
+    assert {r["point"]["env.B"] for r in rows} == {"x", "y", "z"}
     table = orch("sweep", "status", "grid", check=0).stdout
     assert "env.A=2 env.B=z" in table and "gen_throughput=2.5" in table
-    kinds = [r[0] for r in db(orch).execute("SELECT kind FROM sweep_events WHERE sweep_id = 1 ORDER BY id")]
+    kinds = [e["kind"] for e in doc["events"]]
     assert kinds.count("run_ended") == 6 and kinds[-1] == "finished"
     # the same file again: nothing to do, nothing run again
     again = orch("sweep", "run", str(path))
@@ -129,7 +136,7 @@ cmd = {json.dumps(cmd)}
     proc = orch.spawn("sweep", "run", str(path))
     deadline = time.time() + 60
     while time.time() < deadline:
-        statuses = [r["status"] for r in runs(orch)]
+        statuses = [r["status"] for r in runs(orch, while_created=True)]
         # once N=0 succeeded, every run still running is held at its gate
         if "succeeded" in statuses and "running" in statuses and len(statuses) >= 3:
             break
@@ -138,25 +145,25 @@ cmd = {json.dumps(cmd)}
     killed_at = time.time()
     before = runs(orch)
     interrupted = [r["id"] for r in before if r["status"] == "running"]
-    assert interrupted and sweep_doc(orch)["status"] == "interrupted", [dict(r) for r in before]
+    assert interrupted and sweep_doc(orch)["status"] == "interrupted", before
     for n in "123":
         (gates / n).touch()
     res = orch("sweep", "run", str(path), timeout=120)
     assert res.returncode == 0, res.stderr
     # a point that had finished ran once, and so did one whose run was watched again; only a point whose
     # run had not launched yet when its controller died ran anew
-    never_launched = {r["point"] for r in before if r["status"] in ("pending", "preparing", "launching")}
-    per_point = dict(db(orch).execute("SELECT point, COUNT(*) FROM runs GROUP BY point").fetchall())
+    never_launched = {point_key(r) for r in before if r["status"] in ("pending", "preparing", "launching")}
+    rows = runs(orch)
+    per_point = {key: [point_key(r) for r in rows].count(key) for key in map(point_key, rows)}
     assert len(per_point) == 4
-    after = [(r["id"], r["point"], r["status"], r["reason"]) for r in runs(orch)]
+    after = [(r["id"], r["point"], r["status"], r["reason"]) for r in rows]
     assert all(n == 1 or (n == 2 and point in never_launched) for point, n in per_point.items()), (
         [(r["id"], r["point"], r["status"]) for r in before], after, res.stderr)
-    rows = runs(orch)
     assert [r["status"] for r in rows].count("succeeded") == 4
     # a run caught before its wrapper wrote a pid ended as one that never launched (failed, or lost when
     # the launch command had gone out): either way its point ran anew
     assert all(r["status"] == "succeeded" or "controller died before launch" in r["reason"]
-               or "controller died while launching" in r["reason"] for r in rows), [dict(r) for r in rows]
+               or "controller died while launching" in r["reason"] for r in rows), rows
     assert_one_at_a_time(rows)
     for run_id in interrupted:
         # its host's watcher went on with it after the controller died; the resumed sweep follows it to
@@ -198,7 +205,7 @@ cmd = {job("--steps", "2", "--sleep", "0.05")}
     for r in runs(orch):
         if r["host"] == "test2":
             assert r["status"] == "failed" and r["pid"] is None and "before launch" in r["reason"]
-    assert db(orch).execute("SELECT COUNT(*) FROM leases").fetchone()[0] == 0
+    assert no_lease_held(orch)
 
 
 def test_job_crash_is_not_retried_and_fail_fast_cancels_the_queue(orch):
@@ -240,9 +247,7 @@ stall_factor = [2, 3, 0.5]
     res = orch("sweep", "run", "--detach", str(path))
     assert res.returncode == 2 and "point 2" in res.stderr
     assert not (tmp_path / "ran").exists() and not (tmp_path / "remote1").exists()
-    conn = db(orch)
-    assert conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
-    assert conn.execute("SELECT COUNT(*) FROM sweeps").fetchone()[0] == 0
+    assert runs(orch) == [] and sweeps(orch) == []
     ws = Workspace(orch.root, orch.root / "hosts.toml")
     for body, message in [("name = 'x'\nplaybook = 'command'\n", "either hosts"),
                           ("name = 'x'\nplaybook = 'command'\nhosts = ['nope']\n[spec]\ncmd = 'true'\n", "unknown host"),
@@ -252,7 +257,7 @@ stall_factor = [2, 3, 0.5]
                           ("name = 'x'\nplaybook = 'command'\nhosts = ['test1']\n[spec]\ncmd = 1\n", "point 0 (base spec)")]:
         with pytest.raises(UsageError, match=re.escape(message)):
             sweep.plan(ws, Store(orch.db), write_sweep(orch, body, "other.toml"))
-    assert conn.execute("SELECT COUNT(*) FROM sweeps").fetchone()[0] == 0
+    assert sweeps(orch) == []
     # a valid file is registered with its points and its notify URLs, which nothing here sends to
     body = ("name = 'ok'\nplaybook = 'command'\ntags = ['gpu']\nnotify = ['http://127.0.0.1:9/x']\n"
             "[spec]\ncmd = 'true'\n[matrix]\nenv.A = ['1', '2', '1']\n[[include]]\nenv = {A = '3'}\n")
@@ -267,7 +272,7 @@ stall_factor = [2, 3, 0.5]
     doc = sweep.document(store, sweep_id)
     assert doc["notify"] == ["http://127.0.0.1:9/x"] and doc["counts"] == {"queued": 3}
     assert {pt["host"] for pt in doc["points"]} == {"g1"}
-    assert conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+    assert runs(orch) == []
 
 
 def test_detached_sweep_then_cancel(orch):
@@ -284,13 +289,13 @@ cmd = {job("--steps", "300", "--sleep", "0.05")}
     res = orch("sweep", "run", "--detach", str(path), check=0)
     sweep_id = res.stdout.strip()
     deadline = time.time() + 30
-    while time.time() < deadline and not any(r["status"] == "running" for r in runs(orch)):
+    while time.time() < deadline and not any(r["status"] == "running" for r in runs(orch, while_created=True)):
         time.sleep(0.05)
     assert orch("sweep", "run", str(path)).returncode == 1  # one controller per sweep
     res = orch("sweep", "cancel", sweep_id, "--grace", "1")
     assert res.returncode == 0, res.stderr
     deadline = time.time() + 30
-    while time.time() < deadline and db(orch).execute("SELECT controller FROM sweeps").fetchone()[0]:
+    while time.time() < deadline and sweep_doc(orch, sweep_id)["controller"]:
         time.sleep(0.05)
     doc = sweep_doc(orch, sweep_id)
     assert doc["status"] == "cancelled"
@@ -328,7 +333,7 @@ def test_two_runs_racing_for_one_host_then_queue(orch, tmp_path):
     rows = runs(orch)
     assert [r["status"] for r in rows] == ["succeeded", "succeeded"]  # the refused one left no run
     assert rows[1]["created_at"] >= rows[0]["ended_at"]
-    assert db(orch).execute("SELECT COUNT(*) FROM leases").fetchone()[0] == 0
+    assert no_lease_held(orch)
 
 
 def test_stale_leases_are_recovered(orch, tmp_path):
@@ -350,14 +355,12 @@ def test_stale_leases_are_recovered(orch, tmp_path):
     res = orch("run", "command", "--host", "test1", "--detach", "--set", "poll_min=0.05",
                "--set", job_cmd("--steps", "3", "--sleep", "0.01", "--pause", f"end:{hold}"), check=0)
     detached = int(res.stdout)
-    orch.wait_for(detached, lambda d: d["status"] == "running")
+    remote_dir = orch.wait_for(detached, lambda d: d["status"] == "running")["remote_dir"]
     stop_background_watchers(Path(os.environ["HOME"]))  # its watcher dies too (a reboot of this machine)
     res = orch("run", "command", "--host", "test1", "--set", "cmd=true")
     assert res.returncode == 1
     assert f"busy with run {detached} (command, running" in res.stderr
     assert "its controller is gone but the job still runs" in res.stderr
-    # (its record read directly: `orch status` would start a watcher for it)
-    (remote_dir,) = db(orch).execute("SELECT remote_dir FROM runs WHERE id = ?", (detached,)).fetchone()
     release(hold)
     wait_for_file(Path(remote_dir) / ".orch" / "exit_code")  # the job ends; nobody watches it now
     res = orch("run", "command", "--host", "test1", "--set", "cmd=true", "--set", "poll_min=0.05")

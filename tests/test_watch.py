@@ -110,11 +110,7 @@ def test_a_stalled_bar_is_flagged_and_acted_on(tmp_path, action):
         orch("cancel", str(run_id), "--grace", "1", check=0)
         proc.wait(timeout=30)
         assert dumps, doc["events"]
-        import sqlite3
-
-        text = sqlite3.connect(orch.db).execute(
-            "SELECT data FROM events WHERE run_id = ? AND kind = 'stall-dump'", (run_id,)).fetchone()[0]
-        assert "progress_job.py" in text  # py-spy's stack of the stuck job names its script
+        assert "progress_job.py" in dumps[0]["data"]["text"]  # py-spy's stack of the stuck job names its script
 
 
 def test_load_time_predicted_from_history(tmp_path, ssh_fleet):

@@ -63,7 +63,7 @@ def sweep_status(ref: str | None = typer.Argument(None, metavar="[SWEEP]", help=
                 " ".join(f"{n} {s}" for s, n in sorted(d["counts"].items())), age(time.time() - d["created_at"])]
                for d in docs])
         return
-    doc = sweep.document(store, sweep.resolve(store, ref))
+    doc = sweep.document(store, sweep.resolve(store, ref), with_events=as_json)
     if as_json:
         emit_json(doc)
         return

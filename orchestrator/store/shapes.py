@@ -127,6 +127,7 @@ def run_document(store: Store, run: Run, with_events: bool = True, tables: Itera
         "error": ({**{k: error.get(k) for k in ("kind", "exception", "message")}, "hint": error_hint(error)}
                   if error else None),
         "reason": run.reason,
+        "last_line": run.last_line,  # the log's last line as of the last poll
         "metrics": metrics(store.latest_metrics(run.id)),
         # per metric: last, and mean and p50 over the steady state (the first 10 % of samples left out)
         "metric_summaries": {k: {f: number(v) for f, v in s.items()} for k, s in store.metric_summaries(run.id).items()},
@@ -137,6 +138,7 @@ def run_document(store: Store, run: Run, with_events: bool = True, tables: Itera
         "queue_reason": run.queue_reason,
         "remote_dir": run.remote_dir,
         "sweep_id": run.sweep_id,
+        "point": run.point_diff,  # a sweep's run: its point's spec differences from the sweep's base spec
         **times(created_at=run.created_at, started_at=run.started_at, ended_at=run.ended_at,
                 predicted_ready_at=run.predicted_at, unreachable_since=silent_since),
         "duration_s": round(run.ended_at - run.started_at, 3) if run.ended_at and run.started_at else None,
@@ -145,6 +147,7 @@ def run_document(store: Store, run: Run, with_events: bool = True, tables: Itera
     }
     if with_events:
         doc.update(sections(store, run.id, tables))
-        doc["events"] = [{"ts": e["ts"], "ts_iso": iso(e["ts"]), "kind": e["kind"], "message": e["message"]}
-                         for e in store.events(run.id)]
+        # data: what the event carries beyond its line (a stall's stacks, an error's context lines), or null
+        doc["events"] = [{"ts": e["ts"], "ts_iso": iso(e["ts"]), "kind": e["kind"], "message": e["message"],
+                          "data": e["data"]} for e in store.events(run.id)]
     return doc

@@ -9,7 +9,7 @@ from typing import Any
 from ..config.objective import Objective, best, of_doc
 from ..store import Store
 from ..store import sweeps as stored_sweeps
-from ..store.shapes import shown_phase
+from ..store.shapes import iso, shown_phase
 from . import db
 from .plan import label
 from .record import INTERRUPTED, PointRow, SweepStatus
@@ -31,8 +31,9 @@ def _point(store: Store, pt: PointRow) -> dict[str, Any]:
     }
 
 
-def document(store: Store, sweep_id: int) -> dict[str, Any]:
-    """The JSON shape of a sweep that `orch sweep status --json` prints."""
+def document(store: Store, sweep_id: int, with_events: bool = False) -> dict[str, Any]:
+    """The JSON shape of a sweep that `orch sweep status --json` prints; with events, its history too (what
+    the controller did, in order)."""
     row = db.sweep(store, sweep_id)
     status = row.status.value
     if row.status is SweepStatus.RUNNING and not row.controller_alive():
@@ -44,7 +45,7 @@ def document(store: Store, sweep_id: int) -> dict[str, Any]:
     objective = of_doc(row.doc)
     for pt in points:  # the value that decides, first: each point's objective
         pt["objective"] = pt["metrics"].get(objective.metric) if objective else None
-    return {
+    doc: dict[str, Any] = {
         "id": row.id, "name": row.name, "instance": row.instance, "playbook": row.playbook,
         "status": status, "path": row.path,
         "file_hash": row.file_hash, "created_at": row.created_at, "ended_at": row.ended_at,
@@ -52,6 +53,10 @@ def document(store: Store, sweep_id: int) -> dict[str, Any]:
         "objective": objective.model_dump() if objective else None, "best": best_point(objective, points),
         "points": points,
     }
+    if with_events:
+        doc["events"] = [{"ts": e["ts"], "ts_iso": iso(e["ts"]), "kind": e["kind"], "message": e["message"]}
+                         for e in stored_sweeps.events(store, sweep_id)]
+    return doc
 
 
 def best_point(objective: Objective | None, points: list[dict[str, Any]]) -> dict[str, Any] | None:

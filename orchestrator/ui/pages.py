@@ -30,7 +30,6 @@ def run_page(ws: Workspace, store: Store, run_id: int) -> dict[str, Any]:
     run = store.get_run(run_id)
     doc = run_document(store, run, tables=runtables.installed())
     doc.update({
-        "sweep_id": run.sweep_id, "point": run.point_diff, "last_line": run.last_line,
         "heartbeat": run.heartbeat, "progress_at": run.progress_at, "watcher": run.watcher,
         # in full: the line number, the lines around it, the chained exceptions, the remedy
         "error": run.error and {**run.error, "hint": error_hint(run.error)},

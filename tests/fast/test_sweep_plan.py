@@ -10,7 +10,7 @@ import pytest
 from orchestrator.config.workspace import Workspace
 from orchestrator.errors import UsageError
 from orchestrator.store import Store
-from orchestrator.sweep import expand, label, load, plan
+from orchestrator.sweep import expand, label, list_sweeps, load, plan
 
 HOSTS = "[hosts.a]\ntags = ['gpu']\n[hosts.b]\ntags = ['gpu']\n[hosts.c]\n"
 HEAD = "name = 's'\nplaybook = 'command'\n"
@@ -40,7 +40,7 @@ def test_a_grid_with_includes_round_robin_over_tagged_hosts(ws: Workspace, store
     assert p.points[4].spec.env == {"K": "v", "A": "z"}  # dotted keys reach into the base table
     assert p.file.retries == 2 and len(p.file_hash) == 64 and p.instance == ""
     assert p.points[4].label == "env.A=z" and label({}) == "base spec"
-    assert store.conn.execute("SELECT COUNT(*) FROM sweeps").fetchone()[0] == 0  # planning records nothing
+    assert list_sweeps(store) == []  # planning records nothing
 
 
 def test_points_asking_for_gpus_get_their_own_lanes(ws: Workspace, store: Store) -> None:
@@ -77,7 +77,7 @@ def test_a_clusters_points_share_one_lane_bounded_by_max_parallel(ws: Workspace,
 def test_an_invalid_file_or_point_is_refused(ws: Workspace, store: Store, body: str, message: str) -> None:
     with pytest.raises(UsageError, match=re.escape(message)):
         plan(ws, store, write(ws, body))
-    assert store.conn.execute("SELECT COUNT(*) FROM sweeps").fetchone()[0] == 0
+    assert list_sweeps(store) == []
 
 
 def test_load_checks_the_file_alone(ws: Workspace) -> None:
