@@ -109,6 +109,33 @@ def test_a_run_ended_by_another_records_its_log_to_the_last_line(
     assert_recorded_to_the_end(ctx)
 
 
+def test_a_run_whose_end_is_read_elsewhere_while_it_is_stopped_records_its_log_to_the_last_line(
+        ssh_ws: tuple[Workspace, Store, Inventory]) -> None:
+    """A cancel records its decision before it signals the job, so the host's watcher may begin the end's
+    read meanwhile, the job still printing. Here the signal waits until that read began and the job printed
+    on: those lines are recorded too."""
+    ws, store, inv = ssh_ws
+    ctx = serve_until_decoding(ws, store, inv.get("test1"))
+    kill = ctx.executor.kill
+
+    def kill_once_the_read_began(job: Any, grace_s: float) -> str:
+        wait_until(lambda: "log to end" in ctx.store.get_run(ctx.run_id).end_steps)  # the host's watcher's
+        printed = len(decode_lines(ctx))
+        wait_until(lambda: len(decode_lines(ctx)) >= printed + 3)
+        return kill(job, grace_s)
+
+    ctx.executor.kill = kill_once_the_read_began  # type: ignore[method-assign]
+    runflow.cancel(ctx, "cancelled by test", grace_s=3)
+    assert_recorded_to_the_end(ctx)
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
 def test_a_run_that_ends_by_itself_records_its_log_to_the_last_line(
         ssh_ws: tuple[Workspace, Store, Inventory]) -> None:
     ws, store, inv = ssh_ws

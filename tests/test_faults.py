@@ -82,16 +82,22 @@ def reap():
 threading.Thread(target=reap, daemon=True).start()
 root = Path(sys.argv[1])
 transport = connect(local_host(root))
-# the job ignores SIGTERM (its wrapper does not): the group outlives its leader into the grace window
+# the job ignores SIGTERM (its wrapper does not): the group outlives its leader into the grace window.
+# The launch returns once the wrapper runs, maybe before the job's shell set its trap: the kill waits
+# for the job's word that it did, else SIGTERM could end the whole group at once.
 host_jobs = HostExecutor(transport)
-job = host_jobs.launch(RunPaths(str(root / "run")), launch.job_script("trap '' TERM; sleep 300", {}), "t4")
+job = host_jobs.launch(RunPaths(str(root / "run")), launch.job_script("trap '' TERM; : > trapped; sleep 300", {}),
+                       "t4")
 pid = job.id
-wait_for(lambda: alive(pid))
+wait_for(lambda: (root / "run" / "trapped").exists())
 outcome = []
 killer = threading.Thread(target=lambda: outcome.append(host_jobs.kill(job, grace_s=4)))
 killer.start()
 wait_for(lambda: not Path(f"/proc/{pid}").exists(), step=0.001)  # SIGTERM ended the wrapper; its job lingers
-os.killpg(pid, signal.SIGKILL)  # the job ends too, and the group's id is free again: recycled at once
+try:
+    os.killpg(pid, signal.SIGKILL)  # the job ends too, and the group's id is free again: recycled at once
+except ProcessLookupError:
+    pass  # nothing of the group left (the grace ran out: the killer's SIGKILL, and its outcome says so)
 stranger = recycle(pid)
 killer.join(timeout=30)
 print(outcome[0], "survived" if alive(stranger.pid) else "signalled")

@@ -17,7 +17,7 @@ from ..store.lifecycle import transition
 from ..store.record import KILL_GRACE_S, Run, Status
 from . import cleanup, notify, registry
 from .context import END_STEPS, LOG_TAIL_LINES, Hosts, Job, open_run
-from .lastread import read_to_end
+from .lastread import END_WAIT_S, read_to_end
 
 
 def end(store: Store, run_id: int, status: Status, message: str, ctx: Job | None = None,
@@ -36,13 +36,16 @@ def finish(ctx: Job) -> Run:
     patch revert), and the others (outputs, log tail, notify) run after that.
 
     A step is claimed in the record before it runs, so two processes finishing the same run never both
-    run it. A step that fails is a warning event; the others still run.
+    run it; one claimed elsewhere and still under way before release is awaited, so the lease is never freed
+    under it and whoever returns from here finds the log read to its end. A step that fails is a warning
+    event; the others still run.
     """
     if not ctx.refresh().status.terminal:
         return ctx.run
     try:
         for name in lease.BEFORE_RELEASE:
             _step(ctx, name)
+        _await_steps_elsewhere(ctx)
     finally:
         _release_host(ctx)
         lease.release(ctx.store, ctx.run_id)  # the host (or GPU set) is free for the next run
@@ -65,6 +68,20 @@ def _step(ctx: Job, name: str) -> None:
     except Exception as exc:  # noqa: BLE001 - one step's failure must not skip the others
         what = str(exc) if isinstance(exc, OrchError) else f"{type(exc).__name__}: {exc}"
         ctx.event("warning", f"{name}: {what}")
+
+
+STEPS_ELSEWHERE_S = END_WAIT_S + 60  # the end's read may wait END_WAIT_S for the job; then reads and records
+STEP_LOOK_S = 0.1
+
+
+def _await_steps_elsewhere(ctx: Job, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Wait while another process does a step before release (the host's watcher reading the log while
+    this one stopped the job). Only while the run holds its lease: once freed (the steps over, or whoever
+    did them died and the wait ran out once), nobody waits again."""
+    deadline = time.monotonic() + STEPS_ELSEWHERE_S
+    while (not lease.steps_before_release_done(ctx.store, ctx.refresh()) and time.monotonic() < deadline
+           and any(held.run_id == ctx.run_id for held in lease.held(ctx.store, ctx.host.name))):
+        sleep(STEP_LOOK_S)
 
 
 def _release_host(ctx: Job) -> None:

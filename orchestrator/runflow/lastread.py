@@ -4,6 +4,10 @@ A run ended by someone else (stop, cancel, a replacing run, a sweep, another run
 the bytes printed since its watcher's last poll — up to `poll_max` of them — and those printed while it
 stopped. Once a run has ended no watcher records it any more, so the first end step reads the log from
 the recorded offset to its last byte and records it as a poll would: metrics, phases, error, progress.
+
+Whoever ends a run records the decision before it signals the job, and any process may be the first to
+finish the run meanwhile (the host's watcher, a follower): a job still running is waited for — its stop is
+under way — and only a read made once it is gone is the last one.
 """
 
 from __future__ import annotations
@@ -21,10 +25,14 @@ from .context import Job
 from .watch import CLOCK_SLACK_S, MAX_CHUNK
 
 MAX_READS = 64  # chunks read at the end (256 MiB): a job that still prints cannot keep the end waiting
+# How long the read waits for a job still running to be gone: a stop's SIGTERM grace (KILL_GRACE_S unless
+# told otherwise), then its SIGKILL. A job that outlives it (its stop failed) is read as far as it got.
+END_WAIT_S = 60.0
 
 
-def read_to_end(ctx: Job, clock: Callable[[], float] = time.time) -> None:
-    """Read and record the log from the run's offset to its end."""
+def read_to_end(ctx: Job, clock: Callable[[], float] = time.time,
+                monotonic: Callable[[], float] = time.monotonic) -> None:
+    """Read and record the log from the run's offset to its end, once its job is gone."""
     run = ctx.refresh()  # up to where its watcher recorded the log
     if run.job is None or not run.remote_dir:
         return  # never launched: no log
@@ -38,9 +46,11 @@ def read_to_end(ctx: Job, clock: Callable[[], float] = time.time) -> None:
     error_before, phase_before = parser.error, parser.phase
     samples: list[Metric] = []
     last: str | None = None
+    hold, wait_until = 0.0, monotonic() + END_WAIT_S
     for _ in range(MAX_READS):
-        state = ctx.executor.poll(ctx.paths, run.job, offset, MAX_CHUNK, inode=inode,
+        state = ctx.executor.poll(ctx.paths, run.job, offset, MAX_CHUNK, hold_s=hold, inode=inode,
                                   mark=launch.tail_mark(tail) if tail else None)
+        hold = 0.0
         samples += parser.feed(state.data)
         last = last_line(state.data) or last
         new = state.offset + len(state.data)
@@ -51,7 +61,14 @@ def read_to_end(ctx: Job, clock: Callable[[], float] = time.time) -> None:
                 offset, inode, tail = 0, None, b""
             continue
         if new >= state.size:
-            break
+            if not state.alive or state.exit_code is not None:
+                break  # gone: nothing more can come
+            hold = wait_until - monotonic()
+            if hold <= 0:
+                ctx.event("warning", f"its job still ran {END_WAIT_S:.0f} s into the end's read of its log: "
+                                     "lines it prints from now on are not recorded")
+                break
+            # still running (its stop under way): the host holds the next read until the job is gone
     samples += parser.finish(exit_code=run.exit_code)  # the job is over: a last line without its newline counts
 
     now = clock()
