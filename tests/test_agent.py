@@ -174,6 +174,23 @@ def test_a_log_renamed_away_is_read_to_its_end_then_the_new_one(tmp_path: Path):
     assert drain(f) == b"four\nnew-1\n"
 
 
+def test_a_log_looked_at_between_its_rename_and_its_new_file_loses_nothing(tmp_path: Path):
+    """`mv log log.1 && : > log` leaves a moment with no log: a look then decides nothing."""
+    log = tmp_path / "log"
+    log.write_bytes(b"one\n")
+    f = follow(tmp_path)
+    assert drain(f) == b"one\n"
+    with open(log, "ab", buffering=0) as old:
+        log.rename(tmp_path / "log.1")
+        assert drain(f) == b""  # no log here now
+        old.write(b"two\n")
+        log.write_bytes(b"")
+        assert drain(f) == b"two\n"  # the writer still writes to the renamed file
+        old.write(b"three\n")
+    log.write_bytes(b"new-1\n")
+    assert drain(f) == b"three\nnew-1\n"
+
+
 def test_a_log_truncated_in_place_is_read_from_its_copy_then_from_zero(tmp_path: Path):
     log = tmp_path / "log"
     log.write_bytes(b"a" * 100 + b"\n")

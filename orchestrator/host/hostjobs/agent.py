@@ -785,6 +785,8 @@ class Followed:
         """The file to read and from where, by the log's identity (see the module's rotation rules)."""
         if self.src is not None:
             return self.src, True
+        if ino is None:  # no log this moment (between a rename and its new file): nothing to decide yet
+            return self.log, False
         if (size, ino) == self.seen and ino == self.inode:
             return self.log, False
         self.seen = (size, ino)
