@@ -140,15 +140,7 @@ def test_a_queued_run_starts_before_a_slow_notify_of_the_previous_run_ends(
     monkeypatch.setattr(ending, "_notify", slow_notify)
     first = start(ws, store, receiver, "sleep 30")
 
-    def end_first() -> None:
-        own = Store(ws.db_path)
-        try:
-            runflow.cancel(runflow.open_run(ws, own, first.run_id), "cancelled by test", 1.0)
-        finally:
-            own.close()
-
-    ender = threading.Thread(target=end_first)
-    ender.start()
+    ender = cancel_elsewhere(ws, first.run_id)
     try:
         assert notifying.wait(20), "run 1's notify step never began"
         began = time.monotonic()
@@ -166,6 +158,20 @@ def test_a_queued_run_starts_before_a_slow_notify_of_the_previous_run_ends(
     notify.drain(5)
     assert [b["run_id"] for b in receiver.bodies] == [first.run_id]
     assert first.refresh().end_steps == list(runflow.END_STEPS)
+
+
+def cancel_elsewhere(ws: Workspace, run_id: int) -> threading.Thread:
+    """`cancel` of the run by another thread with its own store, as another orch process would."""
+    def cancel() -> None:
+        own = Store(ws.db_path)
+        try:
+            runflow.cancel(runflow.open_run(ws, own, run_id), "cancelled by test", 1.0)
+        finally:
+            own.close()
+
+    ender = threading.Thread(target=cancel)
+    ender.start()
+    return ender
 
 
 def test_the_next_run_waits_for_the_patch_revert(ws: Workspace, store: Store, receiver: Receiver,
@@ -187,15 +193,7 @@ def test_the_next_run_waits_for_the_patch_revert(ws: Workspace, store: Store, re
     monkeypatch.setattr(ending, "_revert_patches", slow_revert)
     first = start(ws, store, receiver, "sleep 30")
 
-    def end_first() -> None:
-        own = Store(ws.db_path)
-        try:
-            runflow.cancel(runflow.open_run(ws, own, first.run_id), "cancelled by test", 1.0)
-        finally:
-            own.close()
-
-    ender = threading.Thread(target=end_first)
-    ender.start()
+    ender = cancel_elsewhere(ws, first.run_id)
     spec = CommandSpec(cmd="true", **FAST)
     try:
         assert reverting.wait(20), "run 1's patch revert never began"
