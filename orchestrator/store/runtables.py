@@ -3,9 +3,9 @@ readers, shown by `orch status ID` (and its JSON) as a section named after it.
 
 A plugin subclasses RunTables; `installed()` finds them (orch's own by module path, a package's through the
 `orch.run_tables` entry points, `name = "module:Class"`; a built-in name cannot be taken over). That is
-done here rather than in the registry (runflow/registry.py) so that `orch status ID`, which shows every plugin's section, stays
-clear of what playbooks and patch sets need (pydantic, the SSH stack). Its migrations are a sqlite-utils migration set of its own
-(`plugin:<name>`), never part of orch's schema: they are applied when orch first uses the plugin with a
+done here rather than in the registry (runflow/registry.py) so that `orch status ID`, which shows every
+plugin's section, stays clear of what playbooks and patch sets need (pydantic, the SSH stack). Its
+migrations are a sqlite-utils migration set of its own (`plugin:<name>`), never part of orch's schema: they are applied when orch first uses the plugin with a
 database (before storing its first rows, or reading its section), and from then on whenever one is new.
 Every registered plugin's readers see every run's log: a line is its by its marker, whoever printed it.
 """
