@@ -14,20 +14,6 @@ from orchestrator.config.hosts import Host
 from orchestrator.config.workspace import Workspace
 from orchestrator.store import Store
 
-# The files that take longest (a Slurm job must outlive a one-minute time limit; a browser; fleets of silent
-# hosts) go to the workers first: `make test` hands out whole files in collection order, and one of these
-# left for the end would run alone while the other worker idles.
-LONGEST_FIRST = ("test_slurm.py", "test_ui.py", "test_live.py", "test_fleet.py", "test_sweep.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        name = item.path.name
-        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
-
-    items.sort(key=rank)  # stable: the order within each file, and of the other files, stays
-
-
 # ---------------------------------------------------------------------------------------------------
 # Nothing of the user running the tests: HOME (~/.ssh config, keys and known_hosts, ~/.fabric.yaml),
 # the ssh-agent and the crontab are the tests' own. Subprocesses inherit os.environ.
