@@ -106,6 +106,32 @@ def test_end_steps_once_for_an_orphan_settled(ws: Workspace, store: Store, recei
     assert_ended_once(ctx, receiver)
 
 
+
+def test_an_orphan_picked_up_meanwhile_by_another_process_is_left_as_it_found_it(
+        ws: Workspace, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes settle a run whose controller died while launching (its host's watcher, a resumed
+    sweep): both find its job; the second finds it picked up already, and takes it as it is."""
+    from orchestrator.host import hostlease
+    from orchestrator.store.record import JobRef
+
+    spec = CommandSpec(cmd="true", **FAST)
+    run_id = store.create_run("command", "local", spec.model_dump(mode="json"))
+    store.update_run(run_id, remote_dir=str(ws.root / "runs" / str(run_id)))
+    transition(store, run_id, Status.PREPARING)
+    transition(store, run_id, Status.LAUNCHING)
+    ctx = runflow.open_run(ws, store, run_id)
+    job = JobRef(4242, "proof")
+    monkeypatch.setattr(hostlease, "owner", lambda *a: "mine")
+
+    def found_while_another_picks_it_up(paths: object) -> JobRef:
+        transition(store, run_id, Status.RUNNING, "picked up by the other", **job.columns())
+        return job
+
+    monkeypatch.setattr(ctx.executor, "find", found_while_another_picks_it_up)
+    run = runflow.settle_orphan(ctx)
+    assert run.status is Status.RUNNING and run.job == job
+    assert [e["message"] for e in store.events(run_id)].count("running: picked up by the other") == 1
+
 def test_a_failing_end_step_does_not_skip_the_others(ws: Workspace, store: Store, receiver: Receiver,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     ctx = start(ws, store, receiver, "true")

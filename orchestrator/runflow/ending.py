@@ -253,8 +253,13 @@ def settle_orphan(ctx: Job) -> Run:
                        f"{ctx.paths.root} is {_WHOSE[whose]}", ctx, phase=None)
         job = ctx.executor.find(ctx.paths) if whose == "mine" else None
         if job is not None:
-            transition(ctx.store, ctx.run_id, Status.QUEUED if ctx.executor.queues else Status.RUNNING,
-                       "picked up after its controller died", **job.columns())
+            try:
+                transition(ctx.store, ctx.run_id, Status.QUEUED if ctx.executor.queues else Status.RUNNING,
+                           "picked up after its controller died", **job.columns())
+            except TransitionError:
+                if ctx.refresh().status is Status.LAUNCHING:
+                    raise
+                return ctx.run  # picked up meanwhile by another process (its host's watcher, a resumed sweep)
             return ctx.refresh()
         return end(ctx.store, ctx.run_id, Status.LOST, "its controller died while launching; no job pid was written",
                    ctx)
