@@ -49,6 +49,11 @@ def __getattr__(name: str) -> Any:
 
 S = TypeVar("S", bound="RunSpec")
 
+# What every node of a multi-node run finds in its job's environment, under torchrun's own names: how many
+# nodes, this node's rank (the head is 0), the head's address and the rendezvous port there. A playbook's
+# command refers to them ("$NODE_RANK"), so the same command serves every node, over SSH or under Slurm.
+NODE_ENV = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+
 # Looks up a run of this workspace by id (raises NotFound), read-only.
 FindRun = Callable[[int], Run]
 
@@ -148,6 +153,9 @@ class Playbook(Generic[S]):
     engine: ClassVar[str | None] = None  # log format hint for the watcher
     # Holds its host (or GPU set) while it runs; a client of a server on that host (a benchmark) does not.
     exclusive: ClassVar[bool] = True
+    # Spans several hosts when `spec.nodes` > 1: its command then reads the rendezvous from NODE_ENV, which
+    # every node's job has in its environment (see `rendezvous`).
+    multi_node: ClassVar[bool] = False
 
     def check_inputs(self, spec: S, host: Host, find_run: FindRun) -> None:
         """Refuse (UsageError) input that only other runs or the inventory can judge, before the run exists."""
@@ -192,7 +200,7 @@ class Playbook(Generic[S]):
 
 
 __all__ = [
-    "SERVING_PHASES", "Entry", "FindRun", "HealthCheck", "Host", "JobContext", "LineReader", "NotFound", "OrchError", "Outputs",
+    "NODE_ENV", "SERVING_PHASES", "Entry", "FindRun", "HealthCheck", "Host", "JobContext", "LineReader", "NotFound", "OrchError", "Outputs",
     "Playbook", "Prepared", "Remote", "Run", "RunSpec", "RunTables", "Shown", "Status", "Usage", "UsageError", "check_regex",
     "http_probe", "quote",
 ]

@@ -12,6 +12,7 @@ from typing import Any
 MAGNITUDE_MAX = 1e15
 DAY_S = 86400.0  # no poll interval or timeout is longer than this
 GPUS_MAX = 1024  # GPUs on one host, far beyond any machine
+NODES_MAX = 256  # hosts one run spans
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 

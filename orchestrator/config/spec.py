@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serial
 from ..errors import OrchError, SpecError
 from ..secret_env import MASK, masked_env
 from . import specdoc
-from .checks import DAY_S, GPUS_MAX, bad_env_names, passable
+from .checks import DAY_S, GPUS_MAX, NODES_MAX, bad_env_names, passable
 
 
 class RunSpec(BaseModel):
@@ -39,6 +39,7 @@ class RunSpec(BaseModel):
     python: str | None = Field(default=None, description="interpreter on the host (default: the host's)")
     notify: list[str] = Field(default_factory=list, description="http(s) URLs told (JSON POST) when the run ends")
     notify_timeout_s: float = Field(default=30.0, gt=0, le=DAY_S, description="bound on retries of one notification")
+    nodes: int = Field(default=1, ge=1, le=NODES_MAX, description="hosts the run spans (one rank each: its node)")
 
     _passable = field_validator("*")(classmethod(lambda cls, value: passable(value)))
 

@@ -236,7 +236,7 @@ class Store:
     def list_runs(self, *, limit: int = 50, statuses: Iterable[str] | None = None, host: str | None = None,
                   playbook: str | None = None, tag: str | None = None, sweep_id: int | None = None,
                   since: float | None = None) -> list[Run]:
-        where, args = self._run_filter(statuses, host, playbook, tag, sweep_id, since)
+        where, args = self._run_filter(statuses, host, playbook, tag, sweep_id, since, runs_only=True)
         rows = self.conn.execute(f"SELECT * FROM runs{where} ORDER BY id DESC LIMIT ?", [*args, limit])
         return [self._decode(r) for r in rows]
 
@@ -249,16 +249,17 @@ class Store:
                    playbook: str | None = None, tag: str | None = None, sweep_id: int | None = None,
                    since: float | None = None, after_id: int | None = None, watcher: str | None = None) -> int:
         where, args = self._run_filter(statuses, host, playbook, tag, sweep_id, since, after_id=after_id,
-                                       watcher=watcher)
+                                       watcher=watcher, runs_only=True)
         return int(self.conn.execute(f"SELECT COUNT(*) FROM runs{where}", args).fetchone()[0])
 
     @staticmethod
     def _run_filter(statuses: Iterable[str] | None, host: str | None, playbook: str | None, tag: str | None,
                     sweep_id: int | None, since: float | None, *, after_id: int | None = None,
-                    watcher: str | None = None) -> tuple[str, list[Any]]:
+                    watcher: str | None = None, runs_only: bool = False) -> tuple[str, list[Any]]:
         """A WHERE clause for the filters given (each one ANDed); `since` is epoch seconds of creation,
-        `after_id` keeps the runs created after that one."""
-        clauses: list[str] = []
+        `after_id` keeps the runs created after that one; `runs_only` leaves out the other nodes of
+        multi-node runs (each is a record of its own, listed under its run)."""
+        clauses: list[str] = ["parent_id IS NULL"] if runs_only else []
         args: list[Any] = []
         if statuses is not None:
             statuses = list(statuses)
@@ -284,16 +285,28 @@ class Store:
         (epoch seconds), oldest first."""
         active = [s.value for s in ACTIVE]
         rows = self.conn.execute(
-            "SELECT id FROM runs WHERE sweep_id IS NULL AND COALESCE(ended_at, created_at) < ?"
+            "SELECT id FROM runs WHERE sweep_id IS NULL AND parent_id IS NULL AND COALESCE(ended_at, created_at) < ?"
             f" AND status NOT IN ({','.join('?' * len(active))}) ORDER BY id", [cutoff, *active]).fetchall()
         return [self.get_run(run_id) for (run_id,) in rows]
 
     def delete_run(self, run_id: int) -> None:
-        """The run's record goes, with its events, metrics and lease; its id stays taken (AUTOINCREMENT)."""
+        """The run's record goes, with its events, metrics and lease, and so do its other nodes'; its id stays
+        taken (AUTOINCREMENT)."""
         with self.tx() as c:
-            for table in ("events", "metrics", "leases"):
-                c.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
-            c.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+            ids = [run_id, *(i for (i,) in c.execute("SELECT id FROM runs WHERE parent_id = ?", (run_id,)))]
+            for one in ids:
+                for table in ("events", "metrics", "leases"):
+                    c.execute(f"DELETE FROM {table} WHERE run_id = ?", (one,))
+                c.execute("DELETE FROM runs WHERE id = ?", (one,))
+
+    def nodes_of(self, run_id: int) -> list[Run]:
+        """A multi-node run's nodes in rank order, its head (the run itself) first; [] for a one-host run.
+        Asked of any node, the answer is its run's."""
+        run = self.get_run(run_id)
+        head = run.parent_id or run.id
+        rows = self.conn.execute("SELECT * FROM runs WHERE id = ? OR parent_id = ? ORDER BY node_rank, id",
+                                 (head, head)).fetchall()
+        return [self._decode(r) for r in rows] if len(rows) > 1 or run.node_rank is not None else []
 
     def claim_end_step(self, run_id: int, step: str) -> bool:
         """Record in the run's end_steps that the step runs now; False when it already ran (or runs elsewhere)."""

@@ -418,3 +418,12 @@ def m019(db: Database) -> None:
         "SELECT\n    " + ",\n    ".join(pivot_columns) + "\n"
         "FROM latest JOIN runs ON runs.id = latest.run_id\n"
         "GROUP BY run_id"))
+
+
+@MIGRATIONS(name="m020_nodes")
+def m020(db: Database) -> None:
+    # A run across several hosts: a record per node, each followed by its host's watcher like any run;
+    # the head (rank 0) is the run, the others name it as their parent.
+    db["runs"].add_column("parent_id", int)
+    db["runs"].add_column("node_rank", int)
+    db.conn.execute("CREATE INDEX IF NOT EXISTS runs_parent ON runs (parent_id) WHERE parent_id IS NOT NULL")

@@ -119,6 +119,10 @@ class Run:
     note: str | None = None  # a person's notes, one a line
     job_id: int | None = None  # a scheduler's job: its id and name (see JobRef)
     job_name: str | None = None
+    # A multi-node run is one record per node: its head (rank 0) is the run; each other node's record
+    # names the head as its parent and has a rank of its own.
+    parent_id: int | None = None
+    node_rank: int | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Run:
