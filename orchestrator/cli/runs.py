@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 import typer
 
 from ..config.workspace import LOCAL
-from ..errors import OrchError
+from ..errors import OrchError, UsageError
 from ..store.record import KILL_GRACE_S, Run, Status
 from ..store.shapes import run_document
 from .app import age_seconds, app, inventory, open_store, parse_run_id, read_store, workspace
@@ -30,7 +30,9 @@ RUN_EXAMPLES = """Examples:
 @app.command(cls=RunCommand, epilog=RUN_EXAMPLES)
 def run(
     playbook: str = typer.Argument(..., metavar="PLAYBOOK", help="see `orch playbooks`"),
-    host: str = typer.Option(LOCAL, "--host", "-H", metavar="HOST"),
+    host: list[str] = typer.Option([LOCAL], "--host", "-H", metavar="HOST",
+                                   help="once per node for a run across hosts (the first is the head); @TAG: "
+                                        "`nodes` hosts with that tag"),
     file: Path | None = typer.Option(None, "--file", "-f", metavar="SPEC.toml", help="spec TOML"),
     sets: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="a spec key (value read as a TOML literal)"),
     detach: bool = typer.Option(False, "--detach", help="return right after a good launch"),
@@ -55,7 +57,7 @@ def run(
 @app.command(epilog="Example:\n\n  orch rerun 7 --set batch_size=8 --host gpu02")
 def rerun(
     run_id: str = typer.Argument(..., metavar="ID"),
-    host: str | None = typer.Option(None, "--host", "-H", metavar="HOST", help="default: the run's host"),
+    host: list[str] = typer.Option([], "--host", "-H", metavar="HOST", help="default: the run's host(s)"),
     sets: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="change a spec key"),
     detach: bool = typer.Option(False, "--detach", help="return right after a good launch"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list what a start would send to the host; do nothing"),
@@ -71,10 +73,11 @@ def rerun(
     from ..config import spec as specmod
     from ..runflow import registry
 
-    old = read_store(workspace()).get_run(parse_run_id(run_id))
+    store = read_store(workspace())
+    old = store.get_run(parse_run_id(run_id))
     pb = registry.playbook(old.playbook)
     spec = specmod.build(pb.Spec, specmod.merge_sets(old.spec, sets, pb.Spec), source=f"spec of run {old.id}")
-    _start(pb, spec, host or old.host, detach, dry_run, until_ready, queue, replace, as_json,
+    _start(pb, spec, host or [n.host for n in store.nodes_of(old.id)] or [old.host], detach, dry_run, until_ready, queue, replace, as_json,
            _labels(name, tags, note))
 
 
@@ -84,14 +87,19 @@ def _labels(name: str | None, tags: list[str], note: str | None) -> dict[str, An
     return {k: v for k, v in fields.items() if v is not None}
 
 
-def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_ready: bool, queue: bool,
+def _start(pb: Any, spec: Any, host: list[str], detach: bool, dry_run: bool, until_ready: bool, queue: bool,
            replace: bool, as_json: bool, labels: dict[str, Any]) -> None:
     from .. import runflow
     from ..host import hostlease
     from ..store import lease
 
     ws = workspace()
-    target = inventory(ws).get(host)
+    if len(host) > 1 and spec.nodes == 1:
+        spec = spec.model_copy(update={"nodes": len(host)})
+    targets = inventory(ws).for_run(host, spec.nodes)
+    target = targets[0]
+    if len(targets) > 1 and replace:
+        raise UsageError("--replace takes one host; stop the runs on these hosts first, or --queue")
     if dry_run:  # what it prints shows each secret as the record would
         from ..config.spec import masked
 
@@ -116,8 +124,11 @@ def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_rea
 
     newest = store.newest_run_id()
     try:
-        ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait, replace=replace,
-                            run_fields=labels)
+        if len(targets) > 1:
+            ctx = runflow.start_nodes(ws, store, pb, spec, targets, queue=queue, on_wait=on_wait, run_fields=labels)
+        else:
+            ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait, replace=replace,
+                                run_fields=labels)
     except (lease.Busy, hostlease.HostLeaseBusy) as busy:
         raise OrchError(runflow.busy_message(store, busy)) from None
     except KeyboardInterrupt:
@@ -128,6 +139,8 @@ def _start(pb: Any, spec: Any, host: str, detach: bool, dry_run: bool, until_rea
         raise
     job = ctx.run.job or "no job"
     err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, {job} in {ctx.paths.root}")
+    for node in store.nodes_of(ctx.run_id)[1:]:
+        err.print(f"  node {node.node_rank}: {node.host}, {node.job or 'no job'} in {node.remote_dir}")
     if detach:
         _hand_over(ctx)
         if as_json:

@@ -39,6 +39,10 @@ class Host(BaseModel):
     connect_timeout: float = Field(default=10, gt=0, le=3600)
     # A run whose host has not answered for this long ends `lost` (its job may live on, unwatchable).
     unreachable_give_up_s: float = Field(default=86400.0, gt=0, le=365 * DAY_S)
+    # A multi-node run's other nodes reach this host, when it is the head, at this address (default: its
+    # address, as orch reaches it); the interface its ranks talk over (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME).
+    node_address: str | None = None
+    ifname: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:@-]{1,15}$")
     # A batch scheduler: jobs go through it (the address is its login node; none: this machine's).
     scheduler: Literal["slurm"] | None = None
     partition: str | None = None
@@ -142,6 +146,22 @@ class Inventory:
             hosts = [h for h in hosts if set(tags) & set(h.tags)]
         for host in hosts:
             check_usable(host)
+        return hosts
+
+
+    def for_run(self, names: list[str], nodes: int) -> list[Host]:
+        """The hosts a run spans, its head first: those named (`--host a --host b`), or `nodes` of the
+        hosts tagged TAG (`--host @TAG`, by name). A cluster given alone spans `nodes` of its own."""
+        if len(names) == 1 and names[0].startswith("@"):
+            tag = names[0][1:]
+            tagged = sorted(self.select(tags=[tag]), key=lambda h: h.name)
+            if len(tagged) < nodes:
+                raise UsageError(f"nodes = {nodes} but {len(tagged)} hosts have the tag {tag!r}"
+                                 + (f" ({', '.join(h.name for h in tagged)})" if tagged else ""))
+            return tagged[:nodes]
+        hosts = [self.get(n) for n in names]
+        if len(hosts) == 1 and nodes > 1 and hosts[0].scheduler is None:
+            raise UsageError(f"nodes = {nodes} needs as many hosts: give --host once per node, or --host @TAG")
         return hosts
 
 

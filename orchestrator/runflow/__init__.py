@@ -18,6 +18,7 @@ from .context import END_STEPS, Job, follow_log, open_run, read_log, watch_optio
 from .dryrun import RecordingTransport, dry_run
 from .ending import abandon, cancel, finish, free_gpus, settle_orphan, stop, stop_quietly
 from .follow import keep_watching, poll, refresh, watch
+from .nodes import start_nodes
 from .starting import Waiting, busy_message, check, start
 
 # What the rest of orch uses; the modules hold more.
@@ -41,6 +42,7 @@ __all__ = [
     "refresh",
     "settle_orphan",
     "start",
+    "start_nodes",
     "stop",
     "stop_quietly",
     "watch",

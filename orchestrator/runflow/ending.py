@@ -42,6 +42,7 @@ def finish(ctx: Job) -> Run:
     """
     if not ctx.refresh().status.terminal:
         return ctx.run
+    end_nodes(ctx)
     try:
         for name in lease.BEFORE_RELEASE:
             _step(ctx, name)
@@ -156,8 +157,9 @@ def _notify(ctx: Job) -> None:
     notify.send(ctx.spec.notify, notification(ctx.store, ctx.refresh()), record, total_s=ctx.spec.notify_timeout_s)
 
 
-def cancel(ctx: Job, reason: str, grace_s: float = KILL_GRACE_S) -> str:
-    """Decide (the run is cancelled), stop its process group, finish it. Returns what happened to the group.
+def cancel(ctx: Job, reason: str, grace_s: float = KILL_GRACE_S, status: Status = Status.CANCELLED) -> str:
+    """Decide (the run is cancelled, or ends with `status`), stop its process group, finish it. Returns what
+    happened to the group.
 
     The decision is recorded first, so a watcher that sees the processes vanish finds it already made
     instead of calling the run lost.
@@ -165,7 +167,7 @@ def cancel(ctx: Job, reason: str, grace_s: float = KILL_GRACE_S) -> str:
     run = ctx.refresh()
     if run.status.terminal:
         raise OrchError(f"run {run.id} already ended ({run.status})")
-    transition(ctx.store, ctx.run_id, Status.CANCELLED, reason)
+    transition(ctx.store, ctx.run_id, status, reason)
     try:
         if run.job is None:
             return "never started"
@@ -188,6 +190,50 @@ def stop(ctx: Job, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], None]
     freed = cleanup.after_stop(ctx.transport, ctx.run, ctx.spec.gpus, ctx.event, grace_s=grace_s, timeout_s=timeout_s,
                                sleep=sleep)
     return f"process group {outcome}; {freed}"
+
+
+NODES_GRACE_S = 30.0  # after the head's job ended well, how long the other nodes have to end by themselves
+NODES_LOOK_S = 0.2
+
+
+def end_nodes(ctx: Job, sleep: Callable[[float], None] = time.sleep) -> None:
+    """A multi-node run ends as one, whichever of its nodes ends first and whoever saw it. A node that ended
+    otherwise than well (a fatal line, an exit, lost, cancelled) fails the run: its head is ended failed,
+    naming the node, and stopped. The head's end stops every other node still running; after a head that
+    ended well they have NODES_GRACE_S to end by themselves first (torchrun's ranks end together)."""
+    run = ctx.run
+    if run.node_rank is None:
+        return
+    nodes = ctx.store.nodes_of(run.id)
+    if not nodes:
+        return
+    head = nodes[0]
+    # A node that never launched is its starter's to end (nodes.py): only launched ones end each other.
+    if run.id != head.id:
+        if run.status is not Status.SUCCEEDED and run.launched and head.launched and not head.status.terminal:
+            why = f": {run.reason}" if run.reason else ""
+            _end_node(ctx, head, Status.FAILED, f"node {run.node_rank} ({run.host}) {run.status.value}{why}")
+        return
+    others = [n for n in nodes[1:] if n.launched]
+    deadline = time.monotonic() + (NODES_GRACE_S if run.status is Status.SUCCEEDED else 0)
+    while any(not n.status.terminal for n in others) and time.monotonic() < deadline:
+        sleep(NODES_LOOK_S)
+        others = [ctx.store.get_run(n.id) for n in others]
+    for node in others:
+        if not node.status.terminal:
+            _end_node(ctx, node, Status.CANCELLED, f"the run ended on its head node ({run.status.value})")
+
+
+def _end_node(ctx: Job, node: Run, status: Status, reason: str) -> None:
+    """End another node of the run, through the same path as any cancel: its process group stopped and its end
+    steps run. One that ended meanwhile is left as it ended."""
+    try:
+        cancel(open_run(ctx.ws, ctx.store, node.id, any_spec=True), reason, status=status)
+    except TransitionError:
+        pass  # it ended on its own meanwhile
+    except OrchError as exc:
+        if not ctx.store.get_run(node.id).status.terminal:
+            ctx.event("warning", f"node {node.node_rank} ({node.host}) not ended: {exc}")
 
 
 def abandon(store: Store, run_id: int, reason: str) -> Run:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from ..config.hosts import Host
@@ -75,8 +76,9 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         if replace:
             run_id = take_replacing(ws, store, host, spec.gpus, create, poll, queue=queue, on_wait=on_wait)
         else:
-            run_id = lease.take(store, host.name, spec.gpus, create, poll[1], retry_s=busy_wait_s(poll[0]), queue=queue,
-                                on_wait=on_wait, probe=lambda orphan: probe_orphan(ws, store, orphan))
+            [run_id] = lease.take(store, [host.name], spec.gpus, lambda: [create()], poll[1],
+                                  retry_s=busy_wait_s(poll[0]), queue=queue, on_wait=on_wait,
+                                  probe=lambda orphan: probe_orphan(ws, store, orphan))
     else:
         with store.tx():
             run_id = create()
@@ -128,7 +130,11 @@ def prepare_and_launch(ctx: Job, host_wait: Callable[[hostlease.HostLeaseBusy], 
                        ) -> JobRef:
     """Everything a start does on the host, in order: the steps before the launch, then the launch; the
     job's reference."""
-    script = _steps_before_launch(ctx, host_wait)
+    return launch(ctx, prepare(ctx, host_wait)({}))
+
+
+def launch(ctx: Job, script: str) -> JobRef:
+    """Start the prepared job: its reference."""
     transition(ctx.store, ctx.run_id, Status.LAUNCHING)
     gpus = len(ctx.spec.gpus) if ctx.spec.gpus is not None else None
     return ctx.executor.launch(ctx.paths, script, run_token(ctx.ws, ctx.store, ctx.run_id), gpus)
@@ -245,7 +251,12 @@ def _host_wait(store: Store, run_id: int, poll_min: float, on_wait: Callable[[Wa
     return wait
 
 
-def _steps_before_launch(ctx: Job, host_wait: Callable[[hostlease.HostLeaseBusy], None] | None = None) -> str:
+# The job script of a prepared run, given what its node adds to the environment (a multi-node run's
+# rendezvous, known only once every node is prepared; nothing for a run on one host).
+Script = Callable[[Mapping[str, str]], str]
+
+
+def prepare(ctx: Job, host_wait: Callable[[hostlease.HostLeaseBusy], None] | None = None) -> Script:
     """The steps before the launch; `host_wait` (queued runs): what to do when another workspace's run holds
     the host's lease files, before asking again (else the refusal ends the run)."""
     # Patch sets are checked (read-only) first, so a set that does not apply changes nothing anywhere.
@@ -282,13 +293,14 @@ def _steps_before_launch(ctx: Job, host_wait: Callable[[hostlease.HostLeaseBusy]
                   {"applied": ps.name, "set_hash": ps.set_hash, "python": python, "root": res.root,
                    "files": [f.__dict__ for f in res.files]})
     job = ctx.for_playbook()
-    return _job_script(ctx, job, ctx.pb.prepare(job), gpu_env, overlay)
+    return partial(_job_script, ctx, job, ctx.pb.prepare(job), gpu_env, overlay)
 
 
 def _job_script(ctx: Job, job: JobContext[Any], prepared: Prepared, gpu_env: dict[str, str],
-                overlay: patching.Overlay | None = None) -> str:
-    """The job's environment (host, spec, GPUs, then what prepare added), working dir and command lines."""
-    env = {**ctx.host.env, **ctx.spec.env, **gpu_env, **prepared.env}
+                overlay: patching.Overlay | None, node_env: Mapping[str, str]) -> str:
+    """The job's environment (host, spec, GPUs, what prepare added, then its node's), working dir and
+    command lines."""
+    env = {**ctx.host.env, **ctx.spec.env, **gpu_env, **prepared.env, **node_env}
     body = ctx.pb.command(job, prepared)
     if overlay is not None:  # the patched copies come before the install, whatever PYTHONPATH held
         body = f"export PYTHONPATH={quote(overlay.path)}${{PYTHONPATH:+:$PYTHONPATH}}\n{body}"

@@ -19,7 +19,7 @@ host is never blocked past the end of its job.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..errors import NotFound, OrchError
@@ -122,7 +122,15 @@ def held(store: Store, host: str | None = None) -> list[Lease]:
 
 def acquire(store: Store, host: str, gpus: list[int] | None, create_run: Callable[[], int], poll_max: float,
             probe: Probe | None = None) -> int:
-    """Create the run (create_run) and its lease in one transaction, or raise Busy naming the holder.
+    """`acquire_all` for a run on one host: its id."""
+    return acquire_all(store, [host], gpus, lambda: [create_run()], poll_max, probe)[0]
+
+
+def acquire_all(store: Store, hosts: Sequence[str], gpus: list[int] | None, create_runs: Callable[[], list[int]],
+                poll_max: float, probe: Probe | None = None) -> list[int]:
+    """Create the run's records (create_runs: one per host, in the order of `hosts`) and a lease on each host
+    in one transaction, or raise Busy naming a holder: all or none, so a run across several hosts never
+    holds some while it waits for others, and two such runs never wait for each other.
 
     Holders whose run ended with its end steps before release done are dropped. Holders nobody is at work
     on are handed to `probe` (outside the transaction: it asks the host), which frees their lease only once
@@ -133,7 +141,7 @@ def acquire(store: Store, host: str, gpus: list[int] | None, create_run: Callabl
         orphans: list[Run] = []
         busy: Busy | None = None
         with store.tx() as c:
-            for lease in held(store, host):
+            for lease in [held_one for host in sorted(hosts) for held_one in held(store, host)]:
                 if not overlaps(lease.gpus, gpus):
                     continue
                 run: Run | None
@@ -157,15 +165,16 @@ def acquire(store: Store, host: str, gpus: list[int] | None, create_run: Callabl
                 if run.id not in probed:
                     orphans.append(run)
             if busy is None:
-                run_id = create_run()
+                run_ids = create_runs()
                 me = Controller.me()
-                c.execute(
-                    "INSERT INTO leases (host, gpus, run_id, pid, pid_start, hostname, heartbeat, poll_max,"
-                    " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (host, dump_json(sorted(gpus) if gpus is not None else None), run_id, me.pid, me.start,
-                     me.hostname, time.time(), poll_max, time.time()),
-                )
-                return run_id
+                for host, run_id in zip(hosts, run_ids, strict=True):
+                    c.execute(
+                        "INSERT INTO leases (host, gpus, run_id, pid, pid_start, hostname, heartbeat, poll_max,"
+                        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (host, dump_json(sorted(gpus) if gpus is not None else None), run_id, me.pid, me.start,
+                         me.hostname, time.time(), poll_max, time.time()),
+                    )
+                return run_ids
         if not orphans or probe is None:
             raise busy
         for run in orphans:
@@ -173,13 +182,13 @@ def acquire(store: Store, host: str, gpus: list[int] | None, create_run: Callabl
             probe(run)
 
 
-def take(store: Store, host: str, gpus: list[int] | None, create_run: Callable[[], int], poll_max: float,
-         *, retry_s: float, probe: Probe | None = None, queue: bool = False,
-         on_wait: Callable[[Busy], None] | None = None, sleep: Callable[[float], None] = time.sleep) -> int:
-    """`acquire`; with queue, wait (asking again every retry_s) until the holder is gone."""
+def take(store: Store, hosts: Sequence[str], gpus: list[int] | None, create_runs: Callable[[], list[int]],
+         poll_max: float, *, retry_s: float, probe: Probe | None = None, queue: bool = False,
+         on_wait: Callable[[Busy], None] | None = None, sleep: Callable[[float], None] = time.sleep) -> list[int]:
+    """`acquire_all`; with queue, wait (asking again every retry_s) until the holders are gone."""
     while True:
         try:
-            return acquire(store, host, gpus, create_run, poll_max, probe)
+            return acquire_all(store, hosts, gpus, create_runs, poll_max, probe)
         except Busy as busy:
             if not queue:
                 raise
@@ -201,4 +210,4 @@ def adopt(store: Store, run_id: int) -> None:
                   (me.pid, me.start, me.hostname, time.time(), run_id))
 
 
-__all__ = ["Busy", "Lease", "acquire", "adopt", "held", "holder_alive", "release", "take"]
+__all__ = ["Busy", "Lease", "acquire", "acquire_all", "adopt", "held", "holder_alive", "release", "take"]

@@ -29,6 +29,7 @@ import re
 import selectors
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -1041,6 +1042,7 @@ ARGS = {
     "files": {"dir": (_path, REQUIRED), "skip": (_word, "pulled")},
     "health": {"url": (_url, REQUIRED), "timeout_s": (_seconds, 5)},
     "gpus": {"timeout_s": (_seconds, 60)},
+    "port": {},
 }
 OPS = tuple(ARGS)
 MAX_READ = 16 << 20  # the most log bytes one read answers with
@@ -1186,6 +1188,14 @@ class Agent:
                 "nvidia_smi": False}
         except (GpuError, OSError, subprocess.SubprocessError) as exc:
             return {"nvidia_smi": True, "error": str(exc) or type(exc).__name__}
+
+    def port(self, a):
+        """A TCP port free on every address of this host now: a multi-node run's rendezvous, which its head's
+        job binds when it starts (the kernel hands out ephemeral ports in turn, so the same one comes back
+        only after the whole range went round)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            return {"port": s.getsockname()[1]}
 
     # answered from a thread: pushes and other requests go on meanwhile
     SLOW = ("launch", "kill", "kill_pids", "stacks", "loss", "health", "tail", "find", "read", "chunk", "gpus", "files",
