@@ -151,7 +151,8 @@ def _node_logs(ws: Any, store: Any, run_id: int, nodes: list[Any], lines: int, w
         def follow_one(n: Any) -> None:
             lined = Prefixed(node_prefix(n), locked)
             try:
-                runflow.follow_log(runflow.open_run(ws, store, n, hosts), lined.feed, offset=found[n.id].end)
+                runflow.follow_log(runflow.open_run(ws, store, n, hosts, any_spec=True), lined.feed,
+                                   offset=found[n.id].end)
             except OrchError as exc:
                 with lock:
                     err.print(f"orch: node {n.node_rank or 0} (run {n.id}): {exc}", markup=False)

@@ -6,6 +6,7 @@ the run flow leaves them: the head is the run (rank 0), each other node names it
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 from orchtest import in_process
 
+from orchestrator import runflow
 from orchestrator.cli import logs
 from orchestrator.runflow import watching
 from orchestrator.store import Store, runtable
@@ -139,9 +141,33 @@ def test_logs_of_every_node_and_of_one(orch: Orch, store: Store, tmp_path: Path)
     assert doc["lines"][0] == "[0 local] head two" and doc["lines"][-1] == "[1 local] worker two"
     code, out, _ = orch("logs", str(head), "--all")
     assert code == 0 and out.count("[1 local] ") == 2 and out.startswith("[0 local] head one\n")
-    # the jobs ended (no job recorded): following prints the tails and returns
-    code, out, _ = orch("logs", str(head), "-f")
-    assert code == 0 and out.splitlines()[-1] == "[1 local] worker two"
+
+
+
+def test_follow_prints_each_nodes_new_lines_until_every_job_ended(orch: Orch, store: Store, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a job that ended: following reads its log to the end, then returns
+    head, second = multi_node(store, ["local", "local"], end=Status.SUCCEEDED,
+                              r0={"remote_dir": _logged(tmp_path, "n0", "head one\n"), "pid": gone.pid,
+                                  "pid_start": "0"},
+                              r1={"remote_dir": _logged(tmp_path, "n1", "worker one\n"), "pid": gone.pid,
+                                  "pid_start": "0"})
+    reading = runflow.read_log
+
+    def then_more(ws: Any, store: Store, run_id: int, *args: Any) -> Any:
+        found = reading(ws, store, run_id, *args)
+        with open(Path(store.get_run(run_id).remote_dir or "") / "log", "a") as log:
+            log.write(f"after the tail of {run_id}\n")  # written once the tail was read: only a follow shows it
+        return found
+
+    monkeypatch.setattr(runflow, "read_log", then_more)
+    code, out, err = orch("logs", str(head), "-f")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) > 2, err
+    assert lines[:2] == ["[0 local] head one", "[1 local] worker one"]
+    assert sorted(lines[2:]) == [f"[0 local] after the tail of {head}", f"[1 local] after the tail of {second}"]
 
 
 def test_logs_node_errors(orch: Orch, store: Store) -> None:
