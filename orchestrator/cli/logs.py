@@ -22,7 +22,7 @@ def logs(
     whole: bool = typer.Option(False, "--all", help="the whole log from the host, streamed"),
     follow: bool = typer.Option(False, "-f", "--follow", help="print new lines as they come, until the job ends"),
     node: int | None = typer.Option(None, "--node", metavar="RANK", help="a multi-node run: this node's log only"),
-    as_json: bool = typer.Option(False, "--json", help="{run_id, source, note, lines}"),
+    as_json: bool = typer.Option(False, "--json", help="{run_id, source, note, lines} (a multi-node run: nodes too)"),
 ) -> None:
     """Print the last lines of a run's log: from its host, or the tail kept locally when the host is down.
     A multi-node run's: every node's, each line headed `[RANK HOST] `, or one node's with --node."""
@@ -34,7 +34,7 @@ def logs(
     nodes = store.nodes_of(rid)
     if node is not None:
         rid = _node_id(rid, nodes, node)
-    elif nodes:
+    elif nodes and nodes[0].id == rid:  # the run (its head): every node's; a node's own id shows that node's
         _node_logs(ws, store, rid, nodes, lines, whole, follow, as_json)
         return
     if whole:
@@ -215,7 +215,8 @@ def pull(run_id: str = typer.Argument(..., metavar="ID"),
          to: Path | None = typer.Option(None, "--to", metavar="DIR", help="default: runs/<id>/pulled"),
          max_size: str = typer.Option("1G", "--max-size", metavar="SIZE", help="copy nothing above this (512M, 2G)"),
          as_json: bool = typer.Option(False, "--json", help="{id, to, files, bytes}")) -> None:
-    """Copy a run's remote dir (its log, outputs manifest and what the job left there) here."""
+    """Copy a run's remote dir (its log, outputs manifest and what the job left there) here; a multi-node
+    run's, a folder per node (node-RANK/)."""
     from .. import runflow
     from ..runflow import fetching
 
@@ -224,7 +225,7 @@ def pull(run_id: str = typer.Argument(..., metavar="ID"),
     rid = parse_run_id(run_id)
     nodes = store.nodes_of(rid)
     limit = fetching.parse_size(max_size)
-    if nodes:  # a multi-node run: each node's dir in a folder of its own, node-RANK/
+    if nodes and nodes[0].id == rid:  # a multi-node run: each node's dir in a folder of its own, node-RANK/
         head = nodes[0]
         to = to or ws.runs_dir / str(head.id) / "pulled"
         pulled = []

@@ -135,6 +135,7 @@ def test_logs_of_every_node_and_of_one(orch: Orch, store: Store, tmp_path: Path)
                                 "[1 local] worker two"]
     assert orch("logs", str(head), "--node", "1")[1] == "worker one\nworker two"
     assert orch("logs", str(second), "--node", "0", "-n", "1")[1] == "head two\n"  # asked by any node's id
+    assert orch("logs", str(second))[1] == "worker one\nworker two"  # a node's own id: that node's log
     doc = json.loads(orch("logs", str(head), "--json", "-n", "1")[1])
     assert [(n["rank"], n["id"], n["lines"][-1]) for n in doc["nodes"]] == [(0, head, "head two"),
                                                                             (1, second, "worker two")]
