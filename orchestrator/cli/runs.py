@@ -302,7 +302,9 @@ def cancel(run_id: str = typer.Argument(..., metavar="ID"),
 
     ws = workspace()
     store, inv, run = open_store(ws), inventory(ws), parse_run_id(run_id)
-    host = store.get_run(run).host
+    record = store.get_run(run)
+    _not_a_node(record, "cancel")
+    host = record.host
     if host not in inv.hosts:  # a way out: the record ends, whatever still runs there is the user's to stop
         runflow.abandon(store, run, f"cancelled by user; host {host} is no longer in the inventory, so its job "
                                     "(if any) was not stopped")
@@ -315,6 +317,13 @@ def cancel(run_id: str = typer.Argument(..., metavar="ID"),
     err.print(f"run {ctx.run_id} cancelled ({outcome})")
 
 
+def _not_a_node(record: Run, verb: str) -> None:
+    """One node alone is never ended: its run's other nodes would wait on it. Ending the run ends them all."""
+    if record.parent_id is not None:
+        raise UsageError(f"run {record.id} is node {record.node_rank} of run {record.parent_id}: {verb} the run"
+                         f" (`orch {verb} {record.parent_id}`)")
+
+
 @app.command("stop")
 def stop_cmd(run_id: str = typer.Argument(..., metavar="ID"),
              grace: float = typer.Option(KILL_GRACE_S, metavar="SECONDS", help="seconds between SIGTERM and SIGKILL"),
@@ -323,7 +332,9 @@ def stop_cmd(run_id: str = typer.Argument(..., metavar="ID"),
     from .. import runflow
 
     ws = workspace()
-    ctx = runflow.open_run(ws, open_store(ws), parse_run_id(run_id), inventory(ws))
+    store = open_store(ws)
+    _not_a_node(store.get_run(parse_run_id(run_id)), "stop")
+    ctx = runflow.open_run(ws, store, parse_run_id(run_id), inventory(ws))
     outcome = runflow.stop(ctx, grace)
     if as_json:
         emit_json({"id": ctx.run_id, "status": ctx.run.status.value, "outcome": outcome})

@@ -111,6 +111,16 @@ class ServerUrls:
             return None
 
 
+NODE_COLUMNS = ["rank", "id", "host", "status", "phase", "job", "progress", "reason", "remote dir"]
+
+
+def _node_row(node: dict[str, Any]) -> list[Any]:
+    p = node["progress"]
+    prog = f"{p['label'] or ''} {p['done']:g}/{p['total']:g}".strip() if p and p.get("total") else ""
+    return [node["rank"], node["id"], node["host"], Styled(node["status"], STATUS_STYLES.get(node["status"])),
+            node["phase"] or "", node["job"], prog, node["reason"] or "", node["remote_dir"] or ""]
+
+
 def _row(doc: dict[str, Any], run: Run, now: float) -> list[Any]:
     p = doc["progress"]
     prog = f"{p['label'] or ''} {p['done']:g}/{p['total']:g}".strip() if p and p.get("total") else ""
@@ -125,16 +135,31 @@ def _row(doc: dict[str, Any], run: Run, now: float) -> list[Any]:
     # how fresh an active row is: when its watcher last heard from the host
     seen = age(now - run.heartbeat) + " ago" if run.heartbeat and not run.status.terminal else ""
     took = duration((run.ended_at or now) - run.started_at) if run.started_at else ""
-    return [doc["id"], doc["name"], doc["playbook"], doc["host"],
+    return [doc["id"], doc["name"], doc["playbook"], hosts_cell(doc["hosts"]),
             Styled(shown, "yellow" if doc["stalled"] else STATUS_STYLES.get(word)),
             Styled(phase, PHASE_STYLES.get(doc["shown_phase"] or "")), prog, metrics, took,
             age(now - doc["created_at"]), seen, "" if run.status is Status.SUCCEEDED else doc["reason"], doc["url"]]
 
 
+HOSTS_CELL_MAX = 20  # past this a multi-node run's hosts show as `gpu01+3`, as wide as a host name
+
+
+def hosts_cell(hosts: list[str]) -> str:
+    """A run's hosts in the table's host column: each distinct host in rank order when they fit, else the
+    head's and how many others (`gpu01+3`)."""
+    distinct = list(dict.fromkeys(hosts))
+    joined = ",".join(distinct)
+    return joined if len(distinct) == 1 or len(joined) <= HOSTS_CELL_MAX else f"{distinct[0]}+{len(distinct) - 1}"
+
+
 def _print_run(doc: dict[str, Any], tables: list[runtables.RunTables]) -> None:
     phase = f" ({doc['shown_phase']})" if doc["shown_phase"] else ""
     name = f" ({doc['name']})" if doc["name"] else ""
-    out.print(f"run {doc['id']}{name} {doc['playbook']} on {doc['host']}: {doc['shown_status']}{phase}")
+    on = hosts_cell(doc["hosts"]) if doc["nodes"] else doc["host"]
+    out.print(f"run {doc['id']}{name} {doc['playbook']} on {on}: {doc['shown_status']}{phase}")
+    if doc["parent_id"] is not None:  # a node's own record: the run (its head) is what a person acts on
+        out.print(f"  node {doc['node_rank']} of run {doc['parent_id']} (`orch status {doc['parent_id']}`)",
+                  markup=False)
     if doc["tags"]:
         out.print("  tags: " + ", ".join(doc["tags"]))
     for line in (doc["note"] or "").splitlines():
@@ -146,7 +171,8 @@ def _print_run(doc: dict[str, Any], tables: list[runtables.RunTables]) -> None:
     if doc["unreachable_since"] is not None:
         out.print(f"  unreachable: the host has not answered for {age(time.time() - doc['unreachable_since'])}")
     if doc["progress"]:
-        out.print("  progress: " + progress_line(doc["progress"], doc["phase"]))
+        slowest = " (the slowest node's)" if doc["nodes"] else ""
+        out.print("  progress: " + progress_line(doc["progress"], doc["phase"]) + slowest)
     if doc["predicted_ready_at"] and doc["phase"] in ("starting", "loading"):
         left = doc["predicted_ready_at"] - time.time()
         out.print(f"  loading should end in ~{max(left, 0):.0f} s (earlier runs of this model here)")
@@ -159,6 +185,9 @@ def _print_run(doc: dict[str, Any], tables: list[runtables.RunTables]) -> None:
             out.print(f"  try: {e['hint']}", markup=False)
     for k, s in doc["metric_summaries"].items():  # mean and p50: the first 10 % of samples left out
         out.print(f"  {summaries.line(k, s)}", markup=False)
+    if doc["nodes"]:
+        out.print(f"  nodes ({len(doc['nodes'])}):")
+        table(NODE_COLUMNS, [_node_row(n) for n in doc["nodes"]])
     for t in tables:  # each plugin's section, as the plugin shows it
         shown = t.show(doc[t.name]) if t.name in doc else None
         if shown is not None:

@@ -24,6 +24,9 @@ class Removed:
 
 
 def check_removable(run: Run) -> None:
+    if run.parent_id is not None:  # a node goes with its run, never alone
+        raise UsageError(f"run {run.id} is node {run.node_rank} of run {run.parent_id}: remove the run"
+                         f" (`orch rm {run.parent_id}`)")
     if run.status in ACTIVE:
         raise UsageError(f"run {run.id} is {run.status}: cancel it first (`orch cancel {run.id}`)")
     if run.sweep_id is not None:
@@ -51,14 +54,22 @@ def remove(ws: Workspace, store: Store, runs: list[Run], inv: Inventory, keep_re
     """Remove each run (all are checked first); a run whose remote dir cannot be removed keeps its record."""
     for run in runs:
         check_removable(run)
+        for node in store.nodes_of(run.id)[1:]:  # a multi-node run: every node ended too
+            if node.status in ACTIVE:
+                raise UsageError(f"run {run.id}'s node {node.node_rank} (run {node.id}) is {node.status}:"
+                                 f" cancel the run first (`orch cancel {run.id}`)")
     done = []
     for run in runs:
         try:
-            remote = "remote dir kept" if keep_remote else _remove_remote(ws, store, run, inv)
+            # each node's dir, on its own host (the head's is the run's); the records go only when all went
+            remote = "remote dir kept" if keep_remote else "; ".join(
+                _remove_remote(ws, store, n, inv) for n in (store.nodes_of(run.id) or [run]))
         except OrchError as exc:
             done.append(Removed(run.id, str(exc), ok=False))
             continue
-        store.delete_run(run.id)
-        shutil.rmtree(ws.runs_dir / str(run.id), ignore_errors=True)
+        nodes = store.nodes_of(run.id)
+        store.delete_run(run.id)  # the node records too
+        for one in nodes or [run]:
+            shutil.rmtree(ws.runs_dir / str(one.id), ignore_errors=True)
         done.append(Removed(run.id, remote))
     return done

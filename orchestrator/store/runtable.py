@@ -28,7 +28,8 @@ class RunFilters:
     text: str | None = None
 
     def where(self) -> tuple[str, list[Any]]:
-        clauses: list[str] = []
+        # runs only: a multi-node run's other nodes are records of their own, shown on its page
+        clauses: list[str] = ["parent_id IS NULL"]
         args: list[Any] = []
         if self.statuses:
             clauses.append(f"status IN ({','.join('?' * len(self.statuses))})")

@@ -107,10 +107,43 @@ def sections(store: Store, run_id: int, tables: Iterable[RunTables]) -> dict[str
     return found
 
 
+def fraction_done(p: dict[str, Any] | None) -> float | None:
+    """How much of its work a progress object says is done (0 to 1); None without a total."""
+    if not p or not p.get("total"):
+        return None
+    return float(p.get("done") or 0) / float(p["total"])
+
+
+def slowest_progress(nodes: list[Run]) -> dict[str, Any] | None:
+    """The progress of the node least far along, among those that report one: a multi-node run is done
+    only when its slowest rank is, so the run's progress is that rank's (nodes that print no bar, often
+    every rank but the first, are left out)."""
+    reported = [(f, n.progress) for n in nodes if (f := fraction_done(n.progress)) is not None]
+    return min(reported, key=lambda found: found[0])[1] if reported else None
+
+
+def node_document(node: Run) -> dict[str, Any]:
+    """One node of a multi-node run, as the `nodes` list of `orch status --json` holds it."""
+    return {"rank": node.node_rank or 0, "id": node.id, "host": node.host, "status": node.status.value,
+            "phase": node.phase, "job": node.job_id if node.job_id is not None else node.pid,
+            "log_offset": node.log_offset, "progress": progress(node.progress), "reason": node.reason,
+            "remote_dir": node.remote_dir}
+
+
+def nodes_of(store: Store, run: Run) -> list[Run]:
+    """A multi-node run's node records in rank order, [] for a one-host run (asked of the store only for a
+    record with a rank: one-host runs have none, and a table of them costs no query more)."""
+    return store.nodes_of(run.id) if run.node_rank is not None else []
+
+
 def run_document(store: Store, run: Run, with_events: bool = True, tables: Iterable[RunTables] = ()) -> dict[str, Any]:
-    """A run as `orch status --json` prints it; with events, each plugin's section too (`tables`)."""
+    """A run as `orch status --json` prints it; with events, each plugin's section too (`tables`). A
+    multi-node run's document is its head's, with `nodes` (one entry each, rank order) and the slowest
+    node's progress; a node's own record (not the head) names its run in `parent_id`."""
     error = run.error
     silent_since = unreachable_since(store, run)
+    nodes = nodes_of(store, run) if run.parent_id is None else []
+    shown_progress = (slowest_progress(nodes) or run.progress) if nodes else run.progress
     doc = {
         "id": run.id,
         "name": run.name,
@@ -123,7 +156,7 @@ def run_document(store: Store, run: Run, with_events: bool = True, tables: Itera
         "shown_status": shown_status(run, silent_since),  # the words `orch status` shows
         "shown_phase": shown_phase(run),
         "stalled": run.stalled,
-        "progress": progress(run.progress),
+        "progress": progress(shown_progress),
         "error": ({**{k: error.get(k) for k in ("kind", "exception", "message")}, "hint": error_hint(error)}
                   if error else None),
         "reason": run.reason,
@@ -138,6 +171,10 @@ def run_document(store: Store, run: Run, with_events: bool = True, tables: Itera
         "queue_reason": run.queue_reason,
         "remote_dir": run.remote_dir,
         "sweep_id": run.sweep_id,
+        "parent_id": run.parent_id,  # a node's record (rank > 0): the run it is a node of
+        "node_rank": run.node_rank,
+        "hosts": [n.host for n in nodes] if nodes else [run.host],  # each node's host, rank order
+        "nodes": [node_document(n) for n in nodes],  # [] for a one-host run
         "point": run.point_diff,  # a sweep's run: its point's spec differences from the sweep's base spec
         **times(created_at=run.created_at, started_at=run.started_at, ended_at=run.ended_at,
                 predicted_ready_at=run.predicted_at, unreachable_since=silent_since),

@@ -275,9 +275,9 @@ function row(r, selected, changed) {
 async function runPage(main, id) {
   const meta = await api("/api/meta");
   const parts = {};
-  for (const k of ["head", "actions", "summary", "timeline", "error", "log", "charts", "events", "spec", "patches",
-                   "outputs", "reproduce", "problems"]) parts[k] = h("div", {id: k});
-  main.replaceChildren(parts.head, parts.problems, parts.actions, parts.summary,
+  for (const k of ["head", "actions", "summary", "nodes", "timeline", "error", "log", "charts", "events", "spec",
+                   "patches", "outputs", "reproduce", "problems"]) parts[k] = h("div", {id: k});
+  main.replaceChildren(parts.head, parts.problems, parts.actions, parts.summary, parts.nodes,
     section("Timeline", parts.timeline), parts.error, section("Log", parts.log), section("Metrics", parts.charts),
     section("Events", parts.events), section("Spec", parts.spec), section("Patch sets", parts.patches),
     section("Outputs", parts.outputs), section("Reproduce", parts.reproduce));
@@ -330,6 +330,14 @@ function drawRun(parts, d) {
     ["sweep", d.sweep_id ? link(`/sweeps/${d.sweep_id}`, `sweep ${d.sweep_id}`) : null],
     ["metrics", Object.entries(d.metrics).map(([k, v]) => `${k}=${fmt(v)}`).join("  ")],
   ]));
+  // a multi-node run: one row per node (its own record), rank order; a node's record names its run
+  parts.nodes.replaceChildren(...(d.nodes.length ? [section(`Nodes (${d.nodes.length})`,
+    table(["rank", "run", "host", "status", "phase", "job", "progress", "reason", "remote dir"],
+      d.nodes.map((n) => h("tr", {}, h("td", {}, `${n.rank}`), h("td", {}, link(`/runs/${n.id}`, `${n.id}`)),
+        h("td", {}, n.host), h("td", {}, status(n.status, false)), h("td", {}, n.phase || ""), h("td", {}, n.job ?? ""),
+        h("td", {}, progress(n.progress)), h("td", {}, n.reason || ""), h("td", {}, n.remote_dir || "")))))]
+    : d.parent_id !== null ? [h("p", {}, `node ${d.node_rank} of `, link(`/runs/${d.parent_id}`, `run ${d.parent_id}`))]
+    : []));
   parts.timeline.replaceChildren(timeline(d.timeline, d.ended_at || now()));
   parts.error.replaceChildren(...(d.error ? [section("Error", errorBox(d.error))] : []));
   parts.events.replaceChildren(table(["time", "kind", "message"],
