@@ -21,6 +21,7 @@ class CommandSpec(RunSpec):
 class Command(Playbook[CommandSpec]):
     name = "command"
     Spec = CommandSpec
+    multi_node = True  # the command reads NNODES, NODE_RANK, MASTER_ADDR and MASTER_PORT itself
 
     def command(self, job: JobContext[CommandSpec], prepared: Prepared) -> str:
         return job.spec.cmd  # the user's own command line, run as given
