@@ -54,6 +54,27 @@ S = TypeVar("S", bound="RunSpec")
 # command refers to them ("$NODE_RANK"), so the same command serves every node, over SSH or under Slurm.
 NODE_ENV = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 
+# How each launcher names the rendezvous, as (flag, value) with the values NODE_ENV references: torchrun's
+# static rendezvous (vLLM's multi-node "mp" backend takes the same four flags) and SGLang's server args.
+RENDEZVOUS: dict[str, tuple[tuple[str, str], ...]] = {
+    "torchrun": (("--nnodes", "$NNODES"), ("--node-rank", "$NODE_RANK"), ("--master-addr", "$MASTER_ADDR"),
+                 ("--master-port", "$MASTER_PORT")),
+    "sglang": (("--nnodes", "$NNODES"), ("--node-rank", "$NODE_RANK"),
+               ("--dist-init-addr", "$MASTER_ADDR:$MASTER_PORT")),
+}
+
+
+def rendezvous_args(style: str) -> list[str]:
+    """The launcher's rendezvous flags as argv words, the values unexpanded ("$NODE_RANK"): what a patch
+    set's flag check sees."""
+    return [word for pair in RENDEZVOUS[style] for word in pair]
+
+
+def rendezvous(style: str) -> str:
+    """The launcher's rendezvous flags for a bash command line: each value in double quotes, so that every
+    node's job expands its own NODE_ENV (one command line serves every node)."""
+    return " ".join(f'{flag} "{value}"' for flag, value in RENDEZVOUS[style])
+
 # Looks up a run of this workspace by id (raises NotFound), read-only.
 FindRun = Callable[[int], Run]
 
@@ -154,7 +175,8 @@ class Playbook(Generic[S]):
     # Holds its host (or GPU set) while it runs; a client of a server on that host (a benchmark) does not.
     exclusive: ClassVar[bool] = True
     # Spans several hosts when `spec.nodes` > 1: its command then reads the rendezvous from NODE_ENV, which
-    # every node's job has in its environment (see `rendezvous`).
+    # every node's job has in its environment (see `rendezvous`). The run's health, url and ready line are the
+    # head's (rank 0): only the head is probed.
     multi_node: ClassVar[bool] = False
 
     def check_inputs(self, spec: S, host: Host, find_run: FindRun) -> None:
@@ -200,7 +222,7 @@ class Playbook(Generic[S]):
 
 
 __all__ = [
-    "NODE_ENV", "SERVING_PHASES", "Entry", "FindRun", "HealthCheck", "Host", "JobContext", "LineReader", "NotFound", "OrchError", "Outputs",
+    "NODE_ENV", "RENDEZVOUS", "SERVING_PHASES", "Entry", "FindRun", "HealthCheck", "Host", "JobContext", "LineReader", "NotFound", "OrchError", "Outputs",
     "Playbook", "Prepared", "Remote", "Run", "RunSpec", "RunTables", "Shown", "Status", "Usage", "UsageError", "check_regex",
-    "http_probe", "quote",
+    "http_probe", "quote", "rendezvous", "rendezvous_args",
 ]

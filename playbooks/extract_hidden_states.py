@@ -6,6 +6,13 @@ Backends:
                pipeline: up to 0.4.x `data_generation_offline.py` runs vLLM in-process and writes
                `data_{i}.pt`; from 0.5 `launch_vllm.py` starts a vLLM server that the new
                `data_generation_offline.py` asks for each sample's `hs_{i}.safetensors`.
+
+On several nodes (`nodes` > 1) only the >= 0.5 pipeline runs: its vLLM server spans them with vLLM's
+multi-node "mp" backend (`--distributed-executor-backend mp` and `--nnodes`, `--node-rank`, `--master-addr`,
+`--master-port` from the node's environment; tensor x pipeline parallel size over all nodes' GPUs). The head
+(rank 0) serves the API and runs the generator; every other node runs vLLM headless (its share of the
+workers, no API) until it is stopped. Backend hf (one process) and the < 0.5 pipeline (vLLM in-process,
+its script takes no rendezvous) are refused on several nodes.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from orchestrator.playbook import (
+    FindRun,
+    Host,
     JobContext,
     OrchError,
     Outputs,
@@ -31,6 +40,7 @@ from orchestrator.playbook import (
     Status,
     UsageError,
     quote,
+    rendezvous,
 )
 
 JOBS = Path(__file__).parent / "jobs"
@@ -47,6 +57,11 @@ LAUNCHER = "launch_vllm.py"
 VERSION_RE = re.compile(r"^(\d+(?:\.\d+)*)")
 _SPECULATORS_ONLY = ("tp", "seq_length", "scripts_dir", "speculators_version", "port", "vllm_args",
                      "trust_remote_code", "include_last_layer")
+# A node other than the head: vLLM's workers only (from vLLM's version with --nnodes, any other node is
+# headless; --api-server-count 0 too, as launch_vllm.py would otherwise ask for API servers).
+HEADLESS = ["--headless", "--api-server-count", "0"]
+MULTI_NODE = ("extract-hidden-states spans nodes only with backend speculators >= 0.5 (a vLLM server); "
+              "backend hf and the older in-process pipeline run on one host: set nodes = 1")
 STORE_DIR = "vllm_hidden_states"  # >=0.5: the server's own store, in the run dir (its default is shared /tmp)
 
 
@@ -196,13 +211,26 @@ def shell(argv: list[str]) -> str:
     return " ".join(quote(a) for a in argv)
 
 
+def server_command(s: ExtractSpec, python: str, store: str | None = None, headless: bool = False) -> str:
+    """The server's shell line; on several nodes with vLLM's multi-node rendezvous, filled in by each node."""
+    line = shell(server_argv(s, python, store))
+    if s.nodes == 1:
+        return line
+    return f"{line} {shell(['--distributed-executor-backend', 'mp'])} {rendezvous('torchrun')}" + (
+        f" {shell(HEADLESS)}" if headless else "")
+
+
 def new_pipeline_script(s: ExtractSpec, python: str, out: str, store: str | None = None) -> str:
-    """Server in the background, wait for it, generate, and stop the server whatever happened."""
+    """Server in the background, wait for it, generate, and stop the server whatever happened. On several
+    nodes every node but the head runs only its headless share of the server, in the foreground."""
     port = str(s.port or DEFAULT_PORT)
     health = f"http://127.0.0.1:{port}/health"
+    worker = ([f'if [ "$NODE_RANK" != 0 ]; then {server_command(s, python, store, headless=True)}; exit $?; fi']
+              if s.nodes > 1 else [])
     return "\n".join([
         f"{shell([python, WAIT, 'free', '127.0.0.1', port])} || exit 1",
-        f"{shell(server_argv(s, python, store))} &",
+        *worker,
+        f"{server_command(s, python, store)} &",
         "server=$!",
         # vLLM shuts its engine processes down on SIGTERM; give it 60 s before SIGKILL.
         ('stop_server() { kill -TERM "$server" 2>/dev/null || return 0; for _ in $(seq 600); do '
@@ -218,14 +246,26 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
     Spec = ExtractSpec
     engine = "transformers"
 
+    multi_node = True  # backend speculators >= 0.5 only: see check_inputs and preflight
+
     def log_engine(self, spec: ExtractSpec) -> str | None:
         return "speculators" if spec.backend == "speculators" else self.engine
+
+    def check_inputs(self, spec: ExtractSpec, host: Host, find_run: FindRun) -> None:
+        forced_old = spec.speculators_version is not None and pipeline_of(spec.speculators_version) == "old"
+        if spec.nodes > 1 and (spec.backend == "hf" or forced_old):
+            raise UsageError(MULTI_NODE)
 
     def output_dir(self, job: JobContext[ExtractSpec]) -> str:
         # a relative output_dir is the job's, in its run dir: checked, cleared and counted there too
         return posixpath.join(job.paths.root, job.spec.output_dir or "hidden_states")
 
     def preflight(self, job: JobContext[ExtractSpec]) -> None:
+        s = job.spec
+        if s.nodes > 1 and s.backend == "speculators" and not s.speculators_version and not job.dry_run:
+            version, _ = installed_speculators(job.remote, job.python)
+            if VERSION_RE.match(version) and pipeline_of(version) == "old":
+                raise UsageError(MULTI_NODE)
         if job.spec.output_dir:
             self._output_dir_entries(job)  # refuses a non-empty one before cleanup or patches touch the host
 
@@ -284,6 +324,8 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
         out = self.output_dir(job)
         if s.backend == "speculators":
             if pipeline_of(prepared.env[VERSION_VAR]) == "old":
+                if s.nodes > 1:
+                    raise UsageError(MULTI_NODE)
                 return shell(old_argv(s, job.python, out))
             return new_pipeline_script(s, job.python, out, posixpath.join(job.paths.root, STORE_DIR))
         args = [job.python, SCRIPT, "--output-dir", out,

@@ -7,6 +7,9 @@ cancel). Server and benchmark write one log, so the run's metrics are both: the 
 and decode stats (`load_weight_s`, `accept_rate`, `gen_throughput`) and the benchmark's result block
 (`output_throughput`, `median_ttft_ms`, `median_itl_ms`, `accept_len`). The job lives on the host: a
 controller that dies leaves it running, and the resumed sweep watches it to its end.
+
+On several nodes (`nodes` > 1) the server spans them as `serve-eagle3`'s does; the head (rank 0) runs the
+script as above, every other node only its share of the server, in the foreground, until it is stopped.
 """
 
 from __future__ import annotations
@@ -26,8 +29,7 @@ from .serve_eagle3 import (
     health_check,
     installed_version,
     no_graph_flags,
-    server_args,
-    split_launcher,
+    server_command,
 )
 
 WAIT = "wait_http.py"
@@ -53,10 +55,13 @@ def script(spec: ServeBenchSpec, python: str, graph_flags: list[str], module: li
     """Server in the background, wait for it, benchmark, and stop the server whatever happened."""
     port = str(spec.port)
     url = f"http://127.0.0.1:{port}"
-    server = [python, *split_launcher(spec.launcher), *server_args(spec), *graph_flags]
+    server = server_command(spec, python, graph_flags)
+    # a node other than the head: its share of the server only (the API, and so the benchmark, is the head's)
+    worker = [f'if [ "$NODE_RANK" != 0 ]; then {server}; exit $?; fi'] if spec.nodes > 1 else []
     return "\n".join([
         f"{shell([python, WAIT, 'free', '127.0.0.1', port])} || exit 1",
-        f"{shell(server)} &",
+        *worker,
+        f"{server} &",
         "server=$!",
         (f'stop_server() {{ kill -TERM "$server" 2>/dev/null || return 0; for _ in $(seq {STOP_GRACE_S * 10}); do '
          'kill -0 "$server" 2>/dev/null || return 0; sleep 0.1; done; kill -KILL "$server" 2>/dev/null; }'),
@@ -71,6 +76,7 @@ class ServeBench(Playbook[ServeBenchSpec]):
     name = "serve-bench"
     Spec = ServeBenchSpec
     engine = "sglang"  # server and benchmark both print SGLang's formats
+    multi_node = True
 
     def prepare(self, job: JobContext[ServeBenchSpec]) -> Prepared:
         job.remote.put((JOBS / WAIT).read_bytes(), posixpath.join(job.paths.root, WAIT))

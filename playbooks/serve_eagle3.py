@@ -1,5 +1,10 @@
 """`serve-eagle3`: an SGLang server with EAGLE-3 speculative decoding, watched until stopped.
 
+On several nodes (`nodes` > 1) every node runs the same launch_server command with SGLang's rendezvous
+(`--nnodes`, `--node-rank`, `--dist-init-addr` from the node's environment); `tp` is the total over all
+nodes. Only the head (rank 0) serves the API and prints the ready line; the other nodes run their share of
+the scheduler processes (recent SGLang answers /health there with a stand-in server once they are up).
+
 `debug = true` adds the hidden-state debug patch set and turns CUDA graphs off (debug code in a model's
 forward does not run under graph replay), in the spelling of the SGLang version on the host.
 """
@@ -21,6 +26,8 @@ from orchestrator.playbook import (
     RunSpec,
     http_probe,
     quote,
+    rendezvous,
+    rendezvous_args,
 )
 
 DEBUG_SET = "sglang-eagle3-hidden-debug"
@@ -117,7 +124,14 @@ def engine_argv(spec: ServeEagle3Spec) -> list[str]:
     argv = [spec.python or "python", *split_launcher(spec.launcher), *server_args(spec)]
     if spec.debug:  # prepare() adds these (or the older spelling, for an older engine)
         argv += [f for f in no_graph_flags(None) if f not in argv]
-    return argv
+    return argv + (rendezvous_args("sglang") if spec.nodes > 1 else [])
+
+
+def server_command(spec: ServeEagle3Spec, python: str, graph_flags: list[str]) -> str:
+    """launch_server's shell line; on several nodes with the rendezvous each node fills in from its environment."""
+    argv = [python, *split_launcher(spec.launcher), *server_args(spec), *graph_flags]
+    line = " ".join(quote(a) for a in argv)
+    return f"{line} {rendezvous('sglang')}" if spec.nodes > 1 else line
 
 
 def server_url(spec: ServeEagle3Spec, host: Host) -> str:
@@ -142,6 +156,7 @@ class ServeEagle3(Playbook[ServeEagle3Spec]):
     name = "serve-eagle3"
     Spec = ServeEagle3Spec
     engine = "sglang"  # the sglang parser knows the ready line, so no ready_pattern
+    multi_node = True
 
     def prepare(self, job: JobContext[ServeEagle3Spec]) -> Prepared:
         if not job.spec.debug:
@@ -150,9 +165,7 @@ class ServeEagle3(Playbook[ServeEagle3Spec]):
         return Prepared(args=[f for f in no_graph_flags(version) if f not in job.spec.extra_args])
 
     def command(self, job: JobContext[ServeEagle3Spec], prepared: Prepared) -> str:
-        spec = job.spec
-        argv = [job.python, *split_launcher(spec.launcher), *server_args(spec), *prepared.args]
-        return " ".join(quote(a) for a in argv)
+        return server_command(job.spec, job.python, prepared.args)
 
     def engine_argv(self, spec: ServeEagle3Spec) -> list[str] | None:
         return engine_argv(spec)

@@ -12,6 +12,11 @@ scripts/train.py names them:
 From 0.7 train.py's config resolver builds its config from these same flags (v0.7.0, v0.7.0.1,
 hsc-v0.7.0 and the later resolvers), and its log lines are unchanged: 0.7+ runs with the 0.5 arguments.
 
+On several nodes (`nodes` > 1) train.py runs under torchrun (`python -m torch.distributed.run`, FSDP as
+speculators' TRAINING.md launches it), one process per visible GPU of each node, with torchrun's static
+rendezvous from the node's environment; on one node it runs as a single process, as before. The hidden
+states, the dataset and the save path must then be on a filesystem every node sees.
+
 The trainer logs through Rich: each step a `train/loss=…, train/full_acc_0=…, epoch=0, lr=…` line, each
 epoch `Training epoch K/N started|completed`; the log parser reads both (loss metrics, epoch progress).
 """
@@ -36,6 +41,7 @@ from orchestrator.playbook import (
     RunSpec,
     Status,
     UsageError,
+    rendezvous,
 )
 
 from .extract_hidden_states import VERSION_RE, VERSION_VAR, installed_speculators, parse_version, shell
@@ -46,6 +52,7 @@ EXTRACT = "extract-hidden-states"
 NEW_ARGS = (0, 5)  # --hidden-states-path, --on-missing and --target-layer-ids from here on
 # Rich wraps its log lines at the console width, 80 columns off a terminal: room for a whole metrics line.
 COLUMNS = "400"
+TORCHRUN = ["-m", "torch.distributed.run"]  # torchrun, as the host's python has it
 
 
 class TrainDraftSpec(RunSpec):
@@ -166,10 +173,19 @@ def train_argv(s: TrainDraftSpec, python: str, version: str, hidden: str, data: 
     return argv + list(s.extra_args)
 
 
+def train_command(argv: list[str], nodes: int) -> str:
+    """train.py's shell line: itself on one node; under torchrun, one process per GPU, on several."""
+    if nodes == 1:
+        return shell(argv)
+    python, script = argv[0], argv[1:]
+    return f"{shell([python, *TORCHRUN])} {rendezvous('torchrun')} {shell(['--nproc-per-node', 'gpu', *script])}"
+
+
 class TrainDraft(Playbook[TrainDraftSpec]):
     name = "train-draft"
     Spec = TrainDraftSpec
     engine = "speculators"
+    multi_node = True
 
     def check_inputs(self, spec: TrainDraftSpec, host: Host, find_run: FindRun) -> None:
         if spec.from_run is not None:
@@ -203,8 +219,8 @@ class TrainDraft(Playbook[TrainDraftSpec]):
         hidden = hidden_states_dir(job.find_run, job.spec, job.host)
         data = dataset_dir(job.find_run, job.spec, job.host)
         layers = target_layers(job.find_run, job.spec, job.host)
-        return shell(train_argv(job.spec, job.python, prepared.env[VERSION_VAR], hidden, data, self.output_dir(job),
-                                layers))
+        argv = train_argv(job.spec, job.python, prepared.env[VERSION_VAR], hidden, data, self.output_dir(job), layers)
+        return train_command(argv, job.spec.nodes)
 
     def finish(self, job: JobContext[TrainDraftSpec], run: Run) -> Outputs:
         """The checkpoints (one folder per epoch, named by its number) train.py saved, also after a failure."""
