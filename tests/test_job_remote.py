@@ -87,7 +87,7 @@ def test_the_dry_run_of_a_playbook_lists_its_looks(tmp_path: Path):
                                    "cleanup": False})
     store = Store(ws.db_path)
     try:
-        text = runflow.dry_run(ws, store, pb, spec, local_host(tmp_path)).text()
+        text = runflow.dry_run(ws, store, pb, spec, [local_host(tmp_path)]).text()
     finally:
         store.close()
     assert "on local, the agent: look at what is at /s/train.py (answered: nothing there)" in text

@@ -105,7 +105,7 @@ def _start(pb: Any, spec: Any, host: list[str], detach: bool, dry_run: bool, unt
 
         store = read_store(ws)  # a dry run creates no database either
         try:
-            done = runflow.dry_run(ws, store, pb, masked(spec), target)
+            done = runflow.dry_run(ws, store, pb, masked(spec), targets)
         finally:
             store.close()
         if as_json:

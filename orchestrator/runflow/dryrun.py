@@ -31,8 +31,10 @@ from ..store import Store, lease
 from ..store.lifecycle import transition
 from ..store.record import Status
 from .context import watch_options
-from .starting import busy_message, check, open_new, prepare_and_launch, wait_for_host
+from .nodes import check_nodes, node_env, rendezvous
+from .starting import busy_message, check, launch, open_new, prepare, prepare_and_launch, wait_for_host
 
+STAND_IN_PORT = 29500  # the rendezvous port a dry run shows (torchrun's default)
 # Requests that keep the agent's link going, not steps of the start.
 _LINK_OPS = ("hello", "ping", "ack")
 
@@ -57,10 +59,10 @@ class RecordingTransport(Transport):
     """A host that records what it is given and changes nothing: shell commands succeed silently, uploads
     are dropped, and its agent (started through `stream`, as over SSH) answers as an idle, empty host."""
 
-    def __init__(self, host: Host, gpus: list[int] | None = None):
+    def __init__(self, host: Host, gpus: list[int] | None = None, steps: list[Step] | None = None):
         self.host = host
         self.gpus = sorted(set(range(host.gpus)) | set(gpus or []))  # what nvidia-smi would list
-        self.steps: list[Step] = []
+        self.steps: list[Step] = [] if steps is None else steps  # (the hosts of one run share theirs: in order)
         self._streams: list[_RecordingAgent] = []
         # `~` is not asked of a host: this machine's home, else the usual home of the host's user
         self._home = os.path.expanduser("~") if host.on_this_machine else _usual_home(host.user or getpass.getuser())
@@ -149,6 +151,8 @@ def _answer(transport: RecordingTransport, op: str, args: dict[str, Any]) -> dic
         return {"pid": 0, "start": "0"}
     if op == "submit":
         return {"job_id": 0}
+    if op == "port":
+        return {"port": STAND_IN_PORT}
     if op in ("listdir", "usage", "find"):
         return {"entries": None, "usage": None, "job": None, "job_id": None}
     if op in ("tail", "size"):
@@ -244,35 +248,58 @@ class DryRun:
                 "notes": self.notes, "steps": [asdict(s) for s in self.steps]}
 
 
-def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: Host) -> DryRun:
-    """What starting this run would do on its host, from the start's own steps; nothing is created, in the
-    database or on any host. Bad input is refused as a start refuses it."""
-    check(store, pb, spec, host)
-    recorder = RecordingTransport(host, spec.gpus)
+def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, hosts: list[Host]) -> DryRun:
+    """What starting this run would do on its hosts (the first is the head of a run across several), from
+    the start's own steps; nothing is created, in the database or on any host. Bad input is refused as a
+    start refuses it."""
+    if len(hosts) > 1:
+        check_nodes(pb, spec, hosts)
+    for host in hosts:
+        check(store, pb, spec, host)
+    steps: list[Step] = []
+    recorders = {h.name: RecordingTransport(h, spec.gpus, steps) for h in hosts}
     scratch = store.scratch_copy()
     notes: list[str] = []
     try:
-        def create() -> int:
-            return scratch.create_run(pb.name, host.name, spec.model_dump(mode="json"))
+        by_name = sorted(hosts, key=lambda h: h.name)
+
+        def create() -> list[int]:
+            ids = {h.name: scratch.create_run(pb.name, h.name, spec.model_dump(mode="json")) for h in hosts}
+            return [ids[h.name] for h in by_name]
 
         # as `start`: the host's lease files, then this workspace's lease, unless the scheduler places the job
-        if pb.exclusive and not executor_class(host).schedules_gpus:
-            opts = watch_options(pb, spec, host)
-            wait_for_host(ws, host, spec.gpus, (opts.poll_min, opts.poll_max), transport=recorder)
+        if pb.exclusive and not executor_class(hosts[0]).schedules_gpus:
+            opts = watch_options(pb, spec, hosts[0])
+            for host in by_name:
+                wait_for_host(ws, host, spec.gpus, (opts.poll_min, opts.poll_max), transport=recorders[host.name])
             try:
-                run_id = lease.acquire(scratch, host.name, spec.gpus, create, opts.poll_max)
+                ids = lease.acquire_all(scratch, [h.name for h in by_name], spec.gpus, create, opts.poll_max)
             except lease.Busy as busy:
                 notes.append(f"a start now would not go ahead: {busy_message(scratch, busy)}")
                 with scratch.tx():
-                    run_id = create()
+                    ids = create()
         else:
             with scratch.tx():
-                run_id = create()
-        transition(scratch, run_id, Status.PREPARING)
-        if host.workdir.startswith("~") and not host.on_this_machine:
-            notes.append(f"~ in the workdir is taken as {recorder.home()}: the host was not asked")
-        prepare_and_launch(open_new(ws, scratch, pb, spec, host, recorder, run_id, dry_run=True))
+                ids = create()
+        run_of = dict(zip([h.name for h in by_name], ids, strict=True))
+        for host in hosts:
+            transition(scratch, run_of[host.name], Status.PREPARING)
+            if host.workdir.startswith("~") and not host.on_this_machine:
+                notes.append(f"~ in the workdir of {host.name} is taken as {recorders[host.name].home()}: the host "
+                             "was not asked")
+        jobs = {h.name: open_new(ws, scratch, pb, spec, h, recorders[h.name], run_of[h.name], dry_run=True)
+                for h in by_name}
+        if len(hosts) == 1:
+            prepare_and_launch(jobs[hosts[0].name])
+        else:
+            notes.append(f"MASTER_PORT {STAND_IN_PORT} stands in for the port the head's agent finds free at launch")
+            scripts = {name: prepare(job) for name, job in jobs.items()}
+            address, port = rendezvous(jobs[hosts[0].name])
+            for rank, host in enumerate(hosts):
+                env = node_env(rank, len(hosts), host, address, port)
+                launch(jobs[host.name], scripts[host.name](env))
     finally:
-        recorder.close()
+        for recorder in recorders.values():
+            recorder.close()
         scratch.close()
-    return DryRun(pb.name, host.name, run_id, recorder.steps, notes)
+    return DryRun(pb.name, ", ".join(h.name for h in hosts), run_of[hosts[0].name], steps, notes)

@@ -67,12 +67,12 @@ def check_nodes(pb: Playbook[Any], spec: RunSpec, hosts: list[Host]) -> None:
                          f"nodes = {spec.nodes})")
 
 
-def node_env(node: Node, nodes: int, address: str, port: int) -> dict[str, str]:
-    """What a node's job finds in its environment: the rendezvous (playbook.NODE_ENV) and, where the host
-    says which interface its ranks talk over, NCCL's and Gloo's socket interface."""
-    env = {"NNODES": str(nodes), "NODE_RANK": str(node.rank), "MASTER_ADDR": address, "MASTER_PORT": str(port)}
-    if node.host.ifname:
-        env |= {"NCCL_SOCKET_IFNAME": node.host.ifname, "GLOO_SOCKET_IFNAME": node.host.ifname}
+def node_env(rank: int, nodes: int, host: Host, address: str, port: int) -> dict[str, str]:
+    """What the job of node `rank` (on `host`) finds in its environment: the rendezvous (playbook.NODE_ENV)
+    and, where the host says which interface its ranks talk over, NCCL's and Gloo's socket interface."""
+    env = {"NNODES": str(nodes), "NODE_RANK": str(rank), "MASTER_ADDR": address, "MASTER_PORT": str(port)}
+    if host.ifname:
+        env |= {"NCCL_SOCKET_IFNAME": host.ifname, "GLOO_SOCKET_IFNAME": host.ifname}
     return env
 
 
@@ -150,7 +150,7 @@ def _launch_all(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, n
         address, port = rendezvous(head)
         for node in nodes:
             assert node.job is not None and node.script is not None
-            ref = launch(node.job, node.script(node_env(node, len(nodes), address, port)))
+            ref = launch(node.job, node.script(node_env(node.rank, len(nodes), node.host, address, port)))
             transition(store, node.run_id, Status.RUNNING, f"{ref} on {node.host.name}", **ref.columns())
             node.job.refresh()
     except BaseException as exc:

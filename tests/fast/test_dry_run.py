@@ -79,7 +79,7 @@ def test_the_dry_run_sends_what_a_start_sends_with_a_playbooks_own_steps(
     # a first run places orch's host programs, which a start uploads only to a host that lacks them
     runflow.watch(runflow.start(ws, store, Command(), CommandSpec(cmd="true", cleanup=False), host))
 
-    dry = runflow.dry_run(ws, store, pb, spec, host)
+    dry = runflow.dry_run(ws, store, pb, spec, [host])
     sending, launched = record_real_requests(monkeypatch)
     ctx = runflow.start(ws, store, pb, spec, host)
     sent = list(sending)  # what the start sent; watching the job is not the start's
@@ -185,7 +185,7 @@ def test_a_dry_run_on_a_cluster_patches_the_runs_copy_and_submits(tmp_path: Path
     flags = "--cuda-graph-backend-decode=disabled --cuda-graph-backend-prefill=disabled"
     spec = CommandSpec(cmd=f"python -m sglang.launch_server {flags}", patches=["sglang-eagle3-hidden-debug"])
     store = Store(":memory:")
-    dry = runflow.dry_run(ws, store, Command(), spec, cluster)
+    dry = runflow.dry_run(ws, store, Command(), spec, [cluster])
     store.close()
     root = hostlease.run_paths(ws, cluster.workdir, 1).root
     ops = [s.request.get("op", s.kind) for s in dry.steps]

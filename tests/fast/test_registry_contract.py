@@ -79,7 +79,7 @@ def test_dry_run_quotes_hostile_values(pb: Playbook[Any], tmp_path: Path) -> Non
     ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
     store = Store(ws.db_path)
     try:
-        script = runflow.dry_run(ws, store, pb, spec, local_host(tmp_path)).script
+        script = runflow.dry_run(ws, store, pb, spec, [local_host(tmp_path)]).script
     finally:
         store.close()
     assert script is not None, f"{pb.name}: the dry run launched nothing"

@@ -1,0 +1,116 @@
+"""A run across several hosts, in process: which hosts it spans, what it refuses before anything, its
+leases taken all or none, and its dry run showing every node's steps and command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator import runflow
+from orchestrator.config.hosts import Inventory
+from orchestrator.config.workspace import Workspace
+from orchestrator.errors import UsageError
+from orchestrator.runflow.nodes import check_nodes, node_env
+from orchestrator.store import Store, lease
+from playbooks.command import Command, CommandSpec
+from playbooks.serve_eagle3 import ServeEagle3
+from playbooks.train_draft import TrainDraft
+
+HOSTS = """
+[hosts.gpu01]
+address = "10.0.0.1"
+tags = ["h100"]
+[hosts.gpu02]
+address = "10.0.0.2"
+node_address = "192.168.7.2"
+tags = ["h100"]
+ifname = "ib0"
+[hosts.gpu03]
+address = "10.0.0.3"
+tags = ["h100"]
+[hosts.cluster]
+scheduler = "slurm"
+"""
+
+
+@pytest.fixture
+def inv(tmp_path: Path) -> Inventory:
+    (tmp_path / "hosts.toml").write_text(HOSTS)
+    return Inventory.load(tmp_path / "hosts.toml", tmp_path)
+
+
+def test_hosts_named_or_tagged_head_first(inv: Inventory) -> None:
+    assert [h.name for h in inv.for_run(["gpu03", "gpu01"], 2)] == ["gpu03", "gpu01"]
+    assert [h.name for h in inv.for_run(["@h100"], 2)] == ["gpu01", "gpu02"]
+    assert [h.name for h in inv.for_run(["cluster"], 4)] == ["cluster"]  # the scheduler places the nodes
+    with pytest.raises(UsageError, match="nodes = 4 but 3 hosts have the tag 'h100'"):
+        inv.for_run(["@h100"], 4)
+    with pytest.raises(UsageError, match="nodes = 2 needs as many hosts"):
+        inv.for_run(["gpu01"], 2)
+
+
+@pytest.mark.parametrize(("pb", "hosts", "nodes", "message"), [
+    (Command(), ["gpu01", "gpu01"], 2, "a host is named twice"),
+    (Command(), ["gpu01", "gpu02"], 3, "nodes = 3 but 2 hosts are given"),
+    (Command(), ["gpu01", "cluster"], 2, "cluster is a cluster"),
+])
+def test_what_a_run_across_hosts_refuses(inv: Inventory, pb, hosts, nodes, message) -> None:
+    with pytest.raises(UsageError, match=message):
+        check_nodes(pb, CommandSpec(cmd="true", nodes=nodes), [inv.hosts[h] for h in hosts])
+
+
+def test_a_playbook_of_one_host_refuses_to_span_several(inv: Inventory) -> None:
+    class OneHost(Command):
+        name = "one-host"
+        multi_node = False
+
+    with pytest.raises(UsageError, match="one-host runs on one host"):
+        check_nodes(OneHost(), CommandSpec(cmd="true", nodes=2), [inv.hosts["gpu01"], inv.hosts["gpu02"]])
+    assert ServeEagle3.multi_node and TrainDraft.multi_node
+
+
+def test_every_node_gets_the_rendezvous_and_its_own_interface(inv: Inventory) -> None:
+    assert node_env(0, 2, inv.hosts["gpu01"], "10.0.0.1", 4242) == {
+        "NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "4242"}
+    assert node_env(1, 2, inv.hosts["gpu02"], "10.0.0.1", 4242) == {
+        "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "4242",
+        "NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ib0"}
+
+
+def test_leases_are_taken_all_or_none_whatever_the_order(tmp_path: Path) -> None:
+    store = Store(tmp_path / "orch.db")
+    store.migrate()
+
+    def records(*hosts: str):
+        return lambda: [store.create_run("command", h, {}) for h in hosts]
+
+    [held] = lease.acquire_all(store, ["b"], None, records("b"), 30.0)
+    for hosts in (["a", "b"], ["b", "a"], ["c", "b", "a"]):
+        with pytest.raises(lease.Busy, match=f"busy with run {held}"):
+            lease.acquire_all(store, hosts, None, records(*hosts), 30.0)
+    assert [l.host for l in lease.held(store)] == ["b"] and store.newest_run_id() == held  # nothing taken, made
+    assert len(lease.acquire_all(store, ["a", "c"], None, records("a", "c"), 30.0)) == 2
+    assert sorted(l.host for l in lease.held(store)) == ["a", "b", "c"]
+    with pytest.raises(lease.Busy):  # a GPU set of a held host, beside a free one: neither taken
+        lease.acquire_all(store, ["d", "a"], [4, 5], records("d", "a"), 30.0)
+    assert "d" not in {l.host for l in lease.held(store)}
+
+
+def test_the_dry_run_shows_every_nodes_steps_and_command(tmp_path: Path, inv: Inventory) -> None:
+    ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
+    store = Store(ws.db_path)
+    store.migrate()
+    spec = CommandSpec(cmd='echo "$NODE_RANK"', nodes=2)
+    dry = runflow.dry_run(ws, store, Command(), spec, [inv.hosts["gpu02"], inv.hosts["gpu01"]])
+    launches = [s for s in dry.steps if s.request.get("op") == "launch"]
+    assert [s.host for s in launches] == ["gpu02", "gpu01"]  # the head first
+    scripts = [str(s.request["script"]) for s in launches]
+    assert "export NODE_RANK=0\n" in scripts[0] and "export NODE_RANK=1\n" in scripts[1]
+    assert all("export MASTER_ADDR=192.168.7.2\n" in s and "export NNODES=2\n" in s for s in scripts)
+    assert "export GLOO_SOCKET_IFNAME=ib0\n" in scripts[0] and "IFNAME" not in scripts[1]
+    takes = [s.host for s in dry.steps if "take the lease files" in s.what]
+    assert takes == ["gpu01", "gpu02"]  # the hosts' own leases in the one fixed order
+    text = dry.text()
+    assert "on gpu02, gpu01" in text and "MASTER_PORT 29500 stands in" in text
+    assert store.newest_run_id() == 0  # nothing created
