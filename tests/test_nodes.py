@@ -147,3 +147,32 @@ def test_two_runs_asking_for_the_same_hosts_in_opposite_orders_never_deadlock(tm
     spans = sorted((orch.status(d["id"])["started_at"], orch.status(d["id"])["ended_at"]) for d in runs)
     assert spans[0][1] <= spans[1][0]  # one after the other, never both on a host
 
+
+
+def test_a_sweep_runs_points_across_hosts_each_on_all_of_them_one_at_a_time(tmp_path, ssh_fleet) -> None:
+    orch = two_hosts(tmp_path, ssh_fleet)
+    path = tmp_path / "s.toml"
+    path.write_text("""
+name = "spread"
+playbook = "command"
+hosts = ["test1", "test2"]
+[spec]
+cmd = 'echo "$A rank=$NODE_RANK"; sleep 0.3'
+nodes = 2
+poll_min = 0.05
+poll_max = 0.3
+[matrix]
+"env.A" = ["x", "y", "z"]
+""")
+    res = orch("sweep", "run", str(path), timeout=180)
+    assert res.returncode == 0, res.stderr
+    heads = orch.status()
+    assert len(heads) == 3 and all(d["status"] == "succeeded" for d in heads)
+    spans = []
+    for head in heads:
+        doc = orch.status(head["id"])
+        assert sorted(n["host"] for n in doc["nodes"]) == ["test1", "test2"]
+        assert all(n["status"] == "succeeded" for n in doc["nodes"])
+        spans.append((doc["started_at"], doc["ended_at"]))
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # each point held both hosts alone

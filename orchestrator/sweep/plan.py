@@ -20,6 +20,7 @@ from ..config.workspace import Workspace
 from ..errors import UsageError
 from ..host.executor import executor_class
 from ..runflow import registry
+from ..runflow.nodes import check_nodes
 from ..store import Store
 
 
@@ -61,8 +62,9 @@ class Point:
     index: int
     diff: dict[str, Any]  # dotted key -> value: what this point changes in the base spec
     spec: Any  # the playbook's Spec, validated
-    host: str
+    host: str  # its head, for a point across several hosts
     cluster: bool = False  # its host has a scheduler, which picks the GPUs
+    hosts: tuple[str, ...] = ()  # a point across several hosts: all of them, its head first
 
     @property
     def key(self) -> str:
@@ -76,7 +78,8 @@ class Point:
     def lane(self) -> str:
         gpus = self.spec.gpus
         # a cluster's points share one lane, as wide as max_parallel: the scheduler places them
-        return self.host if gpus is None or self.cluster else f"{self.host}:{','.join(map(str, sorted(gpus)))}"
+        where = "+".join(self.hosts) or self.host  # the hosts' leases, taken all or none, keep lanes apart
+        return where if gpus is None or self.cluster else f"{where}:{','.join(map(str, sorted(gpus)))}"
 
 
 @dataclass
@@ -209,9 +212,20 @@ def plan(ws: Workspace, store: Store, path: Path, instance: str = "") -> Plan:
     for i, diff in enumerate(expand(file)):
         host = hosts[i % len(hosts)]
         spec = specmod.build(pb.Spec, _apply(file.spec, diff), source=f"point {i} ({label(diff)})")
+        cluster = executor_class(host).schedules_gpus
+        # a point across several hosts takes `nodes` of the sweep's hosts in turn (a cluster places its own)
+        span = [hosts[(i + k) % len(hosts)] for k in range(spec.nodes)] if spec.nodes > 1 and not cluster else [host]
         try:
-            runflow.check(store, pb, spec, host)
+            if len(span) > 1:
+                if len(hosts) < spec.nodes:
+                    raise UsageError(f"nodes = {spec.nodes} but the sweep has {len(hosts)} hosts")
+                if file.replace:
+                    raise UsageError("replace = true takes points on one host")
+                check_nodes(pb, spec, span)
+            for one in span:
+                runflow.check(store, pb, spec, one)
         except UsageError as exc:
             raise UsageError(f"invalid point {i} ({label(diff)}): {exc}") from None
-        points.append(Point(i, diff, spec, host.name, cluster=executor_class(host).schedules_gpus))
+        points.append(Point(i, diff, spec, host.name, cluster=cluster,
+                            hosts=tuple(h.name for h in span) if len(span) > 1 else ()))
     return Plan(path, _hash(text), file, pb, hosts, points, instance)

@@ -149,10 +149,14 @@ class Runner:
                 told.append(True)
                 self.echo(f"point {pt.index} ({pt.label}) waits: {str(busy).removesuffix('; --queue waits')}")
 
-        ctx = runflow.start(self.ws, store, self.plan.playbook, pt.spec, self.hosts[pt.host], queue=True,
-                            on_wait=on_wait, run_fields={"sweep_id": self.sweep_id, "point": pt.key},
-                            replace=self.plan.file.replace)
-        self.echo(f"point {pt.index} ({pt.label}) on {pt.host}: run {ctx.run_id} started")
+        fields = {"sweep_id": self.sweep_id, "point": pt.key}
+        if pt.hosts:
+            ctx = runflow.start_nodes(self.ws, store, self.plan.playbook, pt.spec, [self.hosts[h] for h in pt.hosts],
+                                      queue=True, on_wait=on_wait, run_fields=fields)
+        else:
+            ctx = runflow.start(self.ws, store, self.plan.playbook, pt.spec, self.hosts[pt.host], queue=True,
+                                on_wait=on_wait, run_fields=fields, replace=self.plan.file.replace)
+        self.echo(f"point {pt.index} ({pt.label}) on {'+'.join(pt.hosts) or pt.host}: run {ctx.run_id} started")
         if not db.attach_run(store, self.sweep_id, pt.index, ctx.run_id):
             runflow.stop_quietly(self.ws, store, ctx.run_id, "sweep cancelled", self.hosts)
         return runflow.watch(ctx, on_update=lambda w: self._heartbeat(store))
