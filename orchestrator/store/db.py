@@ -67,6 +67,10 @@ def _use_wal(conn: sqlite3.Connection) -> None:
                 conn.execute("PRAGMA journal_mode = WAL")
 
 
+# The runs on a host (twice the host's name): a run across several hosts is on each of its nodes' hosts.
+ON_HOST = "(host = ? OR id IN (SELECT parent_id FROM runs WHERE host = ?))"
+
+
 class Store:
     def __init__(self, path: Path | str, busy_timeout_s: float = BUSY_TIMEOUT_S):
         self.path = Path(path)
@@ -268,6 +272,10 @@ class Store:
         if after_id is not None:
             clauses.append("id > ?")
             args.append(after_id)
+        if host is not None and runs_only:
+            clauses.append(ON_HOST)
+            args += [host, host]
+            host = None
         for column, value in (("host", host), ("playbook", playbook), ("sweep_id", sweep_id), ("watcher", watcher)):
             if value is not None:
                 clauses.append(f"{column} = ?")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .db import Store
+from .db import ON_HOST, Store
 from .encoding import decoded
 
 # What a row shows; the spec, parser state and events stay out of the table's query.
@@ -34,7 +34,10 @@ class RunFilters:
         if self.statuses:
             clauses.append(f"status IN ({','.join('?' * len(self.statuses))})")
             args += self.statuses
-        for column, value in (("host", self.host), ("playbook", self.playbook), ("sweep_id", self.sweep)):
+        if self.host is not None:
+            clauses.append(ON_HOST)
+            args += [self.host, self.host]
+        for column, value in (("playbook", self.playbook), ("sweep_id", self.sweep)):
             if value is not None:
                 clauses.append(f"{column} = ?")
                 args.append(value)

@@ -4,6 +4,7 @@ from the node's environment (NODE_ENV); on one node the lines are as they were."
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -71,19 +72,27 @@ def test_serve_eagle3_on_two_nodes_carries_sglangs_rendezvous() -> None:
 
 
 def record_calls(tmp_path: Path) -> tuple[str, Path]:
-    """A stand-in python that writes each call's argv (one word a line, then a blank line) and exits 0."""
+    """A stand-in python that writes each call's argv (one word a line) to a file of its own in `calls/` and
+    exits 0: calls of processes running at once never interleave."""
     calls = tmp_path / "calls"
+    calls.mkdir()
     python = tmp_path / "python"
-    python.write_text(f'#!/bin/bash\n{{ printf "%s\\n" "$0" "$@"; echo; }} >> {calls}\n')
+    python.write_text(f'#!/bin/bash\nprintf "%s\\n" "$0" "$@" > "$(mktemp -p {calls})"\n')
     python.chmod(0o755)
     return str(python), calls
 
 
 def run_script(text: str, tmp_path: Path, node: dict[str, str] | None) -> list[list[str]]:
+    """The calls the script made, sorted; those of an earlier run are taken away first."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(node or {})}
-    subprocess.run(["bash", "-c", text], env=env, cwd=tmp_path, check=True, timeout=60)
-    calls = (tmp_path / "calls").read_text().split("\n\n")[:-1]
-    return sorted(call.splitlines() for call in calls)
+    for earlier in (tmp_path / "calls").iterdir():
+        earlier.unlink()
+    # SIGTERM ignored from the start (inherited): a script's stop of its server at its end, which may come
+    # before the stand-in wrote its call, does not lose the call; its output captured: run returns once every
+    # process the script started in the background let go of it
+    subprocess.run(["bash", "-c", text], env=env, cwd=tmp_path, check=True, timeout=60, capture_output=True,
+                   preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
+    return sorted(call.read_text().splitlines() for call in (tmp_path / "calls").iterdir())
 
 
 def test_serve_bench_on_one_node_is_unchanged(tmp_path: Path) -> None:
@@ -96,12 +105,11 @@ def test_serve_bench_on_one_node_is_unchanged(tmp_path: Path) -> None:
 
 
 def test_serve_bench_on_two_nodes_the_head_benchmarks_the_others_only_serve(tmp_path: Path) -> None:
-    python, calls_file = record_calls(tmp_path)
+    python, _ = record_calls(tmp_path)
     text = script(ServeBenchSpec(model="/m", draft_model="/d", nodes=2), python, [], [])
     worker = run_script(text, tmp_path, NODE)
     assert len(worker) == 2 and worker[0][1:3] == ["-m", "sglang.launch_server"]  # no wait for /health, no benchmark
     assert worker[0][-6:] == SGLANG_RDZV and worker[1][1:3] == ["wait_http.py", "free"]
-    calls_file.unlink()
     head = run_script(text, tmp_path, {**NODE, "NODE_RANK": "0"})
     server = next(c for c in head if c[1:3] == ["-m", "sglang.launch_server"])
     assert server[-6:] == [*SGLANG_RDZV[:3], "0", *SGLANG_RDZV[4:]]
@@ -128,13 +136,12 @@ def test_extract_on_one_node_is_unchanged(tmp_path: Path) -> None:
 
 
 def test_extract_on_two_nodes_spans_them_with_vllms_mp_backend(tmp_path: Path) -> None:
-    python, calls_file = record_calls(tmp_path)
+    python, _ = record_calls(tmp_path)
     text = new_pipeline_script(extract_spec(nodes=2), python, "/out", "/store")
     worker = run_script(text, tmp_path, NODE)
     assert [c[1] for c in worker] == ["/s/launch_vllm.py", "wait_http.py"]  # no generator on a worker
     assert worker[0][-13:] == ["--distributed-executor-backend", "mp", *TORCHRUN_RDZV, "--headless",
                                "--api-server-count", "0"]
-    calls_file.unlink()
     head = run_script(text, tmp_path, {**NODE, "NODE_RANK": "0"})
     server = next(c for c in head if c[1] == "/s/launch_vllm.py")
     assert server[-10:] == ["--distributed-executor-backend", "mp", *TORCHRUN_RDZV[:3], "0", *TORCHRUN_RDZV[4:]]

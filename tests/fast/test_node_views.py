@@ -114,7 +114,10 @@ def test_the_runs_table_lists_runs_not_nodes(orch: Orch, store: Store) -> None:
     found = runtable.rows(store, runtable.RunFilters(), 50)
     assert [r["id"] for r in found] == [wide, head]
     assert runtable.count(store, runtable.RunFilters(), 100) == 2
-    assert runtable.count(store, runtable.RunFilters(host="gpu02"), 100) == 0
+    # a run is on each of its nodes' hosts
+    assert runtable.count(store, runtable.RunFilters(host="a-long-host-name"), 100) == 1
+    code, out, _ = orch("status", "--host", "gpu02", "--json")
+    assert [d["id"] for d in json.loads(out)] == [wide, head]
 
 
 def _logged(tmp_path: Path, name: str, text: str) -> str:
