@@ -5,7 +5,11 @@ a veth pair: the bridge is 198.19.X.1/24, host i (from 1) is 198.19.X.(i+1) on i
 and no default route (a lookup of the machine's DNS server then fails at once instead of timing out). The
 hosts reach each other over the bridge (as the nodes of a multi-node job do) and the root namespace reaches
 every one of them (as orch does over SSH). Each host runs `/usr/sbin/sshd` (tests/sshd.py's `SSHServer`
-under `ip netns exec`) on port 22 of its address; all share one client key and one known_hosts file, as `SSHFleet` does for loopback servers.
+under `ip netns exec`) on port 22 of its address; all share one client key and one known_hosts file, as
+`SSHFleet` does for loopback servers.
+
+All hosts share the machine's hostname and /etc/hosts, where that name is 127.0.0.1: a gloo job must be
+told its interface (GLOO_SOCKET_IFNAME=eth0), or each rank offers its peers a loopback address.
 
 Names carry the test process's pid, and X is derived from it (the next free /24 when a route for it is
 already there), so parallel test workers never collide. `close()` removes everything this object made,
@@ -17,6 +21,7 @@ from __future__ import annotations
 import atexit
 import fcntl
 import getpass
+import itertools
 import os
 import signal
 import subprocess
@@ -32,6 +37,7 @@ SSH_PORT = 22
 INNER_IF = "eth0"  # the veth end inside every namespace: the interface a job there binds to
 _LOCK = Path(tempfile.gettempdir()) / "orch-nethosts.lock"  # choosing a subnet and claiming it is one step
 
+_serial = itertools.count()
 _open: set["NetHosts"] = set()
 _open_lock = threading.Lock()
 
@@ -56,10 +62,11 @@ class NetHosts:
         self.n = n
         self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="orch-nethosts-"))
         self.root.mkdir(parents=True, exist_ok=True)
-        pid = os.getpid()
-        self.bridge = f"onb{pid}"  # interface names have at most 15 characters; a pid at most 7 digits
-        self.namespaces = [f"orch-net-{pid}-{i}" for i in range(1, n + 1)]
-        self.outer_ifs = [f"on{pid}h{i}" for i in range(1, n + 1)]  # the veth ends on the bridge
+        # unique per process and per object; an interface name has at most 15 characters, a pid 7 digits
+        tag = f"{os.getpid()}x{next(_serial) % 100}"
+        self.bridge = f"nb{tag}"
+        self.namespaces = [f"orch-net-{tag}-{i}" for i in range(1, n + 1)]
+        self.outer_ifs = [f"n{tag}h{i}" for i in range(1, n + 1)]  # the veth ends on the bridge
         self.user = getpass.getuser()
         self.client_key = keygen(self.root / "id_ed25519", comment=f"{self.user}@orch-tests")
         self.authorized_keys = self.root / "authorized_keys"
