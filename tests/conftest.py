@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
+from nethosts import NetHosts
 from orchtest import stop_background_watchers
 from sshd import SSHFleet  # tests/ is on sys.path (rootdir-relative, no __init__.py)
 
@@ -95,3 +97,29 @@ def ssh_fleet_restarts(ssh_fleet: SSHFleet) -> Iterator[SSHFleet]:
 def ssh_host(ssh_fleet: SSHFleet) -> Host:
     """The `Host` for server 1 of the fleet (name test1), with strict host-key checking."""
     return Host(name="test1", **ssh_fleet.host_entry(1))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Hosts of their own: network namespaces on a bridge, each with a real sshd (tests/nethosts.py)
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def net_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int], NetHosts]]:
+    """A factory: `net_hosts(n)` gives n running hosts net1..netN, each in a network namespace of its own
+    with its own address and sshd; the hosts reach each other and this process reaches them. Everything
+    is removed after the test."""
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    if shutil.which("ip") is None:
+        pytest.skip("network namespaces need iproute2's `ip`")
+    made: list[NetHosts] = []
+
+    def make(n: int = 2) -> NetHosts:
+        hosts = NetHosts(n, root=tmp_path_factory.mktemp("nethosts"))
+        made.append(hosts)
+        return hosts.start()
+
+    yield make
+    for hosts in made:
+        hosts.close()
