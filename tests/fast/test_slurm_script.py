@@ -48,7 +48,8 @@ def test_a_dry_run_of_two_nodes_on_a_cluster_shows_the_nodes_and_the_script(tmp_
     ws = Workspace(root=tmp_path / "ws", hosts_file=tmp_path / "ws" / "hosts.toml")
     cluster = Host(name="cl", scheduler="slurm", workdir=str(tmp_path / "cl"), gpus=4)
     store = Store(":memory:")
-    dry = runflow.dry_run(ws, store, Command(), CommandSpec(cmd='echo "$NODE_RANK"', nodes=2, gpus=[0, 1]), cluster)
+    dry = runflow.dry_run(ws, store, Command(), CommandSpec(cmd='echo "$NODE_RANK"', nodes=2, gpus=[0, 1]),
+                          [cluster])
     store.close()
     root = hostlease.run_paths(ws, cluster.workdir, 1).root
     submit = [s for s in dry.steps if s.request.get("op") == "submit"]
