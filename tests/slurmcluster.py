@@ -11,7 +11,10 @@ Facts the config encodes:
   index at the end of each name;
 - `sacct` needs slurmdbd; without it, `squeue -t all` still lists finished jobs for MinJobAge seconds
   and the job-completion file (jobcomp/filetxt) is the record after that;
-- `cred_expire` is also how long a requeued job waits before it may start again.
+- `cred_expire` is also how long a requeued job waits before it may start again;
+- several nodes (`nodes` > 1) are several slurmd on this machine (`-N nodeK`, Debian's slurmd is built with
+  --enable-multiple-slurmd): each its own port, spool, pid and log file (`%n`), all at 127.0.0.1; their
+  names (node0, node1, ...) are not host names, so a job sees them only as Slurm's names.
 """
 
 from __future__ import annotations
@@ -48,8 +51,12 @@ def free_port() -> int:
 
 
 class SlurmCluster:
-    def __init__(self, root: Path, gpus: int = 8, cpus: int | None = None, name: str = "orchtest"):
-        self.root, self.gpus, self.name = root, gpus, name
+    def __init__(self, root: Path, gpus: int = 8, cpus: int | None = None, name: str = "orchtest", nodes: int = 1):
+        self.root, self.gpus, self.name, self.nodes = root, gpus, name, nodes
+        # one node keeps the name it always had; several are node0, node1, ... (Slurm's hostlist node[0-1])
+        self.node_names = ["localhost"] if nodes == 1 else [f"node{i}" for i in range(nodes)]
+        node_list = "localhost" if nodes == 1 else f"node[0-{nodes - 1}]"
+        self.node_list = node_list
         self.cpus = cpus or os.cpu_count() or 2
         self.conf = root / "etc" / "slurm.conf"
         self.munge_socket = root / "munge" / "munge.socket"
@@ -78,8 +85,14 @@ class SlurmCluster:
                     os.mknod(dev, 0o666 | 0o020000, os.makedev(195, i))  # S_IFCHR
             gres_type, gres_node = "GresTypes=gpu", f"Gres=gpu:{self.gpus}"
             (r / "etc" / "gres.conf").write_text(
-                f"AutoDetect=off\nNodeName=localhost Name=gpu File={r}/fakegpu/nvidia[0-{self.gpus - 1}]\n")
+                f"AutoDetect=off\nNodeName={self.node_list} Name=gpu File={r}/fakegpu/nvidia[0-{self.gpus - 1}]\n")
         mem_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20) * 9 // 10
+        slurmd = "" if self.nodes == 1 else ".%n"  # several slurmd: a file (and spool) of each node's own
+        node_lines = "\n".join(
+            f"NodeName=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={mem_mb} {gres_node} State=UNKNOWN"
+            if self.nodes == 1 else
+            f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={free_port()} CPUs={self.cpus} "
+            f"RealMemory={mem_mb // self.nodes} {gres_node} State=UNKNOWN" for name in self.node_names)
         self.conf.write_text(f"""\
 ClusterName={self.name}
 SlurmctldHost=localhost(127.0.0.1)
@@ -101,11 +114,11 @@ SchedulerParameters=sched_interval=1
 SlurmdParameters=config_overrides
 ReturnToService=2
 SlurmctldPidFile={r}/slurmctld.pid
-SlurmdPidFile={r}/slurmd.pid
+SlurmdPidFile={r}/slurmd{slurmd}.pid
 StateSaveLocation={r}/state
-SlurmdSpoolDir={r}/spool
+SlurmdSpoolDir={r}/spool{slurmd.replace(".", "/")}
 SlurmctldLogFile={r}/log/slurmctld.log
-SlurmdLogFile={r}/log/slurmd.log
+SlurmdLogFile={r}/log/slurmd{slurmd}.log
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/filetxt
@@ -117,8 +130,8 @@ InactiveLimit=0
 SlurmctldTimeout=30
 SlurmdTimeout=60
 {gres_type}
-NodeName=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={mem_mb} {gres_node} State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+{node_lines}
+PartitionName=debug Nodes={self.node_list} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 """)
         (r / "etc" / "cgroup.conf").write_text("CgroupPlugin=autodetect\n")
 
@@ -152,9 +165,10 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSu
         self._until("munged", self.munge_socket.exists)
         self._spawn("slurmctld", [DAEMONS["slurmctld"], "-D", "-i", "-f", str(self.conf)])
         self._until("slurmctld", lambda: "is UP" in self.client("scontrol", "ping").stdout)
-        self._spawn("slurmd", [DAEMONS["slurmd"], "-D", "-N", "localhost", "-f", str(self.conf)])
-        self._until("slurmd", lambda: self.client("sinfo", "-h", "-N", "-o", "%T").stdout.strip()
-                    in ("idle", "mixed", "allocated"))
+        for name in self.node_names:
+            self._spawn(self._slurmd(name), [DAEMONS["slurmd"], "-D", "-N", name, "-f", str(self.conf)])
+        self._until("slurmd", lambda: len([s for s in self.client("sinfo", "-h", "-N", "-o", "%T").stdout.split()
+                                           if s in ("idle", "mixed", "allocated")]) == self.nodes)
         return self
 
     def cancel_all(self) -> None:
@@ -169,7 +183,8 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSu
             _live.remove(self)
         if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
             self.cancel_all()
-        for name in ("slurmd", "slurmctld", "munged"):  # compute daemon, controller, then auth
+        slurmds = [self._slurmd(name) for name in self.node_names]
+        for name in (*slurmds, "slurmctld", "munged"):  # compute daemons, controller, then auth
             proc = self.procs.pop(name, None)
             if proc is None or proc.poll() is not None:
                 continue
@@ -179,6 +194,10 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSu
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)
+
+    def _slurmd(self, node: str) -> str:
+        """The name a node's slurmd goes by here (its process, its .out and pid files)."""
+        return "slurmd" if self.nodes == 1 else f"slurmd.{node}"
 
     def log_tail(self, name: str, lines: int = 15) -> str:
         for path in (self.root / "log" / f"{name}.log", self.root / "log" / f"{name}.out"):

@@ -34,9 +34,10 @@ class Executor(Protocol):
     # Its jobs are processes of the host it reaches, which its agent starts and signals.
     processes: ClassVar[bool]
 
-    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> JobRef:
+    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None, nodes: int = 1) -> JobRef:
         """Start the job (idempotent for the same token); its reference. `gpus`: how many a scheduler
-        allocates (default: a node's all); a host's GPUs are chosen by the cleanup step instead."""
+        allocates (default: a node's all); a host's GPUs are chosen by the cleanup step instead. `nodes`:
+        how many nodes a scheduler allocates to the one job, which runs the script on each."""
         ...
 
     def find(self, paths: RunPaths) -> JobRef | None:

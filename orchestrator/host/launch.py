@@ -130,8 +130,9 @@ class HostExecutor:
         link = self.link if self.link is not None and self.link.alive else agent.shared(self.transport)
         return link.call(op, timeout=timeout, **args)
 
-    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> JobRef:
-        """Start the job through the host's agent (idempotent for the same token): its pid and start time."""
+    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None, nodes: int = 1) -> JobRef:
+        """Start the job through the host's agent (idempotent for the same token): its pid and start time.
+        A host runs one node's job, whatever `nodes` says: each node of a run over SSH is launched apart."""
         job = self.call("launch", dir=paths.root, script=script, token=token)
         return JobRef(int(job["pid"]), str(job["start"]))
 

@@ -10,6 +10,12 @@ A job is named by its id and its name (a JobRef): the name guards against a job 
 cluster's state was reset. The scheduler owns the GPUs: a job asks for a count (`--gres=gpu:N`), Slurm sets
 CUDA_VISIBLE_DEVICES and cleans up after the job, so orch neither cleans GPUs nor leases the host.
 
+A run of N nodes is one job of N nodes (`--nodes=N --ntasks-per-node=1`), still one run: the wrapper runs on
+the first node, where its job script (`node_script`) starts the job's own lines once per node through
+`srun --kill-on-bad-exit=1` (a node that fails ends the job, so the run fails), each with NODE_ENV from
+Slurm's own variables. srun's `--label` puts each node's rank in front of its lines ('1: '), which the log
+parser peels: lines of different nodes never splice, and the head's read as if alone.
+
 Every watcher of a cluster in this process shares one `Queue`: whatever the number of runs, a poll
 round costs one `squeue` (plus one `sacct` for jobs that already left squeue's memory). The agent reads
 their text formats (`-o '%i|%T|...'`, `-P`) rather than `--json`, whose schema changes between Slurm
@@ -55,10 +61,13 @@ def job_name(paths: RunPaths) -> str:
     return f"orch-{posixpath.basename(paths.root)}"
 
 
-def sbatch_args(host: Host, paths: RunPaths, gpus: int) -> list[str]:
-    """sbatch's options for a run: where it runs, what it asks for; each one argument of sbatch's argv."""
+def sbatch_args(host: Host, paths: RunPaths, gpus: int, nodes: int = 1) -> list[str]:
+    """sbatch's options for a run: where it runs, what it asks for (`gpus` on each of its `nodes`); each one
+    argument of sbatch's argv."""
     args = [f"--job-name={job_name(paths)}", f"--chdir={paths.root}", f"--output={paths.root}/slurm.out",
-            "--nodes=1"]
+            f"--nodes={int(nodes)}"]
+    if nodes > 1:
+        args.append("--ntasks-per-node=1")
     if gpus:
         args.append(f"--gres=gpu:{int(gpus)}")
     for option, value in (("partition", host.partition), ("account", host.account), ("qos", host.qos),
@@ -66,6 +75,40 @@ def sbatch_args(host: Host, paths: RunPaths, gpus: int) -> list[str]:
         if value:
             args.append(f"--{option}={value}")
     return args + list(host.sbatch_args)
+
+
+# MASTER_PORT (unless the run's env sets one): one per job id, so that two jobs sharing a head node differ;
+# the head moves past a port something there already listens on.
+PORT_BASE, PORT_SPAN, PORT_TRIES = 15000, 20000, 50
+NODE_TASK = "ORCH_NODE_TASK"  # set in the tasks srun starts: the script runs the job's lines, not srun again
+
+NODE_PRELUDE = f"""\
+# One Slurm job of several nodes: in the batch step (on the first node) this script starts itself once per
+# node through srun; each of those tasks runs the lines below with its node's rank.
+if [ -z "${{{NODE_TASK}:-}}" ]; then
+    export NNODES="${{SLURM_JOB_NUM_NODES:-$SLURM_NNODES}}"
+    MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+    export MASTER_ADDR="${{MASTER_ADDR:-$SLURMD_NODENAME}}"
+    # the batch step runs on the first node, the head: a port something there answers on is taken
+    MASTER_PORT=$(( {PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN} ))
+    for _ in $(seq {PORT_TRIES}); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$MASTER_PORT") 2>/dev/null || break
+        MASTER_PORT=$(( {PORT_BASE} + (MASTER_PORT - {PORT_BASE} + 1) % {PORT_SPAN} ))
+    done
+    export MASTER_PORT
+    export {NODE_TASK}=1
+    exec srun --nodes="$NNODES" --ntasks="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 --label \\
+        bash "$0"
+fi
+export NODE_RANK="$SLURM_NODEID"
+"""
+
+
+def node_script(script: str, nodes: int) -> str:
+    """The job script of a run on `nodes` nodes: one node's is the script itself; several nodes' runs it
+    once per node through srun, with NNODES, NODE_RANK, MASTER_ADDR and MASTER_PORT (NODE_ENV) set from
+    Slurm's variables. Lines of the script that export one of them (the run's own env) come after, so win."""
+    return script if nodes <= 1 else NODE_PRELUDE + script
 
 
 def parse_job_id(text: str) -> int:
@@ -246,10 +289,12 @@ class SlurmExecutor(HostExecutor):
         super().__init__(transport)
         self.host = host
 
-    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None) -> JobRef:
-        """sbatch the job through the login node's agent (idempotent for the same token)."""
-        job = self.call("submit", timeout=180, dir=paths.root, script=script, token=token,
-                         options=sbatch_args(self.host, paths, self.host.gpus if gpus is None else gpus))
+    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None, nodes: int = 1) -> JobRef:
+        """sbatch the job through the login node's agent (idempotent for the same token): one job of `nodes`
+        nodes, its script run once per node."""
+        options = sbatch_args(self.host, paths, self.host.gpus if gpus is None else gpus, nodes)
+        job = self.call("submit", timeout=180, dir=paths.root, script=node_script(script, nodes), token=token,
+                        options=options)
         return JobRef(int(job["job_id"]), job_name(paths), scheduled=True)
 
     def find(self, paths: RunPaths) -> JobRef | None:

@@ -137,7 +137,7 @@ def launch(ctx: Job, script: str) -> JobRef:
     """Start the prepared job: its reference."""
     transition(ctx.store, ctx.run_id, Status.LAUNCHING)
     gpus = len(ctx.spec.gpus) if ctx.spec.gpus is not None else None
-    return ctx.executor.launch(ctx.paths, script, run_token(ctx.ws, ctx.store, ctx.run_id), gpus)
+    return ctx.executor.launch(ctx.paths, script, run_token(ctx.ws, ctx.store, ctx.run_id), gpus, ctx.spec.nodes)
 
 
 def wait_for_host(ws: Workspace, host: Host, gpus: list[int] | None, poll: tuple[float, float], *,
