@@ -136,12 +136,13 @@ def exception_kind(exception: str) -> str:
 
 
 def classify(text: str, rules: list[Rule]) -> tuple[str, bool, bool] | None:
-    """(kind, fatal, cause) from every rule matching `text`: the highest ranked kind, fatal if any rule says so."""
+    """(kind, fatal, cause) from every rule matching `text`: the highest ranked kind (of two ranked alike, one
+    that names a cause), fatal if any rule says so."""
     kind: str | None = None
     fatal = cause = False
     for r in rules:
         if r.pattern.search(text):
-            if kind is None or RANK[r.kind] > RANK[kind]:
+            if kind is None or RANK[r.kind] > RANK[kind] or (r.kind == kind and r.cause and not cause):
                 kind = r.kind
                 cause = r.cause
             fatal = fatal or r.fatal

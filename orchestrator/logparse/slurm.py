@@ -20,8 +20,12 @@ RULES: list[Rule] = [
     rule(r"\*\*\* (?:JOB|STEP) [\d._]+ ON \S+ CANCELLED AT \S+ DUE TO T(?:IME LIMIT|[A-Z ]*$)", "timeout", True,
          True, versions="all", source="src/slurmd/slurmstepd/req.c", any_level=True),
     # Cancelled by a user (scancel: nothing after the time), preempted, or lost with its node.
-    rule(r"\*\*\* (?:JOB|STEP) [\d._]+ ON \S+ CANCELLED AT \S+ (?:\*\*\*|DUE TO (?!T))", "killed", True, True,
-         versions="all", source="src/slurmd/slurmstepd/req.c", any_level=True),
+    rule(r"\*\*\* (?:JOB [\d._]+ ON \S+ CANCELLED AT \S+ \*\*\*|(?:JOB|STEP) [\d._]+ ON \S+ CANCELLED AT \S+ DUE TO (?!T))",
+         "killed", True, True, versions="all", source="src/slurmd/slurmstepd/req.c", any_level=True),
+    # A step stopped with no reason given: srun ends a step when one of its tasks failed (--kill-on-bad-exit,
+    # a multi-node run's other ranks), whose own line says why; or a user's scancel of the step alone.
+    rule(r"\*\*\* STEP [\d._]+ ON \S+ CANCELLED AT \S+ \*\*\*", "killed", True, False, versions="all",
+         source="src/slurmd/slurmstepd/req.c", any_level=True),
     # A cancellation whose reason the line does not show (a pane clipped it): the job ended, why is not said.
     rule(r"\*\*\* (?:JOB|STEP) [\d._]+ ON \S+ CANCELLED\b", "other", True, versions="all",
          source="src/slurmd/slurmstepd/req.c", any_level=True),
@@ -30,7 +34,8 @@ RULES: list[Rule] = [
          versions="all", source="src/srun/", any_level=True),
     rule(r"^slurmstepd(?:-\S+)?: error: Detected \d+ oom[_-]kill events?", "killed", True, True,
          versions="all", source="src/plugins/task/cgroup/", any_level=True),
-    rule(r"^srun: error: \S+: tasks? [\d,-]+: Exited with exit code [1-9]", "other", True, False,
+    # The first task to fail, as srun names it: what the others' ends (killed, terminated) follow from.
+    rule(r"^srun: error: \S+: tasks? [\d,-]+: Exited with exit code [1-9]", "other", True, True,
          versions="all", source="src/srun/", any_level=True),
     rule(r"^srun: error: Node failure on \S+", "killed", True, True, versions="all", source="src/srun/",
          any_level=True),

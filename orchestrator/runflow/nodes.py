@@ -59,8 +59,6 @@ def check_nodes(pb: Playbook[Any], spec: RunSpec, hosts: list[Host]) -> None:
         raise UsageError(f"a host is named twice: {', '.join(names)} (a run has one node per host)")
     if spec.nodes != len(hosts):
         raise UsageError(f"nodes = {spec.nodes} but {len(hosts)} hosts are given ({', '.join(names)})")
-    if not pb.multi_node:
-        raise UsageError(f"{pb.name} runs on one host; it cannot span {', '.join(names)}")
     scheduled = [h.name for h in hosts if executor_class(h).schedules_gpus]
     if scheduled:
         raise UsageError(f"{scheduled[0]} is a cluster: its scheduler places the nodes (give it alone, with "

@@ -33,6 +33,8 @@ from .watching import WatchLock
 
 def check(store: Store, pb: Playbook[Any], spec: RunSpec, host: Host) -> None:
     """Refuse, before anything is touched, input only the registry, the store or the inventory can judge."""
+    if spec.nodes > 1 and not pb.multi_node:
+        raise UsageError(f"{pb.name} runs on one host; it cannot span {spec.nodes} nodes")
     for name in spec.patches:
         ps = registry.patch_set(name)
         if not ps.requires_flags:
@@ -61,6 +63,8 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     queue waits for it; with replace the holder is stopped instead (see `take_replacing`).
     """
     check(store, pb, spec, host)
+    if spec.nodes > 1 and not executor_class(host).schedules_gpus:
+        raise UsageError(f"nodes = {spec.nodes} needs as many hosts (a run across hosts starts with start_nodes)")
 
     def create() -> int:
         new_id = store.create_run(pb.name, host.name, spec.model_dump(mode="json"))

@@ -60,13 +60,17 @@ def test_what_a_run_across_hosts_refuses(inv: Inventory, pb, hosts, nodes, messa
         check_nodes(pb, CommandSpec(cmd="true", nodes=nodes), [inv.hosts[h] for h in hosts])
 
 
-def test_a_playbook_of_one_host_refuses_to_span_several(inv: Inventory) -> None:
+def test_a_playbook_of_one_host_refuses_to_span_several(tmp_path: Path, inv: Inventory) -> None:
     class OneHost(Command):
         name = "one-host"
         multi_node = False
 
-    with pytest.raises(UsageError, match="one-host runs on one host"):
-        check_nodes(OneHost(), CommandSpec(cmd="true", nodes=2), [inv.hosts["gpu01"], inv.hosts["gpu02"]])
+    store = Store(tmp_path / "orch.db")
+    store.migrate()
+    for host in ("gpu01", "cluster"):  # across hosts, or across a cluster's nodes
+        with pytest.raises(UsageError, match="one-host runs on one host; it cannot span 2 nodes"):
+            runflow.check(store, OneHost(), CommandSpec(cmd="true", nodes=2), inv.hosts[host])
+    runflow.check(store, OneHost(), CommandSpec(cmd="true"), inv.hosts["gpu01"])
     assert ServeEagle3.multi_node and TrainDraft.multi_node
 
 
