@@ -142,7 +142,7 @@ def notification(store: Store, run: Run) -> dict[str, Any]:
 
 
 def _notify(ctx: Job) -> None:
-    if not ctx.spec.notify:
+    if not ctx.spec.notify or ctx.run.parent_id is not None:  # a run across hosts is told of once, by its head
         return
     db_path, run_id = ctx.store.path, ctx.run_id
 
@@ -208,9 +208,10 @@ def end_nodes(ctx: Job, sleep: Callable[[float], None] = time.sleep) -> None:
     if not nodes:
         return
     head = nodes[0]
-    # A node that never launched is its starter's to end (nodes.py): only launched ones end each other.
+    # Before the head launched, the nodes are their starter's to end (nodes.py); a node that never launched
+    # while the head did (its starter died between the two) leaves the head waiting for it: it ends the run.
     if run.id != head.id:
-        if run.status is not Status.SUCCEEDED and run.launched and head.launched and not head.status.terminal:
+        if run.status is not Status.SUCCEEDED and head.launched and not head.status.terminal:
             why = f": {run.reason}" if run.reason else ""
             _end_node(ctx, head, Status.FAILED, f"node {run.node_rank} ({run.host}) {run.status.value}{why}")
         return

@@ -1,9 +1,11 @@
 """A run across several hosts, in process: which hosts it spans, what it refuses before anything, its
-leases taken all or none, and its dry run showing every node's steps and command."""
-
+leases taken all or none, its dry run showing every node's steps and command, and how one node's end
+ends the others (ending.end_nodes)."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -11,8 +13,11 @@ from orchestrator import runflow
 from orchestrator.config.hosts import Inventory
 from orchestrator.config.workspace import Workspace
 from orchestrator.errors import UsageError
+from orchestrator.runflow import ending
 from orchestrator.runflow.nodes import check_nodes, node_env
 from orchestrator.store import Store, lease
+from orchestrator.store.lifecycle import transition
+from orchestrator.store.record import Status
 from playbooks.command import Command, CommandSpec
 from playbooks.serve_eagle3 import ServeEagle3
 from playbooks.train_draft import TrainDraft
@@ -118,3 +123,95 @@ def test_the_dry_run_shows_every_nodes_steps_and_command(tmp_path: Path, inv: In
     text = dry.text()
     assert "on gpu02, gpu01" in text and "MASTER_PORT 29500 stands in" in text
     assert store.newest_run_id() == 0  # nothing created
+
+
+class Ended:
+    """ending._end_node as the tests see it: which node was ended, how and why."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self.calls: list[tuple[int, str, str]] = []
+        monkeypatch.setattr(ending, "_end_node", lambda ctx, node, status, reason:
+                            self.calls.append((node.id, status.value, reason)))
+
+
+def node_records(store: Store, launched: list[bool]) -> list[int]:
+    """A run's records on hosts h0, h1, ...: running with a job where `launched`, else preparing."""
+    ids: list[int] = []
+    for rank, up in enumerate(launched):
+        run_id = store.create_run("command", f"h{rank}", {})
+        store.update_run(run_id, node_rank=rank, **({"parent_id": ids[0]} if rank else {}))
+        transition(store, run_id, Status.PREPARING)
+        if up:
+            transition(store, run_id, Status.LAUNCHING)
+            transition(store, run_id, Status.RUNNING, pid=4000 + rank, pid_start="1")
+        ids.append(run_id)
+    return ids
+
+
+def ending_of(store: Store, run_id: int, status: Status, reason: str) -> SimpleNamespace:
+    transition(store, run_id, status, reason)
+    return SimpleNamespace(run=store.get_run(run_id), store=store)
+
+
+@pytest.fixture
+def records(tmp_path: Path) -> Store:
+    store = Store(tmp_path / "orch.db")
+    store.migrate()
+    return store
+
+
+def test_a_node_that_fails_fails_the_run(records: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    ended = Ended(monkeypatch)
+    head, node = node_records(records, [True, True])
+    ending.end_nodes(ending_of(records, node, Status.FAILED, "exit code 3"))  # type: ignore[arg-type]
+    assert ended.calls == [(head, "failed", "node 1 (h1) failed: exit code 3")]
+
+
+def test_a_node_whose_starter_died_before_its_launch_fails_a_launched_head(records: Store,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    ended = Ended(monkeypatch)
+    head, node = node_records(records, [True, False])
+    ending.end_nodes(ending_of(records, node, Status.FAILED, "its controller died before launch (preparing)"))  # type: ignore[arg-type]
+    assert ended.calls == [(head, "failed", "node 1 (h1) failed: its controller died before launch (preparing)")]
+
+
+def test_before_the_heads_launch_the_nodes_are_their_starters_to_end(records: Store,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    ended = Ended(monkeypatch)
+    head, node = node_records(records, [False, False])
+    ending.end_nodes(ending_of(records, node, Status.FAILED, "before launch: a patch does not apply"))  # type: ignore[arg-type]
+    ending.end_nodes(ending_of(records, head, Status.FAILED, "before launch: node 1 (h1) failed"))  # type: ignore[arg-type]
+    assert ended.calls == []
+
+
+def test_a_node_that_ended_well_leaves_the_run_to_its_head(records: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    ended = Ended(monkeypatch)
+    _, node = node_records(records, [True, True])
+    ending.end_nodes(ending_of(records, node, Status.SUCCEEDED, "exit code 0"))  # type: ignore[arg-type]
+    assert ended.calls == []
+
+
+def test_the_heads_end_stops_the_other_launched_nodes(records: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    ended = Ended(monkeypatch)
+    head, up, done, never = node_records(records, [True, True, True, False])
+    transition(records, done, Status.SUCCEEDED, "exit code 0")
+    ending.end_nodes(ending_of(records, head, Status.CANCELLED, "cancelled by user"))  # type: ignore[arg-type]
+    assert ended.calls == [(up, "cancelled", "the run ended on its head node (cancelled)")]
+
+
+def test_a_head_that_ended_well_gives_the_others_time_to_end_by_themselves(records: Store,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    ended = Ended(monkeypatch)
+    head, slow, stuck = node_records(records, [True, True, True])
+    looks: list[float] = []
+
+    def sleep(s: float) -> None:  # the slow rank ends during the second look; the stuck one never does
+        looks.append(s)
+        time.sleep(min(s, 0.05))
+        if len(looks) == 2:
+            transition(records, slow, Status.SUCCEEDED, "exit code 0")
+
+    monkeypatch.setattr(ending, "NODES_GRACE_S", 0.5)
+    ending.end_nodes(ending_of(records, head, Status.SUCCEEDED, "exit code 0"), sleep)  # type: ignore[arg-type]
+    assert ended.calls == [(stuck, "cancelled", "the run ended on its head node (succeeded)")]
+    assert len(looks) >= 2
