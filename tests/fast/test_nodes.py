@@ -1,6 +1,7 @@
 """A run across several hosts, in process: which hosts it spans, what it refuses before anything, its
 leases taken all or none, its dry run showing every node's steps and command, and how one node's end
 ends the others (ending.end_nodes)."""
+
 from __future__ import annotations
 
 import time
