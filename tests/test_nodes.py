@@ -41,11 +41,12 @@ def test_every_node_finds_the_rendezvous_and_the_run_ends_when_every_rank_did(tm
     assert (head["status"], node["status"]) == ("succeeded", "succeeded")
     assert (head["host"], node["host"]) == ("test1", "test2")
     address = ssh_fleet.server(1).address
-    head_line, node_line = orch("logs", "1").stdout.strip(), orch("logs", "2").stdout.strip()
-    port = head_line.split(":")[-1].split()[0]
+    node_line = orch("logs", "1", "--node", "1").stdout.strip()
+    port = node_line.split(":")[-1].split()[0]
     assert int(port) > 0
-    assert head_line == f"rank=0 of 2 head={address}:{port} if=none"
     assert node_line == f"rank=1 of 2 head={address}:{port} if=lo"
+    assert orch("logs", "1").stdout.splitlines() == [f"[0 test1] rank=0 of 2 head={address}:{port} if=none",
+                                                     f"[1 test2] {node_line}"]
     assert [r["id"] for r in orch.status()] == [1]  # one run; its other node is listed under it
 
 

@@ -24,6 +24,7 @@ from ..config.workspace import Workspace
 from ..errors import OrchError, UsageError
 from ..host import agent
 from ..host.executor import executor_class
+from ..host.hostlease import HostLeaseBusy
 from ..host.polling import busy_wait_s
 from ..host.remote import connect
 from ..playbook import Playbook
@@ -35,7 +36,7 @@ from . import watching
 from .context import Job, watch_options
 from .ending import cancel, end
 from .follow import probe_orphan
-from .starting import Script, Waiting, check, launch, open_new, prepare, wait_for_host
+from .starting import Script, Waiting, check, launch, lease_files_wait, open_new, prepare, wait_for_host
 from .watching import WatchLock
 
 
@@ -120,8 +121,11 @@ def start_nodes(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, h
             indent=2))
         transition(store, node.run_id, Status.PREPARING)
         watching.watch_host_soon(ws, node.host)
+    # queued: another workspace's run that took a host's lease files meanwhile is waited for, as for one host
+    # (those of hosts earlier in the order held meanwhile: the order keeps that from ever being a cycle)
+    waits = (lambda node: lease_files_wait(store, node.run_id, poll[0], on_wait)) if queue else (lambda node: None)
     try:
-        _launch_all(ws, store, pb, spec, nodes)
+        _launch_all(ws, store, pb, spec, nodes, waits)
     except BaseException:
         nodes[0].lock.release()
         raise
@@ -135,17 +139,18 @@ def start_nodes(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, h
     return head
 
 
-def _launch_all(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, nodes: list[Node]) -> None:
+def _launch_all(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, nodes: list[Node],
+                waits: Callable[[Node], Callable[[HostLeaseBusy], None] | None]) -> None:
     """Every node prepared (in host name order), then every rank launched, the head first; a failure ends
     the run (ending.end_nodes stops the ranks already launched)."""
     node: Node | None = None
     try:
         for node in sorted(nodes, key=lambda n: n.host.name):
             node.job = open_new(ws, store, pb, spec, node.host, connect(node.host), node.run_id, node.lock)
-            node.script = prepare(node.job)
-        head = nodes[0].job
-        assert head is not None
-        address, port = rendezvous(head)
+            node.script = prepare(node.job, waits(node))
+        node = nodes[0]  # the rendezvous is the head's
+        assert node.job is not None
+        address, port = rendezvous(node.job)
         for node in nodes:
             assert node.job is not None and node.script is not None
             ref = launch(node.job, node.script(node_env(node.rank, len(nodes), node.host, address, port)))

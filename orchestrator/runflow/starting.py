@@ -96,7 +96,7 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     ctx: Job | None = None
     try:
         ctx = open_new(ws, store, pb, spec, host, connect(host), run_id, lock)
-        job = prepare_and_launch(ctx, _host_wait(store, run_id, watch_options(pb, spec, host).poll_min, on_wait)
+        job = prepare_and_launch(ctx, lease_files_wait(store, run_id, watch_options(pb, spec, host).poll_min, on_wait)
                                  if queue else None)
     # A run that never launched has no job, so no phase: it does not pretend to be `starting`.
     except OrchError as exc:
@@ -243,7 +243,7 @@ def replace_run(ws: Workspace, store: Store, holder_id: int, new_id: int, hosts:
     return stop(other, reason=f"replaced by run {new_id}")
 
 
-def _host_wait(store: Store, run_id: int, poll_min: float, on_wait: Callable[[Waiting], None] | None
+def lease_files_wait(store: Store, run_id: int, poll_min: float, on_wait: Callable[[Waiting], None] | None
                ) -> Callable[[hostlease.HostLeaseBusy], None]:
     """How a queued run that the host refused at its lease take (another workspace's run took it after the
     host was asked) waits to ask again: told, its heartbeat kept, a pause."""
