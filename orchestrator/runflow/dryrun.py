@@ -31,7 +31,7 @@ from ..store import Store, lease
 from ..store.lifecycle import transition
 from ..store.record import Status
 from .context import watch_options
-from .nodes import check_nodes, node_env, rendezvous
+from .nodes import check_nodes, node_env, rendezvous_point
 from .starting import busy_message, check, launch, open_new, prepare, prepare_and_launch, wait_for_host
 
 STAND_IN_PORT = 29500  # the rendezvous port a dry run shows (torchrun's default)
@@ -294,7 +294,7 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, hosts
         else:
             notes.append(f"MASTER_PORT {STAND_IN_PORT} stands in for the port the head's agent finds free at launch")
             scripts = {name: prepare(job) for name, job in jobs.items()}
-            address, port = rendezvous(jobs[hosts[0].name])
+            address, port = rendezvous_point(jobs[hosts[0].name])
             for rank, host in enumerate(hosts):
                 env = node_env(rank, len(hosts), host, address, port)
                 launch(jobs[host.name], scripts[host.name](env))

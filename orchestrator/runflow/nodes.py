@@ -75,7 +75,7 @@ def node_env(rank: int, nodes: int, host: Host, address: str, port: int) -> dict
     return env
 
 
-def rendezvous(head: Job) -> tuple[str, int]:
+def rendezvous_point(head: Job) -> tuple[str, int]:
     """The head's address as the other nodes reach it, and a port free there now, as its agent found it."""
     host = head.host
     address = host.node_address or ("127.0.0.1" if host.is_local else host.address or host.name)
@@ -150,7 +150,7 @@ def _launch_all(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, n
             node.script = prepare(node.job, waits(node))
         node = nodes[0]  # the rendezvous is the head's
         assert node.job is not None
-        address, port = rendezvous(node.job)
+        address, port = rendezvous_point(node.job)
         for node in nodes:
             assert node.job is not None and node.script is not None
             ref = launch(node.job, node.script(node_env(node.rank, len(nodes), node.host, address, port)))
