@@ -124,7 +124,8 @@ def test_two_runs_asking_for_the_same_hosts_in_opposite_orders_never_deadlock(tm
     first = orch("run", "command", "--host", "test1", "--host", "test2", "--detach", *FAST, "--set", cmd)
     assert first.returncode == 0, first.stderr
     refused = orch("run", "command", "--host", "test2", "--host", "test1", *FAST, "--set", "cmd=true", check=1)
-    assert "busy with run 1" in refused.stderr
+    assert "busy with run 1" in refused.stderr and "--queue waits" in refused.stderr
+    assert "--replace" not in refused.stderr  # it takes one host
     assert len(orch.status()) == 1  # the refused run was never made
     # both orders queued at once behind the first: each gets both hosts in turn
     results: dict[str, object] = {}

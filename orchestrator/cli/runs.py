@@ -77,8 +77,8 @@ def rerun(
     old = store.get_run(parse_run_id(run_id))
     pb = registry.playbook(old.playbook)
     spec = specmod.build(pb.Spec, specmod.merge_sets(old.spec, sets, pb.Spec), source=f"spec of run {old.id}")
-    _start(pb, spec, host or [n.host for n in store.nodes_of(old.id)] or [old.host], detach, dry_run, until_ready, queue, replace, as_json,
-           _labels(name, tags, note))
+    hosts = host or [n.host for n in store.nodes_of(old.id)] or [old.host]
+    _start(pb, spec, hosts, detach, dry_run, until_ready, queue, replace, as_json, _labels(name, tags, note))
 
 
 def _labels(name: str | None, tags: list[str], note: str | None) -> dict[str, Any]:
@@ -130,7 +130,7 @@ def _start(pb: Any, spec: Any, host: list[str], detach: bool, dry_run: bool, unt
             ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait, replace=replace,
                                 run_fields=labels)
     except (lease.Busy, hostlease.HostLeaseBusy) as busy:
-        raise OrchError(runflow.busy_message(store, busy)) from None
+        raise OrchError(runflow.busy_message(store, busy, replace=len(targets) == 1)) from None
     except KeyboardInterrupt:
         if waited and not _started_here(store, newest):  # Ctrl-C in the queue: nothing to leave running
             signal.signal(signal.SIGINT, signal.SIG_IGN)

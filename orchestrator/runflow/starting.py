@@ -165,10 +165,10 @@ def wait_for_host(ws: Workspace, host: Host, gpus: list[int] | None, poll: tuple
             return
 
 
-def busy_message(store: Store, busy: Waiting, ways_on: bool = True) -> str:
+def busy_message(store: Store, busy: Waiting, ways_on: bool = True, replace: bool = True) -> str:
     """Who holds the host, as a person asks it: the run (its playbook, status, phase, for how long) and the
-    two ways on; the holder's controller only when it is gone while its job runs. Another workspace's
-    run is named as the host's lease files name it."""
+    ways on (`replace`: --replace is one); the holder's controller only when it is gone while its job runs.
+    Another workspace's run is named as the host's lease files name it."""
     if isinstance(busy, hostlease.HostLeaseBusy):
         return f"{busy}; --queue waits for it to end" if ways_on and busy.held else str(busy)
     held = busy.lease
@@ -187,7 +187,9 @@ def busy_message(store: Store, busy: Waiting, ways_on: bool = True) -> str:
         doing += f"; its controller is gone but the job still runs: `orch watch {run.id}` follows it"
     verb = "is" if held.gpus is None else "are"
     line = f"{what} {verb} busy with run {run.id} ({doing})"
-    return line + "; --queue waits for it to end, --replace stops it first" if ways_on else line
+    if not ways_on:
+        return line
+    return line + "; --queue waits for it to end" + (", --replace stops it first" if replace else "")
 
 
 def _span(seconds: float) -> str:
