@@ -48,6 +48,8 @@ def test_every_node_finds_the_rendezvous_and_the_run_ends_when_every_rank_did(tm
     assert orch("logs", "1").stdout.splitlines() == [f"[0 test1] rank=0 of 2 head={address}:{port} if=none",
                                                      f"[1 test2] {node_line}"]
     assert [r["id"] for r in orch.status()] == [1]  # one run; its other node is listed under it
+    assert orch("rerun", "1", *FAST).returncode == 0  # again on the same hosts, the head first
+    assert orch.status(3)["hosts"] == ["test1", "test2"] and orch.status(3)["status"] == "succeeded"
 
 
 def test_a_rank_that_dies_fails_the_run_and_stops_every_node(tmp_path, ssh_fleet) -> None:
