@@ -25,13 +25,11 @@ import itertools
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
 
-from sshd import SSHServer, _toml_key, _toml_value, keygen, public_key
+from sshd import HostTables, SSHServer, keygen, public_key
 
 SSH_PORT = 22
 INNER_IF = "eth0"  # the veth end inside every namespace: the interface a job there binds to
@@ -53,7 +51,7 @@ def _subnet_taken(x: int) -> bool:
     return bool(_ip("-4", "route", "show", f"198.19.{x}.0/24").stdout.strip())
 
 
-class NetHosts:
+class NetHosts(HostTables):
     """n hosts (named net1, net2, ...) in network namespaces on one bridge; see the module's doc."""
 
     def __init__(self, n: int = 2, root: Path | None = None):
@@ -160,41 +158,6 @@ class NetHosts:
     def exec_prefix(self, i: int) -> list[str]:
         """The argv prefix that runs a command in host i's namespace."""
         return ["ip", "netns", "exec", self.namespace(i)]
-
-    def workdir(self, i: int) -> Path:
-        path = self.root / "work" / self.name(i)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
-    def host_entry(self, i: int, **overrides: Any) -> dict[str, Any]:
-        """The hosts.toml fields for host i (from 1): address, port, user, keys, workdir, python."""
-        server = self.server(i)
-        entry: dict[str, Any] = {
-            "address": server.address,
-            "port": server.port,
-            "user": self.user,
-            "identity_file": str(self.client_key),
-            "known_hosts": str(self.known_hosts),
-            "workdir": str(self.workdir(i)),
-            "python": sys.executable,
-        }
-        entry.update(overrides)
-        return entry
-
-    def hosts_toml(self, **per_host_overrides: dict[str, Any]) -> str:
-        """`[hosts.netN]` tables for every host; keyword `netN={...}` overrides that host's fields."""
-        unknown = set(per_host_overrides) - {self.name(i) for i in range(1, self.n + 1)}
-        if unknown:
-            raise KeyError(f"not among the hosts: {sorted(unknown)}")
-        out: list[str] = []
-        for i in range(1, self.n + 1):
-            name = self.name(i)
-            out.append(f"[hosts.{name}]")
-            for key, value in self.host_entry(i, **per_host_overrides.get(name, {})).items():
-                if value is not None:
-                    out.append(f"{_toml_key(key)} = {_toml_value(value)}")
-            out.append("")
-        return "\n".join(out)
 
     # -- teardown -------------------------------------------------------------------------------------
 

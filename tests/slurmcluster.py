@@ -26,6 +26,8 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
@@ -213,3 +215,20 @@ _live: list[SlurmCluster] = []
 def _stop_leftovers() -> None:
     for cluster in list(_live):
         cluster.stop()
+
+
+@contextmanager
+def running(cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The cluster started, and this process's Slurm commands (orch's too) pointed at it rather than
+    /etc/slurm; stopped, and SLURM_CONF as it was, at the end."""
+    saved = os.environ.get("SLURM_CONF")
+    try:
+        cluster.start()
+        os.environ.update(cluster.env)
+        yield cluster
+    finally:
+        cluster.stop()
+        if saved is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = saved

@@ -349,7 +349,59 @@ def _toml_key(key: str) -> str:
     return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
 
 
-class SSHFleet:
+class HostTables:
+    """The inventory of a set of sshd servers, each reached with one client key: `servers`, `name(i)`,
+    `server(i)` (i from 1), `root`, `user`, `client_key` and `known_hosts` are the set's."""
+
+    root: Path
+    user: str
+    client_key: Path
+    known_hosts: Path
+    servers: list[SSHServer]
+
+    def name(self, i: int) -> str:
+        raise NotImplementedError
+
+    def server(self, i: int) -> SSHServer:
+        raise NotImplementedError
+
+    def workdir(self, i: int) -> Path:
+        path = self.root / "work" / self.name(i)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def host_entry(self, i: int, **overrides: Any) -> dict[str, Any]:
+        """The hosts.toml fields for server i (from 1): address, port, user, keys, workdir, python."""
+        server = self.server(i)
+        entry: dict[str, Any] = {
+            "address": server.address,
+            "port": server.port,
+            "user": self.user,
+            "identity_file": str(self.client_key),
+            "known_hosts": str(self.known_hosts),
+            "workdir": str(self.workdir(i)),
+            "python": sys.executable,
+        }
+        entry.update(overrides)
+        return entry
+
+    def hosts_toml(self, **per_host_overrides: dict[str, Any]) -> str:
+        """`[hosts.NAME]` tables for every server; keyword `NAME={...}` overrides that host's fields."""
+        unknown = set(per_host_overrides) - {self.name(i) for i in range(1, len(self.servers) + 1)}
+        if unknown:
+            raise KeyError(f"not among the hosts: {sorted(unknown)}")
+        out: list[str] = []
+        for i in range(1, len(self.servers) + 1):
+            name = self.name(i)
+            out.append(f"[hosts.{name}]")
+            for key, value in self.host_entry(i, **per_host_overrides.get(name, {})).items():
+                if value is not None:
+                    out.append(f"{_toml_key(key)} = {_toml_value(value)}")
+            out.append("")
+        return "\n".join(out)
+
+
+class SSHFleet(HostTables):
     """n sshd servers (named test1, test2, ...) sharing one client key and one known_hosts file.
 
     Server i (counting from 1, as in the names) listens on 127.0.0.(i+1).
@@ -391,41 +443,6 @@ class SSHFleet:
     def name(self, i: int) -> str:
         self.server(i)
         return f"test{i}"
-
-    def workdir(self, i: int) -> Path:
-        path = self.root / "work" / self.name(i)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
-    def host_entry(self, i: int, **overrides: Any) -> dict[str, Any]:
-        """The hosts.toml fields for server i (from 1): address, port, user, keys, workdir, python."""
-        server = self.server(i)
-        entry: dict[str, Any] = {
-            "address": server.address,
-            "port": server.port,
-            "user": self.user,
-            "identity_file": str(self.client_key),
-            "known_hosts": str(self.known_hosts),
-            "workdir": str(self.workdir(i)),
-            "python": sys.executable,
-        }
-        entry.update(overrides)
-        return entry
-
-    def hosts_toml(self, **per_host_overrides: dict[str, Any]) -> str:
-        """`[hosts.testN]` tables for every server; keyword `testN={...}` overrides that host's fields."""
-        unknown = set(per_host_overrides) - {self.name(i) for i in range(1, len(self.servers) + 1)}
-        if unknown:
-            raise KeyError(f"not in the fleet: {sorted(unknown)}")
-        out: list[str] = []
-        for i in range(1, len(self.servers) + 1):
-            name = self.name(i)
-            out.append(f"[hosts.{name}]")
-            for key, value in self.host_entry(i, **per_host_overrides.get(name, {})).items():
-                if value is not None:
-                    out.append(f"{_toml_key(key)} = {_toml_value(value)}")
-            out.append("")
-        return "\n".join(out)
 
     def __enter__(self) -> "SSHFleet":
         return self.start()

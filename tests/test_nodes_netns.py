@@ -80,7 +80,7 @@ def test_sglang_across_two_hosts_is_ready_with_its_head_and_fails_whole_when_a_r
                .replace(b"\0", b" ").decode()]
     os.kill(rank1, signal.SIGKILL)
     head = orch.wait_for(1, lambda d: d["status"] == "failed", timeout=60)
-    assert head["reason"].startswith(f"node 1 (net2) failed: exit code 137 (killed by SIGKILL)"), head["reason"]
+    assert head["reason"].startswith("node 1 (net2) failed: exit code 137 (killed by SIGKILL)"), head["reason"]
     assert orch.status(worker_id)["status"] == "failed"
     head = orch.wait_for(1, lambda d: any(e["kind"] == "stopped" for e in d["events"]), timeout=60)
     assert [e["message"] for e in head["events"] if e["kind"] == "stopped"] == ["process group: stopped"]

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 from orchtest import Orch, kill_controller, wait_for_file
-from slurmcluster import SlurmCluster, free_port, missing
+from slurmcluster import SlurmCluster, free_port, missing, running
 
 from orchestrator.config.hosts import Host
 from orchestrator.host import slurm
@@ -35,18 +35,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     why = missing()
     if why:
         pytest.skip(why)
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm"), gpus=8)
-    saved = os.environ.get("SLURM_CONF")
-    try:
-        c.start()
-        os.environ.update(c.env)  # orch (and its sbatch/squeue) find this cluster, never /etc/slurm
+    with running(SlurmCluster(tmp_path_factory.mktemp("slurm"), gpus=8)) as c:  # orch (and its sbatch/squeue) find this cluster, never /etc/slurm
         yield c
-    finally:
-        c.stop()
-        if saved is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = saved
 
 
 def cluster_toml(shared: Path, **fields: str) -> str:

@@ -4,7 +4,6 @@ one job of two nodes, its script run once per node through srun, through the rea
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 from collections.abc import Iterator
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from orchtest import Orch
-from slurmcluster import SlurmCluster, missing
+from slurmcluster import SlurmCluster, missing, running
 
 from orchestrator.host import slurm
 from orchestrator.store import Store
@@ -25,18 +24,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     why = missing()
     if why:
         pytest.skip(why)
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm2"), gpus=2, cpus=2, nodes=2, name="orchtest2")
-    saved = os.environ.get("SLURM_CONF")
-    try:
-        c.start()
-        os.environ.update(c.env)  # orch (and its sbatch/squeue) find this cluster, never /etc/slurm
+    with running(SlurmCluster(tmp_path_factory.mktemp("slurm2"), gpus=2, cpus=2, nodes=2, name="orchtest2")) as c:  # orch (and its sbatch/squeue) find this cluster, never /etc/slurm
         yield c
-    finally:
-        c.stop()
-        if saved is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = saved
 
 
 @pytest.fixture

@@ -53,3 +53,10 @@ def test_the_consoles_are_the_calls_own_and_a_tests_own_console_stays(tmp_path: 
     monkeypatch.setattr(render, "out", mine)
     orch("status")
     assert render.out is mine
+
+
+def test_no_two_test_files_share_a_name() -> None:
+    # pytest imports test files by their base name (no packages here): a second file of the same name in
+    # another folder is not collected, and its tests silently never run
+    names = [p.name for p in Path(__file__).resolve().parents[1].rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
