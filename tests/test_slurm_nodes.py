@@ -71,7 +71,9 @@ def test_a_two_node_run_is_one_job_whose_script_runs_once_per_node(orch, cluster
 
 def test_a_node_that_fails_ends_the_job_and_the_run_fails(orch, cluster):
     # rank 0 would wait forever: only the job's end, on rank 1's exit, can end it
-    cmd = 'if [ "$NODE_RANK" = 1 ]; then echo "rank 1 gives up"; exit 3; fi; sleep 100000'
+    # (a pause before the exit: srun forwards a task's output on its own time, and a line printed right
+    # before the exit was seen missing from the log once srun had ended the step)
+    cmd = 'if [ "$NODE_RANK" = 1 ]; then echo "rank 1 gives up"; sleep 1; exit 3; fi; sleep 100000'
     res = orch("run", "command", "--host", "cluster", "--set", f"cmd={cmd}", "--set", "nodes=2",
                "--set", "gpus=[0]", *POLL)
     assert res.returncode != 0
