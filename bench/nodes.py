@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from nethosts import NetHosts
-from orchtest import Orch
+from orchtest import Orch, alive, cmdline, processes
 from results import write_section
 
 EMULATOR = ROOT / "tests" / "fakes" / "sglang_emulator.py"
@@ -42,31 +42,6 @@ REPEATS = 5
 HAND_POLL_S = 5.0  # the hand-written watch loop's period
 SLEEP_HABIT_S = 600.0
 BAR_S = 2.0  # a rank's death must end the run and stop the other nodes within this
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def alive(pid: int) -> bool:
-    """Alive and not a zombie (nothing may reap orphans here)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def processes(marker: str) -> dict[int, str]:
-    """Live processes whose command line holds `marker` (every namespace shares this pid space)."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and marker in (line := cmdline(int(entry))) and alive(int(entry)):
-            found[int(entry)] = line
-    return found
 
 
 def rank_pid(marker: str, rank: int) -> int:

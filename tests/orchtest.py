@@ -299,6 +299,23 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def cmdline(pid: int) -> str:
+    """A process's command line, its words joined by spaces ('' once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def processes(marker: str) -> dict[int, str]:
+    """Live processes whose command line holds `marker`, with it (network namespaces share this pid space)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and marker in (line := cmdline(int(entry))) and alive(int(entry)):
+            found[int(entry)] = line
+    return found
+
+
 def agent_ops(monkeypatch: Any) -> list[str]:
     """The ops this process asks hosts' agents for through `agent.call`, in order, from now on."""
     from orchestrator.host import agent

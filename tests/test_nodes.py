@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from orchtest import FAST, Orch
+from orchtest import FAST, Orch, alive
 
 pytest_plugins = ["engine_src"]  # engine, other_engine: two installs of the real engine source
 
@@ -22,14 +22,6 @@ def two_hosts(tmp_path: Path, fleet, **fields) -> Orch:
 
 def job_of(doc: dict) -> int:
     return int(doc["pid"])
-
-
-def gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1].startswith("Z")
-    except FileNotFoundError:
-        return True
 
 
 def test_every_node_finds_the_rendezvous_and_the_run_ends_when_every_rank_did(tmp_path, ssh_fleet) -> None:
@@ -68,7 +60,7 @@ def test_a_rank_that_dies_fails_the_run_and_stops_every_node(tmp_path, ssh_fleet
     assert head["reason"].startswith("node 1 (test2) failed: exit code 3"), head["reason"]
     head = orch.wait_for(1, lambda d: any(e["kind"] == "stopped" for e in d["events"]))
     assert [e["message"] for e in head["events"] if e["kind"] == "stopped"] == ["process group: stopped"]
-    assert gone(job_of(head)) and gone(job_of(node))
+    assert not alive(job_of(head)) and not alive(job_of(node))
     assert orch.status(1)["events"][-1]["kind"] in ("finished", "patch", "stopped", "status")
 
 
@@ -82,7 +74,7 @@ def test_the_head_stopped_stops_every_node(tmp_path, ssh_fleet) -> None:
     assert res.returncode == 0, res.stderr
     node = orch.wait_for(2, lambda d: d["status"] == "cancelled")
     assert node["reason"] == "the run ended on its head node (cancelled)"
-    assert gone(job_of(orch.status(1))) and gone(job_of(node))
+    assert not alive(job_of(orch.status(1))) and not alive(job_of(node))
 
 
 def test_patch_sets_go_on_every_node_and_come_off_every_node(tmp_path, ssh_fleet, engine, other_engine) -> None:

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from orchtest import FAST, Orch
+from orchtest import FAST, Orch, processes
 
 TESTS = Path(__file__).parent
 EMULATOR = TESTS / "fakes" / "sglang_emulator.py"
@@ -20,22 +20,6 @@ def workspace(tmp_path: Path, hosts) -> Orch:
     # the interface the ranks talk over: gloo would otherwise offer its peers the hostname's loopback address
     return Orch(tmp_path / "ws", hosts.hosts_toml(**{hosts.name(i): {"ifname": hosts.interface(i)}
                                                      for i in range(1, hosts.n + 1)}))
-
-
-def processes(marker: str) -> list[int]:
-    """Pids of live processes whose command line holds `marker` (every namespace shares this pid space)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(") ", 1)[1][0]
-        except OSError:
-            continue
-        if marker in cmdline and state != "Z":
-            found.append(int(entry))
-    return found
 
 
 def test_torchrun_across_two_hosts_reaches_its_all_reduce_on_every_rank(tmp_path, net_hosts) -> None:
@@ -76,8 +60,7 @@ def test_sglang_across_two_hosts_is_ready_with_its_head_and_fails_whole_when_a_r
     assert worker["status"] == "running" and worker["phase"] != "ready"  # SGLang's other nodes never say ready
     ranks = processes(tag)
     assert len(ranks) == 2
-    [rank1] = [pid for pid in ranks if "--node-rank 1" in Path(f"/proc/{pid}/cmdline").read_bytes()
-               .replace(b"\0", b" ").decode()]
+    [rank1] = [pid for pid, line in ranks.items() if "--node-rank 1" in line]
     os.kill(rank1, signal.SIGKILL)
     head = orch.wait_for(1, lambda d: d["status"] == "failed", timeout=60)
     assert head["reason"].startswith("node 1 (net2) failed: exit code 137 (killed by SIGKILL)"), head["reason"]
@@ -88,4 +71,4 @@ def test_sglang_across_two_hosts_is_ready_with_its_head_and_fails_whole_when_a_r
     deadline = time.time() + 30
     while processes(tag) and time.time() < deadline:
         time.sleep(0.1)
-    assert processes(tag) == []
+    assert processes(tag) == {}

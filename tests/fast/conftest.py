@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from orchtest import in_process
 
+from orchestrator.runflow import watching
 from orchestrator.store import Store
 
 
@@ -33,3 +36,20 @@ def new_databases_are_copies(migrated_database: Path, monkeypatch: pytest.Monkey
         opening(self, path, *args, **kwargs)
 
     monkeypatch.setattr(Store, "__init__", open_a_copy)
+
+
+@pytest.fixture
+def records_orch(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                 capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
+    """`orch ARGS` in process, (exit code, stdout, stderr), on a workspace whose runs the test writes to the
+    store itself (`records_store`), with the test module's HOSTS as its hosts.toml: nothing is watched."""
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path))
+    (tmp_path / "hosts.toml").write_text(getattr(request.module, "HOSTS", ""))
+    monkeypatch.setattr(watching, "ensure_watched", lambda *a, **k: [])
+    return in_process(capsys)
+
+
+@pytest.fixture
+def records_store(tmp_path: Path) -> Store:
+    """The database of `records_orch`'s workspace."""
+    return Store(tmp_path / "runs" / "orch.db")

@@ -7,15 +7,12 @@ import io
 import json
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-from orchtest import in_process
 from rich.console import Console
 
 from orchestrator.cli import render, status
-from orchestrator.runflow import watching
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status
@@ -25,18 +22,13 @@ HOSTS = '[hosts.gpu01]\naddress = "10.1.2.3"\n'
 
 
 @pytest.fixture
-def orch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Orch:
-    monkeypatch.setenv("ORCH_HOME", str(tmp_path))
-    (tmp_path / "hosts.toml").write_text(HOSTS)
-    # the records are made here, not by runs: nothing is to be watched
-    monkeypatch.setattr(watching, "ensure_watched", lambda *a, **k: [])
-
-    return in_process(capsys)
+def orch(records_orch: Orch) -> Orch:
+    return records_orch
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "runs" / "orch.db")
+def store(records_store: Store) -> Store:
+    return records_store
 
 
 def make_run(store: Store, playbook: str = "command", host: str = "local", spec: dict[str, Any] | None = None,
