@@ -75,6 +75,12 @@ def rendezvous(style: str) -> str:
     node's job expands its own NODE_ENV (one command line serves every node)."""
     return " ".join(f'{flag} "{value}"' for flag, value in RENDEZVOUS[style])
 
+def other_nodes_only(command: str) -> str:
+    """A shell line that, on every node but the head, runs `command` in the foreground and ends the job with
+    its exit code; the head goes on to the lines after it (a server's other nodes: their share only)."""
+    return f'if [ "$NODE_RANK" != 0 ]; then {command}; exit $?; fi'
+
+
 # Looks up a run of this workspace by id (raises NotFound), read-only.
 FindRun = Callable[[int], Run]
 
@@ -224,5 +230,5 @@ class Playbook(Generic[S]):
 __all__ = [
     "NODE_ENV", "RENDEZVOUS", "SERVING_PHASES", "Entry", "FindRun", "HealthCheck", "Host", "JobContext", "LineReader", "NotFound", "OrchError", "Outputs",
     "Playbook", "Prepared", "Remote", "Run", "RunSpec", "RunTables", "Shown", "Status", "Usage", "UsageError", "check_regex",
-    "http_probe", "quote", "rendezvous", "rendezvous_args",
+    "http_probe", "other_nodes_only", "quote", "rendezvous", "rendezvous_args",
 ]

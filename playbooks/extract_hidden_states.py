@@ -39,6 +39,7 @@ from orchestrator.playbook import (
     RunSpec,
     Status,
     UsageError,
+    other_nodes_only,
     quote,
     rendezvous,
 )
@@ -225,8 +226,7 @@ def new_pipeline_script(s: ExtractSpec, python: str, out: str, store: str | None
     nodes every node but the head runs only its headless share of the server, in the foreground."""
     port = str(s.port or DEFAULT_PORT)
     health = f"http://127.0.0.1:{port}/health"
-    worker = ([f'if [ "$NODE_RANK" != 0 ]; then {server_command(s, python, store, headless=True)}; exit $?; fi']
-              if s.nodes > 1 else [])
+    worker = [other_nodes_only(server_command(s, python, store, headless=True))] if s.nodes > 1 else []
     return "\n".join([
         f"{shell([python, WAIT, 'free', '127.0.0.1', port])} || exit 1",
         *worker,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from orchestrator.playbook import HealthCheck, Host, JobContext, Playbook, Prepared, quote
+from orchestrator.playbook import HealthCheck, Host, JobContext, Playbook, Prepared, other_nodes_only, quote
 
 from .bench_serving import BenchSettings, bench_argv, bench_module
 from .serve_eagle3 import (
@@ -57,7 +57,7 @@ def script(spec: ServeBenchSpec, python: str, graph_flags: list[str], module: li
     url = f"http://127.0.0.1:{port}"
     server = server_command(spec, python, graph_flags)
     # a node other than the head: its share of the server only (the API, and so the benchmark, is the head's)
-    worker = [f'if [ "$NODE_RANK" != 0 ]; then {server}; exit $?; fi'] if spec.nodes > 1 else []
+    worker = [other_nodes_only(server)] if spec.nodes > 1 else []
     return "\n".join([
         f"{shell([python, WAIT, 'free', '127.0.0.1', port])} || exit 1",
         *worker,

@@ -52,9 +52,10 @@ def _remove_remote(ws: Workspace, store: Store, run: Run, inv: Inventory) -> str
 
 def remove(ws: Workspace, store: Store, runs: list[Run], inv: Inventory, keep_remote: bool = False) -> list[Removed]:
     """Remove each run (all are checked first); a run whose remote dir cannot be removed keeps its record."""
+    nodes = {run.id: store.nodes_of(run.id) or [run] for run in runs}  # a multi-node run: each of its nodes
     for run in runs:
         check_removable(run)
-        for node in store.nodes_of(run.id)[1:]:  # a multi-node run: every node ended too
+        for node in nodes[run.id][1:]:
             if node.status in ACTIVE:
                 raise UsageError(f"run {run.id}'s node {node.node_rank} (run {node.id}) is {node.status}:"
                                  f" cancel the run first (`orch cancel {run.id}`)")
@@ -63,13 +64,12 @@ def remove(ws: Workspace, store: Store, runs: list[Run], inv: Inventory, keep_re
         try:
             # each node's dir, on its own host (the head's is the run's); the records go only when all went
             remote = "remote dir kept" if keep_remote else "; ".join(
-                _remove_remote(ws, store, n, inv) for n in (store.nodes_of(run.id) or [run]))
+                _remove_remote(ws, store, n, inv) for n in nodes[run.id])
         except OrchError as exc:
             done.append(Removed(run.id, str(exc), ok=False))
             continue
-        nodes = store.nodes_of(run.id)
         store.delete_run(run.id)  # the node records too
-        for one in nodes or [run]:
+        for one in nodes[run.id]:
             shutil.rmtree(ws.runs_dir / str(one.id), ignore_errors=True)
         done.append(Removed(run.id, remote))
     return done

@@ -64,7 +64,7 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     """
     check(store, pb, spec, host)
     if spec.nodes > 1 and not executor_class(host).schedules_gpus:
-        raise UsageError(f"nodes = {spec.nodes} needs as many hosts (a run across hosts starts with start_nodes)")
+        raise UsageError(f"nodes = {spec.nodes} needs as many hosts: give --host once per node, or --host @TAG")
 
     def create() -> int:
         new_id = store.create_run(pb.name, host.name, spec.model_dump(mode="json"))
