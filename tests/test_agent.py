@@ -113,6 +113,27 @@ def test_members_outliving_their_wrapper_are_the_jobs_only_with_its_mark(tmp_pat
         proc.wait()
 
 
+@pytest.mark.parametrize("kernel", ["6.9 or newer", "older"])
+def test_a_group_is_signalled_through_a_hold_on_its_leader(kernel: str, monkeypatch: pytest.MonkeyPatch):
+    if kernel == "older":  # a flag the kernel does not know is refused (EINVAL), as the group flag is before 6.9
+        monkeypatch.setattr(host_agent, "PIDFD_SIGNAL_PROCESS_GROUP", 1 << 30)
+        calls = []
+        members_of = host_agent._signal_members
+        monkeypatch.setattr(host_agent, "_signal_members", lambda *a: calls.append(a) or members_of(*a))
+    else:
+        monkeypatch.setattr(host_agent, "_signal_members", lambda *a: pytest.fail("one call signals the group"))
+    proc = subprocess.Popen(["bash", "-c", "sleep 300 & sleep 300 & wait"], start_new_session=True)
+    try:
+        wait_for(lambda: len(host_agent.group_pids(proc.pid)) == 3)
+        members = host_agent.group_pids(proc.pid)
+        assert host_agent.signal_job(proc.pid, host_agent.start_time(proc.pid), signal.SIGKILL)
+        wait_for(lambda: not any(host_agent.live_start(m) for m in members))
+        assert kernel != "older" or len(calls) == 1
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_unknown_ops_and_garbage_lines_are_answered_and_the_agent_goes_on(link: AgentLink):
     with pytest.raises(AgentError, match="unknown op"):
         link.call("rm -rf /")

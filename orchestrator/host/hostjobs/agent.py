@@ -21,6 +21,7 @@ signal. It exits when its stdin closes or stays silent for IDLE_EXIT_S (the watc
 Runs on the host's python (3.8 or newer): no annotations evaluated, no third-party imports.
 """
 
+import errno
 import hashlib
 import json
 import os
@@ -117,6 +118,14 @@ def _marked(pid, mark):
         return False
 
 
+def _job_member(m, pid, start):
+    """Whether process m is the job's though its wrapper is gone: live, in the job's group, started after
+    the wrapper, carrying the wrapper's mark."""
+    fields = _stat_fields(m)
+    return (fields is not None and fields[0] != "Z" and fields[2] == str(pid) and int(fields[19]) >= int(start)
+            and _marked(m, f"{JOB_MARK}={int(pid)}:{start}".encode()))
+
+
 def ours(pid, start):
     """What of the job's process group is provably the job's now: "group" while its leader (the wrapper,
     a zombie included) has the job's start time and the group has live members; with no process at the
@@ -129,26 +138,90 @@ def ours(pid, start):
         return "group" if group_pids(pid) else None
     if now is not None:
         return None
-    mark = f"{JOB_MARK}={int(pid)}:{start}".encode()
-    members = [m for m in group_pids(pid)
-               if int(start_time(m) or 0) >= int(start) and _marked(m, mark)]
-    return members or None
+    return [m for m in group_pids(pid) if _job_member(m, pid, start)] or None
+
+
+PIDFD_SIGNAL_PROCESS_GROUP = 4  # linux/pidfd.h (Linux 6.9): signal the held process's whole group
+
+
+def _hold(pid):
+    """A pidfd on this very process (Linux 5.3, Python 3.9), taken before the process is proved ours: a
+    signal sent through it reaches that process or nothing, never a later one that took its pid after
+    the proof. None where the host has no pidfds (there the proof and the signal by number follow each
+    other as closely as they can); raises ProcessLookupError when the process is gone."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        return opener(pid)
+    except ProcessLookupError:
+        raise
+    except OSError:
+        return None
+
+
+def _signal_proved(pid, sig, proof, group=False):
+    """Hold the process, prove it (`proof()` reads /proc afresh), signal it (or, with `group`, its
+    process group) through the hold. True when signalled."""
+    try:
+        fd = _hold(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        if not proof():
+            return False
+        if fd is None:
+            (os.killpg if group else os.kill)(pid, sig)
+        elif not group:
+            signal.pidfd_send_signal(fd, sig)
+        else:
+            try:
+                signal.pidfd_send_signal(fd, sig, None, PIDFD_SIGNAL_PROCESS_GROUP)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                return _signal_members(fd, pid, sig)  # before Linux 6.9
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _signal_each(sig, proofs):
+    """Signal every (pid, proof) on its own, not only up to the first that is; True when any was."""
+    sent = False
+    for pid, proof in proofs:
+        sent = _signal_proved(pid, sig, proof) or sent
+    return sent
+
+
+def _signal_members(leader, pgid, sig):
+    """Each member of the held leader's group on its own: held, then proved in the group while the
+    leader still exists (until it is reaped, no other group can have its pid for an id)."""
+    def in_group(m):
+        fields = _stat_fields(m)
+        if fields is None or fields[2] != str(pgid):
+            return False
+        signal.pidfd_send_signal(leader, 0)  # raises ProcessLookupError once the leader is reaped
+        return True
+
+    return _signal_each(sig, [(m, lambda m=m: in_group(m)) for m in group_pids(pgid)])
 
 
 def signal_job(pid, start, sig):
-    """Signal what is provably the job's; False when nothing is."""
-    who = ours(pid, start)
-    if who is None:
+    """Signal what is provably the job's; False when nothing is. Each process is held before its proof
+    and signalled through the hold, so a pid freed and given to another process meanwhile (in the
+    grace window, say) is never reached."""
+    if not str(start).isdigit():
         return False
-    try:
-        if who == "group":
-            os.killpg(int(pid), sig)
-        else:
-            for m in who:
-                os.kill(m, sig)
-    except ProcessLookupError:
-        pass
-    return True
+    pid = int(pid)
+    if _signal_proved(pid, sig, lambda: start_time(pid) == str(start) and bool(group_pids(pid)), group=True):
+        return True
+    if start_time(pid) is not None:
+        return False
+    return _signal_each(sig, [(m, lambda m=m: _job_member(m, pid, start)) for m in group_pids(pid)])
 
 
 def terminate(send, alive, grace_s):
@@ -256,18 +329,11 @@ def gpus(timeout):
 
 
 def kill_pids(procs, grace_s):
-    """Stop each process that still has the start time seen. Each pid's start time is checked right before
-    its own signal: a reused pid is left alone."""
+    """Stop each process that still has the start time seen. Each process is held before its start time is
+    checked, and signalled through the hold: a reused pid is left alone."""
     def signal_all(sig):
-        sent = False
-        for pid, start in procs:
-            if live_start(pid) == start:
-                try:
-                    os.kill(pid, sig)
-                    sent = True
-                except ProcessLookupError:
-                    pass
-        return sent
+        return _signal_each(sig, [(pid, lambda pid=pid, start=start: live_start(pid) == start)
+                                  for pid, start in procs])
 
     return terminate(signal_all, lambda: any(live_start(pid) == start for pid, start in procs), grace_s)
 
