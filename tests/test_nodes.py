@@ -121,7 +121,6 @@ def test_two_runs_asking_for_the_same_hosts_in_opposite_orders_never_deadlock(tm
     assert first.returncode == 0, first.stderr
     refused = orch("run", "command", "--host", "test2", "--host", "test1", *FAST, "--set", "cmd=true", check=1)
     assert "busy with run 1" in refused.stderr and "--queue waits" in refused.stderr
-    assert "--replace" not in refused.stderr  # it takes one host
     assert len(orch.status()) == 1  # the refused run was never made
     # both orders queued at once behind the first: each gets both hosts in turn
     results: dict[str, object] = {}
@@ -145,6 +144,31 @@ def test_two_runs_asking_for_the_same_hosts_in_opposite_orders_never_deadlock(tm
     spans = sorted((orch.status(d["id"])["started_at"], orch.status(d["id"])["ended_at"]) for d in runs)
     assert spans[0][1] <= spans[1][0]  # one after the other, never both on a host
 
+
+
+def test_replace_stops_a_run_across_hosts_as_a_whole_whichever_host_it_is_asked_for(tmp_path, ssh_fleet) -> None:
+    orch = two_hosts(tmp_path, ssh_fleet)
+    res = orch("run", "command", "--host", "test1", "--host", "test2", "--detach", *FAST,
+               "--set", "cmd=sleep 300 & wait")
+    assert res.returncode == 0, res.stderr
+    first = [job_of(orch.wait_for(i, lambda d: d["status"] == "running")) for i in (1, 2)]
+    # one host of the two, asked for alone: the whole run is stopped, through its head
+    res = orch("run", "command", "--host", "test2", "--replace", "--detach", *FAST, "--set", "cmd=sleep 300 & wait")
+    assert res.returncode == 0, res.stderr
+    head, node = orch.status(1), orch.wait_for(2, lambda d: d["status"] == "cancelled")
+    assert (head["status"], head["reason"]) == ("cancelled", "replaced by run 3")
+    assert node["reason"] == "the run ended on its head node (cancelled)"
+    assert not any(alive(pid) for pid in first)
+    single = job_of(orch.wait_for(3, lambda d: d["status"] == "running"))
+    # both hosts, in the other order: the one-host run holding one of them is stopped, then both leases taken
+    res = orch("run", "command", "--host", "test2", "--host", "test1", "--replace", *FAST, "--set", "cmd=true")
+    assert res.returncode == 0, res.stderr
+    assert (orch.status(3)["status"], orch.status(3)["reason"]) == ("cancelled", "replaced by run 4")
+    assert not alive(single)
+    new = orch.status(4)
+    assert new["status"] == "succeeded" and new["hosts"] == ["test2", "test1"]
+    replaced = [e["message"] for r in (3, 4) for e in orch.status(r)["events"] if e["kind"] == "replaced"]
+    assert [m.split(": process group stopped")[0] for m in replaced] == ["run 1 (command)", "run 3 (command)"]
 
 
 def test_a_sweep_runs_points_across_hosts_each_on_all_of_them_one_at_a_time(tmp_path, ssh_fleet) -> None:

@@ -39,7 +39,7 @@ def run(
     dry_run: bool = typer.Option(False, "--dry-run", help="list what a start would send to the host; do nothing"),
     until_ready: bool = typer.Option(False, "--until-ready", help="return once the job is ready"),
     queue: bool = typer.Option(False, "--queue", help="wait while the host (or GPU set) is busy"),
-    replace: bool = typer.Option(False, "--replace", help="stop the orch run holding the host (or GPU set) first"),
+    replace: bool = typer.Option(False, "--replace", help="stop the orch runs holding the hosts (or GPU set) first"),
     as_json: bool = typer.Option(False, "--json", help="the end-of-run summary (or the launch, the dry run) as JSON"),
     name: str | None = typer.Option(None, "--name", metavar="NAME", help="a name for the run, shown by status"),
     tags: list[str] = typer.Option([], "--tag", metavar="TAG", help="a tag on the run (repeatable)"),
@@ -63,7 +63,7 @@ def rerun(
     dry_run: bool = typer.Option(False, "--dry-run", help="list what a start would send to the host; do nothing"),
     until_ready: bool = typer.Option(False, "--until-ready", help="return once the job is ready"),
     queue: bool = typer.Option(False, "--queue", help="wait while the host (or GPU set) is busy"),
-    replace: bool = typer.Option(False, "--replace", help="stop the orch run holding the host (or GPU set) first"),
+    replace: bool = typer.Option(False, "--replace", help="stop the orch runs holding the hosts (or GPU set) first"),
     as_json: bool = typer.Option(False, "--json", help="the end-of-run summary (or the launch, the dry run) as JSON"),
     name: str | None = typer.Option(None, "--name", metavar="NAME", help="a name for the run, shown by status"),
     tags: list[str] = typer.Option([], "--tag", metavar="TAG", help="a tag on the run (repeatable)"),
@@ -98,8 +98,6 @@ def _start(pb: Any, spec: Any, host: list[str], detach: bool, dry_run: bool, unt
         spec = spec.model_copy(update={"nodes": len(host)})
     targets = inventory(ws).for_run(host, spec.nodes)
     target = targets[0]
-    if len(targets) > 1 and replace:
-        raise UsageError("--replace takes one host; stop the runs on these hosts first, or --queue")
     if dry_run:  # what it prints shows each secret as the record would
         from ..config.spec import masked
 
@@ -125,12 +123,13 @@ def _start(pb: Any, spec: Any, host: list[str], detach: bool, dry_run: bool, unt
     newest = store.newest_run_id()
     try:
         if len(targets) > 1:
-            ctx = runflow.start_nodes(ws, store, pb, spec, targets, queue=queue, on_wait=on_wait, run_fields=labels)
+            ctx = runflow.start_nodes(ws, store, pb, spec, targets, queue=queue, on_wait=on_wait, replace=replace,
+                                      run_fields=labels)
         else:
             ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait, replace=replace,
                                 run_fields=labels)
     except (lease.Busy, hostlease.HostLeaseBusy) as busy:
-        raise OrchError(runflow.busy_message(store, busy, replace=len(targets) == 1)) from None
+        raise OrchError(runflow.busy_message(store, busy)) from None
     except KeyboardInterrupt:
         if waited and not _started_here(store, newest):  # Ctrl-C in the queue: nothing to leave running
             signal.signal(signal.SIGINT, signal.SIG_IGN)

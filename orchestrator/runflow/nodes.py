@@ -36,7 +36,17 @@ from . import watching
 from .context import Job, watch_options
 from .ending import cancel, end
 from .follow import probe_orphan
-from .starting import Script, Waiting, check, launch, lease_files_wait, open_new, prepare, wait_for_host
+from .starting import (
+    Script,
+    Waiting,
+    check,
+    launch,
+    lease_files_wait,
+    open_new,
+    prepare,
+    take_replacing,
+    wait_for_host,
+)
 from .watching import WatchLock
 
 
@@ -84,10 +94,11 @@ def rendezvous_point(head: Job) -> tuple[str, int]:
 
 def start_nodes(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, hosts: list[Host], *,
                 queue: bool = False, on_wait: Callable[[Waiting], None] | None = None,
-                run_fields: dict[str, Any] | None = None) -> Job:
-    """Create the run's records with their leases (all or none; with queue, wait for all), prepare every
-    node, launch every rank; the head's Job, which this process goes on watching as `start` leaves a
-    one-host run. The other nodes are handed to their hosts' watchers."""
+                run_fields: dict[str, Any] | None = None, replace: bool = False) -> Job:
+    """Create the run's records with their leases (all or none; with queue, wait for all; with replace,
+    stop the runs holding them first), prepare every node, launch every rank; the head's Job, which this
+    process goes on watching as `start` leaves a one-host run. The other nodes are handed to their hosts'
+    watchers."""
     check_nodes(pb, spec, hosts)
     for host in hosts:
         check(store, pb, spec, host)
@@ -107,8 +118,12 @@ def start_nodes(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, h
     if pb.exclusive:
         for host in by_name:
             wait_for_host(ws, host, spec.gpus, poll, queue=queue, on_wait=on_wait)
-        ids = lease.take(store, [h.name for h in by_name], spec.gpus, create, poll[1], retry_s=busy_wait_s(poll[0]),
-                         queue=queue, on_wait=on_wait, probe=lambda orphan: probe_orphan(ws, store, orphan))
+        if replace:
+            ids = take_replacing(ws, store, by_name, spec.gpus, create, poll, queue=queue, on_wait=on_wait)
+        else:
+            ids = lease.take(store, [h.name for h in by_name], spec.gpus, create, poll[1],
+                             retry_s=busy_wait_s(poll[0]), queue=queue, on_wait=on_wait,
+                             probe=lambda orphan: probe_orphan(ws, store, orphan))
     else:
         with store.tx():
             ids = create()

@@ -78,7 +78,8 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         poll = (opts.poll_min, opts.poll_max)
         wait_for_host(ws, host, spec.gpus, poll, queue=queue, on_wait=on_wait)
         if replace:
-            run_id = take_replacing(ws, store, host, spec.gpus, create, poll, queue=queue, on_wait=on_wait)
+            [run_id] = take_replacing(ws, store, [host], spec.gpus, lambda: [create()], poll, queue=queue,
+                                      on_wait=on_wait)
         else:
             [run_id] = lease.take(store, [host.name], spec.gpus, lambda: [create()], poll[1],
                                   retry_s=busy_wait_s(poll[0]), queue=queue, on_wait=on_wait,
@@ -165,9 +166,9 @@ def wait_for_host(ws: Workspace, host: Host, gpus: list[int] | None, poll: tuple
             return
 
 
-def busy_message(store: Store, busy: Waiting, ways_on: bool = True, replace: bool = True) -> str:
+def busy_message(store: Store, busy: Waiting, ways_on: bool = True) -> str:
     """Who holds the host, as a person asks it: the run (its playbook, status, phase, for how long) and the
-    ways on (`replace`: --replace is one); the holder's controller only when it is gone while its job runs.
+    ways on; the holder's controller only when it is gone while its job runs.
     Another workspace's run is named as the host's lease files name it."""
     if isinstance(busy, hostlease.HostLeaseBusy):
         return f"{busy}; --queue waits for it to end" if ways_on and busy.held else str(busy)
@@ -189,7 +190,7 @@ def busy_message(store: Store, busy: Waiting, ways_on: bool = True, replace: boo
     line = f"{what} {verb} busy with run {run.id} ({doing})"
     if not ways_on:
         return line
-    return line + "; --queue waits for it to end" + (", --replace stops it first" if replace else "")
+    return line + "; --queue waits for it to end, --replace stops it first"
 
 
 def _span(seconds: float) -> str:
@@ -199,28 +200,32 @@ def _span(seconds: float) -> str:
     return f"{max(seconds, 0):.0f} s"
 
 
-def take_replacing(ws: Workspace, store: Store, host: Host, gpus: list[int] | None, create: Callable[[], int],
-                   poll: tuple[float, float], *, queue: bool = False,
-                   on_wait: Callable[[Waiting], None] | None = None) -> int:
-    """`--replace`: the new run is created first, so the runs holding its host (or GPU set) are stopped
-    through the normal cancel path with a reason that names it; once their GPUs are free it takes
-    the lease. A holder of the same sweep is a sibling point, never replaced: it is waited for (queue)
-    or reported like any busy host.
+def take_replacing(ws: Workspace, store: Store, hosts: list[Host], gpus: list[int] | None,
+                   create: Callable[[], list[int]], poll: tuple[float, float], *, queue: bool = False,
+                   on_wait: Callable[[Waiting], None] | None = None) -> list[int]:
+    """`--replace`: the new run's records (one per host, in the order of `hosts`) are created first, so the
+    runs holding its hosts (or GPU set) are stopped through the normal cancel path with a reason that names
+    it, a run across several hosts as a whole, through its head; once their GPUs are free it takes the
+    leases, all or none. A holder of the same sweep is a sibling point, never replaced: it is waited for
+    (queue) or reported like any busy host.
     """
     with store.tx():
-        run_id = create()
-    sweep_id = store.get_run(run_id).sweep_id
+        run_ids = create()
+    runs = [store.get_run(i) for i in run_ids]
+    new = next(r for r in runs if r.parent_id is None)
     probe = lambda orphan: probe_orphan(ws, store, orphan)
     replaced: set[int] = set()
     try:
         while True:
             try:
-                return lease.acquire(store, host.name, gpus, lambda: run_id, poll[1], probe)
+                return lease.acquire_all(store, [h.name for h in hosts], gpus, lambda: run_ids, poll[1], probe)
             except lease.Busy as busy:
                 holder = store.get_run(busy.lease.run_id)
+                if holder.parent_id is not None:
+                    holder = store.get_run(holder.parent_id)
                 if holder.id in replaced:  # stopped, yet it holds on: never a loop
                     raise
-                if sweep_id is not None and holder.sweep_id == sweep_id:
+                if new.sweep_id is not None and holder.sweep_id == new.sweep_id:
                     if not queue:
                         raise
                     if on_wait is not None:
@@ -228,12 +233,13 @@ def take_replacing(ws: Workspace, store: Store, host: Host, gpus: list[int] | No
                     time.sleep(busy_wait_s(poll[0]))
                     continue
                 replaced.add(holder.id)
-                outcome = replace_run(ws, store, holder.id, run_id, {host.name: host})
-                store.add_event(run_id, "replaced", f"run {holder.id} ({holder.playbook}): {outcome}",
+                outcome = replace_run(ws, store, holder.id, new.id, {h.name: h for h in hosts})
+                store.add_event(new.id, "replaced", f"run {holder.id} ({holder.playbook}): {outcome}",
                                 {"run_id": holder.id})
     except BaseException as exc:
         what = str(exc) if isinstance(exc, OrchError) else f"{type(exc).__name__}: {exc}"
-        end(store, run_id, Status.FAILED, f"before launch: replacing the holder: {what}")
+        for run in sorted(runs, key=lambda r: r.parent_id is not None):
+            end(store, run.id, Status.FAILED, f"before launch: replacing the holder: {what}")
         raise
 
 
