@@ -113,8 +113,9 @@ def test_members_outliving_their_wrapper_are_the_jobs_only_with_its_mark(tmp_pat
         proc.wait()
 
 
+@pytest.mark.parametrize("leader", ["running", "exited"])  # exited: a zombie its parent has not reaped yet
 @pytest.mark.parametrize("kernel", ["6.9 or newer", "older"])
-def test_a_group_is_signalled_through_a_hold_on_its_leader(kernel: str, monkeypatch: pytest.MonkeyPatch):
+def test_a_group_is_signalled_through_a_hold_on_its_leader(kernel: str, leader: str, monkeypatch: pytest.MonkeyPatch):
     if kernel == "older":  # a flag the kernel does not know is refused (EINVAL), as the group flag is before 6.9
         monkeypatch.setattr(host_agent, "PIDFD_SIGNAL_PROCESS_GROUP", 1 << 30)
         calls = []
@@ -122,9 +123,14 @@ def test_a_group_is_signalled_through_a_hold_on_its_leader(kernel: str, monkeypa
         monkeypatch.setattr(host_agent, "_signal_members", lambda *a: calls.append(a) or members_of(*a))
     else:
         monkeypatch.setattr(host_agent, "_signal_members", lambda *a: pytest.fail("one call signals the group"))
-    proc = subprocess.Popen(["bash", "-c", "sleep 300 & sleep 300 & wait"], start_new_session=True)
+    end = "wait" if leader == "running" else "exit 0"
+    proc = subprocess.Popen(["bash", "-c", f"sleep 300 & sleep 300 & {end}"], start_new_session=True)
     try:
-        wait_for(lambda: len(host_agent.group_pids(proc.pid)) == 3)
+        if leader == "running":
+            wait_for(lambda: len(host_agent.group_pids(proc.pid)) == 3)
+        else:
+            wait_for(lambda: host_agent.live_start(proc.pid) is None and len(host_agent.group_pids(proc.pid)) == 2)
+        assert host_agent.ours(proc.pid, host_agent.start_time(proc.pid)) == "group"
         members = host_agent.group_pids(proc.pid)
         assert host_agent.signal_job(proc.pid, host_agent.start_time(proc.pid), signal.SIGKILL)
         wait_for(lambda: not any(host_agent.live_start(m) for m in members))
