@@ -114,8 +114,12 @@ def test_members_outliving_their_wrapper_are_the_jobs_only_with_its_mark(tmp_pat
 
 
 @pytest.mark.parametrize("leader", ["running", "exited"])  # exited: a zombie its parent has not reaped yet
-@pytest.mark.parametrize("kernel", ["6.9 or newer", "older"])
-def test_a_group_is_signalled_through_a_hold_on_its_leader(kernel: str, leader: str, monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize(("kernel", "calls"), [("6.9 or newer", "python"), ("older", "python"), ("older", "libc")])
+def test_a_group_is_signalled_through_a_hold_on_its_leader(kernel: str, calls: str, leader: str,
+                                                           monkeypatch: pytest.MonkeyPatch):
+    if calls == "libc":  # as on Python 3.8: the system calls through libc
+        monkeypatch.delattr(os, "pidfd_open")
+        monkeypatch.delattr(signal, "pidfd_send_signal")
     if kernel == "older":  # a flag the kernel does not know is refused (EINVAL), as the group flag is before 6.9
         monkeypatch.setattr(host_agent, "PIDFD_SIGNAL_PROCESS_GROUP", 1 << 30)
         calls = []
@@ -507,6 +511,10 @@ def test_the_agent_and_its_wrapper_run_on_python_3_8(tmp_path: Path):
         wait_for(lambda: (root / ".orch" / "exit_code").exists())
         state = pushed_state(link.call("read", dir=str(root), pid=job["pid"], start=job["start"]))
         assert (state.exit_code, state.data) == (5, b"on 3.8\n")
+        job = link.call("launch", dir=str(tmp_path / "work" / "runs" / "9"), script="sleep 300 & wait\n", token="t9")
+        members = host_agent.group_pids(job["pid"])
+        assert link.call("kill", pid=job["pid"], start=job["start"], grace_s=5)["outcome"] == "stopped"
+        wait_for(lambda: not any(host_agent.live_start(m) for m in members))
     finally:
         link.close()
 

@@ -142,21 +142,38 @@ def ours(pid, start):
 
 
 PIDFD_SIGNAL_PROCESS_GROUP = 4  # linux/pidfd.h (Linux 6.9): signal the held process's whole group
+# Python 3.8 has no os.pidfd_open: the system calls themselves, numbered alike on every Linux architecture
+SYS_PIDFD_SEND_SIGNAL, SYS_PIDFD_OPEN = 424, 434
+
+
+def _syscall(number, *args):
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    res = libc.syscall(number, *[ctypes.c_long(a) for a in args])
+    if res < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))  # ESRCH comes out a ProcessLookupError
+    return res
+
+
+def _pidfd_send(fd, sig, flags=0):
+    if hasattr(signal, "pidfd_send_signal"):
+        signal.pidfd_send_signal(fd, sig, None, flags)
+    else:
+        _syscall(SYS_PIDFD_SEND_SIGNAL, fd, sig, 0, flags)
 
 
 def _hold(pid):
-    """A pidfd on this very process (Linux 5.3, Python 3.9), taken before the process is proved ours: a
-    signal sent through it reaches that process or nothing, never a later one that took its pid after
-    the proof. None where the host has no pidfds (there the proof and the signal by number follow each
-    other as closely as they can); raises ProcessLookupError when the process is gone."""
-    opener = getattr(os, "pidfd_open", None)
-    if opener is None:
-        return None
+    """A pidfd on this very process (Linux 5.3), taken before the process is proved ours: a signal sent
+    through it reaches that process or nothing, never a later one that took its pid after the proof. None
+    where the host has no pidfds (there the proof and the signal by number follow each other as closely as
+    they can); raises ProcessLookupError when the process is gone."""
     try:
-        return opener(pid)
+        return os.pidfd_open(pid) if hasattr(os, "pidfd_open") else _syscall(SYS_PIDFD_OPEN, pid, 0)
     except ProcessLookupError:
         raise
-    except OSError:
+    except (OSError, ImportError, AttributeError):  # ENOSYS, a sandbox's EPERM, a Python built without ctypes
         return None
 
 
@@ -173,10 +190,10 @@ def _signal_proved(pid, sig, proof, group=False):
         if fd is None:
             (os.killpg if group else os.kill)(pid, sig)
         elif not group:
-            signal.pidfd_send_signal(fd, sig)
+            _pidfd_send(fd, sig)
         else:
             try:
-                signal.pidfd_send_signal(fd, sig, None, PIDFD_SIGNAL_PROCESS_GROUP)
+                _pidfd_send(fd, sig, PIDFD_SIGNAL_PROCESS_GROUP)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
@@ -204,7 +221,7 @@ def _signal_members(leader, pgid, sig):
         fields = _stat_fields(m)
         if fields is None or fields[2] != str(pgid):
             return False
-        signal.pidfd_send_signal(leader, 0)  # raises ProcessLookupError once the leader is reaped
+        _pidfd_send(leader, 0)  # raises ProcessLookupError once the leader is reaped
         return True
 
     return _signal_each(sig, [(m, lambda m=m: in_group(m)) for m in group_pids(pgid)])
