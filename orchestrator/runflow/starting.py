@@ -247,7 +247,7 @@ def replace_run(ws: Workspace, store: Store, holder_id: int, new_id: int, hosts:
     """Stop a run another replaces: cancelled (its end steps run) naming the new run, then its GPUs free."""
     other = open_run(ws, store, holder_id, hosts, any_spec=True)
     if other.run.status.terminal:
-        return f"already {other.run.status}"  # it ended meanwhile; acquire drops its lease
+        return f"already {other.run.status}"  # it ended meanwhile; the lease take drops its lease
     return stop(other, reason=f"replaced by run {new_id}")
 
 
