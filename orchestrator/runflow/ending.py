@@ -46,7 +46,8 @@ def finish(ctx: Job) -> Run:
     try:
         for name in lease.BEFORE_RELEASE:
             _step(ctx, name)
-        _await_steps_elsewhere(ctx)
+        _await_steps_elsewhere(ctx.store, [ctx.run])
+        ctx.refresh()
     finally:
         _release_host(ctx)
         lease.release(ctx.store, ctx.run_id)  # the host (or GPU set) is free for the next run
@@ -75,13 +76,18 @@ STEPS_ELSEWHERE_S = END_WAIT_S + 60  # the end's read may wait END_WAIT_S for th
 STEP_LOOK_S = 0.1
 
 
-def _await_steps_elsewhere(ctx: Job, sleep: Callable[[float], None] = time.sleep) -> None:
-    """Wait while another process does a step before release (the host's watcher reading the log while
-    this one stopped the job). Only while the run holds its lease: once freed (the steps over, or whoever
-    did them died and the wait ran out once), nobody waits again."""
+def _await_steps_elsewhere(store: Store, runs: list[Run], sleep: Callable[[float], None] = time.sleep) -> None:
+    """Wait while another process does a step before release of these runs (the host's watcher reading the
+    log while this one stopped the job; another node's whole end). Only while a run holds its lease: once
+    freed (the steps over, or whoever did them died and the wait ran out once), nobody waits again."""
     deadline = time.monotonic() + STEPS_ELSEWHERE_S
-    while (not lease.steps_before_release_done(ctx.store, ctx.refresh()) and time.monotonic() < deadline
-           and any(held.run_id == ctx.run_id for held in lease.held(ctx.store, ctx.host.name))):
+
+    def under_way(run: Run) -> bool:
+        run = store.get_run(run.id)
+        return not lease.steps_before_release_done(store, run) and any(
+            held.run_id == run.id for held in lease.held(store, run.host))
+
+    while any(under_way(run) for run in runs) and time.monotonic() < deadline:
         sleep(STEP_LOOK_S)
 
 
@@ -220,9 +226,12 @@ def end_nodes(ctx: Job, sleep: Callable[[float], None] = time.sleep) -> None:
     while any(not n.status.terminal for n in others) and time.monotonic() < deadline:
         sleep(NODES_LOOK_S)
         others = [ctx.store.get_run(n.id) for n in others]
-    for node in others:
-        if not node.status.terminal:
-            _end_node(ctx, node, Status.CANCELLED, f"the run ended on its head node ({run.status.value})")
+    stopping = [n for n in others if not n.status.terminal]
+    for node in stopping:
+        _end_node(ctx, node, Status.CANCELLED, f"the run ended on its head node ({run.status.value})")
+    # one its host's watcher ended first is finished there: awaited, so whoever returns from the head's end
+    # (a stop, a --replace) finds every node's host free
+    _await_steps_elsewhere(ctx.store, stopping, sleep)
 
 
 def _end_node(ctx: Job, node: Run, status: Status, reason: str) -> None:

@@ -216,3 +216,21 @@ def test_a_head_that_ended_well_gives_the_others_time_to_end_by_themselves(recor
     ending.end_nodes(ending_of(records, head, Status.SUCCEEDED, "exit code 0"), sleep)  # type: ignore[arg-type]
     assert ended.calls == [(stuck, "cancelled", "the run ended on its head node (succeeded)")]
     assert len(looks) >= 2
+
+
+def test_the_heads_end_waits_for_a_node_another_process_is_finishing(records: Store,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    head, node = node_records(records, [True, True])
+    lease.acquire_all(records, ["h1"], None, lambda: [node], 30.0)
+    # the node's host watcher ended it first and is still reading its log to the end: the lease is its
+    monkeypatch.setattr(ending, "_end_node", lambda ctx, n, status, reason: transition(records, n.id, status, reason))
+    finished: list[float] = []
+
+    def sleep(s: float) -> None:
+        time.sleep(min(s, 0.05))
+        if not finished:  # the watcher's finish is over: the lease is released
+            finished.append(s)
+            lease.release(records, node)
+
+    ending.end_nodes(ending_of(records, head, Status.CANCELLED, "stopped by user"), sleep)  # type: ignore[arg-type]
+    assert finished and lease.held(records, "h1") == []
