@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from ..config.workspace import Workspace
@@ -42,7 +43,11 @@ def finish(ctx: Job) -> Run:
     """
     if not ctx.refresh().status.terminal:
         return ctx.run
-    end_nodes(ctx)
+    finishing = _FINISHING.set(_FINISHING.get() | {ctx.run_id})
+    try:
+        end_nodes(ctx)
+    finally:
+        _FINISHING.reset(finishing)
     try:
         for name in lease.BEFORE_RELEASE:
             _step(ctx, name)
@@ -198,6 +203,8 @@ def stop(ctx: Job, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], None]
     return f"process group {outcome}; {freed}"
 
 
+# The runs whose finish this thread is in (a node's finish may end its head, and the head's its nodes).
+_FINISHING: ContextVar[frozenset[int]] = ContextVar("finishing", default=frozenset())
 NODES_GRACE_S = 30.0  # after the head's job ended well, how long the other nodes have to end by themselves
 NODES_LOOK_S = 0.2
 
@@ -226,12 +233,13 @@ def end_nodes(ctx: Job, sleep: Callable[[float], None] = time.sleep) -> None:
     while any(not n.status.terminal for n in others) and time.monotonic() < deadline:
         sleep(NODES_LOOK_S)
         others = [ctx.store.get_run(n.id) for n in others]
-    stopping = [n for n in others if not n.status.terminal]
-    for node in stopping:
-        _end_node(ctx, node, Status.CANCELLED, f"the run ended on its head node ({run.status.value})")
-    # one its host's watcher ended first is finished there: awaited, so whoever returns from the head's end
-    # (a stop, a --replace) finds every node's host free
-    _await_steps_elsewhere(ctx.store, stopping, sleep)
+    for node in others:
+        if not node.status.terminal:
+            _end_node(ctx, node, Status.CANCELLED, f"the run ended on its head node ({run.status.value})")
+    # A node ended elsewhere (its host's watcher saw it first) is finished there: awaited, so whoever returns
+    # from the head's end (a stop, a --replace) finds every node's host free; but never one whose own finish
+    # led here (a node that failed ends its head from within its finish, before its lease is freed).
+    _await_steps_elsewhere(ctx.store, [n for n in others if n.id not in _FINISHING.get()], sleep)
 
 
 def _end_node(ctx: Job, node: Run, status: Status, reason: str) -> None:

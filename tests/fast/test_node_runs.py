@@ -234,3 +234,15 @@ def test_the_heads_end_waits_for_a_node_another_process_is_finishing(records: St
 
     ending.end_nodes(ending_of(records, head, Status.CANCELLED, "stopped by user"), sleep)  # type: ignore[arg-type]
     assert finished and lease.held(records, "h1") == []
+
+
+def test_the_heads_end_never_waits_for_the_node_whose_own_finish_ended_it(records: Store) -> None:
+    head, node = node_records(records, [True, True])
+    lease.acquire_all(records, ["h1"], None, lambda: [node], 30.0)
+    transition(records, node, Status.FAILED, "exit code 3")  # its lease is freed once its finish returns
+    finishing = ending._FINISHING.set(frozenset({node}))
+    try:
+        ending.end_nodes(ending_of(records, head, Status.FAILED, "node 1 (h1) failed: exit code 3"),  # type: ignore[arg-type]
+                         lambda s: pytest.fail("the head's end waited for the node whose finish it is in"))
+    finally:
+        ending._FINISHING.reset(finishing)
