@@ -246,8 +246,10 @@ def test_a_link_gone_dark_mid_watch_is_noticed_within_30_s(tmp_path: Path, ssh_f
     assert event_time(doc, "unreachable", "") - cut < 30, doc["events"]
     assert (doc["status"], doc["shown_status"]) == ("running", "unreachable")  # as `orch status` shows it
     link.link(True)
-    doc = orch.wait_for(run_id, lambda d: event_time(d, "reconnected", "") is not None, timeout=60)
-    assert doc["shown_status"] == "running" and doc["unreachable_since"] is None
+    # shown running again once it answers (on a loaded machine a slow first answer may be called
+    # unreachable once more before the link settles)
+    orch.wait_for(run_id, lambda d: event_time(d, "reconnected", "") is not None and d["shown_status"] == "running"
+                  and d["unreachable_since"] is None, timeout=60)
     orch("cancel", str(run_id), "--grace", "1", check=0)
 
 
