@@ -56,9 +56,9 @@ def orch(tmp_path, ssh_fleet) -> Orch:
 # --- 4: identity proved before every signal ----------------------------------------------------------
 
 
-# Runs as a process of its own that reaps orphans at once, as tini or systemd do (this machine's init
-# reaps late, so a dead pid would linger as a zombie and never be recycled in time).
-RECYCLE_SCENARIO = """
+# A scenario runs as a process of its own that reaps orphans at once, as tini or systemd do (this machine's
+# init reaps late, so a dead pid would linger as a zombie and never be recycled in time).
+REAPER = """
 import ctypes, os, signal, sys, threading, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
@@ -80,6 +80,8 @@ def reap():
 
 
 threading.Thread(target=reap, daemon=True).start()
+"""
+RECYCLE_SCENARIO = REAPER + """
 root = Path(sys.argv[1])
 transport = connect(local_host(root))
 # the job ignores SIGTERM (its wrapper does not): the group outlives its leader into the grace window.
@@ -119,7 +121,7 @@ def test_a_pid_recycled_in_the_grace_window_is_never_signalled(tmp_path: Path) -
 # The narrowest window of all, made certain: the job's pid is proved, then, before the signal, the whole
 # group ends and is reaped and the pid goes to a stranger. The signal goes through a hold taken before the
 # proof, so it reaches nothing.
-RACE_SCENARIO = RECYCLE_SCENARIO.split("root = Path")[0] + """
+RACE_SCENARIO = REAPER + """
 from orchestrator.host.hostjobs import agent
 if sys.argv[3] == "older":  # a flag the kernel does not know is refused, as the group flag is before Linux 6.9
     agent.PIDFD_SIGNAL_PROCESS_GROUP = 1 << 30

@@ -87,10 +87,9 @@ def _await_steps_elsewhere(store: Store, runs: list[Run], sleep: Callable[[float
     freed (the steps over, or whoever did them died and the wait ran out once), nobody waits again."""
     deadline = time.monotonic() + STEPS_ELSEWHERE_S
 
-    def under_way(run: Run) -> bool:
-        run = store.get_run(run.id)
-        return not lease.steps_before_release_done(store, run) and any(
-            held.run_id == run.id for held in lease.held(store, run.host))
+    def under_way(run: Run) -> bool:  # its lease first: freed, nothing is left to wait for
+        return any(held.run_id == run.id for held in lease.held(store, run.host)) and not (
+            lease.steps_before_release_done(store, run))
 
     while any(under_way(run) for run in runs) and time.monotonic() < deadline:
         sleep(STEP_LOOK_S)

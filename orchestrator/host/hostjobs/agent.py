@@ -234,11 +234,11 @@ def signal_job(pid, start, sig):
     if not str(start).isdigit():
         return False
     pid = int(pid)
-    if _signal_proved(pid, sig, lambda: start_time(pid) == str(start) and bool(group_pids(pid)), group=True):
+    if _signal_proved(pid, sig, lambda: ours(pid, start) == "group", group=True):
         return True
-    if start_time(pid) is not None:
-        return False
-    return _signal_each(sig, [(m, lambda m=m: _job_member(m, pid, start)) for m in group_pids(pid)])
+    who = ours(pid, start)  # the wrapper gone: its marked members, each proved again once held
+    members = who if isinstance(who, list) else []
+    return _signal_each(sig, [(m, lambda m=m: _job_member(m, pid, start)) for m in members])
 
 
 def terminate(send, alive, grace_s):
