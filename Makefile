@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup system demo test test-fast lint bench
+.PHONY: setup system engine demo test test-fast lint bench
 
 $(BIN)/orch: pyproject.toml
 	@echo "setting up $(VENV): pip, torch (CPU), orch with its job and test extras"
@@ -23,9 +23,14 @@ demo: setup
 system:
 	.ci/system-packages
 
+# The real engine every machine runs: vLLM's CPU build (and speculators) in .engines/vllm, for
+# tests/test_vllm_real.py and the README's path without a GPU.
+engine:
+	PY=$(PY) .ci/engine-env .engines/vllm
+
 # Two workers, each test file on one of them (a file's module fixtures, the Slurm cluster and the
 # browser, stay in one process); each worker has its own sshd fleet on loopback addresses of its own.
-test: setup system
+test: setup system engine
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # In-process tests only; the plugins of the other tests (hypothesis, anyio) cost more to load than these run.

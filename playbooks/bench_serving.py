@@ -1,10 +1,16 @@
-"""`bench-serving`: SGLang's serving benchmark against a ready `serve-eagle3` run or a URL.
+"""`bench-serving`: the serving benchmark of whichever engine serves, against a ready server run or a URL.
 
-The benchmark's result block becomes the run's metrics (the sglang log parser reads it); the server
-run it measured is its `server` spec field.
+Against a `serve-eagle3` run (or `engine = "sglang"`) it is SGLang's benchmark module; against a
+`serve-vllm` run (or `engine = "vllm"`) it is `vllm bench serve --backend vllm`, which also needs the
+served model's name (`model`: the server run's, else give it) for its tokenizer and requests. The
+benchmark's result block becomes the run's metrics; the server run it measured is its `server` spec field.
+By default the benchmark runs with the server run's python (the engine's environment).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -25,20 +31,28 @@ from orchestrator.playbook import (
 
 from .serve_eagle3 import installed_version, release, split_launcher
 
-SERVER_PLAYBOOKS = ("serve-eagle3",)
+Engine = Literal["sglang", "vllm"]
+SERVER_PLAYBOOKS: dict[str, Engine] = {"serve-eagle3": "sglang", "serve-vllm": "vllm"}
+VLLM_MODULE = "-m vllm.entrypoints.cli.main bench serve"
+# What each engine's benchmark reads without a download: SGLang's `random` samples ShareGPT from the hub,
+# `random-ids` does not; vLLM's `random` draws token ids from the model's own tokenizer.
+DEFAULT_DATASET: dict[Engine, str] = {"sglang": "random-ids", "vllm": "random"}
 LEGACY_MODULE = "-m sglang.bench_serving"  # every version; a deprecated alias once the package has the new one
 MODULE = "-m sglang.benchmark.serving"  # the package's own spelling from 0.5.15 on
 MODULE_SINCE = (0, 5, 15)
 
 
 class BenchServingSpec(RunSpec):
-    server: int | None = Field(default=None, gt=0, le=2**53, description="id of a ready serve-eagle3 run on the same host")
+    server: int | None = Field(default=None, gt=0, le=2**53,
+                               description="id of a ready serve-eagle3 or serve-vllm run on the same host")
     url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/\S*)?$", description="server base URL")
+    engine: Engine | None = Field(default=None, description="whose benchmark: the server run's engine (a url: sglang)")
+    model: str | None = Field(default=None, min_length=1, description="the served model (vLLM; default: the server run's)")
     num_prompts: int = Field(default=200, gt=0, le=10_000_000)
     max_concurrency: int | None = Field(default=None, gt=0, le=1_000_000)
-    dataset: str = Field(default="random-ids", pattern=r"^[A-Za-z0-9][\w\-]*$",
-                         description="--dataset-name; random-ids needs no download (random samples ShareGPT, which "
-                                     "SGLang fetches from the model hub: a GPU host without internet fails on it)")
+    dataset: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][\w\-]*$",
+                                description="--dataset-name; default the one that needs no download: random-ids for "
+                                            "SGLang (its random samples ShareGPT from the hub), random for vLLM")
     input_len: int | None = Field(default=None, gt=0, le=100_000_000, description="--random-input-len")
     output_len: int | None = Field(default=None, gt=0, le=100_000_000, description="--random-output-len")
     extra_args: list[str] = Field(default_factory=list, description="more benchmark flags, as given")
@@ -66,8 +80,8 @@ class BenchSettings(BaseModel):
 
     num_prompts: int = Field(default=200, gt=0, le=10_000_000)
     max_concurrency: int | None = Field(default=None, gt=0, le=1_000_000)
-    dataset: str = Field(default="random-ids", pattern=r"^[A-Za-z0-9][\w\-]*$",
-                         description="--dataset-name; random-ids needs no download")
+    dataset: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][\w\-]*$",
+                                description="--dataset-name; default random-ids (SGLang) or random (vLLM): no download")
     input_len: int | None = Field(default=None, gt=0, le=100_000_000, description="--random-input-len")
     output_len: int | None = Field(default=None, gt=0, le=100_000_000, description="--random-output-len")
     extra_args: list[str] = Field(default_factory=list, description="more benchmark flags, as given")
@@ -81,10 +95,12 @@ class BenchSettings(BaseModel):
         return text
 
 
-def bench_module(remote: Remote, python: str, launcher: str | None) -> list[str]:
-    """The benchmark's module in the installed SGLang's spelling (nothing to add with a launcher given)."""
+def bench_module(remote: Remote, python: str, launcher: str | None, engine: Engine = "sglang") -> list[str]:
+    """The benchmark's module in the installed engine's spelling (nothing to add with a launcher given)."""
     if launcher is not None:
         return []
+    if engine == "vllm":
+        return split_launcher(VLLM_MODULE)
     return module_for(installed_version(remote, python))
 
 
@@ -94,10 +110,14 @@ def module_for(version: str | None) -> list[str]:
     return split_launcher(MODULE if new else LEGACY_MODULE)
 
 
-def bench_argv(python: str, s: BenchSettings | BenchServingSpec, url: str, module: list[str]) -> list[str]:
+def bench_argv(python: str, s: BenchSettings | BenchServingSpec, url: str, module: list[str],
+               engine: Engine = "sglang", model: str | None = None) -> list[str]:
     """The benchmark's command line against the server at `url`."""
     launcher = split_launcher(s.launcher) if s.launcher is not None else []
-    args = ["--backend", "sglang", "--base-url", url, "--num-prompts", str(s.num_prompts), "--dataset-name", s.dataset]
+    args = ["--backend", engine, "--base-url", url, "--num-prompts", str(s.num_prompts),
+            "--dataset-name", s.dataset or DEFAULT_DATASET[engine]]
+    if model is not None:
+        args += ["--model", model]
     if s.max_concurrency is not None:
         args += ["--max-concurrency", str(s.max_concurrency)]
     if s.input_len is not None:
@@ -107,10 +127,23 @@ def bench_argv(python: str, s: BenchSettings | BenchServingSpec, url: str, modul
     return [python, *launcher, *module, *args, *s.extra_args]
 
 
-def base_url(find_run: FindRun, spec: BenchServingSpec, host: Host) -> str:
-    """The server's URL; a `server` run must be a running, ready server on the same host."""
+@dataclass(frozen=True)
+class Target:
+    """What the benchmark measures: the server's URL and engine, the served model, the engine's python."""
+
+    url: str
+    engine: Engine
+    model: str | None
+    python: str | None
+
+
+def target(find_run: FindRun, spec: BenchServingSpec, host: Host) -> Target:
+    """The server to measure; a `server` run must be a running, ready server on the same host."""
     if spec.url is not None:
-        return spec.url.rstrip("/")
+        engine = spec.engine or "sglang"
+        if engine == "vllm" and spec.model is None:
+            raise UsageError("model: vLLM's benchmark needs the served model's name (--set model=...)")
+        return Target(spec.url.rstrip("/"), engine, spec.model if engine == "vllm" else None, None)
     try:
         run = find_run(int(spec.server or 0))
     except NotFound:
@@ -122,7 +155,11 @@ def base_url(find_run: FindRun, spec: BenchServingSpec, host: Host) -> str:
         raise UsageError(f"{where} is not on {host.name}")
     if run.status is not Status.RUNNING or run.phase not in SERVING_PHASES:
         raise UsageError(f"{where} is not a running, ready server")
-    return f"http://127.0.0.1:{int(run.spec['port'])}"
+    engine = SERVER_PLAYBOOKS[run.playbook]
+    if spec.engine is not None and spec.engine != engine:
+        raise UsageError(f"engine: run {run.id} is a {engine} server, not {spec.engine}")
+    model = spec.model or run.spec.get("served_model_name") or run.spec.get("model") if engine == "vllm" else None
+    return Target(f"http://127.0.0.1:{int(run.spec['port'])}", engine, model, run.spec.get("python"))
 
 
 class BenchServing(Playbook[BenchServingSpec]):
@@ -132,11 +169,21 @@ class BenchServing(Playbook[BenchServingSpec]):
     exclusive = False  # a client: the host and its GPUs stay the server's
 
     def check_inputs(self, spec: BenchServingSpec, host: Host, find_run: FindRun) -> None:
-        base_url(find_run, spec, host)
+        target(find_run, spec, host)
 
     def prepare(self, job: JobContext[BenchServingSpec]) -> Prepared:
-        return Prepared(args=bench_module(job.remote, job.python, job.spec.launcher))
+        t = target(job.find_run, job.spec, job.host)
+        return Prepared(args=bench_module(job.remote, self.python(job, t), job.spec.launcher, t.engine))
 
     def command(self, job: JobContext[BenchServingSpec], prepared: Prepared) -> str:
-        argv = bench_argv(job.python, job.spec, base_url(job.find_run, job.spec, job.host), prepared.args)
+        t = target(job.find_run, job.spec, job.host)
+        argv = bench_argv(self.python(job, t), job.spec, t.url, prepared.args, t.engine, t.model)
         return " ".join(quote(a) for a in argv)
+
+    def log_engine(self, spec: BenchServingSpec) -> str | None:
+        return spec.engine or self.engine
+
+    @staticmethod
+    def python(job: JobContext[BenchServingSpec], t: Target) -> str:
+        """The spec's python, else the server run's (its engine's environment), else the host's."""
+        return job.spec.python or t.python or job.host.python

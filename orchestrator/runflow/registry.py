@@ -25,6 +25,7 @@ BUILTIN_PLAYBOOKS = {
     "command": "playbooks.command:Command",
     "extract-hidden-states": "playbooks.extract_hidden_states:ExtractHiddenStates",
     "serve-eagle3": "playbooks.serve_eagle3:ServeEagle3",
+    "serve-vllm": "playbooks.serve_vllm:ServeVllm",
     "bench-serving": "playbooks.bench_serving:BenchServing",
     "serve-bench": "playbooks.serve_bench:ServeBench",
     "train-draft": "playbooks.train_draft:TrainDraft",

@@ -1,0 +1,166 @@
+"""The real vLLM (its CPU build, `make engine`) under orch on this machine's `local` host.
+
+Nothing here stands in for the engine: tiny models made on the fly (tests/engines/tiny_models.py), real
+servers, real benchmarks, real failures. One file, so one worker runs them, one server at a time; every server
+gets a KV size (without one vLLM takes nearly all the memory), `--enforce-eager` and loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from orchtest import Orch
+from sshd import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE = Path(os.environ.get("ORCH_TEST_VLLM_ENV", ROOT / ".engines" / "vllm"))
+PYTHON = ENGINE / "bin" / "python"
+KV = str(128 << 20)  # 128 MiB of KV cache: a server in about 2 GiB
+START_S = 600  # a server's start on a loaded 2-core machine
+ENV = '{HF_HUB_OFFLINE = "1", VLLM_NO_USAGE_STATS = "1", TOKENIZERS_PARALLELISM = "false"}'  # TOML, as --set takes
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A tiny target (4 shards), a random EAGLE-3 draft and one that mostly proposes the target's token."""
+    if not (ENGINE / ".complete").exists():
+        pytest.fail(f"no engine env at {ENGINE}: `make engine` builds it (make test does)")
+    out = subprocess.run([str(PYTHON), str(ROOT / "tests" / "engines" / "tiny_models.py"),
+                          str(tmp_path_factory.mktemp("models"))], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def orch(tmp_path: Path) -> Iterator[Orch]:
+    o = Orch(tmp_path / "ws")  # the built-in `local` host only
+    yield o
+    for run in o.status():  # a failing test leaves no server behind
+        if run["status"] in ("running", "launching", "preparing"):
+            o("stop", str(run["id"]), "--grace", "10")
+
+
+def serve(orch: Orch, models: dict[str, str], *sets: str, until_ready: bool = True) -> tuple[int, int]:
+    """A serve-vllm run of the tiny target: (run id, port)."""
+    port = free_port("127.0.0.1")
+    args = ["run", "serve-vllm", "--json", "--set", f"model={models['target']}", "--set", f"port={port}",
+            "--set", f"python={PYTHON}", "--set", f"kv_cache_bytes={KV}", "--set", "enforce_eager=true",
+            "--set", "max_model_len=512", "--set", f"env={ENV}", "--set", "poll_min=0.2", "--set", "poll_max=1"]
+    res = orch(*args, *sets, *(["--until-ready"] if until_ready else []), timeout=START_S)
+    doc = json.loads(res.stdout)
+    return int(doc["id"]), port
+
+
+def bench(orch: Orch, server: int, *sets: str) -> subprocess.CompletedProcess:
+    return orch("run", "bench-serving", "--set", f"server={server}", "--set", "num_prompts=16",
+                "--set", "input_len=32", "--set", "output_len=16", "--set", "poll_min=0.2", "--set", "poll_max=1",
+                *sets, timeout=START_S)
+
+
+def stop_cleanly(orch: Orch, run_id: int) -> dict:
+    """`orch stop`: the run is stopped, never failed, whatever vLLM logs while it shuts down."""
+    orch("stop", str(run_id), "--grace", "30", check=0)
+    doc = orch.status(run_id)
+    assert doc["status"] == "cancelled" and doc["phase"] != "failed" and doc["error"] is None, doc
+    return doc
+
+
+def test_serve_bench_and_stop(orch, models):
+    run, port = serve(orch, models)
+    doc = orch.status(run)
+    assert doc["status"] == "running" and doc["phase"] == "ready", doc
+    assert doc["url"] == f"http://127.0.0.1:{port}"
+    assert doc["metrics"]["load_weight_s"] < 60
+    assert doc["progress"]["total"] == 4  # the target's 4 shards
+
+    res = bench(orch, run)
+    assert res.returncode == 0, res.stdout + res.stderr
+    b = orch.status(run + 1)
+    assert b["status"] == "succeeded", b
+    assert b["metrics"]["completed"] == 16 and b["metrics"]["failed"] == 0
+    assert b["metrics"]["output_throughput"] > 0
+
+    served = orch.status(run)  # the server's own stats while it served: not an idle zero
+    assert served["metric_summaries"]["gen_throughput"]["mean"] > 0
+    stop_cleanly(orch, run)
+
+
+def test_speculative_decoding_records_acceptance(orch, models):
+    """ngram (accepts most drafts on repetitive text), then EAGLE-3 with a draft that mostly proposes the
+    target's token; each benchmark's acceptance is recorded, and the load figures are the target's."""
+    ngram = '{method = "ngram", num_speculative_tokens = 3, prompt_lookup_max = 3}'
+    run, _ = serve(orch, models, "--set", f"speculative_config={ngram}")
+    assert bench(orch, run).returncode == 0
+    doc = orch.status(run + 1)
+    assert doc["status"] == "succeeded" and doc["metrics"]["accept_len"] > 1, doc["metrics"]
+    stop_cleanly(orch, run)
+
+    eagle = f'{{method = "eagle3", model = "{models["eagle3_const"]}"}}'
+    run, _ = serve(orch, models, "--set", f"speculative_config={eagle}", "--set", "num_speculative_tokens=2")
+    server = orch.status(run)
+    assert server["progress"]["total"] == 4, server["progress"]  # the target's bar, not the draft's 1/1
+    assert bench(orch, run).returncode == 0
+    doc = orch.status(run + 1)
+    assert doc["status"] == "succeeded" and doc["metrics"]["accept_rate"] > 0, doc["metrics"]
+    stop_cleanly(orch, run)
+
+
+def test_a_benchmark_whose_requests_fail_is_not_a_success(orch, models):
+    run, _ = serve(orch, models)
+    res = bench(orch, run, "--set", "model=no-such-model")  # every request answered 404
+    b = orch.status(run + 1)
+    assert res.returncode != 0 and b["status"] == "failed", b
+    assert b["metrics"]["failed"] == 16
+    stop_cleanly(orch, run)
+
+
+def engine_core_of(pid: int) -> int:
+    """The pid of the server's EngineCore process (vLLM names its processes)."""
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    name = Path(f"/proc/{entry}/cmdline").read_bytes()
+                    stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if b"EngineCore" in name and int(stat[3]) == os.getpgid(pid):
+                    return int(entry)
+        time.sleep(0.2)
+    raise AssertionError("no EngineCore process")
+
+
+def test_a_killed_engine_core_is_named(orch, models):
+    run, _ = serve(orch, models)
+    os.kill(engine_core_of(orch.status(run)["pid"]), signal.SIGKILL)
+    doc = orch.wait_for(run, lambda d: d["status"] not in ("running",), timeout=120)
+    assert doc["status"] == "failed", doc
+    text = (doc["error"]["message"] + " " + (doc["error"].get("hint") or "")).lower()
+    assert "engine core" in text and ("killed" in text or "exited unexpectedly" in text), doc["error"]
+
+
+@pytest.mark.parametrize("case", ["missing-model", "kv-too-small", "too-long-for-the-model"])
+def test_startup_failures_name_their_cause(orch, models, case, tmp_path):
+    sets = {"missing-model": ["--set", f"model={tmp_path / 'no-such-model'}"],
+            "kv-too-small": ["--set", "max_model_len=2048", "--set", f"kv_cache_bytes={1 << 20}"],
+            "too-long-for-the-model": ["--set", "max_model_len=100000"]}[case]
+    run, _ = serve(orch, models, *sets, until_ready=False)
+    doc = orch.wait_for(run, lambda d: d["status"] not in ("running", "launching", "preparing"), timeout=START_S)
+    assert doc["status"] == "failed", doc
+    error = doc["error"]
+    said = f"{error['message']} {error.get('hint') or ''}".lower()
+    if case == "missing-model":
+        assert "no such model directory" in said or "does not exist" in said, error
+    elif case == "kv-too-small":
+        assert "kv cache" in said and ("vllm_cpu_kvcache_space" in said or "kv-cache-memory-bytes" in said), error
+        assert "nvidia-smi" not in said and "gpu" not in (error.get("hint") or "").lower(), error
+    else:
+        assert "max_model_len" in said or "max-model-len" in said or "max model len" in said, error
