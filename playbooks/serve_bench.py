@@ -1,4 +1,7 @@
-"""`serve-bench`: serve an EAGLE-3 model and benchmark it, as one job — one sweep point per setting.
+"""`serve-bench` and `serve-bench-vllm`: serve a model and benchmark it, as one job — one sweep point per setting.
+
+`serve-bench` is SGLang's EAGLE-3 server (every `serve-eagle3` field); `serve-bench-vllm` is vLLM's (every
+`serve-vllm` field); both take a `bench` table and run the serving engine's own benchmark.
 
 The job script starts the `serve-eagle3` server in the background (same flags, same debug patch set and
 graphs-off spelling), waits until its /health answers, runs the `bench-serving` benchmark against it with
@@ -22,7 +25,8 @@ from pydantic import Field
 
 from orchestrator.playbook import HealthCheck, Host, JobContext, Playbook, Prepared, other_nodes_only, quote
 
-from .bench_serving import BenchSettings, bench_argv, bench_module
+from . import serve_vllm
+from .bench_serving import BenchSettings, Engine, bench_argv, bench_module
 from .serve_eagle3 import (
     ServeEagle3Spec,
     engine_argv,
@@ -31,6 +35,7 @@ from .serve_eagle3 import (
     no_graph_flags,
     server_command,
 )
+from .serve_vllm import ServeVllmSpec
 
 WAIT = "wait_http.py"
 JOBS = Path(__file__).parent / "jobs"
@@ -38,6 +43,11 @@ STOP_GRACE_S = 60  # SGLang shuts its scheduler processes down on SIGTERM; then 
 
 
 class ServeBenchSpec(ServeEagle3Spec):
+    bench: BenchSettings = Field(default_factory=BenchSettings, description="the benchmark's settings")
+    ready_timeout_s: float = Field(default=3600, gt=0, le=7 * 86400, description="seconds for the server to answer /health")
+
+
+class ServeBenchVllmSpec(ServeVllmSpec):
     bench: BenchSettings = Field(default_factory=BenchSettings, description="the benchmark's settings")
     ready_timeout_s: float = Field(default=3600, gt=0, le=7 * 86400, description="seconds for the server to answer /health")
 
@@ -51,11 +61,12 @@ def shell(argv: list[str]) -> str:
     return " ".join(quote(a) for a in argv)
 
 
-def script(spec: ServeBenchSpec, python: str, graph_flags: list[str], module: list[str]) -> str:
+def script(spec: ServeBenchSpec | ServeBenchVllmSpec, python: str, server: str, module: list[str],
+           engine: Engine = "sglang") -> str:
     """Server in the background, wait for it, benchmark, and stop the server whatever happened."""
     port = str(spec.port)
     url = f"http://127.0.0.1:{port}"
-    server = server_command(spec, python, graph_flags)
+    model = (spec.served_model_name or spec.model) if isinstance(spec, ServeBenchVllmSpec) else None
     # a node other than the head: its share of the server only (the API, and so the benchmark, is the head's)
     worker = [other_nodes_only(server)] if spec.nodes > 1 else []
     return "\n".join([
@@ -68,7 +79,7 @@ def script(spec: ServeBenchSpec, python: str, graph_flags: list[str], module: li
         "trap stop_server EXIT",
         (f"{shell([python, WAIT, 'up', url + '/health', '--timeout', f'{spec.ready_timeout_s:g}'])} "
         '--pid "$server" || exit 1'),
-        shell(bench_argv(python, spec.bench, url, module)),
+        shell(bench_argv(python, spec.bench, url, module, engine, model)),
     ]) + "\n"
 
 
@@ -88,10 +99,31 @@ class ServeBench(Playbook[ServeBenchSpec]):
 
     def command(self, job: JobContext[ServeBenchSpec], prepared: Prepared) -> str:
         module = prepared.bench_module if isinstance(prepared, ServeBenchPrepared) else []
-        return script(job.spec, job.python, prepared.args, module)
+        return script(job.spec, job.python, server_command(job.spec, job.python, prepared.args), module)
 
     def engine_argv(self, spec: ServeBenchSpec) -> list[str] | None:
         return engine_argv(spec)
 
     def health(self, spec: ServeBenchSpec, host: Host) -> HealthCheck | None:
         return health_check(spec, host)
+
+
+class ServeBenchVllm(Playbook[ServeBenchVllmSpec]):
+    name = "serve-bench-vllm"
+    Spec = ServeBenchVllmSpec
+    engine = "vllm"  # server and benchmark both print vLLM's formats
+    multi_node = True
+
+    def prepare(self, job: JobContext[ServeBenchVllmSpec]) -> Prepared:
+        job.remote.put((JOBS / WAIT).read_bytes(), posixpath.join(job.paths.root, WAIT))
+        return Prepared(args=bench_module(job.remote, job.python, job.spec.bench.launcher, "vllm"))
+
+    def command(self, job: JobContext[ServeBenchVllmSpec], prepared: Prepared) -> str:
+        server = serve_vllm.server_command(job.spec, job.python)
+        return script(job.spec, job.python, server, prepared.args, "vllm")
+
+    def engine_argv(self, spec: ServeBenchVllmSpec) -> list[str] | None:
+        return serve_vllm.engine_argv(spec)
+
+    def health(self, spec: ServeBenchVllmSpec, host: Host) -> HealthCheck | None:
+        return serve_vllm.ServeVllm().health(spec, host)

@@ -28,6 +28,7 @@ BUILTIN_PLAYBOOKS = {
     "serve-vllm": "playbooks.serve_vllm:ServeVllm",
     "bench-serving": "playbooks.bench_serving:BenchServing",
     "serve-bench": "playbooks.serve_bench:ServeBench",
+    "serve-bench-vllm": "playbooks.serve_bench:ServeBenchVllm",
     "train-draft": "playbooks.train_draft:TrainDraft",
 }
 BUILTIN_PATCH_SETS = "playbooks.patches"

@@ -97,7 +97,8 @@ def run_script(text: str, tmp_path: Path, node: dict[str, str] | None) -> list[l
 
 def test_serve_bench_on_one_node_is_unchanged(tmp_path: Path) -> None:
     python, _ = record_calls(tmp_path)
-    calls = run_script(script(ServeBenchSpec(model="/m", draft_model="/d"), python, [], []), tmp_path, None)
+    spec = ServeBenchSpec(model="/m", draft_model="/d")
+    calls = run_script(script(spec, python, server_command(spec, python, []), []), tmp_path, None)
     assert [c[1:3] if c[1] == "wait_http.py" else c[1:4] for c in calls] == [
         ["--backend", "sglang", "--base-url"], ["-m", "sglang.launch_server", "--model-path"],
         ["wait_http.py", "free"], ["wait_http.py", "up"]]
@@ -106,7 +107,8 @@ def test_serve_bench_on_one_node_is_unchanged(tmp_path: Path) -> None:
 
 def test_serve_bench_on_two_nodes_the_head_benchmarks_the_others_only_serve(tmp_path: Path) -> None:
     python, _ = record_calls(tmp_path)
-    text = script(ServeBenchSpec(model="/m", draft_model="/d", nodes=2), python, [], [])
+    spec = ServeBenchSpec(model="/m", draft_model="/d", nodes=2)
+    text = script(spec, python, server_command(spec, python, []), [])
     worker = run_script(text, tmp_path, NODE)
     assert len(worker) == 2 and worker[0][1:3] == ["-m", "sglang.launch_server"]  # no wait for /health, no benchmark
     assert worker[0][-6:] == SGLANG_RDZV and worker[1][1:3] == ["wait_http.py", "free"]
