@@ -42,8 +42,9 @@ lint: setup
 	$(BIN)/mypy orchestrator playbooks
 	$(BIN)/lint-imports
 
-bench: setup
+bench: setup engine
 	$(BIN)/python bench/detection_lag.py
 	$(BIN)/python bench/inspect_log.py
 	$(BIN)/python bench/status_startup.py
 	$(BIN)/python bench/timeouts.py
+	$(BIN)/python bench/real_engine.py

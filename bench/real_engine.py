@@ -6,7 +6,9 @@ Measures, on one tiny-Llama server run under `orch run serve-vllm --detach`:
   poll has on average (N/2);
 - orch's cost to the engine: `vllm bench serve` straight at the server, alternating with orch's host watcher
   running (watched) and stopped (unwatched), ROUNDS rounds; the medians' ratio;
-- orch's memory while the server runs: the RSS of the workspace's own processes (host watcher, agent).
+- orch's memory while the server runs: the RSS of the workspace's own processes (host watcher, agent);
+- clean stops: STOPS servers started and stopped with `orch stop`, how many ended stopped with no error, and
+  in how many vLLM logged an EngineDeadError while it shut down (what orch once read as a crash).
 Writes the `## Real engine` section of bench/RESULTS.md.
 """
 
@@ -29,7 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ROOT / ".engines" / "vllm" / "bin"
 ORCH = [sys.executable, "-m", "orchestrator"]
 ROUNDS = 3
+STOPS = int(os.environ.get("STOPS", "20"))
 PORT = 27461
+SERVE = ["--set", "enforce_eager=true", "--set", "max_model_len=512",
+         "--set", 'env={HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1"}']
 
 
 def orch(home: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -81,11 +86,27 @@ def bench_once(model: str) -> float:
     out = subprocess.run([str(ENGINE / "vllm"), "bench", "serve", "--backend", "vllm", "--model", model,
                           "--base-url", f"http://127.0.0.1:{PORT}", "--dataset-name", "random", "--random-input-len",
                           "64", "--random-output-len", "64", "--num-prompts", "64", "--max-concurrency", "8"],
-                         capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                         capture_output=True, text=True, timeout=600, check=False,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
     for line in out.stdout.splitlines():
         if line.startswith("Output token throughput"):
             return float(line.split()[-1])
     raise RuntimeError(out.stdout[-2000:] + out.stderr[-2000:])
+
+
+def clean_stops(home: Path, model: str) -> tuple[int, int]:
+    """STOPS servers, each ready then stopped: (stopped with no error, EngineDeadError in the log)."""
+    clean = dead = 0
+    for _ in range(STOPS):
+        res = orch(home, "run", "serve-vllm", "--until-ready", "--json", "--set", f"model={model}",
+                   "--set", f"port={PORT}", "--set", f"python={ENGINE / 'python'}",
+                   "--set", "kv_cache_bytes=134217728", *SERVE)
+        run_id = json.loads(res.stdout)["id"]
+        orch(home, "stop", str(run_id))
+        doc = json.loads(orch(home, "status", str(run_id), "--json").stdout)
+        clean += doc["status"] == "cancelled" and doc["phase"] != "failed" and doc["error"] is None
+        dead += b"EngineDeadError" in (home / "runs" / str(run_id) / "log").read_bytes()
+    return clean, dead
 
 
 def main() -> None:
@@ -95,8 +116,7 @@ def main() -> None:
                            str(home / "models")], capture_output=True, text=True, check=True)
     model = json.loads(made.stdout.strip().splitlines()[-1])["target"]
     res = orch(home, "run", "serve-vllm", "--detach", "--set", f"model={model}", "--set", f"port={PORT}",
-               "--set", f"python={ENGINE / 'python'}", "--set", "kv_cache_bytes=268435456", "--set", "enforce_eager=true",
-               "--set", "max_model_len=512", "--set", 'env={HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1"}')
+               "--set", f"python={ENGINE / 'python'}", "--set", "kv_cache_bytes=268435456", *SERVE)
     assert res.returncode == 0, res.stderr
     try:
         lag = ready_lag(home, 1)
@@ -112,6 +132,7 @@ def main() -> None:
             orch(home, "status")  # any orch command starts the host's watcher again
     finally:
         orch(home, "stop", "1")
+    clean, dead = clean_stops(home, model)
     w, u = statistics.median(watched), statistics.median(unwatched)
     load = os.getloadavg()[0]
     section = f"""## Real engine
@@ -128,6 +149,8 @@ load average {load:.1f} at the end.
 | the same, orch's host watcher stopped (median of {ROUNDS}) | {u:.1f} ({', '.join(f'{x:.0f}' for x in unwatched)}) |
 | watched / unwatched | {w / u:.3f} |
 | orch's processes for the workspace while the server runs (RSS, sum) | {memory:.0f} MiB in {len(mine)} processes |
+| `orch stop` of a ready server: stopped with no error | {clean} of {STOPS} |
+| ... of which vLLM logged `EngineDeadError` while shutting down | {dead} |
 
 Each benchmark: 64 prompts, 64 in / 64 out, 8 at a time, straight at the server (not through orch), alternating
 watched and unwatched so that drift in the machine's load falls on both.

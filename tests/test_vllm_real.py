@@ -73,6 +73,8 @@ def stop_cleanly(orch: Orch, run_id: int) -> dict:
 
 
 def test_serve_bench_and_stop(orch, models):
+    """Ready with its URL and the target's load figures; a benchmark joins it; one whose requests fail does not
+    succeed; a stop is clean."""
     run, port = serve(orch, models)
     doc = orch.status(run)
     assert doc["status"] == "running" and doc["phase"] == "ready", doc
@@ -89,6 +91,12 @@ def test_serve_bench_and_stop(orch, models):
 
     served = orch.status(run)  # the server's own stats while it served: not an idle zero
     assert served["metric_summaries"]["gen_throughput"]["mean"] > 0
+
+    # a benchmark whose every request fails (a model the server does not serve: 404) is no success
+    res = bench(orch, run, "--set", "model=no-such-model")
+    b = orch.status(run + 2)
+    assert res.returncode != 0 and b["status"] == "failed", b
+    assert b["metrics"]["failed"] == 16
     stop_cleanly(orch, run)
 
 
@@ -112,15 +120,6 @@ def test_speculative_decoding_records_acceptance(orch, models):
     assert bench(orch, run).returncode == 0
     doc = orch.status(run + 1)
     assert doc["status"] == "succeeded" and doc["metrics"]["accept_rate"] > 0, doc["metrics"]
-    stop_cleanly(orch, run)
-
-
-def test_a_benchmark_whose_requests_fail_is_not_a_success(orch, models):
-    run, _ = serve(orch, models)
-    res = bench(orch, run, "--set", "model=no-such-model")  # every request answered 404
-    b = orch.status(run + 1)
-    assert res.returncode != 0 and b["status"] == "failed", b
-    assert b["metrics"]["failed"] == 16
     stop_cleanly(orch, run)
 
 
