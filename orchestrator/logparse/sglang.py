@@ -57,11 +57,18 @@ RULES: list[Rule] = [
          source=_GRAPHS),
     rule(r"Exception in (?:run_tp_server|ModelTpServer|ControllerSingle|run_data_parallel_controller)", "other",
          True, versions="<0.4"),
+    # The scheduler made no progress for --watchdog-timeout: it dumps its stacks (py-spy) and SIGQUITs the
+    # server; a soft watchdog (soft=True) only dumps.
+    rule(r"[Ww]atchdog timeout \((?:self\.)?watchdog_timeout=[\d.]+(?:, (?:self\.)?soft=False)?\)", "timeout", True,
+         versions="0.4.10-0.5.23", source="srt/utils/watchdog.py"),
     rule(r"Not enough memory\. Please try to increase --mem-fraction-static", "cuda_oom", False,
          versions="0.4.10-0.5.23", source=_RUNNER),
     rule(r"Prefill out of memory|Decode out of memory", "cuda_oom", False, versions="0.4.10-0.5.23",
          source="srt/managers/schedule_policy.py"),
 ]
+
+# A stop was asked for: the server drains its requests and exits (0.5+; 'Gracefully exiting' as it goes).
+SHUTDOWN = re.compile(r"SIGTERM received\. .*shutting down|Gracefully exiting\.\.\.")
 
 _CAPTURE = r"Capture (?:[\w ]+ )?cuda graph "
 _DECODE = r"Decode batch(?: \[\d+\])?[.,] "
