@@ -23,7 +23,7 @@ from .errors import (
     exception_line,
     merge,
 )
-from .formats import Screen
+from .formats import Screen, release
 from .hints import hint_of
 from .protocol import PROGRESS, PROTOCOL, protocol_metrics, protocol_progress
 from .text import Line, LineSplitter, RichUnwrapper, clean, stamp_seconds
@@ -114,6 +114,21 @@ def _plain_prefix(prefix: str, with_total: bool) -> bool:
     return not prefix.lstrip().startswith(("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
 
 
+def assumption(engine: str | None, version: str | None) -> str | None:
+    """One line saying what orch assumes of an engine version its tables were not taken from; None for a
+    version it knows (or an engine it has no tables for)."""
+    module = {"sglang": sglang, "vllm": vllm}.get(engine or "")
+    got = release(version) if version else ()
+    if module is None or not got:
+        return None
+    low, high = module.KNOWN
+    if got < release(low):
+        return f"{engine} {version} is older than orch knows ({low} to {high}): its lines are read as {low}'s"
+    if got[:len(release(high))] > release(high):
+        return f"{engine} {version} is newer than orch knows ({low} to {high}): its lines are read as {high}'s"
+    return None
+
+
 class RowReader(Protocol):
     """A plugin's reading of its own lines (store/runtables.LineReader is one): each line, cleaned as the parser
     reads it, that holds `marker` is handed to `read`; a row it returns goes to the table `table`, with the
@@ -141,8 +156,11 @@ class LogParser:
     """Follows one log as it grows. Feed it bytes in any chunks; the state depends only on the bytes."""
 
     def __init__(self, engine: str | None = None, ready_pattern: str | None = None,
-                 readers: Sequence[RowReader] = ()) -> None:
+                 readers: Sequence[RowReader] = (), engine_version: str | None = None) -> None:
         self.engine: str | None = engine
+        # the installed engine's version, when the run's playbook looked: it names what a layout does not tell
+        self.engine_version = engine_version
+        self._release = release(engine_version) if engine_version else ()
         self.auto_engine = engine is None
         self._by_layout = False  # the engine was named only by the layout of its lines
         self.ready_pattern = ready_pattern
@@ -388,7 +406,7 @@ class LogParser:
                 self._detect_name(line.layout, layout=True)
             self._detect(text[:m.start()] if m is not None and pure_bar else text)
         if m is not None:
-            self._on_progress(m, pure_bar, line.source)
+            self._on_progress(m, pure_bar)
             if "=" in m.group("postfix"):
                 found += self._postfix(m, line)
             for name, value in trainers.label_metrics(text[:m.start()]):
@@ -477,7 +495,7 @@ class LogParser:
         if self._cut_line:
             text = _LAST_NUMBER.sub("", text)  # '... acc=0.61' may have been '0.612' before the cut
         for source in _METRIC_SOURCES:
-            for name, value in source(text):
+            for name, value in (sglang.metrics(text, self._release) if source is sglang.metrics else source(text)):
                 if name == "load_weight_s" and vllm.LOAD_END.search(text) and not self._target_load(line):
                     continue  # a draft's load, after the target's
                 self._sample(name, value, line, found)
@@ -703,11 +721,11 @@ class LogParser:
         elif name == self.engine and not layout:
             self._by_layout = False
 
-    def _on_progress(self, m: re.Match[str], pure_bar: bool, source: str = "") -> None:
+    def _on_progress(self, m: re.Match[str], pure_bar: bool) -> None:
         progress = progress_of(m)
         if self.engine in _ONE_LOAD_BAR and generic.common_bar_phase(progress.label) == "loading":
             shards = self._shards
-            if shards is not None and (progress.total != shards[1] or progress.done < shards[0]):
+            if shards is not None and (progress.total != shards[1] or progress.done < (shards[0] or 0)):
                 return  # another bar in the same load: a draft's (EAGLE-3, MTP); the target's stays the progress
             self._shards = [progress.done, progress.total]
         err = self.error
@@ -802,6 +820,7 @@ class LogParser:
             "auto_engine": self.auto_engine,
             "by_layout": self._by_layout,
             "ready_pattern": self.ready_pattern,
+            "engine_version": self.engine_version,
             "phase": self.phase,
             "progress": p.to_dict() if (p := self._last_bar()) else None,
             "error": self.error.to_dict() if self.error else None,
@@ -829,7 +848,8 @@ class LogParser:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], readers: Sequence[RowReader] = ()) -> LogParser:
-        p = cls(engine=d.get("engine"), ready_pattern=d.get("ready_pattern"), readers=readers)
+        p = cls(engine=d.get("engine"), ready_pattern=d.get("ready_pattern"), readers=readers,
+                engine_version=d.get("engine_version"))
         p.auto_engine = bool(d.get("auto_engine", p.engine is None))
         p._by_layout = bool(d.get("by_layout", False))
         p.phase = d.get("phase", "starting")

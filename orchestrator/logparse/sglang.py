@@ -21,6 +21,7 @@ from .errors import Rule, rule
 from .formats import NUM, Format, Screen, line, metrics_of, phase_of
 
 NAME = "sglang"
+KNOWN = ("0.4.10", "0.5.23")  # the versions whose sources these tables were taken from
 
 # What only SGLang prints (its '[time TPn]' prefix is recognised where lines are cleaned); its capture bars
 # alone name it too. Each branch holds one of the screen's words.
@@ -114,8 +115,18 @@ _LOAD_BEGIN = re.compile(r"Load weight begin\. avail mem=")
 _LOAD_END = re.compile(r"Load weight end\. ")
 
 
-def metrics(text: str) -> list[tuple[str, float]]:
-    return metrics_of(FORMATS, text)
+# 0.5.9 and 0.5.10 dropped the decode line's trailing comma but kept the old rate (per draft-token slot);
+# 0.5.11 changed it to drafted tokens accepted per token drafted. Only the version tells those apart.
+_RATE_PER_DRAFTED_SINCE = (0, 5, 11)
+
+
+def metrics(text: str, version: tuple[int, ...] = ()) -> list[tuple[str, float]]:
+    """The numbers of a line; `version` (the installed SGLang's release, when known) names the decode line's
+    acceptance rate where its layout does not tell (0.5.9, 0.5.10)."""
+    found = metrics_of(FORMATS, text)
+    if version and version < _RATE_PER_DRAFTED_SINCE:
+        found = [("accept_per_draft_slot" if name == "draft_accept_rate" else name, value) for name, value in found]
+    return found
 
 
 def load_mark(text: str) -> str | None:
