@@ -198,6 +198,7 @@ class LogParser:
         # (completed, failed) requests of the last benchmark result block
         self.requests: list[float] | None = None
         self._more = 0  # lines after a pydantic ValidationError still to add to its message (its reasons)
+        self._answered_during = False  # a request was answered while a traceback was being written
         self.readers = tuple(readers)  # plugins' readings of their own lines; not state
         self.rows: list[tuple[str, dict[str, Any]]] = []  # (table, row) since the last take_rows(); not state
         self._redrawn: list[Metric] = []  # postfix samples of bars redrawn in place, for feed() to return
@@ -455,6 +456,8 @@ class LogParser:
         text = line.text
         if any(p.search(text) for p in _SHUTDOWN):
             self._stopping = True
+            if vllm.SHUTDOWN.search(text):
+                self._group_stopped()
         if self.engine in ("vllm", "speculators") or "vllm" in line.raw.lower():
             if not self.cpu and vllm.on_cpu(line.raw):
                 self.cpu = True
@@ -466,6 +469,16 @@ class LogParser:
                 self._shards = None
                 if line.source in self._loaded:
                     self._loaded.remove(line.source)
+
+    def _group_stopped(self) -> None:
+        """The API server was signalled: a stop of the whole process group, whose engine core may have gone
+        a moment before it (the client's 'engine core exited unexpectedly' then): no kill, a stop."""
+        err = self.error
+        if err is None or err.kind != "killed" or vllm.CORE_EXITED not in err.message:
+            return
+        self.error, self._error_after, self._caught = None, 0, False
+        if self.phase == "failed":
+            self.phase, self._failed_in = self._failed_in or "running", None
 
     def _target_load(self, line: Line) -> bool:
         """Whether a vLLM 'Loading weights took' line is the target model's: the first of its process since
@@ -555,8 +568,10 @@ class LogParser:
             if phase is None and self.phase in ("loading", "capturing"):
                 phase = "ready"  # the server answers: after its weights and graphs, that is all it waits for
             self._healthy()  # a server that still answers was not killed by a request's traceback
+            self._answered_during = bool(self._tracebacks.open)
         elif "\"" in text and _ANSWERED.search(text):
             self._healthy()
+            self._answered_during = bool(self._tracebacks.open)
         if phase is None and _DONE.search(text):
             phase = "finished"
         if phase is None:
@@ -603,8 +618,12 @@ class LogParser:
                              source=cut.source), cut.chained, True)
         if self.error is not None and (self.error.line == line_no or cut.chained) and not self.error.fatal:
             # Its outermost frame shows something caught it, and the log went on: survived unless the log
-            # says more, as a complete caught traceback is. One the log ends in is how the run ended.
-            self._caught = cut.top is False and bool(line.raw)
+            # says more, as a complete caught traceback is. One the log ends in is how the run ended (also
+            # when the line that cut it is the log's last, itself cut: a partial line is no work going on).
+            self._caught = cut.top is False and bool(line.raw) and not self._cut_line
+            if self._caught and self._answered_during:
+                self._healthy()  # a request was answered while it was written: the server went on
+        self._answered_during = False
 
     def _find_error(self, line: Line) -> None:
         text = line.text
@@ -616,6 +635,7 @@ class LogParser:
                 self._orphan_root()
             return
         if isinstance(event, ExceptionEnd):
+            self._answered_during = False
             if line.level in ("DEBUG", "WARNING"):
                 return  # a traceback logged as a warning: something was tried and given up on
             self._exception(line, event.exception, event.message, event.chained, event.top is True,
@@ -844,6 +864,7 @@ class LogParser:
             "shards": self._shards,
             "requests": self.requests,
             "more": self._more,
+            "answered_during": self._answered_during,
         }
 
     @classmethod
@@ -880,4 +901,5 @@ class LogParser:
         p._shards = d.get("shards")
         p.requests = d.get("requests")
         p._more = int(d.get("more", 0))
+        p._answered_during = bool(d.get("answered_during", False))
         return p

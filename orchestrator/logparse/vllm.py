@@ -132,6 +132,7 @@ SHUTDOWN = re.compile(r"\[shutdown\] API server: shutdown triggered")
 # The CPU backend: its KV cache lines, its platform, its worker and runner files.
 _CPU = re.compile(r"CPU KV cache (?:size|usage)|detected platform cpu\b|\[cpu(?:_worker|_model_runner)?\.py:\d+\]"
                   r"|on the CPU backend")
+CORE_EXITED = "engine core exited unexpectedly"
 # What every process that used a dead engine core raises: the consequence of its death, never its cause.
 DEAD = re.compile(r"(?:^|\.)(?:Async)?EngineDeadError$")
 _URL = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on (https?://[^\s,]+)")

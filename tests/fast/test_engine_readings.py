@@ -109,6 +109,17 @@ def test_a_killed_engine_core_is_named_with_its_own_hint() -> None:
     assert err["hint"].startswith("vLLM's engine core process was killed")
 
 
+def test_a_stop_of_the_whole_group_is_no_killed_engine_core() -> None:
+    """`orch stop` signals the server's process group: its engine core may go a moment before the API server's
+    own handler says a shutdown was asked for."""
+    lines = (LOGS / "vllm_0_32_cpu_engine_core_sigkill.log").read_text().splitlines(keepends=True)
+    signalled = "(APIServer pid=8120) INFO 12-06 05:11:19 [launcher.py:101] [shutdown] API server: shutdown triggered\n"
+    p = LogParser()
+    p.feed("".join([*lines[:6], signalled, *lines[6:]]).encode())
+    p.finish()
+    assert p.error is None and p.phase == "running"
+
+
 BENCH = (LOGS / "vllm_bench_serve_failed_requests.log").read_bytes()
 
 
