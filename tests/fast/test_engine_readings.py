@@ -279,3 +279,30 @@ def test_an_unknown_engine_version_is_told_what_is_assumed() -> None:
                                              "are read as 0.5.23's")
     assert assumption("vllm", "0.5.4") == "vllm 0.5.4 is older than orch knows (0.6 to 0.33): its lines are read as 0.6's"
     assert assumption("generic", "1.0") is None and assumption("sglang", "unknown") is None
+
+
+def test_the_ends_read_records_the_servers_own_exit_code(tmp_path: Path) -> None:
+    """A killed engine core fails the run at once; the API server exits 0 a moment later, and that is kept."""
+    from types import SimpleNamespace
+
+    from orchestrator.runflow.lastread import read_to_end
+
+    log = (LOGS / "vllm_0_32_cpu_engine_core_sigkill.log").read_bytes()
+    store, w, _, _ = watched(tmp_path)
+    head = log[:log.index(b"INFO:     Shutting down")]
+    assert not push(w, head)
+    transition(store, w.run_id, Status.FAILED, "fatal error in log")
+    rest = log[len(head):]
+
+    class Executor:
+        def poll(self, paths: Any, job: Any, offset: int, limit: int, **_: Any) -> JobState:
+            return JobState(alive=False, exit_code=0, size=len(log), offset=offset, data=log[offset:],
+                            started_at=999_000.0)
+
+    ctx = SimpleNamespace(refresh=lambda: store.get_run(w.run_id), executor=Executor(), paths=None,
+                          store=store, run_id=w.run_id, event=lambda *a: None,
+                          pb=SimpleNamespace(log_engine=lambda s: None, ready_pattern=lambda s: None), spec=None)
+    read_to_end(ctx)  # type: ignore[arg-type]
+    run = store.get_run(w.run_id)
+    assert run.exit_code == 0 and run.status is Status.FAILED and run.log_offset == len(head) + len(rest)
+    assert run.error is not None and run.error["kind"] == "killed"
