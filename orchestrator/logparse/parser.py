@@ -195,7 +195,7 @@ class LogParser:
         self.url: str | None = None  # where the server said it serves
         self._loaded: list[str] = []  # processes whose target weights are loaded: a later load is a draft's
         self._shards: list[float | None] | None = None  # [done, total] of the load's shard bar (vLLM)
-        # (completed, failed) requests of the last benchmark result block
+        # [completed, failed] requests of the benchmark result blocks so far (one job may run several)
         self.requests: list[float] | None = None
         self._more = 0  # lines after a pydantic ValidationError still to add to its message (its reasons)
         self._answered_during = False  # a request was answered while a traceback was being written
@@ -530,7 +530,7 @@ class LogParser:
                 self._sample(name, value, line, found)
                 if name in ("completed", "failed"):
                     self.requests = self.requests or [0.0, 0.0]
-                    self.requests[name == "failed"] = value
+                    self.requests[name == "failed"] += value
         result = bench.result_line(text)
         if result is not None:
             for name, value in result[0]:
@@ -588,7 +588,6 @@ class LogParser:
             self._bench[source] = 0
             if len(self._bench) > _MAX_RICH:
                 del self._bench[next(iter(self._bench))]
-            self.requests = None
             return "finished"  # the block is printed once the benchmark is done: a cut block was done too
         if source in self._bench:
             if bench.end(text):

@@ -306,3 +306,12 @@ def test_the_ends_read_records_the_servers_own_exit_code(tmp_path: Path) -> None
     run = store.get_run(w.run_id)
     assert run.exit_code == 0 and run.status is Status.FAILED and run.log_offset == len(head) + len(rest)
     assert run.error is not None and run.error["kind"] == "killed"
+
+
+def test_failed_requests_of_every_block_count(tmp_path: Path) -> None:
+    """A job that runs several benchmarks: a later clean block does not hide an earlier one's failures."""
+    clean = BENCH.replace(b"Successful requests:                     59", b"Successful requests:                     200") \
+        .replace(b"Failed requests:                         141", b"Failed requests:                         0")
+    store, w, _, _ = watched(tmp_path)
+    assert push(w, BENCH + clean, exit_code=0)
+    assert store.get_run(w.run_id).reason == "141 of 400 benchmark requests failed (max_failed_fraction 0)"
