@@ -164,6 +164,7 @@ class Prepared:
 
     env: dict[str, str] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)
+    engine_version: str | None = None  # the installed engine's, when prepare looked: the log is read for it
 
 
 @dataclass(frozen=True)

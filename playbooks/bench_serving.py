@@ -42,6 +42,9 @@ MODULE = "-m sglang.benchmark.serving"  # the package's own spelling from 0.5.15
 MODULE_SINCE = (0, 5, 15)
 
 
+MAX_FAILED_DOC = "share of requests that may fail: above it the run fails, up to it it is degraded"
+
+
 class BenchServingSpec(RunSpec):
     server: int | None = Field(default=None, gt=0, le=2**53,
                                description="id of a ready serve-eagle3 or serve-vllm run on the same host")
@@ -57,6 +60,7 @@ class BenchServingSpec(RunSpec):
     output_len: int | None = Field(default=None, gt=0, le=100_000_000, description="--random-output-len")
     extra_args: list[str] = Field(default_factory=list, description="more benchmark flags, as given")
     launcher: str | None = Field(default=None, description="what follows python; default by SGLang version")
+    max_failed_fraction: float = Field(default=0.0, ge=0, le=1, description=MAX_FAILED_DOC)
     cleanup: bool = False  # a client: the GPUs belong to the server it measures
 
     @field_validator("launcher")
@@ -86,6 +90,7 @@ class BenchSettings(BaseModel):
     output_len: int | None = Field(default=None, gt=0, le=100_000_000, description="--random-output-len")
     extra_args: list[str] = Field(default_factory=list, description="more benchmark flags, as given")
     launcher: str | None = Field(default=None, description="what follows python; default by SGLang version")
+    max_failed_fraction: float = Field(default=0.0, ge=0, le=1, description=MAX_FAILED_DOC)
 
     @field_validator("launcher")
     @classmethod

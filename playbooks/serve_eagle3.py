@@ -159,10 +159,11 @@ class ServeEagle3(Playbook[ServeEagle3Spec]):
     multi_node = True
 
     def prepare(self, job: JobContext[ServeEagle3Spec]) -> Prepared:
+        version = installed_version(job.remote, job.python)  # also how its decode line reads
         if not job.spec.debug:
-            return Prepared()
-        version = installed_version(job.remote, job.python)
-        return Prepared(args=[f for f in no_graph_flags(version) if f not in job.spec.extra_args])
+            return Prepared(engine_version=version)
+        return Prepared(args=[f for f in no_graph_flags(version) if f not in job.spec.extra_args],
+                        engine_version=version)
 
     def command(self, job: JobContext[ServeEagle3Spec], prepared: Prepared) -> str:
         return server_command(job.spec, job.python, prepared.args)

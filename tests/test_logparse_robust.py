@@ -72,6 +72,7 @@ def read(data: str) -> dict[str, Any]:
         "progress": (progress.done, progress.total) if progress else None,
         "seen": {(m.name, m.value) for m in samples},
         "chain": [c.split(":", 1)[0] for c in err.chain] if err else [],
+        "stopping": p.stopping,
     }
 
 
@@ -287,7 +288,8 @@ def tracebacks(text: str) -> list[tuple[int, int | None]]:
 
 
 def check_cut_mid_traceback(label: dict[str, Any], text: str, seed: int) -> list[str] | None:
-    """The log ends inside a traceback: a python_exception failure, unless an error before it stands."""
+    """The log ends inside a traceback: a python_exception failure, unless an error before it stands or a stop
+    was asked for before it (the server failed as it shut down)."""
     rng = random.Random(seed)
     found = [t for t in tracebacks(text) if t[1] is not None and t[1] - t[0] >= 2]
     if not found:
@@ -299,7 +301,7 @@ def check_cut_mid_traceback(label: dict[str, Any], text: str, seed: int) -> list
     cut = "".join(lines[:stop]) + lines[stop][:rng.randint(0, len(lines[stop]))]
     got, before = read(cut), read("".join(lines[:header]))
     out = []
-    if not got["failed"] and before["phase"] != "finished":
+    if not got["failed"] and before["phase"] != "finished" and not before["stopping"]:
         out.append("not failed")
     if got["error_kind"] not in (*_TRACEBACK_KINDS, before["error_kind"]):
         out.append(f"error_kind {got['error_kind']!r}")

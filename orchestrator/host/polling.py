@@ -77,6 +77,7 @@ class WatchOptions:
     health: HealthCheck | None = None  # a server's endpoint, asked while it is ready; see health.py
     give_up_s: float | None = None  # a host silent for this long: the run ends lost
     tables: Sequence[RunTables] = ()  # plugins' tables: their readers read the log, the rows go to them
+    max_failed_fraction: float = 0.0  # a benchmark's requests that may fail before the run does (a share)
 
 
 class PollWait(tenacity.wait.wait_base):

@@ -10,14 +10,21 @@ from .remote import Transport
 ACTIONS = ("warn", "kill", "dump")
 
 
+# The shortest usual gap between a bar's updates. A bar's rate is per item, but items often finish in
+# bursts (a benchmark's concurrent requests complete in waves, a loader's shards in batches) and tqdm redraws
+# at most every 0.1 s: a bar at 60 items/s may still go a second or two between updates. A gap this short is
+# no sign of a stall whatever the rate says.
+MIN_GAP_S = 1.0
+
+
 def usual_gap(progress: dict[str, Any], started_at: float | None, now: float) -> float | None:
-    """Seconds between updates: from the bar's rate, else the average so far."""
+    """Seconds between updates: from the bar's rate, else the average so far; never under MIN_GAP_S."""
     rate = progress.get("rate_per_s")
     if rate:
-        return 1.0 / rate
+        return max(1.0 / rate, MIN_GAP_S)
     done = progress.get("done") or 0
     if done > 0 and started_at:
-        return (now - started_at) / done
+        return max((now - started_at) / done, MIN_GAP_S)
     return None
 
 

@@ -72,12 +72,13 @@ import os
 from typing import Any
 
 from .errors import KINDS, LogError
-from .parser import PHASES, LogParser, Metric, RowReader
+from .parser import PHASES, LogParser, Metric, RowReader, assumption
 from .protocol import protocol_metrics
 from .text import stamp_time
 from .tqdm import Progress, parse_bar
 
-__all__ = ["KINDS", "PHASES", "LogError", "LogParser", "Metric", "Progress", "RowReader", "inspect_file", "parse_bar",
+__all__ = ["KINDS", "PHASES", "LogError", "LogParser", "Metric", "Progress", "RowReader", "assumption", "inspect_file",
+           "parse_bar",
            "protocol_metrics", "stamp_time"]
 
 

@@ -68,3 +68,9 @@ class Screen:
             if w in low:
                 return self.pattern.search(text)
         return None
+
+
+def release(version: str) -> tuple[int, ...]:
+    """`0.5.5.post3` -> (0, 5, 5), `0.32.0+cpu` -> (0, 32, 0): the numeric release, enough to order versions."""
+    m = re.match(r"\d+(?:\.\d+)*", version.strip())
+    return tuple(int(x) for x in m.group(0).split(".")) if m else ()

@@ -15,6 +15,9 @@ DETECT_TRANSFORMERS = re.compile(r"Loading checkpoint shards|transformers/|trans
 
 RULES: list[Rule] = []
 
+# uvicorn's own lines on SIGINT/SIGTERM (every server behind it: vLLM's, SGLang's): a stop was asked for.
+SHUTDOWN = re.compile(r"^INFO:\s+(?:Shutting down|Waiting for application shutdown\.)$")
+
 # Bars that mean the same in every engine.
 _LOADING_BAR = re.compile(r"checkpoint shards|loading shards|^Loading (?:weights|model)", re.IGNORECASE)
 _CAPTURING_BAR = re.compile(r"^(?:Capturing|Compiling num tokens)")  # SGLang compiles piecewise graphs

@@ -19,27 +19,52 @@ class Signature(NamedTuple):
     source: str
     phases: tuple[str, ...] = ()  # phases it applies to; () for any
     context: bool = False  # the lines around the error count too, not only its class, message and chain
+    device: str = ""  # 'cpu' or 'gpu': only for an engine on that device ('' for any)
+    exception: re.Pattern[str] | None = None  # the error's class must be one of these
 
 
 def sig(name: str, kinds: str, pattern: str, hint: str, source: str, phases: str = "",
-        context: bool = False) -> Signature:
+        context: bool = False, device: str = "", exception: str | None = None) -> Signature:
     return Signature(name, tuple(kinds.split()), re.compile(pattern, re.IGNORECASE), hint, source,
-                     tuple(phases.split()), context)
+                     tuple(phases.split()), context, device, re.compile(exception) if exception else None)
+
+
+# vLLM's CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB) or --kv-cache-memory-bytes, and reads
+# --gpu-memory-utilization as the share of the host's RAM: GPU advice (nvidia-smi, more GPUs) does not apply.
+_CPU_KV = "VLLM_CPU_KVCACHE_SPACE (GiB) or --kv-cache-memory-bytes"
+_VLLM_CPU = "vLLM's message; vLLM docs, CPU installation"
 
 
 _SGLANG_GRAPHS = "SGLang's own message on a failed CUDA graph capture"
 SIGNATURES: list[Signature] = [
+    sig("engine_core_killed", "killed", r"engine core exited unexpectedly",
+        "vLLM's engine core process was killed (SIGKILL: the kernel's OOM killer, or a person): the tracebacks "
+        "after it are its consequence; check dmesg and the host's free memory", "vLLM's warning 'engine core "
+        "exited unexpectedly'"),
     sig("sglang_mem_fraction", "", r"Not enough memory\. Please try to increase --mem-fraction-static",
         "the KV cache got no memory: increase --mem-fraction-static (or free the GPUs)", "SGLang's message"),
     sig("kv_cache_blocks", "", r"No available memory for the cache blocks",
         "no memory left for the KV cache after the weights: raise --gpu-memory-utilization, lower "
-        "--max-model-len or use more GPUs", "vLLM's message"),
+        "--max-model-len or use more GPUs", "vLLM's message", device="gpu"),
     sig("startup_free_memory", "", r"on startup is less than|Externally held weights",
         "other processes hold GPU memory: free the GPUs (nvidia-smi) or lower --gpu-memory-utilization",
-        "vLLM's message 'Decrease GPU memory utilization or reduce GPU memory used by other processes'"),
+        "vLLM's message 'Decrease GPU memory utilization or reduce GPU memory used by other processes'",
+        device="gpu"),
     sig("max_model_len_derived", "", r"is greater than the derived max_model_len",
         "--max-model-len exceeds the model's context: lower it, or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 if "
         "you mean it", "vLLM's message"),
+    sig("cpu_kv_cache_blocks", "", r"No available memory for the cache blocks",
+        f"no memory left for the KV cache: give it some with {_CPU_KV}", _VLLM_CPU, device="cpu"),
+    sig("cpu_startup_memory", "", r"on startup is less than|Externally held weights",
+        f"the host has less free RAM than vLLM asks for: lower --gpu-memory-utilization (on the CPU the share of "
+        f"RAM), or size the KV cache with {_CPU_KV}; stop other processes that hold memory", _VLLM_CPU,
+        device="cpu"),
+    sig("cpu_kv_cache_too_small", "config_error", r"max seq len|KV cache|max_model_len",
+        f"max_model_len is larger than the KV cache holds: lower --max-model-len, or give the KV cache more "
+        f"with {_CPU_KV}", _VLLM_CPU, device="cpu"),
+    sig("cpu_oom", "cuda_oom", r".",
+        f"memory ran out: lower --max-model-len or --max-num-seqs, or size the KV cache with {_CPU_KV}",
+        _VLLM_CPU, device="cpu"),
     sig("kv_cache_too_small", "config_error", r"max seq len|KV cache|max_model_len",
         "max_model_len is larger than the KV cache holds: lower --max-model-len, or raise "
         "--gpu-memory-utilization / the tensor parallel size", "vLLM's message"),
@@ -113,6 +138,14 @@ SIGNATURES: list[Signature] = [
     sig("port_in_use", "", r"Address already in use|address already in use|port \d+ is (?:already )?in use"
         r"|Errno 98",
         "the port is taken: stop the old server or choose another --port", "the operating system's message"),
+    sig("sglang_watchdog", "timeout", r"watchdog timeout \((?:self\.)?watchdog_timeout=",
+        "the scheduler made no progress for --watchdog-timeout seconds (a hung collective or kernel): the py-spy "
+        "dump logged before it shows where it waited; raise --watchdog-timeout only if a step is just slow",
+        "SGLang's watchdog message"),
+    sig("signal_from_outside", "killed", r"death signal|got signal: ?(?:1|2|15)\b",
+        "the job was stopped by a signal sent from outside (SIGTERM or SIGINT: a scheduler's preemption or time "
+        "limit, a person, a stop): not a failure of its own; the scheduler's or the host's log says who sent it",
+        "torch elastic's message 'death signal, shutting down workers'"),
     sig("slurm_time_limit", "timeout", r"DUE TO TIME LIMIT",
         "Slurm's time limit ended the job: ask for more (--time) or resume from a checkpoint",
         "slurmstepd's message"),
@@ -142,6 +175,11 @@ SIGNATURES: list[Signature] = [
     sig("engine_ready_timeout", "", r"VLLM_ENGINE_READY_TIMEOUT_S|Timed out waiting for engine core",
         "the engine took too long to start (slow weight loading): raise VLLM_ENGINE_READY_TIMEOUT_S",
         "vLLM's message"),
+    # A local path that is not there: huggingface_hub then reads it as a hub id and refuses its shape.
+    sig("model_dir_missing", "", r"Repo id must (?:be in the form|use alphanumeric).*: '(?:/|\.{1,2}/|~)"
+        r"|Repo id must be in the form.*: '[^']*/[^']*/",
+        "no such model directory: the path given as the model does not exist on the host (a path that is not "
+        "there is read as a model hub id); check it", "huggingface_hub's HFValidationError"),
     sig("hf_offline", "", r"couldn't connect to 'https://huggingface\.co'|LocalEntryNotFoundError"
         r"|Max retries exceeded with url|Temporary failure in name resolution",
         "the host cannot reach the model hub: pass a local path (--model-path, --dataset-path) or set "
@@ -149,6 +187,13 @@ SIGNATURES: list[Signature] = [
     sig("hf_gated", "", r"gated repo|401 Client Error|Access to model .* is restricted",
         "the model is gated: log in (huggingface-cli login) or set HF_TOKEN for the job", "huggingface_hub's "
         "message"),
+    # The data generation client's own bug (a script that does not match the installed speculators): the
+    # server answered, the client could not use the answer.
+    sig("speculators_client_error", "", r"consecutive samples errored out|Data generation failed|speculators",
+        "the data generation client failed on its own (the server answered): a script that does not match the "
+        "installed speculators version; use the package's own CLI (speculators generate-offline-data) or its "
+        "matching scripts", "the traceback of the client", context=True,
+        exception=r"(?:^|\.)(?:TypeError|AttributeError|KeyError|IndexError|NameError|AssertionError)$"),
     sig("speculators_unreachable", "", r"consecutive samples errored out",
         "the vLLM server did not answer: check its log, the --endpoint, and that --model equals the served "
         "model id", "speculators' message 'The vLLM server may be unreachable'"),
@@ -184,23 +229,29 @@ FALLBACK = {
 }
 
 
-def signature_of(kind: str, own: str, around: str, phase: str | None = None) -> Signature | None:
+def signature_of(kind: str, own: str, around: str, phase: str | None = None, cpu: bool = False,
+                 exception: str | None = None) -> Signature | None:
     """The first signature an error of `kind` fits: `own` is its class, message and chain, `around` the log
-    lines around it."""
+    lines around it; `cpu`: the engine runs on the CPU."""
     for s in SIGNATURES:
         if s.kinds and kind not in s.kinds:
             continue
         if s.phases and phase not in s.phases:
+            continue
+        if s.device and s.device != ("cpu" if cpu else "gpu"):
+            continue
+        if s.exception is not None and not s.exception.search(exception or ""):
             continue
         if s.pattern.search(own) or (s.context and s.pattern.search(around)):
             return s
     return None
 
 
-def hint_of(err: Any, phase: str | None = None) -> str:
-    """'remedy (source: ...)' for a LogError; `phase` is the run's phase when it failed."""
+def hint_of(err: Any, phase: str | None = None, cpu: bool = False) -> str:
+    """'remedy (source: ...)' for a LogError; `phase` is the run's phase when it failed, `cpu` whether the
+    engine runs on the CPU."""
     own = "\n".join([f"{err.exception or ''}: {err.message}", *err.chain])
-    found = signature_of(err.kind, own, "\n".join(err.context), phase)
+    found = signature_of(err.kind, own, "\n".join(err.context), phase, cpu, err.exception)
     if found is not None:
         return f"{found.hint} (source: {found.source})"
     advice, source = FALLBACK.get(err.kind, FALLBACK["other"])

@@ -11,6 +11,8 @@ from typing import Any, Protocol
 
 from . import bench, generic, sglang, slurm, speculators, trainers, vllm
 from .errors import (
+    CHAIN_CHARS,
+    CHAIN_MAX,
     COMMON_RULES,
     CUT_MESSAGE,
     HARMLESS,
@@ -21,7 +23,7 @@ from .errors import (
     exception_line,
     merge,
 )
-from .formats import Screen
+from .formats import Screen, release
 from .hints import hint_of
 from .protocol import PROGRESS, PROTOCOL, protocol_metrics, protocol_progress
 from .text import Line, LineSplitter, RichUnwrapper, clean, stamp_seconds
@@ -44,6 +46,10 @@ CONTEXT_BEFORE = 20  # lines kept before an error: enough for the end of a trace
 CONTEXT_AFTER = 5
 CONTEXT_LINE_CHARS = 500
 MESSAGE_CHARS = 2000
+MORE_LINES = 4  # lines after an error that may hold its reasons (pydantic's)
+# Errors whose reasons follow on their own indented lines: pydantic's '1 validation error for ModelConfig'.
+_REASONS_FOLLOW = re.compile(r"ValidationError: \d+ validation errors? for ")
+_FIELD = re.compile(r"^[A-Za-z_][\w.\[\]]{0,200}$")  # the field a pydantic reason is about
 # A tentative error this many lines old is unrelated to a new one.
 STALE_LINES = 200
 _MAX_BAR_PREFIX = 1000  # a longer label is no tqdm desc worth remembering
@@ -76,13 +82,18 @@ _ANY_RULE = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULE
 # Markers that count whatever level they are logged at (or that come from programs that print no level).
 _ANY_LEVEL = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES if r.any_level)),
                     ("cancelled", "srun", "slurmstepd", "engine core exited", "hunk", "patch", "exit",
-                     "kill"))
+                     "kill", "death signal", "got signal"))
+# A stop was asked for (SIGTERM, SIGINT): the server's own word, or uvicorn's in front of it. What breaks while
+# it shuts down (an engine's output handler finding its engine gone) is how it stopped, not why.
+_SHUTDOWN = (vllm.SHUTDOWN, sglang.SHUTDOWN, generic.SHUTDOWN)
 _MAX_RICH = 64  # processes whose Rich records (and result blocks) are followed at once
 _MAX_GLUED = 8  # lines read out of one physical line after the bars glued in front of them
 _LAST_NUMBER = re.compile(r"-?[\d.]+(?:[eE][-+]?\d*)?\s*$")
 # Engines whose own words outweigh the line layout of another.
 _OVER_LAYOUT = ("speculators", "sglang", "vllm")
 _METRIC_SOURCES = (sglang.metrics, vllm.metrics)
+# Engines that load one model's shards with one bar: a second shard bar in the same load is a draft's.
+_ONE_LOAD_BAR = ("vllm", "speculators")
 _HEALTHY_METRICS = {"gen_throughput", "train/loss", "loss", "step"}
 _QUIET_LEVELS = {"DEBUG", "INFO", "WARNING"}
 _LOUD_LEVELS = {"ERROR", "CRITICAL"}
@@ -101,6 +112,21 @@ def _plain_prefix(prefix: str, with_total: bool) -> bool:
     if prefix[:1] in ("(", "[") or " - " in prefix or "\x1b" in prefix or (not with_total and "%" in prefix):
         return False
     return not prefix.lstrip().startswith(("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
+
+
+def assumption(engine: str | None, version: str | None) -> str | None:
+    """One line saying what orch assumes of an engine version its tables were not taken from; None for a
+    version it knows (or an engine it has no tables for)."""
+    module = {"sglang": sglang, "vllm": vllm}.get(engine or "")
+    got = release(version) if version else ()
+    if module is None or not got:
+        return None
+    low, high = module.KNOWN
+    if got < release(low):
+        return f"{engine} {version} is older than orch knows ({low} to {high}): its lines are read as {low}'s"
+    if got[:len(release(high))] > release(high):
+        return f"{engine} {version} is newer than orch knows ({low} to {high}): its lines are read as {high}'s"
+    return None
 
 
 class RowReader(Protocol):
@@ -130,8 +156,11 @@ class LogParser:
     """Follows one log as it grows. Feed it bytes in any chunks; the state depends only on the bytes."""
 
     def __init__(self, engine: str | None = None, ready_pattern: str | None = None,
-                 readers: Sequence[RowReader] = ()) -> None:
+                 readers: Sequence[RowReader] = (), engine_version: str | None = None) -> None:
         self.engine: str | None = engine
+        # the installed engine's version, when the run's playbook looked: it names what a layout does not tell
+        self.engine_version = engine_version
+        self._release = release(engine_version) if engine_version else ()
         self.auto_engine = engine is None
         self._by_layout = False  # the engine was named only by the layout of its lines
         self.ready_pattern = ready_pattern
@@ -161,6 +190,15 @@ class LogParser:
         self._load_begin: str | None = None  # time of the last 'Load weight begin' line, as printed
         self._caught = False  # the error is a complete traceback that something caught
         self._failed_in: str | None = None  # the phase the run failed in
+        self._stopping = False  # a stop was asked for: what fails from here on is no cause
+        self.cpu = False  # the engine runs on the CPU (vLLM's CPU backend): hints name its knobs
+        self.url: str | None = None  # where the server said it serves
+        self._loaded: list[str] = []  # processes whose target weights are loaded: a later load is a draft's
+        self._shards: list[float | None] | None = None  # [done, total] of the load's shard bar (vLLM)
+        # [completed, failed] requests of the benchmark result blocks so far (one job may run several)
+        self.requests: list[float] | None = None
+        self._more = 0  # lines after a pydantic ValidationError still to add to its message (its reasons)
+        self._answered_during = False  # a request was answered while a traceback was being written
         self.readers = tuple(readers)  # plugins' readings of their own lines; not state
         self.rows: list[tuple[str, dict[str, Any]]] = []  # (table, row) since the last take_rows(); not state
         self._redrawn: list[Metric] = []  # postfix samples of bars redrawn in place, for feed() to return
@@ -208,8 +246,8 @@ class LogParser:
         something caught (its outermost frame is no top level) is survived unless the log says more.
         """
         err = self.error
-        if err is None or err.fatal or self._caught or self.phase == "finished":
-            return
+        if err is None or err.fatal or self._caught or self.phase == "finished" or self._stopping:
+            return  # (a stop was asked for after it: the server was stopped, whatever it had survived)
         if self.lines - err.line > STALE_LINES:
             return
         err.fatal = True
@@ -221,6 +259,11 @@ class LogParser:
     def progress(self) -> Progress | None:
         """Latest progress bar, including the one being drawn now (tqdm's current line is unfinished)."""
         return self._partial_bar() or self._last_bar()
+
+    @property
+    def stopping(self) -> bool:
+        """A stop was asked for (the server's or uvicorn's word): what fails from here on is no cause."""
+        return self._stopping
 
     def _last_bar(self) -> Progress | None:
         if self._pending is not None:
@@ -270,6 +313,8 @@ class LogParser:
         self.lines += physical - 1
 
     def _take(self, line: Line, found: list[Metric]) -> None:
+        if self._more > 0:
+            self._reason(line)
         if not self._redraw(line):
             self._other(line, found)
         if self._ready_re is not None and self._ready_re.search(line.raw):
@@ -283,6 +328,8 @@ class LogParser:
         text = line.text
         if bar is None or bar[2] != self.engine or line.level or (err is not None and not err.fatal):
             return False
+        if bar[3] == "loading" and self.engine in _ONE_LOAD_BAR:
+            return False  # each line is looked at: a draft's bar of the same label may follow (a few lines)
         if not text.startswith(bar[0]) or (not bar[1] and "%" in text):
             return False
         m = match_bar_at(text, len(bar[0]), bar[1])
@@ -300,7 +347,7 @@ class LogParser:
     def _skip_redraws(self, data: bytes, start: int, end: int) -> int:
         """Take a run of lines that only redraw the last bar at C speed; same effect as one by one."""
         bar = self._bar
-        if bar is None or not bar[4]:
+        if bar is None or not bar[4] or (bar[3] == "loading" and self.engine in _ONE_LOAD_BAR):
             return start
         prefix, with_total = bar[0], bar[1]
         run = self._run_re
@@ -369,6 +416,7 @@ class LogParser:
             # A bar line carries nothing else, but it ends any traceback it interrupts.
             self._feed_traceback(line)
             return
+        self._server_state(line)
         self._metrics(line, found)
         told = protocol_progress(text) if PROGRESS in text else None
         if told is not None:
@@ -402,6 +450,46 @@ class LogParser:
         self._phase_of(line)
         self._find_error(line)
 
+    def _server_state(self, line: Line) -> None:
+        """What a server's lines say of it besides its phase: a stop asked for, the CPU backend, its address,
+        a model load beginning (vLLM)."""
+        text = line.text
+        if any(p.search(text) for p in _SHUTDOWN):
+            self._stopping = True
+            if vllm.SHUTDOWN.search(text):
+                self._group_stopped()
+        if self.engine in ("vllm", "speculators") or "vllm" in line.raw.lower():
+            if not self.cpu and vllm.on_cpu(line.raw):
+                self.cpu = True
+            url = vllm.url_of(text)
+            if url is not None:
+                self.url = url
+            if vllm.LOAD_BEGIN in text:
+                self._stopping = False  # a new server starts in this log
+                self._shards = None
+                if line.source in self._loaded:
+                    self._loaded.remove(line.source)
+
+    def _group_stopped(self) -> None:
+        """The API server was signalled: a stop of the whole process group, whose engine core may have gone
+        a moment before it (the client's 'engine core exited unexpectedly' then): no kill, a stop."""
+        err = self.error
+        if err is None or err.kind != "killed" or vllm.CORE_EXITED not in err.message:
+            return
+        self.error, self._error_after, self._caught = None, 0, False
+        if self.phase == "failed":
+            self.phase, self._failed_in = self._failed_in or "running", None
+
+    def _target_load(self, line: Line) -> bool:
+        """Whether a vLLM 'Loading weights took' line is the target model's: the first of its process since
+        its load began. A draft's (EAGLE-3, MTP) or the hidden-states extractor's follows it, and its bar is
+        not the run's progress."""
+        if line.source in self._loaded:
+            return False
+        self._loaded.append(line.source)
+        del self._loaded[:-_MAX_RICH]
+        return True
+
     def take_rows(self) -> list[tuple[str, dict[str, Any]]]:
         """The plugins' rows read since the last call, as (table, row), in the log's order."""
         taken, self.rows = self.rows, []
@@ -420,7 +508,9 @@ class LogParser:
         if self._cut_line:
             text = _LAST_NUMBER.sub("", text)  # '... acc=0.61' may have been '0.612' before the cut
         for source in _METRIC_SOURCES:
-            for name, value in source(text):
+            for name, value in (sglang.metrics(text, self._release) if source is sglang.metrics else source(text)):
+                if name == "load_weight_s" and vllm.LOAD_END.search(text) and not self._target_load(line):
+                    continue  # a draft's load, after the target's
                 self._sample(name, value, line, found)
                 if name in _HEALTHY_METRICS:
                     self._healthy()
@@ -438,6 +528,9 @@ class LogParser:
         if line.source in self._bench:
             for name, value in bench.row(text):
                 self._sample(name, value, line, found)
+                if name in ("completed", "failed"):
+                    self.requests = self.requests or [0.0, 0.0]
+                    self.requests[name == "failed"] += value
         result = bench.result_line(text)
         if result is not None:
             for name, value in result[0]:
@@ -475,8 +568,10 @@ class LogParser:
             if phase is None and self.phase in ("loading", "capturing"):
                 phase = "ready"  # the server answers: after its weights and graphs, that is all it waits for
             self._healthy()  # a server that still answers was not killed by a request's traceback
+            self._answered_during = bool(self._tracebacks.open)
         elif "\"" in text and _ANSWERED.search(text):
             self._healthy()
+            self._answered_during = bool(self._tracebacks.open)
         if phase is None and _DONE.search(text):
             phase = "finished"
         if phase is None:
@@ -487,13 +582,13 @@ class LogParser:
             self._set_phase(phase)
 
     def _bench_block(self, text: str, source: str) -> str | None:
-        """A benchmark's result block: 'running' once it begins (the benchmark ran), 'finished' when it
-        closes after its rows."""
+        """A benchmark's result block: 'finished' once it begins (it is printed when the benchmark is done),
+        its rows read until it closes."""
         if bench.header(text):
             self._bench[source] = 0
             if len(self._bench) > _MAX_RICH:
                 del self._bench[next(iter(self._bench))]
-            return "running"
+            return "finished"  # the block is printed once the benchmark is done: a cut block was done too
         if source in self._bench:
             if bench.end(text):
                 done = self._bench.pop(source) > 0
@@ -522,8 +617,12 @@ class LogParser:
                              source=cut.source), cut.chained, True)
         if self.error is not None and (self.error.line == line_no or cut.chained) and not self.error.fatal:
             # Its outermost frame shows something caught it, and the log went on: survived unless the log
-            # says more, as a complete caught traceback is. One the log ends in is how the run ended.
-            self._caught = cut.top is False and bool(line.raw)
+            # says more, as a complete caught traceback is. One the log ends in is how the run ended (also
+            # when the line that cut it is the log's last, itself cut: a partial line is no work going on).
+            self._caught = cut.top is False and bool(line.raw) and not self._cut_line
+            if self._caught and self._answered_during:
+                self._healthy()  # a request was answered while it was written: the server went on
+        self._answered_during = False
 
     def _find_error(self, line: Line) -> None:
         text = line.text
@@ -535,6 +634,7 @@ class LogParser:
                 self._orphan_root()
             return
         if isinstance(event, ExceptionEnd):
+            self._answered_during = False
             if line.level in ("DEBUG", "WARNING"):
                 return  # a traceback logged as a warning: something was tried and given up on
             self._exception(line, event.exception, event.message, event.chained, event.top is True,
@@ -571,6 +671,12 @@ class LogParser:
                    caught: bool = False) -> None:
         # An exception line the log ends in without its line end: the log was cut there, as inside a traceback.
         caught = caught and not self._cut_line
+        err = self.error
+        if err is not None and err.kind == "killed" and err.exception is None and vllm.DEAD.search(exception):
+            entry = f"{exception}: {message}"[:CHAIN_CHARS]
+            if entry not in err.chain and len(err.chain) < CHAIN_MAX:
+                err.chain.append(entry)  # the engine core was killed: every user of it raises this after
+            return
         kind = exception_kind(exception)
         fatal = top  # nothing caught it: the interpreter exits
         cause = True
@@ -636,6 +742,11 @@ class LogParser:
 
     def _on_progress(self, m: re.Match[str], pure_bar: bool) -> None:
         progress = progress_of(m)
+        if self.engine in _ONE_LOAD_BAR and generic.common_bar_phase(progress.label) == "loading":
+            shards = self._shards
+            if shards is not None and (progress.total != shards[1] or progress.done < (shards[0] or 0)):
+                return  # another bar in the same load: a draft's (EAGLE-3, MTP); the target's stays the progress
+            self._shards = [progress.done, progress.total]
         err = self.error
         if (err is not None and not err.fatal and progress.done > 0
                 and self._error_progress != [progress.label, progress.done]):
@@ -669,6 +780,8 @@ class LogParser:
         self.phase = phase
 
     def _raise(self, new: LogError, chained: bool, cause: bool) -> None:
+        if self._stopping:
+            return  # a stop was asked for: what fails as the server shuts down is how it stopped
         cur = self.error
         phase = self._failed_in if self.phase == "failed" else self.phase
         # A tentative error long before is unrelated to a new cause; a bare 'Killed' still ends it.
@@ -686,12 +799,29 @@ class LogParser:
             self.error = err
             last = self._last_bar()
             self._error_progress = [last.label, last.done] if last else None
-            err.hint = hint_of(err, phase)
+            err.hint = hint_of(err, phase, self.cpu)
+            self._more = MORE_LINES if _REASONS_FOLLOW.search(f"{err.exception}: {err.message}") else 0
         if err.fatal:
             self._set_phase("failed")
 
     def _context(self, raw: str) -> list[str]:
         return [*self._recent, raw[:CONTEXT_LINE_CHARS]]
+
+    def _reason(self, line: Line) -> None:
+        """A pydantic ValidationError says why on the lines after it (a field's name, then '  Value error,
+        ...', then a link): the reasons join its message."""
+        err = self.error
+        if err is None or err.line == self.lines:
+            return
+        text = line.text.strip()
+        indented = line.text[:1].isspace()
+        if not text or not (indented or _FIELD.match(text)):
+            self._more = 0  # the reasons are over
+            return
+        self._more -= 1
+        if not text.startswith("For further information"):
+            err.message = f"{err.message}: {text}"[:MESSAGE_CHARS]
+            err.hint = hint_of(err, self._failed_in if self.phase == "failed" else self.phase, self.cpu)
 
     def _remember(self, raw: str) -> None:
         raw = raw[:CONTEXT_LINE_CHARS]
@@ -709,6 +839,7 @@ class LogParser:
             "auto_engine": self.auto_engine,
             "by_layout": self._by_layout,
             "ready_pattern": self.ready_pattern,
+            "engine_version": self.engine_version,
             "phase": self.phase,
             "progress": p.to_dict() if (p := self._last_bar()) else None,
             "error": self.error.to_dict() if self.error else None,
@@ -725,11 +856,20 @@ class LogParser:
             "load_begin": self._load_begin,
             "caught": self._caught,
             "failed_in": self._failed_in,
+            "stopping": self._stopping,
+            "cpu": self.cpu,
+            "url": self.url,
+            "loaded": list(self._loaded),
+            "shards": self._shards,
+            "requests": self.requests,
+            "more": self._more,
+            "answered_during": self._answered_during,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], readers: Sequence[RowReader] = ()) -> LogParser:
-        p = cls(engine=d.get("engine"), ready_pattern=d.get("ready_pattern"), readers=readers)
+        p = cls(engine=d.get("engine"), ready_pattern=d.get("ready_pattern"), readers=readers,
+                engine_version=d.get("engine_version"))
         p.auto_engine = bool(d.get("auto_engine", p.engine is None))
         p._by_layout = bool(d.get("by_layout", False))
         p.phase = d.get("phase", "starting")
@@ -753,4 +893,12 @@ class LogParser:
         p._load_begin = d.get("load_begin")
         p._caught = bool(d.get("caught", False))
         p._failed_in = d.get("failed_in")
+        p._stopping = bool(d.get("stopping", False))
+        p.cpu = bool(d.get("cpu", False))
+        p.url = d.get("url")
+        p._loaded = list(d.get("loaded", []))
+        p._shards = d.get("shards")
+        p.requests = d.get("requests")
+        p._more = int(d.get("more", 0))
+        p._answered_during = bool(d.get("answered_during", False))
         return p

@@ -21,6 +21,7 @@ from .errors import Rule, rule
 from .formats import NUM, Format, Screen, line, metrics_of, phase_of
 
 NAME = "sglang"
+KNOWN = ("0.4.10", "0.5.23")  # the versions whose sources these tables were taken from
 
 # What only SGLang prints (its '[time TPn]' prefix is recognised where lines are cleaned); its capture bars
 # alone name it too. Each branch holds one of the screen's words.
@@ -57,11 +58,18 @@ RULES: list[Rule] = [
          source=_GRAPHS),
     rule(r"Exception in (?:run_tp_server|ModelTpServer|ControllerSingle|run_data_parallel_controller)", "other",
          True, versions="<0.4"),
+    # The scheduler made no progress for --watchdog-timeout: it dumps its stacks (py-spy) and SIGQUITs the
+    # server; a soft watchdog (soft=True) only dumps.
+    rule(r"[Ww]atchdog timeout \((?:self\.)?watchdog_timeout=[\d.]+(?:, (?:self\.)?soft=False)?\)", "timeout", True,
+         versions="0.4.10-0.5.23", source="srt/utils/watchdog.py"),
     rule(r"Not enough memory\. Please try to increase --mem-fraction-static", "cuda_oom", False,
          versions="0.4.10-0.5.23", source=_RUNNER),
     rule(r"Prefill out of memory|Decode out of memory", "cuda_oom", False, versions="0.4.10-0.5.23",
          source="srt/managers/schedule_policy.py"),
 ]
+
+# A stop was asked for: the server drains its requests and exits (0.5+; 'Gracefully exiting' as it goes).
+SHUTDOWN = re.compile(r"SIGTERM received\. .*shutting down|Gracefully exiting\.\.\.")
 
 _CAPTURE = r"Capture (?:[\w ]+ )?cuda graph "
 _DECODE = r"Decode batch(?: \[\d+\])?[.,] "
@@ -107,8 +115,18 @@ _LOAD_BEGIN = re.compile(r"Load weight begin\. avail mem=")
 _LOAD_END = re.compile(r"Load weight end\. ")
 
 
-def metrics(text: str) -> list[tuple[str, float]]:
-    return metrics_of(FORMATS, text)
+# 0.5.9 and 0.5.10 dropped the decode line's trailing comma but kept the old rate (per draft-token slot);
+# 0.5.11 changed it to drafted tokens accepted per token drafted. Only the version tells those apart.
+_RATE_PER_DRAFTED_SINCE = (0, 5, 11)
+
+
+def metrics(text: str, version: tuple[int, ...] = ()) -> list[tuple[str, float]]:
+    """The numbers of a line; `version` (the installed SGLang's release, when known) names the decode line's
+    acceptance rate where its layout does not tell (0.5.9, 0.5.10)."""
+    found = metrics_of(FORMATS, text)
+    if version and version < _RATE_PER_DRAFTED_SINCE:
+        found = [("accept_per_draft_slot" if name == "draft_accept_rate" else name, value) for name, value in found]
+    return found
 
 
 def load_mark(text: str) -> str | None:

@@ -17,6 +17,7 @@ from .errors import Rule, rule
 from .formats import Format, line, metrics_of, phase_of
 
 NAME = "vllm"
+KNOWN = ("0.6", "0.33")  # the versions whose sources these tables were taken from
 
 # Its process prefixes and its logging layout (old and new) are recognised where lines are cleaned.
 DETECT = re.compile(r"vllm|vLLM|EngineCore|\((?:APIServer|Worker_\w+|VllmWorker\S*) pid="
@@ -41,8 +42,10 @@ RULES: list[Rule] = [
          versions="0.6-0.33", source="v1/engine/exceptions.py"),
     rule(r"Worker proc \S+ died unexpectedly", "other", True, versions="0.8-0.33", source=_EXECUTOR),
     rule(r"Engine core proc \S+ died unexpectedly", "other", True, versions="0.8-0.16", source=_CLIENT),
-    # 0.33 logs the death of an engine core at WARNING only.
-    rule(r"engine core exited unexpectedly", "other", True, versions="0.33", source=_CLIENT, any_level=True),
+    # The engine core process is gone without a word of its own (SIGKILLed: the OOM killer, a person): 0.32+
+    # say so at WARNING only, and the EngineDeadError tracebacks after it hold no other cause.
+    rule(r"engine core exited unexpectedly", "killed", True, True, versions="0.32-0.33", source=_CLIENT,
+         any_level=True),
     rule(r"RayWorkerProc rank=\d+ died unexpectedly", "other", True, versions="0.33",
          source="v1/executor/ray_executor_v2.py"),
     rule(r"No available memory for the cache blocks", "cuda_oom", True, versions="0.6-0.33",
@@ -66,7 +69,7 @@ FORMATS: list[Format] = [
     line(r"Model loading took", "loading", "0.6-0.33", _RUNNER, "Model loading took"),
     line(r"Initializing an? (?:V1 )?LLM engine", "loading", "0.6-0.33", "engine/llm_engine.py", "LLM engine"),
     line(r"Available KV cache memory: ", "loading", "0.8-0.33", "v1/worker/gpu_worker.py", "KV cache memory"),
-    line(r"GPU KV cache size: ", "loading", "0.8-0.33", "v1/core/kv_cache_utils.py", "KV cache size"),
+    line(r"(?:GPU|CPU) KV cache size: ", "loading", "0.8-0.33", "v1/core/kv_cache_utils.py", "KV cache size"),
     # Graphs are done and the engine is initialised: the API server is still to start, so it is loading.
     line(r"Graph capturing finished in ", "loading", "0.6-0.33", _RUNNER, "Graph capturing finished"),
     line(r"init engine \(profile, create kv cache, warmup model\) took", "loading", "0.8-0.33", _CORE,
@@ -121,3 +124,32 @@ def line_phase(text: str, phase: str = "starting") -> str | None:
 
 def bar_phase(label: str) -> str | None:
     return "running" if _RUNNING_BARS.match(label) else None
+
+
+# A stop was asked for (SIGTERM, SIGINT): the API server's own word (0.32+). What the engine prints after it
+# (an output handler that fails on the engine it is shutting down, 'EngineDeadError') is the stop, not a cause.
+SHUTDOWN = re.compile(r"\[shutdown\] API server: shutdown triggered")
+# The CPU backend: its KV cache lines, its platform, its worker and runner files.
+_CPU = re.compile(r"CPU KV cache (?:size|usage)|detected platform cpu\b|\[cpu(?:_worker|_model_runner)?\.py:\d+\]"
+                  r"|on the CPU backend")
+CORE_EXITED = "engine core exited unexpectedly"
+# What every process that used a dead engine core raises: the consequence of its death, never its cause.
+DEAD = re.compile(r"(?:^|\.)(?:Async)?EngineDeadError$")
+_URL = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on (https?://[^\s,]+)")
+# One model load: the first weights loaded after it began are the target's; a draft (EAGLE-3, MTP) or the
+# hidden-states extractor loads after it in the same process and prints its own 'Loading weights took'.
+LOAD_BEGIN = "Starting to load model"
+LOAD_END = re.compile(r"Loading (?:model )?weights took")
+
+
+def on_cpu(raw: str) -> bool:
+    """A line only vLLM's CPU backend prints."""
+    return "cpu" in raw.lower() and bool(_CPU.search(raw))
+
+
+def url_of(text: str) -> str | None:
+    """The address the API server says it serves on."""
+    if "Starting vLLM" not in text:
+        return None
+    m = _URL.search(text)
+    return m.group(1).rstrip(".") if m else None

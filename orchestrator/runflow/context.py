@@ -198,7 +198,18 @@ def watch_options(pb: Playbook[Any], spec: RunSpec, host: Host, until_ready: boo
         health=pb.health(spec, host),
         give_up_s=host.unreachable_give_up_s,
         tables=runtables.installed(),  # one that does not load is told by `orch status ID`
+        max_failed_fraction=failed_bound(spec),
     )
+
+
+def failed_bound(spec: RunSpec) -> float:
+    """The share of a benchmark's requests that may fail: the spec's `max_failed_fraction` (or its `bench`
+    table's), else none may."""
+    for holder in (spec, getattr(spec, "bench", None)):
+        value = getattr(holder, "max_failed_fraction", None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return 0.0
 
 
 @dataclass

@@ -47,6 +47,7 @@ def read_to_end(ctx: Job, clock: Callable[[], float] = time.time,
     samples: list[Metric] = []
     last: str | None = None
     hold, wait_until = 0.0, monotonic() + END_WAIT_S
+    exit_code = run.exit_code
     for _ in range(MAX_READS):
         state = ctx.executor.poll(ctx.paths, run.job, offset, MAX_CHUNK, hold_s=hold, inode=inode,
                                   mark=launch.tail_mark(tail) if tail else None)
@@ -56,6 +57,8 @@ def read_to_end(ctx: Job, clock: Callable[[], float] = time.time,
         new = state.offset + len(state.data)
         tail = ((tail if state.offset == offset else b"") + state.data)[-launch.TAIL_MARK:]
         offset, inode = new, state.inode
+        if exit_code is None and state.exit_code is not None:
+            exit_code = state.exit_code  # its own end, after whoever ended the run stopped it
         if state.rotated:  # the rest of a rotated log is read; the new log is next, from its start
             if new >= state.size:
                 offset, inode, tail = 0, None, b""
@@ -69,7 +72,7 @@ def read_to_end(ctx: Job, clock: Callable[[], float] = time.time,
                                      "lines it prints from now on are not recorded")
                 break
             # still running (its stop under way): the host holds the next read until the job is gone
-    samples += parser.finish(exit_code=run.exit_code)  # the job is over: a last line without its newline counts
+    samples += parser.finish(exit_code=exit_code)  # the job is over: a last line without its newline counts
 
     now = clock()
     fields: dict[str, Any] = {
@@ -79,6 +82,10 @@ def read_to_end(ctx: Job, clock: Callable[[], float] = time.time,
     }
     if last is not None:
         fields["last_line"] = last
+    if exit_code is not None and run.exit_code is None:
+        # how the process itself ended (a server whose engine core was killed exits 0): kept beside the
+        # end that was decided first
+        fields["exit_code"] = exit_code
     if parser.phase != phase_before:  # else the phase the end recorded stands (finished, failed)
         fields["phase"] = parser.phase
     with ctx.store.tx():

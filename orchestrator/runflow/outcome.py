@@ -4,6 +4,7 @@ are and what to run next; on failure the cause, what to try (the log parser's di
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..config.hosts import Host
@@ -12,7 +13,7 @@ from ..errors import OrchError
 from ..host.health import SERVING_PHASES
 from ..store import Store
 from ..store.record import Run, Status
-from ..store.shapes import error_hint, metrics, times
+from ..store.shapes import error_hint, shown_metrics, times
 
 EXPLAIN_LINES = 8
 
@@ -30,7 +31,8 @@ def _explaining_lines(ws: Workspace, run: Run) -> list[str]:
 
 
 def server_url(run: Run, host: Host | None) -> str | None:
-    """Where a running, ready server answers; None for anything else (or a spec no longer readable)."""
+    """Where a running, ready server answers: its playbook's address, else the one its log says it serves on
+    (vLLM's 'Starting vLLM server on http://...', whatever ran it); None for anything else."""
     if host is None or run.status is not Status.RUNNING or run.phase not in SERVING_PHASES:
         return None
     from pydantic import ValidationError
@@ -39,9 +41,22 @@ def server_url(run: Run, host: Host | None) -> str | None:
 
     try:
         pb = registry.playbook(run.playbook)
-        return pb.url(pb.Spec.model_validate(run.spec), host)
+        url = pb.url(pb.Spec.model_validate(run.spec), host)
     except (OrchError, ValidationError):  # a playbook gone from this install, a spec it no longer takes
+        url = None
+    return url or logged_url(run, host)
+
+
+_ANY_ADDRESS = re.compile(r"^(https?://)(0\.0\.0\.0|\[::\]|::)(?=[:/]|$)")
+
+
+def logged_url(run: Run, host: Host) -> str | None:
+    """The address the server's log says it serves on, as the host's address when it listens on all of them."""
+    said = (run.parser_state or {}).get("url")
+    if not isinstance(said, str) or not said:
         return None
+    address = host.address or ("127.0.0.1" if host.is_local else host.name)
+    return _ANY_ADDRESS.sub(lambda m: m.group(1) + (f"[{address}]" if ":" in address else address), said)
 
 
 def summary(ws: Workspace, store: Store, run: Run, host: Host | None = None) -> dict[str, Any]:
@@ -52,7 +67,7 @@ def summary(ws: Workspace, store: Store, run: Run, host: Host | None = None) -> 
         "phase": run.phase,
         "duration_s": round(run.ended_at - run.started_at, 1) if run.ended_at and run.started_at else None,
         **times(started_at=run.started_at, ended_at=run.ended_at),
-        "metrics": metrics(store.latest_metrics(run.id)),
+        "metrics": shown_metrics(store, run),
         "outputs": {"remote_dir": run.remote_dir, "manifest": str(outputs) if outputs.is_file() else None},
         "cause": None, "hint": None, "log_lines": [], "next": [], "url": server_url(run, host),
     }

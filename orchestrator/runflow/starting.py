@@ -19,6 +19,7 @@ from ..host.hostlease import run_token
 from ..host.launch import job_script
 from ..host.polling import busy_wait_s
 from ..host.remote import Transport, connect, quote
+from ..logparse import LogParser, assumption
 from ..playbook import JobContext, Playbook, Prepared
 from ..store import Store, lease
 from ..store.controller import Controller
@@ -305,7 +306,22 @@ def prepare(ctx: Job, host_wait: Callable[[hostlease.HostLeaseBusy], None] | Non
                   {"applied": ps.name, "set_hash": ps.set_hash, "python": python, "root": res.root,
                    "files": [f.__dict__ for f in res.files]})
     job = ctx.for_playbook()
-    return partial(_job_script, ctx, job, ctx.pb.prepare(job), gpu_env, overlay)
+    prepared = ctx.pb.prepare(job)
+    note_engine_version(ctx, prepared.engine_version)
+    return partial(_job_script, ctx, job, prepared, gpu_env, overlay)
+
+
+def note_engine_version(ctx: Job, version: str | None) -> None:
+    """The installed engine's version, for the log's reading (what a line's layout does not tell), and one
+    warning when orch's tables were not taken from it (what it assumes instead)."""
+    if version is None:
+        return
+    engine = ctx.pb.log_engine(ctx.spec)
+    parser = LogParser(engine=engine, ready_pattern=ctx.pb.ready_pattern(ctx.spec), engine_version=version)
+    ctx.store.update_run(ctx.run_id, parser_state=parser.to_dict())
+    assumed = assumption(engine, version)
+    if assumed is not None:
+        ctx.event("warning", assumed)
 
 
 def _job_script(ctx: Job, job: JobContext[Any], prepared: Prepared, gpu_env: dict[str, str],

@@ -323,7 +323,7 @@ class Watcher:
 
         end: tuple[Status, str, dict[str, Any]] | None = None
         if not more:
-            end = self._judge(state)
+            end = self._benchmark(self._judge(state), events)
             if (end is None and self.health is not None and state.alive and p.phase in SERVING_PHASES
                     and now >= self._health_due):
                 self._health_due = now + self.opts.poll_min
@@ -453,6 +453,21 @@ class Watcher:
                 return None
             return Status.FAILED, f"fatal error in log: {_error_text(err)}", {}
         return None
+
+    def _benchmark(self, end: tuple[Status, str, dict[str, Any]] | None,
+                   events: list[tuple[str, str, Any]]) -> tuple[Status, str, dict[str, Any]] | None:
+        """A benchmark that exits 0 with failed requests did not succeed: failed above the spec's bound
+        (max_failed_fraction), degraded up to it."""
+        requests = self.parser.requests
+        if end is None or end[0] is not Status.SUCCEEDED or not requests or not requests[1]:
+            return end
+        completed, failed = requests
+        bound = self.opts.max_failed_fraction
+        what = f"{failed:g} of {completed + failed:g} benchmark requests failed"
+        if failed > bound * (completed + failed):
+            return Status.FAILED, f"{what} (max_failed_fraction {bound:g})", {**end[2], "phase": "failed"}
+        events.append(("degraded", f"{what}: within max_failed_fraction {bound:g}", None))
+        return end
 
     def _loss(self) -> str:
         """Why the job is gone without an exit code: a full disk, the OOM killer, or a SIGKILL or reboot."""

@@ -18,7 +18,7 @@ from ..errors import DatabaseUnavailable, NotFound, UsageError
 from . import migrations
 from .encoding import decoded, dump_json, load_json
 from .record import ACTIVE, JSON_FIELDS, Run, Status
-from .summaries import summaries
+from .summaries import IDLE_ZERO, headline, summaries
 
 if TYPE_CHECKING:
     from sqlite_utils import Database
@@ -403,6 +403,14 @@ class Store:
             (run_id,),
         )
         return dict(rows.fetchall())
+
+    def headline_metrics(self, run_id: int) -> dict[str, float]:
+        """The run's metrics as its headline shows them: the latest of each, a serving rate's steady state at
+        work rather than the idle zero an engine prints after every burst (summaries.headline)."""
+        found = self.latest_metrics(run_id)
+        for name in IDLE_ZERO & found.keys():
+            found[name] = headline(name, [v for _, v, _ in self.metric_series(run_id, name)])
+        return found
 
     def metric_summaries(self, run_id: int) -> dict[str, dict[str, Any]]:
         """Per metric of the run: last, and mean and p50 over the steady state (see summaries.py)."""

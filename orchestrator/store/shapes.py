@@ -48,6 +48,13 @@ def metrics(values: dict[str, float]) -> dict[str, Any]:
     return {k: number(v) for k, v in values.items()}
 
 
+def shown_metrics(store: Store, run: Run) -> dict[str, Any]:
+    """A run's metrics as its headline shows them: the latest of each; while it serves, a serving rate's
+    steady state at work instead of the idle zero an engine prints after every burst."""
+    serving = run.status is Status.RUNNING and run.phase in ("ready", "running")
+    return metrics(store.headline_metrics(run.id) if serving else store.latest_metrics(run.id))
+
+
 def shown_status(run: Run, unreachable_since: float | None) -> str:
     """The status word a person reads: the lifecycle's, but `stopped` for a run ended on purpose and
     `unreachable` for an active run whose host stopped answering."""
@@ -161,7 +168,7 @@ def run_document(store: Store, run: Run, with_events: bool = True, tables: Itera
                   if error else None),
         "reason": run.reason,
         "last_line": run.last_line,  # the log's last line as of the last poll
-        "metrics": metrics(store.latest_metrics(run.id)),
+        "metrics": shown_metrics(store, run),
         # per metric: last, and mean and p50 over the steady state (the first 10 % of samples left out)
         "metric_summaries": {k: {f: number(v) for f, v in s.items()} for k, s in store.metric_summaries(run.id).items()},
         "exit_code": run.exit_code,

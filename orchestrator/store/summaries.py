@@ -14,6 +14,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 WARMUP_FRACTION = 0.1  # the share of a metric's first samples left out of its mean and p50
+# Serving rates whose zero samples are the engine's idle lines: vLLM logs one stats line at 0 after every
+# burst of requests, so the last sample of any idle server is 0. Their headline is the steady state of the
+# samples taken at work.
+IDLE_ZERO = frozenset({"gen_throughput"})
 
 
 def steady(values: Sequence[float]) -> Sequence[float]:
@@ -26,6 +30,16 @@ def summarize(values: Sequence[float]) -> dict[str, Any]:
     kept = steady(values)
     return {"last": values[-1], "mean": statistics.fmean(kept), "p50": statistics.median(kept),
             "samples": len(values), "steady_samples": len(kept)}
+
+
+def headline(name: str, values: Sequence[float]) -> float:
+    """A metric's value as a run's headline shows it: the latest sample; for a serving rate (IDLE_ZERO), the
+    mean over the steady state of its samples at work (the latest when it never worked)."""
+    if name in IDLE_ZERO:
+        busy = [v for v in values if v > 0]
+        if busy:
+            return statistics.fmean(steady(busy))
+    return values[-1]
 
 
 def summaries(samples: Iterable[tuple[str, float]]) -> dict[str, dict[str, Any]]:
