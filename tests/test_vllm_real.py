@@ -89,11 +89,13 @@ def test_serve_bench_and_stop(orch, models):
     assert b["metrics"]["completed"] == 16 and b["metrics"]["failed"] == 0
     assert b["metrics"]["output_throughput"] > 0
 
-    served = orch.status(run)  # the server's own stats while it served: not an idle zero
+    # the server's own stats (vLLM logs them every 10 s while it serves): its headline is what it served at,
+    # not the idle zero line that ends every burst
+    served = orch.wait_for(run, lambda d: "gen_throughput" in d["metric_summaries"], timeout=120)
     assert served["metric_summaries"]["gen_throughput"]["mean"] > 0
 
     # a benchmark whose every request fails (a model the server does not serve: 404) is no success
-    res = bench(orch, run, "--set", "model=no-such-model")
+    res = bench(orch, run, "--set", "model=no-such-model", "--set", f'extra_args=["--tokenizer", "{models["target"]}"]')
     b = orch.status(run + 2)
     assert res.returncode != 0 and b["status"] == "failed", b
     assert b["metrics"]["failed"] == 16
