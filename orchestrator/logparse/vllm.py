@@ -147,6 +147,19 @@ def on_cpu(raw: str) -> bool:
     return "cpu" in raw.lower() and bool(_CPU.search(raw))
 
 
+# The version it prints as it starts: the engine's config line (0.8+), the API server's (0.6-0.7), the banner.
+_VERSION = re.compile(r"Initializing an? (?:V1 )?LLM engine \(v(\d+\.\d+[\w.+-]*)\)"
+                      r"|vLLM API server version (\d+\.\d+[\w.+-]*)|█ +version (\d+\.\d+[\w.+-]*)")
+
+
+def version_of(text: str) -> str | None:
+    """The vLLM version a line says is running."""
+    if "version" not in text and "LLM engine (v" not in text:
+        return None
+    m = _VERSION.search(text)
+    return next((g for g in m.groups() if g), None) if m else None
+
+
 def url_of(text: str) -> str | None:
     """The address the API server says it serves on."""
     if "Starting vLLM" not in text:

@@ -315,3 +315,35 @@ def test_failed_requests_of_every_block_count(tmp_path: Path) -> None:
     store, w, _, _ = watched(tmp_path)
     assert push(w, BENCH + clean, exit_code=0)
     assert store.get_run(w.run_id).reason == "141 of 400 benchmark requests failed (max_failed_fraction 0)"
+
+
+@pytest.mark.parametrize("version, warned", [("0.32.0+cpu", []), ("0.40.1", [
+    "vllm 0.40.1 is newer than orch knows (0.6 to 0.33): its lines are read as 0.33's"])])
+def test_a_version_the_log_tells_is_checked_once(tmp_path: Path, version: str, warned: list[str]) -> None:
+    store, w, _, _ = watched(tmp_path)
+    line = (f"(EngineCore pid=3411) INFO 12-06 04:30:15 [core.py:133] Initializing a V1 LLM engine (v{version}) with "
+            f"config: model='models/tiny'\n").encode()
+    push(w, line)
+    push(w, line)
+    assert [e["message"] for e in store.events(w.run_id) if e["kind"] == "warning"] == warned
+    assert LogParser.from_dict(store.get_run(w.run_id).parser_state or {}).engine_version == version
+
+
+def test_the_installed_version_a_playbook_found_is_the_logs(tmp_path: Path) -> None:
+    """serve-eagle3 looks up the installed SGLang: the log is read for it, and one it does not know is told."""
+    from types import SimpleNamespace
+
+    from orchestrator.runflow.starting import note_engine_version
+
+    store, w, _, _ = watched(tmp_path)
+    events: list[str] = []
+    ctx = SimpleNamespace(store=store, run_id=w.run_id, spec=None, event=lambda kind, message: events.append(message),
+                          pb=SimpleNamespace(log_engine=lambda s: "sglang", ready_pattern=lambda s: None))
+    note_engine_version(ctx, "0.5.9")  # type: ignore[arg-type]
+    assert events == []
+    state = store.get_run(w.run_id).parser_state
+    p = LogParser.from_dict(state or {})
+    p.feed(DECODE)
+    assert "accept_per_draft_slot" in p.metrics and "draft_accept_rate" not in p.metrics
+    note_engine_version(ctx, "0.7.0")  # type: ignore[arg-type]
+    assert events == ["sglang 0.7.0 is newer than orch knows (0.4.10 to 0.5.23): its lines are read as 0.5.23's"]
