@@ -347,3 +347,40 @@ def test_the_installed_version_a_playbook_found_is_the_logs(tmp_path: Path) -> N
     assert "accept_per_draft_slot" in p.metrics and "draft_accept_rate" not in p.metrics
     note_engine_version(ctx, "0.7.0")  # type: ignore[arg-type]
     assert events == ["sglang 0.7.0 is newer than orch knows (0.4.10 to 0.5.23): its lines are read as 0.5.23's"]
+
+
+def test_orch_stop_leaves_a_stopped_server_without_an_error(tmp_path: Path) -> None:
+    """The end's read of a stopped vLLM server's log: its shutdown's EngineDeadError is no error of the run."""
+    from types import SimpleNamespace
+
+    from orchestrator.runflow.lastread import read_to_end
+
+    log = (LOGS / "vllm_0_32_cpu_clean_stop_engine_dead.log").read_bytes()
+    store, w, _, _ = watched(tmp_path)
+    head = log[:log.index(b"(APIServer pid=7310) INFO 12-06 05:03:30 [launcher.py:101]")]
+    assert not push(w, head)
+    transition(store, w.run_id, Status.CANCELLED, "stopped by user")
+
+    class Executor:
+        def poll(self, paths: Any, job: Any, offset: int, limit: int, **_: Any) -> JobState:
+            return JobState(alive=False, exit_code=None, size=len(log), offset=offset, data=log[offset:],
+                            started_at=999_000.0)
+
+    ctx = SimpleNamespace(refresh=lambda: store.get_run(w.run_id), executor=Executor(), paths=None,
+                          store=store, run_id=w.run_id, event=lambda *a: None,
+                          pb=SimpleNamespace(log_engine=lambda s: None, ready_pattern=lambda s: None), spec=None)
+    read_to_end(ctx)  # type: ignore[arg-type]
+    run = store.get_run(w.run_id)
+    assert run.error is None and run.phase == "running"
+    assert not [e for e in store.events(w.run_id) if e["kind"] == "error"]
+
+
+def test_a_model_vllm_cannot_find_is_a_missing_directory() -> None:
+    p = LogParser()
+    p.feed(b"(APIServer pid=1) Traceback (most recent call last):\n"
+           b"(APIServer pid=1)   File \"/v/bin/vllm\", line 10, in <module>\n"
+           b"(APIServer pid=1)     sys.exit(main())\n"
+           b"(APIServer pid=1) ValueError: Invalid repository ID or local directory specified: 'models/tiny-gone'.\n"
+           b"(APIServer pid=1) Please verify the following requirements:\n")
+    p.finish(exit_code=1)
+    assert p.error is not None and p.error.hint is not None and p.error.hint.startswith("no such model directory")
