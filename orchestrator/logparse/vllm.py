@@ -130,8 +130,9 @@ def bar_phase(label: str) -> str | None:
 # (an output handler that fails on the engine it is shutting down, 'EngineDeadError') is the stop, not a cause.
 SHUTDOWN = re.compile(r"\[shutdown\] API server: shutdown triggered")
 # The CPU backend: its KV cache lines, its platform, its worker and runner files.
+# (Not 'on the CPU backend' alone: the KV cache refusal says that on any device.)
 _CPU = re.compile(r"CPU KV cache (?:size|usage)|detected platform cpu\b|\[cpu(?:_worker|_model_runner)?\.py:\d+\]"
-                  r"|on the CPU backend")
+                  r"|On the CPU backend, the --gpu-memory-utilization")
 CORE_EXITED = "engine core exited unexpectedly"
 # What every process that used a dead engine core raises: the consequence of its death, never its cause.
 DEAD = re.compile(r"(?:^|\.)(?:Async)?EngineDeadError$")

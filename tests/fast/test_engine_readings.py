@@ -384,3 +384,15 @@ def test_a_model_vllm_cannot_find_is_a_missing_directory() -> None:
            b"(APIServer pid=1) Please verify the following requirements:\n")
     p.finish(exit_code=1)
     assert p.error is not None and p.error.hint is not None and p.error.hint.startswith("no such model directory")
+
+
+def test_a_gpu_hosts_kv_refusal_gets_gpu_advice() -> None:
+    """vLLM's KV cache refusal mentions the CPU backend on any device: only the CPU's own lines make a CPU host."""
+    lines = (LOGS / "vllm_0_32_cpu_kv_cache_too_small.log").read_text().splitlines(keepends=True)
+    on_gpu = "".join(x.replace("device_config=cpu", "device_config=cuda") for x in lines
+                     if "cpu_model_runner" not in x and "cpu_worker" not in x)
+    p = LogParser()
+    p.feed(on_gpu.encode())
+    p.finish(exit_code=1)
+    assert not p.cpu and p.error is not None and p.error.hint is not None
+    assert "VLLM_CPU_KVCACHE_SPACE" not in p.error.hint and "--gpu-memory-utilization" in p.error.hint
