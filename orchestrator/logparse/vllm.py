@@ -42,9 +42,10 @@ RULES: list[Rule] = [
          versions="0.6-0.33", source="v1/engine/exceptions.py"),
     rule(r"Worker proc \S+ died unexpectedly", "other", True, versions="0.8-0.33", source=_EXECUTOR),
     rule(r"Engine core proc \S+ died unexpectedly", "other", True, versions="0.8-0.16", source=_CLIENT),
-    # The engine core process is gone without a word of its own (SIGKILLed: the OOM killer, a person): 0.32+
-    # say so at WARNING only, and the EngineDeadError tracebacks after it hold no other cause.
-    rule(r"engine core exited unexpectedly", "killed", True, True, versions="0.32-0.33", source=_CLIENT,
+    # The engine core process is gone (0.32+ say so at WARNING only): killed, when it left no word of its own
+    # before (SIGKILL: the OOM killer, a person), and the EngineDeadError tracebacks after it hold no other
+    # cause; after its own fatal error, only how that error ended (it names no cause: it renames none).
+    rule(r"engine core exited unexpectedly", "killed", True, versions="0.32-0.33", source=_CLIENT,
          any_level=True),
     rule(r"RayWorkerProc rank=\d+ died unexpectedly", "other", True, versions="0.33",
          source="v1/executor/ray_executor_v2.py"),

@@ -396,3 +396,17 @@ def test_a_gpu_hosts_kv_refusal_gets_gpu_advice() -> None:
     p.finish(exit_code=1)
     assert not p.cpu and p.error is not None and p.error.hint is not None
     assert "VLLM_CPU_KVCACHE_SPACE" not in p.error.hint and "--gpu-memory-utilization" in p.error.hint
+
+
+def test_an_engine_core_that_died_of_its_own_error_was_not_killed() -> None:
+    lines = (LOGS / "vllm_0_32_cpu_engine_core_sigkill.log").read_text().splitlines(keepends=True)
+    own = ("(EngineCore pid=8180) ERROR 12-06 05:11:19 [core.py:710] EngineCore encountered a fatal error.\n"
+           "(EngineCore pid=8180) ERROR 12-06 05:11:19 [core.py:710] Traceback (most recent call last):\n"
+           "(EngineCore pid=8180) ERROR 12-06 05:11:19 [core.py:710]   File \"/v/vllm/v1/engine/core.py\", line 701, "
+           "in run_engine_core\n"
+           "(EngineCore pid=8180) ERROR 12-06 05:11:19 [core.py:710]     engine_core.run_busy_loop()\n"
+           "(EngineCore pid=8180) ERROR 12-06 05:11:19 [core.py:710] ValueError: token id 152000 out of range\n")
+    p = LogParser()
+    p.feed("".join([*lines[:5], own, *lines[5:]]).encode())
+    p.finish()
+    assert p.error is not None and (p.error.kind, p.error.exception) == ("python_exception", "ValueError")
