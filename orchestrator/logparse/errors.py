@@ -75,9 +75,10 @@ COMMON_RULES = [
          r"|\b(?:[Ee]xit(?:ed)?|[Rr]eturned)(?: with)?(?: exit)? (?:code|status)[:=]? ?137\b", "killed", True, True,
          any_level=True),  # 137: a shell's 128 + 9
     # torch elastic's agent stopping its workers on a signal it was sent (SIGTERM, SIGINT, SIGHUP: its
-    # 'death signal'), then raising SignalException: the job was killed from outside.
+    # 'death signal'), then raising SignalException: the job was killed from outside (by whom, and why, it
+    # does not say: a scheduler's time limit before it stays the cause).
     rule(r"Received (?:Signals\.)?SIG[A-Z]+ death signal|Received \d+ death signal"
-         r"|SignalException: Process \d+ got signal: ?\d+", "killed", True, True, any_level=True),
+         r"|SignalException: Process \d+ got signal: ?\d+", "killed", True, any_level=True),
     # A shell's 'Killed' (also glued to the bar it interrupted): SIGKILL, from whom the log may not say.
     rule(r"^Killed\s*$|\]Killed\s*$|^\S+: line \d+: +\d+ Killed\b", "killed", True, False),
     # One rank's NCCL failure leaves the others hanging in their next collective.

@@ -177,7 +177,7 @@ SIGNATURES: list[Signature] = [
         "vLLM's message"),
     # A local path that is not there: huggingface_hub then reads it as a hub id and refuses its shape.
     sig("model_dir_missing", "", r"Repo id must (?:be in the form|use alphanumeric).*: '(?:/|\.{1,2}/|~)"
-        r"|Repo id must be in the form.*: '[^']*/[^']*/",
+        r"|Repo id must be in the form.*: '[^']*/[^']*/|Invalid repository ID or local directory specified",
         "no such model directory: the path given as the model does not exist on the host (a path that is not "
         "there is read as a model hub id); check it", "huggingface_hub's HFValidationError"),
     sig("hf_offline", "", r"couldn't connect to 'https://huggingface\.co'|LocalEntryNotFoundError"

@@ -159,8 +159,9 @@ class LogParser:
                  readers: Sequence[RowReader] = (), engine_version: str | None = None) -> None:
         self.engine: str | None = engine
         # the installed engine's version, when the run's playbook looked: it names what a layout does not tell
-        self.engine_version = engine_version
-        self._release = release(engine_version) if engine_version else ()
+        self.engine_version: str | None = None
+        self._release: tuple[int, ...] = ()
+        self._set_version(engine_version)
         self.auto_engine = engine is None
         self._by_layout = False  # the engine was named only by the layout of its lines
         self.ready_pattern = ready_pattern
@@ -464,11 +465,17 @@ class LogParser:
             url = vllm.url_of(text)
             if url is not None:
                 self.url = url
+            if self.engine_version is None:  # the playbook did not look: the engine says it as it starts
+                self._set_version(vllm.version_of(text))
             if vllm.LOAD_BEGIN in text:
                 self._stopping = False  # a new server starts in this log
                 self._shards = None
                 if line.source in self._loaded:
                     self._loaded.remove(line.source)
+
+    def _set_version(self, version: str | None) -> None:
+        if version is not None:
+            self.engine_version, self._release = version, release(version)
 
     def _group_stopped(self) -> None:
         """The API server was signalled: a stop of the whole process group, whose engine core may have gone

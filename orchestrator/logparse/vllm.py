@@ -42,9 +42,10 @@ RULES: list[Rule] = [
          versions="0.6-0.33", source="v1/engine/exceptions.py"),
     rule(r"Worker proc \S+ died unexpectedly", "other", True, versions="0.8-0.33", source=_EXECUTOR),
     rule(r"Engine core proc \S+ died unexpectedly", "other", True, versions="0.8-0.16", source=_CLIENT),
-    # The engine core process is gone without a word of its own (SIGKILLed: the OOM killer, a person): 0.32+
-    # say so at WARNING only, and the EngineDeadError tracebacks after it hold no other cause.
-    rule(r"engine core exited unexpectedly", "killed", True, True, versions="0.32-0.33", source=_CLIENT,
+    # The engine core process is gone (0.32+ say so at WARNING only): killed, when it left no word of its own
+    # before (SIGKILL: the OOM killer, a person), and the EngineDeadError tracebacks after it hold no other
+    # cause; after its own fatal error, only how that error ended (it names no cause: it renames none).
+    rule(r"engine core exited unexpectedly", "killed", True, versions="0.32-0.33", source=_CLIENT,
          any_level=True),
     rule(r"RayWorkerProc rank=\d+ died unexpectedly", "other", True, versions="0.33",
          source="v1/executor/ray_executor_v2.py"),
@@ -130,8 +131,9 @@ def bar_phase(label: str) -> str | None:
 # (an output handler that fails on the engine it is shutting down, 'EngineDeadError') is the stop, not a cause.
 SHUTDOWN = re.compile(r"\[shutdown\] API server: shutdown triggered")
 # The CPU backend: its KV cache lines, its platform, its worker and runner files.
+# (Not 'on the CPU backend' alone: the KV cache refusal says that on any device.)
 _CPU = re.compile(r"CPU KV cache (?:size|usage)|detected platform cpu\b|\[cpu(?:_worker|_model_runner)?\.py:\d+\]"
-                  r"|on the CPU backend")
+                  r"|On the CPU backend, the --gpu-memory-utilization")
 CORE_EXITED = "engine core exited unexpectedly"
 # What every process that used a dead engine core raises: the consequence of its death, never its cause.
 DEAD = re.compile(r"(?:^|\.)(?:Async)?EngineDeadError$")
@@ -145,6 +147,19 @@ LOAD_END = re.compile(r"Loading (?:model )?weights took")
 def on_cpu(raw: str) -> bool:
     """A line only vLLM's CPU backend prints."""
     return "cpu" in raw.lower() and bool(_CPU.search(raw))
+
+
+# The version it prints as it starts: the engine's config line (0.8+), the API server's (0.6-0.7), the banner.
+_VERSION = re.compile(r"Initializing an? (?:V1 )?LLM engine \(v(\d+\.\d+[\w.+-]*)\)"
+                      r"|vLLM API server version (\d+\.\d+[\w.+-]*)|█ +version (\d+\.\d+[\w.+-]*)")
+
+
+def version_of(text: str) -> str | None:
+    """The vLLM version a line says is running."""
+    if "version" not in text and "LLM engine (v" not in text:
+        return None
+    m = _VERSION.search(text)
+    return next((g for g in m.groups() if g), None) if m else None
 
 
 def url_of(text: str) -> str | None:

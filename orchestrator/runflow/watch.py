@@ -22,7 +22,7 @@ from ..host.executor import Executor
 from ..host.health import SERVING_PHASES, HealthWatch
 from ..host.launch import RunPaths, describe_exit
 from ..host.polling import PollWait, WatchOptions
-from ..logparse import LogParser, Metric, stamp_time
+from ..logparse import LogParser, Metric, assumption, stamp_time
 from ..logparse.errors import describe as _error_text
 from ..logparse.text import last_line
 from ..logparse.wake import WAKE
@@ -281,6 +281,7 @@ class Watcher:
     def _record(self, state: launch.JobState) -> Staged:
         p = self.parser
         before = (p.phase, p.progress.done if p.progress else None, p.error)
+        version = p.engine_version
         events: list[tuple[str, str, Any]] = []
         new_offset = state.offset + len(state.data)
         more = new_offset < state.size
@@ -307,6 +308,8 @@ class Watcher:
         p.phases_passed.clear()
         if p.error is not None and p.error != before[2]:
             events.append(("error", _error_text(p.error), p.error.to_dict()))
+        if p.engine_version != version and (assumed := assumption(p.engine, p.engine_version)) is not None:
+            events.append(("warning", assumed, None))  # a version its log told, which orch's tables do not know
         fields: dict[str, Any] = {}
         last = last_line(state.data)
         if last is not None:

@@ -315,3 +315,98 @@ def test_failed_requests_of_every_block_count(tmp_path: Path) -> None:
     store, w, _, _ = watched(tmp_path)
     assert push(w, BENCH + clean, exit_code=0)
     assert store.get_run(w.run_id).reason == "141 of 400 benchmark requests failed (max_failed_fraction 0)"
+
+
+@pytest.mark.parametrize("version, warned", [("0.32.0+cpu", []), ("0.40.1", [
+    "vllm 0.40.1 is newer than orch knows (0.6 to 0.33): its lines are read as 0.33's"])])
+def test_a_version_the_log_tells_is_checked_once(tmp_path: Path, version: str, warned: list[str]) -> None:
+    store, w, _, _ = watched(tmp_path)
+    line = (f"(EngineCore pid=3411) INFO 12-06 04:30:15 [core.py:133] Initializing a V1 LLM engine (v{version}) with "
+            f"config: model='models/tiny'\n").encode()
+    push(w, line)
+    push(w, line)
+    assert [e["message"] for e in store.events(w.run_id) if e["kind"] == "warning"] == warned
+    assert LogParser.from_dict(store.get_run(w.run_id).parser_state or {}).engine_version == version
+
+
+def test_the_installed_version_a_playbook_found_is_the_logs(tmp_path: Path) -> None:
+    """serve-eagle3 looks up the installed SGLang: the log is read for it, and one it does not know is told."""
+    from types import SimpleNamespace
+
+    from orchestrator.runflow.starting import note_engine_version
+
+    store, w, _, _ = watched(tmp_path)
+    events: list[str] = []
+    ctx = SimpleNamespace(store=store, run_id=w.run_id, spec=None, event=lambda kind, message: events.append(message),
+                          pb=SimpleNamespace(log_engine=lambda s: "sglang", ready_pattern=lambda s: None))
+    note_engine_version(ctx, "0.5.9")  # type: ignore[arg-type]
+    assert events == []
+    state = store.get_run(w.run_id).parser_state
+    p = LogParser.from_dict(state or {})
+    p.feed(DECODE)
+    assert "accept_per_draft_slot" in p.metrics and "draft_accept_rate" not in p.metrics
+    note_engine_version(ctx, "0.7.0")  # type: ignore[arg-type]
+    assert events == ["sglang 0.7.0 is newer than orch knows (0.4.10 to 0.5.23): its lines are read as 0.5.23's"]
+
+
+def test_orch_stop_leaves_a_stopped_server_without_an_error(tmp_path: Path) -> None:
+    """The end's read of a stopped vLLM server's log: its shutdown's EngineDeadError is no error of the run."""
+    from types import SimpleNamespace
+
+    from orchestrator.runflow.lastread import read_to_end
+
+    log = (LOGS / "vllm_0_32_cpu_clean_stop_engine_dead.log").read_bytes()
+    store, w, _, _ = watched(tmp_path)
+    head = log[:log.index(b"(APIServer pid=7310) INFO 12-06 05:03:30 [launcher.py:101]")]
+    assert not push(w, head)
+    transition(store, w.run_id, Status.CANCELLED, "stopped by user")
+
+    class Executor:
+        def poll(self, paths: Any, job: Any, offset: int, limit: int, **_: Any) -> JobState:
+            return JobState(alive=False, exit_code=None, size=len(log), offset=offset, data=log[offset:],
+                            started_at=999_000.0)
+
+    ctx = SimpleNamespace(refresh=lambda: store.get_run(w.run_id), executor=Executor(), paths=None,
+                          store=store, run_id=w.run_id, event=lambda *a: None,
+                          pb=SimpleNamespace(log_engine=lambda s: None, ready_pattern=lambda s: None), spec=None)
+    read_to_end(ctx)  # type: ignore[arg-type]
+    run = store.get_run(w.run_id)
+    assert run.error is None and run.phase == "running"
+    assert not [e for e in store.events(w.run_id) if e["kind"] == "error"]
+
+
+def test_a_model_vllm_cannot_find_is_a_missing_directory() -> None:
+    p = LogParser()
+    p.feed(b"(APIServer pid=1) Traceback (most recent call last):\n"
+           b"(APIServer pid=1)   File \"/v/bin/vllm\", line 10, in <module>\n"
+           b"(APIServer pid=1)     sys.exit(main())\n"
+           b"(APIServer pid=1) ValueError: Invalid repository ID or local directory specified: 'models/tiny-gone'.\n"
+           b"(APIServer pid=1) Please verify the following requirements:\n")
+    p.finish(exit_code=1)
+    assert p.error is not None and p.error.hint is not None and p.error.hint.startswith("no such model directory")
+
+
+def test_a_gpu_hosts_kv_refusal_gets_gpu_advice() -> None:
+    """vLLM's KV cache refusal mentions the CPU backend on any device: only the CPU's own lines make a CPU host."""
+    lines = (LOGS / "vllm_0_32_cpu_kv_cache_too_small.log").read_text().splitlines(keepends=True)
+    on_gpu = "".join(x.replace("device_config=cpu", "device_config=cuda") for x in lines
+                     if "cpu_model_runner" not in x and "cpu_worker" not in x)
+    p = LogParser()
+    p.feed(on_gpu.encode())
+    p.finish(exit_code=1)
+    assert not p.cpu and p.error is not None and p.error.hint is not None
+    assert "VLLM_CPU_KVCACHE_SPACE" not in p.error.hint and "--gpu-memory-utilization" in p.error.hint
+
+
+def test_an_engine_core_that_died_of_its_own_error_was_not_killed() -> None:
+    lines = (LOGS / "vllm_0_32_cpu_engine_core_sigkill.log").read_text().splitlines(keepends=True)
+    own = ("(EngineCore pid=8180) ERROR 12-06 05:11:19 [core.py:710] EngineCore encountered a fatal error.\n"
+           "(EngineCore pid=8180) ERROR 12-06 05:11:19 [core.py:710] Traceback (most recent call last):\n"
+           "(EngineCore pid=8180) ERROR 12-06 05:11:19 [core.py:710]   File \"/v/vllm/v1/engine/core.py\", line 701, "
+           "in run_engine_core\n"
+           "(EngineCore pid=8180) ERROR 12-06 05:11:19 [core.py:710]     engine_core.run_busy_loop()\n"
+           "(EngineCore pid=8180) ERROR 12-06 05:11:19 [core.py:710] ValueError: token id 152000 out of range\n")
+    p = LogParser()
+    p.feed("".join([*lines[:5], own, *lines[5:]]).encode())
+    p.finish()
+    assert p.error is not None and (p.error.kind, p.error.exception) == ("python_exception", "ValueError")
