@@ -21,17 +21,20 @@ from .remote import Transport
 MISSING = 97  # the bootstrap's exit status when the file is absent or not the expected version
 TIMEOUT_S = 120.0  # a program run given no timeout of its own
 
-# argv: the program's path, its sha256, then the program's own arguments. The script's own folder is not
-# put on sys.path (as running the file would): nothing there can shadow a module the program imports. The
+# argv: the program's path, its sha256, then the program's own arguments. Before anything is imported, sys.path
+# keeps only absolute folders: neither the folder the program is started in (`-c` puts it first, as '') nor
+# the script's own folder can shadow a module it imports (a `hashlib.py` planted in a run dir). The
 # program learns the digest of the bytes it runs as ORCH_SHA256 (the agent starts its job wrappers with it).
 BOOTSTRAP = (
-    "import hashlib, sys\n"
+    "import sys\n"
+    "sys.path[:] = [x for x in sys.path if x.startswith('/')]\n"
+    "import hashlib\n"
     "p, want = sys.argv[1], sys.argv[2]\n"
     "try:\n"
     "    with open(p, 'rb') as f: code = f.read()\n"
     "except OSError: sys.exit(97)\n"
     "if hashlib.sha256(code).hexdigest() != want: sys.exit(97)\n"
-    "sys.argv = [p] + sys.argv[3:]; sys.path[:] = [x for x in sys.path if x]\n"
+    "sys.argv = [p] + sys.argv[3:]\n"
     "exec(compile(code, p, 'exec'), {'__name__': '__main__', '__file__': p, 'ORCH_SHA256': want})\n"
 )
 
