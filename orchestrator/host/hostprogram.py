@@ -14,9 +14,10 @@ agent's `program` op, their request on stdin, with no shell in between (`agent.p
 from __future__ import annotations
 
 import hashlib
+import posixpath
 from pathlib import Path
 
-from .remote import Transport
+from .remote import Transport, quote
 
 MISSING = 97  # the bootstrap's exit status when the file is absent or not the expected version
 TIMEOUT_S = 120.0  # a program run given no timeout of its own
@@ -50,3 +51,17 @@ def upload(transport: Transport, script: Path, path: str) -> None:
     """Place the program: the transport writes a fresh name and renames it into place, so a symlink
     planted at the final name is replaced, never written through."""
     transport.put(script.read_bytes(), path, 0o644)
+    if transport.host.shared_workdir:
+        share_folders(transport, path)
+
+
+def share_folders(transport: Transport, path: str) -> None:
+    """In a shared workdir, the folders the upload may have made (`runs/` and the program's folder) are
+    the group's to write in and keep the group (setgid), whoever made them first: the other users place
+    their own versions there and make their run dirs; `runs/` is sticky too, so nobody renames another
+    user's run dirs (the program's folder is not: a file planted there at a later version's name must stay
+    replaceable). Only this user's folders (none a symlink) are changed."""
+    workdir = transport.expand(transport.host.workdir).rstrip("/")
+    folders = ((f"{workdir}/runs", "g+rwxs,+t"), (posixpath.dirname(path), "g+rwxs"))
+    transport.run("; ".join(f"if [ -O {quote(d)} ] && [ ! -L {quote(d)} ]; then chmod {mode} {quote(d)}; fi"
+                            for d, mode in folders), timeout=60)
