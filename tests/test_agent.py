@@ -771,3 +771,23 @@ def test_a_run_dir_reached_through_a_folder_of_another_user_is_refused(link: Age
     runs.chmod(0o2775)  # another user's, not sticky: anyone in the group could rename run dirs there
     with pytest.raises(AgentError, match="a shared runs/ must be sticky"):
         link.call("launch", dir=str(runs / "mine" / "3"), script="true\n", token="d")
+
+
+def test_a_child_that_left_the_jobs_group_is_stopped_with_the_job(link: AgentLink, tmp_path: Path):
+    """A job's child started with `setsid` is in a group of its own but carries the job's mark: `kill`
+    stops it with the job; a process of the same user without the mark is left alone."""
+    root = tmp_path / "work" / "runs" / "14"
+    out = tmp_path / "stray.pid"
+    job = link.call("launch", dir=str(root), script=f"setsid sh -c 'echo $$ > {out}; exec sleep 300' &\nsleep 300\n",
+                    token="t14")
+    wait_for(lambda: out.exists() and out.read_text().strip().isdigit())
+    stray = int(out.read_text())
+    wait_for(lambda: host_agent._stat_fields(stray)[2] == str(stray))  # its own group
+    other = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        assert link.call("kill", pid=job["pid"], start=job["start"], grace_s=5)["outcome"] in ("stopped", "killed")
+        wait_for(lambda: not host_agent.live_start(stray))
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()

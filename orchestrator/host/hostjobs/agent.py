@@ -230,15 +230,34 @@ def _signal_members(leader, pgid, sig):
 def signal_job(pid, start, sig):
     """Signal what is provably the job's; False when nothing is. Each process is held before its proof
     and signalled through the hold, so a pid freed and given to another process meanwhile (in the
-    grace window, say) is never reached."""
+    grace window, say) is never reached. A process of the job that left its group (`setsid`) is the
+    job's by its mark, and signalled too."""
     if not str(start).isdigit():
         return False
     pid = int(pid)
+    strays = _signal_each(sig, [(m, lambda m=m: _stray(m, pid, start)) for m in strays_of(pid, start)])
     if _signal_proved(pid, sig, lambda: ours(pid, start) == "group", group=True):
         return True
     who = ours(pid, start)  # the wrapper gone: its marked members, each proved again once held
     members = who if isinstance(who, list) else []
-    return _signal_each(sig, [(m, lambda m=m: _job_member(m, pid, start)) for m in members])
+    return _signal_each(sig, [(m, lambda m=m: _job_member(m, pid, start)) for m in members]) or strays
+
+
+def _stray(m, pid, start):
+    """Whether process m is the job's outside its group: this user's, live, started after the wrapper,
+    carrying its mark (a child that left the group with `setsid`)."""
+    fields = _stat_fields(m)
+    try:
+        mine = os.stat(f"/proc/{m}").st_uid == os.geteuid()
+    except OSError:
+        return False
+    return (mine and fields is not None and fields[0] != "Z" and fields[2] != str(pid)
+            and int(fields[19]) >= int(start) and _marked(m, f"{JOB_MARK}={int(pid)}:{start}".encode()))
+
+
+def strays_of(pid, start):
+    """The job's processes outside its group (see _stray)."""
+    return [int(n) for n in os.listdir("/proc") if n.isdigit() and _stray(int(n), pid, start)]
 
 
 def terminate(send, alive, grace_s):
@@ -256,7 +275,8 @@ def terminate(send, alive, grace_s):
 
 def kill(pid, start, grace_s):
     """Stop the job's process group, proved the job's before each signal."""
-    return terminate(lambda sig: signal_job(pid, start, sig), lambda: ours(pid, start) is not None, grace_s)
+    return terminate(lambda sig: signal_job(pid, start, sig),
+                     lambda: ours(pid, start) is not None or bool(strays_of(pid, start)), grace_s)
 
 
 def stacks(pid, start):
