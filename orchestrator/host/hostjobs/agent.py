@@ -583,8 +583,12 @@ def _job_id_at(run):
 
 
 def job_id_of(root):
-    with _opened(root) as run:
-        return _job_id_at(run) if run is not None else None
+    """The batch job id recorded in the run dir; None when there is none, or the dir is not this user's."""
+    try:
+        with _opened(root) as run:
+            return _job_id_at(run) if run is not None else None
+    except RuntimeError:
+        return None
 
 
 class _opened:
@@ -857,14 +861,12 @@ def _write(path, text, mode):
 def find(root):
     """The pid and start time a run dir's wrapper recorded, when the run dir is this user's and the
     process, if it lives, is the wrapper of the run whose token the dir holds; else None."""
-    with _opened(root) as run:
-        if run is None:
-            return None
-        token = run.read("token") if run.control is not None else _read_at(run.fd, "token")
-        try:
+    try:
+        with _opened(root) as run:
+            token = None if run is None else run.read("token") or _read_at(run.fd, "token")
             return _adoptable(run, token) if token else None
-        except RuntimeError:
-            return None
+    except RuntimeError:  # not this user's, or a pid file naming a process that is not the run's wrapper
+        return None
 
 
 def boot_time():
