@@ -590,7 +590,7 @@ def test_a_users_lease_file_is_neither_removed_nor_forged_by_another(tmp_path: P
         (shared / "runs" / "aaa" / "1" / ".orch" / "exit_code").write_text("0\n")
         hostlease.take(tb, RunPaths.for_run(str(shared), 2, "bbb"), his, [0])
         assert (leases / f"gpu-0.{USERS['orchbob']}").exists()
-        with pytest.raises(hostlease.HostLeaseBusy, match="GPUs 0 held by another workspace's run"):
+        with pytest.raises(hostlease.HostLeaseBusy, match=r"GPUs 0 held by another workspace's run \(gpu-0: "):
             hostlease.take(ta, RunPaths.for_run(str(shared), 2, "aaa"), mine + "x", [0])
         hostlease.release(tb, his)
         assert not (leases / f"gpu-0.{USERS['orchbob']}").exists()

@@ -418,7 +418,7 @@ def conflicts(workdir, keys, workspace, now):
             continue
         live, why = liveness(lease, now)
         if live:
-            raise Refusal(f"{name} held by {lease['token']} ({why})", kind="held", key=name,
+            raise Refusal(f"{name} held by {lease['token']} ({why})", kind="held", key=FILE_RE.match(name).group(1),
                           token=lease["token"], run_dir=lease["run_dir"], taken_at=lease["taken_at"],
                           why=why)
         if why == "dated in the future":
