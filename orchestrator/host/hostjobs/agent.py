@@ -436,15 +436,13 @@ class RunDir:
 
 
 def _split_runs(root):
-    """(the `runs` folder, the names below it) of `<workdir>/runs/.../<run>`; refuses any other path."""
-    parts = root.split("/")
-    for i in range(len(parts) - 2, 0, -1):
-        if parts[i] == "runs":
-            below = parts[i + 1:]
-            if all(p not in ("", ".", "..") for p in below):
-                return "/".join(parts[:i + 1]), below
-            break
-    raise RuntimeError(f"not a run dir under a workdir's runs/: {root}")
+    """(the folder the checks start from, the names below it): the workdir's `runs` for
+    `<workdir>/runs/.../<run>`, else the run dir's parent."""
+    parts = root.rstrip("/").split("/")
+    if len(parts) < 3 or any(p in ("", ".", "..") for p in parts[1:]):
+        raise RuntimeError(f"not a plain absolute path for a run dir: {root}")
+    runs = max([i for i in range(1, len(parts) - 1) if parts[i] == "runs"], default=len(parts) - 2)
+    return "/".join(parts[:runs + 1]), parts[runs + 1:]
 
 
 def _open_dir(parent, name, create, what):
@@ -493,7 +491,7 @@ def open_run(root, create=False):
     try:
         try:
             held.append(os.open(os.path.dirname(runs), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
-            held.append(_open_dir(held[-1], "runs", create, "runs folder"))
+            held.append(_open_dir(held[-1], os.path.basename(runs), create, "runs folder"))
             _own_dir(held[-1], runs, anchor=True)
             path = runs
             for name in below:
