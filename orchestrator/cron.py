@@ -115,7 +115,7 @@ def orch_argv() -> list[str]:
     script = Path(sys.executable).parent / "orch"
     if script.is_file() and os.access(script, os.X_OK):
         return ["orch"]
-    return [sys.executable, "-m", "orchestrator"]
+    return [sys.executable, "-P", "-m", "orchestrator"]  # -P: the folder cron starts in imports nothing
 
 
 def check_one_line(ws: Workspace, file: Path) -> None:
@@ -322,5 +322,5 @@ def _start(argv: list[str], lock_fd: int) -> int:
     # The sweep inherits the locked descriptor: the lock lasts as long as the sweep, even if this
     # process is killed first.
     if argv[0] == "orch":
-        argv = [sys.executable, "-m", "orchestrator", *argv[1:]]
+        argv = [sys.executable, "-P", "-m", "orchestrator", *argv[1:]]
     return subprocess.call(argv, pass_fds=(lock_fd,), stdin=subprocess.DEVNULL)

@@ -681,3 +681,113 @@ def test_a_log_that_cannot_be_read_waits_for_the_tick(tmp_path: Path, monkeypatc
     agent = host_agent.Agent()
     agent.follow({"key": "a", "dir": str(tmp_path)})
     assert not agent.tick()  # nothing read: no pushing at once, over and over
+
+
+# --- a run dir nobody else can swap, nothing imported from where a program starts ---------------------------
+
+
+def planted(folder: Path, marker: Path) -> None:
+    """A `hashlib.py` in `folder` that leaves `marker` if anything imports it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hashlib.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text(__file__)\n")
+
+
+def test_nothing_is_imported_from_the_run_dir_or_the_folder_the_agent_starts_in(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The agent (started in the folder orch stands in), its job wrapper (started in the run dir) and the
+    host programs it runs each start with only absolute folders on sys.path: a planted `hashlib.py` in
+    either place is never imported."""
+    import hashlib
+
+    marker = tmp_path / "pwned"
+    here = tmp_path / "here"
+    planted(here, marker)
+    root = tmp_path / "work" / "runs" / "11"
+    planted(root, marker)
+    monkeypatch.chdir(here)
+    for host in (Host(name="local", workdir=str(tmp_path / "work"), python=sys.executable), placing(tmp_path / "work")):
+        link = AgentLink.start(LocalTransport(host))
+        try:
+            job = link.call("launch", dir=str(root), script="echo job ran\n", token="t11")
+            wait_for(lambda: (root / ".orch" / "exit_code").exists())
+            assert (root / "log").read_text() == "job ran\n" and job["pid"] > 0
+            program = tmp_path / "progs" / "echo-1.py"
+            program.parent.mkdir(exist_ok=True)
+            program.write_bytes(ECHO_PROGRAM)
+            reply = link.call("program", python=sys.executable, path=str(program),
+                              sha256=hashlib.sha256(ECHO_PROGRAM).hexdigest(), input=json.dumps({"blob": ""}))
+            assert reply["code"] == 0, reply
+        finally:
+            link.close()
+        assert not marker.exists(), marker.read_text()
+
+
+def test_a_pid_file_naming_another_process_is_never_adopted(link: AgentLink, tmp_path: Path):
+    """A launch that finds a pid file takes it for its job only when the process there is this run's wrapper
+    (its own environment carries the run's mark); any other process of this user is left alone."""
+    root = tmp_path / "work" / "runs" / "12"
+    (root / ".orch").mkdir(parents=True)
+    (root / ".orch" / "token").write_text("t12")
+    victim = subprocess.Popen(["sleep", "300"])
+    try:
+        (root / ".orch" / "pid").write_text(f"{victim.pid} {host_agent.start_time(victim.pid)}\n")
+        with pytest.raises(AgentError, match=f"names process {victim.pid}, which is not this run's wrapper"):
+            link.call("launch", dir=str(root), script="true\n", token="t12")
+        assert link.call("find", dir=str(root))["job"] is None  # nor is it picked up by a controller starting over
+        assert victim.poll() is None
+        # a wrapper of another run, of this user, is not this run's either
+        other = tmp_path / "work" / "runs" / "13"
+        theirs = link.call("launch", dir=str(other), script="sleep 300\n", token="t13")
+        (root / ".orch" / "pid").write_text(f"{theirs['pid']} {theirs['start']}\n")
+        with pytest.raises(AgentError, match="not this run's wrapper"):
+            link.call("launch", dir=str(root), script="true\n", token="t12")
+        assert link.call("kill", pid=theirs["pid"], start=theirs["start"], grace_s=1)["outcome"] != "gone"
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_a_run_dir_reached_through_a_folder_of_another_user_is_refused(link: AgentLink, tmp_path: Path):
+    """Every folder from the workdir's runs/ down is this user's (runs/ itself: root's, or sticky), none
+    a link; a runs/ others may write in is made sticky, a run dir of this user's writable by others is made
+    its own alone."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a folder to another user")
+    runs = tmp_path / "work" / "runs"
+    (runs / "key").mkdir(parents=True)
+    runs.chmod(0o2775)
+    os.chown(runs / "key", 61234, -1)
+    with pytest.raises(AgentError, match=r"refusing .*/runs/key: it belongs to uid 61234"):
+        link.call("launch", dir=str(runs / "key" / "1"), script="true\n", token="a")
+    assert not (runs / "key" / "1").exists()
+    (runs / "mine").mkdir(mode=0o777)
+    (runs / "mine").chmod(0o777)
+    link.call("launch", dir=str(runs / "mine" / "1"), script="true\n", token="b")
+    assert runs.stat().st_mode & 0o7777 == 0o3775 and (runs / "mine").stat().st_mode & 0o777 == 0o755
+    (runs / "link").symlink_to(runs / "mine")
+    with pytest.raises(AgentError, match="symlink"):
+        link.call("launch", dir=str(runs / "link" / "2"), script="true\n", token="c")
+    os.chown(runs, 61234, -1)
+    runs.chmod(0o2775)  # another user's, not sticky: anyone in the group could rename run dirs there
+    with pytest.raises(AgentError, match="a shared runs/ must be sticky"):
+        link.call("launch", dir=str(runs / "mine" / "3"), script="true\n", token="d")
+
+
+def test_a_child_that_left_the_jobs_group_is_stopped_with_the_job(link: AgentLink, tmp_path: Path):
+    """A job's child started with `setsid` is in a group of its own but carries the job's mark: `kill`
+    stops it with the job; a process of the same user without the mark is left alone."""
+    root = tmp_path / "work" / "runs" / "14"
+    out = tmp_path / "stray.pid"
+    job = link.call("launch", dir=str(root), script=f"setsid sh -c 'echo $$ > {out}; exec sleep 300' &\nsleep 300\n",
+                    token="t14")
+    wait_for(lambda: out.exists() and out.read_text().strip().isdigit())
+    stray = int(out.read_text())
+    wait_for(lambda: host_agent._stat_fields(stray)[2] == str(stray))  # its own group
+    other = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        assert link.call("kill", pid=job["pid"], start=job["start"], grace_s=5)["outcome"] in ("stopped", "killed")
+        wait_for(lambda: not host_agent.live_start(stray))
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()

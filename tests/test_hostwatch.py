@@ -175,3 +175,28 @@ def test_a_job_that_did_not_survive_a_reboot_ends_lost_saying_so(orch: Orch, tmp
     os.killpg(wrapper, signal.SIGKILL)
     doc = orch.wait_for(run_id, lambda d: d["status"] == "lost", timeout=60)
     assert "the host rebooted since the job started" in doc["reason"]
+
+
+def test_the_background_watchers_import_nothing_from_the_folder_orch_starts_in(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host's watcher (`python -m orchestrator.runflow.hostwatch`) and a run's (`python -m orchestrator`)
+    start in the folder orch was started from: a `hashlib.py` planted there is never imported."""
+    from orchestrator.config.workspace import Workspace
+    from orchestrator.runflow import watching
+
+    marker = tmp_path / "pwned"
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "hashlib.py").write_text(f"import pathlib, sys\npathlib.Path({str(marker)!r}).write_text(str(sys.argv))\n")
+    ws = Workspace(root=tmp_path / "ws", hosts_file=tmp_path / "ws" / "hosts.toml")
+    ws.root.mkdir()
+    ws.hosts_file.write_text("")
+    monkeypatch.chdir(here)
+    watching.spawn_host(ws, "nohost")
+    watching.spawn(ws, 7)
+    logs = (watching.host_lock_path(ws, "nohost").with_suffix(".log"), ws.run_dir(7) / "watcher.log")
+    deadline = time.monotonic() + 60
+    while not all(log.exists() and "orch:" in log.read_text() for log in logs):  # each said why it ended
+        assert time.monotonic() < deadline, [log.read_text() for log in logs if log.exists()]
+        time.sleep(0.05)
+    assert not marker.exists(), marker.read_text()

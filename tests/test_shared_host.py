@@ -378,14 +378,26 @@ def two_users(tmp_path: Path) -> Any:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def user_workspace(tmp_path: Path, two_users: Any, user: str) -> Orch:
+    server, _, shared, key, known = two_users
+    return Orch(tmp_path / user, (
+        f'[hosts.box]\naddress = "{server.address}"\nport = {server.port}\nuser = "{user}"\n'
+        f'identity_file = "{key}"\nknown_hosts = "{known}"\nworkdir = "{shared}"\npython = "/usr/bin/python3"\n'
+        "shared_workdir = true\n"))
+
+
+def as_user(user: str, command: str) -> None:
+    """A shell command run as one of the two users (this test process is root)."""
+    res = subprocess.run(["sh", "-c", command], user=USERS[user], group=GID, capture_output=True, text=True,
+                         check=False)
+    assert res.returncode == 0, res.stderr
+
+
 def test_two_users_run_side_by_side_on_one_shared_workdir(tmp_path: Path, two_users: Any) -> None:
     server, base, shared, key, known = two_users
 
     def workspace(user: str) -> Orch:
-        return Orch(tmp_path / user, (
-            f'[hosts.box]\naddress = "{server.address}"\nport = {server.port}\nuser = "{user}"\n'
-            f'identity_file = "{key}"\nknown_hosts = "{known}"\nworkdir = "{shared}"\npython = "/usr/bin/python3"\n'
-            "shared_workdir = true\n"))
+        return user_workspace(tmp_path, two_users, user)
 
     alice, bob = workspace("orchalice"), workspace("orchbob")
     long_job = "cmd=echo started; sleep 30"
@@ -487,3 +499,102 @@ def test_the_tail_of_a_log_without_newlines_is_bounded(tmp_path: Path, host: Hos
         f.truncate(64 << 20)  # 64 MiB, not one newline
     tail = HostExecutor(connect(host)).tail(RunPaths(str(root)), 200)
     assert len(tail) == TAIL_BYTES
+
+
+@pytest.mark.parametrize("plant", ["module", "pid file"])
+def test_a_run_dir_swapped_after_the_take_is_refused_at_the_launch(tmp_path: Path, two_users: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch, plant: str) -> None:
+    """Bob made the shared workdir's runs/ (so he may rename what is in it): right after alice's run took its
+    lease and claimed its run dir, he puts a folder of his own in its place, with a `hashlib.py` in the run
+    dir, or a pid file naming one of alice's own processes. Alice's launch refuses his folder: nothing of his
+    runs as her, and her process is neither adopted as the job nor signalled."""
+    from orchestrator.config.hosts import Inventory
+    from orchestrator.errors import OrchError
+    from orchestrator.runflow import registry
+    from playbooks.command import CommandSpec
+
+    _, _, shared, _, _ = two_users
+    alice = user_workspace(tmp_path, two_users, "orchalice")
+    as_user("orchbob", f"mkdir -m 3770 {shared}/runs")  # as a shared workdir's first orch makes it
+    proof = shared / "pwned"
+    victim = subprocess.Popen(["sleep", "300"], user=USERS["orchalice"], group=GID)
+    real_take = hostlease.take
+
+    def take_then_swap(transport: Any, paths: RunPaths, run_token: str, *args: Any, **kwargs: Any) -> Any:
+        said = real_take(transport, paths, run_token, *args, **kwargs)
+        run_dir = Path(paths.root)
+        start = Path(f"/proc/{victim.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        files = {"module": {"hashlib.py": f"open({str(proof)!r}, 'w').write('ran')\n"},
+                 "pid file": {".orch/token": run_token, ".orch/pid": f"{victim.pid} {start}\n"}}[plant]
+        as_user("orchbob", f"mv {run_dir.parent} {run_dir.parent}.old && mkdir -p {run_dir}/.orch && "
+                           f"chmod 2777 {run_dir.parent} {run_dir} {run_dir}/.orch")
+        for name, text in files.items():
+            as_user("orchbob", f"printf %s '{text}' > {run_dir / name} && chmod 0666 {run_dir / name}")
+        return said
+
+    monkeypatch.setattr(hostlease, "take", take_then_swap)
+    ws = Workspace(root=alice.root, hosts_file=alice.root / "hosts.toml")
+    store = Store(ws.db_path)
+    host = Inventory.load(ws.hosts_file, ws.root).get("box")
+    try:
+        with pytest.raises(OrchError, match="belongs to uid 61002, not to this user"):
+            runflow.start(ws, store, registry.playbook("command"), CommandSpec(cmd="echo hi", poll_min=0.05,
+                                                                                poll_max=0.3), host)
+        run = store.get_run(1)
+        assert run.status is Status.FAILED and run.pid is None, run
+        assert not proof.exists() and victim.poll() is None
+    finally:
+        store.close()
+        victim.kill()
+        victim.wait()
+
+
+def test_a_shared_workdir_first_checked_by_one_user_runs_the_others_jobs(tmp_path: Path, two_users: Any) -> None:
+    """The folders orch makes in a shared workdir (runs/, its programs' folder, leases/) are the group's to
+    write in and sticky, whoever made them first and whatever made them (a `hosts --check`)."""
+    _, _, shared, _, _ = two_users
+    alice, bob = (user_workspace(tmp_path, two_users, u) for u in ("orchalice", "orchbob"))
+    alice("hosts", "--check", check=0)
+    assert bob("run", "command", "--host", "box", *FAST, "--set", "gpus=[0]", "--set", "cmd=true").returncode == 0
+    assert alice("run", "command", "--host", "box", *FAST, "--set", "gpus=[0]", "--set", "cmd=true").returncode == 0
+    for folder, mode in ((shared / "runs", 0o3070), (shared / "leases", 0o3070), (shared / "runs" / "hostjobs", 0o2070)):
+        assert folder.stat().st_mode & mode == mode, (folder, oct(folder.stat().st_mode))
+    theirs = Path(alice.status(1)["remote_dir"]).parent
+    with pytest.raises(AssertionError, match="Operation not permitted"):  # nobody renames another's run dirs
+        as_user("orchbob", f"mv {theirs} {theirs}.old")
+
+
+def test_a_users_lease_file_is_neither_removed_nor_forged_by_another(tmp_path: Path, two_users: Any) -> None:
+    """Lease files in a shared leases/ are their writers' alone: another group member can neither delete one
+    nor write one in someone else's name; an ended lease of another user that cannot be replaced is
+    written beside (KEY.UID), seen as the key's by every workspace, and released like any other."""
+    from orchestrator.config.hosts import Inventory
+
+    _, _, shared, _, _ = two_users
+    alice, bob = (user_workspace(tmp_path, two_users, u) for u in ("orchalice", "orchbob"))
+    ta, tb = (connect(Inventory.load(o.root / "hosts.toml", o.root).get("box")) for o in (alice, bob))
+    try:
+        mine, his = token("alice"), token("bob")
+        hostlease.take(ta, RunPaths.for_run(str(shared), 1, "aaa"), mine, [0])
+        leases = shared / "leases"
+        with pytest.raises(AssertionError, match="Operation not permitted"):
+            as_user("orchbob", f"rm -f {leases}/gpu-0")
+        # bob writes a fresh lease in alice's name: it is none, and blocks nobody
+        forged = json.dumps({"token": token("carol"), "run_dir": f"{shared}/runs/ccc/1", "taken_at": time.time(),
+                             "uid": USERS["orchalice"]})
+        as_user("orchbob", f"printf %s '{forged}' > {leases}/gpu-3")
+        assert hostlease.take(tb, RunPaths.for_run(str(shared), 1, "bbb"), his, [3]) == [
+            "ignored gpu-3: not a lease file"]
+        hostlease.release(tb, his)
+        # alice's run ended, her lease left behind: bob takes the key beside it, and alice sees his lease
+        (shared / "runs" / "aaa" / "1" / ".orch" / "exit_code").write_text("0\n")
+        hostlease.take(tb, RunPaths.for_run(str(shared), 2, "bbb"), his, [0])
+        assert (leases / f"gpu-0.{USERS['orchbob']}").exists()
+        with pytest.raises(hostlease.HostLeaseBusy, match=r"GPUs 0 held by another workspace's run \(gpu-0: "):
+            hostlease.take(ta, RunPaths.for_run(str(shared), 2, "aaa"), mine + "x", [0])
+        hostlease.release(tb, his)
+        assert not (leases / f"gpu-0.{USERS['orchbob']}").exists()
+        hostlease.take(ta, RunPaths.for_run(str(shared), 3, "aaa"), mine, [0])
+    finally:
+        ta.close()
+        tb.close()

@@ -368,3 +368,38 @@ def test_a_log_line_of_a_batch_job_is_recorded_as_it_comes_not_on_the_next_poll(
     assert doc["status"] == "running"
     orch("cancel", str(run_id), "--grace", "1", check=0)
     assert orch.wait_for(run_id, lambda d: d["status"] == "cancelled", timeout=60)
+
+
+def test_a_run_dir_swapped_while_the_job_waits_in_the_queue_is_refused_when_it_starts(orch, cluster, tmp_path):
+    """Someone else puts a folder of theirs in place of a queued job's run dir (the queue wait may be long):
+    when the batch job starts, its wrapper finds the run dir no longer this user's and refuses to run
+    anything, and nothing planted there (a `hashlib.py` in the folder the batch script starts in, a job
+    script) runs."""
+    release = tmp_path / "release"
+    marker = tmp_path / "pwned"
+    hold = f"cmd=while [ ! -e {release} ]; do sleep 0.1; done"
+    assert orch("run", "command", "--host", "cluster", "--set", hold, "--detach", *POLL).returncode == 0
+    waiting = orch.spawn("run", "command", "--host", "cluster", "--set", "cmd=echo ran", "--set", "gpus=[0,1]", *POLL)
+    try:
+        deadline = time.time() + 60
+        while not any(r["id"] == 2 for r in orch.status()):
+            assert time.time() < deadline and waiting.poll() is None
+            time.sleep(0.1)
+        doc = orch.wait_for(2, lambda d: d["phase"] == "queued" and d["queue_reason"] == "Resources")
+        root = Path(doc["remote_dir"])
+        root.rename(root.with_name(root.name + ".old"))
+        (root / ".orch").mkdir(parents=True)
+        (root / ".orch" / "token").write_text((root.with_name(root.name + ".old") / ".orch" / "token").read_text())
+        (root / "hashlib.py").write_text(f"open({str(marker)!r}, 'w').write('module')\n")
+        (root / "job.sh").write_text(f"echo script > {marker}\n")
+        for path in (root, root / ".orch", root / ".orch" / "token", root / "hashlib.py", root / "job.sh"):
+            os.chown(path, 61234, -1)  # another user's
+        release.touch()
+        waiting.wait(timeout=90)
+    finally:
+        release.touch()
+        if waiting.poll() is None:
+            waiting.kill()
+    doc = orch.wait_for(2, lambda d: d["status"] not in ("queued", "running"), timeout=90)
+    assert doc["status"] == "failed", doc
+    assert not marker.exists(), marker.read_text()

@@ -57,7 +57,8 @@ def remote_path(transport: Transport) -> str:
 def bootstrap(transport: Transport) -> str:
     """The one shell line that starts the agent: the host's python runs the checked bytes of its file."""
     path, sha = remote_path(transport), digest()
-    return f"exec {quote(transport.host.python)} -u -c {quote(hostprogram.BOOTSTRAP)} {quote(path)} {sha}"
+    # isolated (-I): no PYTHON* variable, user site or current folder decides what the agent imports
+    return f"exec {quote(transport.host.python)} -I -u -c {quote(hostprogram.BOOTSTRAP)} {quote(path)} {sha}"
 
 
 class AgentError(RemoteError):

@@ -14,24 +14,28 @@ agent's `program` op, their request on stdin, with no shell in between (`agent.p
 from __future__ import annotations
 
 import hashlib
+import posixpath
 from pathlib import Path
 
-from .remote import Transport
+from .remote import Transport, quote
 
 MISSING = 97  # the bootstrap's exit status when the file is absent or not the expected version
 TIMEOUT_S = 120.0  # a program run given no timeout of its own
 
-# argv: the program's path, its sha256, then the program's own arguments. The script's own folder is not
-# put on sys.path (as running the file would): nothing there can shadow a module the program imports. The
+# argv: the program's path, its sha256, then the program's own arguments. Before anything is imported, sys.path
+# keeps only absolute folders: neither the folder the program is started in (`-c` puts it first, as '') nor
+# the script's own folder can shadow a module it imports (a `hashlib.py` planted in a run dir). The
 # program learns the digest of the bytes it runs as ORCH_SHA256 (the agent starts its job wrappers with it).
 BOOTSTRAP = (
-    "import hashlib, sys\n"
+    "import sys\n"
+    "sys.path[:] = [x for x in sys.path if x.startswith('/')]\n"
+    "import hashlib\n"
     "p, want = sys.argv[1], sys.argv[2]\n"
     "try:\n"
     "    with open(p, 'rb') as f: code = f.read()\n"
     "except OSError: sys.exit(97)\n"
     "if hashlib.sha256(code).hexdigest() != want: sys.exit(97)\n"
-    "sys.argv = [p] + sys.argv[3:]; sys.path[:] = [x for x in sys.path if x]\n"
+    "sys.argv = [p] + sys.argv[3:]\n"
     "exec(compile(code, p, 'exec'), {'__name__': '__main__', '__file__': p, 'ORCH_SHA256': want})\n"
 )
 
@@ -47,3 +51,17 @@ def upload(transport: Transport, script: Path, path: str) -> None:
     """Place the program: the transport writes a fresh name and renames it into place, so a symlink
     planted at the final name is replaced, never written through."""
     transport.put(script.read_bytes(), path, 0o644)
+    if transport.host.shared_workdir:
+        share_folders(transport, path)
+
+
+def share_folders(transport: Transport, path: str) -> None:
+    """In a shared workdir, the folders the upload may have made (`runs/` and the program's folder) are
+    the group's to write in and keep the group (setgid), whoever made them first: the other users place
+    their own versions there and make their run dirs; `runs/` is sticky too, so nobody renames another
+    user's run dirs (the program's folder is not: a file planted there at a later version's name must stay
+    replaceable). Only this user's folders (none a symlink) are changed."""
+    workdir = transport.expand(transport.host.workdir).rstrip("/")
+    folders = ((f"{workdir}/runs", "g+rwxs,+t"), (posixpath.dirname(path), "g+rwxs"))
+    transport.run("; ".join(f"if [ -O {quote(d)} ] && [ ! -L {quote(d)} ]; then chmod {mode} {quote(d)}; fi"
+                            for d, mode in folders), timeout=60)

@@ -132,7 +132,9 @@ def _start(ws: Workspace, log: Path, args: list[str]) -> None:
     package_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "ORCH_HOME": str(ws.root),
            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    argv = [sys.executable, *args]
+    # -P: the folder orch was started from is not put on sys.path (`-m` would put it first), so nothing
+    # planted there (a `hashlib.py`) is imported; PYTHONPATH above still finds orch
+    argv = [sys.executable, "-P", *args]
     with open(log, "ab") as out:
         subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                          start_new_session=True)

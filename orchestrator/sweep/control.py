@@ -81,7 +81,8 @@ def detach(ws: Workspace, path: Path, instance: str = "") -> tuple[int, Path]:
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "ORCH_HOME": str(ws.root),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))}
-    argv = [sys.executable, "-m", "orchestrator", "--hosts", str(ws.hosts_file), "sweep", "run", str(p.path),
+    # -P: nothing in the folder orch was started from is imported (a planted `hashlib.py`)
+    argv = [sys.executable, "-P", "-m", "orchestrator", "--hosts", str(ws.hosts_file), "sweep", "run", str(p.path),
             "--instance", instance]
     with open(log, "ab") as out:
         # its own session: it outlives this command and the terminal it came from

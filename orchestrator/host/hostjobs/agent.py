@@ -230,15 +230,34 @@ def _signal_members(leader, pgid, sig):
 def signal_job(pid, start, sig):
     """Signal what is provably the job's; False when nothing is. Each process is held before its proof
     and signalled through the hold, so a pid freed and given to another process meanwhile (in the
-    grace window, say) is never reached."""
+    grace window, say) is never reached. A process of the job that left its group (`setsid`) is the
+    job's by its mark, and signalled too."""
     if not str(start).isdigit():
         return False
     pid = int(pid)
+    strays = _signal_each(sig, [(m, lambda m=m: _stray(m, pid, start)) for m in strays_of(pid, start)])
     if _signal_proved(pid, sig, lambda: ours(pid, start) == "group", group=True):
         return True
     who = ours(pid, start)  # the wrapper gone: its marked members, each proved again once held
     members = who if isinstance(who, list) else []
-    return _signal_each(sig, [(m, lambda m=m: _job_member(m, pid, start)) for m in members])
+    return _signal_each(sig, [(m, lambda m=m: _job_member(m, pid, start)) for m in members]) or strays
+
+
+def _stray(m, pid, start):
+    """Whether process m is the job's outside its group: this user's, live, started after the wrapper,
+    carrying its mark (a child that left the group with `setsid`)."""
+    fields = _stat_fields(m)
+    try:
+        mine = os.stat(f"/proc/{m}").st_uid == os.geteuid()
+    except OSError:
+        return False
+    return (mine and fields is not None and fields[0] != "Z" and fields[2] != str(pid)
+            and int(fields[19]) >= int(start) and _marked(m, f"{JOB_MARK}={int(pid)}:{start}".encode()))
+
+
+def strays_of(pid, start):
+    """The job's processes outside its group (see _stray)."""
+    return [int(n) for n in os.listdir("/proc") if n.isdigit() and _stray(int(n), pid, start)]
 
 
 def terminate(send, alive, grace_s):
@@ -256,7 +275,8 @@ def terminate(send, alive, grace_s):
 
 def kill(pid, start, grace_s):
     """Stop the job's process group, proved the job's before each signal."""
-    return terminate(lambda sig: signal_job(pid, start, sig), lambda: ours(pid, start) is not None, grace_s)
+    return terminate(lambda sig: signal_job(pid, start, sig),
+                     lambda: ours(pid, start) is not None or bool(strays_of(pid, start)), grace_s)
 
 
 def stacks(pid, start):
@@ -372,52 +392,241 @@ def _scheduler(argv, timeout=60, cwd=None):
     return out.stdout.decode(errors="replace")
 
 
+# -- a run dir, opened once ------------------------------------------------------------------------------
+# A shared workdir's group can write in `<workdir>/runs/`: a run dir is reached only through folders this
+# user owns (`runs/` itself this user's, root's, or sticky), each opened without following a link, and
+# everything after is done relative to the descriptors held, so a folder renamed or swapped meanwhile is
+# never used.
+RUN_MARK = "ORCH_RUN"  # in the wrapper's own environment: which run's wrapper it is (a digest of its token)
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def run_mark(token):
+    return hashlib.sha256(token.encode()).hexdigest()[:32]
+
+
+class RunDir:
+    """A run dir's folder and its control folder, held open (`fd`, `control`; `control` None when absent)."""
+
+    def __init__(self, fd, control):
+        self.fd, self.control = fd, control
+
+    def close(self):
+        for fd in (self.fd, self.control):
+            if fd is not None:
+                os.close(fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def cwd(self):
+        """A path to the held folder, whatever its name is now (for a child's working directory)."""
+        return f"/proc/self/fd/{self.fd}"
+
+    def read(self, name, limit=4096):
+        """A small control file's text (None when absent, a link, not a plain file, or not this user's)."""
+        return _read_at(self.control if self.control is not None else self.fd, name, limit)
+
+    def write(self, name, text, mode):
+        _write_at(self.control, name, text, mode)
+
+
+def _split_runs(root):
+    """(the folder the checks start from, the names below it): the workdir's `runs` for
+    `<workdir>/runs/.../<run>`, else the run dir's parent."""
+    parts = root.rstrip("/").split("/")
+    if len(parts) < 3 or any(p in ("", ".", "..") for p in parts[1:]):
+        raise RuntimeError(f"not a plain absolute path for a run dir: {root}")
+    runs = max([i for i in range(1, len(parts) - 1) if parts[i] == "runs"], default=len(parts) - 2)
+    return "/".join(parts[:runs + 1]), parts[runs + 1:]
+
+
+def _open_dir(parent, name, create, what):
+    """`name` in the folder `parent` (a descriptor), never through a link; made (0755) when `create`."""
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=parent)
+    except FileNotFoundError:
+        if not create:
+            raise
+    try:
+        os.mkdir(name, 0o755, dir_fd=parent)
+    except FileExistsError:
+        pass  # made meanwhile: opened and checked like any other
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise RuntimeError(f"refusing a {what} that is a symlink or not a folder: {name}") from None
+        raise
+
+
+def _own_dir(fd, path, anchor=False):
+    """Refuse a folder this user does not own (the `anchor`, the workdir's runs/: also root's, or another
+    user's that is sticky). Nobody else may rename or replace what is in it: the anchor, when others may
+    write in it, must be sticky (made so when it is this user's); a folder below it is this user's alone
+    (write for its owner only)."""
+    st = os.fstat(fd)
+    me, mode = os.geteuid(), stat.S_IMODE(st.st_mode)
+    sticky = mode & stat.S_ISVTX
+    if st.st_uid != me and not (anchor and (st.st_uid == 0 or sticky)):
+        raise RuntimeError(f"refusing {path}: it belongs to uid {st.st_uid}, not to this user"
+                           + (" (a shared runs/ must be sticky: its owner can `chmod +t` it)" if anchor else ""))
+    if mode & 0o022 and not (anchor and sticky):
+        if st.st_uid != me:
+            raise RuntimeError(f"refusing {path}: others may write in it and it is not sticky")
+        os.fchmod(fd, mode | stat.S_ISVTX if anchor else mode & ~0o022)
+
+
+def open_run(root, create=False):
+    """The run dir at `root` (and its control folder), reached from the workdir's `runs/` through folders
+    of this user's only, none a link; made when `create`. None when it does not exist (and not `create`)."""
+    runs, below = _split_runs(root)
+    if create:
+        os.makedirs(os.path.dirname(runs), exist_ok=True)  # the workdir, as the host's entry names it
+    held = []
+    try:
+        try:
+            held.append(os.open(os.path.dirname(runs), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            held.append(_open_dir(held[-1], os.path.basename(runs), create, "runs folder"))
+            _own_dir(held[-1], runs, anchor=True)
+            path = runs
+            for name in below:
+                path = path + "/" + name
+                held.append(_open_dir(held[-1], name, create, "run dir"))
+                _own_dir(held[-1], path)
+            try:
+                control = _open_dir(held[-1], CONTROL, create, "control folder")
+            except FileNotFoundError:
+                control = None
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise RuntimeError(f"refusing a run dir reached through a symlink or a file: {root}") from None
+            raise
+        run = RunDir(held.pop(), control)
+        try:
+            if control is not None:
+                _own_dir(control, path + "/" + CONTROL)
+        except BaseException:
+            run.close()
+            raise
+        return run
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
 def _claim(root, token):
-    """Make the run dir this run's (its token), refusing a symlink or another run's dir."""
-    os.makedirs(root, exist_ok=True)
-    control = os.path.join(root, CONTROL)
-    if os.path.islink(root) or os.path.islink(control):
-        raise RuntimeError(f"refusing a run dir that is a symlink: {root}")
-    for token_file in (os.path.join(control, "token"), os.path.join(root, "token")):
-        if os.path.lexists(token_file) and _read_small(token_file) != token:
-            raise RuntimeError(f"run dir in use by another run: {root}")
-    os.makedirs(control, exist_ok=True)
-    if _read_small(os.path.join(control, "token")) is None:  # readable by all: other users' leases check it
-        _write(os.path.join(control, "token"), token, 0o644)
-    return control
+    """Make the run dir this run's (its token), refusing a link, a folder not this user's, or another
+    run's dir; the run dir, held open."""
+    run = open_run(root, create=True)
+    try:
+        for fd in (run.control, run.fd):  # the token, in either layout
+            found = _read_at(fd, "token")
+            if found is not None and found != token:
+                raise RuntimeError(f"run dir in use by another run: {root}")
+            if _exists_at(fd, "token") and found is None:
+                raise RuntimeError(f"refusing a run dir whose token is a link or not this user's: {root}")
+        if _read_at(run.control, "token") is None:  # readable by all: other users' leases check it
+            run.write("token", token, 0o644)
+        return run
+    except BaseException:
+        run.close()
+        raise
+
+
+def _exists_at(fd, name):
+    try:
+        os.stat(name, dir_fd=fd, follow_symlinks=False)
+        return True
+    except OSError:
+        return False
+
+
+def _read_at(fd, name, limit=4096):
+    """A small file's text in the folder `fd`: a plain file of this user's, never through a link; None
+    when absent or anything else."""
+    try:
+        f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(f)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            return None
+        return os.read(f, limit).decode(errors="replace").strip()
+    finally:
+        os.close(f)
+
+
+def _write_at(fd, name, text, mode):
+    """Write `name` in the folder `fd` whole: a fresh file renamed into place (a link there is replaced)."""
+    tmp = f".{name}.{os.getpid()}.tmp"
+    f = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+    try:
+        os.write(f, text.encode())
+    finally:
+        os.close(f)
+    os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+
+
+def _job_id_at(run):
+    text = (run.read("job_id") or "").split(";")[0].strip()
+    return int(text) if text.isdigit() else None
 
 
 def job_id_of(root):
-    for path in (os.path.join(root, CONTROL, "job_id"), os.path.join(root, "job_id")):
-        text = (_read_small(path) or "").split(";")[0].strip()
-        if text.isdigit():
-            return int(text)
-    return None
+    """The batch job id recorded in the run dir; None when there is none, or the dir is not this user's."""
+    try:
+        with _opened(root) as run:
+            return _job_id_at(run) if run is not None else None
+    except RuntimeError:
+        return None
+
+
+class _opened:
+    """`with _opened(root) as run`: the run dir held open (None when it does not exist)."""
+
+    def __init__(self, root):
+        self.run = open_run(root)
+
+    def __enter__(self):
+        return self.run
+
+    def __exit__(self, *exc):
+        if self.run is not None:
+            self.run.close()
 
 
 def submit(root, script, token, options):
     """Write the job script and sbatch this program's wrapper in the run dir; the job id. Idempotent for
     the same token (a retry answers the job submitted before); a failed sbatch leaves no token behind,
-    so the launch can be tried again."""
-    control = _claim(root, token)
-    known = job_id_of(root)
-    if known is not None:
-        return {"job_id": known, "again": True}
-    _write(os.path.join(root, "job.sh"), script, 0o600)  # its environment may hold secrets: the owner's only
-    # the batch script only starts the wrapper, through the bootstrap that checks this program's bytes
-    _write(os.path.join(control, "batch.sh"), "#!/bin/sh\nexec " + " ".join(
-        _sh_word(w) for w in self_command("wrap")) + "\n", 0o755)
-    try:
-        out = _scheduler(["sbatch", *options, "--parsable", os.path.join(CONTROL, "batch.sh")], timeout=120,
-                         cwd=root)
-        head = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
-        if not head.isdigit():
-            raise RuntimeError(f"sbatch printed no job id: {out.strip()[:200]!r}")
-    except Exception:
-        os.unlink(os.path.join(control, "token"))
-        raise
-    _write(os.path.join(control, "job_id"), head + "\n", 0o644)
-    return {"job_id": int(head), "again": False}
+    so the launch can be tried again. The wrapper checks the run dir again when the job starts: a queue
+    wait is long."""
+    with _claim(root, token) as run:
+        known = _job_id_at(run)
+        if known is not None:
+            return {"job_id": known, "again": True}
+        _write_at(run.fd, "job.sh", script, 0o600)  # its environment may hold secrets: the owner's only
+        # the batch script only starts the wrapper, through the bootstrap that checks this program's bytes
+        run.write("batch.sh", "#!/bin/sh\nexec " + " ".join(
+            _sh_word(w) for w in self_command("wrap", "--dir", root, "--run", run_mark(token))) + "\n", 0o755)
+        try:
+            out = _scheduler(["sbatch", *options, "--parsable", os.path.join(CONTROL, "batch.sh")], timeout=120,
+                             cwd=run.cwd)
+            head = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
+            if not head.isdigit():
+                raise RuntimeError(f"sbatch printed no job id: {out.strip()[:200]!r}")
+        except Exception:
+            os.unlink("token", dir_fd=run.control)
+            raise
+        run.write("job_id", head + "\n", 0o644)
+        return {"job_id": int(head), "again": False}
 
 
 def _sh_word(word):
@@ -508,44 +717,69 @@ def launch(root, script, token):
     session leader; its pid and start.
 
     Idempotent for the same token (a retry never starts the job twice); a run dir holding another
-    run's token, or a symlink for its token, is refused, never reused.
+    run's token, or a symlink for its token, is refused, never reused. The run dir is opened once and
+    the wrapper starts in the folder held, whatever is renamed meanwhile.
     """
-    _claim(root, token)
-    started = find(root)  # the run dir is this run's (claimed before its patches, or a retried launch)
-    if started is not None:
-        return {**started, "again": True}
-    _write(os.path.join(root, "job.sh"), script, 0o600)  # its environment may hold secrets: the owner's only
-    devnull = os.open(os.devnull, os.O_RDWR)
-    try:
-        # the same checked bytes as this agent, never the file as it may be now; it detaches (forks
-        # into a session of its own, no longer this agent's child), so the job outlives this agent and
-        # its channel, as under setsid nohup
-        starter = subprocess.Popen(self_command("wrap", "--detach"), cwd=root, stdin=devnull, stdout=devnull,
-                                   stderr=devnull, start_new_session=True, close_fds=True)
-    finally:
-        os.close(devnull)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        job = find(root)
-        if job is not None:
-            starter.wait()
-            return {**job, "again": False}
-        if starter.poll() not in (None, 0):
-            raise RuntimeError(f"the wrapper exited with {starter.returncode} before it wrote its pid")
-        time.sleep(0.02)
-    raise RuntimeError("the wrapper wrote no pid within 10 s")
+    with _claim(root, token) as run:
+        started = _adoptable(run, token)  # claimed before its patches, or a retried launch
+        if started is not None:
+            return {**started, "again": True}
+        _write_at(run.fd, "job.sh", script, 0o600)  # its environment may hold secrets: the owner's only
+        devnull = os.open(os.devnull, os.O_RDWR)
+        try:
+            # the same checked bytes as this agent, never the file as it may be now; it detaches (forks
+            # into a session of its own, no longer this agent's child), so the job outlives this agent and
+            # its channel, as under setsid nohup. Its own environment names the run: proof, should the
+            # launch be retried, that the pid file names this run's wrapper.
+            starter = subprocess.Popen(self_command("wrap", "--detach"), cwd=run.cwd, stdin=devnull,
+                                       stdout=devnull, stderr=devnull, start_new_session=True, close_fds=True,
+                                       env={**os.environ, RUN_MARK: run_mark(token)})
+        finally:
+            os.close(devnull)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            job = _pid_at(run)
+            if job is not None:
+                starter.wait()
+                return {**job, "again": False}
+            if starter.poll() not in (None, 0):
+                raise RuntimeError(f"the wrapper exited with {starter.returncode} before it wrote its pid")
+            time.sleep(0.02)
+        raise RuntimeError("the wrapper wrote no pid within 10 s")
+
+
+def _pid_at(run):
+    """The pid and start time the run's wrapper recorded (a plain file of this user's), or None."""
+    fields = (run.read("pid") or "").split()
+    if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():
+        return {"pid": int(fields[0]), "start": fields[1]}
+    return None
+
+
+def _adoptable(run, token):
+    """The job a run dir's pid file names, when it is this run's: its wrapper, if still there, carries the
+    run's mark in its own environment (a pid file naming any other process is refused, never adopted); a
+    wrapper gone is answered as it was (nothing of it is signalled without its start time proved)."""
+    job = _pid_at(run)
+    if job is None:
+        return None
+    if live_start(job["pid"]) == job["start"] and not _marked(job["pid"], f"{RUN_MARK}={run_mark(token)}".encode()):
+        raise RuntimeError(f"the run dir's pid file names process {job['pid']}, which is not this run's wrapper")
+    return job
 
 
 # The bootstrap orch starts this program with (hostprogram.BOOTSTRAP): the file's bytes run only when
 # their sha256 is the one asked for. The wrapper is started through it too.
 BOOTSTRAP = (
-    "import hashlib, sys\n"
+    "import sys\n"
+    "sys.path[:] = [x for x in sys.path if x.startswith('/')]\n"
+    "import hashlib\n"
     "p, want = sys.argv[1], sys.argv[2]\n"
     "try:\n"
     "    with open(p, 'rb') as f: code = f.read()\n"
     "except OSError: sys.exit(97)\n"
     "if hashlib.sha256(code).hexdigest() != want: sys.exit(97)\n"
-    "sys.argv = [p] + sys.argv[3:]; sys.path[:] = [x for x in sys.path if x]\n"
+    "sys.argv = [p] + sys.argv[3:]\n"
     "exec(compile(code, p, 'exec'), {'__name__': '__main__', '__file__': p, 'ORCH_SHA256': want})\n"
 )
 
@@ -560,10 +794,12 @@ def own_digest():
 
 
 def self_command(*args):
-    return [sys.executable, "-c", BOOTSTRAP, os.path.abspath(__file__), own_digest(), *args]
+    """This program's own mode (the job wrapper), isolated (-I): it starts in the run dir, and nothing there,
+    in PYTHON* variables or in the user's site folder decides what it imports."""
+    return [sys.executable, "-I", "-c", BOOTSTRAP, os.path.abspath(__file__), own_digest(), *args]
 
 
-def wrap(detach):
+def wrap(detach, root=None, mark=None):
     """The wrapper of a job, in its run dir, as the leader of its session: it records its pid with its
     start time, the job's combined output in `log` (opened for appending, so a log truncated under the
     job gets no hole of zeros), and the job's start, end and exit code in the control folder (the end
@@ -576,6 +812,8 @@ def wrap(detach):
             os._exit(0)
         os.setsid()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup: the job inherits it
+    if root is not None:  # a batch job, started long after its submission: the run dir checked again
+        enter_run(root, mark)
     node = _node(os.environ.get("SLURMD_NODENAME"))
     if node:  # a batch job notes its node: one that ends between two queue queries is never seen running
         _write(os.path.join(CONTROL, "node"), node + "\n", 0o644)
@@ -594,6 +832,20 @@ def wrap(detach):
     return code
 
 
+def enter_run(root, mark):
+    """Work in the run dir at `root` only when it is still this run's: reached through this user's folders,
+    none a link, holding the token whose mark is `mark`; exits (97, saying why) otherwise."""
+    try:
+        run = open_run(root)
+        if run is None or run.control is None or run_mark(run.read("token") or "") != mark:
+            raise RuntimeError(f"the run dir {root} is gone or is not this run's")
+        os.fchdir(run.fd)
+        run.close()
+    except (RuntimeError, OSError) as exc:
+        sys.stderr.write(f"orch: refusing to start the job: {exc}\n")
+        sys.exit(97)
+
+
 def _write(path, text, mode):
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
@@ -605,12 +857,14 @@ def _write(path, text, mode):
 
 
 def find(root):
-    """The pid and start time a run dir's wrapper recorded, or None."""
-    for path in (os.path.join(root, CONTROL, "pid"), os.path.join(root, "pid")):
-        fields = (_read_small(path) or "").split()
-        if len(fields) == 2 and fields[0].isdigit():
-            return {"pid": int(fields[0]), "start": fields[1]}
-    return None
+    """The pid and start time a run dir's wrapper recorded, when the run dir is this user's and the
+    process, if it lives, is the wrapper of the run whose token the dir holds; else None."""
+    try:
+        with _opened(root) as run:
+            token = None if run is None else run.read("token") or _read_at(run.fd, "token")
+            return _adoptable(run, token) if token else None
+    except RuntimeError:  # not this user's, or a pid file naming a process that is not the run's wrapper
+        return None
 
 
 def boot_time():
@@ -1361,7 +1615,9 @@ class Agent:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["wrap"]:
-        sys.exit(wrap(sys.argv[2:] == ["--detach"]))
+        opts = sys.argv[2:]
+        given = dict(zip(opts[::2], opts[1::2])) if "--detach" not in opts else {}
+        sys.exit(wrap("--detach" in opts, given.get("--dir"), given.get("--run")))
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # the channel gone: end quietly
     try:
         Agent().serve()

@@ -12,7 +12,9 @@ are written to a temporary file and renamed into place. `leases/` and run dirs o
 refused unless the request says the workdir is shared (a run dir never: it is always its run's own).
 
 Layout under the workdir: `leases/.lock` (the flock every change holds), `leases/host` and
-`leases/gpu-N` (one per key: {token, run_dir, taken_at, uid}); a run dir holds its run's token in
+`leases/gpu-N` (one per key: {token, run_dir, taken_at, uid}; a lease naming a uid that is not its file's
+owner is none; `KEY.UID` where a sticky shared `leases/` keeps another user's ended lease at KEY); a run
+dir holds its run's token in
 `.orch/token` (or, from an older layout, `token`).
 """
 
@@ -33,6 +35,9 @@ LEASES = "leases"
 LOCK = ".lock"
 CONTROL = ".orch"
 KEY_RE = re.compile(r"^(host|gpu-[0-9]{1,4})$")
+# A lease file is `leases/KEY`, or `leases/KEY.UID` where a sticky shared leases/ keeps another user's
+# ended lease at KEY (only its owner may replace it).
+FILE_RE = re.compile(r"^(host|gpu-[0-9]{1,4})(?:\.([0-9]{1,10}))?$")
 # A lease whose run has no pid yet (it prepares: patches, GPU cleanup) is believed this long.
 STARTING_S = 3600.0
 # Clocks of the hosts that share a filesystem differ a little; a lease further in the future is not
@@ -86,17 +91,21 @@ def _check_dir(path, what, shared=False):
     return st
 
 
+SHARED_MODE = 0o3070  # a shared folder: group-writable, setgid (what is made inside keeps the group) and
+# sticky (only an entry's owner renames or deletes it: nobody swaps another user's run dir or lease file)
+
+
 def _make_dir(path, what, shared=False, mode=0o755, group=False):
-    """Make a folder (none a symlink). `group`: the workdir's users share it, so it is made group-writable
-    (and setgid, so what is made inside keeps the group) whatever the umask, by whoever owns it."""
+    """Make a folder (none a symlink). `group`: the workdir's users share it, so it is made SHARED_MODE
+    whatever the umask, by whoever owns it."""
     if _check_dir(path, what, shared) is None:
         try:
             os.mkdir(path, mode)
         except FileExistsError:
             pass  # made meanwhile by someone else: checked below like any other
     st = _check_dir(path, what, shared)
-    if group and st.st_uid == os.geteuid() and st.st_mode & 0o2070 != 0o2070:
-        os.chmod(path, stat.S_IMODE(st.st_mode) | 0o2070)
+    if group and st.st_uid == os.geteuid() and st.st_mode & SHARED_MODE != SHARED_MODE:
+        os.chmod(path, stat.S_IMODE(st.st_mode) | SHARED_MODE)
 
 
 def read_small(path):
@@ -126,7 +135,11 @@ def write_new(directory, name, text, mode=0o664):
         os.write(fd, text.encode())
     finally:
         os.close(fd)
-    os.rename(tmp, os.path.join(directory, name))
+    try:
+        os.rename(tmp, os.path.join(directory, name))
+    except OSError:
+        os.unlink(tmp)  # refused (another user's file in a sticky folder): nothing left behind
+        raise
 
 
 # --- the lock -----------------------------------------------------------------------------------
@@ -302,8 +315,10 @@ def liveness(lease, now):
 
 
 def _lease_files(leases_dir, names):
+    """(name, path, text) of the lease files among `names`; text None for anything that is not one: a
+    symlink or worse, or a file whose owner is not the uid it names (a lease in someone else's name)."""
     for name in names:
-        if not KEY_RE.match(name):
+        if not FILE_RE.match(name):
             continue
         path = os.path.join(leases_dir, name)
         st = _lstat(path)
@@ -313,9 +328,31 @@ def _lease_files(leases_dir, names):
             yield name, path, None  # a symlink or worse: not a lease, and replaced when the key is taken
             continue
         try:
-            yield name, path, read_small(path)
+            text = read_small(path)
         except Refusal:
             yield name, path, None
+            continue
+        yield name, path, text if _written_by(text, st.st_uid) else None
+
+
+def _written_by(text, uid):
+    """Does a lease's text name `uid` (its file's owner) as its taker? An older orch's names none."""
+    try:
+        doc = json.loads(text) if text.startswith("{") else None
+    except ValueError:
+        return True  # not a lease at all: parse_lease says so
+    named = doc.get("uid") if isinstance(doc, dict) else None
+    return named is None or named == uid
+
+
+def _key_files(leases_dir, keys):
+    """The names in leases/ of the lease files of `keys` (every key for `host`)."""
+    try:
+        names = os.listdir(leases_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if FILE_RE.match(n) and (keys == ["host"] or FILE_RE.match(n).group(1)
+                                                             in ("host", *keys)))
 
 
 # --- actions -------------------------------------------------------------------------------------
@@ -370,7 +407,7 @@ def conflicts(workdir, keys, workspace, now):
     `keys` or the whole host; else the warnings about lease files ignored. Leases of `workspace` itself
     are its database's business and never block here."""
     leases_dir = posixpath.join(workdir, LEASES)
-    names = os.listdir(leases_dir) if keys == ["host"] else ["host", *keys]
+    names = _key_files(leases_dir, keys)
     warnings = []
     for name, _, text in _lease_files(leases_dir, names):
         lease = parse_lease(text, _runs_dirs(workdir)) if text is not None else None
@@ -381,7 +418,7 @@ def conflicts(workdir, keys, workspace, now):
             continue
         live, why = liveness(lease, now)
         if live:
-            raise Refusal(f"{name} held by {lease['token']} ({why})", kind="held", key=name,
+            raise Refusal(f"{name} held by {lease['token']} ({why})", kind="held", key=FILE_RE.match(name).group(1),
                           token=lease["token"], run_dir=lease["run_dir"], taken_at=lease["taken_at"],
                           why=why)
         if why == "dated in the future":
@@ -422,10 +459,23 @@ def take(workdir, run_dir, token, keys, shared=False, now=None, lock_wait_s=LOCK
             claim_run_dir(workdir, run_dir, token, shared)
             doc = json.dumps({"token": token, "run_dir": run_dir, "taken_at": now, "uid": os.geteuid()})
             for key in keys:
-                write_new(leases_dir, key, doc + "\n")
+                _write_lease(leases_dir, key, doc + "\n")
     else:
         claim_run_dir(workdir, run_dir, token, shared)
     return {"warnings": warnings}
+
+
+def _write_lease(leases_dir, key, text):
+    """The lease file of `key`; beside another user's ended lease there when a sticky leases/ keeps it
+    (`KEY.UID`, read as the key's too)."""
+    mine = f"{key}.{os.geteuid()}"
+    try:
+        write_new(leases_dir, key, text)
+    except PermissionError:
+        write_new(leases_dir, mine, text)
+        return
+    if _lstat(os.path.join(leases_dir, mine)) is not None:
+        os.unlink(os.path.join(leases_dir, mine))  # an older one of this user's, beside a lease gone since
 
 
 def release(workdir, token, shared=False, lock_wait_s=LOCK_WAIT_S):
