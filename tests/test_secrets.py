@@ -153,6 +153,22 @@ def test_secret_names(tmp_path: Path) -> None:
     assert secret_env.masked_env({"HF_TOKEN": "", "X": "1", "Y": "2"}, ["Y"]) == {"HF_TOKEN": "", "X": "1", "Y": "***"}
 
 
+def test_the_common_short_names_and_urls_with_a_password_are_secrets_and_paths_to_them_are_not() -> None:
+    for name in ("GITHUB_PAT", "GH_PAT", "DB_PASS", "SMTP_PASS", "MYSQL_PWD", "SSH_PASSPHRASE"):
+        assert secret_env.looks_secret(name), name
+    # where a secret is, not the secret; words that only end like a short one
+    for name in ("HF_TOKEN_PATH", "SSL_KEY_FILE", "GOOGLE_API_KEY_FILE", "SECRETS_DIR", "TORCH_COMPAT", "NCCL_BYPASS",
+                 "COMPASS", "PWD", "OLDPWD", "PATH"):
+        assert not secret_env.looks_secret(name), name
+    env = {"DATABASE_URL": "postgres://u:pw_S3CRET@db.example:5432/x", "BROKER": "amqp://:S3CRET@mq/",
+           "ARGS": "--db=mysql://root:S3CRET@127.0.0.1/x --fast", "HOOK": "https://hooks.example/x?token=S3CRET&a=1",
+           "SIGNED": "https://bucket.example/o?X-Amz-Signature=1&api-key=S3CRET",
+           "PLAIN_URL": "https://huggingface.co/org/model", "PORTED": "http://host:8080/path@v2",
+           "GIT": "ssh://git@github.com/org/repo", "EMPTY_QUERY": "https://h.example/?token="}
+    assert secret_env.masked_env(env) == {
+        **env, "DATABASE_URL": "***", "BROKER": "***", "ARGS": "***", "HOOK": "***", "SIGNED": "***"}
+
+
 def test_specs_stored_before_masking_are_masked_when_the_database_opens(tmp_path: Path) -> None:
     from sqlite_utils import Database
 
@@ -177,5 +193,26 @@ def test_specs_stored_before_masking_are_masked_when_the_database_opens(tmp_path
     assert json.loads(store.conn.execute("SELECT doc FROM sweeps").fetchone()[0])["spec"]["env"] == {
         "WANDB_API_KEY": "***"}
     assert store.conn.execute("SELECT spec FROM runs WHERE id = 4").fetchone()[0] == "not json"
+    store.close()
+    assert SECRET_BITS not in path.read_bytes()
+
+
+def test_specs_stored_under_the_narrower_rule_are_masked_by_the_wider_one_when_the_database_opens(
+        tmp_path: Path) -> None:
+    from sqlite_utils import Database
+
+    path = tmp_path / "orch.db"
+    old = Store.__new__(Store)
+    old.path, old.conn = path, sqlite3.connect(path, isolation_level=None)
+    old.db = Database(old.conn)
+    old.migrate(stop_before="m021_env_secrets_masked_wider")
+    spec = {"cmd": "x", "env": {"GITHUB_PAT": "ghp_S3CRET", "DATABASE_URL": "postgres://u:S3CRET@h/db",
+                                "HF_TOKEN_PATH": "/etc/token", "N": "1"}}
+    old.conn.execute("INSERT INTO runs (playbook, host, status, spec, created_at) VALUES ('command', 'local',"
+                     " 'succeeded', ?, 1.0)", (json.dumps(spec),))
+    old.conn.close()
+    store = Store(path)
+    assert store.get_run(1).spec["env"] == {"GITHUB_PAT": "***", "DATABASE_URL": "***", "HF_TOKEN_PATH": "/etc/token",
+                                            "N": "1"}
     store.close()
     assert SECRET_BITS not in path.read_bytes()

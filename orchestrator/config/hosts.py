@@ -30,6 +30,8 @@ class Host(BaseModel):
     workdir: str = "~/orch"
     python: str = "python3"
     env: dict[str, str] = {}
+    # env names shown as *** besides those that look secret (as a spec's `secret_env`): a dry run shows the job's script
+    secret_env: list[str] = []
     tags: list[str] = []
     accept_new_host_key: bool = False
     # Several Unix users share the workdir (a group-writable folder): its `leases/` may be another user's.
@@ -54,9 +56,9 @@ class Host(BaseModel):
 
     _passable = field_validator("*")(classmethod(lambda cls, value: passable(value)))
 
-    @field_validator("env")
+    @field_validator("env", "secret_env")
     @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+    def _env_names(cls, env: Any) -> Any:
         bad = bad_env_names(env)
         if bad:
             raise ValueError(f"not an environment variable name: {bad[0]!r}")
