@@ -216,3 +216,26 @@ def test_specs_stored_under_the_narrower_rule_are_masked_by_the_wider_one_when_t
                                             "N": "1"}
     store.close()
     assert SECRET_BITS not in path.read_bytes()
+
+
+def test_the_workspace_is_its_owners_alone_whatever_the_umask_and_the_job_keeps_the_users(tmp_path: Path) -> None:
+    """Under umask 000 the database, its -wal and -shm, runs/, runs/<id>/, spec.json, the log tail, the
+    watcher's log and lock, a pull: none readable by anyone else; the job itself gets the user's umask."""
+    host_dir = tmp_path / "host"
+    orch = Orch(tmp_path / "ws", f'[hosts.local]\nworkdir = "{host_dir}"\n')
+    (orch.root / "hosts.toml").chmod(0o600)  # the test's own file
+    seen = tmp_path / "job-umask"
+
+    def orch_open(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "orchestrator", *args], env=orch.env, capture_output=True,
+                              text=True, timeout=120, check=False, umask=0)
+
+    res = orch_open("run", "command", *FAST, "--set", f"cmd=umask > {shlex.quote(str(seen))}; echo out > result.txt")
+    assert res.returncode == 0, res.stderr
+    assert orch_open("status").returncode == 0 and orch_open("pull", "1").returncode == 0
+    made = sorted(p for p in orch.root.rglob("*"))
+    assert orch.db in made and orch.root / "runs" / "1" / "spec.json" in made
+    assert orch.root / "runs" / "1" / "pulled" / "result.txt" in made
+    shared = [f"{p.stat().st_mode & 0o777:o} {p}" for p in made if p.stat().st_mode & 0o077]
+    assert shared == []
+    assert seen.read_text().strip() == "0000"  # the job: the user's umask, not orch's

@@ -6,6 +6,7 @@ import sys
 
 import typer
 
+from ..config.workspace import owner_only
 from ..errors import OrchError
 from .app import State, app
 from .render import err
@@ -20,7 +21,8 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     State.quiet_retries = "--json" in (sys.argv[1:] if argv is None else argv)
     try:
-        command.main(args=argv, prog_name="orch", standalone_mode=True)
+        with owner_only():  # what it writes on this machine is its user's alone, whatever the umask
+            command.main(args=argv, prog_name="orch", standalone_mode=True)
     except OrchError as exc:
         first, *rest = str(exc).splitlines() or [type(exc).__name__]
         err.print(f"orch: {first}", markup=False)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from ..config.hosts import Host
+from ..config.workspace import user_umask
 from ..errors import RemoteError
 
 quote = shlex.quote
@@ -199,7 +200,8 @@ class LocalTransport(Transport):
         timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
         try:
             proc = subprocess.run(
-                ["bash", "-c", command], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
+                ["bash", "-c", command], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False,
+                umask=_job_umask(),
             )
         except subprocess.TimeoutExpired:
             raise RemoteError(self.host.name, command, None, "", reason=f"timed out after {timeout} s")
@@ -242,8 +244,15 @@ class LocalTransport(Transport):
 
     def stream(self, command: str) -> Stream:
         proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL)
+                                stderr=subprocess.DEVNULL, umask=_job_umask())
         return _ProcessStream(proc)
+
+
+def _job_umask() -> int:
+    """The umask of what orch starts on this machine (its agent, and so the jobs): the user's own, not the
+    owner-only one orch writes its workspace with (-1: as this process's)."""
+    umask = user_umask()
+    return -1 if umask is None else umask
 
 
 def write_pieces(write: Callable[[bytes], Any], data: bytes, path: str, piece: int = 1 << 20) -> None:
