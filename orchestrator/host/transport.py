@@ -117,9 +117,11 @@ class _ProcessStream(Stream):
 
 class RemoteFile:
     """A plain file on a host, open for reading; its bytes as they were up to `size`, its length when opened
-    (bytes appended later are not read: a log that grows as it is read still ends)."""
+    (bytes appended later are not read: a log that grows as it is read still ends), and its permission bits
+    on the host (`mode`: a copy keeps them)."""
 
     size: int
+    mode: int = 0o600
 
     def read(self, n: int) -> bytes:
         """Up to n bytes (at least one while any are left); b"" at the end."""
@@ -136,9 +138,9 @@ class RemoteFile:
 
 
 class _LocalFile(RemoteFile):
-    def __init__(self, fd: int, size: int):
+    def __init__(self, fd: int, size: int, mode: int):
         self._file = os.fdopen(fd, "rb")
-        self.size, self._left = size, size
+        self.size, self._left, self.mode = size, size, mode
 
     def read(self, n: int) -> bytes:
         data = self._file.read(min(n, self._left)) if self._left > 0 else b""
@@ -240,7 +242,7 @@ class LocalTransport(Transport):
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             raise FileNotFoundError(f"no plain file at {path}")
-        return _LocalFile(fd, st.st_size)
+        return _LocalFile(fd, st.st_size, stat.S_IMODE(st.st_mode))
 
     def stream(self, command: str) -> Stream:
         proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
