@@ -19,7 +19,15 @@ def main(argv: list[str] | None = None) -> None:
     become one message without a traceback; anything else is a bug and keeps its traceback.
     """
     command = typer.main.get_command(app)
-    State.quiet_retries = "--json" in (sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    State.quiet_retries = "--json" in args
+    for n, arg in enumerate(args, 1):  # names, notes, specs and paths are kept as UTF-8 text
+        try:
+            arg.encode()
+        except UnicodeEncodeError:
+            shown = repr(arg.encode(errors="surrogateescape"))[1:]
+            err.print(f"orch: argument {n} is not UTF-8 text: {shown}", markup=False)
+            sys.exit(2)
     try:
         with owner_only():  # what it writes on this machine is its user's alone, whatever the umask
             command.main(args=argv, prog_name="orch", standalone_mode=True)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import HostError, UsageError
-from .checks import DAY_S, GPUS_MAX, bad_env_names, passable
+from .checks import DAY_S, GPUS_MAX, bad_env_names, passable, unprintable
 from .workspace import LOCAL
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
@@ -70,6 +70,13 @@ class Host(BaseModel):
         # a relative path would depend on the directory each SSH session happens to start in
         if not workdir.startswith(("/", "~")):
             raise ValueError(f"must be an absolute path or start with ~, got {workdir!r}")
+        # only the login user's own home is expanded (~, ~/x): ~root/x would be a folder named "~root"
+        if workdir.startswith("~") and workdir != "~" and not workdir.startswith("~/"):
+            raise ValueError(f"~ only as the login user's home (~ or ~/...), got {workdir!r}: give the other "
+                             "home's absolute path")
+        char = unprintable(workdir)  # a newline or other control character would split the lines it is in
+        if char:
+            raise ValueError(f"holds a character that is not printable ({char}): {workdir!r}")
         return workdir
 
     @property
