@@ -105,8 +105,9 @@ def pushed_state(doc: dict[str, Any]) -> JobState:
     def num(key: str) -> float | None:
         # read from the run's own files, which its job may write: bounded as a spec's numbers are
         value = doc.get(key)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value_problem(float(value)) is None
-        return float(value) if ok else None
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value_problem(value):
+            return None
+        return float(value)
 
     exit_code, inode, node = doc.get("exit_code"), doc.get("inode"), doc.get("node")
     return JobState(
