@@ -288,9 +288,9 @@ def test_pull_keeps_the_hosts_modes_and_makes_nothing_others_can_read(orch, tmp_
         assert orch("pull", "1", "--to", str(into)).returncode == 0
         modes = {p.name: p.stat().st_mode & 0o777 for p in into.rglob("*") if p.is_file()}
         assert "hf_S3CRET" in (into / "job.sh").read_text()
-        assert modes["job.sh"] == 0o600 and modes["shared.txt"] == 0o640 and modes["tool.sh"] == 0o750
-        assert modes["open.txt"] == 0o600  # others could read it there: no one else may here
-        assert not [name for name, mode in modes.items() if mode & 0o007], modes
+        assert modes["job.sh"] == 0o600 and modes["tool.sh"] == 0o700  # the owner's bits: still executable
+        assert modes["shared.txt"] == modes["open.txt"] == 0o600  # others could read them there: no one else here
+        assert not [name for name, mode in modes.items() if mode & 0o077], modes
         for p in into.rglob("*"):
             p.chmod(0o777 if p.is_dir() else 0o666)
 

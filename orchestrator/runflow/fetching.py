@@ -87,12 +87,12 @@ def pull(ctx: Job, to: Path, limit: int = PULL_LIMIT) -> Pulled:
 
 def _create(target: Path, mode: int) -> BinaryIO:
     """A fresh file at `target` (one there before is replaced, never written through a link) with the
-    host's permission bits but none for others: an owner-only job.sh stays so, and a copy of a file others
-    could read there is no one else's here."""
+    owner's permission bits the host gave it, and none for anyone else: an owner-only job.sh stays so, a
+    script stays executable, and a copy of a file others could read there is no one else's here."""
     if target.is_symlink() or target.exists():
         target.unlink()
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    os.fchmod(fd, mode & 0o770)
+    os.fchmod(fd, mode & 0o700)
     return os.fdopen(fd, "wb")
 
 
