@@ -24,9 +24,10 @@ _SECRET_NAME = re.compile(r"(?:PAT|PASS|PWD)\d*$", re.IGNORECASE)
 _WHERE_WORD = re.compile(r"(?:PATH|FILE|DIR|LOCATION)S?$", re.IGNORECASE)
 # Shell's own variables: PWD is the working directory, not a password.
 _NOT_SECRET = frozenset({"PWD", "OLDPWD"})
-# A URL anywhere in a value (`--db=postgres://...` too), and one whose user part carries a password.
+# A URL anywhere in a value (`--db=postgres://...` too); one whose user part carries a password, or any
+# user part over http(s), where it is a token (https://ghp_...@github.com), not a login name (ssh://git@).
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://\S+")
-_USER_PASSWORD = re.compile(r"[^:]+://[^\s/?#@:]*:[^\s/?#]+@")
+_USER_PASSWORD = re.compile(r"[^:]+://[^\s/?#@:]*:[^\s/?#]+@|https?://[^\s/?#@]+@", re.IGNORECASE)
 
 
 def looks_secret(name: str) -> bool:
@@ -37,8 +38,8 @@ def looks_secret(name: str) -> bool:
 
 
 def holds_credential(value: str) -> bool:
-    """A URL in the value with a password in it (postgres://user:pw@host/db) or a query parameter whose
-    name looks secret (https://host/hook?token=...)."""
+    """A URL in the value with a password in it (postgres://user:pw@host/db), a token as its user
+    (https://TOKEN@host/...) or a query parameter whose name looks secret (https://host/hook?token=...)."""
     for url in _URL.findall(value):
         if _USER_PASSWORD.match(url):
             return True

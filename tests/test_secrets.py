@@ -164,9 +164,10 @@ def test_the_common_short_names_and_urls_with_a_password_are_secrets_and_paths_t
            "ARGS": "--db=mysql://root:S3CRET@127.0.0.1/x --fast", "HOOK": "https://hooks.example/x?token=S3CRET&a=1",
            "SIGNED": "https://bucket.example/o?X-Amz-Signature=1&api-key=S3CRET",
            "PLAIN_URL": "https://huggingface.co/org/model", "PORTED": "http://host:8080/path@v2",
-           "GIT": "ssh://git@github.com/org/repo", "EMPTY_QUERY": "https://h.example/?token="}
+           "GIT": "ssh://git@github.com/org/repo", "EMPTY_QUERY": "https://h.example/?token=",
+           "INDEX": "https://ghp_S3CRET@github.com/org/repo.git"}
     assert secret_env.masked_env(env) == {
-        **env, "DATABASE_URL": "***", "BROKER": "***", "ARGS": "***", "HOOK": "***", "SIGNED": "***"}
+        **env, "DATABASE_URL": "***", "BROKER": "***", "ARGS": "***", "HOOK": "***", "SIGNED": "***", "INDEX": "***"}
 
 
 def test_specs_stored_before_masking_are_masked_when_the_database_opens(tmp_path: Path) -> None:
