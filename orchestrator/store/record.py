@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -88,7 +87,7 @@ def a_time(value: Any) -> float | None:
     """A stored time as a time: None for anything else (not a number, not finite, out of range)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) and 0 <= value <= TIME_MAX else None
+    return float(value) if 0 <= value <= TIME_MAX else None  # False for nan too
 
 
 @dataclass
