@@ -295,7 +295,7 @@ def fire(ws: Workspace, entry_id: str, file: Path,
     folder.mkdir(parents=True, exist_ok=True)
     key = sweep_key(path)
     log, lock = folder / f"{key}.log", folder / f"{key}.lock"
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

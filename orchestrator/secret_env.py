@@ -6,26 +6,60 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import parse_qsl
 
-# Secrets in `env`: a value whose name looks secret, or is listed in `secret_env`, is stored and shown as
-# MASK (the database, runs/<id>/spec.json, status, the dashboard, compare, reports); the job gets the real
-# one. A run started again from its record finds MASK there, so MASK in `env` means "the value of this
-# variable in orch's own environment", taken when the run is built (`build`).
+# Secrets in `env`: a value whose name looks secret, or is listed in `secret_env`, or that holds a
+# credential in a URL, is stored and shown as MASK (the database, runs/<id>/spec.json, status, the
+# dashboard, compare, reports, a dry run); the job gets the real one. A run started again from its record
+# finds MASK there, so MASK in `env` means "the value of this variable in orch's own environment", taken
+# when the run is built (`build`). A whole value is masked, never a part: MASK alone stands for a value.
 MASK = "***"
 # One of the name's `_`-separated words ends in one of these (a plural, a number after it): HF_TOKEN,
 # WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, PGPASSWORD, APIKEY2; not TOKENIZERS_PARALLELISM or KEYBOARD, which
 # only start with one.
-_SECRET_WORD = re.compile(r"(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD)S?\d*$", re.IGNORECASE)
+_SECRET_WORD = re.compile(r"(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE)S?\d*$", re.IGNORECASE)
+# Short ones only as a whole word, or they would catch COMPAT, BYPASS, COMPASS: GITHUB_PAT, DB_PASS, PWD2.
+_SECRET_NAME = re.compile(r"(?:PAT|PASS|PWD)\d*$", re.IGNORECASE)
+# A name whose last word says it names where a secret is, not the secret: HF_TOKEN_PATH, SSL_KEY_FILE.
+_WHERE_WORD = re.compile(r"(?:PATH|FILE|DIR|LOCATION)S?$", re.IGNORECASE)
+# Shell's own variables: PWD is the working directory, not a password.
+_NOT_SECRET = frozenset({"PWD", "OLDPWD"})
+# A URL anywhere in a value (`--db=postgres://...` too); one whose user part carries a password, or any
+# user part over http(s), where it is a token (https://ghp_...@github.com), not a login name (ssh://git@).
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://\S+")
+_USER_PASSWORD = re.compile(r"[^:]+://[^\s/?#@:]*:[^\s/?#]+@|https?://[^\s/?#@]+@", re.IGNORECASE)
 
 
 def looks_secret(name: str) -> bool:
-    return any(_SECRET_WORD.search(word) for word in name.split("_"))
+    words = name.split("_")
+    if name.upper() in _NOT_SECRET or _WHERE_WORD.fullmatch(words[-1]):
+        return False
+    return any(_SECRET_WORD.search(word) or _SECRET_NAME.fullmatch(word) for word in words)
+
+
+def holds_credential(value: str) -> bool:
+    """A URL in the value with a password in it (postgres://user:pw@host/db), a token as its user
+    (https://TOKEN@host/...) or a query parameter whose name looks secret (https://host/hook?token=...)."""
+    for url in _URL.findall(value):
+        if _USER_PASSWORD.match(url):
+            return True
+        query = url.partition("?")[2].partition("#")[0]
+        if any(v and looks_secret(k.replace("-", "_")) for k, v in parse_qsl(query, keep_blank_values=True)):
+            return True
+    return False
+
+
+def is_secret(name: str, value: Any, marked: Iterable[str] = ()) -> bool:
+    """Whether `name=value` is shown masked (an empty value hides nothing: it stays)."""
+    if value in ("", None):
+        return False
+    return name in marked or looks_secret(name) or (isinstance(value, str) and holds_credential(value))
 
 
 def masked_env(env: Mapping[str, Any], marked: Iterable[str] = ()) -> dict[str, Any]:
-    """`env` with the values of secret names replaced by MASK (an empty value hides nothing: it stays)."""
+    """`env` with the values of secrets replaced by MASK."""
     marked = set(marked)
-    return {k: MASK if v not in ("", None) and (k in marked or looks_secret(k)) else v for k, v in env.items()}
+    return {k: MASK if is_secret(k, v, marked) else v for k, v in env.items()}
 
 
 def masked_values(values: Mapping[str, Any]) -> dict[str, Any]:

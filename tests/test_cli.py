@@ -276,6 +276,25 @@ def test_pull_copies_a_big_run_dir_byte_for_byte_and_follows_no_symlink(orch, tm
     assert (doc["files"], doc["bytes"]) == (len(plain), sum((remote / p).stat().st_size for p in plain))
 
 
+def test_pull_keeps_the_hosts_modes_and_makes_nothing_others_can_read(orch, tmp_path):
+    cmd = ("cmd=echo a > shared.txt && chmod 640 shared.txt && echo b > open.txt && chmod 604 open.txt && "
+           "printf 'echo hi\\n' > tool.sh && chmod 755 tool.sh")
+    assert orch("run", "command", "--host", "test1", "--set", "env.HF_TOKEN=hf_S3CRET", "--set", cmd,
+                *FAST).returncode == 0
+    remote = Path(orch.status(1)["remote_dir"])
+    assert (remote / "job.sh").stat().st_mode & 0o777 == 0o600  # the token inside: the host keeps it owner-only
+    into = tmp_path / "here"
+    for _ in range(2):  # again over the first copy, whose modes were changed meanwhile
+        assert orch("pull", "1", "--to", str(into)).returncode == 0
+        modes = {p.name: p.stat().st_mode & 0o777 for p in into.rglob("*") if p.is_file()}
+        assert "hf_S3CRET" in (into / "job.sh").read_text()
+        assert modes["job.sh"] == 0o600 and modes["tool.sh"] == 0o700  # the owner's bits: still executable
+        assert modes["shared.txt"] == modes["open.txt"] == 0o600  # others could read them there: no one else here
+        assert not [name for name, mode in modes.items() if mode & 0o077], modes
+        for p in into.rglob("*"):
+            p.chmod(0o777 if p.is_dir() else 0o666)
+
+
 def test_pull_shows_a_bar_on_a_terminal_and_none_with_json(orch, tmp_path):
     import pty
     import select

@@ -117,6 +117,20 @@ def test_a_damaged_row_bricks_neither_status_nor_the_host(tmp_path):
     one_line(orch("cancel", "3"), 1, "run 3", "already ended")  # cancel needs no spec: a way out of any state
 
 
+@pytest.mark.parametrize("written", ["inf", "nan", "-1e300", "1e300", "-5", "99999999999999999999999"])
+def test_a_job_writing_its_own_start_time_and_exit_code_breaks_neither_status_nor_its_times(tmp_path, written):
+    """`.orch/started_at` is in the run dir, where the job writes: read back as a spec's number is."""
+    orch = Orch(tmp_path / "ws")
+    cmd = f"cmd=echo {written} > .orch/started_at; echo {written} > .orch/exit_code; echo ok"
+    assert orch("run", "command", "--set", cmd, *FAST).returncode == 0
+    for args in (["status"], ["status", "--json"], ["status", "1"], ["status", "1", "--json"]):
+        res = orch(*args, new_process=args == ["status"])
+        assert res.returncode == 0 and "Traceback" not in res.stderr, (args, res.stderr)
+    doc = orch.status(1)
+    assert doc["status"] == "succeeded" and doc["started_at"] <= doc["ended_at"] <= time.time()
+    assert 0 <= doc["duration_s"] < 120
+
+
 def test_a_garbage_database_is_one_line(tmp_path):
     orch = Orch(tmp_path / "ws")
     orch.db.parent.mkdir()
@@ -134,6 +148,10 @@ def test_a_garbage_database_is_one_line(tmp_path):
     (b"[hosts.a]\nname = \"b\"\n", ["hosts.a.name"]),
     (b"[hosts.a]\nworkdir = \"\"\n", ["hosts.a.workdir", "absolute"]),
     (b"[hosts.a]\nworkdir = \"runs/here\"\n", ["hosts.a.workdir", "absolute"]),
+    (b"[hosts.a]\nworkdir = \"~root/x\"\n", ["hosts.a.workdir", "login user's home", "~root/x"]),
+    (b"[hosts.a]\nworkdir = \"~other\"\n", ["hosts.a.workdir", "login user's home"]),
+    (b"[hosts.a]\nworkdir = \"/srv/orch\\nrm -rf x\"\n", ["hosts.a.workdir", "U+000A"]),
+    (b"[hosts.a]\nworkdir = \"~/a\\tb\"\n", ["hosts.a.workdir", "U+0009"]),
     (b"[hosts.a]\npython = \"/usr/bin/python3\\u0000x\"\n", ["hosts.a.python", "NUL"]),
     (b"[hosts.a]\nenv = { A = \"x\\u0000\" }\n", ["hosts.a.env", "NUL"]),
     (b"[hosts.a]\nenv = { \"\xc3\x89T\xc3\x89\" = \"1\" }\n", ["hosts.a.env", "not an environment variable name"]),
@@ -194,6 +212,19 @@ def test_nul_in_a_sweep_point(tmp_path):
                                       '[matrix]\n"env.X" = ["1", "2\\u0000"]\n')
     one_line(orch("sweep", "run", str(orch.root / "s.toml")), 2, "point 1", "env", "NUL")
     assert no_runs(orch)
+
+
+def test_arguments_that_are_not_utf8_are_one_line(tmp_path):
+    """What a shell passes from a Latin-1 terminal (bytes \\xff, \\xfe): refused before anything is recorded."""
+    orch = Orch(tmp_path / "ws")
+    assert orch("run", "command", "--set", "cmd=true", *FAST).returncode == 0
+    bad = "fp8 \udcff\udcfe"  # how Python hands over those bytes of argv
+    for args in (["run", "command", "--name", bad, "--set", "cmd=true", *FAST],
+                 ["run", "command", "--note", bad, "--set", "cmd=true", *FAST],
+                 ["note", "1", bad], ["tag", "1", bad], ["rerun", "1", "--name", bad]):
+        for new_process in (False, True):
+            one_line(orch(*args, new_process=new_process), 2, "not UTF-8", "\\xff\\xfe")
+    assert [r["id"] for r in orch.status()] == [1] and orch.status(1)["note"] is None
 
 
 # run ids -----------------------------------------------------------------------------------------------

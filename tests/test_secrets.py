@@ -153,6 +153,23 @@ def test_secret_names(tmp_path: Path) -> None:
     assert secret_env.masked_env({"HF_TOKEN": "", "X": "1", "Y": "2"}, ["Y"]) == {"HF_TOKEN": "", "X": "1", "Y": "***"}
 
 
+def test_the_common_short_names_and_urls_with_a_password_are_secrets_and_paths_to_them_are_not() -> None:
+    for name in ("GITHUB_PAT", "GH_PAT", "DB_PASS", "SMTP_PASS", "MYSQL_PWD", "SSH_PASSPHRASE"):
+        assert secret_env.looks_secret(name), name
+    # where a secret is, not the secret; words that only end like a short one
+    for name in ("HF_TOKEN_PATH", "SSL_KEY_FILE", "GOOGLE_API_KEY_FILE", "SECRETS_DIR", "TORCH_COMPAT", "NCCL_BYPASS",
+                 "COMPASS", "PWD", "OLDPWD", "PATH"):
+        assert not secret_env.looks_secret(name), name
+    env = {"DATABASE_URL": "postgres://u:pw_S3CRET@db.example:5432/x", "BROKER": "amqp://:S3CRET@mq/",
+           "ARGS": "--db=mysql://root:S3CRET@127.0.0.1/x --fast", "HOOK": "https://hooks.example/x?token=S3CRET&a=1",
+           "SIGNED": "https://bucket.example/o?X-Amz-Signature=1&api-key=S3CRET",
+           "PLAIN_URL": "https://huggingface.co/org/model", "PORTED": "http://host:8080/path@v2",
+           "GIT": "ssh://git@github.com/org/repo", "EMPTY_QUERY": "https://h.example/?token=",
+           "INDEX": "https://ghp_S3CRET@github.com/org/repo.git"}
+    assert secret_env.masked_env(env) == {
+        **env, "DATABASE_URL": "***", "BROKER": "***", "ARGS": "***", "HOOK": "***", "SIGNED": "***", "INDEX": "***"}
+
+
 def test_specs_stored_before_masking_are_masked_when_the_database_opens(tmp_path: Path) -> None:
     from sqlite_utils import Database
 
@@ -179,3 +196,47 @@ def test_specs_stored_before_masking_are_masked_when_the_database_opens(tmp_path
     assert store.conn.execute("SELECT spec FROM runs WHERE id = 4").fetchone()[0] == "not json"
     store.close()
     assert SECRET_BITS not in path.read_bytes()
+
+
+def test_specs_stored_under_the_narrower_rule_are_masked_by_the_wider_one_when_the_database_opens(
+        tmp_path: Path) -> None:
+    from sqlite_utils import Database
+
+    path = tmp_path / "orch.db"
+    old = Store.__new__(Store)
+    old.path, old.conn = path, sqlite3.connect(path, isolation_level=None)
+    old.db = Database(old.conn)
+    old.migrate(stop_before="m021_env_secrets_masked_wider")
+    spec = {"cmd": "x", "env": {"GITHUB_PAT": "ghp_S3CRET", "DATABASE_URL": "postgres://u:S3CRET@h/db",
+                                "HF_TOKEN_PATH": "/etc/token", "N": "1"}}
+    old.conn.execute("INSERT INTO runs (playbook, host, status, spec, created_at) VALUES ('command', 'local',"
+                     " 'succeeded', ?, 1.0)", (json.dumps(spec),))
+    old.conn.close()
+    store = Store(path)
+    assert store.get_run(1).spec["env"] == {"GITHUB_PAT": "***", "DATABASE_URL": "***", "HF_TOKEN_PATH": "/etc/token",
+                                            "N": "1"}
+    store.close()
+    assert SECRET_BITS not in path.read_bytes()
+
+
+def test_the_workspace_is_its_owners_alone_whatever_the_umask_and_the_job_keeps_the_users(tmp_path: Path) -> None:
+    """Under umask 000 the database, its -wal and -shm, runs/, runs/<id>/, spec.json, the log tail, the
+    watcher's log and lock, a pull: none readable by anyone else; the job itself gets the user's umask."""
+    host_dir = tmp_path / "host"
+    orch = Orch(tmp_path / "ws", f'[hosts.local]\nworkdir = "{host_dir}"\n')
+    (orch.root / "hosts.toml").chmod(0o600)  # the test's own file
+    seen = tmp_path / "job-umask"
+
+    def orch_open(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "orchestrator", *args], env=orch.env, capture_output=True,
+                              text=True, timeout=120, check=False, umask=0)
+
+    res = orch_open("run", "command", *FAST, "--set", f"cmd=umask > {shlex.quote(str(seen))}; echo out > result.txt")
+    assert res.returncode == 0, res.stderr
+    assert orch_open("status").returncode == 0 and orch_open("pull", "1").returncode == 0
+    made = sorted(p for p in orch.root.rglob("*"))
+    assert orch.db in made and orch.root / "runs" / "1" / "spec.json" in made
+    assert orch.root / "runs" / "1" / "pulled" / "result.txt" in made
+    shared = [f"{p.stat().st_mode & 0o777:o} {p}" for p in made if p.stat().st_mode & 0o077]
+    assert shared == []
+    assert seen.read_text().strip() == "0000"  # the job: the user's umask, not orch's

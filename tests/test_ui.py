@@ -250,12 +250,42 @@ def test_beyond_loopback_needs_a_token(orch: Orch) -> None:
 
 def test_a_token_guards_every_read_when_asked(orch: Orch, dashboards: list[Dashboard]) -> None:
     synthetic_runs(orch, 2)
-    ui = serve(dashboards, orch, "--token", "s3cret-s3cret-s3cret")
+    ui = serve(dashboards, orch, env={"ORCH_UI_TOKEN": "s3cret-s3cret-s3cret"})
     assert ui.request("/api/runs", token=False)[0] == 401
     assert ui.request("/api/runs", headers={"X-Orch-Token": "wrong-wrong-wrong-wrong"})[0] == 401
     assert ui.get("/api/runs", **{"X-Orch-Token": "s3cret-s3cret-s3cret"})["count"] == 2
     status, page = ui.request("/")  # the page shell holds no data: it loads, then asks with the token
     assert status == 200 and "orch.js" in page
+
+
+def test_the_token_is_never_taken_from_the_command_line_but_from_a_file_of_the_users_own(
+        orch: Orch, dashboards: list[Dashboard], tmp_path: Path) -> None:
+    # on a command line it is in every local user's `ps`: refused in one line, nothing served
+    res = orch("ui", "--port", "0", "--token", "s3cret-s3cret-s3cret", timeout=30)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "ORCH_UI_TOKEN" in res.stderr, res.stderr
+    assert "--token-file" in res.stderr and "s3cret" not in res.stderr
+    token_file = tmp_path / "ui-token"
+    token_file.write_text("f1le-t0ken-f1le-t0ken\n")
+    for mode in (0o644, 0o640, 0o604):  # others may read it: a token anyone can read guards nothing
+        token_file.chmod(mode)
+        res = orch("ui", "--port", "0", "--token-file", str(token_file), timeout=30)
+        assert res.returncode == 2 and res.stderr.count("\n") == 1 and "chmod 600" in res.stderr, res.stderr
+    for bad in ("", "two words\n"):
+        token_file.write_text(bad)
+        token_file.chmod(0o600)
+        res = orch("ui", "--port", "0", "--token-file", str(token_file), timeout=30)
+        assert res.returncode == 2 and res.stderr.count("\n") == 1 and "the token alone" in res.stderr, res.stderr
+    token_file.write_text("f1le-t0ken-f1le-t0ken\n")
+    res = orch("ui", "--port", "0", "--token-file", str(tmp_path / "missing"), timeout=30)
+    assert res.returncode == 2 and "No such file" in res.stderr
+    synthetic_runs(orch, 1)
+    ui = serve(dashboards, orch, "--bind", "127.0.0.1", "--token-file", str(token_file),
+               env={"ORCH_UI_TOKEN": "env-t0ken-env-t0ken"})  # the file, given, comes first
+    assert ui.token == "f1le-t0ken-f1le-t0ken"
+    assert ui.get("/api/runs", **{"X-Orch-Token": "f1le-t0ken-f1le-t0ken"})["count"] == 1
+    assert ui.request("/api/runs", headers={"X-Orch-Token": "env-t0ken-env-t0ken"}, token=False)[0] == 401
+    shown = Path(f"/proc/{ui.proc.pid}/cmdline").read_bytes()  # what `ps` shows every user
+    assert b"t0ken" not in shown and b"--token-file" in shown
 
 
 OTHER_UID = 61002  # another user of this machine: no passwd entry is needed to be one

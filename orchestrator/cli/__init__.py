@@ -6,6 +6,7 @@ import sys
 
 import typer
 
+from ..config.workspace import owner_only
 from ..errors import OrchError
 from .app import State, app
 from .render import err
@@ -18,9 +19,18 @@ def main(argv: list[str] | None = None) -> None:
     become one message without a traceback; anything else is a bug and keeps its traceback.
     """
     command = typer.main.get_command(app)
-    State.quiet_retries = "--json" in (sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    State.quiet_retries = "--json" in args
+    for n, arg in enumerate(args, 1):  # names, notes, specs and paths are kept as UTF-8 text
+        try:
+            arg.encode()
+        except UnicodeEncodeError:
+            shown = repr(arg.encode(errors="surrogateescape"))[1:]
+            err.print(f"orch: argument {n} is not UTF-8 text: {shown}", markup=False)
+            sys.exit(2)
     try:
-        command.main(args=argv, prog_name="orch", standalone_mode=True)
+        with owner_only():  # what it writes on this machine is its user's alone, whatever the umask
+            command.main(args=argv, prog_name="orch", standalone_mode=True)
     except OrchError as exc:
         first, *rest = str(exc).splitlines() or [type(exc).__name__]
         err.print(f"orch: {first}", markup=False)

@@ -98,12 +98,10 @@ def _start(pb: Any, spec: Any, host: list[str], detach: bool, dry_run: bool, unt
         spec = spec.model_copy(update={"nodes": len(host)})
     targets = inventory(ws).for_run(host, spec.nodes)
     target = targets[0]
-    if dry_run:  # what it prints shows each secret as the record would
-        from ..config.spec import masked
-
+    if dry_run:  # what it prints shows each secret masked, as the record would
         store = read_store(ws)  # a dry run creates no database either
         try:
-            done = runflow.dry_run(ws, store, pb, masked(spec), targets)
+            done = runflow.dry_run(ws, store, pb, spec, targets)
         finally:
             store.close()
         if as_json:

@@ -25,7 +25,8 @@ def value_problem(value: Any) -> str | None:
     if isinstance(value, float) and not math.isfinite(value):
         return f"{value} is not a finite number"
     if isinstance(value, (int, float)) and abs(value) > MAGNITUDE_MAX:
-        return f"{value:g} is too large (at most {MAGNITUDE_MAX:g})"
+        shown = f"{value:g}" if isinstance(value, float) or len(str(abs(value))) < 300 else f"a {len(str(value))}-digit number"
+        return f"{shown} is too large (at most {MAGNITUDE_MAX:g})"
     if isinstance(value, dict):
         items: list[Any] = [*value.keys(), *value.values()]
         return next((p for p in map(value_problem, items) if p), None)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import HostError, UsageError
-from .checks import DAY_S, GPUS_MAX, bad_env_names, passable
+from .checks import DAY_S, GPUS_MAX, bad_env_names, passable, unprintable
 from .workspace import LOCAL
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
@@ -30,6 +30,8 @@ class Host(BaseModel):
     workdir: str = "~/orch"
     python: str = "python3"
     env: dict[str, str] = {}
+    # env names shown as *** besides those that look secret (as a spec's `secret_env`): a dry run shows the job's script
+    secret_env: list[str] = []
     tags: list[str] = []
     accept_new_host_key: bool = False
     # Several Unix users share the workdir (a group-writable folder): its `leases/` may be another user's.
@@ -54,9 +56,9 @@ class Host(BaseModel):
 
     _passable = field_validator("*")(classmethod(lambda cls, value: passable(value)))
 
-    @field_validator("env")
+    @field_validator("env", "secret_env")
     @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+    def _env_names(cls, env: Any) -> Any:
         bad = bad_env_names(env)
         if bad:
             raise ValueError(f"not an environment variable name: {bad[0]!r}")
@@ -68,6 +70,13 @@ class Host(BaseModel):
         # a relative path would depend on the directory each SSH session happens to start in
         if not workdir.startswith(("/", "~")):
             raise ValueError(f"must be an absolute path or start with ~, got {workdir!r}")
+        # only the login user's own home is expanded (~, ~/x): ~root/x would be a folder named "~root"
+        if workdir.startswith("~") and workdir != "~" and not workdir.startswith("~/"):
+            raise ValueError(f"~ only as the login user's home (~ or ~/...), got {workdir!r}: give the other "
+                             "home's absolute path")
+        char = unprintable(workdir)  # a newline or other control character would split the lines it is in
+        if char:
+            raise ValueError(f"holds a character that is not printable ({char}): {workdir!r}")
         return workdir
 
     @property

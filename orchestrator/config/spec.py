@@ -26,8 +26,9 @@ class RunSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for the job (secrets: see secret_env)")
     secret_env: list[str] = Field(default_factory=list, max_length=1000,
                                   description="env names stored and shown as *** besides those that look secret "
-                                              "(a word ending in TOKEN, KEY, SECRET, PASSWORD); *** in env: the "
-                                              "value of that variable in orch's environment")
+                                              "(a word ending in TOKEN, KEY, SECRET, PASSWORD, or PAT, PASS; not "
+                                              "*_PATH, *_FILE) and values holding a URL's password; *** in env: "
+                                              "the value of that variable in orch's environment")
     poll_min: float | None = Field(default=None, gt=0, le=DAY_S, description="first poll interval, s (host default)")
     poll_max: float | None = Field(default=None, gt=0, le=DAY_S, description="longest poll interval, s (host default)")
     stall_factor: float = Field(default=5.0, gt=1, le=1000, description="stalled after this many usual gaps")

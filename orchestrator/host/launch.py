@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..config.checks import value_problem
 from ..errors import OrchError
 from ..store.record import JobRef
 from . import agent
@@ -28,6 +29,8 @@ JOB_MARK = "ORCH_JOB"
 # orch's own files of a run (pid, exit code, start and end, token) are in a folder of the run dir, out of
 # the way of a job that writes `./exit_code` or `./pid` in its working dir (the run dir by default).
 CONTROL = ".orch"
+# An exit code read back is a C int (the wrapper writes one; a job could write anything over it).
+EXIT_CODE_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -100,12 +103,16 @@ def tail_mark(tail: bytes) -> str:
 def pushed_state(doc: dict[str, Any]) -> JobState:
     """The job's state as the agent said it (a push, or a read's answer)."""
     def num(key: str) -> float | None:
+        # read from the run's own files, which its job may write: bounded as a spec's numbers are
         value = doc.get(key)
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value_problem(value):
+            return None
+        return float(value)
 
     exit_code, inode, node = doc.get("exit_code"), doc.get("inode"), doc.get("node")
     return JobState(
-        alive=bool(doc.get("alive")), exit_code=exit_code if isinstance(exit_code, int) else None,
+        alive=bool(doc.get("alive")),
+        exit_code=exit_code if isinstance(exit_code, int) and -EXIT_CODE_MAX <= exit_code <= EXIT_CODE_MAX else None,
         size=int(num("size") or 0), offset=int(num("offset") or 0), data=data_of(doc),
         run_dir=bool(doc.get("run_dir", True)), started_at=num("started_at"), ended_at=num("ended_at"),
         wrapper=bool(doc.get("wrapper", True)), inode=inode if isinstance(inode, int) else None,

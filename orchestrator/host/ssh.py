@@ -249,10 +249,10 @@ class _SFTPFile(RemoteFile):
     """A file read over the connection's SFTP session, READ_AHEAD bytes asked for at a time. It holds the
     session (one thread at a time uses it) until closed."""
 
-    def __init__(self, owner: SSHTransport, conn: Any, file: Any, size: int, release: Callable[[], None]):
+    def __init__(self, owner: SSHTransport, conn: Any, file: Any, size: int, mode: int, release: Callable[[], None]):
         self._owner, self._conn, self._file, self._release = owner, conn, file, release
         file.MAX_REQUEST_SIZE = SFTP_PIECE  # paramiko splits what it is asked for into requests of this size
-        self.size, self._at = size, 0
+        self.size, self.mode, self._at = size, mode, 0
         self._pieces: collections.deque[bytes] = collections.deque()
 
     def read(self, n: int) -> bytes:
@@ -559,7 +559,8 @@ class SSHTransport(Transport):
                 if not stat.S_ISREG(st.st_mode or 0):
                     f.close()
                     raise FileNotFoundError(f"no plain file at {target}")
-                return _SFTPFile(self, conn, f, st.st_size or 0, self._sftp_lock.release)
+                return _SFTPFile(self, conn, f, st.st_size or 0, stat.S_IMODE(st.st_mode or 0o600),
+                                 self._sftp_lock.release)
             except BaseException:
                 self._sftp_lock.release()
                 raise

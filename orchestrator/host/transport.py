@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from ..config.hosts import Host
+from ..config.workspace import user_umask
 from ..errors import RemoteError
 
 quote = shlex.quote
@@ -116,9 +117,11 @@ class _ProcessStream(Stream):
 
 class RemoteFile:
     """A plain file on a host, open for reading; its bytes as they were up to `size`, its length when opened
-    (bytes appended later are not read: a log that grows as it is read still ends)."""
+    (bytes appended later are not read: a log that grows as it is read still ends), and its permission bits
+    on the host (`mode`: a copy keeps them)."""
 
     size: int
+    mode: int = 0o600
 
     def read(self, n: int) -> bytes:
         """Up to n bytes (at least one while any are left); b"" at the end."""
@@ -135,9 +138,9 @@ class RemoteFile:
 
 
 class _LocalFile(RemoteFile):
-    def __init__(self, fd: int, size: int):
+    def __init__(self, fd: int, size: int, mode: int):
         self._file = os.fdopen(fd, "rb")
-        self.size, self._left = size, size
+        self.size, self._left, self.mode = size, size, mode
 
     def read(self, n: int) -> bytes:
         data = self._file.read(min(n, self._left)) if self._left > 0 else b""
@@ -199,7 +202,8 @@ class LocalTransport(Transport):
         timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
         try:
             proc = subprocess.run(
-                ["bash", "-c", command], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
+                ["bash", "-c", command], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False,
+                umask=_job_umask(),
             )
         except subprocess.TimeoutExpired:
             raise RemoteError(self.host.name, command, None, "", reason=f"timed out after {timeout} s")
@@ -238,12 +242,19 @@ class LocalTransport(Transport):
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             raise FileNotFoundError(f"no plain file at {path}")
-        return _LocalFile(fd, st.st_size)
+        return _LocalFile(fd, st.st_size, stat.S_IMODE(st.st_mode))
 
     def stream(self, command: str) -> Stream:
         proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL)
+                                stderr=subprocess.DEVNULL, umask=_job_umask())
         return _ProcessStream(proc)
+
+
+def _job_umask() -> int:
+    """The umask of what orch starts on this machine (its agent, and so the jobs): the user's own, not the
+    owner-only one orch writes its workspace with (-1: as this process's)."""
+    umask = user_umask()
+    return -1 if umask is None else umask
 
 
 def write_pieces(write: Callable[[bytes], Any], data: bytes, path: str, piece: int = 1 << 20) -> None:

@@ -20,13 +20,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..config.hosts import Host
-from ..config.spec import RunSpec
+from ..config.spec import RunSpec, masked
 from ..config.workspace import Workspace
 from ..host import agent, hostlease, patching
 from ..host.executor import executor_class
 from ..host.remote import Result, Transport, quote
 from ..host.transport import Stream
 from ..playbook import Playbook
+from ..secret_env import masked_env
 from ..store import Store, lease
 from ..store.lifecycle import transition
 from ..store.record import Status
@@ -252,6 +253,9 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, hosts
     """What starting this run would do on its hosts (the first is the head of a run across several), from
     the start's own steps; nothing is created, in the database or on any host. Bad input is refused as a
     start refuses it."""
+    # what it shows holds each secret as the record would, the hosts' `env` as the spec's: masked
+    spec = masked(spec)
+    hosts = [h.model_copy(update={"env": masked_env(h.env, [*h.secret_env, *spec.secret_env])}) for h in hosts]
     if len(hosts) > 1:
         check_nodes(pb, spec, hosts)
     for host in hosts:

@@ -3,10 +3,12 @@ host's SFTP session, or plain files on this machine), a shell there."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from ..config.hosts import Host
 from ..errors import OrchError, UsageError
@@ -76,11 +78,22 @@ def pull(ctx: Job, to: Path, limit: int = PULL_LIMIT) -> Pulled:
                 continue
             with source:
                 target = to / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with target.open("wb") as f:
+                target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                with _create(target, source.mode) as f:
                     size_copied += copy_file(source, f.write, most=size, advance=advance)
             copied += 1
     return Pulled(to, copied, size_copied)
+
+
+def _create(target: Path, mode: int) -> BinaryIO:
+    """A fresh file at `target` (one there before is replaced, never written through a link) with the
+    owner's permission bits the host gave it, and none for anyone else: an owner-only job.sh stays so, a
+    script stays executable, and a copy of a file others could read there is no one else's here."""
+    if target.is_symlink() or target.exists():
+        target.unlink()
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, mode & 0o700)
+    return os.fdopen(fd, "wb")
 
 
 def _size(n: float) -> str:

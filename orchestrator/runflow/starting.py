@@ -176,16 +176,20 @@ def busy_message(store: Store, busy: Waiting, ways_on: bool = True) -> str:
     held = busy.lease
     what = held.describe()
     try:
-        run = store.get_run(held.run_id)
+        holder = store.get_run(held.run_id)
+        # a node of a run across hosts holds its own host: named as the run (its head) a person acts on
+        run = store.get_run(holder.parent_id) if holder.parent_id is not None else holder
     except OrchError:
         return str(busy)
     doing = f"{run.playbook}, {run.status}" + (f" ({run.phase})" if run.phase and run.status is Status.RUNNING else "")
     since = run.started_at or run.created_at
     if since:
         doing += f" for {_span(time.time() - since)}"
-    if run.status.terminal and not lease.holder_alive(held, run):
+    if holder is not run:
+        doing += f", its node {holder.node_rank} on {holder.host}"
+    if holder.status.terminal and not lease.holder_alive(held, holder):
         doing += "; whoever ended it is gone, and its host has not shown its job over"
-    elif not lease.holder_alive(held, run):
+    elif not lease.holder_alive(held, holder):
         doing += f"; its controller is gone but the job still runs: `orch watch {run.id}` follows it"
     verb = "is" if held.gpus is None else "are"
     line = f"{what} {verb} busy with run {run.id} ({doing})"

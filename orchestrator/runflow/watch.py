@@ -33,6 +33,7 @@ from ..store.record import JobRef, Run, Status
 
 FATAL_GRACE_S = 0.5  # after a fatal line, how long a living process has to exit by itself
 MAX_CHUNK = 4 << 20  # bytes read per poll; a longer backlog is read by immediate re-polls
+HOST_CLOCK_SLACK_S = 5.0  # how far a host's clock may be off this machine's and its times still be believed
 CLOCK_SLACK_S = 300.0  # how far a log line's own time may lie outside the run and still be believed
 
 
@@ -314,8 +315,9 @@ class Watcher:
         last = last_line(state.data)
         if last is not None:
             fields["last_line"] = last
-        if state.started_at is not None and state.started_at != self.run.started_at:
-            fields["started_at"] = self.run.started_at = state.started_at  # the job's own start, not the launch's
+        started = self._host_time(state.started_at, self.run.created_at)
+        if started is not None and started != self.run.started_at:
+            fields["started_at"] = self.run.started_at = started  # the job's own start, not the launch's
         advanced = after[:2] != before[:2]
         if advanced:
             self.wait.reset()
@@ -374,10 +376,20 @@ class Watcher:
             self.wait.reset()
         if (self.run.status is Status.QUEUED and state.queued is None
                 and (state.alive or state.started_at is not None or state.node)):
-            self.left_queue = state.started_at or self.clock()
+            self.left_queue = self._host_time(state.started_at, self.run.created_at) or self.clock()
         if state.node and state.node != self.run.node:
             fields["node"] = state.node
             events.append(("node", f"on {state.node}", None))
+
+    @staticmethod
+    def _host_time(at: float | None, after: float) -> float | None:
+        """A time the host's clock gave (the job's own start or end), when it can be this run's: not before
+        `after`, not past now, give or take HOST_CLOCK_SLACK_S. A host clock ahead or behind (or a job that
+        wrote its own) would give times to come and negative durations: this machine's times stand then."""
+        now = time.time()  # the wall clock the run's own times were taken with, whatever clock paces the polls
+        if at is None or not after - HOST_CLOCK_SLACK_S <= at <= now + HOST_CLOCK_SLACK_S:
+            return None
+        return min(max(at, after), now)
 
     def _wrapper(self, state: launch.JobState, events: list[tuple[str, str, Any]]) -> None:
         """Say once that the wrapper died while its job's process group runs on: the run stays running
@@ -435,7 +447,8 @@ class Watcher:
             return status, state.cause, {"exit_code": state.exit_code, "phase": "failed"}
         if state.exit_code is not None:
             # the job's own view ends with its exit (at the time the host wrote): the log may not have said so
-            ended = {"ended_at": state.ended_at} if state.ended_at is not None else {}
+            end_at = self._host_time(state.ended_at, self.run.started_at or self.run.created_at)
+            ended = {"ended_at": end_at} if end_at is not None else {}
             if state.exit_code == 0:
                 return Status.SUCCEEDED, "exit code 0", {"exit_code": 0, "phase": "finished", **ended}
             why = describe_exit(state.exit_code)

@@ -51,7 +51,7 @@ class FileLock:
 
     def acquire(self) -> bool:
         if self._fd is None:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
                 self._fd = fd

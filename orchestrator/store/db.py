@@ -7,6 +7,7 @@ belongs together happens in one `BEGIN IMMEDIATE` transaction.
 from __future__ import annotations
 
 import functools
+import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -71,12 +72,22 @@ def _use_wal(conn: sqlite3.Connection) -> None:
 ON_HOST = "(host = ? OR id IN (SELECT parent_id FROM runs WHERE host = ?))"
 
 
+def _create_owner_only(path: Path) -> None:
+    """A new database file is its owner's alone whatever the umask (its -wal and -shm take its mode)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:
+        pass  # there already, or not creatable here: the connect says why, in its words
+
+
 class Store:
     def __init__(self, path: Path | str, busy_timeout_s: float = BUSY_TIMEOUT_S):
         self.path = Path(path)
         self.busy_timeout_s = busy_timeout_s
         self._data_version: int | None = None  # as `changed` last saw it
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if str(path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _create_owner_only(self.path)
         try:
             conn = sqlite3.connect(str(self.path), timeout=busy_timeout_s, isolation_level=None,
                                    check_same_thread=False)

@@ -52,13 +52,15 @@ def steps_before_release_done(store: Store, run: Run) -> bool:
 class Busy(OrchError):
     """The host or GPU set is held by another run."""
 
-    def __init__(self, lease: Lease, controller_gone: bool = False):
+    def __init__(self, lease: Lease, holder: Run | None = None, controller_gone: bool = False):
         self.lease = lease
+        # a node of a run across hosts holds its own host: named as its run (the head), what a person acts on
+        run_id = holder.parent_id if holder is not None and holder.parent_id is not None else lease.run_id
         who = f"pid {lease.controller.pid} on {lease.controller.hostname}"
-        how = (f"its controller ({who}) is gone but the job still runs; `orch watch {lease.run_id}` follows it"
+        how = (f"its controller ({who}) is gone but the job still runs; `orch watch {run_id}` follows it"
                if controller_gone else f"started by {who}")
         verb = "is" if lease.gpus is None else "are"
-        super().__init__(f"{lease.describe()} {verb} busy with run {lease.run_id} ({how}); --queue waits")
+        super().__init__(f"{lease.describe()} {verb} busy with run {run_id} ({how}); --queue waits")
 
 
 @dataclass(frozen=True)
@@ -154,14 +156,14 @@ def acquire_all(store: Store, hosts: Sequence[str], gpus: list[int] | None, crea
                     c.execute("DELETE FROM leases WHERE id = ?", (lease.id,))  # its run ended; nobody dropped it
                     continue
                 if run.status.terminal:  # its log is being read to the end or its patches reverted: a moment
-                    busy = busy or Busy(lease)
+                    busy = busy or Busy(lease, run)
                     if not holder_alive(lease, run) and run.id not in probed:
                         orphans.append(run)  # whoever ended it died: the host says whether its job is over
                     continue
                 if holder_alive(lease, run):
-                    busy = busy or Busy(lease)
+                    busy = busy or Busy(lease, run)
                     continue
-                busy = busy or Busy(lease, controller_gone=True)
+                busy = busy or Busy(lease, run, controller_gone=True)
                 if run.id not in probed:
                     orphans.append(run)
             if busy is None:

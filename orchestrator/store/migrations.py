@@ -341,6 +341,11 @@ def m016(db: Database) -> None:
 def m017(db: Database) -> None:
     # Specs stored before secrets were masked: their secret `env` values become the mask, as a spec stored
     # now has them (a run started again from one takes the value from orch's environment).
+    _mask_stored_secrets(db)
+
+
+def _mask_stored_secrets(db: Database) -> None:
+    """Each stored spec's `env` masked by today's rule (secret_env.masked_values)."""
     import json
     from typing import Any
 
@@ -427,3 +432,9 @@ def m020(db: Database) -> None:
     db["runs"].add_column("parent_id", int)
     db["runs"].add_column("node_rank", int)
     db.conn.execute("CREATE INDEX IF NOT EXISTS runs_parent ON runs (parent_id) WHERE parent_id IS NOT NULL")
+
+
+@MIGRATIONS(name="m021_env_secrets_masked_wider")
+def m021(db: Database) -> None:
+    # The secret rule grew (GITHUB_PAT, DB_PASS, a URL with a password): specs stored before are masked by it.
+    _mask_stored_secrets(db)

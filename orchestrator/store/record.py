@@ -78,6 +78,18 @@ class JobRef:
         return {"pid": self.id, "pid_start": self.proof}
 
 
+# Epoch seconds up to the year 2286: what every date, duration and JSON document can hold.
+TIME_MAX = 1e10
+_TIMES = ("created_at", "started_at", "ended_at", "heartbeat", "progress_at", "predicted_at")
+
+
+def a_time(value: Any) -> float | None:
+    """A stored time as a time: None for anything else (not a number, not finite, out of range)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 <= value <= TIME_MAX else None  # False for nan too
+
+
 @dataclass
 class Run:
     id: int
@@ -136,6 +148,10 @@ class Run:
         for key in ("end_steps", "patches_applied", "tags", "unreadable"):
             values[key] = list(values.get(key) or [])
         values["log_offset"] = values.get("log_offset") or 0
+        for key in _TIMES:  # one a job's files once put there (inf, 1e300) reads as unknown, not as a crash
+            if key in values:
+                values[key] = a_time(values[key])
+        values["created_at"] = values.get("created_at") or 0.0
         return cls(**values)
 
     @property

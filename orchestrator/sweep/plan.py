@@ -170,14 +170,15 @@ def expand(file: SweepFile) -> list[dict[str, Any]]:
 
 def _no_swept_secret(file: SweepFile, axes: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
     """A point's swept values are its label in status, reports and notifications: a secret cannot be one."""
-    from ..secret_env import looks_secret
+    from ..secret_env import is_secret
 
     marked = file.spec.get("secret_env")
     marked = set(marked) if isinstance(marked, list) else set()
     for diff in diffs:
         for key, value in diff.items():
-            names = list(value) if key == "env" and isinstance(value, dict) else [key.removeprefix("env.")]
-            if (key == "env" or key.startswith("env.")) and any(looks_secret(n) or n in marked for n in names):
+            pairs = (list(value.items()) if key == "env" and isinstance(value, dict)
+                     else [(key.removeprefix("env."), value)])
+            if (key == "env" or key.startswith("env.")) and any(is_secret(n, v, marked) for n, v in pairs):
                 where = "matrix" if key in axes else "include"
                 raise UsageError(f"{where}.{key}: a secret cannot be swept (its values would show in each point's "
                                  "label); give it in [spec]")

@@ -5,13 +5,17 @@ actions only from the dashboard's own pages."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import secrets
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import UsageError
 
 TOKEN_HEADER = "x-orch-token"
+TOKEN_ENV = "ORCH_UI_TOKEN"
 
 
 def is_loopback(bind: str) -> bool:
@@ -21,6 +25,32 @@ def is_loopback(bind: str) -> bool:
         return ipaddress.ip_address(bind.strip("[]")).is_loopback
     except ValueError:  # a host name: it may resolve to anything
         return False
+
+
+def given_token(file: Path | None) -> str | None:
+    """The token the user chose: from `file` (which no one else may read: a token others can read guards
+    nothing), else $ORCH_UI_TOKEN; never from the command line, which every local user sees in `ps`."""
+    if file is None:
+        return os.environ.get(TOKEN_ENV) or None
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise UsageError(f"--token-file {file}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"--token-file {file}: not a plain file")
+        if st.st_mode & 0o077 or st.st_uid != os.geteuid():
+            raise UsageError(f"--token-file {file}: others may read it (mode {st.st_mode & 0o777:o}, owner uid "
+                             f"{st.st_uid}): it must be yours alone, chmod 600")
+        data = f.read(4096)
+    try:
+        token = data.decode().strip()
+    except UnicodeDecodeError:
+        raise UsageError(f"--token-file {file}: not UTF-8 text") from None
+    if not token or any(c.isspace() or not c.isprintable() for c in token):
+        raise UsageError(f"--token-file {file}: expected the token alone (one word)")
+    return token
 
 
 @dataclass(frozen=True)
@@ -33,7 +63,8 @@ class Guard:
     def make(cls, bind: str, port: int, allow_actions: bool = False, token: str | None = None) -> Guard:
         loopback = is_loopback(bind)
         if not loopback and not token:
-            raise UsageError(f"--bind {bind} lets other machines in: give a --token (or ORCH_UI_TOKEN) they must show")
+            raise UsageError(f"--bind {bind} lets other machines in: give a token they must show (ORCH_UI_TOKEN or "
+                             "--token-file FILE)")
         if token is not None and len(token) < 16:
             raise UsageError("the token must be at least 16 characters")
         names = {"localhost", "127.0.0.1", "[::1]", bind if ":" not in bind else f"[{bind.strip('[]')}]"}

@@ -203,3 +203,22 @@ def test_a_dry_run_on_a_cluster_patches_the_runs_copy_and_submits(tmp_path: Path
                                       "--nodes=1 --gres=gpu:4 --partition=gpu")
     assert dry.script is not None and f"\nexport PYTHONPATH={root}/overlay$" in dry.script
     assert not (tmp_path / "cl").exists() and not (tmp_path / "ws").exists()
+
+
+def test_a_dry_run_masks_the_secrets_of_the_hosts_env_too(orch: Orch, tmp_path: Path) -> None:
+    """hosts.toml `env` reaches the job's script as the spec's does: what a dry run prints (text and JSON)
+    shows each secret as `***`, by its name, a URL's password or the host's own `secret_env`."""
+    (tmp_path / "ws" / "hosts.toml").write_text(
+        f'[hosts.local]\nworkdir = "{tmp_path / "host"}"\nsecret_env = ["SITE_CRED"]\n'
+        '[hosts.local.env]\nHF_TOKEN = "hf_S3CRET_a"\nNGC_API_KEY = "nvapi-S3CRET_b"\nGITHUB_PAT = "ghp_S3CRET_c"\n'
+        'DATABASE_URL = "postgres://u:S3CRET_d@db:5432/x"\nSITE_CRED = "S3CRET_e"\n'
+        'HF_TOKEN_PATH = "/etc/hf/token"\nNCCL_DEBUG = "INFO"\n')
+    for args in ([], ["--json"]):
+        code, out, err = orch("run", "command", "--set", "cmd=echo hi", "--set", "env.DB_PASS=S3CRET_f",
+                              "--dry-run", *args)
+        assert code == 0, err
+        assert "S3CRET" not in out + err, out
+        script = json.loads(out)["steps"][-1]["request"]["script"] if args else out
+        for name in ("HF_TOKEN", "NGC_API_KEY", "GITHUB_PAT", "DATABASE_URL", "SITE_CRED", "DB_PASS"):
+            assert f"export {name}='***'" in script, (name, script)
+        assert "export HF_TOKEN_PATH=/etc/hf/token" in script and "export NCCL_DEBUG=INFO" in script, script

@@ -107,6 +107,33 @@ def test_leases_are_taken_all_or_none_whatever_the_order(tmp_path: Path) -> None
     assert "d" not in {l.host for l in lease.held(store)}
 
 
+def test_a_host_held_by_a_node_of_a_run_across_hosts_names_that_run(tmp_path: Path) -> None:
+    """The lease of the second host is its node's record: a person is told the run (its head) to watch,
+    cancel or replace, and which node holds the host."""
+    store = Store(tmp_path / "orch.db")
+    store.migrate()
+
+    def a_run_across(*hosts: str):
+        def create() -> list[int]:
+            head, *others = [store.create_run("command", h, {}) for h in hosts]
+            store.update_run(head, node_rank=0)
+            for rank, node in enumerate(others, 1):
+                store.update_run(node, parent_id=head, node_rank=rank)
+            return [head, *others]
+        return create
+
+    head, node = lease.acquire_all(store, ["a", "b"], None, a_run_across("a", "b"), 30.0)
+    for status in (Status.PREPARING, Status.LAUNCHING, Status.RUNNING):
+        for run_id in (head, node):
+            transition(store, run_id, status)
+    with pytest.raises(lease.Busy) as busy:
+        lease.acquire_all(store, ["b"], None, lambda: [store.create_run("command", "b", {})], 30.0)
+    assert f"host b is busy with run {head} (" in str(busy.value) and f"run {node}" not in str(busy.value)
+    said = runflow.busy_message(store, busy.value)
+    assert said.startswith(f"host b is busy with run {head} (command, running"), said
+    assert ", its node 1 on b" in said and f"run {node}" not in said
+
+
 def test_the_dry_run_shows_every_nodes_steps_and_command(tmp_path: Path, inv: Inventory) -> None:
     ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
     store = Store(ws.db_path)
