@@ -302,7 +302,7 @@ def versions(python: str) -> str:
 
 def section(check: Check, where: str, dry: bool, took: float) -> str:
     lines = ["## GPU check (bench/gpu_check.py)", "",
-             (f"{'A dry run, with tests/fakes/nvidia-smi and no GPU: ' if dry else ''}{where}; "
+             (f"{'A dry run, no GPU (tests/fakes/nvidia-smi): ' if dry else ''}{where}; "
               f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {took:.0f} s in all. Holders: {ORCH_MIB} MiB "
               f"through orch (`orch run command`), {FOREIGN_MIB} MiB outside it."), "",
              "| step | result | figures |", "|---|---|---|"]
@@ -375,7 +375,7 @@ def main() -> int:
 
 
 def finish(check: Check, out: Path, dry: bool, started: float) -> int:
-    where = f"{card()}; {versions(check.python)}; {platform.node()}"
+    where = f"{'' if dry else card() + '; '}{versions(check.python)}; {platform.node()}"
     text = section(check, where, dry, time.monotonic() - started)
     print("\n" + text)
     (out / "gpu_check.md").write_text(text)
