@@ -86,7 +86,7 @@ def card() -> str:
         names = sorted(set(out.strip().splitlines()))
         return "; ".join(f"{line.split(',')[0].strip()}, driver {line.split(',')[1].strip()}" for line in names)
     except (subprocess.CalledProcessError, IndexError, OSError):
-        return "no card: tests/fakes/nvidia-smi"
+        return "no card named by nvidia-smi"
 
 
 def compare(doc: dict[str, Any], seen: dict[str, Any]) -> list[str]:
@@ -257,9 +257,12 @@ class Check:
         except json.JSONDecodeError:
             summary = {}
         m = summary.get("metrics") or {}
-        self.row(f"extract-hidden-states ({label})", res.returncode == 0 and summary.get("status") == "succeeded",
+        ok = res.returncode == 0 and summary.get("status") == "succeeded"
+        said = (summary.get("log_lines") or res.stderr.strip().splitlines() or ["?"])[-1]
+        why = "" if ok else f"; {summary.get('cause')}: {said}"
+        self.row(f"extract-hidden-states ({label})", ok,
                  f"{m.get('samples')} samples, {m.get('tokens')} tokens, {m.get('tokens_per_s')} tok/s; "
-                 f"run {summary.get('duration_s')} s, `orch run` {took:.1f} s")
+                 f"run {summary.get('duration_s')} s, `orch run` {took:.1f} s{why}")
 
     def stop_leftovers(self) -> None:
         self.kill_foreign()
