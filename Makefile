@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup system engine demo test test-fast lint bench
+.PHONY: setup system engine demo test test-fast lint bench gpu-wheels
 
 $(BIN)/orch: pyproject.toml
 	@echo "setting up $(VENV): pip, torch (CPU), orch with its job and test extras"
@@ -48,3 +48,7 @@ bench: setup engine
 	$(BIN)/python bench/status_startup.py
 	$(BIN)/python bench/timeouts.py
 	$(BIN)/python bench/real_engine.py
+
+# What a lent GPU machine needs to install orch with no package index, in bench/wheels (README: Development).
+gpu-wheels: setup
+	$(BIN)/python bench/gpu_wheels.py
