@@ -231,6 +231,9 @@ def target_layer_ids(s: ExtractSpec, num_layers: int) -> list[int]:
     [2, n//2, n-3]) and, unless include_last_layer is false, the last one (n: the final hidden state),
     which the trainer takes as the verifier's own."""
     layers = list(s.layers) if s.layers is not None else [2, num_layers // 2, num_layers - 3]
+    if s.layers is None and (len(set(layers)) < 3 or min(layers) < 0):
+        raise UsageError(f"the default layers [2, n//2, n-3] of a model with {num_layers} layers are {layers}: "
+                         "set layers")
     if s.include_last_layer is not False and num_layers not in layers:
         layers.append(num_layers)
     if max(layers) > num_layers:

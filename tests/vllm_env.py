@@ -10,6 +10,7 @@ patch sets touch (and the package's `__init__.py`, so the patcher finds it), wit
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 import venv
 from collections.abc import Iterator
@@ -92,3 +93,41 @@ def vllm_source(vllm_source_session: VllmSource) -> Iterator[VllmSource]:
 def vllm_python() -> str:
     """The engine env's python (the real vLLM, torch, speculators)."""
     return engine_python()
+
+
+def shadow(real: Path, dest: Path, copied: set[str]) -> None:
+    """`dest` stands for the folder `real`: links to its entries, but real folders down to the `copied` files
+    (paths below `real`), which are copies, so patching them never reaches `real`."""
+    dest.mkdir(parents=True)
+    for entry in real.iterdir():
+        if entry.name == "__pycache__":
+            continue  # a folder of its own here: byte code of a patched copy never lands in `real`
+        below = {c.split("/", 1)[1] for c in copied if "/" in c and c.split("/", 1)[0] == entry.name}
+        if entry.name in copied:
+            shutil.copy2(entry, dest / entry.name)
+        elif below:
+            shadow(entry, dest / entry.name, below)
+        else:
+            (dest / entry.name).symlink_to(entry)
+
+
+def patchable_engine(root: Path) -> Path:
+    """A venv that runs the engine env's packages, but whose `vllm` is a shadow of the env's with copies of the
+    files the shipped vLLM sets patch: a server started with its python runs what orch patched there. Its
+    python, returned."""
+    subprocess.run([engine_python(), "-m", "venv", "--without-pip", str(root)], check=True, timeout=300)
+    [site] = (root / "lib").glob("python3*/site-packages")
+    (site / "orch-engine.pth").write_text(f"{engine_site()}\n")  # after the venv's own: its vllm wins
+    shadow(engine_site() / "vllm", site / "vllm", {f.removeprefix("vllm/") for f in vllm_files()})
+    return root / "bin" / "python"
+
+
+TINY_LLAMA = Path(__file__).parent / "jobs" / "tiny_llama.py"
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama made on the spot: 4 layers, 4 safetensors shards, a byte-level tokenizer."""
+    out = tmp_path_factory.mktemp("models") / "tiny-llama"
+    subprocess.run([engine_python(), str(TINY_LLAMA), str(out)], check=True, capture_output=True, timeout=600)
+    return out
