@@ -95,7 +95,7 @@ def patch_revert(name: str = SET, host: str = typer.Option(LOCAL, "--host", "-H"
     ps = registry.patch_set(name, root) if registry.is_folder_ref(name) else None
     _, transport, store = _patch_target(None, host)
     known = {p.name: p for p in registry.patch_sets(loadable_only=True, root=root)}
-    res = patching.revert(transport, ps or known.get(name, name), force=force, store=store, python=python)
+    res = patching.revert(transport, ps or known.get(name) or name, force=force, store=store, python=python)
     _print_patch_result(res, as_json)
 
 
