@@ -131,3 +131,12 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("models") / "tiny-llama"
     subprocess.run([engine_python(), str(TINY_LLAMA), str(out)], check=True, capture_output=True, timeout=600)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_eagle3(tiny_llama: Path) -> Path:
+    """A random EAGLE-3 draft for `tiny_llama` (layers 1, 2, 3 captured), in the original EAGLE-3 layout."""
+    out = tiny_llama.parent / "tiny-eagle3"
+    subprocess.run([engine_python(), str(TINY_LLAMA.parent / "tiny_eagle3.py"), str(tiny_llama), str(out)],
+                   check=True, capture_output=True, timeout=600)
+    return out
