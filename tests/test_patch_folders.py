@@ -158,3 +158,23 @@ def test_a_run_applies_a_folder_set_and_reverts_it_at_its_end(tmp_path: Path, en
     assert events[0].startswith("my-debug on sglang 0.5.23") and "applied" in events[0]
     assert events[1].startswith("my-debug reverted")
     assert engine.snapshot("sglang") == before
+
+
+def test_a_folder_set_gone_before_its_run_ends_is_named_in_a_warning(tmp_path: Path, engine: EngineSource) -> None:
+    orch = orch_in(tmp_path)
+    folder = my_set(orch.root / "sets")
+    before = engine.snapshot("sglang")
+    # the set asks for CUDA graphs off in the engine's command line: a stand-in that takes the flags
+    argv = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)", *NO_GRAPHS]
+    res = orch("run", "command", "--set", "cmd=" + " ".join(shlex.quote(a) for a in argv),
+               "--set", 'patches=["sets/my-debug"]', "--set", f"python={engine.python}", "--set", "ready_pattern=up",
+               *FAST, "--until-ready")
+    assert res.returncode == 0, res.stderr
+    shutil.rmtree(folder)
+    orch("stop", "1", check=0)
+    warnings = [e["message"] for e in orch.status(1)["events"] if e["kind"] == "warning"]
+    assert any(w.startswith(f"patch revert: no patch set folder {folder}") and "orch patch revert my-debug" in w
+               for w in warnings), warnings
+    # reverted by hand, by its name on the host
+    orch("patch", "revert", "my-debug", "--python", engine.python, check=0)
+    assert engine.snapshot("sglang") == before
