@@ -73,3 +73,17 @@ def test_speculators_0_9_extracts_hidden_states_with_the_connector_patched_by_or
     # the engine env itself never changed; the job's copy is patched until reverted
     assert hashlib.sha256((engine_site() / CONNECTOR).read_bytes()).hexdigest() == real
     orch("patch", "revert", CONNECTOR_SET, "--python", str(python), check=0)
+
+    # speculators 0.9's own trainer takes orch's flags (its config resolver would stop at a wrong one, exit 2),
+    # then needs an accelerator for the draft: on a CPU host that is what the run names
+    orch("run", "train-draft", "--set", f"verifier={tiny_llama}", "--set", f"hidden_states={out}",
+         "--set", f"data_path={Path(doc['remote_dir']) / 'prepared'}", "--set", "layers=[1, 2, 3]",
+         "--set", "epochs=1", "--set", "total_seq_len=256", "--set", f"python={python}",
+         "--set", "env.HF_HUB_OFFLINE=1", "--set", "poll_min=1", "--set", "poll_max=2", timeout=600)
+    train = orch.status(2)
+    assert ("prepare", "speculators 0.9.0: python -m speculators.train") in [
+        (e["kind"], e["message"]) for e in train["events"]]
+    job = (Path(train["remote_dir"]) / "job.sh").read_text()
+    assert f"{python} -m speculators.train --verifier-name-or-path {tiny_llama} --data-path " in job
+    assert train["status"] == "failed" and train["exit_code"] != 2, train
+    assert train["error"]["message"] == "Cannot access accelerator device when none is available.", train
