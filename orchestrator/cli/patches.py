@@ -17,12 +17,13 @@ app.add_typer(patch_app, name="patch")
 
 @patch_app.command("list")
 def patch_list(as_json: bool = typer.Option(False, "--json")) -> None:
-    """The patch sets orch knows (its own and those of installed packages)."""
+    """The patch sets orch knows by name: its own, installed packages', the workspace's patches/."""
     from ..runflow import registry
 
     sets = registry.patch_sets(root=workspace().root)
     rows: list[dict[str, Any]] = [
-        {"name": p.name, "package": p.package, "versions": p.versions, "files": sorted(p.files),
+        {"name": p.name, "package": p.package, "distribution": p.distribution or p.package, "versions": p.versions,
+         "files": sorted(p.files), "folder": str(p.path) if p.path else None,
          "requires_flags": list(p.requires_flags), "revert_after": p.revert_after,
          "set_hash": p.set_hash, "description": p.description} for p in sets]
     if as_json:
