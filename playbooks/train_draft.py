@@ -1,4 +1,4 @@
-"""`train-draft`: train an EAGLE-3 draft model on extracted hidden states with speculators' scripts/train.py.
+"""`train-draft`: train an EAGLE-3 draft model on extracted hidden states with speculators' trainer.
 
 The step after `extract-hidden-states` (backend speculators). The hidden states come from a finished
 extract run (`from_run = N`: its output_dir on the same host) or from a path (`hidden_states`). The
@@ -11,6 +11,9 @@ scripts/train.py names them:
                `layers`, or this spec's `layers` when the hidden states are given by path.
 From 0.7 train.py's config resolver builds its config from these same flags (v0.7.0, v0.7.0.1,
 hsc-v0.7.0 and the later resolvers), and its log lines are unchanged: 0.7+ runs with the 0.5 arguments.
+0.9 has no scripts/ (train.py was a shim over the package in 0.8): `python -m speculators.train` takes the
+same flags, and scripts_dir is not needed. With from_run, the extract run's prepare-data output (0.9, when
+its dataset was not preprocessed) is the default data_path.
 
 On several nodes (`nodes` > 1) train.py runs under torchrun (`python -m torch.distributed.run`, FSDP as
 speculators' TRAINING.md launches it), one process per visible GPU of each node, with torchrun's static
@@ -44,19 +47,30 @@ from orchestrator.playbook import (
     rendezvous,
 )
 
-from .extract_hidden_states import VERSION_RE, VERSION_VAR, installed_speculators, parse_version, shell
+from .extract_hidden_states import (
+    DATASET_INFO,
+    PREPARED_DIR,
+    VERSION_RE,
+    VERSION_VAR,
+    installed_speculators,
+    parse_version,
+    shell,
+)
 
 TRAINER = "train.py"
 EPOCH = re.compile(r"[0-9]+")  # a checkpoint folder's name
 EXTRACT = "extract-hidden-states"
 NEW_ARGS = (0, 5)  # --hidden-states-path, --on-missing and --target-layer-ids from here on
+CLI_TRAINER = (0, 9)  # no scripts/ from here on: the package's own trainer module, the same flags
+TRAINER_MODULE = ["-m", "speculators.train"]
 # Rich wraps its log lines at the console width, 80 columns off a terminal: room for a whole metrics line.
 COLUMNS = "400"
 TORCHRUN = ["-m", "torch.distributed.run"]  # torchrun, as the host's python has it
 
 
 class TrainDraftSpec(RunSpec):
-    scripts_dir: str = Field(description="the speculators repo's scripts/ dir on the host")
+    scripts_dir: str | None = Field(default=None, description="<0.9: the speculators repo's scripts/ dir on the "
+                                    "host (0.9 on: none, its package's trainer runs)")
     verifier: str = Field(description="--verifier-name-or-path: the target model the hidden states came from")
     from_run: int | None = Field(default=None, gt=0, le=2**53, description="a succeeded extract-hidden-states run "
                                  "(backend speculators) on this host: its output_dir is the hidden states")
@@ -138,11 +152,23 @@ def hidden_states_dir(find_run: FindRun, spec: TrainDraftSpec, host: Host) -> st
     return str(run.spec.get("output_dir") or posixpath.join(str(run.remote_dir), "hidden_states"))
 
 
-def dataset_dir(find_run: FindRun, spec: TrainDraftSpec, host: Host) -> str | None:
+def dataset_dir(find_run: FindRun, spec: TrainDraftSpec, host: Host, prepared: str | None = None) -> str | None:
+    """The preprocessed dataset: the spec's, else the extract run's prepare-data output (`prepared`, when the
+    host has it), else the extract run's dataset."""
     if spec.data_path is not None or spec.from_run is None:
         return spec.data_path
+    if prepared is not None:
+        return prepared
     dataset = extract_run(find_run, spec, host).spec.get("dataset")
     return str(dataset) if dataset else None
+
+
+def prepared_dir(find_run: FindRun, spec: TrainDraftSpec, host: Host) -> str | None:
+    """Where the extract run's prepare-data wrote, if it ran there (speculators >= 0.9)."""
+    if spec.from_run is None or spec.data_path is not None:
+        return None
+    run = extract_run(find_run, spec, host)
+    return posixpath.join(str(run.remote_dir), PREPARED_DIR) if run.remote_dir else None
 
 
 def target_layers(find_run: FindRun, spec: TrainDraftSpec, host: Host) -> list[int] | None:
@@ -155,7 +181,11 @@ def target_layers(find_run: FindRun, spec: TrainDraftSpec, host: Host) -> list[i
 
 def train_argv(s: TrainDraftSpec, python: str, version: str, hidden: str, data: str | None,
                save: str, layers: list[int] | None = None) -> list[str]:
-    argv = [python, posixpath.join(s.scripts_dir, TRAINER), "--verifier-name-or-path", s.verifier]
+    if parse_version(version) >= CLI_TRAINER:
+        argv = [python, *TRAINER_MODULE, "--verifier-name-or-path", s.verifier]
+    else:
+        assert s.scripts_dir, "checked by prepare"
+        argv = [python, posixpath.join(s.scripts_dir, TRAINER), "--verifier-name-or-path", s.verifier]
     if parse_version(version) >= NEW_ARGS:
         if data is None:
             raise UsageError("speculators >= 0.5 needs data_path (the preprocessed dataset) or a from_run "
@@ -199,25 +229,33 @@ class TrainDraft(Playbook[TrainDraftSpec]):
         return Prepared(env={VERSION_VAR: self._version(job), "COLUMNS": COLUMNS})
 
     def _version(self, job: JobContext[TrainDraftSpec]) -> str:
-        """The installed version (unless the spec forces one) and whether train.py is there."""
+        """The installed version (unless the spec forces one) and, before 0.9, whether train.py is there."""
         s = job.spec
         version, said = (s.speculators_version, "") if s.speculators_version else installed_speculators(
             job.remote, job.python)
-        found = job.remote.is_file(posixpath.join(s.scripts_dir, TRAINER))
+        found = s.scripts_dir is not None and job.remote.is_file(posixpath.join(s.scripts_dir, TRAINER))
         if job.dry_run:
-            return s.speculators_version or ".".join(map(str, NEW_ARGS))
+            return s.speculators_version or ".".join(map(str, NEW_ARGS if s.scripts_dir else CLI_TRAINER))
         if version == "none" or not VERSION_RE.match(version):
             raise OrchError(f"speculators is not installed for {job.python} on {job.host.name} "
                             f"(set speculators_version): {said.strip()[-200:]}")
+        if parse_version(version) >= CLI_TRAINER:
+            unused = f"; scripts_dir {s.scripts_dir} is not used" if s.scripts_dir else ""
+            job.event("prepare", f"speculators {version}: python -m speculators.train{unused}")
+            return version
         if not found:
-            raise OrchError(f"{TRAINER} not found in {s.scripts_dir} on {job.host.name} "
-                            "(scripts_dir: the scripts/ folder of the speculators repo)")
+            where = f"not found in {s.scripts_dir}" if s.scripts_dir else "needed (set scripts_dir)"
+            raise OrchError(f"{TRAINER} {where} on {job.host.name} (scripts_dir: the scripts/ folder of the "
+                            f"speculators repo, for speculators {version}; 0.9 on has none and needs none)")
         job.event("prepare", f"speculators {version}: train.py {'>=0.5' if parse_version(version) >= NEW_ARGS else '<0.5'} arguments")
         return version
 
     def command(self, job: JobContext[TrainDraftSpec], prepared: Prepared) -> str:
         hidden = hidden_states_dir(job.find_run, job.spec, job.host)
-        data = dataset_dir(job.find_run, job.spec, job.host)
+        prepared_by = prepared_dir(job.find_run, job.spec, job.host)
+        if prepared_by is not None and not job.remote.is_file(posixpath.join(prepared_by, DATASET_INFO)):
+            prepared_by = None  # the extract run's dataset was preprocessed already
+        data = dataset_dir(job.find_run, job.spec, job.host, prepared_by)
         layers = target_layers(job.find_run, job.spec, job.host)
         argv = train_argv(job.spec, job.python, prepared.env[VERSION_VAR], hidden, data, self.output_dir(job), layers)
         return train_command(argv, job.spec.nodes)

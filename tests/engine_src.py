@@ -100,7 +100,8 @@ class EngineSource:
     def restore(self, relpaths: list[str]) -> None:
         """Put back the cached bytes (and times) of these files, e.g. after a test left them patched."""
         for relpath in relpaths:
-            shutil.copy2(site_packages(self.pristine) / relpath, self.path(relpath))
+            if (site_packages(self.pristine) / relpath).exists():  # a set for another engine: not in this venv
+                shutil.copy2(site_packages(self.pristine) / relpath, self.path(relpath))
 
 
 def snapshot(directory: Path) -> dict[str, str]:

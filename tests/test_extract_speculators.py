@@ -20,12 +20,19 @@ from sshd import free_port
 
 from orchestrator.config.spec import load
 from orchestrator.errors import SpecError
+from orchestrator.errors import OrchError, UsageError
 from playbooks.extract_hidden_states import (
+    CliServer,
     ExtractSpec,
+    cli_server_argv,
     generator_argv,
+    new_pipeline_script,
+    num_hidden_layers,
     old_argv,
     pipeline_of,
+    prepare_data_argv,
     server_argv,
+    target_layer_ids,
 )
 
 SCRIPTS = Path(__file__).parent / "fakes" / "speculators_emulator" / "scripts"
@@ -179,7 +186,8 @@ def test_scripts_dir_without_the_scripts(orch, tmp_path):
 
 
 @pytest.mark.parametrize("sets, message", [
-    (["backend=speculators", "model=/m", "dataset=/d"], "backend speculators needs scripts_dir"),
+    (["backend=speculators", "model=/m", "dataset=/d", "speculators_version=0.8.0"],
+     "backend speculators needs scripts_dir"),
     (["backend=speculators", "scripts_dir=/s"], "backend speculators needs model, dataset"),
     (["tp=8", "port=8100"], "tp, port: only for backend speculators"),
     (["backend=speculators", "model=/m", "dataset=/d", "scripts_dir=/s", "dtype=bfloat16"],
@@ -198,7 +206,7 @@ def test_bad_spec_is_refused_before_anything(tmp_path):
     orch = Orch(tmp_path / "ws")
     res = orch("run", "extract-hidden-states", "--set", "backend=speculators", "--set", "model=/m")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
-    assert "backend speculators needs dataset, scripts_dir" in res.stderr
+    assert "backend speculators needs dataset" in res.stderr
     assert orch.status() == []
 
 
@@ -255,8 +263,55 @@ def test_flag_mapping():
         "py", "/s/launch_vllm.py", "/m", "--hidden-states-path", "/w/runs/7/vllm_hidden_states", "--target-layer-ids",
         "2", "--no-include-last-layer", "--trust-remote-code", "--", "--host", "127.0.0.1", "--port", "8000",
         "--trust-remote-code"]
-    assert [pipeline_of(v) for v in ("0.3.0", "0.4.0.1", "0.5.0", "0.9.0", "1.0.0rc1")] == \
-        ["old", "old", "new", "new", "new"]
+    assert [pipeline_of(v) for v in ("0.3.0", "0.4.0.1", "0.5.0", "0.8.2", "0.9.0", "1.0.0rc1")] == \
+        ["old", "old", "new", "new", "cli", "cli"]
+
+
+def test_speculators_0_9_commands():
+    """0.9 has no scripts/: the server orch starts is the one its launcher would exec, and its CLI takes the
+    generator's flags."""
+    s = ExtractSpec(backend="speculators", model="/models/tiny", dataset="/data/chat.jsonl", layers=[1, 2],
+                    tp=2, seq_length=512, port=8100, batch_size=4, max_samples=16, trust_remote_code=True,
+                    vllm_args=["--enforce-eager"])
+    layers = target_layer_ids(s, 4)
+    assert layers == [1, 2, 4]  # the last layer, the verifier's own, for the trainer
+    argv = cli_server_argv(s, "py", "/w/runs/3/vllm_hidden_states", layers, scale_out=True)
+    assert argv[:5] == ["py", "-m", "vllm.entrypoints.cli.main", "serve", "/models/tiny"]
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
+        "method": "extract_hidden_states", "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 4]}}}
+    assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == {
+        "kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": "/w/runs/3/vllm_hidden_states"}}
+    assert argv[argv.index("--kv-transfer-config") + 2:] == [
+        "--host", "127.0.0.1", "--port", "8100", "--trust-remote-code", "--tensor-parallel-size", "2",
+        "--max-model-len", "512", "--enable-scale-out", "--enforce-eager"]
+    assert "--enable-scale-out" not in cli_server_argv(s, "py", "/st", layers)
+    assert prepare_data_argv(s, "py", "/w/runs/3/prepared") == [
+        "py", "-m", "speculators", "prepare-data", "--model", "/models/tiny", "--data", "/data/chat.jsonl",
+        "--output", "/w/runs/3/prepared", "--render-endpoint", "http://127.0.0.1:8100", "--seq-length", "512",
+        "--max-samples", "16", "--trust-remote-code"]
+    assert generator_argv(s, "py", "/out", cli=True, data="/w/runs/3/prepared") == [
+        "py", "-m", "speculators", "generate-offline-data", "--model", "/models/tiny",
+        "--endpoint", "http://127.0.0.1:8100/v1", "--preprocessed-data", "/w/runs/3/prepared", "--output", "/out",
+        "--max-samples", "16", "--concurrency", "4"]
+    # the launcher's default layers, and its last-layer switch
+    bare = ExtractSpec(backend="speculators", model="/m", dataset="/d")
+    assert target_layer_ids(bare, 32) == [2, 16, 29, 32]
+    assert target_layer_ids(bare.model_copy(update={"include_last_layer": False}), 32) == [2, 16, 29]
+    with pytest.raises(UsageError, match=r"layers \[1, 2, 4\]: the model has 3 layers"):
+        target_layer_ids(s.model_copy(update={"layers": [1, 2, 4]}), 3)
+    assert num_hidden_layers('{"text_config": {"num_hidden_layers": 40}, "num_hidden_layers": 2}', "c") == 40
+    with pytest.raises(OrchError, match="c: no num_hidden_layers"):
+        num_hidden_layers('{"hidden_size": 8}', "c")
+    script = new_pipeline_script(s, "py", "/out", "/st", CliServer(layers, "/w/runs/3/prepared", scale_out=True))
+    lines = script.splitlines()
+    # the server first, then prepare-data (a failure ends the job), then the generator on what it wrote
+    assert "--enable-scale-out" in lines[1] and lines[-2].startswith("py -m speculators prepare-data")
+    assert lines[-2].endswith("|| exit 1") and lines[-1].startswith("py -m speculators generate-offline-data")
+    preprocessed = new_pipeline_script(s, "py", "/out", "/st", CliServer(layers))
+    assert "prepare-data" not in preprocessed and "--enable-scale-out" not in preprocessed
+    assert "--preprocessed-data /data/chat.jsonl" in preprocessed.splitlines()[-1]
 
 
 def test_a_non_empty_output_dir_is_refused_unless_cleared(orch, tmp_path):

@@ -92,3 +92,27 @@ def test_the_dry_run_of_a_playbook_lists_its_looks(tmp_path: Path):
         store.close()
     assert "on local, the agent: look at what is at /s/train.py (answered: nothing there)" in text
     assert "the agent: run without a shell: " in text and "--data-path /d" in text
+
+
+def test_the_dry_run_of_speculators_0_9_runs_its_cli_with_no_scripts(tmp_path: Path):
+    """No scripts_dir: speculators 0.9's CLI. The model's config.json is looked at for the layers (a dry run
+    cannot read it: shown as such), the dataset for a prepared one (none there: prepare-data first)."""
+    ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
+    store = Store(ws.db_path)
+    try:
+        pb = registry.playbook("extract-hidden-states")
+        spec = pb.Spec.model_validate({"backend": "speculators", "model": "/m", "dataset": "/d/talks.jsonl",
+                                       "cleanup": False})
+        text = runflow.dry_run(ws, store, pb, spec, [local_host(tmp_path)]).text()
+        pb = registry.playbook("train-draft")
+        spec = pb.Spec.model_validate({"verifier": "/m", "hidden_states": "/h", "data_path": "/d", "cleanup": False})
+        train = runflow.dry_run(ws, store, pb, spec, [local_host(tmp_path)]).text()
+    finally:
+        store.close()
+    assert "look at what is at /m/config.json" in text and "look at what is at /d/talks.jsonl/dataset_info.json" in text
+    assert "-m vllm.entrypoints.cli.main serve /m --speculative-config" in text
+    assert '"eagle_aux_hidden_state_layer_ids": "<from /m/config.json>"' in text and "--enable-scale-out" in text
+    assert "-m speculators prepare-data --model /m --data /d/talks.jsonl" in text
+    assert "-m speculators generate-offline-data --model /m" in text and "launch_vllm.py" not in text
+    assert "-m speculators.train --verifier-name-or-path /m --data-path /d --hidden-states-path /h" in train
+    assert "train.py" not in train

@@ -36,6 +36,8 @@ pytest_plugins = ["engine_src"]  # its fixtures: engine_source, engine, engine_p
 
 SGLANG_SET = "sglang-eagle3-hidden-debug"
 SPEC_SET = "speculators-deepseek-worker"
+VLLM_DEBUG_SET = "vllm-eagle3-hidden-debug"
+VLLM_CONNECTOR_SET = "vllm-cpu-hidden-states-connector"
 LLAMA_EAGLE3 = "sglang/srt/models/llama_eagle3.py"
 DEEPSEEK_V2 = "sglang/srt/models/deepseek_v2.py"
 LOGITS = "sglang/srt/layers/logits_processor.py"
@@ -71,7 +73,7 @@ def copy_set(name: str, tmp_path: Path, **toml_overrides: str) -> Path:
 
 def test_shipped_sets_load_with_their_metadata() -> None:
     sets = {ps.name: ps for ps in registry.patch_sets()}
-    assert set(sets) == {SGLANG_SET, SPEC_SET}
+    assert set(sets) == {SGLANG_SET, SPEC_SET, VLLM_DEBUG_SET, VLLM_CONNECTOR_SET}
 
     sg = sets[SGLANG_SET]
     assert (sg.package, sg.versions, sg.strip, sg.revert_after) == ("sglang", "==0.5.23", 1, True)
@@ -82,6 +84,12 @@ def test_shipped_sets_load_with_their_metadata() -> None:
     spec = sets[SPEC_SET]
     assert (spec.package, spec.versions, list(spec.files)) == ("speculators", ">=0.3.0,<0.5", [CUSTOM_WORKER])
     assert len({sg.set_hash, spec.set_hash}) == 2 and all(len(h) == 64 for h in (sg.set_hash, spec.set_hash))
+
+    # vLLM's CPU build installs the package vllm as the distribution vllm-cpu: its version is that one's.
+    conn = sets[VLLM_CONNECTOR_SET]
+    assert (conn.package, conn.distribution, conn.versions, conn.revert_after) == ("vllm", "vllm-cpu", "==0.32.0", False)
+    debug = sets[VLLM_DEBUG_SET]
+    assert (debug.package, debug.distribution, debug.requires_flags) == ("vllm", None, ("--enforce-eager",))
 
 
 def test_set_hash_changes_with_any_byte(tmp_path: Path) -> None:
@@ -596,7 +604,7 @@ def test_hostile_strings_never_execute(
     hostile = template.format(m=marker)
     ps = registry.patch_set(SPEC_SET)
 
-    with pytest.raises(PatchError, match="unknown patch set"):
+    with pytest.raises(PatchError, match="unknown patch set|no patch set folder"):  # a path: a folder's
         registry.patch_set(hostile)
     with pytest.raises(PatchError, match="invalid patch set name"):
         patching.revert(LocalTransport(local_host(tmp_path)), hostile)

@@ -16,7 +16,7 @@ from sshd import free_port
 from orchestrator.config.hosts import Host
 from orchestrator.errors import UsageError
 from orchestrator.store.record import Run, Status
-from playbooks.train_draft import TrainDraftSpec, hidden_states_dir, target_layers, train_argv
+from playbooks.train_draft import TrainDraftSpec, hidden_states_dir, target_layers, train_argv, train_command
 
 SCRIPTS = Path(__file__).parent / "fakes" / "speculators_emulator" / "scripts"
 PROMPTS = Path(__file__).parents[1] / "playbooks" / "data" / "prompts.jsonl"
@@ -132,9 +132,19 @@ def test_arguments_of_each_version():
         "--data-path", "/prep", "--hidden-states-path", "/hs", "--on-missing", "warn"]
     with pytest.raises(UsageError, match="needs data_path"):
         train_argv(spec, "py", "0.5.0", "/hs", None, "/out")
-    for version in ("0.5.0", "0.7.0", "0.7.0.1", "0.9.1"):  # 0.7+'s config resolver takes the same flags
+    for version in ("0.5.0", "0.7.0", "0.7.0.1", "0.8.0"):  # 0.7+'s config resolver takes the same flags
         assert train_argv(spec, "py", version, "/hs", "/prep", "/out", [2, 9])[4:12] == [
             "--data-path", "/prep", "--hidden-states-path", "/hs", "--on-missing", "warn", "--target-layer-ids", "2"]
+    # 0.9 has no scripts/: the package's trainer, the same flags, scripts_dir not needed
+    for given in (spec, spec.model_copy(update={"scripts_dir": None})):
+        assert train_argv(given, "py", "0.9.0", "/hs", "/prep", "/out", [2, 9]) == [
+            "py", "-m", "speculators.train", "--verifier-name-or-path", "/m", "--data-path", "/prep",
+            "--hidden-states-path", "/hs", "--on-missing", "warn", "--target-layer-ids", "2", "9",
+            "--save-path", "/out", "--epochs", "3", "--lr", "0.0001", "--ttt-steps", "4"]
+    assert train_command(train_argv(spec, "py", "0.9.0", "/hs", "/prep", "/out"), 2).startswith(
+        "py -m torch.distributed.run ")
+    assert " --nproc-per-node gpu -m speculators.train --verifier-name-or-path /m" in train_command(
+        train_argv(spec, "py", "0.9.0", "/hs", "/prep", "/out"), 2)
     assert "--target-layer-ids" not in train_argv(spec, "py", "0.4.0", "/hs", None, "/out", [2, 9])
 
 

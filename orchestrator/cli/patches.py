@@ -17,12 +17,13 @@ app.add_typer(patch_app, name="patch")
 
 @patch_app.command("list")
 def patch_list(as_json: bool = typer.Option(False, "--json")) -> None:
-    """The patch sets orch knows (its own and those of installed packages)."""
+    """The patch sets orch knows by name: its own, installed packages', the workspace's patches/."""
     from ..runflow import registry
 
-    sets = registry.patch_sets()
+    sets = registry.patch_sets(root=workspace().root)
     rows: list[dict[str, Any]] = [
-        {"name": p.name, "package": p.package, "versions": p.versions, "files": sorted(p.files),
+        {"name": p.name, "package": p.package, "distribution": p.distribution or p.package, "versions": p.versions,
+         "files": sorted(p.files), "folder": str(p.path) if p.path else None,
          "requires_flags": list(p.requires_flags), "revert_after": p.revert_after,
          "set_hash": p.set_hash, "description": p.description} for p in sets]
     if as_json:
@@ -39,7 +40,7 @@ def _patch_target(name: str | None, host: str, writes: bool = True) -> tuple[Any
 
     ws = workspace()
     target = inventory(ws).get(host)
-    ps = registry.patch_set(name) if name else None
+    ps = registry.patch_set(name, ws.root) if name else None  # a bad set is refused before the host is reached
     return ps, connect(target), open_store(ws) if writes else read_store(ws)
 
 
@@ -58,8 +59,12 @@ def _print_patch_result(res: Any, as_json: bool) -> None:
         out.print(f"  {f.state:9} {f.file}")
 
 
+SET = typer.Argument(..., metavar="SET", help="a patch set's name, or the path of a folder holding its patch.toml "
+                     "and diffs (./my-set; relative to the workspace)")
+
+
 @patch_app.command("check")
-def patch_check(name: str, host: str = typer.Option(LOCAL, "--host", "-H"), python: str | None = PYTHON,
+def patch_check(name: str = SET, host: str = typer.Option(LOCAL, "--host", "-H"), python: str | None = PYTHON,
                 as_json: bool = typer.Option(False, "--json")) -> None:
     """Would the set apply on the host? Changes nothing."""
     from ..host import patching
@@ -69,7 +74,7 @@ def patch_check(name: str, host: str = typer.Option(LOCAL, "--host", "-H"), pyth
 
 
 @patch_app.command("apply")
-def patch_apply(name: str, host: str = typer.Option(LOCAL, "--host", "-H"), python: str | None = PYTHON,
+def patch_apply(name: str = SET, host: str = typer.Option(LOCAL, "--host", "-H"), python: str | None = PYTHON,
                 as_json: bool = typer.Option(False, "--json")) -> None:
     """Apply every file of the set, or none."""
     from ..host import patching
@@ -79,16 +84,19 @@ def patch_apply(name: str, host: str = typer.Option(LOCAL, "--host", "-H"), pyth
 
 
 @patch_app.command("revert")
-def patch_revert(name: str, host: str = typer.Option(LOCAL, "--host", "-H"), python: str | None = PYTHON,
+def patch_revert(name: str = SET, host: str = typer.Option(LOCAL, "--host", "-H"), python: str | None = PYTHON,
                  force: bool = typer.Option(False, "--force", help="revert files changed since patching"),
                  as_json: bool = typer.Option(False, "--json")) -> None:
     """Restore the original bytes of every file the set patched."""
     from ..host import patching
     from ..runflow import registry
 
+    root = workspace().root
+    # A folder must still hold a valid set; a name needs only the host's record (its set may be gone here).
+    ps = registry.patch_set(name, root) if registry.is_folder_ref(name) else None
     _, transport, store = _patch_target(None, host)
-    known = {p.name: p for p in registry.patch_sets(loadable_only=True)}
-    res = patching.revert(transport, known.get(name, name), force=force, store=store, python=python)
+    known = {p.name: p for p in registry.patch_sets(loadable_only=True, root=root)}
+    res = patching.revert(transport, ps or known.get(name) or name, force=force, store=store, python=python)
     _print_patch_result(res, as_json)
 
 
@@ -102,7 +110,8 @@ def patch_status(host: str = typer.Option(LOCAL, "--host", "-H"), python: str | 
     from ..runflow import registry
 
     _, transport, store = _patch_target(None, host, writes=False)
-    applied = patching.status(transport, registry.patch_sets(loadable_only=True), store, python=python)
+    applied = patching.status(transport, registry.patch_sets(loadable_only=True, root=workspace().root), store,
+                              python=python)
     if as_json:
         emit_json([{**dataclasses.asdict(a), "intact": a.intact} for a in applied])
         return

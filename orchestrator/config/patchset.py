@@ -3,6 +3,7 @@ which file each diff patches, the set's hash, the flags it requires). See host/p
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import re
@@ -55,6 +56,12 @@ class PatchSet:
     set_hash: str
     distribution: str | None = None
     path: Path | None = None
+    ref: str | None = None  # how a spec or a run names a set given by its folder: that folder, absolute
+
+    @property
+    def named_as(self) -> str:
+        """What a run records to find this set again when it ends: its name, or its folder."""
+        return self.ref or self.name
 
 
 def set_names(directory: Path) -> list[str]:
@@ -70,6 +77,22 @@ def load(name: str, base: Path) -> PatchSet:
     if not re.fullmatch(NAME_PATTERN, name) or not (folder / "patch.toml").is_file():
         known = sorted(p.name for p in base.iterdir() if (p / "patch.toml").is_file()) if base.is_dir() else []
         raise PatchError(f"unknown patch set {name!r} (known: {', '.join(known) or 'none'})")
+    return _read(name, folder)
+
+
+def load_folder(folder: Path) -> PatchSet:
+    """The patch set in `folder` (its patch.toml and diffs), named after the folder."""
+    folder = folder.expanduser().resolve()
+    if not folder.is_dir():
+        raise PatchError(f"no patch set folder {folder}")
+    if not (folder / "patch.toml").is_file():
+        raise PatchError(f"{folder} is not a patch set: it has no patch.toml")
+    if not re.fullmatch(NAME_PATTERN, folder.name):
+        raise PatchError(f"{folder}: a patch set folder's name must match {NAME_PATTERN}")
+    return dataclasses.replace(_read(folder.name, folder), ref=str(folder))
+
+
+def _read(name: str, folder: Path) -> PatchSet:
     toml_bytes = (folder / "patch.toml").read_bytes()
     try:
         meta = PatchToml(**tomllib.loads(toml_bytes.decode()))
@@ -83,7 +106,11 @@ def load(name: str, base: Path) -> PatchSet:
         raise PatchError(f"patch set {name}: no *.diff or *.patch files in {folder}")
     files: dict[str, str] = {}
     for diff in diffs:
-        for target, text in split_diff(diff.read_text(), meta.strip, diff.name).items():
+        try:
+            text_of_diff = diff.read_text()
+        except UnicodeDecodeError:
+            raise PatchError(f"patch set {name}: {diff} is not a text (UTF-8) diff") from None
+        for target, text in split_diff(text_of_diff, meta.strip, diff.name).items():
             if target in files:
                 raise PatchError(f"patch set {name}: {target} is patched by more than one diff")
             files[target] = text

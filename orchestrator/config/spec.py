@@ -36,7 +36,8 @@ class RunSpec(BaseModel):
     cleanup: bool = Field(default=True, description="stop stale orch runs on the GPUs and wait until free")
     gpus: list[int] | None = Field(default=None, max_length=GPUS_MAX, description="GPU indices the run needs (default: all)")
     kill_foreign: bool = Field(default=False, description="also kill processes orch did not start")
-    patches: list[str] = Field(default_factory=list, description="patch sets applied before launch")
+    patches: list[str] = Field(default_factory=list, description="patch sets applied before launch: names, or "
+                               "folders of your own (./my-set, relative to the workspace)")
     python: str | None = Field(default=None, description="interpreter on the host (default: the host's)")
     notify: list[str] = Field(default_factory=list, description="http(s) URLs told (JSON POST) when the run ends")
     notify_timeout_s: float = Field(default=30.0, gt=0, le=DAY_S, description="bound on retries of one notification")

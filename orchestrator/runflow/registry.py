@@ -2,7 +2,8 @@
 
 A package adds playbooks through the `orch.playbooks` entry-point group (`name = "module:Class"`) and
 patch sets through `orch.patch_sets` (`name = "package.with.patch_sets"`: a package whose folders each
-hold a patch.toml and its diffs). A built-in name cannot be taken over.
+hold a patch.toml and its diffs). A built-in name cannot be taken over. The user's own patch sets are folders:
+named by their path, or by name from the workspace's `patches/` folder.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import re
 import sys
 from collections.abc import Callable
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
+from ..config.workspace import Workspace
 from ..errors import UsageError
 from ..host import patching
 from ..host.patching import PatchError, PatchSet
@@ -32,6 +35,8 @@ BUILTIN_PLAYBOOKS = {
     "train-draft": "playbooks.train_draft:TrainDraft",
 }
 BUILTIN_PATCH_SETS = "playbooks.patches"
+WORKSPACE_PATCH_DIR = "patches"  # the workspace's own sets, by name
+STATE_FOLDER = re.compile(r"state(-[0-9a-f]{16})?")  # host/patching.py's STATE_DIR and its per-python kin
 
 
 def _load(target: str) -> Any:
@@ -121,21 +126,46 @@ def _patch_set_dirs() -> dict[str, Path]:
     return found
 
 
-def patch_set(name: str) -> PatchSet:
-    """The patch set called `name`, or a PatchError (exit 2) naming the known ones."""
+def _workspace_sets(root: Path | None) -> dict[str, Path]:
+    """The sets in the workspace's own `patches/` folder, each name → its folder. The local host keeps its
+    patch state in that folder too (`state`, `state-<hash>`: never sets)."""
+    base = (root or Workspace.find().root) / WORKSPACE_PATCH_DIR
+    return {name: base / name for name in patching.set_names(base) if not STATE_FOLDER.fullmatch(name)}
+
+
+def is_folder_ref(ref: str) -> bool:
+    """A set named by its folder (`./my-set`, `~/sets/x`, `/abs/x`) rather than by a name."""
+    return "/" in ref or ref.startswith(("~", "."))
+
+
+def patch_set(ref: str, root: Path | None = None) -> PatchSet:
+    """The patch set `ref` names: a folder holding patch.toml (relative to the workspace `root`, default the
+    current one), or a name — orch's own, an installed package's, or a folder of the workspace's `patches/`.
+    Anything else is a PatchError (exit 2) naming the known ones."""
+    if is_folder_ref(ref):
+        folder = Path(ref).expanduser()
+        return patching.load_folder(folder if folder.is_absolute() else (root or Workspace.find().root) / folder)
     dirs = _patch_set_dirs()
-    if name not in dirs:
-        raise PatchError(f"unknown patch set {name!r}{_did_you_mean(name, dirs)} "
-                         f"(known: {', '.join(sorted(dirs)) or 'none'})")
-    return patching.load(name, dirs[name])
+    mine = _workspace_sets(root)
+    if ref in mine:
+        if ref in dirs:
+            raise PatchError(f"patch set {ref!r} of {mine[ref].parent} has the name of a set orch already knows "
+                             f"({dirs[ref]}); rename its folder")
+        return patching.load_folder(mine[ref])
+    if ref not in dirs:
+        known = sorted({*dirs, *mine})
+        raise PatchError(f"unknown patch set {ref!r}{_did_you_mean(ref, known)} "
+                         f"(known: {', '.join(known) or 'none'}; a folder of your own: give its path, ./NAME)")
+    return patching.load(ref, dirs[ref])
 
 
-def patch_sets(loadable_only: bool = False) -> list[PatchSet]:
-    """Every patch set; with loadable_only, a malformed one is left out instead of raising."""
+def patch_sets(loadable_only: bool = False, root: Path | None = None) -> list[PatchSet]:
+    """Every patch set known by name (the workspace's too); with loadable_only, a malformed one is left out
+    instead of raising."""
     sets = []
-    for name in sorted(_patch_set_dirs()):
+    for name in sorted({*_patch_set_dirs(), *_workspace_sets(root)}):
         try:
-            sets.append(patch_set(name))
+            sets.append(patch_set(name, root))
         except PatchError:
             if not loadable_only:
                 raise

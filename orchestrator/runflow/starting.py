@@ -277,7 +277,7 @@ def prepare(ctx: Job, host_wait: Callable[[hostlease.HostLeaseBusy], None] | Non
     """The steps before the launch; `host_wait` (queued runs): what to do when another workspace's run holds
     the host's lease files, before asking again (else the refusal ends the run)."""
     # Patch sets are checked (read-only) first, so a set that does not apply changes nothing anywhere.
-    sets = [registry.patch_set(name) for name in ctx.spec.patches]
+    sets = [registry.patch_set(name, ctx.ws.root) for name in ctx.spec.patches]
     python = ctx.for_playbook().python  # the interpreter the job runs: its install is the one patched
     checked = [patching.check(ctx.transport, ps, python=python) for ps in sets]
     ctx.pb.preflight(ctx.for_playbook())
@@ -302,7 +302,7 @@ def prepare(ctx: Job, host_wait: Callable[[hostlease.HostLeaseBusy], None] | Non
     applied: list[str] = []
     for ps in sets:
         res = patching.apply(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store, overlay=overlay, python=python)
-        applied.append(ps.name)
+        applied.append(ps.named_as)  # a folder set by its folder: the end finds it whatever the cwd
         ctx.store.update_run(ctx.run_id, patches_applied=applied)
         where = f" (the run's copy in {overlay.path})" if overlay else (
             f" for {python}" if python != ctx.host.python else "")
