@@ -26,7 +26,7 @@ from pydantic import Field
 from orchestrator.playbook import HealthCheck, Host, JobContext, Playbook, Prepared, other_nodes_only, quote
 
 from . import serve_vllm
-from .bench_serving import BenchSettings, Engine, bench_argv, bench_module
+from .bench_serving import BenchSettings, Engine, bench_argv, bench_module, module_for
 from .serve_eagle3 import (
     ServeEagle3Spec,
     engine_argv,
@@ -91,11 +91,12 @@ class ServeBench(Playbook[ServeBenchSpec]):
 
     def prepare(self, job: JobContext[ServeBenchSpec]) -> Prepared:
         job.remote.put((JOBS / WAIT).read_bytes(), posixpath.join(job.paths.root, WAIT))
-        flags: list[str] = []
-        if job.spec.debug:
-            version = installed_version(job.remote, job.python)
-            flags = [f for f in no_graph_flags(version) if f not in job.spec.extra_args]
-        return ServeBenchPrepared(args=flags, bench_module=bench_module(job.remote, job.python, job.spec.bench.launcher))
+        # one look at the installed SGLang: how its log reads, and "graphs off" and the benchmark's module
+        # in its spelling
+        version = installed_version(job.remote, job.python)
+        flags = [f for f in no_graph_flags(version) if f not in job.spec.extra_args] if job.spec.debug else []
+        module = [] if job.spec.bench.launcher is not None else module_for(version)
+        return ServeBenchPrepared(args=flags, engine_version=version, bench_module=module)
 
     def command(self, job: JobContext[ServeBenchSpec], prepared: Prepared) -> str:
         module = prepared.bench_module if isinstance(prepared, ServeBenchPrepared) else []

@@ -3,9 +3,10 @@
 The host's agent (hostjobs/agent.py) pushes each run's new log bytes, its end and its liveness as they
 happen; the host watcher hands each push to that run's `Watcher`, whose parser decides what it means,
 and which records it. Quiet runs are looked at again on the backoff (`poll_min` → `poll_max`), for the
-stall detector, a server's health endpoint and the `seen` column. The end of a run (stopping processes
-that linger after a fatal line, the end steps) happens on a thread of its own, so one run's end steps
-never delay the news of another.
+stall detector and a server's health endpoint. The agent's beat (every 2 s) says the host answers: it
+refreshes the heartbeat of the runs followed (the `seen` column), at most every BEAT_WRITE_S. The end of
+a run (stopping processes that linger after a fatal line, the end steps) happens on a thread of its own,
+so one run's end steps never delay the news of another.
 
 Found by an flock per host (`runs/watchers/<host>.lock`); started by `orch run`, `orch watch`, `orch
 status`, a sweep or the dashboard when a host with active runs has none (`watching.ensure_watched`);
@@ -31,7 +32,7 @@ from ..host.polling import default_poll, next_look_s
 from ..host.remote import connect
 from ..host.ssh import SSHTransport
 from ..store import Store
-from ..store.controller import STALE_FACTOR
+from ..store.controller import STALE_FACTOR, Controller
 from ..store.record import ACTIVE, Run, Status
 from . import Job, finish, notify, open_run, settle_orphan, watch_options
 from .watch import Watcher
@@ -43,6 +44,7 @@ LINGER_S = 5.0  # with no active run left, how long to wait for a new one before
 TURN_MAX = 256  # pushes taken in one turn of the loop, at most (one transaction records them)
 RESYNC_S = 1.0  # after a state that could not be recorded, the agent re-reads the log this much later
 RECONNECT_MAX_S = 30.0
+BEAT_WRITE_S = 10.0  # the agent beats every 2 s: its runs' heartbeat is written at most this often, not at each
 
 
 @dataclass
@@ -74,6 +76,7 @@ class HostWatcher:
         self._retry_at = 0.0
         self._retry_s = 1.0
         self._enders: list[threading.Thread] = []
+        self._beat_due = 0.0  # when the next beat of the agent is written to the runs' heartbeat
         self._later: list[Push] = []  # pushes left for the next turn: their run's previous one is recorded first
         self.stopping = threading.Event()  # set from another thread: the loop ends at its next turn
         self.clock: Callable[[], float] = time.monotonic  # (both replaceable: a test drives the loop's time)
@@ -202,7 +205,11 @@ class HostWatcher:
         pushes, self._later = [*self._later, *pushes], []
         link = self.link
         staged: list[Followed] = []
+        beat = False
         for push in pushes:
+            if push.kind == "beat":
+                beat = True
+                continue
             if push.kind == "closed":
                 self._commit(staged)  # what came before the link closed
                 staged = []
@@ -216,6 +223,8 @@ class HostWatcher:
             elif self._stage(f, push):
                 staged.append(f)
         self._commit(staged)
+        if beat:
+            self._beat()
         if link is not None:  # what this turn is done with makes room for the agent's next pushes
             link.ack(sum(p.size for p in pushes) - sum(p.size for p in self._later))
 
@@ -271,6 +280,18 @@ class HostWatcher:
             f.due = self.clock() + self._interval(f)
             if done:
                 self._end(f)
+
+    def _beat(self) -> None:
+        """The agent beat: its host answers. The runs followed are seen now, whatever their backoff; one
+        write for all of them, at most every BEAT_WRITE_S."""
+        now = self.clock()
+        if now < self._beat_due or not self.runs:
+            return
+        self._beat_due = now + BEAT_WRITE_S  # (also when refused: a locked database is not waited on at each beat)
+        try:  # only runs whose record names this process their watcher: nobody else's liveness is vouched for
+            self.store.beat(self.runs, str(Controller.me()), time.time())
+        except DatabaseUnavailable:
+            pass  # the next beat after BEAT_WRITE_S tries again
 
     def _lost_link(self, reason: str) -> None:
         if self.link is not None:

@@ -365,6 +365,18 @@ class Store:
                 f"UPDATE runs SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?", [*values, run_id]
             )
 
+    def beat(self, run_ids: Iterable[int], watcher: str, at: float) -> None:
+        """Set the heartbeat of those of these runs still active that `watcher` is recorded as watching, in
+        one write: their host was heard from at `at`, though their record had nothing new."""
+        ids = list(run_ids)
+        if not ids:
+            return
+        active = [s.value for s in ACTIVE]
+        with self.tx() as c:
+            c.execute(
+                f"UPDATE runs SET heartbeat = ? WHERE watcher = ? AND id IN ({', '.join('?' * len(ids))})"
+                f" AND status IN ({', '.join('?' * len(active))})", [at, watcher, *ids, *active])
+
     # events and metrics -----------------------------------------------------------------------
     def add_event(
         self, run_id: int, kind: str, message: str = "", data: Any = None, ts: float | None = None

@@ -349,6 +349,53 @@ def test_the_installed_version_a_playbook_found_is_the_logs(tmp_path: Path) -> N
     assert events == ["sglang 0.7.0 is newer than orch knows (0.4.10 to 0.5.23): its lines are read as 0.5.23's"]
 
 
+class SGLangHost:
+    """A host whose python has this SGLang installed, as a playbook's prepare asks it (playbook.Remote)."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+        self.asked: list[list[str]] = []
+
+    def put(self, data: bytes, path: str, mode: int = 0o644) -> None:
+        pass
+
+    def run_argv(self, argv: list[str], *, check: bool = True, timeout: float | None = None) -> Any:
+        from orchestrator.host.transport import Result
+
+        self.asked.append(argv)
+        found = self.version if argv[-1] == "sglang" else "none"
+        return Result("local", " ".join(argv), 0, f"{found}\n", "")
+
+
+@pytest.mark.parametrize("playbook", ["serve-eagle3", "serve-bench"])
+@pytest.mark.parametrize("debug", [False, True])
+def test_the_sglang_playbooks_read_the_log_for_the_installed_version(tmp_path: Path, playbook: str,
+                                                                    debug: bool) -> None:
+    """0.5.9 prints the newer layout with the old rate's meaning: both SGLang servers look the version up
+    (once), and the run's log is read for it."""
+    from types import SimpleNamespace
+
+    from orchestrator.host.launch import RunPaths
+    from orchestrator.playbook import JobContext
+    from orchestrator.runflow.starting import note_engine_version
+    from playbooks.serve_bench import ServeBench
+    from playbooks.serve_eagle3 import ServeEagle3
+
+    pb = {"serve-eagle3": ServeEagle3(), "serve-bench": ServeBench()}[playbook]
+    spec = pb.Spec.model_validate({"model": "/m/t", "draft_model": "/m/d", "debug": debug})
+    host = SGLangHost("0.5.9")
+    job = JobContext(1, spec, local_host(tmp_path), RunPaths(str(tmp_path / "r")), host, lambda run_id: None,  # type: ignore[arg-type]
+                     lambda kind, message: None)
+    prepared = pb.prepare(job)
+    assert prepared.engine_version == "0.5.9" and len(host.asked) == 1
+    store, w, _, _ = watched(tmp_path)
+    ctx = SimpleNamespace(store=store, run_id=w.run_id, spec=spec, pb=pb, event=lambda kind, message: None)
+    note_engine_version(ctx, prepared.engine_version)  # type: ignore[arg-type]
+    p = LogParser.from_dict(store.get_run(w.run_id).parser_state or {})
+    p.feed(DECODE)
+    assert "accept_per_draft_slot" in p.metrics and "draft_accept_rate" not in p.metrics
+
+
 def test_orch_stop_leaves_a_stopped_server_without_an_error(tmp_path: Path) -> None:
     """The end's read of a stopped vLLM server's log: its shutdown's EngineDeadError is no error of the run."""
     from types import SimpleNamespace

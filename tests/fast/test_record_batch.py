@@ -3,6 +3,7 @@ record where the next one reads on from, with no line, event or metric sample lo
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from orchestrator.host.agent import Push
 from orchestrator.host.launch import JobState
 from orchestrator.host.polling import WatchOptions
 from orchestrator.host.ssh import SSHTransport
-from orchestrator.runflow.hostwatch import SYNC_S, HostWatcher
+from orchestrator.runflow.hostwatch import BEAT_WRITE_S, SYNC_S, HostWatcher
 from orchestrator.runflow.watch import Watcher
 from orchestrator.runflow.watching import WatchLock
 from orchestrator.store import Store
@@ -225,6 +226,50 @@ def test_a_turn_of_pushes_is_one_transaction_with_one_push_per_run(ws: Workspace
     assert [p.doc["offset"] for p in hw._later] == [100]  # a's second push: next turn, after its first
     hw._take_turn([])
     assert store.get_run(a).log_offset == 200 and len(commits) == 2
+    hw.store.conn.set_trace_callback(None)
+    for f in hw.runs.values():
+        f.lock.release()
+    hw.store.close()
+
+
+def test_the_agents_beat_refreshes_the_heartbeat_of_the_runs_followed_now_and_then(ws: Workspace, store: Store,
+                                                                                   tmp_path: Path) -> None:
+    """`seen` is how long ago the host was heard from, not how far the poll backoff has grown: the agent's
+    beat (every 2 s) sets the heartbeat of the runs this watcher follows and records, in one transaction,
+    at most every BEAT_WRITE_S."""
+    ws.runs_dir.mkdir(parents=True, exist_ok=True)
+    hw = HostWatcher(ws, "local", echo=lambda text: None)
+    clock = [1000.0]
+    hw.clock = lambda: clock[0]
+    mine, also_mine, elsewhere, ended, unfollowed = (new_run(store, tmp_path) for _ in range(5))
+    followed = [mine, also_mine, elsewhere, ended]
+    for run_id in followed:
+        hw._adopt(store.get_run(run_id))
+    hw._take_turn([push(run_id, 0, LOG[:100]) for run_id in followed])  # each recorded once: watched here
+    store.update_run(elsewhere, watcher="otherhost:77:1")  # the record names another watcher
+    transition(store, ended, Status.CANCELLED, "cancelled")
+    long_ago = time.time() - 300  # the last poll, on a long backoff
+
+    def beat() -> dict[int, bool]:
+        """One beat of the agent: which runs it refreshed (`commits`: what it wrote)."""
+        for run_id in (*followed, unfollowed):
+            store.update_run(run_id, heartbeat=long_ago)
+        commits.clear()
+        hw._take_turn([Push("beat", doc={"push": "beat", "time": time.time()})])
+        return {run_id: store.get_run(run_id).heartbeat != long_ago for run_id in (*followed, unfollowed)}
+
+    commits: list[str] = []
+    trace: Callable[[str], None] = lambda sql: commits.append(sql.split()[0]) if sql.startswith(
+        ("UPDATE", "COMMIT")) else None
+    hw.store.conn.set_trace_callback(trace)
+    before = time.time()
+    assert beat() == {mine: True, also_mine: True, elsewhere: False, ended: False, unfollowed: False}
+    assert commits == ["UPDATE", "COMMIT"]  # one write for all the host's runs
+    assert store.get_run(mine).heartbeat >= before  # type: ignore[operator]
+    clock[0] += 2.0
+    assert not any(beat().values()) and not commits  # the next beat, 2 s on: nothing written
+    clock[0] += BEAT_WRITE_S - 2.0
+    assert beat()[mine] and commits == ["UPDATE", "COMMIT"]
     hw.store.conn.set_trace_callback(None)
     for f in hw.runs.values():
         f.lock.release()
