@@ -14,6 +14,7 @@ from ..errors import OrchError, TransitionError
 from ..host import gpu, hostlease, patching
 from ..host.hostlease import run_token
 from ..store import Store, lease
+from ..store.db import claim_alive
 from ..store.lifecycle import transition
 from ..store.record import KILL_GRACE_S, Run, Status
 from . import cleanup, notify, registry
@@ -49,9 +50,11 @@ def finish(ctx: Job) -> Run:
     finally:
         _FINISHING.reset(finishing)
     try:
-        for name in lease.BEFORE_RELEASE:
-            _step(ctx, name)
-        _await_steps_elsewhere(ctx.store, [ctx.run])
+        while True:
+            for name in lease.BEFORE_RELEASE:
+                _step(ctx, name)  # unclaimed, or claimed by a process that died: done here
+            if not _await_steps_elsewhere(ctx.store, [ctx.run]):
+                break
         ctx.refresh()
     finally:
         _release_host(ctx)
@@ -67,32 +70,49 @@ def _step(ctx: Job, name: str) -> None:
         "log to end": read_to_end, "outputs": _collect_outputs, "log tail": _fetch_log_tail,
         "patch revert": _revert_patches, "notify": _notify,
     }
-    if not _claim_step(ctx.store, ctx.run_id, name):
+    claim = _claim_step(ctx.store, ctx.run_id, name)
+    if claim is None:
         return
+    if claim == "taken over":
+        ctx.event("end step", f"{name}: taken over (whoever had claimed it died before it was done)")
     try:
         steps[name](ctx)
         ctx.event("finished", name)  # for the timeline; the record's end_steps is what counts
     except Exception as exc:  # noqa: BLE001 - one step's failure must not skip the others
         what = str(exc) if isinstance(exc, OrchError) else f"{type(exc).__name__}: {exc}"
         ctx.event("warning", f"{name}: {what}")
+    finally:
+        ctx.store.end_step_over(ctx.run_id, name)
 
 
 STEPS_ELSEWHERE_S = END_WAIT_S + 60  # the end's read may wait END_WAIT_S for the job; then reads and records
 STEP_LOOK_S = 0.1
 
 
-def _await_steps_elsewhere(store: Store, runs: list[Run], sleep: Callable[[float], None] = time.sleep) -> None:
+def _await_steps_elsewhere(store: Store, runs: list[Run], sleep: Callable[[float], None] = time.sleep) -> bool:
     """Wait while another process does a step before release of these runs (the host's watcher reading the
     log while this one stopped the job; another node's whole end). Only while a run holds its lease: once
-    freed (the steps over, or whoever did them died and the wait ran out once), nobody waits again."""
+    freed (the steps over, or the wait ran out once), nobody waits again. True when it stopped because a
+    step's claimer died before the step was over: the step is to be taken over."""
     deadline = time.monotonic() + STEPS_ELSEWHERE_S
 
     def under_way(run: Run) -> bool:  # its lease first: freed, nothing is left to wait for
         return any(held.run_id == run.id for held in lease.held(store, run.host)) and not (
             lease.steps_before_release_done(store, run))
 
-    while any(under_way(run) for run in runs) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        waiting = [run for run in runs if under_way(run)]
+        if not waiting:
+            return False
+        if any(_abandoned(store.get_run(run.id)) for run in waiting):
+            return True
         sleep(STEP_LOOK_S)
+    return False
+
+
+def _abandoned(run: Run) -> bool:
+    """Whether a step before release of the run was claimed by a process that died before it was over."""
+    return any(name in run.end_claims and not claim_alive(run.end_claims[name]) for name in lease.BEFORE_RELEASE)
 
 
 def _release_host(ctx: Job) -> None:
@@ -106,8 +126,8 @@ def _release_host(ctx: Job) -> None:
         pass
 
 
-def _claim_step(store: Store, run_id: int, name: str) -> bool:
-    """Record that the step runs now; False when it already ran (or runs elsewhere)."""
+def _claim_step(store: Store, run_id: int, name: str) -> str | None:
+    """Record that the step runs now (see Store.claim_end_step); None when it already ran (or runs elsewhere)."""
     return store.claim_end_step(run_id, name)
 
 
@@ -238,7 +258,11 @@ def end_nodes(ctx: Job, sleep: Callable[[float], None] = time.sleep) -> None:
     # A node ended elsewhere (its host's watcher saw it first) is finished there: awaited, so whoever returns
     # from the head's end (a stop, a --replace) finds every node's host free; but never one whose own finish
     # led here (a node that failed ends its head from within its finish, before its lease is freed).
-    _await_steps_elsewhere(ctx.store, [n for n in others if n.id not in _FINISHING.get()], sleep)
+    awaited = [n for n in others if n.id not in _FINISHING.get()]
+    if _await_steps_elsewhere(ctx.store, awaited, sleep):
+        for node in awaited:  # whoever was finishing it died: finished here
+            if _abandoned(ctx.store.get_run(node.id)):
+                finish(open_run(ctx.ws, ctx.store, node.id, any_spec=True))
 
 
 def _end_node(ctx: Job, node: Run, status: Status, reason: str) -> None:

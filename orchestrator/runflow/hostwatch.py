@@ -15,6 +15,7 @@ lock too, so nobody else polls it.
 
 from __future__ import annotations
 
+import functools
 import queue
 import sys
 import threading
@@ -34,6 +35,7 @@ from ..store import Store
 from ..store.controller import STALE_FACTOR
 from ..store.record import ACTIVE, Run, Status
 from . import Job, finish, notify, open_run, settle_orphan, watch_options
+from .follow import finish_if_over
 from .watch import Watcher
 from .watching import FileLock, WatchLock, followed, host_lock_path, watched_elsewhere
 
@@ -74,6 +76,7 @@ class HostWatcher:
         self._retry_at = 0.0
         self._retry_s = 1.0
         self._enders: list[threading.Thread] = []
+        self._taken_over: set[int] = set()  # ended runs whose end steps a thread here takes over
         self._later: list[Push] = []  # pushes left for the next turn: their run's previous one is recorded first
         self.stopping = threading.Event()  # set from another thread: the loop ends at its next turn
         self.clock: Callable[[], float] = time.monotonic  # (both replaceable: a test drives the loop's time)
@@ -299,6 +302,27 @@ class HostWatcher:
                     self._starting(run)
             except OrchError as exc:
                 self.echo(f"orch: run {run_id} on {self.host.name}: {exc}")
+        for run in self.store.abandoned_ends(self.host.name):
+            if run.id not in self._taken_over:
+                self._taken_over.add(run.id)
+                self._on_thread(run.id, functools.partial(self._take_over, run.id))
+
+    def _take_over(self, run_id: int) -> None:
+        """An ended run whose end step's claimer died before it was done: its end steps run here (its
+        lease freed only once the host shows its job is not running)."""
+        store = Store(self.ws.db_path)
+        try:
+            finish_if_over(open_run(self.ws, store, run_id, self.hosts, any_spec=True))
+        except OrchError as exc:
+            self.echo(f"orch: run {run_id}: end steps: {exc}")
+        finally:
+            store.close()
+            self._taken_over.discard(run_id)
+
+    def _on_thread(self, run_id: int, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=f"orch-end-{run_id}")
+        self._enders = [t for t in self._enders if t.is_alive()] + [thread]
+        thread.start()
 
     def _adopt(self, run: Run) -> None:
         from ..store import lease
@@ -352,9 +376,7 @@ class HostWatcher:
             except Unreachable:
                 pass
         needs_stop = f.watcher.needs_stop
-        thread = threading.Thread(target=self._finish, args=(f, needs_stop), name=f"orch-end-{run_id}")
-        self._enders = [t for t in self._enders if t.is_alive()] + [thread]
-        thread.start()
+        self._on_thread(run_id, lambda: self._finish(f, needs_stop))
 
     def _finish(self, f: Followed, needs_stop: bool) -> None:
         store = Store(self.ws.db_path)

@@ -427,3 +427,10 @@ def m020(db: Database) -> None:
     db["runs"].add_column("parent_id", int)
     db["runs"].add_column("node_rank", int)
     db.conn.execute("CREATE INDEX IF NOT EXISTS runs_parent ON runs (parent_id) WHERE parent_id IS NOT NULL")
+
+
+@MIGRATIONS(name="m021_end_step_claims")
+def m021(db: Database) -> None:
+    # The end steps under way and who runs each ({step: {"by": controller, "at": epoch}}): a step whose
+    # claimer died is taken over. A step in end_steps and not here is over (so are those of older rows).
+    db["runs"].add_column("end_claims", str)

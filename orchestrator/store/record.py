@@ -52,7 +52,8 @@ ALLOWED: dict[Status, frozenset[Status]] = {
 
 
 # Columns stored as JSON text.
-JSON_FIELDS = ("spec", "parser_state", "progress", "error", "end_steps", "patches_applied", "tags")
+JSON_FIELDS = ("spec", "parser_state", "progress", "error", "end_steps", "end_claims", "patches_applied",
+               "tags")
 
 
 KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL, wherever orch stops a job or a process on its GPUs
@@ -108,6 +109,7 @@ class Run:
     last_line: str | None = None  # the log's last line as of the last poll
     host_lease: bool = False  # it holds lease files on its host (host/hostlease.py)
     end_steps: list[str] = field(default_factory=list)  # the end steps that already ran
+    end_claims: dict[str, Any] = field(default_factory=dict)  # of those, the ones under way: who runs each, since when
     patches_applied: list[str] = field(default_factory=list)  # patch sets this run applied on its host
     unreadable: list[str] = field(default_factory=list)  # JSON columns found damaged (read as None)
     node: str | None = None  # a scheduler's: the job's node(s)
@@ -131,7 +133,7 @@ class Run:
         values["status"] = Status(values["status"])
         values["stalled"] = bool(values.get("stalled"))
         values["host_lease"] = bool(values.get("host_lease"))
-        for key in ("spec",):
+        for key in ("spec", "end_claims"):
             values[key] = values.get(key) or {}
         for key in ("end_steps", "patches_applied", "tags", "unreadable"):
             values[key] = list(values.get(key) or [])
