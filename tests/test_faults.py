@@ -369,3 +369,28 @@ def test_two_workspaces_on_one_workdir_never_hold_the_same_gpus(tmp_path: Path, 
     a.wait_for(held, lambda d: len(d["end_steps"]) == 5, timeout=60)
     assert not (leases / "gpu-0").exists()
     assert b("run", "command", "--host", "test1", *FAST, "--set", "gpus=[0]", "--set", "cmd=true").returncode == 0
+
+
+def test_a_full_disk_on_the_controller_pauses_the_watcher_and_it_goes_on_when_space_returns(tmp_path: Path) -> None:
+    """The workspace on a real 2 MiB tmpfs, mounted in a mount namespace of the test's own (a user namespace
+    too when not root): the disk fills while a run is watched and its job ends; the host's watcher pauses
+    saying why, and once space returns it records the rest and the end, nothing lost."""
+    import json
+    import shutil
+
+    ws, hostdir = tmp_path / "ws", tmp_path / "host"
+    ws.mkdir()
+    hostdir.mkdir()
+    namespace = (["unshare", "--mount", "--propagation", "private"] if os.geteuid() == 0 else
+                 ["unshare", "--user", "--map-root-user", "--mount"])
+    assert shutil.which("unshare")
+    script = f'mount -t tmpfs -o size=2m tmpfs {shlex.quote(str(ws))} && exec "$@"'
+    res = subprocess.run([*namespace, "sh", "-c", script, "sh", sys.executable, str(TESTS / "diskfull_scenario.py"),
+                          str(ws), str(hostdir)], capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.splitlines()[-1])
+    assert got["during"] == {"status": "running", "watcher_alive": True}  # paused, not dead, no false end
+    assert got["status"] == "succeeded" and got["last_line"] == "sample 200" and got["same_watcher"]
+    assert got["end_steps"] == list(runflow.END_STEPS)
+    paused = [m for k, m in got["events"] if k == "database"]
+    assert paused and "disk" in paused[0] and "paused" in paused[0] and "nothing was lost" in paused[0]

@@ -36,7 +36,7 @@ from ..store.controller import STALE_FACTOR
 from ..store.record import ACTIVE, Run, Status
 from . import Job, finish, notify, open_run, settle_orphan, watch_options
 from .follow import finish_if_over
-from .watch import Watcher
+from .watch import Watcher, say
 from .watching import FileLock, WatchLock, followed, host_lock_path, watched_elsewhere
 
 SYNC_S = 1.0  # how often the database is asked whether anyone else wrote to it (runs started, ended, cancelled)
@@ -68,7 +68,7 @@ class HostWatcher:
         self.hosts = hosts or Inventory.load(ws.hosts_file, ws.root)
         self.host: Host = self.hosts.get(host_name)
         self.store = Store(ws.db_path)
-        self.echo = echo or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.echo = echo or say
         self.runs: dict[int, Followed] = {}
         self.link: AgentLink | None = None
         self.executor = HostExecutor(connect(self.host), None)  # through the agent once it runs
@@ -77,6 +77,7 @@ class HostWatcher:
         self._retry_s = 1.0
         self._enders: list[threading.Thread] = []
         self._taken_over: set[int] = set()  # ended runs whose end steps a thread here takes over
+        self._paused_since: float | None = None  # the database could not be written: the loop waits
         self._later: list[Push] = []  # pushes left for the next turn: their run's previous one is recorded first
         self.stopping = threading.Event()  # set from another thread: the loop ends at its next turn
         self.clock: Callable[[], float] = time.monotonic  # (both replaceable: a test drives the loop's time)
@@ -103,45 +104,76 @@ class HostWatcher:
         return True
 
     def _loop(self) -> None:
-        next_sync = full_sync = 0.0
-        idle_since: float | None = None
+        self._next_sync = self._full_sync = 0.0
+        self._idle_since: float | None = None
         while not self.stopping.is_set():
-            now = self.clock()
-            if now >= next_sync:
-                # the record is read again only when another process wrote to it (a run started, ended or
-                # cancelled), while a starter is at work, and now and then (who watches a run may change
-                # by the clock alone): an idle watcher costs a look at one number
-                if self.store.changed() or self.starters or now >= full_sync:
-                    self._sync()
-                    full_sync = now + FULL_SYNC_S
-                next_sync = now + SYNC_S
-            if self.runs or self.starters:
-                idle_since = None
-            else:
-                idle_since = idle_since or now
-                if now - idle_since > LINGER_S:
+            try:
+                if self._turn():
                     return
-            if ((self.runs or self.starters) and (self.link is None or not self.link.alive)
-                    and now >= self._retry_at):  # connected while a run prepares: ready for its first byte
-                self._connect()
-            self._look_again(now)
-            if self.link is None or not self.link.alive:  # nothing comes from the host: until the next retry or sync
-                retry = self._retry_at if self._retry_at > now else next_sync
-                self.sleep(max(0.0, min(next_sync, retry) - self.clock()))
+            except DatabaseUnavailable as exc:  # a full disk, a database locked or read-only: paused, never dead
+                self._pause(exc)
                 continue
-            wait = max(0.0, min([next_sync, *(f.due for f in self.runs.values())]) - self.clock())
-            pushes: list[Push] = []
-            if not self._later:  # (pushes left from the last turn are taken at once)
-                try:
-                    pushes.append(self.link.pushes.get(timeout=wait))
-                except queue.Empty:
-                    continue
-            while len(pushes) < TURN_MAX:  # whatever else came meanwhile: recorded together
-                try:
-                    pushes.append(self.link.pushes.get_nowait())
-                except queue.Empty:
-                    break
-            self._take_turn(pushes)
+            self._resume()
+
+    def _turn(self) -> bool:
+        """One turn of the loop: True when the watcher is done (no run left to watch)."""
+        now = self.clock()
+        if now >= self._next_sync:
+            # the record is read again only when another process wrote to it (a run started, ended or
+            # cancelled), while a starter is at work, and now and then (who watches a run may change
+            # by the clock alone): an idle watcher costs a look at one number
+            if self.store.changed() or self.starters or now >= self._full_sync:
+                self._sync()
+                self._full_sync = now + FULL_SYNC_S
+            self._next_sync = now + SYNC_S
+        next_sync = self._next_sync
+        if self.runs or self.starters:
+            self._idle_since = None
+        else:
+            self._idle_since = self._idle_since or now
+            if now - self._idle_since > LINGER_S:
+                return True
+        if ((self.runs or self.starters) and (self.link is None or not self.link.alive)
+                and now >= self._retry_at):  # connected while a run prepares: ready for its first byte
+            self._connect()
+        self._look_again(now)
+        if self.link is None or not self.link.alive:  # nothing comes from the host: until the next retry or sync
+            retry = self._retry_at if self._retry_at > now else next_sync
+            self.sleep(max(0.0, min(next_sync, retry) - self.clock()))
+            return False
+        wait = max(0.0, min([next_sync, *(f.due for f in self.runs.values())]) - self.clock())
+        pushes: list[Push] = []
+        if not self._later:  # (pushes left from the last turn are taken at once)
+            try:
+                pushes.append(self.link.pushes.get(timeout=wait))
+            except queue.Empty:
+                return False
+        while len(pushes) < TURN_MAX:  # whatever else came meanwhile: recorded together
+            try:
+                pushes.append(self.link.pushes.get_nowait())
+            except queue.Empty:
+                break
+        self._take_turn(pushes)
+        return False
+
+    def _pause(self, exc: DatabaseUnavailable) -> None:
+        """The database cannot be written (the controller's disk is full, say): nothing of this turn was
+        recorded; the runs are read again from their record once it can be, and meanwhile nothing is lost —
+        the host keeps the log. Said once on stderr (a full disk may swallow that too)."""
+        if self._paused_since is None:
+            self._paused_since = self.clock()
+            self.echo(f"orch: the watcher of {self.host.name} pauses: {exc}; it goes on once the database "
+                      "takes writes again")
+        for f in self.runs.values():
+            f.watcher.refused(exc)  # each run says how long it paused once it is recorded again
+            f.resync_at = self.clock() + RESYNC_S
+        self._next_sync = self.clock() + RESYNC_S
+        self.sleep(RESYNC_S)
+
+    def _resume(self) -> None:
+        if self._paused_since is not None:
+            self._paused_since = None
+            self.echo(f"orch: the watcher of {self.host.name} goes on")
 
     def _connect(self) -> None:
         transport = connect(self.host)
