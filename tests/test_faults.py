@@ -394,3 +394,46 @@ def test_a_full_disk_on_the_controller_pauses_the_watcher_and_it_goes_on_when_sp
     assert got["end_steps"] == list(runflow.END_STEPS)
     paused = [m for k, m in got["events"] if k == "database"]
     assert paused and "disk" in paused[0] and "paused" in paused[0] and "nothing was lost" in paused[0]
+
+
+def test_cancel_on_a_dark_host_stays_cancelling_with_its_lease_until_the_host_answers_and_the_job_is_stopped(
+        tmp_path: Path, ssh_fleet) -> None:
+    """A real sshd in a network namespace whose link is cut: `orch cancel` says at once that the job is not
+    stopped yet, the run stays `cancelling` holding its host (the job runs on over there); once the link is
+    back its host's watcher stops the job, and only then is the run cancelled and the host free."""
+    import json
+
+    from test_live import DarkLink, event_time
+
+    if os.geteuid() != 0:
+        pytest.fail("network namespaces need root")
+    link = DarkLink(tmp_path / "dark-sshd", ssh_fleet.authorized_keys)
+    try:
+        known = tmp_path / "known_hosts"
+        known.write_text(link.server.host_key_line + "\n")
+        host = {"address": "198.18.0.2", "port": link.server.port, "user": ssh_fleet.user,
+                "identity_file": str(ssh_fleet.client_key), "known_hosts": str(known),
+                "workdir": str(tmp_path / "r-dark"), "python": sys.executable}
+        orch = Orch(tmp_path / "ws", "[hosts.dark]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in host.items()))
+        res = orch("run", "command", "--host", "dark", "--detach", "--set", "poll_min=1", "--set", "poll_max=5",
+                   "--set", job_cmd("--steps", "600", "--sleep", "0.5"), check=0)
+        run_id = int(res.stdout)
+        pid = orch.wait_for(run_id, lambda d: d["progress"] is not None and d["pid"], timeout=60)["pid"]
+        link.link(False)
+        orch.wait_for(run_id, lambda d: event_time(d, "unreachable", "") is not None, timeout=60)
+        began = time.monotonic()
+        res = orch("cancel", str(run_id), "--grace", "1", check=0)
+        assert time.monotonic() - began < 20, "the cancel waited on the dark host"
+        assert "cancelling: not stopped yet: host dark does not answer" in res.stderr
+        doc = orch.status(run_id)
+        assert doc["status"] == "cancelling" and alive(pid)  # no false end: the job runs on over there
+        busy = orch("run", "command", "--host", "dark", "--set", "cmd=true", *FAST)
+        assert busy.returncode != 0 and f"busy with run {run_id} (command, cancelling" in busy.stderr  # held
+        link.link(True)
+        doc = orch.wait_for(run_id, lambda d: d["status"] == "cancelled" and not d["unreachable_since"], timeout=120)
+        assert doc["reason"] == "cancelled by user" and not alive(pid)
+        assert any(e["kind"] == "stopped" for e in doc["events"])
+        again = orch("run", "command", "--host", "dark", "--set", "cmd=true", *FAST, check=0)
+        assert again.returncode == 0, again.stderr  # the host is free once the job is stopped
+    finally:
+        link.close()

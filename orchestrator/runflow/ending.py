@@ -10,13 +10,14 @@ from contextvars import ContextVar
 from typing import Any
 
 from ..config.workspace import Workspace
-from ..errors import OrchError, TransitionError
+from ..errors import OrchError, TransitionError, Unreachable
 from ..host import gpu, hostlease, patching
 from ..host.hostlease import run_token
 from ..store import Store, lease
 from ..store.db import claim_alive
 from ..store.lifecycle import transition
 from ..store.record import KILL_GRACE_S, Run, Status
+from ..store.shapes import unreachable_since
 from . import cleanup, notify, registry
 from .context import END_STEPS, LOG_TAIL_LINES, Hosts, Job, open_run
 from .lastread import END_WAIT_S, read_to_end
@@ -192,20 +193,52 @@ def cancel(ctx: Job, reason: str, grace_s: float = KILL_GRACE_S, status: Status 
     happened to the group.
 
     The decision is recorded first, so a watcher that sees the processes vanish finds it already made
-    instead of calling the run lost.
+    instead of calling the run lost. A launched run is `cancelling` until its job is proven stopped: when
+    its host does not answer it stays so, its lease held, and this says so at once (see complete_cancel).
     """
     run = ctx.refresh()
     if run.status.terminal:
         raise OrchError(f"run {run.id} already ended ({run.status})")
-    transition(ctx.store, ctx.run_id, status, reason)
-    try:
-        if run.job is None:
-            return "never started"
-        outcome = ctx.executor.kill(run.job, grace_s)
-        ctx.event("stopped", f"process group: {outcome}")
-        return outcome
-    finally:
+    if run.job is None:  # nothing runs anywhere: it ends now
+        transition(ctx.store, ctx.run_id, status, reason)
         finish(ctx)
+        return "never started"
+    if run.status is not Status.CANCELLING:  # (cancelled again: the first decision stands)
+        transition(ctx.store, ctx.run_id, Status.CANCELLING, reason, reason=reason, ending_as=status.value)
+    return complete_cancel(ctx, grace_s)
+
+
+def complete_cancel(ctx: Job, grace_s: float = KILL_GRACE_S, look_first: bool = True) -> str:
+    """Stop a cancelling run's job, end the run as decided and finish it; what happened to its group.
+
+    A host that does not answer leaves the run cancelling, its lease held (the job may run on when the host
+    returns): its watcher completes the stop once it answers. With `look_first`, a host its watcher already
+    found silent is not tried (that would take minutes of retries): said at once.
+    """
+    run = ctx.refresh()
+    if run.status is not Status.CANCELLING or run.job is None:
+        return f"already {run.status.value}"
+    silent = unreachable_since(ctx.store, run) if look_first else None
+    if silent is not None:
+        return _still_cancelling(ctx, f"it has not answered for {max(0.0, time.time() - silent):.0f} s")
+    try:
+        outcome = ctx.executor.kill(run.job, grace_s)
+    except Unreachable as exc:
+        return _still_cancelling(ctx, exc.reason)
+    ctx.event("stopped", f"process group: {outcome}")
+    try:
+        transition(ctx.store, ctx.run_id, Status(run.ending_as or Status.CANCELLED), run.reason or "cancelled")
+    except TransitionError:
+        pass  # its watcher saw the job end first, and recorded it as decided
+    finish(ctx)
+    return outcome
+
+
+def _still_cancelling(ctx: Job, why: str) -> str:
+    said = (f"not stopped yet: host {ctx.run.host} does not answer ({why}); the run stays cancelling, its host "
+            "held, until the host answers and its job is stopped")
+    ctx.event("cancelling", said)
+    return said
 
 
 def stop(ctx: Job, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], None] = time.sleep,
@@ -215,6 +248,8 @@ def stop(ctx: Job, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], None]
     The run is cancelled even when its GPUs then stay busy (that raises, naming what holds them).
     """
     outcome = cancel(ctx, reason, grace_s)
+    if ctx.refresh().status is Status.CANCELLING:  # its host did not answer: nothing to wait for yet
+        return outcome
     if ctx.executor.schedules_gpus:
         return f"{ctx.run.job or 'its job'} {outcome}; its GPUs are the scheduler's to free"
     freed = cleanup.after_stop(ctx.transport, ctx.run, ctx.spec.gpus, ctx.event, grace_s=grace_s, timeout_s=timeout_s,
@@ -258,7 +293,9 @@ def end_nodes(ctx: Job, sleep: Callable[[float], None] = time.sleep) -> None:
     # A node ended elsewhere (its host's watcher saw it first) is finished there: awaited, so whoever returns
     # from the head's end (a stop, a --replace) finds every node's host free; but never one whose own finish
     # led here (a node that failed ends its head from within its finish, before its lease is freed).
-    awaited = [n for n in others if n.id not in _FINISHING.get()]
+    # (a node left cancelling, its host silent, holds its lease until its watcher stops it: not awaited)
+    awaited = [n for n in map(ctx.store.get_run, [o.id for o in others])
+               if n.id not in _FINISHING.get() and n.status.terminal]
     if _await_steps_elsewhere(ctx.store, awaited, sleep):
         for node in awaited:  # whoever was finishing it died: finished here
             if _abandoned(ctx.store.get_run(node.id)):

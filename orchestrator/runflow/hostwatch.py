@@ -35,6 +35,7 @@ from ..store import Store
 from ..store.controller import STALE_FACTOR
 from ..store.record import ACTIVE, Run, Status
 from . import Job, finish, notify, open_run, settle_orphan, watch_options
+from .ending import complete_cancel
 from .follow import finish_if_over
 from .watch import Watcher, say
 from .watching import FileLock, WatchLock, followed, host_lock_path, watched_elsewhere
@@ -77,6 +78,7 @@ class HostWatcher:
         self._retry_s = 1.0
         self._enders: list[threading.Thread] = []
         self._taken_over: set[int] = set()  # ended runs whose end steps a thread here takes over
+        self._cancelling: set[int] = set()  # cancelling runs whose job a thread here stops
         self._paused_since: float | None = None  # the database could not be written: the loop waits
         self._later: list[Push] = []  # pushes left for the next turn: their run's previous one is recorded first
         self.stopping = threading.Event()  # set from another thread: the loop ends at its next turn
@@ -194,6 +196,7 @@ class HostWatcher:
         self.executor.link = self.link
         for f in self.runs.values():
             self._follow(f)
+        self._complete_cancels(self.store.statuses(self.host.name, [Status.CANCELLING.value]))
 
     def _follow(self, f: Followed) -> None:
         w = f.watcher
@@ -334,10 +337,31 @@ class HostWatcher:
                     self._starting(run)
             except OrchError as exc:
                 self.echo(f"orch: run {run_id} on {self.host.name}: {exc}")
+        self._complete_cancels(active)
         for run in self.store.abandoned_ends(self.host.name):
             if run.id not in self._taken_over:
                 self._taken_over.add(run.id)
                 self._on_thread(run.id, functools.partial(self._take_over, run.id))
+
+    def _complete_cancels(self, active: dict[int, str]) -> None:
+        """Stop the jobs of the runs cancelled while the host did not answer, now that it does (each on a
+        thread of its own: a stop waits its grace)."""
+        if self.link is None or not self.link.alive:
+            return
+        for run_id, status in active.items():
+            if status == Status.CANCELLING.value and run_id in self.runs and run_id not in self._cancelling:
+                self._cancelling.add(run_id)
+                self._on_thread(run_id, functools.partial(self._complete_cancel, run_id))
+
+    def _complete_cancel(self, run_id: int) -> None:
+        store = Store(self.ws.db_path)
+        try:
+            complete_cancel(open_run(self.ws, store, run_id, self.hosts, any_spec=True), look_first=False)
+        except OrchError as exc:
+            self.echo(f"orch: run {run_id}: its stop: {exc}")
+        finally:
+            store.close()
+            self._cancelling.discard(run_id)
 
     def _take_over(self, run_id: int) -> None:
         """An ended run whose end step's claimer died before it was done: its end steps run here (its

@@ -480,8 +480,8 @@ class Watcher:
 
     def _save(self, rec: Staged) -> None:
         """Write a staged record; _Conflict when another writer recorded these bytes (or the run's end) first."""
-        offset, status = self.store.log_position(self.run_id)
-        if offset != rec.expect or status.terminal:
+        offset, status_now = self.store.log_position(self.run_id)
+        if offset != rec.expect or status_now.terminal:
             raise _Conflict()
         for kind, message, data in rec.events:
             self.store.add_event(self.run_id, kind, message, data, ts=rec.now)
@@ -497,6 +497,9 @@ class Watcher:
                            started_at=rec.left_queue)
             if rec.end:
                 status, message, end_fields = rec.end
+                run = self.store.get_run(self.run_id) if status_now is Status.CANCELLING else None
+                if run is not None:  # its end was decided before: the job's end only confirms it
+                    status, message = Status(run.ending_as or Status.CANCELLED), run.reason or "cancelled"
                 transition(self.store, self.run_id, status, message, **end_fields)
         except TransitionError:
             raise _Conflict() from None

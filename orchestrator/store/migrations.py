@@ -429,8 +429,10 @@ def m020(db: Database) -> None:
     db.conn.execute("CREATE INDEX IF NOT EXISTS runs_parent ON runs (parent_id) WHERE parent_id IS NOT NULL")
 
 
-@MIGRATIONS(name="m021_end_step_claims")
+@MIGRATIONS(name="m021_end_claims_and_cancelling")
 def m021(db: Database) -> None:
     # The end steps under way and who runs each ({step: {"by": controller, "at": epoch}}): a step whose
     # claimer died is taken over. A step in end_steps and not here is over (so are those of older rows).
     db["runs"].add_column("end_claims", str)
+    # A `cancelling` run (its host did not answer the stop): the status it ends with once its job is stopped.
+    db["runs"].add_column("ending_as", str)

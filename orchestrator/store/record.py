@@ -17,6 +17,9 @@ class Status(StrEnum):
     LAUNCHING = "launching"
     QUEUED = "queued"  # submitted to a batch scheduler, waiting in its queue
     RUNNING = "running"
+    # decided to end (cancelled, or a multi-node run's head failed) but its job not yet proven stopped: its
+    # host did not answer; the lease stays until it does and the job is stopped (see runflow.ending.cancel)
+    CANCELLING = "cancelling"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -29,7 +32,7 @@ class Status(StrEnum):
     @property
     def live(self) -> bool:
         """The job was handed to its host or scheduler and has not ended: queued or running."""
-        return self in (Status.QUEUED, Status.RUNNING)
+        return self in (Status.QUEUED, Status.RUNNING, Status.CANCELLING)
 
 
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST})
@@ -45,8 +48,10 @@ ALLOWED: dict[Status, frozenset[Status]] = {
     Status.PREPARING: frozenset({Status.LAUNCHING} | _ENDINGS),
     Status.LAUNCHING: frozenset({Status.QUEUED, Status.RUNNING, Status.LOST} | _ENDINGS),
     # a job may end between two looks at the queue, never seen running
-    Status.QUEUED: frozenset({Status.RUNNING, Status.SUCCEEDED, Status.LOST} | _ENDINGS),
-    Status.RUNNING: frozenset({Status.SUCCEEDED, Status.LOST} | _ENDINGS),
+    Status.QUEUED: frozenset({Status.RUNNING, Status.SUCCEEDED, Status.LOST, Status.CANCELLING} | _ENDINGS),
+    Status.RUNNING: frozenset({Status.SUCCEEDED, Status.LOST, Status.CANCELLING} | _ENDINGS),
+    # it ends as decided (`ending_as`) once its job is stopped or seen gone; lost if its host never answers
+    Status.CANCELLING: frozenset({Status.LOST} | _ENDINGS),
     **{s: frozenset() for s in TERMINAL},
 }
 
@@ -109,6 +114,7 @@ class Run:
     last_line: str | None = None  # the log's last line as of the last poll
     host_lease: bool = False  # it holds lease files on its host (host/hostlease.py)
     end_steps: list[str] = field(default_factory=list)  # the end steps that already ran
+    ending_as: str | None = None  # a cancelling run: the status it ends with once its job is stopped
     end_claims: dict[str, Any] = field(default_factory=dict)  # of those, the ones under way: who runs each, since when
     patches_applied: list[str] = field(default_factory=list)  # patch sets this run applied on its host
     unreadable: list[str] = field(default_factory=list)  # JSON columns found damaged (read as None)
