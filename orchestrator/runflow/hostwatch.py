@@ -196,7 +196,7 @@ class HostWatcher:
         self.executor.link = self.link
         for f in self.runs.values():
             self._follow(f)
-        self._complete_cancels(self.store.statuses(self.host.name, [Status.CANCELLING.value]))
+        self._complete_cancels(self.store.statuses(self.host.name, [Status.CANCELLING.value]), reconnected=True)
 
     def _follow(self, f: Followed) -> None:
         w = f.watcher
@@ -343,13 +343,16 @@ class HostWatcher:
                 self._taken_over.add(run.id)
                 self._on_thread(run.id, functools.partial(self._take_over, run.id))
 
-    def _complete_cancels(self, active: dict[int, str]) -> None:
+    def _complete_cancels(self, active: dict[int, str], reconnected: bool = False) -> None:
         """Stop the jobs of the runs cancelled while the host did not answer, now that it does (each on a
-        thread of its own: a stop waits its grace)."""
+        thread of its own: a stop waits its grace). One whose canceller is still at its stop is left to it:
+        taken only once the canceller said it could not stop it, or once this watcher reconnected."""
         if self.link is None or not self.link.alive:
             return
         for run_id, status in active.items():
-            if status == Status.CANCELLING.value and run_id in self.runs and run_id not in self._cancelling:
+            if status != Status.CANCELLING.value or run_id not in self.runs or run_id in self._cancelling:
+                continue
+            if reconnected or self.store.last_event(run_id, ("cancelling",)) is not None:
                 self._cancelling.add(run_id)
                 self._on_thread(run_id, functools.partial(self._complete_cancel, run_id))
 
