@@ -332,3 +332,28 @@ def test_an_ended_run_left_half_finished_is_finished_by_its_hosts_watcher_at_the
         time.sleep(0.1)
     assert ctx.run_id not in [h.run_id for h in lease.held(store)] and not store.abandoned_ends()
     assert [b["run_id"] for b in receiver.bodies] == [ctx.run_id] and ctx.run.last_line == "the last line"
+
+
+def test_a_cancelling_runs_job_seen_gone_ends_the_run_as_decided_not_failed_or_lost(
+        ws: Workspace, store: Store, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run left cancelling (its host did not answer the stop) whose job is then seen gone — stopped by
+    someone, or killed with the host — ends as its cancel decided, with its reason: no false `failed`."""
+    import os
+    import signal
+
+    from orchestrator.runflow import watching
+
+    monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)
+    ctx = start(ws, store, receiver, "sleep 30")
+    transition(store, ctx.run_id, Status.CANCELLING, "cancelled by user", reason="cancelled by user",
+               ending_as=Status.CANCELLED.value)
+    job = ctx.refresh().job
+    assert job is not None
+    os.killpg(job.id, signal.SIGKILL)  # (the test's own job: its process group)
+    deadline = time.monotonic() + 20
+    while not runflow.poll(ctx).status.terminal:
+        assert time.monotonic() < deadline, "the job's end was never seen"
+        time.sleep(0.05)
+    run = ctx.refresh()
+    assert (run.status, run.reason) == (Status.CANCELLED, "cancelled by user")
+    assert_ended_once(ctx, receiver)
