@@ -220,11 +220,14 @@ def complete_cancel(ctx: Job, grace_s: float = KILL_GRACE_S, look_first: bool = 
         return f"already {run.status.value}"
     silent = unreachable_since(ctx.store, run) if look_first else None
     if silent is not None:
-        return _still_cancelling(ctx, f"it has not answered for {max(0.0, time.time() - silent):.0f} s")
+        return _still_cancelling(ctx, f"host {run.host} does not answer (it has not answered for "
+                                      f"{max(0.0, time.time() - silent):.0f} s)")
     try:
         outcome = ctx.executor.kill(run.job, grace_s)
     except Unreachable as exc:
-        return _still_cancelling(ctx, exc.reason)
+        return _still_cancelling(ctx, f"host {run.host} does not answer ({exc.reason})")
+    except OrchError as exc:  # its agent could not say the job stopped: no end is recorded on a guess
+        return _still_cancelling(ctx, f"the stop failed on host {run.host}: {exc}")
     ctx.event("stopped", f"process group: {outcome}")
     try:
         transition(ctx.store, ctx.run_id, Status(run.ending_as or Status.CANCELLED), run.reason or "cancelled")
@@ -235,8 +238,8 @@ def complete_cancel(ctx: Job, grace_s: float = KILL_GRACE_S, look_first: bool = 
 
 
 def _still_cancelling(ctx: Job, why: str) -> str:
-    said = (f"not stopped yet: host {ctx.run.host} does not answer ({why}); the run stays cancelling, its host "
-            "held, until the host answers and its job is stopped")
+    said = (f"not stopped yet: {why}; the run stays cancelling, its host held, until the host answers and its "
+            "job is stopped")
     ctx.event("cancelling", said)
     return said
 

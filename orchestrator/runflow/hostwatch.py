@@ -46,6 +46,7 @@ LINGER_S = 5.0  # with no active run left, how long to wait for a new one before
 TURN_MAX = 256  # pushes taken in one turn of the loop, at most (one transaction records them)
 RESYNC_S = 1.0  # after a state that could not be recorded, the agent re-reads the log this much later
 RECONNECT_MAX_S = 30.0
+CANCEL_RETRY_S = 30.0  # a cancelling run whose stop failed here is tried again this much later (or on reconnect)
 
 
 @dataclass
@@ -79,6 +80,7 @@ class HostWatcher:
         self._enders: list[threading.Thread] = []
         self._taken_over: set[int] = set()  # ended runs whose end steps a thread here takes over
         self._cancelling: set[int] = set()  # cancelling runs whose job a thread here stops
+        self._cancel_tried: dict[int, float] = {}  # when a stop of each was last tried here (a failed one waits)
         self._paused_since: float | None = None  # the database could not be written: the loop waits
         self._later: list[Push] = []  # pushes left for the next turn: their run's previous one is recorded first
         self.stopping = threading.Event()  # set from another thread: the loop ends at its next turn
@@ -352,7 +354,10 @@ class HostWatcher:
         for run_id, status in active.items():
             if status != Status.CANCELLING.value or run_id not in self.runs or run_id in self._cancelling:
                 continue
-            if reconnected or self.store.last_event(run_id, ("cancelling",)) is not None:
+            tried = self._cancel_tried.get(run_id)
+            if reconnected or (self.store.last_event(run_id, ("cancelling",)) is not None and (
+                    tried is None or self.clock() - tried >= CANCEL_RETRY_S)):
+                self._cancel_tried[run_id] = self.clock()
                 self._cancelling.add(run_id)
                 self._on_thread(run_id, functools.partial(self._complete_cancel, run_id))
 

@@ -891,9 +891,7 @@ class Followed:
         if live_start(self.pid) != self.start or (self.inode is not None and ino != self.inode):
             os.close(fd)  # the pid went to another process meanwhile, or it writes another file
             return None
-        if self.inode is None:  # never seen at its name: the log of this run is what its wrapper writes
-            self.offset, self.tail = 0, b""
-        self.inode, self.fd = ino, fd
+        self.inode, self.fd = ino, fd  # (never seen at its name: the log of this run is what its wrapper writes)
         return fd
 
     def alive(self, now):
