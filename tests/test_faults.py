@@ -437,3 +437,45 @@ def test_cancel_on_a_dark_host_stays_cancelling_with_its_lease_until_the_host_an
         assert again.returncode == 0, again.stderr  # the host is free once the job is stopped
     finally:
         link.close()
+
+
+def test_a_multi_node_runs_end_leaves_a_node_on_a_dark_host_cancelling_until_it_answers(
+        tmp_path: Path, ssh_fleet) -> None:
+    """The head's end stops every node; a node whose host's link is cut stays `cancelling`, holding that
+    host, and the head's end does not wait on it; once the link is back the node is stopped and cancelled."""
+    import json
+
+    from test_live import DarkLink, event_time
+
+    if os.geteuid() != 0:
+        pytest.fail("network namespaces need root")
+    link = DarkLink(tmp_path / "dark-sshd", ssh_fleet.authorized_keys)
+    try:
+        known = tmp_path / "known_hosts"
+        known.write_text(link.server.host_key_line + "\n")
+        dark = {"address": "198.18.0.2", "port": link.server.port, "user": ssh_fleet.user,
+                "identity_file": str(ssh_fleet.client_key), "known_hosts": str(known),
+                "workdir": str(tmp_path / "r-dark"), "python": sys.executable}
+        hosts = ssh_fleet.hosts_toml(test1={"workdir": str(tmp_path / "r1")})
+        orch = Orch(tmp_path / "ws", hosts + "[hosts.dark]\n" + "".join(f"{k} = {json.dumps(v)}\n"
+                                                                         for k, v in dark.items()))
+        res = orch("run", "command", "--host", "test1", "--host", "dark", "--detach", "--set", "poll_min=1",
+                   "--set", "poll_max=5", "--set", "cmd=sleep 300", check=0)
+        assert res.returncode == 0, res.stderr
+        pids = [orch.wait_for(i, lambda d: d["status"] == "running" and d["pid"], timeout=60)["pid"] for i in (1, 2)]
+        link.link(False)
+        orch.wait_for(2, lambda d: event_time(d, "unreachable", "") is not None, timeout=60)
+        began = time.monotonic()
+        orch("cancel", "1", "--grace", "1", check=0)
+        assert time.monotonic() - began < 30, "the head's end waited on the dark node"
+        head, node = orch.status(1), orch.status(2)
+        assert head["status"] == "cancelled" and not alive(pids[0])
+        assert node["status"] == "cancelling" and alive(pids[1])  # no false end: it runs on over there
+        busy = orch("run", "command", "--host", "dark", "--set", "cmd=true", *FAST)
+        assert busy.returncode != 0 and "busy with run" in busy.stderr  # the dark host stays held
+        link.link(True)
+        node = orch.wait_for(2, lambda d: d["status"] == "cancelled" and any(
+            e["kind"] == "stopped" for e in d["events"]), timeout=120)
+        assert not alive(pids[1])
+    finally:
+        link.close()
