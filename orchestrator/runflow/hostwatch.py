@@ -364,7 +364,10 @@ class HostWatcher:
     def _complete_cancel(self, run_id: int) -> None:
         store = Store(self.ws.db_path)
         try:
-            complete_cancel(open_run(self.ws, store, run_id, self.hosts, any_spec=True), look_first=False)
+            ctx = open_run(self.ws, store, run_id, self.hosts, any_spec=True)
+            if ctx.executor.processes:
+                ctx.executor = self.executor  # through this watcher's own link, which just answered
+            complete_cancel(ctx, look_first=False)
         except OrchError as exc:
             self.echo(f"orch: run {run_id}: its stop: {exc}")
         finally:
