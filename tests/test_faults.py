@@ -445,7 +445,7 @@ def test_a_multi_node_runs_end_leaves_a_node_on_a_dark_host_cancelling_until_it_
     host, and the head's end does not wait on it; once the link is back the node is stopped and cancelled."""
     import json
 
-    from test_live import DarkLink, event_time
+    from test_live import DarkLink
 
     if os.geteuid() != 0:
         pytest.fail("network namespaces need root")
@@ -464,10 +464,9 @@ def test_a_multi_node_runs_end_leaves_a_node_on_a_dark_host_cancelling_until_it_
         assert res.returncode == 0, res.stderr
         pids = [orch.wait_for(i, lambda d: d["status"] == "running" and d["pid"], timeout=60)["pid"] for i in (1, 2)]
         link.link(False)
-        orch.wait_for(2, lambda d: event_time(d, "unreachable", "") is not None, timeout=60)
         began = time.monotonic()
-        orch("cancel", "1", "--grace", "1", check=0)
-        assert time.monotonic() - began < 30, "the head's end waited on the dark node"
+        orch("cancel", "1", "--grace", "1", check=0)  # (the node's stop is tried: no route to its host)
+        assert time.monotonic() - began < 60, "the head's end waited on the dark node"
         head, node = orch.status(1), orch.status(2)
         assert head["status"] == "cancelled" and not alive(pids[0])
         assert node["status"] == "cancelling" and alive(pids[1])  # no false end: it runs on over there

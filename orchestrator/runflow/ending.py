@@ -281,7 +281,8 @@ def end_nodes(ctx: Job, sleep: Callable[[float], None] = time.sleep) -> None:
     # Before the head launched, the nodes are their starter's to end (nodes.py); a node that never launched
     # while the head did (its starter died between the two) leaves the head waiting for it: it ends the run.
     if run.id != head.id:
-        if run.status is not Status.SUCCEEDED and head.launched and not head.status.terminal:
+        # (a head already cancelling is being stopped by whoever decided it first)
+        if run.status is not Status.SUCCEEDED and head.launched and not _ending(head):
             why = f": {run.reason}" if run.reason else ""
             _end_node(ctx, head, Status.FAILED, f"node {run.node_rank} ({run.host}) {run.status.value}{why}")
         return
@@ -291,7 +292,7 @@ def end_nodes(ctx: Job, sleep: Callable[[float], None] = time.sleep) -> None:
         sleep(NODES_LOOK_S)
         others = [ctx.store.get_run(n.id) for n in others]
     for node in others:
-        if not node.status.terminal:
+        if not node.status.terminal:  # (one cancelling elsewhere is stopped here too: its end is awaited below)
             _end_node(ctx, node, Status.CANCELLED, f"the run ended on its head node ({run.status.value})")
     # A node ended elsewhere (its host's watcher saw it first) is finished there: awaited, so whoever returns
     # from the head's end (a stop, a --replace) finds every node's host free; but never one whose own finish
@@ -303,6 +304,11 @@ def end_nodes(ctx: Job, sleep: Callable[[float], None] = time.sleep) -> None:
         for node in awaited:  # whoever was finishing it died: finished here
             if _abandoned(ctx.store.get_run(node.id)):
                 finish(open_run(ctx.ws, ctx.store, node.id, any_spec=True))
+
+
+def _ending(run: Run) -> bool:
+    """Ended, or decided to end (cancelling: whoever decided it stops its job)."""
+    return run.status.terminal or run.status is Status.CANCELLING
 
 
 def _end_node(ctx: Job, node: Run, status: Status, reason: str) -> None:
