@@ -82,6 +82,8 @@ class HostWatcher:
         self._cancelling: set[int] = set()  # cancelling runs whose job a thread here stops
         self._cancel_tried: dict[int, float] = {}  # when a stop of each was last tried here (a failed one waits)
         self._paused_since: float | None = None  # the database could not be written: the loop waits
+        self._next_sync = self._full_sync = 0.0  # (monotonic) the next look at the record, and the next full one
+        self._idle_since: float | None = None  # since when no run was left to watch
         self._later: list[Push] = []  # pushes left for the next turn: their run's previous one is recorded first
         self.stopping = threading.Event()  # set from another thread: the loop ends at its next turn
         self.clock: Callable[[], float] = time.monotonic  # (both replaceable: a test drives the loop's time)
@@ -109,7 +111,7 @@ class HostWatcher:
 
     def _loop(self) -> None:
         self._next_sync = self._full_sync = 0.0
-        self._idle_since: float | None = None
+        self._idle_since = None
         while not self.stopping.is_set():
             try:
                 if self._turn():
