@@ -791,3 +791,45 @@ def test_a_child_that_left_the_jobs_group_is_stopped_with_the_job(link: AgentLin
     finally:
         other.kill()
         other.wait()
+
+
+# -- the file the job writes, whatever becomes of its name -----------------------------------------------
+def _followed_to_exit(link: AgentLink, tmp_path: Path, run: str, script: str) -> tuple[bytes, dict]:
+    root = str(tmp_path / "work" / "runs" / run)
+    job = link.call("launch", dir=root, script=script, token=f"tok-{run}")
+    link.tell("follow", key=run, dir=root, pid=job["pid"], start=job["start"], offset=0)
+    got = states(link, run, lambda s: s[-1]["exit_code"] is not None and s[-1]["offset"] + len(
+        s[-1]["data"]) >= s[-1]["size"])
+    return log_of(got), got[-1]
+
+
+def test_a_log_renamed_out_of_its_run_dir_mid_run_loses_no_line(link: AgentLink, tmp_path: Path):
+    away = tmp_path / "away"
+    away.mkdir()
+    script = (f"for i in $(seq 50); do echo sample $i; done\nsleep 0.3\nmv log {away}/log\n"
+              "for i in $(seq 51 200); do echo sample $i; sleep 0.002; done\n")
+    data, last = _followed_to_exit(link, tmp_path, "r1", script)
+    assert last["exit_code"] == 0
+    assert data.decode().split() == [w for i in range(1, 201) for w in ("sample", str(i))]
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "device"])
+def test_a_log_replaced_by_a_symlink_fifo_or_device_is_refused_and_the_jobs_file_read(
+        link: AgentLink, tmp_path: Path, kind: str):
+    decoy = tmp_path / "decoy"
+    decoy.write_bytes(b"NOT THE JOB\n" * 1000)
+    replace = {"symlink": f"ln -s {decoy} log", "fifo": "mkfifo log", "device": "ln -s /dev/zero log"}[kind]
+    script = f"echo before\nsleep 0.3\nrm log\n{replace}\necho after\necho done\n"
+    data, last = _followed_to_exit(link, tmp_path, f"k-{kind}", script)
+    assert data == b"before\nafter\ndone\n" and last["exit_code"] == 0
+
+
+def test_a_fifo_as_log_never_blocks_tail_chunk_or_a_read(link: AgentLink, tmp_path: Path):
+    root = tmp_path / "work" / "runs" / "fifo"
+    root.mkdir(parents=True)
+    os.mkfifo(root / "log")
+    started = time.monotonic()
+    assert link.call("tail", path=str(root / "log"), lines=5) == {"text": "", "size": 0}
+    assert link.call("chunk", path=str(root / "log"), offset=0, length=100) == {"data": b""}
+    assert link.call("read", dir=str(root), offset=0)["data"] == b""
+    assert time.monotonic() - started < 5

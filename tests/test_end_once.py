@@ -262,3 +262,98 @@ def test_an_ended_runs_lease_left_by_a_dead_finisher_goes_once_its_host_shows_th
             time.sleep(0.1)
     assert second.run_id != first.run_id
     assert first.refresh().end_steps == list(runflow.END_STEPS)  # the steps left were done, then the lease freed
+
+
+def _claim_then_die(ws: Workspace, run_id: int, status: Status) -> None:
+    """Another process ends the run and claims its first end step, then is killed (SIGKILL) before doing it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import sys, time\n"
+            "from orchestrator.store import Store\nfrom orchestrator.store.lifecycle import transition\n"
+            "from orchestrator.store.record import Status\n"
+            "s = Store(sys.argv[1]); run_id = int(sys.argv[2])\n"
+            "transition(s, run_id, Status(sys.argv[3]), 'ended by a watcher that then died')\n"
+            "assert s.claim_end_step(run_id, 'log to end') == 'claimed'\n"
+            "print('claimed', flush=True); time.sleep(300)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(ws.db_path), str(run_id), status.value],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "claimed"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _job_over(ctx: runflow.Job) -> None:
+    deadline = time.monotonic() + 20
+    while not (Path(ctx.paths.root) / ".orch" / "exit_code").exists():
+        assert time.monotonic() < deadline, "the job never ended"
+        time.sleep(0.05)
+
+
+def test_an_end_step_whose_claimer_died_is_taken_over_by_the_next_finisher(
+        ws: Workspace, store: Store, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.runflow import watching
+
+    monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)  # nobody else watches the run
+    ctx = start(ws, store, receiver, "echo the last line")
+    _job_over(ctx)
+    _claim_then_die(ws, ctx.run_id, Status.SUCCEEDED)
+    assert ctx.refresh().end_steps == ["log to end"] and ctx.run_id in [h.run_id for h in lease.held(store)]
+    began = time.monotonic()
+    runflow.finish(ctx)
+    assert time.monotonic() - began < 30  # not the minutes a step under way elsewhere is waited for
+    assert "log to end: taken over (whoever had claimed it died before it was done)" in [
+        e["message"] for e in store.events(ctx.run_id) if e["kind"] == "end step"]
+    assert ctx.refresh().end_claims == {} and ctx.run.last_line == "the last line"
+    assert_ended_once(ctx, receiver)
+
+
+def test_an_ended_run_left_half_finished_is_finished_by_its_hosts_watcher_at_the_next_command(
+        ws: Workspace, store: Store, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nobody starts a run on the host: the next orch command's look (ensure_watched) starts its host's
+    watcher, which takes the dead claimer's step over and does the rest (outputs, log tail, notification)."""
+    from orchestrator.runflow import watching
+
+    real_spawn = watching.spawn_host
+    monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)
+    ctx = start(ws, store, receiver, "echo the last line")
+    _job_over(ctx)
+    _claim_then_die(ws, ctx.run_id, Status.SUCCEEDED)
+    assert store.abandoned_ends() and ctx.run_id in [h.run_id for h in lease.held(store)]
+    monkeypatch.setattr(watching, "spawn_host", real_spawn)
+    watching.ensure_watched(ws, store)
+    deadline = time.monotonic() + 60
+    while ctx.refresh().end_claims or ctx.run.end_steps != list(runflow.END_STEPS) or not receiver.bodies:
+        assert time.monotonic() < deadline, f"never finished: {ctx.run.end_steps} {ctx.run.end_claims}"
+        time.sleep(0.1)
+    assert ctx.run_id not in [h.run_id for h in lease.held(store)] and not store.abandoned_ends()
+    assert [b["run_id"] for b in receiver.bodies] == [ctx.run_id] and ctx.run.last_line == "the last line"
+
+
+def test_a_cancelling_runs_job_seen_gone_ends_the_run_as_decided_not_failed_or_lost(
+        ws: Workspace, store: Store, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run left cancelling (its host did not answer the stop) whose job is then seen gone — stopped by
+    someone, or killed with the host — ends as its cancel decided, with its reason: no false `failed`."""
+    import os
+    import signal
+
+    from orchestrator.runflow import watching
+
+    monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)
+    ctx = start(ws, store, receiver, "sleep 30")
+    transition(store, ctx.run_id, Status.CANCELLING, "cancelled by user", reason="cancelled by user",
+               ending_as=Status.CANCELLED.value)
+    job = ctx.refresh().job
+    assert job is not None
+    os.killpg(job.id, signal.SIGKILL)  # (the test's own job: its process group)
+    deadline = time.monotonic() + 20
+    while not runflow.poll(ctx).status.terminal:
+        assert time.monotonic() < deadline, "the job's end was never seen"
+        time.sleep(0.05)
+    run = ctx.refresh()
+    assert (run.status, run.reason) == (Status.CANCELLED, "cancelled by user")
+    assert_ended_once(ctx, receiver)

@@ -111,20 +111,19 @@ def test_a_run_ended_by_another_records_its_log_to_the_last_line(
 
 def test_a_run_whose_end_is_read_elsewhere_while_it_is_stopped_records_its_log_to_the_last_line(
         ssh_ws: tuple[Workspace, Store, Inventory]) -> None:
-    """A cancel records its decision before it signals the job, so the host's watcher may begin the end's
-    read meanwhile, the job still printing. Here the signal waits until that read began and the job printed
-    on: those lines are recorded too."""
+    """A cancel records its decision (`cancelling`) before it signals the job, the job still printing. Here
+    the signal waits until the job printed on: those lines are recorded too."""
     ws, store, inv = ssh_ws
     ctx = serve_until_decoding(ws, store, inv.get("test1"))
     kill = ctx.executor.kill
 
-    def kill_once_the_read_began(job: Any, grace_s: float) -> str:
-        wait_until(lambda: "log to end" in ctx.store.get_run(ctx.run_id).end_steps)  # the host's watcher's
+    def kill_once_it_printed_on(job: Any, grace_s: float) -> str:
+        assert ctx.store.get_run(ctx.run_id).status is Status.CANCELLING  # decided, not ended: no end step yet
         printed = len(decode_lines(ctx))
         wait_until(lambda: len(decode_lines(ctx)) >= printed + 3)
         return kill(job, grace_s)
 
-    ctx.executor.kill = kill_once_the_read_began  # type: ignore[method-assign]
+    ctx.executor.kill = kill_once_it_printed_on  # type: ignore[method-assign]
     runflow.cancel(ctx, "cancelled by test", grace_s=3)
     assert_recorded_to_the_end(ctx)
 

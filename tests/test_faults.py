@@ -369,3 +369,112 @@ def test_two_workspaces_on_one_workdir_never_hold_the_same_gpus(tmp_path: Path, 
     a.wait_for(held, lambda d: len(d["end_steps"]) == 5, timeout=60)
     assert not (leases / "gpu-0").exists()
     assert b("run", "command", "--host", "test1", *FAST, "--set", "gpus=[0]", "--set", "cmd=true").returncode == 0
+
+
+def test_a_full_disk_on_the_controller_pauses_the_watcher_and_it_goes_on_when_space_returns(tmp_path: Path) -> None:
+    """The workspace on a real 2 MiB tmpfs, mounted in a mount namespace of the test's own (a user namespace
+    too when not root): the disk fills while a run is watched and its job ends; the host's watcher pauses
+    saying why, and once space returns it records the rest and the end, nothing lost."""
+    import json
+    import shutil
+
+    ws, hostdir = tmp_path / "ws", tmp_path / "host"
+    ws.mkdir()
+    hostdir.mkdir()
+    namespace = (["unshare", "--mount", "--propagation", "private"] if os.geteuid() == 0 else
+                 ["unshare", "--user", "--map-root-user", "--mount"])
+    assert shutil.which("unshare")
+    script = f'mount -t tmpfs -o size=2m tmpfs {shlex.quote(str(ws))} && exec "$@"'
+    res = subprocess.run([*namespace, "sh", "-c", script, "sh", sys.executable, str(TESTS / "diskfull_scenario.py"),
+                          str(ws), str(hostdir)], capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.splitlines()[-1])
+    assert got["during"] == {"status": "running", "watcher_alive": True}  # paused, not dead, no false end
+    assert got["status"] == "succeeded" and got["last_line"] == "sample 200" and got["same_watcher"]
+    assert got["end_steps"] == list(runflow.END_STEPS)
+    paused = [m for k, m in got["events"] if k == "database"]
+    assert paused and "disk" in paused[0] and "paused" in paused[0] and "nothing was lost" in paused[0]
+
+
+def test_cancel_on_a_dark_host_stays_cancelling_with_its_lease_until_the_host_answers_and_the_job_is_stopped(
+        tmp_path: Path, ssh_fleet) -> None:
+    """A real sshd in a network namespace whose link is cut: `orch cancel` says at once that the job is not
+    stopped yet, the run stays `cancelling` holding its host (the job runs on over there); once the link is
+    back its host's watcher stops the job, and only then is the run cancelled and the host free."""
+    import json
+
+    from test_live import DarkLink, event_time
+
+    if os.geteuid() != 0:
+        pytest.fail("network namespaces need root")
+    link = DarkLink(tmp_path / "dark-sshd", ssh_fleet.authorized_keys)
+    try:
+        known = tmp_path / "known_hosts"
+        known.write_text(link.server.host_key_line + "\n")
+        host = {"address": "198.18.0.2", "port": link.server.port, "user": ssh_fleet.user,
+                "identity_file": str(ssh_fleet.client_key), "known_hosts": str(known),
+                "workdir": str(tmp_path / "r-dark"), "python": sys.executable}
+        orch = Orch(tmp_path / "ws", "[hosts.dark]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in host.items()))
+        res = orch("run", "command", "--host", "dark", "--detach", "--set", "poll_min=1", "--set", "poll_max=5",
+                   "--set", job_cmd("--steps", "600", "--sleep", "0.5"), check=0)
+        run_id = int(res.stdout)
+        pid = orch.wait_for(run_id, lambda d: d["progress"] is not None and d["pid"], timeout=60)["pid"]
+        link.link(False)
+        orch.wait_for(run_id, lambda d: event_time(d, "unreachable", "") is not None, timeout=60)
+        began = time.monotonic()
+        res = orch("cancel", str(run_id), "--grace", "1", check=0)
+        assert time.monotonic() - began < 20, "the cancel waited on the dark host"
+        assert "cancelling: not stopped yet: host dark does not answer" in res.stderr
+        doc = orch.status(run_id)
+        assert doc["status"] == "cancelling" and alive(pid)  # no false end: the job runs on over there
+        busy = orch("run", "command", "--host", "dark", "--set", "cmd=true", *FAST)
+        assert busy.returncode != 0 and f"busy with run {run_id} (command, cancelling" in busy.stderr  # held
+        link.link(True)
+        doc = orch.wait_for(run_id, lambda d: d["status"] == "cancelled" and any(
+            e["kind"] == "stopped" for e in d["events"]), timeout=120)  # its watcher stopped it
+        assert doc["reason"] == "cancelled by user" and not alive(pid)
+        again = orch("run", "command", "--host", "dark", "--set", "cmd=true", *FAST, check=0)
+        assert again.returncode == 0, again.stderr  # the host is free once the job is stopped
+    finally:
+        link.close()
+
+
+def test_a_multi_node_runs_end_leaves_a_node_on_a_dark_host_cancelling_until_it_answers(
+        tmp_path: Path, ssh_fleet) -> None:
+    """The head's end stops every node; a node whose host's link is cut stays `cancelling`, holding that
+    host, and the head's end does not wait on it; once the link is back the node is stopped and cancelled."""
+    import json
+
+    from test_live import DarkLink
+
+    if os.geteuid() != 0:
+        pytest.fail("network namespaces need root")
+    link = DarkLink(tmp_path / "dark-sshd", ssh_fleet.authorized_keys)
+    try:
+        known = tmp_path / "known_hosts"
+        known.write_text(link.server.host_key_line + "\n")
+        dark = {"address": "198.18.0.2", "port": link.server.port, "user": ssh_fleet.user,
+                "identity_file": str(ssh_fleet.client_key), "known_hosts": str(known),
+                "workdir": str(tmp_path / "r-dark"), "python": sys.executable}
+        hosts = ssh_fleet.hosts_toml(test1={"workdir": str(tmp_path / "r1")})
+        orch = Orch(tmp_path / "ws", hosts + "[hosts.dark]\n" + "".join(f"{k} = {json.dumps(v)}\n"
+                                                                         for k, v in dark.items()))
+        res = orch("run", "command", "--host", "test1", "--host", "dark", "--detach", "--set", "poll_min=1",
+                   "--set", "poll_max=5", "--set", "cmd=sleep 300", check=0)
+        assert res.returncode == 0, res.stderr
+        pids = [orch.wait_for(i, lambda d: d["status"] == "running" and d["pid"], timeout=60)["pid"] for i in (1, 2)]
+        link.link(False)
+        began = time.monotonic()
+        orch("cancel", "1", "--grace", "1", check=0)  # (the node's stop is tried: no route to its host)
+        assert time.monotonic() - began < 60, "the head's end waited on the dark node"
+        head, node = orch.status(1), orch.status(2)
+        assert head["status"] == "cancelled" and not alive(pids[0])
+        assert node["status"] == "cancelling" and alive(pids[1])  # no false end: it runs on over there
+        busy = orch("run", "command", "--host", "dark", "--set", "cmd=true", *FAST)
+        assert busy.returncode != 0 and "busy with run" in busy.stderr  # the dark host stays held
+        link.link(True)
+        node = orch.wait_for(2, lambda d: d["status"] == "cancelled" and any(
+            e["kind"] == "stopped" for e in d["events"]), timeout=120)
+        assert not alive(pids[1])
+    finally:
+        link.close()

@@ -8,6 +8,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_logparse import CRASHES, SGLANG_0_5_23_EAGLE, SPECULATORS_OLD, VLLM_0_11, VLLM_0_33
@@ -236,3 +237,22 @@ def test_redraw_runs_taken_whole_read_as_one_by_one(case: bytes, points: list[fl
     fast.finish()
     slow.finish()
     assert fast.to_dict() == slow.to_dict()
+
+
+@pytest.mark.parametrize("ready, taken_whole", [(r"Uvicorn running on", True), (r" 150/1000000 ", False)])
+def test_a_ready_pattern_leaves_redraw_runs_taken_whole_unless_one_of_them_is_the_ready_line(
+        ready: str, taken_whole: bool) -> None:
+    """A server's parser (it has a ready pattern) takes a run of redraws at once as well; a run in which a
+    redraw matches the pattern is read one by one, so that the ready line is seen where it is."""
+    case = SKIP_CASES[0]
+    fast, slow = LogParser(ready_pattern=ready), LogParser(ready_pattern=ready)
+    slow._skip_redraws = lambda data, start, end: start  # type: ignore[method-assign]
+    one_by_one: list[bytes] = []
+    line = fast._line
+    fast._line = lambda raw, by_cr, found: (one_by_one.append(raw), line(raw, by_cr, found))[1]  # type: ignore[method-assign]
+    for p in (fast, slow):
+        p.feed(case)
+        p.finish()
+    assert fast.to_dict() == slow.to_dict()
+    assert ("ready" in fast.phases_passed) is not taken_whole
+    assert (len(one_by_one) < 10) is taken_whole

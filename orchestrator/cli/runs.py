@@ -309,9 +309,11 @@ def cancel(run_id: str = typer.Argument(..., metavar="ID"),
         return
     ctx = runflow.open_run(ws, store, run, inv, any_spec=True)
     outcome = runflow.cancel(ctx, "cancelled by user", grace)
+    status = ctx.refresh().status
     if as_json:
-        emit_json({"id": ctx.run_id, "status": ctx.run.status.value, "process_group": outcome})
-    err.print(f"run {ctx.run_id} cancelled ({outcome})")
+        emit_json({"id": ctx.run_id, "status": status.value, "process_group": outcome})
+    err.print(f"run {ctx.run_id} cancelling: {outcome}" if status is Status.CANCELLING
+              else f"run {ctx.run_id} cancelled ({outcome})")
 
 
 def _not_a_node(record: Run, verb: str) -> None:
@@ -333,9 +335,11 @@ def stop_cmd(run_id: str = typer.Argument(..., metavar="ID"),
     _not_a_node(store.get_run(parse_run_id(run_id)), "stop")
     ctx = runflow.open_run(ws, store, parse_run_id(run_id), inventory(ws))
     outcome = runflow.stop(ctx, grace)
+    status = ctx.refresh().status
     if as_json:
-        emit_json({"id": ctx.run_id, "status": ctx.run.status.value, "outcome": outcome})
-    err.print(f"run {ctx.run_id} stopped: {outcome}")
+        emit_json({"id": ctx.run_id, "status": status.value, "outcome": outcome})
+    err.print(f"run {ctx.run_id} cancelling: {outcome}" if status is Status.CANCELLING
+              else f"run {ctx.run_id} stopped: {outcome}")
 
 
 @app.command("rm", epilog="Example:\n\n  orch rm 3 4 5")

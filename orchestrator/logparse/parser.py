@@ -359,7 +359,7 @@ class LogParser:
         if not data.startswith(run[4], start):
             return start
         tentative = self.error is not None and not self.error.fatal
-        if (bar[2] != self.engine or self._ready_re is not None or self._tracebacks.open or self._error_after
+        if (bar[2] != self.engine or self._tracebacks.open or self._error_after
                 or tentative or any(r.piece is not None for r in self._rich.values())):
             return start
         found = run_by_shapes(data, start, end, run[3]) if not run[5] else None
@@ -369,6 +369,8 @@ class LogParser:
                 return start
             found = m.end(), data.count(b"\r", start, m.end())
         stop, count = found
+        if self._ready_re is not None and self._ready_in(data[start:stop - 1]):
+            return start  # the ready line is one of them: one by one, so that it is seen where it is
         # The last CONTEXT_BEFORE lines of the run are all that outlives it: split off the end of the run
         # that holds them (its lines are alike in length), else off the whole run.
         lo = max(start, stop - 1 - 2 * CONTEXT_BEFORE * ((stop - start) // count + 1))
@@ -389,6 +391,12 @@ class LogParser:
         if "=" in last.group("postfix"):
             self._redrawn += self._postfix(last, Line(tail[-1], tail[-1], "", None))
         return stop
+
+    def _ready_in(self, run: bytes) -> bool:
+        """Whether a redraw of a run matches the ready pattern (each looked at as its own line would be)."""
+        ready = self._ready_re
+        assert ready is not None
+        return any(ready.search(piece) for piece in run.decode("utf-8", "replace").split("\r"))
 
     def _other(self, line: Line, found: list[Metric], glued: int = 0) -> None:
         text = line.text

@@ -10,12 +10,14 @@ from contextvars import ContextVar
 from typing import Any
 
 from ..config.workspace import Workspace
-from ..errors import OrchError, TransitionError
+from ..errors import OrchError, TransitionError, Unreachable
 from ..host import gpu, hostlease, patching
 from ..host.hostlease import run_token
 from ..store import Store, lease
+from ..store.db import claim_alive
 from ..store.lifecycle import transition
 from ..store.record import KILL_GRACE_S, Run, Status
+from ..store.shapes import unreachable_since
 from . import cleanup, notify, registry
 from .context import END_STEPS, LOG_TAIL_LINES, Hosts, Job, open_run
 from .lastread import END_WAIT_S, read_to_end
@@ -49,9 +51,11 @@ def finish(ctx: Job) -> Run:
     finally:
         _FINISHING.reset(finishing)
     try:
-        for name in lease.BEFORE_RELEASE:
-            _step(ctx, name)
-        _await_steps_elsewhere(ctx.store, [ctx.run])
+        while True:
+            for name in lease.BEFORE_RELEASE:
+                _step(ctx, name)  # unclaimed, or claimed by a process that died: done here
+            if not _await_steps_elsewhere(ctx.store, [ctx.run]):
+                break
         ctx.refresh()
     finally:
         _release_host(ctx)
@@ -67,32 +71,49 @@ def _step(ctx: Job, name: str) -> None:
         "log to end": read_to_end, "outputs": _collect_outputs, "log tail": _fetch_log_tail,
         "patch revert": _revert_patches, "notify": _notify,
     }
-    if not _claim_step(ctx.store, ctx.run_id, name):
+    claim = _claim_step(ctx.store, ctx.run_id, name)
+    if claim is None:
         return
+    if claim == "taken over":
+        ctx.event("end step", f"{name}: taken over (whoever had claimed it died before it was done)")
     try:
         steps[name](ctx)
         ctx.event("finished", name)  # for the timeline; the record's end_steps is what counts
     except Exception as exc:  # noqa: BLE001 - one step's failure must not skip the others
         what = str(exc) if isinstance(exc, OrchError) else f"{type(exc).__name__}: {exc}"
         ctx.event("warning", f"{name}: {what}")
+    finally:
+        ctx.store.end_step_over(ctx.run_id, name)
 
 
 STEPS_ELSEWHERE_S = END_WAIT_S + 60  # the end's read may wait END_WAIT_S for the job; then reads and records
 STEP_LOOK_S = 0.1
 
 
-def _await_steps_elsewhere(store: Store, runs: list[Run], sleep: Callable[[float], None] = time.sleep) -> None:
+def _await_steps_elsewhere(store: Store, runs: list[Run], sleep: Callable[[float], None] = time.sleep) -> bool:
     """Wait while another process does a step before release of these runs (the host's watcher reading the
     log while this one stopped the job; another node's whole end). Only while a run holds its lease: once
-    freed (the steps over, or whoever did them died and the wait ran out once), nobody waits again."""
+    freed (the steps over, or the wait ran out once), nobody waits again. True when it stopped because a
+    step's claimer died before the step was over: the step is to be taken over."""
     deadline = time.monotonic() + STEPS_ELSEWHERE_S
 
     def under_way(run: Run) -> bool:  # its lease first: freed, nothing is left to wait for
         return any(held.run_id == run.id for held in lease.held(store, run.host)) and not (
             lease.steps_before_release_done(store, run))
 
-    while any(under_way(run) for run in runs) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        waiting = [run for run in runs if under_way(run)]
+        if not waiting:
+            return False
+        if any(_abandoned(store.get_run(run.id)) for run in waiting):
+            return True
         sleep(STEP_LOOK_S)
+    return False
+
+
+def _abandoned(run: Run) -> bool:
+    """Whether a step before release of the run was claimed by a process that died before it was over."""
+    return any(name in run.end_claims and not claim_alive(run.end_claims[name]) for name in lease.BEFORE_RELEASE)
 
 
 def _release_host(ctx: Job) -> None:
@@ -106,8 +127,8 @@ def _release_host(ctx: Job) -> None:
         pass
 
 
-def _claim_step(store: Store, run_id: int, name: str) -> bool:
-    """Record that the step runs now; False when it already ran (or runs elsewhere)."""
+def _claim_step(store: Store, run_id: int, name: str) -> str | None:
+    """Record that the step runs now (see Store.claim_end_step); None when it already ran (or runs elsewhere)."""
     return store.claim_end_step(run_id, name)
 
 
@@ -177,20 +198,55 @@ def cancel(ctx: Job, reason: str, grace_s: float = KILL_GRACE_S, status: Status 
     happened to the group.
 
     The decision is recorded first, so a watcher that sees the processes vanish finds it already made
-    instead of calling the run lost.
+    instead of calling the run lost. A launched run is `cancelling` until its job is proven stopped: when
+    its host does not answer it stays so, its lease held, and this says so at once (see complete_cancel).
     """
     run = ctx.refresh()
     if run.status.terminal:
         raise OrchError(f"run {run.id} already ended ({run.status})")
-    transition(ctx.store, ctx.run_id, status, reason)
-    try:
-        if run.job is None:
-            return "never started"
-        outcome = ctx.executor.kill(run.job, grace_s)
-        ctx.event("stopped", f"process group: {outcome}")
-        return outcome
-    finally:
+    if run.job is None:  # nothing runs anywhere: it ends now
+        transition(ctx.store, ctx.run_id, status, reason)
         finish(ctx)
+        return "never started"
+    if run.status is not Status.CANCELLING:  # (cancelled again: the first decision stands)
+        transition(ctx.store, ctx.run_id, Status.CANCELLING, reason, reason=reason, ending_as=status.value)
+    return complete_cancel(ctx, grace_s)
+
+
+def complete_cancel(ctx: Job, grace_s: float = KILL_GRACE_S, look_first: bool = True) -> str:
+    """Stop a cancelling run's job, end the run as decided and finish it; what happened to its group.
+
+    A host that does not answer leaves the run cancelling, its lease held (the job may run on when the host
+    returns): its watcher completes the stop once it answers. With `look_first`, a host its watcher already
+    found silent is not tried (that would take minutes of retries): said at once.
+    """
+    run = ctx.refresh()
+    if run.status is not Status.CANCELLING or run.job is None:
+        return f"already {run.status.value}"
+    silent = unreachable_since(ctx.store, run) if look_first else None
+    if silent is not None:
+        return _still_cancelling(ctx, f"host {run.host} does not answer (it has not answered for "
+                                      f"{max(0.0, time.time() - silent):.0f} s)")
+    try:
+        outcome = ctx.executor.kill(run.job, grace_s)
+    except Unreachable as exc:
+        return _still_cancelling(ctx, f"host {run.host} does not answer ({exc.reason})")
+    except OrchError as exc:  # its agent could not say the job stopped: no end is recorded on a guess
+        return _still_cancelling(ctx, f"the stop failed on host {run.host}: {exc}")
+    ctx.event("stopped", f"process group: {outcome}")
+    try:
+        transition(ctx.store, ctx.run_id, Status(run.ending_as or Status.CANCELLED), run.reason or "cancelled")
+    except TransitionError:
+        pass  # its watcher saw the job end first, and recorded it as decided
+    finish(ctx)
+    return outcome
+
+
+def _still_cancelling(ctx: Job, why: str) -> str:
+    said = (f"not stopped yet: {why}; the run stays cancelling, its host held, until the host answers and its "
+            "job is stopped")
+    ctx.event("cancelling", said)
+    return said
 
 
 def stop(ctx: Job, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], None] = time.sleep,
@@ -200,6 +256,8 @@ def stop(ctx: Job, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], None]
     The run is cancelled even when its GPUs then stay busy (that raises, naming what holds them).
     """
     outcome = cancel(ctx, reason, grace_s)
+    if ctx.refresh().status is Status.CANCELLING:  # its host did not answer: nothing to wait for yet
+        return outcome
     if ctx.executor.schedules_gpus:
         return f"{ctx.run.job or 'its job'} {outcome}; its GPUs are the scheduler's to free"
     freed = cleanup.after_stop(ctx.transport, ctx.run, ctx.spec.gpus, ctx.event, grace_s=grace_s, timeout_s=timeout_s,
@@ -228,7 +286,8 @@ def end_nodes(ctx: Job, sleep: Callable[[float], None] = time.sleep) -> None:
     # Before the head launched, the nodes are their starter's to end (nodes.py); a node that never launched
     # while the head did (its starter died between the two) leaves the head waiting for it: it ends the run.
     if run.id != head.id:
-        if run.status is not Status.SUCCEEDED and head.launched and not head.status.terminal:
+        # (a head already cancelling is being stopped by whoever decided it first)
+        if run.status is not Status.SUCCEEDED and head.launched and not _ending(head):
             why = f": {run.reason}" if run.reason else ""
             _end_node(ctx, head, Status.FAILED, f"node {run.node_rank} ({run.host}) {run.status.value}{why}")
         return
@@ -238,12 +297,23 @@ def end_nodes(ctx: Job, sleep: Callable[[float], None] = time.sleep) -> None:
         sleep(NODES_LOOK_S)
         others = [ctx.store.get_run(n.id) for n in others]
     for node in others:
-        if not node.status.terminal:
+        if not node.status.terminal:  # (one cancelling elsewhere is stopped here too: its end is awaited below)
             _end_node(ctx, node, Status.CANCELLED, f"the run ended on its head node ({run.status.value})")
     # A node ended elsewhere (its host's watcher saw it first) is finished there: awaited, so whoever returns
     # from the head's end (a stop, a --replace) finds every node's host free; but never one whose own finish
     # led here (a node that failed ends its head from within its finish, before its lease is freed).
-    _await_steps_elsewhere(ctx.store, [n for n in others if n.id not in _FINISHING.get()], sleep)
+    # (a node left cancelling, its host silent, holds its lease until its watcher stops it: not awaited)
+    awaited = [n for n in map(ctx.store.get_run, [o.id for o in others])
+               if n.id not in _FINISHING.get() and n.status.terminal]
+    if _await_steps_elsewhere(ctx.store, awaited, sleep):
+        for node in awaited:  # whoever was finishing it died: finished here
+            if _abandoned(ctx.store.get_run(node.id)):
+                finish(open_run(ctx.ws, ctx.store, node.id, any_spec=True))
+
+
+def _ending(run: Run) -> bool:
+    """Ended, or decided to end (cancelling: whoever decided it stops its job)."""
+    return run.status.terminal or run.status is Status.CANCELLING
 
 
 def _end_node(ctx: Job, node: Run, status: Status, reason: str) -> None:

@@ -14,7 +14,7 @@ from ..store import Store, lease
 from ..store.controller import STALE_FACTOR
 from ..store.record import ACTIVE, Run, Status
 from .context import Job, open_run, watch_options
-from .ending import finish, settle_orphan
+from .ending import complete_cancel, finish, settle_orphan
 from .watch import Watcher
 from .watching import (
     FOLLOW_S,
@@ -153,6 +153,8 @@ def probe_orphan(ws: Workspace, store: Store, run: Run) -> None:
         ctx = open_run(ws, store, run, any_spec=True)
         if ctx.refresh().status.terminal:
             finish_if_over(ctx)
+        elif ctx.run.status is Status.CANCELLING:  # its stop is still to be done: the host says if it can be
+            complete_cancel(ctx, look_first=False)
         elif settle_orphan(ctx).status.live:
             poll(ctx)
     except OrchError as exc:  # the host cannot say: the lease stays, the caller reports the holder

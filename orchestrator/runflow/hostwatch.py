@@ -16,6 +16,7 @@ lock too, so nobody else polls it.
 
 from __future__ import annotations
 
+import functools
 import queue
 import sys
 import threading
@@ -35,7 +36,9 @@ from ..store import Store
 from ..store.controller import STALE_FACTOR, Controller
 from ..store.record import ACTIVE, Run, Status
 from . import Job, finish, notify, open_run, settle_orphan, watch_options
-from .watch import Watcher
+from .ending import complete_cancel
+from .follow import finish_if_over
+from .watch import Watcher, say
 from .watching import FileLock, WatchLock, followed, host_lock_path, watched_elsewhere
 
 SYNC_S = 1.0  # how often the database is asked whether anyone else wrote to it (runs started, ended, cancelled)
@@ -45,6 +48,7 @@ TURN_MAX = 256  # pushes taken in one turn of the loop, at most (one transaction
 RESYNC_S = 1.0  # after a state that could not be recorded, the agent re-reads the log this much later
 RECONNECT_MAX_S = 30.0
 BEAT_WRITE_S = 10.0  # the agent beats every 2 s: its runs' heartbeat is written at most this often, not at each
+CANCEL_RETRY_S = 30.0  # a cancelling run whose stop failed here is tried again this much later (or on reconnect)
 
 
 @dataclass
@@ -68,7 +72,7 @@ class HostWatcher:
         self.hosts = hosts or Inventory.load(ws.hosts_file, ws.root)
         self.host: Host = self.hosts.get(host_name)
         self.store = Store(ws.db_path)
-        self.echo = echo or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.echo = echo or say
         self.runs: dict[int, Followed] = {}
         self.link: AgentLink | None = None
         self.executor = HostExecutor(connect(self.host), None)  # through the agent once it runs
@@ -77,6 +81,12 @@ class HostWatcher:
         self._retry_s = 1.0
         self._enders: list[threading.Thread] = []
         self._beat_due = 0.0  # when the next beat of the agent is written to the runs' heartbeat
+        self._taken_over: set[int] = set()  # ended runs whose end steps a thread here takes over
+        self._cancelling: set[int] = set()  # cancelling runs whose job a thread here stops
+        self._cancel_tried: dict[int, float] = {}  # when a stop of each was last tried here (a failed one waits)
+        self._paused_since: float | None = None  # the database could not be written: the loop waits
+        self._next_sync = self._full_sync = 0.0  # (monotonic) the next look at the record, and the next full one
+        self._idle_since: float | None = None  # since when no run was left to watch
         self._later: list[Push] = []  # pushes left for the next turn: their run's previous one is recorded first
         self.stopping = threading.Event()  # set from another thread: the loop ends at its next turn
         self.clock: Callable[[], float] = time.monotonic  # (both replaceable: a test drives the loop's time)
@@ -103,45 +113,76 @@ class HostWatcher:
         return True
 
     def _loop(self) -> None:
-        next_sync = full_sync = 0.0
-        idle_since: float | None = None
+        self._next_sync = self._full_sync = 0.0
+        self._idle_since = None
         while not self.stopping.is_set():
-            now = self.clock()
-            if now >= next_sync:
-                # the record is read again only when another process wrote to it (a run started, ended or
-                # cancelled), while a starter is at work, and now and then (who watches a run may change
-                # by the clock alone): an idle watcher costs a look at one number
-                if self.store.changed() or self.starters or now >= full_sync:
-                    self._sync()
-                    full_sync = now + FULL_SYNC_S
-                next_sync = now + SYNC_S
-            if self.runs or self.starters:
-                idle_since = None
-            else:
-                idle_since = idle_since or now
-                if now - idle_since > LINGER_S:
+            try:
+                if self._turn():
                     return
-            if ((self.runs or self.starters) and (self.link is None or not self.link.alive)
-                    and now >= self._retry_at):  # connected while a run prepares: ready for its first byte
-                self._connect()
-            self._look_again(now)
-            if self.link is None or not self.link.alive:  # nothing comes from the host: until the next retry or sync
-                retry = self._retry_at if self._retry_at > now else next_sync
-                self.sleep(max(0.0, min(next_sync, retry) - self.clock()))
+            except DatabaseUnavailable as exc:  # a full disk, a database locked or read-only: paused, never dead
+                self._pause(exc)
                 continue
-            wait = max(0.0, min([next_sync, *(f.due for f in self.runs.values())]) - self.clock())
-            pushes: list[Push] = []
-            if not self._later:  # (pushes left from the last turn are taken at once)
-                try:
-                    pushes.append(self.link.pushes.get(timeout=wait))
-                except queue.Empty:
-                    continue
-            while len(pushes) < TURN_MAX:  # whatever else came meanwhile: recorded together
-                try:
-                    pushes.append(self.link.pushes.get_nowait())
-                except queue.Empty:
-                    break
-            self._take_turn(pushes)
+            self._resume()
+
+    def _turn(self) -> bool:
+        """One turn of the loop: True when the watcher is done (no run left to watch)."""
+        now = self.clock()
+        if now >= self._next_sync:
+            # the record is read again only when another process wrote to it (a run started, ended or
+            # cancelled), while a starter is at work, and now and then (who watches a run may change
+            # by the clock alone): an idle watcher costs a look at one number
+            if self.store.changed() or self.starters or now >= self._full_sync:
+                self._sync()
+                self._full_sync = now + FULL_SYNC_S
+            self._next_sync = now + SYNC_S
+        next_sync = self._next_sync
+        if self.runs or self.starters:
+            self._idle_since = None
+        else:
+            self._idle_since = self._idle_since or now
+            if now - self._idle_since > LINGER_S:
+                return True
+        if ((self.runs or self.starters) and (self.link is None or not self.link.alive)
+                and now >= self._retry_at):  # connected while a run prepares: ready for its first byte
+            self._connect()
+        self._look_again(now)
+        if self.link is None or not self.link.alive:  # nothing comes from the host: until the next retry or sync
+            retry = self._retry_at if self._retry_at > now else next_sync
+            self.sleep(max(0.0, min(next_sync, retry) - self.clock()))
+            return False
+        wait = max(0.0, min([next_sync, *(f.due for f in self.runs.values())]) - self.clock())
+        pushes: list[Push] = []
+        if not self._later:  # (pushes left from the last turn are taken at once)
+            try:
+                pushes.append(self.link.pushes.get(timeout=wait))
+            except queue.Empty:
+                return False
+        while len(pushes) < TURN_MAX:  # whatever else came meanwhile: recorded together
+            try:
+                pushes.append(self.link.pushes.get_nowait())
+            except queue.Empty:
+                break
+        self._take_turn(pushes)
+        return False
+
+    def _pause(self, exc: DatabaseUnavailable) -> None:
+        """The database cannot be written (the controller's disk is full, say): nothing of this turn was
+        recorded; the runs are read again from their record once it can be, and meanwhile nothing is lost —
+        the host keeps the log. Said once on stderr (a full disk may swallow that too)."""
+        if self._paused_since is None:
+            self._paused_since = self.clock()
+            self.echo(f"orch: the watcher of {self.host.name} pauses: {exc}; it goes on once the database "
+                      "takes writes again")
+        for f in self.runs.values():
+            f.watcher.refused(exc)  # each run says how long it paused once it is recorded again
+            f.resync_at = self.clock() + RESYNC_S
+        self._next_sync = self.clock() + RESYNC_S
+        self.sleep(RESYNC_S)
+
+    def _resume(self) -> None:
+        if self._paused_since is not None:
+            self._paused_since = None
+            self.echo(f"orch: the watcher of {self.host.name} goes on")
 
     def _connect(self) -> None:
         transport = connect(self.host)
@@ -162,6 +203,7 @@ class HostWatcher:
         self.executor.link = self.link
         for f in self.runs.values():
             self._follow(f)
+        self._complete_cancels(self.store.statuses(self.host.name, [Status.CANCELLING.value]), reconnected=True)
 
     def _follow(self, f: Followed) -> None:
         w = f.watcher
@@ -320,6 +362,57 @@ class HostWatcher:
                     self._starting(run)
             except OrchError as exc:
                 self.echo(f"orch: run {run_id} on {self.host.name}: {exc}")
+        self._complete_cancels(active)
+        for run in self.store.abandoned_ends(self.host.name):
+            if run.id not in self._taken_over:
+                self._taken_over.add(run.id)
+                self._on_thread(run.id, functools.partial(self._take_over, run.id))
+
+    def _complete_cancels(self, active: dict[int, str], reconnected: bool = False) -> None:
+        """Stop the jobs of the runs cancelled while the host did not answer, now that it does (each on a
+        thread of its own: a stop waits its grace). One whose canceller is still at its stop is left to it:
+        taken only once the canceller said it could not stop it, or once this watcher reconnected."""
+        if self.link is None or not self.link.alive:
+            return
+        for run_id, status in active.items():
+            if status != Status.CANCELLING.value or run_id not in self.runs or run_id in self._cancelling:
+                continue
+            tried = self._cancel_tried.get(run_id)
+            if reconnected or (self.store.last_event(run_id, ("cancelling",)) is not None and (
+                    tried is None or self.clock() - tried >= CANCEL_RETRY_S)):
+                self._cancel_tried[run_id] = self.clock()
+                self._cancelling.add(run_id)
+                self._on_thread(run_id, functools.partial(self._complete_cancel, run_id))
+
+    def _complete_cancel(self, run_id: int) -> None:
+        store = Store(self.ws.db_path)
+        try:
+            ctx = open_run(self.ws, store, run_id, self.hosts, any_spec=True)
+            if ctx.executor.processes:
+                ctx.executor = self.executor  # through this watcher's own link, which just answered
+            complete_cancel(ctx, look_first=False)
+        except OrchError as exc:
+            self.echo(f"orch: run {run_id}: its stop: {exc}")
+        finally:
+            store.close()
+            self._cancelling.discard(run_id)
+
+    def _take_over(self, run_id: int) -> None:
+        """An ended run whose end step's claimer died before it was done: its end steps run here (its
+        lease freed only once the host shows its job is not running)."""
+        store = Store(self.ws.db_path)
+        try:
+            finish_if_over(open_run(self.ws, store, run_id, self.hosts, any_spec=True))
+        except OrchError as exc:
+            self.echo(f"orch: run {run_id}: end steps: {exc}")
+        finally:
+            store.close()
+            self._taken_over.discard(run_id)
+
+    def _on_thread(self, run_id: int, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=f"orch-end-{run_id}")
+        self._enders = [t for t in self._enders if t.is_alive()] + [thread]
+        thread.start()
 
     def _adopt(self, run: Run) -> None:
         from ..store import lease
@@ -373,9 +466,7 @@ class HostWatcher:
             except Unreachable:
                 pass
         needs_stop = f.watcher.needs_stop
-        thread = threading.Thread(target=self._finish, args=(f, needs_stop), name=f"orch-end-{run_id}")
-        self._enders = [t for t in self._enders if t.is_alive()] + [thread]
-        thread.start()
+        self._on_thread(run_id, lambda: self._finish(f, needs_stop))
 
     def _finish(self, f: Followed, needs_stop: bool) -> None:
         store = Store(self.ws.db_path)

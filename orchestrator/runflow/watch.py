@@ -60,6 +60,14 @@ class Staged:
     stop: bool  # ...and the job's processes linger: stop them
 
 
+def say(text: str) -> None:
+    """A line on stderr (a background watcher's log) that never ends the watch: on a full disk it is lost."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
 class Watcher:
     def __init__(
         self,
@@ -85,6 +93,7 @@ class Watcher:
         self.recorded = False
         self._health_due = 0.0  # a server's endpoint is asked at most once per poll_min
         self.db_trouble_since: float | None = None  # the database refused a write: the poll is read again
+        self.db_trouble = ""  # why, as the database said it
         self.staged: Staged | None = None
         self._outcome: str | None = None  # of the last commit: None (written), "conflict", "refused"
         self._me = str(Controller.me())  # this process, as the record names its watcher
@@ -158,14 +167,18 @@ class Watcher:
         self.staged = None
         self._outcome = "refused"
         if self.db_trouble_since is None:
-            self.db_trouble_since = self.clock()
-            print(f"orch: run {self.run_id}: {exc}; will try again", file=sys.stderr)
+            self.db_trouble_since, self.db_trouble = self.clock(), str(exc)
+            say(f"orch: run {self.run_id}: {exc}; its watch pauses and goes on once the database takes writes")
 
     def _recovered(self) -> None:
         if self.db_trouble_since is not None:
             since, self.db_trouble_since = self.db_trouble_since, None
-            self.store.add_event(self.run_id, "database", f"the database refused writes for "
-                                 f"{self.clock() - since:.0f} s; nothing was lost")
+            why = ("the controller's disk was full" if "is full" in self.db_trouble
+                   else "the database refused writes")
+            text = (f"{why}: the watch paused {self.clock() - since:.0f} s and went on once the database took "
+                    "writes again; nothing was lost")
+            self.store.add_event(self.run_id, "database", text)
+            say(f"orch: run {self.run_id}: {text}")
 
     def _poll(self) -> bool:
         self.wait.immediate = False
@@ -498,8 +511,8 @@ class Watcher:
 
     def _save(self, rec: Staged) -> None:
         """Write a staged record; _Conflict when another writer recorded these bytes (or the run's end) first."""
-        offset, status = self.store.log_position(self.run_id)
-        if offset != rec.expect or status.terminal:
+        offset, status_now = self.store.log_position(self.run_id)
+        if offset != rec.expect or status_now.terminal:
             raise _Conflict()
         for kind, message, data in rec.events:
             self.store.add_event(self.run_id, kind, message, data, ts=rec.now)
@@ -515,6 +528,9 @@ class Watcher:
                            started_at=rec.left_queue)
             if rec.end:
                 status, message, end_fields = rec.end
+                run = self.store.get_run(self.run_id) if status_now is Status.CANCELLING else None
+                if run is not None:  # its end was decided before: the job's end only confirms it
+                    status, message = Status(run.ending_as or Status.CANCELLED), run.reason or "cancelled"
                 transition(self.store, self.run_id, status, message, **end_fields)
         except TransitionError:
             raise _Conflict() from None

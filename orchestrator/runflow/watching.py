@@ -186,6 +186,11 @@ def ensure_watched(ws: Workspace, store: Store, runs: list[Run] | None = None, p
         else:
             spawn(ws, run.id)
         started.append(run.id)
+    for run in store.abandoned_ends():  # an ended run's end step whose claimer died: its host's watcher takes over
+        streaming = streaming or streams(ws)
+        if streaming(run.host) and run.host not in hosts_started and not host_watched(ws, run.host):
+            spawn_host(ws, run.host)
+            hosts_started.add(run.host)
     return started
 
 

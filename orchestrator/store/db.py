@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DatabaseUnavailable, NotFound, UsageError
 from . import migrations
+from .controller import Controller
 from .encoding import decoded, dump_json, load_json
 from .record import ACTIVE, JSON_FIELDS, Run, Status
 from .summaries import IDLE_ZERO, headline, summaries
@@ -327,15 +328,35 @@ class Store:
                                  (head, head)).fetchall()
         return [self._decode(r) for r in rows] if len(rows) > 1 or run.node_rank is not None else []
 
-    def claim_end_step(self, run_id: int, step: str) -> bool:
-        """Record in the run's end_steps that the step runs now; False when it already ran (or runs elsewhere)."""
+    def claim_end_step(self, run_id: int, step: str) -> str | None:
+        """Record in the run's end_steps that the step runs now, by this process: "claimed", or "taken over"
+        when its claimer died before it was over; None when it already ran (or runs elsewhere)."""
+        me = Controller.me()
         with self.tx() as c:
-            (text,) = c.execute("SELECT end_steps FROM runs WHERE id = ?", (run_id,)).fetchone()
-            done = load_json(text) if text else []
-            if step in done:
-                return False
-            self.update_run(run_id, end_steps=[*done, step])
-        return True
+            steps, claims = c.execute("SELECT end_steps, end_claims FROM runs WHERE id = ?", (run_id,)).fetchone()
+            done = load_json(steps) if steps else []
+            under_way = _claims(claims)
+            if step in done and not (step in under_way and not claim_alive(under_way[step])):
+                return None
+            under_way[step] = {"by": str(me), "at": time.time()}
+            self.update_run(run_id, end_steps=done if step in done else [*done, step], end_claims=under_way)
+        return "taken over" if step in done else "claimed"
+
+    def end_step_over(self, run_id: int, step: str) -> None:
+        """The step's claimer is done with it (it ran, or failed for good)."""
+        with self.tx() as c:
+            (claims,) = c.execute("SELECT end_claims FROM runs WHERE id = ?", (run_id,)).fetchone()
+            under_way = _claims(claims)
+            if under_way.pop(step, None) is not None:
+                self.update_run(run_id, end_claims=under_way)
+
+    def abandoned_ends(self, host: str | None = None) -> list[Run]:
+        """Ended runs with an end step whose claimer died before it was over (oldest first)."""
+        sql = "SELECT * FROM runs WHERE end_claims IS NOT NULL AND end_claims NOT IN ('', '{}')"
+        rows = self.conn.execute(sql + (" AND host = ?" if host else "") + " ORDER BY id",
+                                 (host,) if host else ()).fetchall()
+        return [run for run in map(self._decode, rows)
+                if run.status.terminal and any(not claim_alive(c) for c in run.end_claims.values())]
 
     def run_counts(self) -> dict[str, dict[str, int]]:
         """Per host, how many runs it has in each status."""
@@ -515,3 +536,28 @@ class Store:
     def patch_records_of_run(self, run_id: int) -> list[dict[str, Any]]:
         return list(self.db["patch_records"].rows_where("run_id = ?", [run_id], order_by="id"))
 
+
+
+# A claimer on another machine (a shared database) is taken for dead this long after its claim: no end step
+# takes so long (the log's last read waits a minute at most, a notification a few seconds).
+CLAIM_STALE_S = 900.0
+
+
+def _claims(text: str | None) -> dict[str, Any]:
+    try:
+        found = load_json(text) if text else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def claim_alive(claim: Any) -> bool:
+    """Whether whoever claimed an end step still lives: on this machine the kernel says (pid and start
+    time), elsewhere the claim's age. A claim that cannot be read is nobody's."""
+    if not isinstance(claim, dict):
+        return False
+    who = Controller.parse(claim.get("by"))
+    at = claim.get("at")
+    if who is None or not isinstance(at, (int, float)):
+        return False
+    return who.alive(float(at), CLAIM_STALE_S)

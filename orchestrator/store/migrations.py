@@ -438,3 +438,12 @@ def m020(db: Database) -> None:
 def m021(db: Database) -> None:
     # The secret rule grew (GITHUB_PAT, DB_PASS, a URL with a password): specs stored before are masked by it.
     _mask_stored_secrets(db)
+
+
+@MIGRATIONS(name="m022_end_claims_and_cancelling")
+def m022(db: Database) -> None:
+    # The end steps under way and who runs each ({step: {"by": controller, "at": epoch}}): a step whose
+    # claimer died is taken over. A step in end_steps and not here is over (so are those of older rows).
+    db["runs"].add_column("end_claims", str)
+    # A `cancelling` run (its host did not answer the stop): the status it ends with once its job is stopped.
+    db["runs"].add_column("ending_as", str)

@@ -17,6 +17,9 @@ class Status(StrEnum):
     LAUNCHING = "launching"
     QUEUED = "queued"  # submitted to a batch scheduler, waiting in its queue
     RUNNING = "running"
+    # decided to end (cancelled, or a multi-node run's head failed) but its job not yet proven stopped: its
+    # host did not answer; the lease stays until it does and the job is stopped (see runflow.ending.cancel)
+    CANCELLING = "cancelling"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -29,7 +32,7 @@ class Status(StrEnum):
     @property
     def live(self) -> bool:
         """The job was handed to its host or scheduler and has not ended: queued or running."""
-        return self in (Status.QUEUED, Status.RUNNING)
+        return self in (Status.QUEUED, Status.RUNNING, Status.CANCELLING)
 
 
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST})
@@ -45,14 +48,17 @@ ALLOWED: dict[Status, frozenset[Status]] = {
     Status.PREPARING: frozenset({Status.LAUNCHING} | _ENDINGS),
     Status.LAUNCHING: frozenset({Status.QUEUED, Status.RUNNING, Status.LOST} | _ENDINGS),
     # a job may end between two looks at the queue, never seen running
-    Status.QUEUED: frozenset({Status.RUNNING, Status.SUCCEEDED, Status.LOST} | _ENDINGS),
-    Status.RUNNING: frozenset({Status.SUCCEEDED, Status.LOST} | _ENDINGS),
+    Status.QUEUED: frozenset({Status.RUNNING, Status.SUCCEEDED, Status.LOST, Status.CANCELLING} | _ENDINGS),
+    Status.RUNNING: frozenset({Status.SUCCEEDED, Status.LOST, Status.CANCELLING} | _ENDINGS),
+    # it ends as decided (`ending_as`) once its job is stopped or seen gone; lost if its host never answers
+    Status.CANCELLING: frozenset({Status.LOST} | _ENDINGS),
     **{s: frozenset() for s in TERMINAL},
 }
 
 
 # Columns stored as JSON text.
-JSON_FIELDS = ("spec", "parser_state", "progress", "error", "end_steps", "patches_applied", "tags")
+JSON_FIELDS = ("spec", "parser_state", "progress", "error", "end_steps", "end_claims", "patches_applied",
+               "tags")
 
 
 KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL, wherever orch stops a job or a process on its GPUs
@@ -120,6 +126,8 @@ class Run:
     last_line: str | None = None  # the log's last line as of the last poll
     host_lease: bool = False  # it holds lease files on its host (host/hostlease.py)
     end_steps: list[str] = field(default_factory=list)  # the end steps that already ran
+    ending_as: str | None = None  # a cancelling run: the status it ends with once its job is stopped
+    end_claims: dict[str, Any] = field(default_factory=dict)  # of those, the ones under way: who runs each, since when
     patches_applied: list[str] = field(default_factory=list)  # patch sets this run applied on its host
     unreadable: list[str] = field(default_factory=list)  # JSON columns found damaged (read as None)
     node: str | None = None  # a scheduler's: the job's node(s)
@@ -143,7 +151,7 @@ class Run:
         values["status"] = Status(values["status"])
         values["stalled"] = bool(values.get("stalled"))
         values["host_lease"] = bool(values.get("host_lease"))
-        for key in ("spec",):
+        for key in ("spec", "end_claims"):
             values[key] = values.get(key) or {}
         for key in ("end_steps", "patches_applied", "tags", "unreadable"):
             values[key] = list(values.get(key) or [])

@@ -917,7 +917,7 @@ def tail(path, lines, block=64 << 10, most=TAIL_BYTES):
     """The last `lines` lines of a file up to its size at one moment (from its last `most` bytes, however
     long its lines), and that size: a follow that starts there neither repeats nor drops a line."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = _open_plain(path)
     except OSError:
         return "", 0
     try:
@@ -1089,6 +1089,7 @@ class Followed:
         self.inode = req.get("inode")
         self.tail = bytes.fromhex(req.get("tail") or "")  # the bytes the watcher has before its offset
         self.src = None  # a rotated file still being read (its path), else the log
+        self.fd = None  # held open on the file the job writes (inode `self.inode`): read even once renamed away
         self.last = None  # what the last push said of the job
         self.group_seen = 0.0
         self.group_alive = False
@@ -1100,6 +1101,52 @@ class Followed:
     @property
     def log(self):
         return os.path.join(self.root, "log")
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def _keep(self, ino):
+        """The log's identity is `ino` from now on: hold the file open, so that it is read by its inode
+        whatever becomes of its name."""
+        if self.fd is not None and os.fstat(self.fd).st_ino == ino:
+            self.inode = ino
+            return
+        self.close()
+        self.inode = ino
+        if ino is None:
+            return
+        try:
+            fd = _open_plain(self.log)
+        except OSError:
+            return
+        if os.fstat(fd).st_ino == ino:
+            self.fd = fd
+        else:  # replaced again meanwhile: found by inode at the next look
+            os.close(fd)
+
+    def _own(self):
+        """The file the job writes, by its inode, when its name no longer leads to it (renamed away, or
+        replaced by a symlink, a fifo or a device): the held file, else found in the run dir, else the one
+        the job's wrapper writes to (a plain file it holds open for appending). None when none is known."""
+        if self.fd is not None:
+            return self.fd
+        if self.inode is not None:
+            found = _by_inode(self.root, self.inode)
+            if found is not None:
+                return found
+        if self.scheduled or not self.pid or live_start(self.pid) != self.start:
+            return None  # only a wrapper proven the job's is asked
+        fd = _written_by(self.pid)
+        if fd is None:
+            return None
+        ino = os.fstat(fd).st_ino
+        if live_start(self.pid) != self.start or (self.inode is not None and ino != self.inode):
+            os.close(fd)  # the pid went to another process meanwhile, or it writes another file
+            return None
+        self.inode, self.fd = ino, fd  # (never seen at its name: the log of this run is what its wrapper writes)
+        return fd
 
     def alive(self, now):
         if self.scheduled:  # the job runs on a node, not here: its scheduler says whether it lives
@@ -1123,13 +1170,14 @@ class Followed:
         """The file to read and from where, by the log's identity (see the module's rotation rules)."""
         if self.src is not None:
             return self.src, True
-        if ino is None:  # no log this moment (between a rename and its new file): nothing to decide yet
-            return self.log, False
+        if ino is None:  # no plain file at the log's name: the file the job writes, by inode, if known
+            own = self._own()
+            return (own, False) if own is not None else (self.log, False)
         if (size, ino) == self.seen and ino == self.inode:
             return self.log, False
         self.seen = (size, ino)
         if self.inode is not None and ino is not None and ino != self.inode:
-            old = _by_inode(self.root, self.inode)
+            old = self._own()
             if old is not None:
                 osize = _size(old)
                 if size == 0:  # renamed away, the wrapper still writes to the old file
@@ -1137,7 +1185,8 @@ class Followed:
                 if osize > self.offset:
                     self.src = old
                     return old, True
-            self.offset, self.tail, self.inode = 0, b"", ino
+            self.offset, self.tail = 0, b""
+            self._keep(ino)
             return self.log, False
         if size < self.offset or not self._same(self.log, self.offset):
             copy = self.log + ".1"  # copytruncate: the rest is in the copy
@@ -1145,7 +1194,7 @@ class Followed:
                 self.src = copy
                 return copy, True
             self.offset, self.tail = 0, b""
-        self.inode = ino
+        self._keep(ino)
         return self.log, False
 
     def state(self, now):
@@ -1156,10 +1205,11 @@ class Followed:
         node = _node(_read_small(os.path.join(control, "node"), 200))  # a batch job's, noted on its node
         present = os.path.isdir(self.root)
         try:
-            st = os.stat(self.log)
-            size, ino = st.st_size, st.st_ino
+            st = os.lstat(self.log)
         except OSError:
-            size, ino = 0, None
+            st = None
+        # a symlink, a fifo or a device at the log's name is refused: never opened, never sized through
+        size, ino = (st.st_size, st.st_ino) if st is not None and stat.S_ISREG(st.st_mode) else (0, None)
         path, rotated = self._choose(size, ino)
         if path != self.log:
             size = _size(path)
@@ -1180,7 +1230,8 @@ class Followed:
         self.offset += len(data)
         self.tail = (self.tail + data)[-TAIL_MARK:]
         if rotated and self.offset >= size:  # the rest of the old file is out: the new log from 0
-            self.src, self.offset, self.tail, self.inode = None, 0, b"", None
+            self.src, self.offset, self.tail = None, 0, b""
+            self._keep(None)
             self.wanted = True
         return doc
 
@@ -1223,31 +1274,75 @@ def _node(text):
     return name or None
 
 
-def _size(path):
+def _plain(path):
+    """The stat of a plain file at `path` (an open fd: that file), the name not followed; None otherwise."""
     try:
-        return os.stat(path).st_size
+        st = os.fstat(path) if isinstance(path, int) else os.lstat(path)
     except OSError:
-        return 0
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
+
+
+def _size(path):
+    st = _plain(path)
+    return st.st_size if st is not None else 0
 
 
 def _ino(path):
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return None
+    st = _plain(path)
+    return st.st_ino if st is not None else None
+
+
+def _open_plain(path):
+    """A plain file opened for reading: never through a symlink, never waiting on a fifo or a device
+    (opened without blocking, then refused); OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a plain file", path)
+    return fd
 
 
 def _pread(path, offset, length):
+    """Bytes of a plain file (a path, or a file held open) from `offset`; b"" for anything else."""
     if length <= 0:
         return b""
+    if isinstance(path, int):
+        return os.pread(path, length, offset)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = _open_plain(path)
     except OSError:
         return b""
     try:
         return os.pread(fd, length, offset)
     finally:
         os.close(fd)
+
+
+def _written_by(pid):
+    """A new read-only open of the plain file the wrapper `pid` holds open for appending (the job's log,
+    which it hands the job as stdout and stderr), or None."""
+    fds = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fds)
+    except OSError:
+        return None
+    for name in names:
+        try:
+            with open(f"/proc/{pid}/fdinfo/{name}") as info:
+                flags = next((int(line.split()[1], 8) for line in info if line.startswith("flags:")), 0)
+        except (OSError, ValueError):
+            continue
+        if not flags & os.O_APPEND or flags & os.O_ACCMODE != os.O_WRONLY:
+            continue
+        try:
+            fd = os.open(os.path.join(fds, name), os.O_RDONLY | os.O_NONBLOCK)  # the open file, whatever its name
+        except OSError:
+            continue
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+        os.close(fd)
+    return None
 
 
 def _by_inode(root, inode):
@@ -1419,12 +1514,16 @@ class Agent:
 
     def follow(self, a):
         with self.lock:
-            self.followed[a["key"]] = Followed(a)
+            old, self.followed[a["key"]] = self.followed.get(a["key"]), Followed(a)
+        if old is not None:
+            old.close()
         return {}
 
     def unfollow(self, a):
         with self.lock:
-            self.followed.pop(a["key"], None)
+            old = self.followed.pop(a["key"], None)
+        if old is not None:
+            old.close()
         return {}
 
     def poke(self, a):
@@ -1465,9 +1564,12 @@ class Agent:
         """A run's state, as a push would say it, after holding up to hold_s for news."""
         f = Followed({**a, "key": "read"})
         f.chunk = min(a["max_bytes"], MAX_READ)
-        if a["hold_s"] > 0:
-            hold(f, a["hold_s"], _patterns(a["wake"]))
-        doc = f.state(time.monotonic())
+        try:
+            if a["hold_s"] > 0:
+                hold(f, a["hold_s"], _patterns(a["wake"]))
+            doc = f.state(time.monotonic())
+        finally:
+            f.close()
         doc.pop("push", None)
         doc.pop("key", None)
         return doc

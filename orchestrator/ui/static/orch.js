@@ -6,7 +6,7 @@ const TOKEN_KEY = "orch-token";
 const RUNS_EVERY_MS = 1000;  // the runs table: a change shows within 2 s
 const RUN_EVERY_MS = 1500;
 const LOG_EVERY_MS = 2000;
-const ACTIVE = new Set(["pending", "preparing", "launching", "running"]);
+const ACTIVE = new Set(["pending", "preparing", "launching", "running", "cancelling"]);
 
 // The token rides in the URL's fragment (never sent to a server); kept for this tab only.
 (function takeToken() {
