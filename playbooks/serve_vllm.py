@@ -63,7 +63,8 @@ class ServeVllmSpec(RunSpec):
     enforce_eager: bool = Field(default=False, description="--enforce-eager: no CUDA graphs / torch.compile")
     extra_args: list[str] = Field(default_factory=list, description="more `vllm serve` flags, as given")
     launcher: str = Field(default="-m vllm.entrypoints.cli.main serve", description="what follows python (split like a shell)")
-    debug: bool = Field(default=False, description=f"apply {DEBUG_SET} (hidden-state shapes on the EAGLE-3 path)")
+    debug: bool = Field(default=False, description=f"apply {DEBUG_SET} (hidden-state shapes on the EAGLE-3 path) "
+                                                   "and run eagerly (the debug code cannot run in a compiled graph)")
     health_grace_s: float = Field(default=HEALTH_GRACE_S, gt=0, le=86400,
                                   description="seconds a ready server may fail /health before the run fails")
     health_timeout_s: float = Field(default=HEALTH_TIMEOUT_S, gt=0, le=3600, description="seconds one /health request may take")
@@ -89,8 +90,10 @@ class ServeVllmSpec(RunSpec):
             if self.speculative_config is None:
                 raise ValueError("num_speculative_tokens needs a speculative_config (its method or draft model)")
             self.speculative_config = {**self.speculative_config, "num_speculative_tokens": self.num_speculative_tokens}
-        if self.debug and DEBUG_SET not in self.patches:
-            self.patches = [*self.patches, DEBUG_SET]
+        if self.debug:
+            self.enforce_eager = True
+            if DEBUG_SET not in self.patches:
+                self.patches = [*self.patches, DEBUG_SET]
         return self
 
 

@@ -123,3 +123,22 @@ def net_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[in
     yield make
     for hosts in made:
         hosts.close()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The real vLLM (tests/test_vllm_*.py): one worker runs every file of it, so one server runs at a time
+# (each takes about 2 GiB and pins a core) while the other worker goes on with the rest.
+# ---------------------------------------------------------------------------------------------------
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class RealEngineInOneWorker(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "the real vLLM" if Path(scope).name.startswith("test_vllm_") else scope
+
+    return RealEngineInOneWorker(config, log)

@@ -1,20 +1,20 @@
-"""The EAGLE-3 debug patch set on the real vLLM 0.32.0 CPU build: a server with a tiny EAGLE-3 draft, run by orch
-with the set applied to the vLLM it runs, logs every stage's hidden states in the lines the SGLang set prints;
-`orch status` shows them as its table; the stop reverts the set byte for byte."""
+"""The EAGLE-3 loop on the real vLLM 0.32.0 CPU build, with its debug patch set: a server with a tiny EAGLE-3 draft,
+run by orch with the set applied to the vLLM it runs, logs every stage's hidden states in the lines the SGLang set
+prints; `orch status` shows them as its table; benchmarks record acceptance; the stop reverts the set byte for
+byte."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from orchtest import Orch, processes_of
 from sshd import free_port
 
-pytest_plugins = ["vllm_env"]  # tiny_llama, tiny_eagle3
+pytest_plugins = ["vllm_env"]  # tiny_models
 pytestmark = pytest.mark.vllm
 
 DEBUG_SET = "vllm-eagle3-hidden-debug"
@@ -26,8 +26,22 @@ def digests(site: Path, files: list[str]) -> dict[str, str]:
     return {f: hashlib.sha256((site / f).read_bytes()).hexdigest() for f in files}
 
 
-def test_a_served_eagle3_draft_logs_each_stage_into_the_table_and_the_stop_reverts_the_set(
-        tmp_path: Path, tiny_llama: Path, tiny_eagle3: Path) -> None:
+def serve(orch: Orch, python: Path, models: dict[str, Path], port: int, tokens: int) -> None:
+    """serve-vllm with the EAGLE-3 draft and debug = true, until ready."""
+    res = orch("run", "serve-vllm", "--set", f"model={models['target']}", "--set", f"python={python}",
+               "--set", f"port={port}", "--set", "kv_cache_bytes=134217728", "--set", "max_model_len=256",
+               "--set", f'speculative_config={{method = "eagle3", model = "{models["eagle3_const"]}"}}',
+               "--set", f"num_speculative_tokens={tokens}", "--set", "debug=true",
+               "--set", 'env={HF_HUB_OFFLINE = "1", VLLM_NO_USAGE_STATS = "1", PYTHONDONTWRITEBYTECODE = "1"}',
+               "--set", "poll_min=0.5", "--set", "poll_max=2", "--until-ready", timeout=600)
+    assert res.returncode == 0, res.stderr
+
+
+def test_the_eagle3_loop_on_vllm_with_the_debug_set(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    """The daily loop on the real vLLM: a server with an EAGLE-3 draft and the debug set applied to the vLLM it
+    runs, ready; its hidden states at every stage in `orch status`'s table; a benchmark records acceptance
+    and throughput; stop (the set reverted byte for byte); again with another num_speculative_tokens;
+    compare the two benchmarks."""
     from vllm_env import engine_site, patchable_engine, vllm_files  # the plugin's module, once pytest has it
 
     files = [f for f in vllm_files() if "kv_connector" not in f]
@@ -35,26 +49,17 @@ def test_a_served_eagle3_draft_logs_each_stage_into_the_table_and_the_stop_rever
     [site] = (tmp_path / "engine" / "lib").glob("python3*/site-packages")
     real = digests(engine_site(), files)
     assert digests(site, files) == real
-    port = free_port("127.0.0.1")
-    speculative = json.dumps({"method": "eagle3", "model": str(tiny_eagle3), "num_speculative_tokens": 2})
-    cmd = (f"{python} -m vllm.entrypoints.cli.main serve {tiny_llama} --speculative-config '{speculative}' "
-           f"--enforce-eager --dtype bfloat16 --max-model-len 256 --host 127.0.0.1 --port {port}")
     orch = Orch(tmp_path / "ws")
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "PYTHONDONTWRITEBYTECODE": "1"}
-    res = orch("run", "command", "--set", f"cmd={cmd}", "--set", "engine=vllm", "--set", f"python={python}",
-               "--set", f'patches=["{DEBUG_SET}"]', "--set", "ready_pattern=Application startup complete",
-               *[a for k, v in env.items() for a in ("--set", f"env.{k}={v}")],
-               "--set", "poll_min=1", "--set", "poll_max=2", "--until-ready", timeout=600)
-    assert res.returncode == 0, res.stderr
-    assert digests(site, files) != real  # the job's vLLM runs the patched files
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions", headers={"Content-Type": "application/json"},
-        data=json.dumps({"model": str(tiny_llama), "prompt": "Hello, my name is", "max_tokens": 8,
-                         "temperature": 0}).encode())
-    with urllib.request.urlopen(request, timeout=120) as answer:
-        assert json.load(answer)["choices"][0]["finish_reason"] == "length"
+    port = free_port("127.0.0.1")
 
+    serve(orch, python, tiny_models, port, tokens=2)  # run 1
+    assert digests(site, files) != real  # the job's vLLM runs the patched files
+    server = orch.status(1)
+    assert server["progress"]["total"] == 4, server["progress"]  # the target's 4 shards, not the draft's 1/1
+    assert server["metrics"]["load_weight_s"] < 60  # the target's load, not the draft's 0.00 s
+    bench = ["run", "bench-serving", "--set", "num_prompts=8", "--set", "input_len=32", "--set", "output_len=16",
+             "--set", "poll_min=0.5", "--set", "poll_max=2"]
+    assert orch(*bench, "--set", "server=1", timeout=600).returncode == 0  # run 2
     deadline = time.monotonic() + 120
     while True:
         table = orch.status(1)["eagle3_debug"]
@@ -70,9 +75,20 @@ def test_a_served_eagle3_draft_logs_each_stage_into_the_table_and_the_stop_rever
 
     orch("stop", "1", check=0)
     doc = orch.status(1)
+    assert doc["status"] == "cancelled" and doc["error"] is None, doc
     patches = [e["message"] for e in doc["events"] if e["kind"] == "patch"]
     assert patches[0].startswith(f"{DEBUG_SET} on vllm 0.32.0+cpu for {python}: ")
     assert patches[1].startswith(f"{DEBUG_SET} reverted: ")
     assert digests(site, files) == real  # byte for byte
-    assert digests(engine_site(), files) == real  # and the engine env never changed
+
+    serve(orch, python, tiny_models, port, tokens=3)  # run 3
+    assert orch(*bench, "--set", "server=3", timeout=600).returncode == 0  # run 4
+    orch("stop", "3", check=0)
+    first, second = orch.status(2)["metrics"], orch.status(4)["metrics"]
+    assert first["accept_rate"] > 0 and second["accept_rate"] > 0  # the draft proposes what the target says
+    assert first["output_throughput"] > 0 and second["output_throughput"] > 0
+    compared = json.loads(orch("compare", "--previous", "--json", check=0).stdout)
+    assert compared["runs"] == [2, 4], compared  # the benchmark against the one before it
+    assert compared["metrics"]["accept_rate"]["values"] == [first["accept_rate"], second["accept_rate"]]
+    assert digests(site, files) == real and digests(engine_site(), files) == real  # the engine env never changed
     assert processes_of(tmp_path, str(python)) == [] and processes_of(tmp_path, "VLLM::") == []

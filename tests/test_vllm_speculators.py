@@ -60,14 +60,8 @@ def test_speculators_0_9_extracts_hidden_states_with_the_connector_patched_by_or
         assert tokens > 10 and tuple(t["hidden_states"].shape) == (tokens, 4, 256)  # layers 1, 2, 3 and the last
         assert str(t["hidden_states"].dtype) == "torch.bfloat16"
     assert doc["metrics"]["samples"] == len(TALKS) == doc["metrics"]["files"]
-    shutdown = log.index("[shutdown] API server: shutdown triggered")
-    if doc["status"] != "succeeded":
-        # vLLM 0.32 may log an EngineDeadError after a clean shutdown has begun (about 3 stops in 10): read as
-        # the cause until the log reading knows better; nothing else may fail the run
-        assert (doc["error"] or {}).get("exception") == "vllm.v1.engine.exceptions.EngineDeadError", doc
-        assert log.index("EngineDeadError") > shutdown, doc
-    else:
-        assert res.returncode == 0
+    # the job stopped its own server at its end: a success, whatever vLLM logged while it shut down
+    assert res.returncode == 0 and doc["status"] == "succeeded" and doc["error"] is None, doc
     # the server and its engine processes (which rename themselves VLLM::...) are gone
     assert processes_of(tmp_path, str(python)) == [] and processes_of(tmp_path, "VLLM::") == []
     # the engine env itself never changed; the job's copy is patched until reverted

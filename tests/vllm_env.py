@@ -9,6 +9,7 @@ patch sets touch (and the package's `__init__.py`, so the patcher finds it), wit
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -122,21 +123,24 @@ def patchable_engine(root: Path) -> Path:
     return root / "bin" / "python"
 
 
-TINY_LLAMA = Path(__file__).parent / "jobs" / "tiny_llama.py"
+TINY_MODELS = Path(__file__).parent / "engines" / "tiny_models.py"
 
 
 @pytest.fixture(scope="session")
-def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Llama made on the spot: 4 layers, 4 safetensors shards, a byte-level tokenizer."""
-    out = tmp_path_factory.mktemp("models") / "tiny-llama"
-    subprocess.run([engine_python(), str(TINY_LLAMA), str(out)], check=True, capture_output=True, timeout=600)
-    return out
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Made on the spot with the engine's python (tests/engines/tiny_models.py): `target`, a tiny Llama (4 layers,
+    hidden 256, 4 safetensors shards, a byte-level tokenizer with a chat template); `eagle3`, a random EAGLE-3
+    draft for it (layers 1, 2, 3 captured); `eagle3_const`, one that mostly proposes the target's token."""
+    out = subprocess.run([engine_python(), str(TINY_MODELS), str(tmp_path_factory.mktemp("models"))],
+                         check=True, capture_output=True, text=True, timeout=600)
+    return {name: Path(path) for name, path in json.loads(out.stdout.strip().splitlines()[-1]).items()}
 
 
 @pytest.fixture(scope="session")
-def tiny_eagle3(tiny_llama: Path) -> Path:
-    """A random EAGLE-3 draft for `tiny_llama` (layers 1, 2, 3 captured), in the original EAGLE-3 layout."""
-    out = tiny_llama.parent / "tiny-eagle3"
-    subprocess.run([engine_python(), str(TINY_LLAMA.parent / "tiny_eagle3.py"), str(tiny_llama), str(out)],
-                   check=True, capture_output=True, timeout=600)
-    return out
+def tiny_llama(tiny_models: dict[str, Path]) -> Path:
+    return tiny_models["target"]
+
+
+@pytest.fixture(scope="session")
+def tiny_eagle3(tiny_models: dict[str, Path]) -> Path:
+    return tiny_models["eagle3"]
