@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recording import Clock, FakeExecutor, new_run
 
 from orchestrator.config.hosts import Host, local_host
 from orchestrator.host import stall
@@ -25,40 +26,9 @@ from orchestrator.store.shapes import run_document
 LOGS = Path(__file__).parent.parent / "logs"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        self.now += 0.25
-        return self.now
-
-
-class FakeExecutor:
-    """What a Watcher asks of its executor while it only records (nothing here reaches a host)."""
-
-    transport = None
-    schedules_gpus = False
-    processes = False
-
-    def __init__(self) -> None:
-        self.kills = 0
-
-    def kill(self, handle: Any, grace_s: float) -> str:
-        self.kills += 1
-        return "gone"
-
-    def explain_loss(self, paths: Any, handle: Any) -> str:
-        return "gone"
-
-
 def watched(tmp_path: Path, **opts: Any) -> tuple[Store, Watcher, FakeExecutor, Clock]:
     store = Store(tmp_path / "orch.db")
-    run_id = store.create_run("command", "local", {"cmd": "job"})
-    for status in (Status.PREPARING, Status.LAUNCHING):
-        transition(store, run_id, status)
-    store.update_run(run_id, remote_dir=str(tmp_path / "r"))
-    transition(store, run_id, Status.RUNNING, pid=4242, pid_start="1", started_at=999_000.0)
+    run_id = new_run(store, tmp_path, "job")
     clock, executor = Clock(), FakeExecutor()
     options = WatchOptions(poll_min=30, poll_max=600, **opts)
     return store, Watcher(store, run_id, executor, options, clock=clock), executor, clock  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recording import Clock, FakeExecutor, new_run
 
 from orchestrator.config.workspace import Workspace
 from orchestrator.errors import DatabaseUnavailable
@@ -32,37 +33,6 @@ LOG = b"".join([
     *(b"orch-metric accept=%d\n" % i for i in range(5)),
 ])
 CHUNKS = [LOG[i:i + 61] for i in range(0, len(LOG), 61)]  # cut mid-line, as pushes come
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        self.now += 0.25
-        return self.now
-
-
-class FakeExecutor:
-    """What a Watcher asks of its executor while it only records (nothing here reaches a host)."""
-
-    transport = None
-    schedules_gpus = False
-
-    def kill(self, handle: Any, grace_s: float) -> str:
-        return "gone"
-
-    def explain_loss(self, paths: Any, handle: Any) -> str:
-        return "gone"
-
-
-def new_run(store: Store, tmp: Path) -> int:
-    run_id = store.create_run("command", "local", {"cmd": "true"})
-    for status in (Status.PREPARING, Status.LAUNCHING):
-        transition(store, run_id, status)
-    store.update_run(run_id, remote_dir=str(tmp / f"r{run_id}"))
-    transition(store, run_id, Status.RUNNING, pid=4242, pid_start="1", started_at=999_000.0)
-    return run_id
 
 
 def watcher(store: Store, run_id: int, clock: Clock) -> Watcher:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from orchtest import in_process
-from test_record_batch import FakeExecutor
+from recording import FakeExecutor
 
 from orchestrator.config.workspace import Workspace
 from orchestrator.host.launch import JobState, pushed_state
