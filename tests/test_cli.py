@@ -27,7 +27,8 @@ def test_playbooks_and_their_spec_keys(tmp_path):
     listed = orch("playbooks", check=0).stdout.splitlines()
     assert listed[0].split("\t") == ["name", "engine", "summary"]
     names = [line.split("\t")[0] for line in listed[1:]]
-    assert names == ["bench-serving", "command", "extract-hidden-states", "serve-bench", "serve-eagle3", "train-draft"]
+    assert names == ["bench-serving", "command", "extract-hidden-states", "serve-bench", "serve-bench-vllm",
+                     "serve-eagle3", "serve-vllm", "train-draft"]
     shown = orch("run", "command", "--help", check=0).stdout
     rows = {line.split("\t")[0]: line.split("\t")[1:] for line in shown.splitlines() if "\t" in line}
     assert rows["cmd"][:2] == ["text (length >= 1)", "required"]

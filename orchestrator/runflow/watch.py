@@ -500,13 +500,13 @@ class Watcher:
 
     def _loss(self) -> str:
         """Why the job is gone without an exit code: a full disk, the OOM killer, or a SIGKILL or reboot."""
-        if self._wrapper_gone:
-            return "the wrapper was killed; the job's processes ran on without it and are gone now (no exit code)"
         why = None
-        try:
+        try:  # what the host can tell comes first: a wrapper and job killed together may be seen apart
             why = self.executor.explain_loss(self.paths, self.job)
         except (Unreachable, RemoteError):
             pass  # the host stopped answering just now: say what is known
+        if why is None and self._wrapper_gone:
+            return "the wrapper was killed; the job's processes ran on without it and are gone now (no exit code)"
         return why or "the process is gone and wrote no exit code (killed with its wrapper, or the host rebooted)"
 
     def _save(self, rec: Staged) -> None:
@@ -529,8 +529,10 @@ class Watcher:
             if rec.end:
                 status, message, end_fields = rec.end
                 run = self.store.get_run(self.run_id) if status_now is Status.CANCELLING else None
-                if run is not None:  # its end was decided before: the job's end only confirms it
+                if run is not None:  # its end was decided before: the job's end only confirms it (its exit
+                    # by the stop's signal says nothing of the job's phase)
                     status, message = Status(run.ending_as or Status.CANCELLED), run.reason or "cancelled"
+                    end_fields = {k: v for k, v in end_fields.items() if k != "phase"}
                 transition(self.store, self.run_id, status, message, **end_fields)
         except TransitionError:
             raise _Conflict() from None
