@@ -44,11 +44,12 @@ def orch(tmp_path: Path) -> Iterator[Orch]:
             o("stop", str(run["id"]), "--grace", "10")
 
 
-def serve(orch: Orch, models: dict[str, str], *sets: str, until_ready: bool = True) -> tuple[int, int]:
+def serve(orch: Orch, models: dict[str, str], *sets: str, until_ready: bool = True, kv: str | None = KV
+          ) -> tuple[int, int]:
     """A serve-vllm run of the tiny target: (run id, port)."""
     port = free_port("127.0.0.1")
     args = ["run", "serve-vllm", "--json", "--set", f"model={models['target']}", "--set", f"port={port}",
-            "--set", f"python={PYTHON}", "--set", f"kv_cache_bytes={KV}", "--set", "enforce_eager=true",
+            "--set", f"python={PYTHON}", *(["--set", f"kv_cache_bytes={kv}"] if kv else []), "--set", "enforce_eager=true",
             "--set", "max_model_len=512", "--set", f"env={ENV}", "--set", "poll_min=0.2", "--set", "poll_max=1"]
     res = orch(*args, *sets, *(["--until-ready"] if until_ready else []), timeout=START_S)
     doc = json.loads(res.stdout)
@@ -144,8 +145,10 @@ def test_startup_failures_name_their_cause(orch, models, case, tmp_path):
     sets = {"missing-model": ["--set", f"model={tmp_path / 'no-such-model'}"],
             "kv-too-small": ["--set", "max_model_len=2048", "--set", f"kv_cache_bytes={1 << 20}"],
             "too-long-for-the-model": ["--set", "max_model_len=100000"],
-            "memory-refusal": ["--set", "gpu_memory_utilization=0.99"]}[case]  # more of the CPU's memory than is free
-    run, _ = serve(orch, models, *sets, until_ready=False)
+            # 99 % of the machine's memory, never all free: refused before anything is allocated (with no KV
+            # size given, that fraction is what vLLM would take)
+            "memory-refusal": ["--set", "gpu_memory_utilization=0.99"]}[case]
+    run, _ = serve(orch, models, *sets, until_ready=False, kv=None if case == "memory-refusal" else KV)
     doc = orch.wait_for(run, lambda d: d["status"] not in ("running", "launching", "preparing"), timeout=START_S)
     assert doc["status"] == "failed", doc
     error = doc["error"]
