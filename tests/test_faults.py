@@ -396,6 +396,14 @@ def test_a_full_disk_on_the_controller_pauses_the_watcher_and_it_goes_on_when_sp
     assert paused and "disk" in paused[0] and "paused" in paused[0] and "nothing was lost" in paused[0]
 
 
+def dark_host(link: Any, ssh_fleet: Any, tmp_path: Path) -> dict[str, Any]:
+    """The hosts.toml entry of a DarkLink's sshd (tests/test_live.py), its host key known."""
+    known = tmp_path / "known_hosts"
+    known.write_text(link.server.host_key_line + "\n")
+    return {"address": "198.18.0.2", "port": link.server.port, "user": ssh_fleet.user,
+            "identity_file": str(ssh_fleet.client_key), "known_hosts": str(known),
+            "workdir": str(tmp_path / "r-dark"), "python": sys.executable}
+
 def test_cancel_on_a_dark_host_stays_cancelling_with_its_lease_until_the_host_answers_and_the_job_is_stopped(
         tmp_path: Path, ssh_fleet) -> None:
     """A real sshd in a network namespace whose link is cut: `orch cancel` says at once that the job is not
@@ -409,11 +417,7 @@ def test_cancel_on_a_dark_host_stays_cancelling_with_its_lease_until_the_host_an
         pytest.fail("network namespaces need root")
     link = DarkLink(tmp_path / "dark-sshd", ssh_fleet.authorized_keys)
     try:
-        known = tmp_path / "known_hosts"
-        known.write_text(link.server.host_key_line + "\n")
-        host = {"address": "198.18.0.2", "port": link.server.port, "user": ssh_fleet.user,
-                "identity_file": str(ssh_fleet.client_key), "known_hosts": str(known),
-                "workdir": str(tmp_path / "r-dark"), "python": sys.executable}
+        host = dark_host(link, ssh_fleet, tmp_path)
         orch = Orch(tmp_path / "ws", "[hosts.dark]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in host.items()))
         res = orch("run", "command", "--host", "dark", "--detach", "--set", "poll_min=1", "--set", "poll_max=5",
                    "--set", job_cmd("--steps", "600", "--sleep", "0.5"), check=0)
@@ -451,11 +455,7 @@ def test_a_multi_node_runs_end_leaves_a_node_on_a_dark_host_cancelling_until_it_
         pytest.fail("network namespaces need root")
     link = DarkLink(tmp_path / "dark-sshd", ssh_fleet.authorized_keys)
     try:
-        known = tmp_path / "known_hosts"
-        known.write_text(link.server.host_key_line + "\n")
-        dark = {"address": "198.18.0.2", "port": link.server.port, "user": ssh_fleet.user,
-                "identity_file": str(ssh_fleet.client_key), "known_hosts": str(known),
-                "workdir": str(tmp_path / "r-dark"), "python": sys.executable}
+        dark = dark_host(link, ssh_fleet, tmp_path)
         hosts = ssh_fleet.hosts_toml(test1={"workdir": str(tmp_path / "r1")})
         orch = Orch(tmp_path / "ws", hosts + "[hosts.dark]\n" + "".join(f"{k} = {json.dumps(v)}\n"
                                                                          for k, v in dark.items()))
