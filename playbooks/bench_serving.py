@@ -163,7 +163,7 @@ def target(find_run: FindRun, spec: BenchServingSpec, host: Host) -> Target:
     engine = SERVER_PLAYBOOKS[run.playbook]
     if spec.engine is not None and spec.engine != engine:
         raise UsageError(f"engine: run {run.id} is a {engine} server, not {spec.engine}")
-    model = spec.model or run.spec.get("served_model_name") or run.spec.get("model") if engine == "vllm" else None
+    model = (spec.model or run.spec.get("served_model_name") or run.spec.get("model")) if engine == "vllm" else None
     return Target(f"http://127.0.0.1:{int(run.spec['port'])}", engine, model, run.spec.get("python"))
 
 
