@@ -19,12 +19,10 @@ from pathlib import Path
 import pytest
 from orchtest import Orch
 from sshd import free_port
-from vllm_env import ENGINE_ENV
 
 pytest_plugins = ["vllm_env"]  # tiny_models
 pytestmark = pytest.mark.vllm
 
-PYTHON = ENGINE_ENV / "bin" / "python"
 KV = str(128 << 20)  # 128 MiB of KV cache: a server in about 2 GiB
 START_S = 600  # a server's start on a loaded 2-core machine
 ENV = '{HF_HUB_OFFLINE = "1", VLLM_NO_USAGE_STATS = "1", TOKENIZERS_PARALLELISM = "false"}'  # TOML, as --set takes
@@ -47,9 +45,11 @@ def orch(tmp_path: Path) -> Iterator[Orch]:
 def serve(orch: Orch, models: dict[str, str], *sets: str, until_ready: bool = True, kv: str | None = KV
           ) -> tuple[int, int]:
     """A serve-vllm run of the tiny target: (run id, port)."""
+    from vllm_env import engine_python  # the plugin's module, once pytest has it
+
     port = free_port("127.0.0.1")
     args = ["run", "serve-vllm", "--json", "--set", f"model={models['target']}", "--set", f"port={port}",
-            "--set", f"python={PYTHON}", *(["--set", f"kv_cache_bytes={kv}"] if kv else []), "--set", "enforce_eager=true",
+            "--set", f"python={engine_python()}", *(["--set", f"kv_cache_bytes={kv}"] if kv else []), "--set", "enforce_eager=true",
             "--set", "max_model_len=512", "--set", f"env={ENV}", "--set", "poll_min=0.2", "--set", "poll_max=1"]
     res = orch(*args, *sets, *(["--until-ready"] if until_ready else []), timeout=START_S)
     doc = json.loads(res.stdout)
@@ -103,8 +103,10 @@ def test_serve_bench_and_stop(orch, models):
 def test_speculative_decoding_records_acceptance(orch, models):
     """ngram in one serve-and-bench job, which stops its own server at its end: a success, whatever vLLM logs
     while it shuts down, with the acceptance recorded (EAGLE-3: tests/test_vllm_eagle3_debug.py)."""
+    from vllm_env import engine_python
+
     ngram = '{method = "ngram", num_speculative_tokens = 3, prompt_lookup_max = 3}'
-    res = orch("run", "serve-bench-vllm", "--set", f"model={models['target']}", "--set", f"python={PYTHON}",
+    res = orch("run", "serve-bench-vllm", "--set", f"model={models['target']}", "--set", f"python={engine_python()}",
                "--set", f"port={free_port('127.0.0.1')}", "--set", f"kv_cache_bytes={KV}", "--set", "enforce_eager=true",
                "--set", "max_model_len=512", "--set", f"env={ENV}", "--set", f"speculative_config={ngram}",
                # ngram drafts once the output repeats itself: 64 tokens give it room
