@@ -61,6 +61,11 @@ def shell(argv: list[str]) -> str:
     return " ".join(quote(a) for a in argv)
 
 
+def put_waiter(job: JobContext[ServeBenchSpec] | JobContext[ServeBenchVllmSpec]) -> None:
+    """The script's waits (a free port, a server answering) run wait_http.py from the run dir."""
+    job.remote.put((JOBS / WAIT).read_bytes(), posixpath.join(job.paths.root, WAIT))
+
+
 def script(spec: ServeBenchSpec | ServeBenchVllmSpec, python: str, server: str, module: list[str],
            engine: Engine = "sglang") -> str:
     """Server in the background, wait for it, benchmark, and stop the server whatever happened."""
@@ -90,7 +95,7 @@ class ServeBench(Playbook[ServeBenchSpec]):
     multi_node = True
 
     def prepare(self, job: JobContext[ServeBenchSpec]) -> Prepared:
-        job.remote.put((JOBS / WAIT).read_bytes(), posixpath.join(job.paths.root, WAIT))
+        put_waiter(job)
         # one look at the installed SGLang: how its log reads, and "graphs off" and the benchmark's module
         # in its spelling
         version = installed_version(job.remote, job.python)
@@ -116,7 +121,7 @@ class ServeBenchVllm(Playbook[ServeBenchVllmSpec]):
     multi_node = True
 
     def prepare(self, job: JobContext[ServeBenchVllmSpec]) -> Prepared:
-        job.remote.put((JOBS / WAIT).read_bytes(), posixpath.join(job.paths.root, WAIT))
+        put_waiter(job)
         return Prepared(args=bench_module(job.remote, job.python, job.spec.bench.launcher, "vllm"))
 
     def command(self, job: JobContext[ServeBenchVllmSpec], prepared: Prepared) -> str:

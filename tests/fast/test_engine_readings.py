@@ -251,12 +251,26 @@ def test_an_unknown_engine_version_is_told_what_is_assumed() -> None:
     assert assumption("generic", "1.0") is None and assumption("sglang", "unknown") is None
 
 
-def test_the_ends_read_records_the_servers_own_exit_code(tmp_path: Path) -> None:
-    """A killed engine core fails the run at once; the API server exits 0 a moment later, and that is kept."""
+def read_rest(store: Store, w: Watcher, log: bytes, exit_code: int | None) -> None:
+    """The end's read of the log (runflow.lastread) after the run was ended: the job is gone, `exit_code` its
+    own, and the rest of `log` is what the host still has."""
     from types import SimpleNamespace
 
     from orchestrator.runflow.lastread import read_to_end
 
+    class Executor:
+        def poll(self, paths: Any, job: Any, offset: int, limit: int, **_: Any) -> JobState:
+            return JobState(alive=False, exit_code=exit_code, size=len(log), offset=offset, data=log[offset:],
+                            started_at=999_000.0)
+
+    ctx = SimpleNamespace(refresh=lambda: store.get_run(w.run_id), executor=Executor(), paths=None,
+                          store=store, run_id=w.run_id, event=lambda *a: None,
+                          pb=SimpleNamespace(log_engine=lambda s: None, ready_pattern=lambda s: None), spec=None)
+    read_to_end(ctx)  # type: ignore[arg-type]
+
+
+def test_the_ends_read_records_the_servers_own_exit_code(tmp_path: Path) -> None:
+    """A killed engine core fails the run at once; the API server exits 0 a moment later, and that is kept."""
     log = (LOGS / "vllm_0_32_cpu_engine_core_sigkill.log").read_bytes()
     store, w, _, _ = watched(tmp_path)
     head = log[:log.index(b"INFO:     Shutting down")]
@@ -264,15 +278,7 @@ def test_the_ends_read_records_the_servers_own_exit_code(tmp_path: Path) -> None
     transition(store, w.run_id, Status.FAILED, "fatal error in log")
     rest = log[len(head):]
 
-    class Executor:
-        def poll(self, paths: Any, job: Any, offset: int, limit: int, **_: Any) -> JobState:
-            return JobState(alive=False, exit_code=0, size=len(log), offset=offset, data=log[offset:],
-                            started_at=999_000.0)
-
-    ctx = SimpleNamespace(refresh=lambda: store.get_run(w.run_id), executor=Executor(), paths=None,
-                          store=store, run_id=w.run_id, event=lambda *a: None,
-                          pb=SimpleNamespace(log_engine=lambda s: None, ready_pattern=lambda s: None), spec=None)
-    read_to_end(ctx)  # type: ignore[arg-type]
+    read_rest(store, w, log, exit_code=0)
     run = store.get_run(w.run_id)
     assert run.exit_code == 0 and run.status is Status.FAILED and run.log_offset == len(head) + len(rest)
     assert run.error is not None and run.error["kind"] == "killed"
@@ -368,25 +374,13 @@ def test_the_sglang_playbooks_read_the_log_for_the_installed_version(tmp_path: P
 
 def test_orch_stop_leaves_a_stopped_server_without_an_error(tmp_path: Path) -> None:
     """The end's read of a stopped vLLM server's log: its shutdown's EngineDeadError is no error of the run."""
-    from types import SimpleNamespace
-
-    from orchestrator.runflow.lastread import read_to_end
-
     log = (LOGS / "vllm_0_32_cpu_clean_stop_engine_dead.log").read_bytes()
     store, w, _, _ = watched(tmp_path)
     head = log[:log.index(b"(APIServer pid=7310) INFO 12-06 05:03:30 [launcher.py:101]")]
     assert not push(w, head)
     transition(store, w.run_id, Status.CANCELLED, "stopped by user")
 
-    class Executor:
-        def poll(self, paths: Any, job: Any, offset: int, limit: int, **_: Any) -> JobState:
-            return JobState(alive=False, exit_code=None, size=len(log), offset=offset, data=log[offset:],
-                            started_at=999_000.0)
-
-    ctx = SimpleNamespace(refresh=lambda: store.get_run(w.run_id), executor=Executor(), paths=None,
-                          store=store, run_id=w.run_id, event=lambda *a: None,
-                          pb=SimpleNamespace(log_engine=lambda s: None, ready_pattern=lambda s: None), spec=None)
-    read_to_end(ctx)  # type: ignore[arg-type]
+    read_rest(store, w, log, exit_code=None)
     run = store.get_run(w.run_id)
     assert run.error is None and run.phase == "running"
     assert not [e for e in store.events(w.run_id) if e["kind"] == "error"]
