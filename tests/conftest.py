@@ -131,6 +131,7 @@ def net_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[in
 # ---------------------------------------------------------------------------------------------------
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest runs without it too (-p no:xdist)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     if config.getoption("dist") != "loadfile":
         return None

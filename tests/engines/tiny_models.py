@@ -3,8 +3,8 @@
 Run with the engine env's python (it has torch and transformers):
     python tests/engines/tiny_models.py OUT_DIR
 writes OUT_DIR/target (a random Llama in 4 safetensors shards with a byte-level tokenizer and a chat template;
-one feature of every embedding is large and only token 0 reads it, so greedy decoding always emits token 0,
-a plain byte),
+one feature of every embedding is large and only token 0 reads it, so decoding always emits token 0, a plain
+byte, greedy or sampled),
 OUT_DIR/eagle3 (a random EAGLE-3 draft in the layout vLLM's llama_eagle3 loader reads: it accepts next to
 nothing) and OUT_DIR/eagle3-const (a draft that always proposes token 0, so nearly every draft is accepted),
 and prints their paths as JSON.
@@ -54,7 +54,8 @@ def make_target(out: Path) -> transformers.LlamaForCausalLM:
     model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
     with torch.no_grad():  # predictable output: one feature dominates every hidden state and picks token 0
         model.model.embed_tokens.weight[:, 0] = 1.0
-        model.lm_head.weight[0, 0] = 1.0
+        # by a logit margin of ~90, so sampling at temperature 1 (the server's default) emits token 0 too
+        model.lm_head.weight[0, 0] = 20.0
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     model.save_pretrained(out, max_shard_size=int(size / 4 * 1.1) + 1)  # 4 shards: a bar to read
     tokenizer.save_pretrained(out)
