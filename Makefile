@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup system engine demo test test-fast lint bench gpu-wheels
+.PHONY: setup system engine demo test test-fast lint docs bench gpu-wheels
 
 $(BIN)/orch: pyproject.toml
 	@echo "setting up $(VENV): pip, torch (CPU), orch with its job and test extras"
@@ -24,7 +24,7 @@ system:
 	.ci/system-packages
 
 # The real engine every machine runs: vLLM's CPU build (and speculators) in .engines/vllm, for
-# tests/test_vllm_real.py and the README's path without a GPU.
+# tests/test_vllm_real.py and docs/no-gpu.md.
 engine:
 	PY=$(PY) .ci/engine-env .engines/vllm
 
@@ -42,6 +42,11 @@ lint: setup
 	$(BIN)/mypy orchestrator playbooks
 	$(BIN)/lint-imports
 
+# The manual, docs/, built into site/ (ignored by git); --strict fails on a broken link or anchor, a page
+# missing from the nav, or a nav entry with no page.
+docs: setup
+	$(BIN)/mkdocs build --strict --site-dir site
+
 bench: setup engine
 	$(BIN)/python bench/detection_lag.py
 	$(BIN)/python bench/inspect_log.py
@@ -49,6 +54,6 @@ bench: setup engine
 	$(BIN)/python bench/timeouts.py
 	$(BIN)/python bench/real_engine.py
 
-# What a lent GPU machine needs to install orch with no package index, in bench/wheels (README: Development).
+# What a lent GPU machine needs to install orch with no package index, in bench/wheels (docs/development.md).
 gpu-wheels: setup
 	$(BIN)/python bench/gpu_wheels.py

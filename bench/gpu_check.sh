@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a lent GPU machine (README: Development): bench/gpu_check.py under the python that has torch.
+# On a lent GPU machine (docs/development.md): bench/gpu_check.py under the python that has torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for py in python3.12 python3 python; do

@@ -63,6 +63,8 @@ def fields(spec_cls: type[BaseModel]) -> list[FieldDoc]:
     for name, info in spec_cls.model_fields.items():
         required = info.is_required()
         default = None if required else info.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):  # a table's default (serve-bench's `bench`): as the JSON it is given in
+            default = default.model_dump(mode="json")
         docs.append(FieldDoc(name, type_text(info.annotation), required, default, info.description or "",
                              _bounds(info.metadata)))
     return docs

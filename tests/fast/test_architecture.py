@@ -1,4 +1,4 @@
-"""The architecture as written down (README's table) is the one enforced (pyproject's import contracts),
+"""The architecture as written down (the layers table of docs/architecture.md) is the one enforced (pyproject's import contracts),
 and the contracts name every unit of orchestrator."""
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def top_level_units() -> set[str]:
     return files | {p.parent.name for p in pkg.glob("*/__init__.py")}
 
 
-def readme_rows() -> dict[str, list[str]]:
-    text = (ROOT / "README.md").read_text()
+def documented_rows() -> dict[str, list[str]]:
+    text = (ROOT / "docs" / "architecture.md").read_text()
     rows = re.findall(r"^\| (\d+|leaves) \| ([^|]+) \|", text, re.MULTILINE)
     return {layer: re.findall(r"`([a-z_]+)`", units) for layer, units in rows}
 
@@ -47,8 +47,8 @@ def test_seven_layers_at_most_and_every_unit_placed_once() -> None:
     assert sorted(placed) == sorted(top_level_units())
 
 
-def test_the_readme_table_is_the_contract() -> None:
-    rows = readme_rows()
+def test_the_documented_table_is_the_contract() -> None:
+    rows = documented_rows()
     assert rows == {**{str(i): layer for i, layer in enumerate(layers(), 1)}, "leaves": leaves()}
 
 

@@ -1,8 +1,10 @@
-"""Every registered playbook keeps the plugin contract: its Spec round-trips through JSON, and a dry run
-quotes hostile values so that running the job script it would launch injects nothing."""
+"""Every registered playbook keeps the plugin contract: its Spec round-trips through JSON, its keys can be
+listed with their defaults (`orch run PLAYBOOK --help`, the manual), and a dry run quotes hostile values
+so that running the job script it would launch injects nothing."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import typing
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from orchestrator import runflow
+from orchestrator.config import specdoc
 from orchestrator.config.hosts import local_host
 from orchestrator.config.workspace import Workspace
 from orchestrator.playbook import Playbook, RunSpec
@@ -67,6 +70,13 @@ def test_spec_round_trips_through_json(pb: Playbook[Any], tmp_path: Path) -> Non
     spec, _ = hostile_spec(pb, tmp_path / "marker", tmp_path / "python")
     assert pb.Spec.model_validate_json(spec.model_dump_json()) == spec
     assert pb.Spec.model_validate(spec.model_dump(mode="json")) == spec
+
+
+@pytest.mark.parametrize("pb", registry.playbooks(), ids=lambda pb: pb.name)
+def test_every_key_is_listed_with_a_default_a_person_can_read(pb: Playbook[Any]) -> None:
+    for doc in specdoc.fields(pb.Spec):
+        shown = doc.default_text  # a table's default (serve-bench's `bench`) as the TOML-like JSON it is given in
+        assert shown in ("required", "unset") or json.loads(shown) == doc.default, doc.name
 
 
 @pytest.mark.parametrize("pb", registry.playbooks(), ids=lambda pb: pb.name)
