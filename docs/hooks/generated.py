@@ -49,7 +49,7 @@ def playbooks() -> str:
     for name in sorted(registry.BUILTIN_PLAYBOOKS):
         pb = registry.playbook(name)
         own = [d for d in specdoc.fields(pb.Spec) if d.name not in common]
-        engine = f"Engine: {pb.engine}." if pb.engine else "Any engine."
+        engine = f"Log format: {pb.engine}." if pb.engine else "Log format: any (read by shape)."
         parts.append(f"### {name}\n\n{_text(registry.summary(pb))} {engine}\n\n"
                      + (_fields_table(own) if own else "No keys beyond the common ones."))
     return "\n\n".join(parts)

@@ -1,5 +1,5 @@
-"""The JSON shapes `--json` prints, one per noun (README "Output for scripts"): integers for counts, one
-progress object everywhere, ISO 8601 times beside epoch seconds."""
+"""The JSON shapes `--json` prints, one per noun (docs/runs.md, "Output for scripts"): integers for counts,
+one progress object everywhere, ISO 8601 times beside epoch seconds."""
 
 from __future__ import annotations
 
