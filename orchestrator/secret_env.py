@@ -22,6 +22,8 @@ _SECRET_WORD = re.compile(r"(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE)S?\d*
 _SECRET_NAME = re.compile(r"(?:PAT|PASS|PWD)\d*$", re.IGNORECASE)
 # A name whose last word says it names where a secret is, not the secret: HF_TOKEN_PATH, SSL_KEY_FILE.
 _WHERE_WORD = re.compile(r"(?:PATH|FILE|DIR|LOCATION)S?$", re.IGNORECASE)
+# A plural after a word that counts names a number of them, not a secret: MAX_TOKENS, MAX_NEW_TOKENS, NUM_KEYS.
+_COUNT_WORDS = frozenset({"MAX", "MIN", "NUM", "N", "NEW", "TOTAL", "BATCH", "PREFILL", "DECODE"})
 # Shell's own variables: PWD is the working directory, not a password.
 _NOT_SECRET = frozenset({"PWD", "OLDPWD"})
 # A URL anywhere in a value (`--db=postgres://...` too); one whose user part carries a password, or any
@@ -34,7 +36,12 @@ def looks_secret(name: str) -> bool:
     words = name.split("_")
     if name.upper() in _NOT_SECRET or _WHERE_WORD.fullmatch(words[-1]):
         return False
-    return any(_SECRET_WORD.search(word) or _SECRET_NAME.fullmatch(word) for word in words)
+    return any((_SECRET_WORD.search(word) and not counted(words, i)) or _SECRET_NAME.fullmatch(word)
+               for i, word in enumerate(words))
+
+
+def counted(words: list[str], i: int) -> bool:
+    return words[i].upper() in ("TOKENS", "KEYS") and i > 0 and words[i - 1].upper() in _COUNT_WORDS
 
 
 def holds_credential(value: str) -> bool:

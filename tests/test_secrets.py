@@ -148,7 +148,8 @@ def test_secret_names(tmp_path: Path) -> None:
     for name in ("HF_TOKEN", "hf_token", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY",
                  "AWS_ACCESS_KEY_ID", "PGPASSWORD", "DB_PASSWD", "OPENAI_APIKEY", "CLIENT_SECRETS", "GH_TOKENS", "APIKEY2"):
         assert secret_env.looks_secret(name), name
-    for name in ("TOKENIZERS_PARALLELISM", "KEYBOARD", "CUDA_VISIBLE_DEVICES", "HF_HOME", "NCCL_DEBUG", "SECRETARY"):
+    for name in ("TOKENIZERS_PARALLELISM", "KEYBOARD", "CUDA_VISIBLE_DEVICES", "HF_HOME", "NCCL_DEBUG", "SECRETARY",
+                 "MAX_TOKENS", "MAX_NEW_TOKENS", "NUM_KEYS", "PREFILL_TOKENS"):  # counts
         assert not secret_env.looks_secret(name), name
     assert secret_env.masked_env({"HF_TOKEN": "", "X": "1", "Y": "2"}, ["Y"]) == {"HF_TOKEN": "", "X": "1", "Y": "***"}
 
