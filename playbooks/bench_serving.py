@@ -186,7 +186,8 @@ class BenchServing(Playbook[BenchServingSpec]):
         return " ".join(quote(a) for a in argv)
 
     def log_engine(self, spec: BenchServingSpec) -> str | None:
-        return spec.engine or self.engine
+        # unset, the server run's engine decides, which the spec alone does not say: the parser tells by the log
+        return spec.engine
 
     @staticmethod
     def python(job: JobContext[BenchServingSpec], t: Target) -> str:

@@ -7,10 +7,9 @@ printing SGLang's result block; the real CLI and SQLite.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
-from orchtest import Orch, kill_controller
+from orchtest import Orch, kill_controller, reached, release
 from sshd import free_port
 from test_serve import BENCH, EMULATOR, group_alive, http_status, no_server_left_behind
 
@@ -82,36 +81,31 @@ def test_a_2x2_eagle3_grid_on_two_hosts_serves_benches_and_stops_every_server(tm
 def test_the_server_is_stopped_when_the_controller_dies_and_the_sweep_resumes(tmp_path, ssh_fleet):
     orch = workspace(tmp_path, ssh_fleet)
     port = free_port("127.0.0.1")
-    path = orch.root / "one.toml"
-    # a benchmark slow enough (40 prompts, 0.1 s each) to kill the controller while it runs
+    path, gate = orch.root / "one.toml", tmp_path / "bench-gate"
+    # the benchmark waits at its start until the test lets it go: the controller dies while it runs
     path.write_text(f'name = "resume"\nplaybook = "serve-bench"\nhosts = ["test1"]\n'
-                    f"{base_spec(num_prompts=40, extra_args=['--request-time', '0.1'])}\n"
+                    f"{base_spec(extra_args=['--hold', str(gate)])}\n"
                     f"[matrix]\nnum_steps = [3]\nport = [{port}]\n")
     proc = orch.spawn("sweep", "run", str(path))
-    run = None
     try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            runs = orch.status() if orch.db.exists() else []
-            if runs and runs[0]["remote_dir"] and "Starting main benchmark" in _log(runs[0]):
-                run = runs[0]
-                break
-            time.sleep(0.1)
-        assert run is not None, "the benchmark never started"
+        reached(gate)
     finally:
         kill_controller(proc)
+    (run,) = orch.status()
     assert group_alive(run["pid"]) and http_status(port) == 200  # the job outlives its controller
-    res = orch("sweep", "run", str(path), timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert f"watching run {run['id']} again" in res.stderr
+    again = orch.spawn("sweep", "run", str(path))
+    try:
+        said = ""
+        while f"watching run {run['id']} again" not in said:  # the resumed sweep holds the running point
+            line = again.stderr.readline() if again.stderr else ""
+            assert line, f"the resumed sweep ended without watching run {run['id']}: {said}"
+            said += line
+        release(gate)
+        _, err = again.communicate(timeout=120)
+    finally:
+        again.kill()
+    assert again.returncode == 0, said + err
     doc = orch.status(run["id"])
     assert doc["status"] == "succeeded" and POINT_METRICS <= set(doc["metrics"])
     assert not group_alive(run["pid"]) and http_status(port) is None
     assert len(orch.status()) == 1  # watched again, never run twice
-
-
-def _log(run: dict) -> str:
-    try:
-        return (Path(run["remote_dir"]) / "log").read_text()
-    except OSError:
-        return ""

@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 
 def health(base_url: str) -> int | None:
@@ -48,6 +49,8 @@ def main() -> int:
     ap.add_argument("--random-input-len", type=int, default=1024)
     ap.add_argument("--random-output-len", type=int, default=1024)
     ap.add_argument("--request-time", type=float, default=0.005)
+    ap.add_argument("--hold", metavar="FILE", help="after the warmup, wait until the test creates FILE "
+                    "(FILE.reached says it waits)")
     args, _unknown = ap.parse_known_args()
 
     code = health(args.base_url)
@@ -61,6 +64,10 @@ def main() -> int:
     print("Starting warmup with 1 sequences...")
     print("Warmup completed with 1 sequences. Starting main benchmark run...")
     sys.stdout.flush()
+    if args.hold:
+        Path(f"{args.hold}.reached").touch()
+        while not Path(args.hold).exists():
+            time.sleep(0.02)
     n, t0 = args.num_prompts, time.time()
     sys.stderr.write("\r" + bar(0, n, 0.0))
     for i in range(1, n + 1):
