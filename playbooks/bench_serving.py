@@ -42,7 +42,10 @@ MODULE = "-m sglang.benchmark.serving"  # the package's own spelling from 0.5.15
 MODULE_SINCE = (0, 5, 15)
 
 
-MAX_FAILED_DOC = "share of requests that may fail: above it the run fails, up to it it is degraded"
+MAX_FAILED_DOC = ("share of requests that may fail: above it the run fails and its numbers are invalid, up to it "
+                  "it is degraded")
+REPEATS_DOC = "benchmarks run one after another against the one server, each recorded (step = repeat)"
+WARMUP_DOC = "benchmarks run first and not recorded (their output goes to warmup.log in the run dir)"
 
 
 class BenchServingSpec(RunSpec):
@@ -61,6 +64,8 @@ class BenchServingSpec(RunSpec):
     extra_args: list[str] = Field(default_factory=list, description="more benchmark flags, as given")
     launcher: str | None = Field(default=None, description="what follows python; default by SGLang version")
     max_failed_fraction: float = Field(default=0.0, ge=0, le=1, description=MAX_FAILED_DOC)
+    repeats: int = Field(default=1, ge=1, le=1000, description=REPEATS_DOC)
+    warmup: int = Field(default=0, ge=0, le=1000, description=WARMUP_DOC)
     cleanup: bool = False  # a client: the GPUs belong to the server it measures
 
     @field_validator("launcher")
@@ -91,6 +96,8 @@ class BenchSettings(BaseModel):
     extra_args: list[str] = Field(default_factory=list, description="more benchmark flags, as given")
     launcher: str | None = Field(default=None, description="what follows python; default by SGLang version")
     max_failed_fraction: float = Field(default=0.0, ge=0, le=1, description=MAX_FAILED_DOC)
+    repeats: int = Field(default=1, ge=1, le=1000, description=REPEATS_DOC)
+    warmup: int = Field(default=0, ge=0, le=1000, description=WARMUP_DOC)
 
     @field_validator("launcher")
     @classmethod
@@ -98,6 +105,19 @@ class BenchSettings(BaseModel):
         if text is not None:
             split_launcher(text)
         return text
+
+
+def repeated(command: str, repeats: int, warmup: int) -> str:
+    """The benchmark's command `warmup` times unrecorded (to warmup.log), then `repeats` times into the log,
+    each a result block of its own; stopping at the first that fails. One run of it is the command as is."""
+    if repeats == 1 and warmup == 0:
+        return command
+    lines = []
+    if warmup:
+        lines.append(f"for orch_i in $(seq {warmup}); do echo \"warm-up $orch_i/{warmup}\"; "
+                     f"{command} >> warmup.log 2>&1 || exit $?; done")
+    lines.append(f"for orch_i in $(seq {repeats}); do echo \"repeat $orch_i/{repeats}\"; {command} || exit $?; done")
+    return "\n".join(lines)
 
 
 def bench_module(remote: Remote, python: str, launcher: str | None, engine: Engine = "sglang") -> list[str]:
@@ -183,7 +203,7 @@ class BenchServing(Playbook[BenchServingSpec]):
     def command(self, job: JobContext[BenchServingSpec], prepared: Prepared) -> str:
         t = target(job.find_run, job.spec, job.host)
         argv = bench_argv(self.python(job, t), job.spec, t.url, prepared.args, t.engine, t.model)
-        return " ".join(quote(a) for a in argv)
+        return repeated(" ".join(quote(a) for a in argv), job.spec.repeats, job.spec.warmup)
 
     def log_engine(self, spec: BenchServingSpec) -> str | None:
         return spec.engine or self.engine

@@ -26,7 +26,7 @@ from pydantic import Field
 from orchestrator.playbook import HealthCheck, Host, JobContext, Playbook, Prepared, other_nodes_only, quote
 
 from . import serve_vllm
-from .bench_serving import BenchSettings, Engine, bench_argv, bench_module, module_for
+from .bench_serving import BenchSettings, Engine, bench_argv, bench_module, module_for, repeated
 from .serve_eagle3 import (
     ServeEagle3Spec,
     engine_argv,
@@ -84,7 +84,8 @@ def script(spec: ServeBenchSpec | ServeBenchVllmSpec, python: str, server: str, 
         "trap stop_server EXIT",
         (f"{shell([python, WAIT, 'up', url + '/health', '--timeout', f'{spec.ready_timeout_s:g}'])} "
         '--pid "$server" || exit 1'),
-        shell(bench_argv(python, spec.bench, url, module, engine, model)),
+        repeated(shell(bench_argv(python, spec.bench, url, module, engine, model)), spec.bench.repeats,
+                 spec.bench.warmup),
     ]) + "\n"
 
 
