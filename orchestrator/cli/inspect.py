@@ -95,8 +95,9 @@ def compare(
             style = {"better": BETTER, "worse": WORSE}.get(verdict or "")
             cells.append(Styled(cell + (f" {verdict}" if verdict else ""), style))
         rows.append([name + (" *" if m["headline"] else ""), *cells])  # coloured by the verdict, not the last sample
-        rows.append(["  median [min, max]", *("-" if not s or not s.get("n") else
-                                              f"{s['median']:.4g} [{s['min']:.4g}, {s['max']:.4g}] n={s['n']}"
-                                              for s in m["noise"])])
+        # the steady state (the first 10 % left out) and its range: what the verdict weighs
+        rows.append(["  mean / p50 [min, max]", *("-" if s is None else
+                                                  f"{s['mean']:.4g} / {s['p50']:.4g} [{s['min']:.4g}, {s['max']:.4g}]"
+                                                  for s in m["summaries"])])
     first = " (baseline)" if base is not None else " (previous)" if previous else ""
     table(["", *(f"run {i}" + ("" if n else first) for n, i in enumerate(found["runs"]))], rows)

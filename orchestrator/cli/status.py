@@ -215,8 +215,8 @@ def receipt_lines(receipt: dict[str, Any] | None) -> list[str]:
     if not receipt:
         return []
     engine = receipt.get("engine") or {}
-    lines = [f"receipt: {engine.get('name')} {engine.get('version') or '?'} ({engine.get('python')}), "
-             f"orch {receipt.get('orch')}, host {receipt.get('host')} ({receipt.get('hostname') or '?'})"]
+    lines = [(f"receipt: {engine.get('name')} {engine.get('version') or '?'} ({engine.get('python')}), "
+              f"orch {receipt.get('orch')}, host {receipt.get('host')} ({receipt.get('hostname') or '?'})")]
     for p in receipt.get("patches") or []:
         lines.append(f"  patch {p.get('name')} {str(p.get('set_hash') or '')[:12]} on {p.get('package')} "
                      f"{p.get('version')}" + (", reverted" if p.get("reverted") else ""))

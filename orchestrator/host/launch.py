@@ -143,8 +143,8 @@ class HostExecutor:
         """Start the job through the host's agent (idempotent for the same token): its pid and start time.
         A host runs one node's job, whatever `nodes` says: each node of a run over SSH is launched apart.
         With `facts`, the same request looks at the host for the receipt first (kept in `launch_facts`)."""
-        job = self.call("launch", dir=paths.root, script=script, token=token,
-                        **({"facts": facts} if facts is not None else {}))
+        extra: dict[str, Any] = {"facts": facts} if facts is not None else {}
+        job = self.call("launch", dir=paths.root, script=script, token=token, **extra)
         found = job.get("facts")
         self.launch_facts = found if isinstance(found, dict) else None
         return JobRef(int(job["pid"]), str(job["start"]))

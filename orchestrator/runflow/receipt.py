@@ -114,14 +114,14 @@ def _model_path(spec: Any) -> str | None:
     return model if isinstance(model, str) else None
 
 
-def _seed(extra_args: list[str], engine: str) -> int | str | None:
+def _seed(extra_args: list[str], engine: str | None) -> int | str | None:
     """The benchmark's --seed as given in its extra arguments, else its engine's default."""
     for i, arg in enumerate(extra_args):
         if arg == "--seed" and i + 1 < len(extra_args):
             return extra_args[i + 1]
         if arg.startswith("--seed="):
             return arg.split("=", 1)[1]
-    return ENGINE_SEED.get(engine)
+    return ENGINE_SEED.get(engine or "")
 
 
 def _server(ctx: Job) -> dict[str, Any] | None:

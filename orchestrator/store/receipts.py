@@ -20,7 +20,8 @@ import json
 from typing import Any
 
 # Keys that differ from run to run without saying anything about what made the numbers.
-_MOMENTARY = ("launched_at", "ended_at", "status", "invalid", "server.run", "spec.server", "spec.name")
+# (A patch set reverted at the end made the numbers as much as one left applied.)
+_MOMENTARY = ("launched_at", "ended_at", "status", "invalid", "server.run", "spec.server", "spec.name", "reverted")
 # What makes two runs' numbers incomparable when it differs: another model, data set or machine.
 _MATTERS = {"model": "the model", "dataset": "the data set", "hardware.gpus": "the GPUs",
             "hardware.cpu.model": "the CPU", "spec.bench.num_prompts": "the data set"}
@@ -42,6 +43,11 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: value}
 
 
+def _value(v: Any) -> Any:
+    """An empty list or table says no more than a missing one (no patch sets: `[]`, or none recorded)."""
+    return None if v in ([], {}) else v
+
+
 def _momentary(key: str) -> bool:
     return any(key == m or key.startswith(m + ".") or key.endswith("." + m) for m in _MOMENTARY)
 
@@ -52,7 +58,7 @@ def differences(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[dict
     fa, fb = flatten(a or {}), flatten(b or {})
     found = []
     for key in dict.fromkeys([*fa, *fb]):
-        if _momentary(key) or fa.get(key) == fb.get(key):
+        if _momentary(key) or _value(fa.get(key)) == _value(fb.get(key)):
             continue
         found.append({"key": key, "a": fa.get(key), "b": fb.get(key), "matters": matters(key)})
     return found

@@ -86,16 +86,16 @@ def compare(store: Store, ids: list[int], all_keys: bool = False, baseline: int 
         values = [m.get(name) for m in latest]
         lower = lower_is_better(name)
         samples = [judged(name, s.get(name, [])) for s in series]
-        judged = [None, *(_verdict(name, samples[0], samples[i], apart[i]) for i in range(1, len(ids)))]
+        given = [None, *(_verdict(name, samples[0], samples[i], apart[i]) for i in range(1, len(ids)))]
         metrics[name] = {"name": name, "headline": name in heads,
                          "values": values, "ratios": [ratio(v, values[0]) for v in values], "lower_is_better": lower,
                          "better": [None, *(_better(v, values[0], lower) for v in values[1:])],
                          # last, mean and p50 over the steady state, per run (see store/summaries.py)
                          "summaries": [s.get(name) for s in summed],
                          "noise": [noise.noise(x) if x else None for x in samples],
-                         "verdicts": [None if j is None else j[0] for j in judged],
-                         "why": [None if j is None else j[1] for j in judged],
-                         "verdict": judged[-1][0] if judged[-1] else None}
+                         "verdicts": [None if j is None else j[0] for j in given],
+                         "why": [None if j is None else j[1] for j in given],
+                         "verdict": given[-1][0] if given[-1] else None}
     return {"runs": list(ids), "baseline": ids[0],
             # what changed between the receipts (with more than two runs, each names the run it is of)
             "differences": [d for ds in diffs for d in ds] if len(diffs) == 1 else
