@@ -9,8 +9,10 @@ By default the benchmark runs with the server run's python (the engine's environ
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -46,6 +48,7 @@ MAX_FAILED_DOC = ("share of requests that may fail: above it the run fails and i
                   "it is degraded")
 REPEATS_DOC = "benchmarks run one after another against the one server, each recorded (step = repeat)"
 WARMUP_DOC = "benchmarks run first and not recorded (their output goes to warmup.log in the run dir)"
+# (repeats and warm-ups run in one process: jobs/repeat_bench.py)
 
 
 class BenchServingSpec(RunSpec):
@@ -107,17 +110,23 @@ class BenchSettings(BaseModel):
         return text
 
 
-def repeated(command: str, repeats: int, warmup: int) -> str:
-    """The benchmark's command `warmup` times unrecorded (to warmup.log), then `repeats` times into the log,
-    each a result block of its own; stopping at the first that fails. One run of it is the command as is."""
+REPEAT = "repeat_bench.py"
+JOBS = Path(__file__).parent / "jobs"
+
+
+def repeated(argv: list[str], repeats: int, warmup: int) -> list[str]:
+    """The benchmark's command line run `warmup` times unrecorded, then `repeats` times into the log (each a
+    result block of its own), in one process of the engine's python (jobs/repeat_bench.py, in the run dir):
+    its CLI is imported once, not once a repeat. One run is the command line as it is."""
     if repeats == 1 and warmup == 0:
-        return command
-    lines = []
-    if warmup:
-        lines.append(f"for orch_i in $(seq {warmup}); do echo \"warm-up $orch_i/{warmup}\"; "
-                     f"{command} >> warmup.log 2>&1 || exit $?; done")
-    lines.append(f"for orch_i in $(seq {repeats}); do echo \"repeat $orch_i/{repeats}\"; {command} || exit $?; done")
-    return "\n".join(lines)
+        return argv
+    return [argv[0], REPEAT, str(repeats), str(warmup), *argv[1:]]
+
+
+def put_repeater(job: JobContext[Any], settings: BenchSettings | BenchServingSpec) -> None:
+    """The repeats' runner goes to the run dir when there is more than one run."""
+    if settings.repeats > 1 or settings.warmup:
+        job.remote.put((JOBS / REPEAT).read_bytes(), posixpath.join(job.paths.root, REPEAT))
 
 
 def bench_module(remote: Remote, python: str, launcher: str | None, engine: Engine = "sglang") -> list[str]:
@@ -198,12 +207,13 @@ class BenchServing(Playbook[BenchServingSpec]):
 
     def prepare(self, job: JobContext[BenchServingSpec]) -> Prepared:
         t = target(job.find_run, job.spec, job.host)
+        put_repeater(job, job.spec)
         return Prepared(args=bench_module(job.remote, self.python(job, t), job.spec.launcher, t.engine))
 
     def command(self, job: JobContext[BenchServingSpec], prepared: Prepared) -> str:
         t = target(job.find_run, job.spec, job.host)
         argv = bench_argv(self.python(job, t), job.spec, t.url, prepared.args, t.engine, t.model)
-        return repeated(" ".join(quote(a) for a in argv), job.spec.repeats, job.spec.warmup)
+        return " ".join(quote(a) for a in repeated(argv, job.spec.repeats, job.spec.warmup))
 
     def log_engine(self, spec: BenchServingSpec) -> str | None:
         return spec.engine or self.engine

@@ -30,19 +30,23 @@ def begin(ctx: Job, job: JobContext[Any], prepared: Prepared, command: str, env:
           patches: list[dict[str, Any]]) -> None:
     """What orch knows of the run's receipt before its launch (kept on the Job until the launch sees the host)."""
     spec = ctx.spec
-    engine = ctx.pb.log_engine(spec) or ctx.pb.engine
+    server = _server(ctx)
+    # a benchmark's engine is its server's (its own playbook names only the format it prints by default)
+    engine = ((server or {}).get("receipt") or {}).get("engine", {}).get("name") or ctx.pb.log_engine(spec) or ctx.pb.engine
     bench = getattr(spec, "bench", None) or spec
     receipt: dict[str, Any] = {
         "orch": __version__, "host": ctx.host.name, "playbook": ctx.pb.name,
         "spec": ctx.run.spec,  # as stored: its secrets masked
-        "engine": {"name": engine, "version": prepared.engine_version, "python": job.python},
+        # a benchmark runs with its server's python unless told otherwise: the engine's, as the server's receipt says
+        "engine": {"name": engine, "version": prepared.engine_version,
+                   "python": spec.python or ((server or {}).get("receipt") or {}).get("engine", {}).get("python")
+                   or job.python},
         "patches": patches,
         "argv": command,
         "server_argv": ctx.pb.engine_argv(spec),
         "env": masked_env(env, [*ctx.host.secret_env, *spec.secret_env]),
         "launched_at": time.time(),
     }
-    server = _server(ctx)
     if server is not None:
         receipt["server"] = server  # the model is the server's, in its receipt
     elif _model_path(spec) is not None:

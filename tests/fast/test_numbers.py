@@ -120,10 +120,9 @@ def test_each_repeat_is_a_step_of_its_own() -> None:
     found = p.feed(b"repeat 1/3\n" + block + b"repeat 2/3\n" + block + b"repeat 3/3\n" + block)
     steps = [m.repeat for m in found if m.name == "completed"]
     assert steps == [1, 2, 3] and p.requests == [3 * 59.0, 0.0]
-    assert repeated("bench --x", 1, 0) == "bench --x"
-    script = repeated("bench --x", 5, 2)
-    assert "seq 2); do" in script and "bench --x >> warmup.log 2>&1 || exit $?" in script
-    assert "seq 5); do" in script and script.count("bench --x") == 2
+    argv = ["/e/python", "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--seed", "0"]
+    assert repeated(argv, 1, 0) == argv
+    assert repeated(argv, 5, 2) == ["/e/python", "repeat_bench.py", "5", "2", *argv[1:]]
     with pytest.raises(ValueError):
         BenchServingSpec(url="http://127.0.0.1:8000", repeats=0)
 
@@ -250,3 +249,21 @@ def test_a_sweep_run_again_flags_a_regression_beyond_its_spread_and_names_what_c
     # against the last night (the one before it is no longer the point's latest)
     assert line.startswith('regression at #0 env.B=4: gen_throughput 81.31 -> 64.4')
     assert "-> 64.4 (changed: patches.slow-decode.name: - -> slow-decode; " in line
+
+
+def test_the_repeats_run_in_one_process_and_the_warm_ups_out_of_the_log(tmp_path: Path) -> None:
+    import subprocess
+
+    runner = Path(__file__).parents[2] / "playbooks" / "jobs" / "repeat_bench.py"
+    (tmp_path / "bench.py").write_text("import sys, os\nprint('measured', sys.argv[1:], os.getpid())\n")
+    out = subprocess.run([sys.executable, str(runner), "3", "2", "bench.py", "--x"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:2] == ["warm-up 1/2", "warm-up 2/2"] and lines[2::2] == ["repeat 1/3", "repeat 2/3", "repeat 3/3"]
+    assert len({line for line in lines[3::2]}) == 1 and "['--x']" in lines[3]  # one process, the same arguments
+    assert (tmp_path / "warmup.log").read_text().count("measured") == 2
+    (tmp_path / "bench.py").write_text("import sys\nprint('down')\nsys.exit(3)\n")
+    out = subprocess.run([sys.executable, str(runner), "3", "0", "bench.py"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3 and out.stdout.splitlines() == ["repeat 1/3", "down"]
