@@ -201,13 +201,17 @@ def _counts(run: Any) -> bool:
 
 
 def regression_line(found: list[dict[str, Any]]) -> str | None:
-    """The regressions and gains in one line, each with what changed (None: nothing moved beyond its noise)."""
+    """The regressions and gains in one short line, then what changed in the receipts (None: nothing moved
+    beyond its noise): `2 regressions beyond the noise: #0 B=4 tput 81.3 -> 64.4, ...; changed: ...`."""
     if not found:
         return None
     parts = []
-    for r in found:
-        word = "regression" if r["verdict"] == "worse" else "gain"
-        change = "; ".join(r["changed"][:3]) or "nothing in the receipt"
-        parts.append(f"{word} at #{r['index']} {label(r['point'] or {})}: {r['metric']} "
-                     f"{r['before']['median']:.4g} -> {r['after']['median']:.4g} (changed: {change})")
-    return "; ".join(parts)
+    for verdict, word in (("worse", "regression"), ("better", "gain")):
+        these = [r for r in found if r["verdict"] == verdict]
+        if these:
+            points = ", ".join(f"#{r['index']} {label(r['point'] or {})} {r['metric']} "
+                               f"{r['before']['median']:.4g} -> {r['after']['median']:.4g}" for r in these)
+            parts.append(f"{len(these)} {word}{'s' if len(these) > 1 else ''} beyond the noise: {points}")
+    changes = list(dict.fromkeys(c for r in found for c in r["changed"]))
+    more = f" (+{len(changes) - 2} more)" if len(changes) > 2 else ""
+    return "; ".join(parts) + "; changed: " + (", ".join(changes[:2]) + more if changes else "nothing in the receipt")

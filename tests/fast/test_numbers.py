@@ -223,6 +223,14 @@ def night(store: Store, tmp: Path, sweep_id: int, receipt: dict[str, Any], scale
         sweep_db.settle_point(store, sweep_id, pt.index, PointStatus.SUCCEEDED, run_id=run_id)
 
 
+def stored_sweep(store: Store, sweep_id: int) -> dict[str, Any]:
+    from orchestrator.store import sweeps as stored_sweeps
+
+    row = stored_sweeps.sweep(store, sweep_id)
+    assert row is not None
+    return row
+
+
 def test_a_sweep_run_again_flags_a_regression_beyond_its_spread_and_names_what_changed(tmp_path: Path) -> None:
     ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
     store = Store(ws.db_path)
@@ -247,8 +255,25 @@ def test_a_sweep_run_again_flags_a_regression_beyond_its_spread_and_names_what_c
     line = status.regression_line(found)
     assert line is not None and "\n" not in line
     # against the last night (the one before it is no longer the point's latest)
-    assert line.startswith('regression at #0 env.B=4: gen_throughput 81.31 -> 64.4')
-    assert "-> 64.4 (changed: patches.slow-decode.name: - -> slow-decode; " in line
+    assert line == ("2 regressions beyond the noise: #0 env.B=4 gen_throughput 81.31 -> 64.4, #1 env.B=8 "
+                    "gen_throughput 81.31 -> 64.4; changed: patches.slow-decode.name: - -> slow-decode, "
+                    "patches.slow-decode.set_hash: - -> h")
+    # once the night's sweep has ended: its document, its end's line and its notification say it
+    from orchestrator.sweep import notification
+    from orchestrator.sweep.record import SweepStatus
+
+    for to in (SweepStatus.RUNNING, SweepStatus.SUCCEEDED):
+        sweep_db.transition_sweep(store, ids[2], to)
+    doc = sweep.document(store, ids[2])
+    assert doc["regressions"] == found and doc["regression_line"] == line
+    assert sweep.best_line(doc).splitlines()[1] == line
+    sent = notification.payload(ids[2], doc)
+    assert sent["text"].count("\n") == 0 and sent["regressions"] == found
+    assert "; 2 regressions beyond the noise: #0 env.B=4 gen_throughput 81.31 -> 64.4" in sent["text"]
+    # the report's trend: each night's value of each point with its noise band
+    trend = report.nights(store, stored_sweep(store, ids[2]), report.Objective.of_metric("gen_throughput"))
+    assert [n["bands"][next(iter(n["bands"]))] for n in trend] == [
+        [79.0, 82.0], [pytest.approx(79.79), pytest.approx(82.82)], [pytest.approx(63.2), pytest.approx(65.6)]]
 
 
 def test_the_repeats_run_in_one_process_and_the_warm_ups_out_of_the_log(tmp_path: Path) -> None:
