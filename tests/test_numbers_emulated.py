@@ -47,6 +47,8 @@ def test_two_benchmarks_of_the_same_receipt_are_within_the_noise(orch: Orch) -> 
     assert [g["name"] for g in receipt["hardware"]["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 2
     assert receipt["hardware"]["gpus"][0]["driver_version"] == "550.54.15"
     assert (receipt["repeats"], receipt["warmup"], receipt["dataset"]["name"]) == (5, 1, "default")
+    shown = orch("status", "2").stdout
+    assert "  receipt: sglang " in shown and "data set default, 10 prompts, seed 1, warm-up 1, repeats 5" in shown
     got = json.loads(orch("compare", "2", "3", "--json").stdout)
     assert got["differences"] == []
     assert {n: got["metrics"][n]["verdict"] for n in HEADLINES} == dict.fromkeys(HEADLINES, "within_noise")

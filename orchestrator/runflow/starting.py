@@ -145,7 +145,10 @@ def launch(ctx: Job, script: str) -> JobRef:
     gpus = len(ctx.spec.gpus) if ctx.spec.gpus is not None else None
     job = ctx.executor.launch(ctx.paths, script, run_token(ctx.ws, ctx.store, ctx.run_id), gpus, ctx.spec.nodes,
                               facts=receipt.facts_request(ctx))
-    receipt.launched(ctx, ctx.executor.launch_facts)
+    try:
+        receipt.launched(ctx, ctx.executor.launch_facts)
+    except Exception as exc:  # noqa: BLE001 - the job runs: a receipt that cannot be written must not end it
+        ctx.event("warning", f"receipt: {type(exc).__name__}: {exc}")
     return job
 
 

@@ -493,10 +493,10 @@ class Watcher:
         requests = self.parser.requests
         if end is None or end[0] is not Status.SUCCEEDED:
             return end
-        if self.opts.benchmark and (not requests or not requests[0]):
-            why = "no request completed" if requests else "no benchmark result: no request completed"
-            return end[0], end[1], {**end[2], "invalid": why}
         if not requests or not requests[1]:
+            if self.opts.benchmark and (not requests or not requests[0]):
+                why = "no request completed" if requests else "no benchmark result: no request completed"
+                return end[0], end[1], {**end[2], "invalid": why}
             return end
         completed, failed = requests
         bound = self.opts.max_failed_fraction

@@ -135,6 +135,14 @@ def test_failed_requests_above_the_bound_make_a_benchmark_invalid(tmp_path: Path
     assert run.status is Status.FAILED and run.invalid == "141 of 200 benchmark requests failed, above max_failed_fraction 0"
 
 
+def test_a_benchmark_whose_every_request_failed_is_failed_and_invalid(tmp_path: Path) -> None:
+    store, w, _, _ = watched(tmp_path, benchmark=True)
+    none = BENCH.replace(b"Successful requests:                     59", b"Successful requests:                     0")
+    assert push(w, none.replace(b"141", b"200"), exit_code=0)
+    run = store.get_run(w.run_id)
+    assert run.status is Status.FAILED and run.invalid == "200 of 200 benchmark requests failed, above max_failed_fraction 0"
+
+
 def test_failed_requests_within_the_bound_stay_valid(tmp_path: Path) -> None:
     store, w, _, _ = watched(tmp_path, benchmark=True, max_failed_fraction=0.75)
     assert push(w, BENCH, exit_code=0)
