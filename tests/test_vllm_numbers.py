@@ -45,21 +45,28 @@ def serve(orch: Orch, python: Path, model: str, *sets: str) -> int:
     return int(json.loads(res.stdout)["id"])
 
 
-def bench(orch: Orch, server: int, *sets: str) -> int:
+def bench(orch: Orch, server: int, *sets: str, check: int | None = 0) -> int:
     res = orch("run", "bench-serving", "--json", "--set", f"server={server}", "--set", "num_prompts=8",
                "--set", "input_len=32", "--set", "output_len=16", "--set", "poll_min=0.2", "--set", "poll_max=1",
-               *sets, timeout=600, check=0)
+               *sets, timeout=600, check=check)
     return int(json.loads(res.stdout)["id"])
 
 
-def test_repeats_measure_the_spread_and_compare_judges_against_it(tmp_path: Path, tiny_models: dict[str, Path]
-                                                                  ) -> None:
+def stop_all(orch: Orch) -> None:
+    for run in orch.status():
+        if run["status"] in ("running", "launching", "preparing"):
+            orch("stop", str(run["id"]), "--grace", "10")
+
+
+def test_repeats_measure_the_spread_and_compare_judges_against_it(tmp_path: Path, tiny_models: dict[str, Path],
+                                                                  request: pytest.FixtureRequest) -> None:
     from vllm_env import patchable_engine
 
     python = patchable_engine(tmp_path / "engine")
     [site] = (tmp_path / "engine" / "lib").glob("python3*/site-packages")
     slow = slow_set(tmp_path, site)
     orch = Orch(tmp_path / "ws")
+    request.addfinalizer(lambda: stop_all(orch))  # a failing test leaves no server behind
     model = str(tiny_models["target"])
     timings = {}
 
@@ -73,7 +80,7 @@ def test_repeats_measure_the_spread_and_compare_judges_against_it(tmp_path: Path
     started = time.monotonic()
     # every request goes to a path the server does not serve (no ready check first, which would stop it early)
     broken = bench(orch, server, "--set",
-                   'extra_args=["--endpoint", "/v1/nowhere/completions", "--ready-check-timeout-sec", "0"]')
+                   'extra_args=["--endpoint", "/v1/nowhere/completions", "--ready-check-timeout-sec", "0"]', check=1)
     timings["one run"] = time.monotonic() - started
     orch("stop", str(server), check=0)
     print("TIMINGS", timings, flush=True)

@@ -31,16 +31,16 @@ def begin(ctx: Job, job: JobContext[Any], prepared: Prepared, command: str, env:
     """What orch knows of the run's receipt before its launch (kept on the Job until the launch sees the host)."""
     spec = ctx.spec
     server = _server(ctx)
-    # a benchmark's engine is its server's (its own playbook names only the format it prints by default)
-    engine = ((server or {}).get("receipt") or {}).get("engine", {}).get("name") or ctx.pb.log_engine(spec) or ctx.pb.engine
+    # A benchmark's engine is its server's (its playbook names only the format it prints by default), and it
+    # runs with the server's python unless told otherwise.
+    served = ((server or {}).get("receipt") or {}).get("engine") or {}
+    engine = served.get("name") or ctx.pb.log_engine(spec) or ctx.pb.engine
     bench = getattr(spec, "bench", None) or spec
     receipt: dict[str, Any] = {
         "orch": __version__, "host": ctx.host.name, "playbook": ctx.pb.name,
         "spec": ctx.run.spec,  # as stored: its secrets masked
-        # a benchmark runs with its server's python unless told otherwise: the engine's, as the server's receipt says
         "engine": {"name": engine, "version": prepared.engine_version,
-                   "python": spec.python or ((server or {}).get("receipt") or {}).get("engine", {}).get("python")
-                   or job.python},
+                   "python": spec.python or served.get("python") or job.python},
         "patches": patches,
         "argv": command,
         "server_argv": ctx.pb.engine_argv(spec),
