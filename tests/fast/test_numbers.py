@@ -172,7 +172,7 @@ def test_an_invalid_point_is_never_the_best_nor_an_objective(orch: Orch, tmp_pat
     code, out, _ = orch("status", "2", "--json")
     assert json.loads(out)["invalid"] == "141 of 200 benchmark requests failed"
     code, out, _ = orch("sweep", "status", str(sweep_id))
-    assert "best: #2" in out
+    assert "best: #2" in out and "invalid: 141 of 200 benchmark requests failed" in out
     code, out, _ = orch("compare", "1", "2", "--json")
     assert {m["verdict"] for m in json.loads(out)["metrics"].values()} == {"incomparable"}
 
