@@ -9,8 +9,10 @@ By default the benchmark runs with the server run's python (the engine's environ
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -42,7 +44,11 @@ MODULE = "-m sglang.benchmark.serving"  # the package's own spelling from 0.5.15
 MODULE_SINCE = (0, 5, 15)
 
 
-MAX_FAILED_DOC = "share of requests that may fail: above it the run fails, up to it it is degraded"
+MAX_FAILED_DOC = ("share of requests that may fail: above it the run fails and its numbers are invalid, up to it "
+                  "it is degraded")
+REPEATS_DOC = "benchmarks run one after another against the one server, each recorded (step = repeat)"
+WARMUP_DOC = "benchmarks run first and not recorded (their output goes to warmup.log in the run dir)"
+# (repeats and warm-ups run in one process: jobs/repeat_bench.py)
 
 
 class BenchServingSpec(RunSpec):
@@ -61,6 +67,8 @@ class BenchServingSpec(RunSpec):
     extra_args: list[str] = Field(default_factory=list, description="more benchmark flags, as given")
     launcher: str | None = Field(default=None, description="what follows python; default by SGLang version")
     max_failed_fraction: float = Field(default=0.0, ge=0, le=1, description=MAX_FAILED_DOC)
+    repeats: int = Field(default=1, ge=1, le=1000, description=REPEATS_DOC)
+    warmup: int = Field(default=0, ge=0, le=1000, description=WARMUP_DOC)
     cleanup: bool = False  # a client: the GPUs belong to the server it measures
 
     @field_validator("launcher")
@@ -91,6 +99,8 @@ class BenchSettings(BaseModel):
     extra_args: list[str] = Field(default_factory=list, description="more benchmark flags, as given")
     launcher: str | None = Field(default=None, description="what follows python; default by SGLang version")
     max_failed_fraction: float = Field(default=0.0, ge=0, le=1, description=MAX_FAILED_DOC)
+    repeats: int = Field(default=1, ge=1, le=1000, description=REPEATS_DOC)
+    warmup: int = Field(default=0, ge=0, le=1000, description=WARMUP_DOC)
 
     @field_validator("launcher")
     @classmethod
@@ -98,6 +108,25 @@ class BenchSettings(BaseModel):
         if text is not None:
             split_launcher(text)
         return text
+
+
+REPEAT = "repeat_bench.py"
+JOBS = Path(__file__).parent / "jobs"
+
+
+def repeated(argv: list[str], repeats: int, warmup: int) -> list[str]:
+    """The benchmark's command line run `warmup` times unrecorded, then `repeats` times into the log (each a
+    result block of its own), in one process of the engine's python (jobs/repeat_bench.py, in the run dir):
+    its CLI is imported once, not once a repeat. One run is the command line as it is."""
+    if repeats == 1 and warmup == 0:
+        return argv
+    return [argv[0], REPEAT, str(repeats), str(warmup), *argv[1:]]
+
+
+def put_repeater(job: JobContext[Any], settings: BenchSettings | BenchServingSpec) -> None:
+    """The repeats' runner goes to the run dir when there is more than one run."""
+    if settings.repeats > 1 or settings.warmup:
+        job.remote.put((JOBS / REPEAT).read_bytes(), posixpath.join(job.paths.root, REPEAT))
 
 
 def bench_module(remote: Remote, python: str, launcher: str | None, engine: Engine = "sglang") -> list[str]:
@@ -178,12 +207,13 @@ class BenchServing(Playbook[BenchServingSpec]):
 
     def prepare(self, job: JobContext[BenchServingSpec]) -> Prepared:
         t = target(job.find_run, job.spec, job.host)
+        put_repeater(job, job.spec)
         return Prepared(args=bench_module(job.remote, self.python(job, t), job.spec.launcher, t.engine))
 
     def command(self, job: JobContext[BenchServingSpec], prepared: Prepared) -> str:
         t = target(job.find_run, job.spec, job.host)
         argv = bench_argv(self.python(job, t), job.spec, t.url, prepared.args, t.engine, t.model)
-        return " ".join(quote(a) for a in argv)
+        return " ".join(quote(a) for a in repeated(argv, job.spec.repeats, job.spec.warmup))
 
     def log_engine(self, spec: BenchServingSpec) -> str | None:
         # unset, the server run's engine decides, which the spec alone does not say: the parser tells by the log

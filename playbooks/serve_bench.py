@@ -26,7 +26,7 @@ from pydantic import Field
 from orchestrator.playbook import HealthCheck, Host, JobContext, Playbook, Prepared, other_nodes_only, quote
 
 from . import serve_vllm
-from .bench_serving import BenchSettings, Engine, bench_argv, bench_module, module_for
+from .bench_serving import BenchSettings, Engine, bench_argv, bench_module, module_for, put_repeater, repeated
 from .serve_eagle3 import (
     ServeEagle3Spec,
     engine_argv,
@@ -62,8 +62,10 @@ def shell(argv: list[str]) -> str:
 
 
 def put_waiter(job: JobContext[ServeBenchSpec] | JobContext[ServeBenchVllmSpec]) -> None:
-    """The script's waits (a free port, a server answering) run wait_http.py from the run dir."""
+    """The script's waits (a free port, a server answering) run wait_http.py from the run dir; its repeats,
+    repeat_bench.py."""
     job.remote.put((JOBS / WAIT).read_bytes(), posixpath.join(job.paths.root, WAIT))
+    put_repeater(job, job.spec.bench)
 
 
 def script(spec: ServeBenchSpec | ServeBenchVllmSpec, python: str, server: str, module: list[str],
@@ -84,7 +86,8 @@ def script(spec: ServeBenchSpec | ServeBenchVllmSpec, python: str, server: str, 
         "trap stop_server EXIT",
         (f"{shell([python, WAIT, 'up', url + '/health', '--timeout', f'{spec.ready_timeout_s:g}'])} "
         '--pid "$server" || exit 1'),
-        shell(bench_argv(python, spec.bench, url, module, engine, model)),
+        shell(repeated(bench_argv(python, spec.bench, url, module, engine, model), spec.bench.repeats,
+                       spec.bench.warmup)),
     ]) + "\n"
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from ..errors import UsageError
-from ..store import shapes, summaries
+from ..store import receipts, shapes, summaries
 from .app import app, parse_run_id, read_store, workspace
 from .render import BETTER, WORSE, Styled, emit_json, out, progress_line, table
 
@@ -59,8 +59,10 @@ def compare(
     previous: bool = typer.Option(False, "--previous",
                                   help="one run (default: the newest) against the run of its playbook on its host "
                                        "before it"),
+    metric: list[str] = typer.Option(None, "--metric", metavar="NAME", help="only this metric (repeatable)"),
 ) -> None:
-    """Specs and metrics of runs side by side, with ratios against the first run (or the baseline)."""
+    """What differs between the runs' receipts, then each metric with its verdict against the first run (or
+    the baseline): better, worse, within_noise or incomparable, judged from each run's spread."""
     from ..ui import report
 
     store = read_store(workspace())
@@ -70,10 +72,16 @@ def compare(
         if len(ids) > 1 or base is not None:
             raise UsageError("--previous takes one run (or none: the newest) and no --baseline")
         ids = report.with_previous(store, ids[0] if ids else None)
-    found = report.compare(store, ids, all_keys, base)
+    found = report.compare(store, ids, all_keys, base, metric or None)
     if as_json:
         emit_json(found)
         return
+    for d in found["differences"]:  # first: what changed, as the receipts say
+        out.print(("" if "run" not in d else f"run {d['run']}: ") + receipts.line(d)
+                  + (f"  (incomparable: {d['matters']})" if d["matters"] else ""), markup=False)
+    for run_id, why in zip(found["runs"], found["invalid"]):
+        if why:
+            out.print(f"run {run_id} is invalid: {why}", markup=False)
     rows = [[key, *("-" if v is None else v if isinstance(v, str) else json.dumps(v) for v in values)]
             for key, values in found["spec"].items()]
     for name, m in found["metrics"].items():
@@ -83,11 +91,13 @@ def compare(
             if i and base is not None and v is not None and m["values"][0] is not None:
                 cell = f"{m['values'][0]:g} → {cell}"  # against the baseline, as people write it
             cell += f" ({r:.2f}x)" if i and r is not None else ""
-            cells.append(Styled(cell, None if better is None else BETTER if better else WORSE))
-        rows.append([name, *cells])  # on a terminal: green where better than the first run, red where worse
-        rows.append(["  mean / p50", *("-" if s is None else f"{s['mean']:.4g} / {s['p50']:.4g}"
-                                        for s in m["summaries"])])  # the steady state: first 10 % left out
+            verdict = m["verdicts"][i]
+            style = {"better": BETTER, "worse": WORSE}.get(verdict or "")
+            cells.append(Styled(cell + (f" {verdict}" if verdict else ""), style))
+        rows.append([name + (" *" if m["headline"] else ""), *cells])  # coloured by the verdict, not the last sample
+        # the steady state (the first 10 % left out) and its range: what the verdict weighs
+        rows.append(["  mean / p50 [min, max]", *("-" if s is None else
+                                                  f"{s['mean']:.4g} / {s['p50']:.4g} [{s['min']:.4g}, {s['max']:.4g}]"
+                                                  for s in m["summaries"])])
     first = " (baseline)" if base is not None else " (previous)" if previous else ""
     table(["", *(f"run {i}" + ("" if n else first) for n, i in enumerate(found["runs"]))], rows)
-
-

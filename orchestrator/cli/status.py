@@ -138,7 +138,14 @@ def _row(doc: dict[str, Any], run: Run, now: float) -> list[Any]:
     return [doc["id"], doc["name"], doc["playbook"], hosts_cell(doc["hosts"]),
             Styled(shown, "yellow" if doc["stalled"] else STATUS_STYLES.get(word)),
             Styled(phase, PHASE_STYLES.get(doc["shown_phase"] or "")), prog, metrics, took,
-            age(now - doc["created_at"]), seen, "" if run.status is Status.SUCCEEDED else doc["reason"], doc["url"]]
+            age(now - doc["created_at"]), seen, _reason_cell(run.status, doc), doc["url"]]
+
+
+def _reason_cell(status: Status, doc: dict[str, Any]) -> str:
+    """Why a run ended as it did; for one whose numbers do not count, that first (`invalid: ...`)."""
+    if doc["invalid"]:
+        return f"invalid: {doc['invalid']}"
+    return "" if status is Status.SUCCEEDED else doc["reason"] or ""
 
 
 HOSTS_CELL_MAX = 20  # past this a multi-node run's hosts show as `gpu01+3`, as wide as a host name
@@ -164,6 +171,11 @@ def _print_run(doc: dict[str, Any], tables: list[runtables.RunTables]) -> None:
         out.print("  tags: " + ", ".join(doc["tags"]))
     for line in (doc["note"] or "").splitlines():
         out.print(f"  note: {line}")
+    if doc["invalid"]:
+        out.print(f"  invalid: {doc['invalid']} (its numbers count nowhere: no sweep's best, no objective)",
+                  markup=False)
+    for line in receipt_lines(doc["receipt"]):
+        out.print(f"  {line}", markup=False)
     for key in ("url", "reason", "exit_code", "job_id" if doc.get("job_id") else "pid", "node", "queue_reason",
                 "remote_dir", "duration_s"):
         if doc.get(key) is not None:
@@ -196,3 +208,33 @@ def _print_run(doc: dict[str, Any], tables: list[runtables.RunTables]) -> None:
     out.print("  spec: " + json.dumps(doc["spec"]))
     for e in doc["events"]:
         out.print(f"  {time.strftime('%m-%d %H:%M:%S', time.localtime(e['ts']))} {e['kind']}: {e['message']}")
+
+
+def receipt_lines(receipt: dict[str, Any] | None) -> list[str]:
+    """The receipt in a few lines: engine, patches, model, data set, repeats, hardware (all of it: --json)."""
+    if not receipt:
+        return []
+    engine = receipt.get("engine") or {}
+    lines = [(f"receipt: {engine.get('name')} {engine.get('version') or '?'} ({engine.get('python')}), "
+              f"orch {receipt.get('orch')}, host {receipt.get('host')} ({receipt.get('hostname') or '?'})")]
+    for p in receipt.get("patches") or []:
+        lines.append(f"  patch {p.get('name')} {str(p.get('set_hash') or '')[:12]} on {p.get('package')} "
+                     f"{p.get('version')}" + (", reverted" if p.get("reverted") else ""))
+    model = receipt.get("model") or {}
+    if model:
+        lines.append(f"  model {model.get('path')}: " + " ".join(f"{k} {str(v)[:12]}" for k, v in
+                                                                 (model.get("files") or {}).items()))
+    if receipt.get("dataset"):
+        d = receipt["dataset"]
+        lines.append(f"  data set {d.get('name')}, {d.get('num_prompts')} prompts, seed {d.get('seed')}, "
+                     f"warm-up {receipt.get('warmup')}, repeats {receipt.get('repeats')}")
+    hw = receipt.get("hardware") or {}
+    gpus = hw.get("gpus") or []
+    if gpus:
+        lines.append(f"  {len(gpus)} GPU(s): {gpus[0].get('name')}, driver {gpus[0].get('driver_version')}")
+    elif hw.get("cpu"):
+        lines.append(f"  CPU: {hw['cpu'].get('model')} x{hw['cpu'].get('count')}")
+    server = receipt.get("server")
+    if server:
+        lines.append(f"  server: run {server.get('run')}" + ("" if server.get("ready_at_launch") else " (not ready)"))
+    return lines

@@ -80,7 +80,8 @@ def sweep_status(ref: str | None = typer.Argument(None, metavar="[SWEEP]", help=
             row.append("-" if p["objective"] is None else f"{p['objective']:g}")
             s = p["metric_summaries"].get(objective)
             row.append("-" if s is None else f"{s['mean']:.4g} / {s['p50']:.4g}")
-        rows.append([*row, metrics, p["reason"] if p["status"] != "succeeded" else ""])
+        why = f"invalid: {p['invalid']}" if p["invalid"] else p["reason"] if p["status"] != "succeeded" else ""
+        rows.append([*row, metrics, why or ""])
     # mean / p50: over the steady state, the first 10 % of the objective's samples left out
     headers = ["#", "point", "host", "status", "run", "tries", *([objective, "mean / p50"] if objective else []),
                "metrics", "reason"]

@@ -9,7 +9,7 @@ machine) through its agent; `slurm.SlurmExecutor` submits them to a Slurm cluste
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from ..config.hosts import Host
 from ..store.record import JobRef
@@ -33,11 +33,15 @@ class Executor(Protocol):
     queues: ClassVar[bool]
     # Its jobs are processes of the host it reaches, which its agent starts and signals.
     processes: ClassVar[bool]
+    # What the last launch saw on the host, when it was asked to look (see `launch`): for the receipt.
+    launch_facts: dict[str, Any] | None
 
-    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None, nodes: int = 1) -> JobRef:
+    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None, nodes: int = 1,
+               facts: dict[str, Any] | None = None) -> JobRef:
         """Start the job (idempotent for the same token); its reference. `gpus`: how many a scheduler
         allocates (default: a node's all); a host's GPUs are chosen by the cleanup step instead. `nodes`:
-        how many nodes a scheduler allocates to the one job, which runs the script on each."""
+        how many nodes a scheduler allocates to the one job, which runs the script on each. `facts`: what
+        to look at on the host for the run's receipt, in the same request; the answer is `launch_facts`."""
         ...
 
     def find(self, paths: RunPaths) -> JobRef | None:

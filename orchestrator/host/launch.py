@@ -132,15 +132,21 @@ class HostExecutor:
     def __init__(self, transport: Transport, link: agent.AgentLink | None = None):
         self.transport = transport
         self.link = link
+        self.launch_facts: dict[str, Any] | None = None  # what the last launch saw on the host (receipts)
 
     def call(self, op: str, timeout: float = 60, **args: Any) -> dict[str, Any]:
         link = self.link if self.link is not None and self.link.alive else agent.shared(self.transport)
         return link.call(op, timeout=timeout, **args)
 
-    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None, nodes: int = 1) -> JobRef:
+    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None, nodes: int = 1,
+               facts: dict[str, Any] | None = None) -> JobRef:
         """Start the job through the host's agent (idempotent for the same token): its pid and start time.
-        A host runs one node's job, whatever `nodes` says: each node of a run over SSH is launched apart."""
-        job = self.call("launch", dir=paths.root, script=script, token=token)
+        A host runs one node's job, whatever `nodes` says: each node of a run over SSH is launched apart.
+        With `facts`, the same request looks at the host for the receipt first (kept in `launch_facts`)."""
+        extra: dict[str, Any] = {"facts": facts} if facts is not None else {}
+        job = self.call("launch", dir=paths.root, script=script, token=token, **extra)
+        found = job.get("facts")
+        self.launch_facts = found if isinstance(found, dict) else None
         return JobRef(int(job["pid"]), str(job["start"]))
 
     def find(self, paths: RunPaths) -> JobRef | None:

@@ -78,6 +78,7 @@ class WatchOptions:
     give_up_s: float | None = None  # a host silent for this long: the run ends lost
     tables: Sequence[RunTables] = ()  # plugins' tables: their readers read the log, the rows go to them
     max_failed_fraction: float = 0.0  # a benchmark's requests that may fail before the run does (a share)
+    benchmark: bool = False  # a benchmark: no request completed makes its numbers invalid
 
 
 class PollWait(tenacity.wait.wait_base):

@@ -289,7 +289,8 @@ class SlurmExecutor(HostExecutor):
         super().__init__(transport)
         self.host = host
 
-    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None, nodes: int = 1) -> JobRef:
+    def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None, nodes: int = 1,
+               facts: dict[str, Any] | None = None) -> JobRef:
         """sbatch the job through the login node's agent (idempotent for the same token): one job of `nodes`
         nodes, its script run once per node."""
         options = sbatch_args(self.host, paths, self.host.gpus if gpus is None else gpus, nodes)

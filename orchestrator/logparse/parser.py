@@ -150,6 +150,7 @@ class Metric:
     value: float
     line: int
     stamp: str | None = None  # the line's own time as printed, when it shows one (see text.stamp_time)
+    repeat: int | None = None  # a benchmark result row: which result block (repeat) of the log, from 1
 
 
 class LogParser:
@@ -198,6 +199,7 @@ class LogParser:
         self._shards: list[float | None] | None = None  # [done, total] of the load's shard bar (vLLM)
         # [completed, failed] requests of the benchmark result blocks so far (one job may run several)
         self.requests: list[float] | None = None
+        self.blocks = 0  # benchmark result blocks begun so far: a job that repeats its benchmark prints one each
         self._more = 0  # lines after a pydantic ValidationError still to add to its message (its reasons)
         self._answered_during = False  # a request was answered while a traceback was being written
         self.readers = tuple(readers)  # plugins' readings of their own lines; not state
@@ -542,7 +544,7 @@ class LogParser:
                 self._set_phase("running")
         if line.source in self._bench:
             for name, value in bench.row(text):
-                self._sample(name, value, line, found)
+                self._sample(name, value, line, found, self.blocks)
                 if name in ("completed", "failed"):
                     self.requests = self.requests or [0.0, 0.0]
                     self.requests[name == "failed"] += value
@@ -572,9 +574,9 @@ class LogParser:
         if begin is not None and end is not None:
             self._sample("load_weight_s", (end - begin) % 86400, line, found)
 
-    def _sample(self, name: str, value: float, line: Line, found: list[Metric]) -> None:
+    def _sample(self, name: str, value: float, line: Line, found: list[Metric], repeat: int | None = None) -> None:
         self.metrics[name] = value
-        found.append(Metric(name, value, self.lines, line.stamp))
+        found.append(Metric(name, value, self.lines, line.stamp, repeat))
 
     def _phase_of(self, line: Line) -> None:
         text = line.text
@@ -601,6 +603,7 @@ class LogParser:
         its rows read until it closes."""
         if bench.header(text):
             self._bench[source] = 0
+            self.blocks += 1
             if len(self._bench) > _MAX_RICH:
                 del self._bench[next(iter(self._bench))]
             return "finished"  # the block is printed once the benchmark is done: a cut block was done too
@@ -877,6 +880,7 @@ class LogParser:
             "loaded": list(self._loaded),
             "shards": self._shards,
             "requests": self.requests,
+            "blocks": self.blocks,
             "more": self._more,
             "answered_during": self._answered_during,
         }
@@ -914,6 +918,7 @@ class LogParser:
         p._loaded = list(d.get("loaded", []))
         p._shards = d.get("shards")
         p.requests = d.get("requests")
+        p.blocks = int(d.get("blocks", 0))
         p._more = int(d.get("more", 0))
         p._answered_during = bool(d.get("answered_during", False))
         return p

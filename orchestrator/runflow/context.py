@@ -51,6 +51,7 @@ class Job:
     lock: WatchLock | None = None  # this process watches the run (see watching.py)
     dry_run: bool = False  # its transport records what it is given and answers as an idle, empty host
     record: Run | None = field(default=None, repr=False)  # as last read; None until first needed
+    receipt: dict[str, Any] = field(default_factory=dict, repr=False)  # begun before launch (receipt.py)
 
     @property
     def run(self) -> Run:
@@ -199,6 +200,7 @@ def watch_options(pb: Playbook[Any], spec: RunSpec, host: Host, until_ready: boo
         give_up_s=host.unreachable_give_up_s,
         tables=runtables.installed(),  # one that does not load is told by `orch status ID`
         max_failed_fraction=failed_bound(spec),
+        benchmark=any(hasattr(h, "max_failed_fraction") for h in (spec, getattr(spec, "bench", None))),
     )
 
 

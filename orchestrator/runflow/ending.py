@@ -18,7 +18,7 @@ from ..store.db import claim_alive
 from ..store.lifecycle import transition
 from ..store.record import KILL_GRACE_S, Run, Status
 from ..store.shapes import unreachable_since
-from . import cleanup, notify, registry
+from . import cleanup, notify, receipt, registry
 from .context import END_STEPS, LOG_TAIL_LINES, Hosts, Job, open_run
 from .lastread import END_WAIT_S, read_to_end
 
@@ -149,6 +149,14 @@ def _fetch_log_tail(ctx: Job) -> None:
 
 
 def _revert_patches(ctx: Job) -> None:
+    reverted: list[str] = []
+    try:
+        _revert(ctx, reverted)
+    finally:
+        receipt.complete(ctx, reverted)  # the receipt says which sets were undone, whatever failed
+
+
+def _revert(ctx: Job, reverted: list[str]) -> None:
     if ctx.host.scheduler:  # the sets went to the run's own overlay; the install never changed
         return
     python = ctx.for_playbook().python  # the interpreter the sets were applied for
@@ -162,6 +170,7 @@ def _revert_patches(ctx: Job) -> None:
         if ps.revert_after:
             res = patching.revert(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store, python=python)
             ctx.event("patch", f"{ps.name} reverted: " + file_states(res))
+            reverted.append(name)
 
 
 def notification(store: Store, run: Run) -> dict[str, Any]:

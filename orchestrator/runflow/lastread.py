@@ -95,7 +95,8 @@ def read_to_end(ctx: Job, clock: Callable[[], float] = time.time,
             ctx.store.add_event(ctx.run_id, "error", describe(parser.error), parser.error.to_dict(), ts=now)
         if samples:
             started = run.started_at or now
-            ctx.store.add_metrics(ctx.run_id, [(m.name, m.value, m.line, _own_time(m, now, started))
+            ctx.store.add_metrics(ctx.run_id, [(m.name, m.value, m.line if m.repeat is None else m.repeat,
+                                                _own_time(m, now, started))
                                                for m in samples], now)
         if parser.rows:
             ctx.store.add_rows(ctx.run_id, parser.take_rows(), now, tables)

@@ -25,7 +25,7 @@ from ..store import Store, lease
 from ..store.controller import Controller
 from ..store.lifecycle import transition
 from ..store.record import JobRef, Status
-from . import registry, watching
+from . import receipt, registry, watching
 from .context import Hosts, Job, open_run, watch_options
 from .ending import end, file_states, free_gpus, stop
 from .follow import probe_orphan
@@ -143,7 +143,13 @@ def launch(ctx: Job, script: str) -> JobRef:
     """Start the prepared job: its reference."""
     transition(ctx.store, ctx.run_id, Status.LAUNCHING)
     gpus = len(ctx.spec.gpus) if ctx.spec.gpus is not None else None
-    return ctx.executor.launch(ctx.paths, script, run_token(ctx.ws, ctx.store, ctx.run_id), gpus, ctx.spec.nodes)
+    job = ctx.executor.launch(ctx.paths, script, run_token(ctx.ws, ctx.store, ctx.run_id), gpus, ctx.spec.nodes,
+                              facts=receipt.facts_request(ctx))
+    try:
+        receipt.launched(ctx, ctx.executor.launch_facts)
+    except Exception as exc:  # noqa: BLE001 - the job runs: a receipt that cannot be written must not end it
+        ctx.event("warning", f"receipt: {type(exc).__name__}: {exc}")
+    return job
 
 
 def wait_for_host(ws: Workspace, host: Host, gpus: list[int] | None, poll: tuple[float, float], *,
@@ -300,9 +306,12 @@ def prepare(ctx: Job, host_wait: Callable[[hostlease.HostLeaseBusy], None] | Non
     # On a cluster every job shares the engine install: the sets go to the run's own copy instead.
     overlay = patching.make_overlay(ctx.transport, ctx.paths.root, checked) if sets and ctx.host.scheduler else None
     applied: list[str] = []
+    patched: list[dict[str, Any]] = []  # for the receipt: each set and the engine files as it left them
     for ps in sets:
         res = patching.apply(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store, overlay=overlay, python=python)
         applied.append(ps.named_as)  # a folder set by its folder: the end finds it whatever the cwd
+        patched.append({"name": ps.named_as, "set_hash": ps.set_hash, "package": res.package, "version": res.version,
+                        "files": {f.file: f.sha_after for f in res.files}})
         ctx.store.update_run(ctx.run_id, patches_applied=applied)
         where = f" (the run's copy in {overlay.path})" if overlay else (
             f" for {python}" if python != ctx.host.python else "")
@@ -312,7 +321,7 @@ def prepare(ctx: Job, host_wait: Callable[[hostlease.HostLeaseBusy], None] | Non
     job = ctx.for_playbook()
     prepared = ctx.pb.prepare(job)
     note_engine_version(ctx, prepared.engine_version)
-    return partial(_job_script, ctx, job, prepared, gpu_env, overlay)
+    return partial(_job_script, ctx, job, prepared, gpu_env, overlay, patched)
 
 
 def note_engine_version(ctx: Job, version: str | None) -> None:
@@ -329,11 +338,12 @@ def note_engine_version(ctx: Job, version: str | None) -> None:
 
 
 def _job_script(ctx: Job, job: JobContext[Any], prepared: Prepared, gpu_env: dict[str, str],
-                overlay: patching.Overlay | None, node_env: Mapping[str, str]) -> str:
+                overlay: patching.Overlay | None, patched: list[dict[str, Any]], node_env: Mapping[str, str]) -> str:
     """The job's environment (host, spec, GPUs, what prepare added, then its node's), working dir and
     command lines."""
     env = {**ctx.host.env, **ctx.spec.env, **gpu_env, **prepared.env, **node_env}
     body = ctx.pb.command(job, prepared)
+    receipt.begin(ctx, job, prepared, body, env, patched)
     if overlay is not None:  # the patched copies come before the install, whatever PYTHONPATH held
         body = f"export PYTHONPATH={quote(overlay.path)}${{PYTHONPATH:+:$PYTHONPATH}}\n{body}"
     return job_script(body, env, ctx.pb.cwd(ctx.spec))

@@ -369,7 +369,9 @@ class Watcher:
         }
         return Staged(
             expect=self.offset, events=events,
-            samples=[(m.name, m.value, m.line, self._sample_ts(m, now)) for m in samples],
+            # a benchmark's row: its step is its repeat (1, 2, ...); any other sample's, its log line
+            samples=[(m.name, m.value, m.line if m.repeat is None else m.repeat, self._sample_ts(m, now))
+                     for m in samples],
             rows=p.take_rows(), fields=fields, tail=tail, left_queue=self.left_queue, end=end,
             now=now, done=bool(end) or self._ready(p), stop=bool(end and end[0] is Status.FAILED and state.alive))
 
@@ -486,15 +488,22 @@ class Watcher:
     def _benchmark(self, end: tuple[Status, str, dict[str, Any]] | None,
                    events: list[tuple[str, str, Any]]) -> tuple[Status, str, dict[str, Any]] | None:
         """A benchmark that exits 0 with failed requests did not succeed: failed above the spec's bound
-        (max_failed_fraction), degraded up to it."""
+        (max_failed_fraction), degraded up to it. Failed above the bound, or with no request completed, its
+        numbers are also `invalid` (a flag beside the status): never a sweep's best, never an objective."""
         requests = self.parser.requests
-        if end is None or end[0] is not Status.SUCCEEDED or not requests or not requests[1]:
+        if end is None or end[0] is not Status.SUCCEEDED:
+            return end
+        if not requests or not requests[1]:
+            if self.opts.benchmark and (not requests or not requests[0]):
+                why = "no request completed" if requests else "no benchmark result: no request completed"
+                return end[0], end[1], {**end[2], "invalid": why}
             return end
         completed, failed = requests
         bound = self.opts.max_failed_fraction
         what = f"{failed:g} of {completed + failed:g} benchmark requests failed"
         if failed > bound * (completed + failed):
-            return Status.FAILED, f"{what} (max_failed_fraction {bound:g})", {**end[2], "phase": "failed"}
+            return Status.FAILED, f"{what} (max_failed_fraction {bound:g})", {
+                **end[2], "phase": "failed", "invalid": f"{what}, above max_failed_fraction {bound:g}"}
         events.append(("degraded", f"{what}: within max_failed_fraction {bound:g}", None))
         return end
 

@@ -386,6 +386,21 @@ class Store:
                 f"UPDATE runs SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?", [*values, run_id]
             )
 
+    def complete_receipt(self, run_id: int, parts: dict[str, Any]) -> None:
+        """Add parts to the run's receipt (store/receipts.py), each top-level key replaced whole."""
+        with self.tx() as c:
+            row = c.execute("SELECT receipt FROM runs WHERE id = ?", (run_id,)).fetchone()
+            try:
+                old = load_json(row[0]) if row and row[0] else {}
+            except ValueError:
+                old = {}  # a damaged receipt is replaced rather than kept unreadable
+            c.execute("UPDATE runs SET receipt = ? WHERE id = ?", (dump_json({**(old or {}), **parts}), run_id))
+
+    def mark_invalid(self, run_id: int, reason: str) -> None:
+        """Its numbers do not count (the first reason given stays: it is what made them invalid)."""
+        with self.tx() as c:
+            c.execute("UPDATE runs SET invalid = COALESCE(invalid, ?) WHERE id = ?", (reason, run_id))
+
     def beat(self, run_ids: Iterable[int], watcher: str, at: float) -> None:
         """Set the heartbeat of those of these runs still active that `watcher` is recorded as watching, in
         one write: their host was heard from at `at`, though their record had nothing new."""
@@ -460,6 +475,14 @@ class Store:
         """Per metric of the run: last, and mean and p50 over the steady state (see summaries.py)."""
         rows = self.conn.execute("SELECT name, value FROM metrics WHERE run_id = ? ORDER BY id", (run_id,))
         return summaries(rows.fetchall())
+
+    def metric_values(self, run_id: int) -> dict[str, list[float]]:
+        """Every sample of each of the run's metrics, in recorded order (a benchmark's: one per repeat)."""
+        found: dict[str, list[float]] = {}
+        for name, value in self.conn.execute("SELECT name, value FROM metrics WHERE run_id = ? ORDER BY id",
+                                             (run_id,)):
+            found.setdefault(name, []).append(value)
+        return found
 
     def latest_metrics_of(self, run_ids: list[int]) -> dict[int, dict[str, float]]:
         """The newest value of each metric of each run, in one query over the (run_id, name, id) index."""

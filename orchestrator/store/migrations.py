@@ -447,3 +447,11 @@ def m022(db: Database) -> None:
     db["runs"].add_column("end_claims", str)
     # A `cancelling` run (its host did not answer the stop): the status it ends with once its job is stopped.
     db["runs"].add_column("ending_as", str)
+
+
+@MIGRATIONS(name="m023_receipts")
+def m023(db: Database) -> None:
+    # Each run's receipt (what produced its numbers: engine, patches, argv, model, hardware), as JSON, and
+    # the reason its numbers are invalid (NULL: valid): never a sweep's best, never an objective value.
+    db["runs"].add_column("receipt", str)
+    db["runs"].add_column("invalid", str)

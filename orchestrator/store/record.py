@@ -58,7 +58,7 @@ ALLOWED: dict[Status, frozenset[Status]] = {
 
 # Columns stored as JSON text.
 JSON_FIELDS = ("spec", "parser_state", "progress", "error", "end_steps", "end_claims", "patches_applied",
-               "tags")
+               "tags", "receipt")
 
 
 KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL, wherever orch stops a job or a process on its GPUs
@@ -143,6 +143,10 @@ class Run:
     # names the head as its parent and has a rank of its own.
     parent_id: int | None = None
     node_rank: int | None = None
+    # What produced the run's numbers (see store/receipts.py), and why they do not count when they do not:
+    # a flag beside the status, which keeps saying what happened to the job.
+    receipt: dict[str, Any] | None = None
+    invalid: str | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Run:

@@ -167,6 +167,8 @@ def run_document(store: Store, run: Run, with_events: bool = True, tables: Itera
         "error": ({**{k: error.get(k) for k in ("kind", "exception", "message")}, "hint": error_hint(error)}
                   if error else None),
         "reason": run.reason,
+        "invalid": run.invalid,  # why its numbers do not count (None: valid); the status stays what happened
+        "receipt": run.receipt,  # what produced its numbers (store/receipts.py)
         "last_line": run.last_line,  # the log's last line as of the last poll
         "metrics": shown_metrics(store, run),
         # per metric: last, and mean and p50 over the steady state (the first 10 % of samples left out)

@@ -13,6 +13,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .noise import noise
+
 WARMUP_FRACTION = 0.1  # the share of a metric's first samples left out of its mean and p50
 # Serving rates whose zero samples are the engine's idle lines: vLLM logs one stats line at 0 after every
 # burst of requests, so the last sample of any idle server is 0. Their headline is the steady state of the
@@ -28,8 +30,10 @@ def steady(values: Sequence[float]) -> Sequence[float]:
 def summarize(values: Sequence[float]) -> dict[str, Any]:
     """last (the latest sample), mean and p50 over the steady state, and how many samples each counts."""
     kept = steady(values)
+    spread = noise(kept)  # over the same samples: a benchmark's repeats, a server's steady state
     return {"last": values[-1], "mean": statistics.fmean(kept), "p50": statistics.median(kept),
-            "samples": len(values), "steady_samples": len(kept)}
+            "samples": len(values), "steady_samples": len(kept),
+            **{k: spread[k] for k in ("min", "max", "spread", "ci_low", "ci_high", "ci_level")}}
 
 
 def headline(name: str, values: Sequence[float]) -> float:
@@ -40,6 +44,14 @@ def headline(name: str, values: Sequence[float]) -> float:
         if busy:
             return statistics.fmean(steady(busy))
     return values[-1]
+
+
+def judged(name: str, values: Sequence[float]) -> list[float]:
+    """The samples a verdict weighs (store/noise.py): the steady state (a benchmark's repeats: all of them
+    under ten); of a serving rate, its samples at work (the idle zeros between bursts measure nothing)."""
+    if name in IDLE_ZERO:
+        values = [v for v in values if v > 0]
+    return [v for v in steady(values) if math.isfinite(v)]
 
 
 def summaries(samples: Iterable[tuple[str, float]]) -> dict[str, dict[str, Any]]:

@@ -24,11 +24,13 @@ def payload(sweep_id: int, doc: dict[str, Any]) -> dict[str, Any]:
         head = f"orch sweep {sweep_id} ({title}) {doc['status']}: {counts}; best {label(pt['point'])} (run {best['run_id']})"
     else:
         metrics, head = {}, f"orch sweep {sweep_id} ({title}) {doc['status']}: {counts}"
-    line = notify.summary(head, None, metrics)
+    moved = doc.get("regression_line")
+    line = notify.summary(head + (f"; {moved}" if moved else ""), None, metrics)
     return {
         "event": "sweep.finished", "sweep_id": sweep_id,
         "name": doc["name"], "playbook": doc["playbook"], "status": doc["status"], "counts": doc["counts"],
         "points": [{k: p[k] for k in POINT_FIELDS} for p in doc["points"]], "best": best,
+        "regressions": doc.get("regressions") or [],
         "text": line, "content": line,
     }
 

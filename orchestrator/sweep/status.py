@@ -6,10 +6,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..config import metricinfo
 from ..config.objective import Objective, best, of_doc
-from ..store import Store
+from ..store import Store, noise, receipts
 from ..store import sweeps as stored_sweeps
 from ..store.shapes import iso, shown_phase
+from ..store.summaries import judged
 from . import db
 from .plan import label
 from .record import INTERRUPTED, PointRow, SweepStatus
@@ -24,6 +26,7 @@ def _point(store: Store, pt: PointRow) -> dict[str, Any]:
         "status": pt.status.value, "fault": pt.fault.value if pt.fault else None, "reason": pt.reason,
         "attempts": pt.attempts, "runs": stored_sweeps.runs_of_point(store, pt.sweep_id, pt.key),
         "run_id": pt.run_id, "run_status": run.status.value if run else None,
+        "invalid": run.invalid if run else None,  # why its numbers count nowhere (None: they count)
         "phase": shown_phase(run) if run else None, "last_line": run.last_line if run else None,
         "metrics": store.latest_metrics(pt.run_id) if pt.run_id else {},
         # last, and mean and p50 over the steady state (see store/summaries.py)
@@ -44,7 +47,7 @@ def document(store: Store, sweep_id: int, with_events: bool = False) -> dict[str
         counts[pt["status"]] = counts.get(pt["status"], 0) + 1
     objective = of_doc(row.doc)
     for pt in points:  # the value that decides, first: each point's objective
-        pt["objective"] = pt["metrics"].get(objective.metric) if objective else None
+        pt["objective"] = pt["metrics"].get(objective.metric) if objective and not pt["invalid"] else None
     doc: dict[str, Any] = {
         "id": row.id, "name": row.name, "instance": row.instance, "playbook": row.playbook,
         "status": status, "path": row.path,
@@ -52,7 +55,10 @@ def document(store: Store, sweep_id: int, with_events: bool = False) -> dict[str
         "controller": str(row.controller) if row.controller else None, "notify": row.notify, "counts": counts,
         "objective": objective.model_dump() if objective else None, "best": best_point(objective, points),
         "points": points,
+        # an ended sweep: each point against its own history (earlier sweeps of the same name)
+        "regressions": regressions(store, sweep_id) if row.status.ended else [],
     }
+    doc["regression_line"] = regression_line(doc["regressions"])
     if with_events:
         doc["events"] = [{"ts": e["ts"], "ts_iso": iso(e["ts"]), "kind": e["kind"], "message": e["message"]}
                          for e in stored_sweeps.events(store, sweep_id)]
@@ -60,10 +66,10 @@ def document(store: Store, sweep_id: int, with_events: bool = False) -> dict[str
 
 
 def best_point(objective: Objective | None, points: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The succeeded point that is best by the objective: its index, run and value."""
+    """The succeeded, valid point that is best by the objective: its index, run and value."""
     if objective is None:
         return None
-    found = best(objective, ((p, p["metrics"]) for p in points if p["status"] == "succeeded"))
+    found = best(objective, ((p, p["metrics"]) for p in points if p["status"] == "succeeded" and not p["invalid"]))
     if found is None:
         return None
     p, value = found
@@ -72,17 +78,21 @@ def best_point(objective: Objective | None, points: list[dict[str, Any]]) -> dic
 
 
 def best_line(doc: dict[str, Any]) -> str | None:
-    """The sweep's verdict in one line: its best point by the objective, or why there is none yet."""
+    """The sweep's verdict: its best valid point by the objective, or why there is none yet; then, on a line
+    of its own, any regression or gain against the points' history."""
+    moved = doc.get("regression_line")
     objective = doc["objective"]
     if objective is None:
-        return None
+        return moved
     way = "higher" if objective["goal"] == "max" else "lower"
     found = doc["best"]
     if found is None:
-        return f"best: none yet (no succeeded point recorded {objective['metric']}; {way} is better)"
-    pt = next(p for p in doc["points"] if p["index"] == found["index"])
-    return (f"best: #{pt['index']} {label(pt['point'] or {})} (run {found['run_id']}): "
-            f"{objective['metric']}={found['value']:g} ({way} is better)")
+        line = f"best: none yet (no valid succeeded point recorded {objective['metric']}; {way} is better)"
+    else:
+        pt = next(p for p in doc["points"] if p["index"] == found["index"])
+        line = (f"best: #{pt['index']} {label(pt['point'] or {})} (run {found['run_id']}): "
+                f"{objective['metric']}={found['value']:g} ({way} is better)")
+    return f"{line}\n{moved}" if moved else line
 
 
 def list_sweeps(store: Store, limit: int = 50) -> list[dict[str, Any]]:
@@ -116,6 +126,8 @@ def point_line(p: dict[str, Any], objective: str | None = None) -> str:
         line += f", {objective}={p['objective']:g}"
     if p["status"] in ("failed", "cancelled") and p["reason"]:
         line += f": {p['reason']}"
+    if p.get("invalid"):
+        line += f" (invalid: {p['invalid']})"
     if p["status"] == "running" and p["last_line"]:
         line += f" · {p['last_line']}"
     return line
@@ -136,3 +148,70 @@ def changes(before: dict[str, Any] | None, doc: dict[str, Any]) -> list[str]:
     if before["status"] != doc["status"]:
         lines.append(f"sweep {doc['id']} ({doc['name']}): {doc['status']}")
     return lines
+
+
+# --- regressions: each point against its own history -----------------------------------------------
+HISTORY_SWEEPS = 30  # the earlier sweeps of the same name a point's history is looked for in
+
+
+def regressions(store: Store, sweep_id: int) -> list[dict[str, Any]]:
+    """Each point of the sweep against the same point (the same swept values) the last time a sweep of the
+    same name ran it validly: every metric that moved beyond the measured spread of both runs
+    (store/noise.py) as a regression (`worse`) or a gain (`better`), naming what changed in the receipt
+    (engine version, patch set, driver, flags). The objective's metric is weighed, else the playbook's
+    headlines, else every metric with a direction; another model, data set or GPU is no regression."""
+    row = db.sweep(store, sweep_id)
+    earlier = [r["id"] for r in stored_sweeps.of_name(store, row.name, HISTORY_SWEEPS + 1) if r["id"] < sweep_id]
+    if not earlier:
+        return []
+    before: dict[str, int] = {}  # point key -> its latest valid succeeded run in an earlier sweep
+    for other in earlier:  # newest first: the first found is the latest
+        for pt in db.points(store, other):
+            if pt.run_id is not None and pt.key not in before and _counts(store.get_run(pt.run_id)):
+                before[pt.key] = pt.run_id
+    objective = of_doc(row.doc)
+    found = []
+    for pt in db.points(store, sweep_id):
+        if pt.run_id is None or pt.key not in before:
+            continue
+        now, then = store.get_run(pt.run_id), store.get_run(before[pt.key])
+        if not _counts(now):
+            continue
+        changed = receipts.differences(then.receipt, now.receipt)
+        if any(d["matters"] for d in changed):
+            continue  # another model, data set or machine: not this point's history
+        a, b = store.metric_values(then.id), store.metric_values(now.id)
+        names = [objective.metric] if objective else list(metricinfo.headlines(now.playbook)) or sorted(b)
+        for name in names:
+            direction = metricinfo.direction(name)
+            if name not in a or name not in b or direction is None:
+                continue
+            x, y = judged(name, a[name]), judged(name, b[name])
+            verdict, why = noise.verdict(x, y, direction)
+            if verdict in ("better", "worse"):
+                found.append({"index": pt.index, "point": pt.diff, "metric": name, "verdict": verdict,
+                              "run_id": now.id, "previous_run_id": then.id, "why": why,
+                              "before": noise.noise(x), "after": noise.noise(y),
+                              "changed": [receipts.line(d) for d in changed]})
+    return found
+
+
+def _counts(run: Any) -> bool:
+    return run.status.value == "succeeded" and not run.invalid
+
+
+def regression_line(found: list[dict[str, Any]]) -> str | None:
+    """The regressions and gains in one short line, then what changed in the receipts (None: nothing moved
+    beyond its noise): `2 regressions beyond the noise: #0 B=4 tput 81.3 -> 64.4, ...; changed: ...`."""
+    if not found:
+        return None
+    parts = []
+    for verdict, word in (("worse", "regression"), ("better", "gain")):
+        these = [r for r in found if r["verdict"] == verdict]
+        if these:
+            points = ", ".join(f"#{r['index']} {label(r['point'] or {})} {r['metric']} "
+                               f"{r['before']['median']:.4g} -> {r['after']['median']:.4g}" for r in these)
+            parts.append(f"{len(these)} {word}{'s' if len(these) > 1 else ''} beyond the noise: {points}")
+    changes = list(dict.fromkeys(c for r in found for c in r["changed"]))
+    more = f" (+{len(changes) - 2} more)" if len(changes) > 2 else ""
+    return "; ".join(parts) + "; changed: " + (", ".join(changes[:2]) + more if changes else "nothing in the receipt")

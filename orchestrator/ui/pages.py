@@ -140,7 +140,7 @@ def sweep_page(store: Store, sweep_id: int, objective: str | None = None) -> dic
 
 def _best(points: list[dict[str, Any]], metric: str, lower: bool) -> int | None:
     """The index of the best point by a metric (its run's latest value)."""
-    scored = [(p["metrics"][metric], p["index"]) for p in points if metric in p["metrics"]]
+    scored = [(p["metrics"][metric], p["index"]) for p in points if metric in p["metrics"] and not p["invalid"]]
     if not scored:
         return None
     return (min if lower else max)(scored)[1]

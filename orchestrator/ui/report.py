@@ -8,11 +8,13 @@ import os
 import time
 from typing import Any
 
+from ..config import metricinfo
 from ..config.objective import Objective, best, lower_is_better, of_doc
 from ..errors import UsageError
-from ..store import Store
+from ..store import Store, noise, receipts
 from ..store import sweeps as stored_sweeps
-from ..store.record import Status
+from ..store.record import Run, Status
+from ..store.summaries import judged
 
 RATIO_DIGITS = 4
 
@@ -40,12 +42,20 @@ def _better(value: float | None, base: float | None, lower: bool) -> bool | None
     return value < base if lower else value > base
 
 
-def compare(store: Store, ids: list[int], all_keys: bool = False, baseline: int | None = None) -> dict[str, Any]:
+def compare(store: Store, ids: list[int], all_keys: bool = False, baseline: int | None = None,
+            metric_names: list[str] | None = None) -> dict[str, Any]:
     """Specs (only the keys that differ unless `all_keys`) and latest metrics of runs, in the order given,
     each metric with its summaries (last, mean and p50 over the steady state).
 
     A key or metric a run lacks is None for it; ratios are each run's value over the first run's, which
     is the baseline run when one is given (it comes first, whether or not it is among `ids`).
+
+    First come the `differences` between the first run's receipt and each other's (what changed: a flag
+    of the server, a patch set, the engine version); each metric then has a `verdict` of every run against
+    the first (`verdicts`; `verdict`: the last run's), judged from each run's samples (a benchmark's
+    repeats, a server's steady state) in the metric's direction: better, worse, within_noise, or
+    incomparable (an invalid run, another model, data set or GPU, too few samples). Headline metrics come
+    first; `metric_names` keeps only those.
     """
     if baseline is not None:
         ids = [baseline, *(i for i in ids if i != baseline)]
@@ -60,15 +70,53 @@ def compare(store: Store, ids: list[int], all_keys: bool = False, baseline: int 
             spec[key] = values
     latest = [store.latest_metrics(i) for i in ids]
     summed = [store.metric_summaries(i) for i in ids]
+    series = [store.metric_values(i) for i in ids]
+    diffs = [receipts.differences(runs[0].receipt, r.receipt) for r in runs[1:]]
+    # why a run's numbers cannot be set against the first's at all, whichever the metric
+    apart = [None, *(_apart(runs[0], r, d) for r, d in zip(runs[1:], diffs))]
+    names = metricinfo.order(_ordered_union(latest), runs[-1].playbook)
+    if metric_names:
+        missing = [m for m in metric_names if m not in names]
+        if missing:
+            raise UsageError(f"no metric {', '.join(missing)} in these runs (known: {', '.join(names) or 'none'})")
+        names = [n for n in names if n in metric_names]
+    heads = set(metricinfo.headlines(runs[-1].playbook))
     metrics: dict[str, dict[str, Any]] = {}
-    for name in sorted(_ordered_union(latest)):
+    for name in names:
         values = [m.get(name) for m in latest]
         lower = lower_is_better(name)
-        metrics[name] = {"values": values, "ratios": [ratio(v, values[0]) for v in values], "lower_is_better": lower,
+        samples = [judged(name, s.get(name, [])) for s in series]
+        given = [None, *(_verdict(name, samples[0], samples[i], apart[i]) for i in range(1, len(ids)))]
+        metrics[name] = {"name": name, "headline": name in heads,
+                         "values": values, "ratios": [ratio(v, values[0]) for v in values], "lower_is_better": lower,
                          "better": [None, *(_better(v, values[0], lower) for v in values[1:])],
                          # last, mean and p50 over the steady state, per run (see store/summaries.py)
-                         "summaries": [s.get(name) for s in summed]}
-    return {"runs": list(ids), "baseline": ids[0], "spec": spec, "metrics": metrics}
+                         "summaries": [s.get(name) for s in summed],
+                         "noise": [noise.noise(x) if x else None for x in samples],
+                         "verdicts": [None if j is None else j[0] for j in given],
+                         "why": [None if j is None else j[1] for j in given],
+                         "verdict": given[-1][0] if given[-1] else None}
+    return {"runs": list(ids), "baseline": ids[0],
+            # what changed between the receipts (with more than two runs, each names the run it is of)
+            "differences": [d for ds in diffs for d in ds] if len(diffs) == 1 else
+            [{**d, "run": r.id} for r, ds in zip(runs[1:], diffs) for d in ds],
+            "invalid": [r.invalid for r in runs], "spec": spec, "metrics": metrics}
+
+
+def _apart(a: Run, b: Run, diffs: list[dict[str, Any]]) -> str | None:
+    for run in (a, b):
+        if run.invalid:
+            return f"run {run.id} is invalid: {run.invalid}"
+    matter = [d for d in diffs if d["matters"]]
+    if matter:
+        return f"{matter[0]['matters']} differs ({receipts.line(matter[0])})"
+    return None
+
+
+def _verdict(name: str, a: list[float], b: list[float], apart: str | None) -> tuple[str, str]:
+    if apart is not None:
+        return "incomparable", apart
+    return noise.verdict(a, b, metricinfo.direction(name))
 
 
 def with_previous(store: Store, run_id: int | None) -> list[int]:
@@ -132,7 +180,7 @@ def sweep_points(store: Store, sweep_id: int) -> list[dict[str, Any]]:
 def best_point(points: list[dict[str, Any]], metric: str | Objective) -> int | None:
     """Index of the best point by the objective (a bare metric: in its own direction)."""
     objective = metric if isinstance(metric, Objective) else Objective.of_metric(metric)
-    found = best(objective, ((i, p["metrics"]) for i, p in enumerate(points)))
+    found = best(objective, ((i, p["metrics"]) for i, p in enumerate(points) if not p["run"].invalid))
     return None if found is None else int(found[0])
 
 
@@ -148,9 +196,16 @@ def nights(store: Store, row: dict[str, Any], objective: Objective) -> list[dict
         except UsageError:
             continue  # a night that ran nothing
         values = {p["label"]: p["metrics"][objective.metric] for p in points
-                  if p["run"].status is Status.SUCCEEDED and objective.metric in p["metrics"]}
+                  if p["run"].status is Status.SUCCEEDED and not p["run"].invalid and objective.metric in p["metrics"]}
         top = best(objective, ((label, {objective.metric: v}) for label, v in values.items()))
-        found.append({"sweep_id": sweep_id, "night": _night(other), "values": values,
+        # each point's noise band that night: the range of its samples (its repeats, a server's steady state)
+        bands = {}
+        for p in points:
+            if p["label"] in values:
+                kept = judged(objective.metric, store.metric_values(p["run"].id).get(objective.metric, []))
+                if len(kept) > 1:
+                    bands[p["label"]] = [min(kept), max(kept)]
+        found.append({"sweep_id": sweep_id, "night": _night(other), "values": values, "bands": bands,
                       "best": None if top is None else {"label": top[0], "value": top[1]}})
     return found
 
@@ -181,7 +236,7 @@ def sweep_report(store: Store, sweep_id: int, out_dir: Any, metric: str | None =
             raise UsageError(f"no metric {metric!r} in sweep {sweep_id} (known: {', '.join(names) or 'none'})")
         objective = Objective.of_metric(metric)
     # the best of the points that succeeded: a failed run's last figures are not a result
-    ok = [(i, p["metrics"]) for i, p in enumerate(points) if p["run"].status is Status.SUCCEEDED]
+    ok = [(i, p["metrics"]) for i, p in enumerate(points) if p["run"].status is Status.SUCCEEDED and not p["run"].invalid]
     found = best(objective, ok) if objective else None
     best_i = None if found is None else int(found[0])
     keys = [k for k in _ordered_union([p["spec"] for p in points])
@@ -280,8 +335,13 @@ def _trend_chart(trend: list[dict[str, Any]], objective: Objective, path: Any) -
     labels = list(dict.fromkeys(label for night in trend for label in night["values"]))
     for label in labels:
         ys = [night["values"].get(label) for night in trend]
-        ax.plot([i for i, y in zip(x, ys) if y is not None], [y for y in ys if y is not None], marker=".",
-                linewidth=1, alpha=0.6, label=label)
+        line = ax.plot([i for i, y in zip(x, ys) if y is not None], [y for y in ys if y is not None], marker=".",
+                       linewidth=1, alpha=0.6, label=label)[0]
+        band = [(i, night.get("bands", {}).get(label)) for i, night in zip(x, trend)]
+        band = [(i, b) for i, b in band if b]
+        if band:  # the point's noise each night: a difference inside it is no regression
+            ax.fill_between([i for i, _ in band], [b[0] for _, b in band], [b[1] for _, b in band],
+                            color=line.get_color(), alpha=0.15, linewidth=0)
     bx = [i for i, n in zip(x, trend) if n["best"]]
     ax.plot(bx, [trend[i]["best"]["value"] for i in bx], color=BEST_COLOR, marker="*", markersize=12, linewidth=3,
             label="best of the night")

@@ -50,7 +50,8 @@ def test_differences_and_ratios(tmp_path):
     assert tput[0]["mean"] == pytest.approx((80.0 + 88.8) / 2) == tput[0]["p50"]
     assert [s is None for s in m["accept_rate"].pop("summaries")] == [False, False, True]
     assert [s is None for s in m["load_weight_s"].pop("summaries")] == [True, True, False]
-    # the latest value of each series counts
+    # the latest value of each series counts (the keys of the verdicts are tested on their own)
+    m = {name: {k: e[k] for k in ("values", "ratios", "lower_is_better", "better")} for name, e in m.items()}
     assert m["gen_throughput"] == {"values": [88.8, 94.0, 0.0], "ratios": [1.0, 1.0586, 0.0],
                                    "lower_is_better": False, "better": [None, True, False]}
     assert m["accept_rate"] == {"values": [0.19, 0.47, None], "ratios": [1.0, 2.4737, None],
@@ -99,15 +100,16 @@ def test_cli(tmp_path):
     ids = three_runs(store)
     store.close()
     got = json.loads(orch("compare", *map(str, ids), "--json", check=0).stdout)
-    assert got["runs"] == ids and list(got) == ["runs", "baseline", "spec", "metrics"] and got["baseline"] == ids[0]
+    assert got["runs"] == ids and list(got) == ["runs", "baseline", "differences", "invalid", "spec", "metrics"] and got["baseline"] == ids[0]
     assert got["metrics"]["gen_throughput"]["ratios"] == [1.0, 1.0586, 0.0]
     assert "cmd" not in got["spec"]
     assert "cmd" in json.loads(orch("compare", *map(str, ids), "--json", "--all", check=0).stdout)["spec"]
     table = orch("compare", str(ids[0]), str(ids[1]), check=0).stdout
     rows = {line.split()[0]: line.split()[1:] for line in table.splitlines() if line.strip()}
     assert rows["run"] == [str(ids[0]), "run", str(ids[1])]
-    assert rows["gen_throughput"] == ["88.8", "94", "(1.06x)"]
-    assert rows["accept_rate"] == ["0.19", "0.47", "(2.47x)"]
+    # one or two samples a run: too few to know their spread, so no verdict either way
+    assert rows["gen_throughput"] == ["88.8", "94", "(1.06x)", "incomparable"]
+    assert rows["accept_rate"] == ["0.19", "0.47", "(2.47x)", "incomparable"]
     assert rows["speculative_num_steps"] == ["3", "5"]
 
 
@@ -123,8 +125,8 @@ def test_cli_baseline(tmp_path):
     table = orch("compare", str(b), "--baseline", str(a), check=0).stdout
     rows = {cells[0]: cells[1:] for cells in (line.split("\t") for line in table.splitlines())}  # piped: tabs
     assert rows[""] == [f"run {a} (baseline)", f"run {b}"]
-    assert rows["gen_throughput"][1] == "88.8 → 94 (1.06x)"
-    assert rows["accept_rate"][1] == "0.19 → 0.47 (2.47x)"
+    assert rows["gen_throughput"][1] == "88.8 → 94 (1.06x) incomparable"
+    assert rows["accept_rate"][1] == "0.19 → 0.47 (2.47x) incomparable"
     res = orch("compare", str(b), "--baseline", "x")
     assert res.returncode == 2 and res.stderr.strip() == "orch: not a run id: 'x'"
 

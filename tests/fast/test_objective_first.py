@@ -104,6 +104,12 @@ def test_compare_on_a_terminal_colours_better_green_and_worse_red(orch: Orch, tm
     from orchestrator.cli import inspect, render
 
     a_sweep(tmp_path)
+    # each run measured four times, within 1 %: the differences lie beyond the spread of both
+    store = Store(Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml").db_path)
+    for run_id, values in ((1, POINTS[0]), (2, POINTS[1])):
+        store.add_metrics(run_id, [(name, v * f, None) for f in (0.99, 1.01, 1.0)
+                                   for name, v in zip(("gen_throughput", "accept_len", "load_weight_s"), values)], 2.0)
+    store.close()
     screen = io.StringIO()
     console = Console(file=screen, force_terminal=True, color_system="standard", width=200, highlight=False,
                       markup=False)
@@ -113,6 +119,6 @@ def test_compare_on_a_terminal_colours_better_green_and_worse_red(orch: Orch, tm
     assert code == 0
     lines = {line.split()[0]: line for line in screen.getvalue().splitlines() if line.strip()}
     green, red = "\x1b[32m", "\x1b[31m"
-    assert green + "95.5 (1.19x)" in lines["gen_throughput"]  # more throughput: better
-    assert red + "30 (1.50x)" in lines["load_weight_s"]  # a longer load: worse, though the number grew
-    assert red + "2.9 (0.94x)" in lines["accept_len"]
+    assert green + "95.5 (1.19x) better" in lines["gen_throughput"]  # more throughput: better
+    assert red + "30 (1.50x) worse" in lines["load_weight_s"]  # a longer load: worse, though the number grew
+    assert red + "2.9 (0.94x) worse" in lines["accept_len"]

@@ -365,6 +365,69 @@ def gpus(timeout):
     return {"gpus": gpu_rows, "apps": apps, "procs": procs}
 
 
+
+# -- what a run's numbers were made on (its receipt), looked at in the launch request ----------------------
+GPU_FACTS = ("index", "uuid", "name", "driver_version", "clocks.applications.graphics", "clocks.applications.memory",
+             "clocks.max.sm", "ecc.mode.current", "ecc.errors.uncorrected.volatile.total",
+             "clocks_throttle_reasons.active", "persistence_mode")
+# run by the engine's python: the versions of the engine's distributions, from their metadata (no import)
+VERSIONS = ("import importlib.metadata as m, json, sys\n"
+            "def v(n):\n    try:\n        return m.version(n)\n    except Exception:\n        return None\n"
+            "print(json.dumps({'python': sys.version.split()[0], 'packages': {n: v(n) for n in sys.argv[1:]}}))")
+FACT_FILE_MAX = 64 << 20  # a model's config files are small: anything larger is named, not hashed
+
+
+def file_sha256(path):
+    """The sha256 of a plain file (None: absent, not a plain file, or too large to be a config)."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > FACT_FILE_MAX:
+            return None
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+    except OSError:
+        return None
+
+
+def cpu_facts():
+    model = None
+    try:
+        with open("/proc/cpuinfo", errors="replace") as f:
+            for row in f:
+                if row.startswith("model name"):
+                    model = row.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"model": model, "count": os.cpu_count()}
+
+
+def host_facts(request, timeout=30):
+    """What a run's numbers are made on: the engine's versions (from its python), the sha256 of the model's
+    config files, the GPUs (model, driver, clocks, ECC and throttle state) or, without nvidia-smi, the CPU;
+    each part that cannot be read says why instead."""
+    found = {"hostname": socket.gethostname(), "cpu": cpu_facts()}
+    python, packages = request.get("python"), request.get("packages") or []
+    if python:
+        out = run_argv([python, "-c", VERSIONS, *packages], timeout, 1 << 16)
+        try:
+            found["engine"] = json.loads(out["stdout"].strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            found["engine"] = {"error": " ".join((out["stderr"] or "no output").split())[-300:]}
+    found["files"] = {path: file_sha256(path) for path in request.get("files") or []}
+    smi = shutil.which("nvidia-smi")
+    if smi is not None:
+        try:
+            found["gpus"] = _csv([smi, "--query-gpu=" + ",".join(GPU_FACTS)], GPU_FACTS, timeout)
+            found["gpu_apps"] = _csv([smi, "--query-compute-apps=" + ",".join(APP_FIELDS)], APP_FIELDS, timeout)
+        except (GpuError, OSError, subprocess.SubprocessError) as exc:
+            found["gpu_error"] = str(exc)[:300]
+    return found
+
+
 def kill_pids(procs, grace_s):
     """Stop each process that still has the start time seen. Each process is held before its start time is
     checked, and signalled through the hold: a reused pid is left alone."""
@@ -1424,6 +1487,14 @@ def _url(v):
         c.isspace() for c in v)
 
 
+def _facts(v):
+    """What a launch is asked to look at for the run's receipt: the engine's python and distributions, and
+    the model's config files."""
+    return (isinstance(v, dict) and set(v) <= {"python", "packages", "files"}
+            and _maybe(_arg_word)(v.get("python")) and _list_of(_word, 32)(v.get("packages", []))
+            and _list_of(_path, 64)(v.get("files", [])))
+
+
 def _maybe(check):
     return lambda v: v is None or check(v)
 
@@ -1447,7 +1518,8 @@ ARGS = {
     "unfollow": {"key": (_word, REQUIRED)},
     "poke": {"keys": (_list_of(_word), [])},
     "ack": {"bytes": (_count, REQUIRED)},
-    "launch": {"dir": (_path, REQUIRED), "script": (_text, REQUIRED), "token": (_token, REQUIRED)},
+    "launch": {"dir": (_path, REQUIRED), "script": (_text, REQUIRED), "token": (_token, REQUIRED),
+               "facts": (_maybe(_facts), None)},
     "kill": {"pid": (_count, REQUIRED), "start": (_ticks, REQUIRED), "grace_s": (_seconds, REQUIRED)},
     "stacks": {"pid": (_count, REQUIRED), "start": (_ticks, "")},
     "kill_pids": {"procs": (_list_of(_pid_start, 4096), REQUIRED), "grace_s": (_seconds, REQUIRED)},
@@ -1543,7 +1615,10 @@ class Agent:
         return {}
 
     def launch(self, a):
-        return launch(a["dir"], a["script"], a["token"])
+        # the host as the job finds it, looked at before it starts (the GPUs' processes: not yet its own)
+        facts = host_facts(a["facts"]) if a["facts"] is not None else None
+        job = launch(a["dir"], a["script"], a["token"])
+        return job if facts is None else {**job, "facts": facts}
 
     def kill(self, a):
         return {"outcome": kill(a["pid"], a["start"], a["grace_s"])}

@@ -276,11 +276,11 @@ async function runPage(main, id) {
   const meta = await api("/api/meta");
   const parts = {};
   for (const k of ["head", "actions", "summary", "nodes", "timeline", "error", "log", "charts", "events", "spec",
-                   "patches", "outputs", "reproduce", "problems"]) parts[k] = h("div", {id: k});
+                   "patches", "receipt", "outputs", "reproduce", "problems"]) parts[k] = h("div", {id: k});
   main.replaceChildren(parts.head, parts.problems, parts.actions, parts.summary, parts.nodes,
     section("Timeline", parts.timeline), parts.error, section("Log", parts.log), section("Metrics", parts.charts),
     section("Events", parts.events), section("Spec", parts.spec), section("Patch sets", parts.patches),
-    section("Outputs", parts.outputs), section("Reproduce", parts.reproduce));
+    section("Receipt", parts.receipt), section("Outputs", parts.outputs), section("Reproduce", parts.reproduce));
   let doc = null, shownActions = null;
   every(RUN_EVERY_MS, async () => {
     doc = await api(`/api/runs/${id}`);
@@ -320,6 +320,7 @@ function drawRun(parts, d) {
     status(d.status, d.stalled)));
   const end = d.ended_at || now();
   parts.summary.replaceChildren(kv([
+    ["invalid", d.invalid ? `${d.invalid} (its numbers count nowhere)` : null],
     ["phase", d.phase], ["progress", progress(d.progress, d.progress_at, true)],
     ["reason", d.reason], ["exit code", d.exit_code], [d.job_id ? "job" : "pid", d.job_id || d.pid],
     ["node", d.node], ["queue", d.queue_reason], ["remote dir", d.remote_dir],
@@ -350,6 +351,9 @@ function drawRun(parts, d) {
       h("td", {}, p.package), h("td", {}, p.version), h("td", {}, p.file),
       h("td", {}, h("code", {}, (p.sha_before || "").slice(0, 12))), h("td", {}, h("code", {}, (p.sha_after || "").slice(0, 12))))))
     : h("p", {class: "muted"}, "none"));
+  // what produced the numbers: engine, patches, argv, model, data set, hardware (a benchmark: its server's too)
+  parts.receipt.replaceChildren(d.receipt ? h("pre", {id: "receipt-json"}, JSON.stringify(d.receipt, null, 2))
+    : h("p", {class: "muted"}, "none recorded"));
   parts.outputs.replaceChildren(d.outputs ? h("pre", {}, JSON.stringify(d.outputs, null, 2)) : h("p", {class: "muted"}, "none"));
   parts.reproduce.replaceChildren(h("pre", {id: "reproduce"}, d.reproduce), h("p", {class: "muted"},
     `orch status ${d.id} · orch logs ${d.id} -f · orch compare ${d.id} OTHER`));
@@ -433,7 +437,8 @@ async function sweepPage(main, id) {
     const rows = d.points.map((p) => h("tr", {class: p.index === bestRow ? "best" : "", "data-point": p.index},
       h("td", {class: "num"}, p.index, p.index === bestRow ? " ★" : ""),
       d.keys.map((k) => h("td", {}, fmt((p.point || {})[k]))),
-      h("td", {}, status(p.status)), h("td", {}, p.run_id ? link(`/runs/${p.run_id}`, `run ${p.run_id}`) : "-"),
+      h("td", {title: p.invalid || null}, status(p.status), p.invalid ? h("span", {class: "error invalid"}, " invalid") : ""),
+      h("td", {}, p.run_id ? link(`/runs/${p.run_id}`, `run ${p.run_id}`) : "-"),
       h("td", {}, p.host), h("td", {class: "num"}, p.attempts),
       d.metrics.map((m) => {
         const best = d.best[m] === p.index && m in p.metrics;
@@ -537,13 +542,18 @@ function drawCompare(out, c) {
   const rows = Object.entries(c.spec).map(([k, vs]) => h("tr", {}, h("td", {}, k), vs.map((v) => h("td", {}, h("code", {}, fmt(v))))));
   if (rows.length && Object.keys(c.metrics).length) rows.push(h("tr", {}, h("td", {colspan: head.length}, "")));
   for (const [name, m] of Object.entries(c.metrics)) {
-    // green where better than the first run, red where worse, in the metric's own direction
-    const way = (i) => (m.better[i] === null ? "" : m.better[i] ? " better" : " worse");
+    // green where better than the first run beyond the noise, red where worse, in the metric's own direction
+    const way = (i) => (m.verdicts[i] === "better" ? " better" : m.verdicts[i] === "worse" ? " worse" : "");
     rows.push(h("tr", {}, h("td", {}, h("b", {}, name), h("span", {class: "muted"}, m.lower_is_better ? " ↓" : " ↑")),
       m.values.map((v, i) => h("td", {class: "num" + way(i)}, fmt(v),
-        i && m.ratios[i] !== null ? h("span", {class: "muted"}, ` (${m.ratios[i].toFixed(2)}x)`) : ""))));
+        i && m.ratios[i] !== null ? h("span", {class: "muted"}, ` (${m.ratios[i].toFixed(2)}x)`) : "",
+        i && m.verdicts[i] ? h("span", {class: "verdict", title: m.why[i] || ""}, ` ${m.verdicts[i]}`) : ""))));
   }
-  out.replaceChildren(table(head, rows, {class: "compare"}));
+  const changed = c.differences.map((d) => h("li", {}, h("code", {}, d.key), `: ${fmt(d.a)} → ${fmt(d.b)}`,
+    d.run ? ` (run ${d.run})` : "", d.matters ? h("b", {}, ` incomparable: ${d.matters}`) : ""));
+  const invalid = c.runs.map((id, i) => c.invalid[i] ? h("li", {class: "error"}, `run ${id} is invalid: ${c.invalid[i]}`) : null)
+    .filter(Boolean);
+  out.replaceChildren(h("ul", {id: "differences"}, ...invalid, ...changed), table(head, rows, {class: "compare"}));
 }
 
 // --- the router ----------------------------------------------------------------------------------

@@ -1,0 +1,156 @@
+"""A run's receipt (store/receipts.py has its shape): begun before the launch from what orch knows, the
+host's part looked at in the launch request itself (no extra round trip), completed at the end.
+
+The validity gate's launch-time reasons are decided here too: a benchmark whose server was not ready when
+it started, and a run that holds its GPUs whose GPUs were not clean when it launched.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import time
+from typing import Any
+
+from .. import __version__
+from ..errors import OrchError
+from ..playbook import SERVING_PHASES, JobContext, Prepared
+from ..secret_env import masked_env
+from ..store.record import Status
+from .context import Job
+
+CONFIG_FILES = ("config.json", "tokenizer_config.json", "generation_config.json")
+# The distributions whose versions say what made an engine's numbers (read from the engine's own python).
+PACKAGES = {"vllm": ("vllm", "torch", "transformers"), "sglang": ("sglang", "sgl-kernel", "torch", "transformers"),
+            "speculators": ("speculators", "vllm", "torch", "transformers")}
+OTHER_PACKAGES = ("torch", "transformers")
+ENGINE_SEED = {"vllm": 0, "sglang": 1}  # each benchmark's default --seed
+
+
+def begin(ctx: Job, job: JobContext[Any], prepared: Prepared, command: str, env: dict[str, str],
+          patches: list[dict[str, Any]]) -> None:
+    """What orch knows of the run's receipt before its launch (kept on the Job until the launch sees the host)."""
+    spec = ctx.spec
+    server = _server(ctx)
+    # A benchmark's engine is its server's (its playbook names only the format it prints by default), and it
+    # runs with the server's python unless told otherwise.
+    served = ((server or {}).get("receipt") or {}).get("engine") or {}
+    engine = served.get("name") or ctx.pb.log_engine(spec) or ctx.pb.engine
+    bench = getattr(spec, "bench", None) or spec
+    receipt: dict[str, Any] = {
+        "orch": __version__, "host": ctx.host.name, "playbook": ctx.pb.name,
+        "spec": ctx.run.spec,  # as stored: its secrets masked
+        "engine": {"name": engine, "version": prepared.engine_version,
+                   "python": spec.python or served.get("python") or job.python},
+        "patches": patches,
+        "argv": command,
+        "server_argv": ctx.pb.engine_argv(spec),
+        "env": masked_env(env, [*ctx.host.secret_env, *spec.secret_env]),
+        "launched_at": time.time(),
+    }
+    if server is not None:
+        receipt["server"] = server  # the model is the server's, in its receipt
+    elif _model_path(spec) is not None:
+        receipt["model"] = {"path": _model_path(spec)}
+    if hasattr(bench, "num_prompts"):
+        receipt["dataset"] = {
+            "name": getattr(bench, "dataset", None) or "default", "num_prompts": bench.num_prompts,
+            "input_len": getattr(bench, "input_len", None), "output_len": getattr(bench, "output_len", None),
+            "seed": _seed(list(getattr(bench, "extra_args", [])), engine)}
+        receipt["warmup"] = getattr(bench, "warmup", 0)
+        receipt["repeats"] = getattr(bench, "repeats", 1)
+    ctx.receipt = receipt
+
+
+def facts_request(ctx: Job) -> dict[str, Any] | None:
+    """What the launch request looks at on the host for the receipt; None when nothing was begun."""
+    r = ctx.receipt
+    if not r:
+        return None
+    engine = r["engine"]["name"]
+    files = []
+    path = (r.get("model") or {}).get("path")
+    if isinstance(path, str) and path.startswith("/"):
+        files = [posixpath.join(path, name) for name in CONFIG_FILES]
+    return {"python": r["engine"]["python"], "packages": list(PACKAGES.get(engine, OTHER_PACKAGES)), "files": files}
+
+
+def launched(ctx: Job, facts: dict[str, Any] | None) -> None:
+    """Record the receipt with what the launch saw on the host; the launch-time validity reasons with it."""
+    r = ctx.receipt
+    if not r:
+        return
+    if facts:
+        r["hostname"] = facts.get("hostname")
+        seen = facts.get("engine") or {}
+        versions = seen.get("packages") or {}
+        r["engine"]["packages"] = versions
+        r["engine"]["python_version"] = seen.get("python")
+        if seen.get("error"):
+            r["engine"]["error"] = seen["error"]
+        if r["engine"].get("version") is None:
+            r["engine"]["version"] = versions.get(r["engine"]["name"])
+        if "model" in r:
+            r["model"]["files"] = {posixpath.basename(p): h for p, h in (facts.get("files") or {}).items()
+                                   if h is not None}
+        gpus = facts.get("gpus")
+        r["hardware"] = {"gpus": [{k: v for k, v in g.items() if k != "uuid"} for g in gpus] if gpus else None,
+                         "cpu": facts.get("cpu")}
+        if facts.get("gpu_error"):
+            r["hardware"]["gpu_error"] = facts["gpu_error"]
+    ctx.store.complete_receipt(ctx.run_id, r)
+    for reason in _invalid_at_launch(ctx, facts or {}):
+        ctx.store.mark_invalid(ctx.run_id, reason)
+        ctx.event("invalid", reason)
+
+
+def complete(ctx: Job, reverted: list[str]) -> None:
+    """The receipt's end: how the run ended, whether it is valid, and which patch sets were reverted."""
+    run = ctx.refresh()
+    if run.receipt is None:
+        return  # never launched, or launched by an orch that kept no receipt
+    patches = [{**p, "reverted": p.get("name") in reverted} for p in run.receipt.get("patches") or []]
+    ctx.store.complete_receipt(ctx.run_id, {"patches": patches, "ended_at": run.ended_at,
+                                            "status": run.status.value, "invalid": run.invalid})
+
+
+def _model_path(spec: Any) -> str | None:
+    model = getattr(spec, "model", None)
+    return model if isinstance(model, str) else None
+
+
+def _seed(extra_args: list[str], engine: str | None) -> int | str | None:
+    """The benchmark's --seed as given in its extra arguments, else its engine's default."""
+    for i, arg in enumerate(extra_args):
+        if arg == "--seed" and i + 1 < len(extra_args):
+            return extra_args[i + 1]
+        if arg.startswith("--seed="):
+            return arg.split("=", 1)[1]
+    return ENGINE_SEED.get(engine or "")
+
+
+def _server(ctx: Job) -> dict[str, Any] | None:
+    """A benchmark's server run: its id, whether it was ready when the benchmark started, and its receipt."""
+    server_id = getattr(ctx.spec, "server", None)
+    if not isinstance(server_id, int):
+        return None
+    try:
+        run = ctx.store.get_run(server_id)
+    except OrchError:
+        return {"run": server_id, "ready_at_launch": False, "receipt": None}
+    ready = run.status is Status.RUNNING and run.phase in SERVING_PHASES
+    return {"run": server_id, "ready_at_launch": ready, "receipt": run.receipt}
+
+
+def _invalid_at_launch(ctx: Job, facts: dict[str, Any]) -> list[str]:
+    reasons = []
+    server = ctx.receipt.get("server")
+    if server is not None and not server["ready_at_launch"]:
+        reasons.append(f"its server (run {server['run']}) was not ready when it started")
+    if ctx.holds_host and facts.get("gpu_apps"):
+        uuids = {g.get("uuid"): g.get("index") for g in facts.get("gpus") or []}
+        mine = None if ctx.spec.gpus is None else {str(i) for i in ctx.spec.gpus}
+        busy = sorted({f"{a.get('pid')} on GPU {uuids.get(a.get('gpu_uuid'), '?')}" for a in facts["gpu_apps"]
+                       if mine is None or uuids.get(a.get("gpu_uuid")) in mine})
+        if busy:
+            reasons.append("its GPUs were not clean at launch: process " + ", ".join(busy))
+    return reasons

@@ -1,0 +1,70 @@
+"""Receipts, repeats and verdicts on this machine's `local` host with the SGLang stand-ins (tests/fakes): the
+emulators' numbers do not depend on the settings, so every headline of two benchmarks is within the noise;
+the tests-only nvidia-smi shows the GPUs a receipt records, and a process on them at launch makes a run
+invalid."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from orchtest import Orch
+from sshd import free_port
+from test_serve import BENCH, FAKES, no_server_left_behind, serve_sets
+
+__all__ = ["no_server_left_behind"]  # the autouse fixture: no server outlives a failing test
+
+HEADLINES = ("output_throughput", "median_ttft_ms", "median_itl_ms", "accept_len")
+
+
+@pytest.fixture
+def orch(tmp_path: Path) -> Iterator[Orch]:
+    o = Orch(tmp_path / "ws")
+    state = tmp_path / "gpu-state.json"
+    state.write_text(json.dumps({"gpus": [{"index": i, "uuid": f"GPU-0000000{i}", "memory_total": 81559}
+                                          for i in (0, 1)], "processes": []}))
+    o.env.update(PATH=f"{FAKES}{os.pathsep}{os.environ['PATH']}", ORCH_FAKE_GPU_STATE=str(state))
+    yield o
+
+
+def test_two_benchmarks_of_the_same_receipt_are_within_the_noise(orch: Orch) -> None:
+    port = free_port("127.0.0.1")
+    res = orch("run", "serve-eagle3", "--until-ready", *serve_sets(port, "--serve-after", "600"), "--set", "cleanup=false")
+    assert res.returncode == 0, res.stderr
+    bench = ["run", "bench-serving", "--set", "server=1", "--set", f"launcher={BENCH}", "--set", "num_prompts=10",
+             "--set", "repeats=5", "--set", "warmup=1", "--set", "poll_min=0.05", "--set", "poll_max=0.3"]
+    assert orch(*bench).returncode == 0
+    assert orch(*bench).returncode == 0
+    orch("stop", "1", check=0)
+    doc = orch.status(2)
+    assert doc["metric_summaries"]["output_throughput"]["samples"] == 5 and doc["invalid"] is None
+    receipt = doc["receipt"]
+    assert receipt["server"]["run"] == 1 and receipt["server"]["receipt"]["engine"]["name"] == "sglang"
+    assert [g["name"] for g in receipt["hardware"]["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 2
+    assert receipt["hardware"]["gpus"][0]["driver_version"] == "550.54.15"
+    assert (receipt["repeats"], receipt["warmup"], receipt["dataset"]["name"]) == (5, 1, "default")
+    shown = orch("status", "2").stdout
+    assert "  receipt: sglang " in shown and "data set default, 10 prompts, seed 1, warm-up 1, repeats 5" in shown
+    got = json.loads(orch("compare", "2", "3", "--json").stdout)
+    assert got["differences"] == []
+    assert {n: got["metrics"][n]["verdict"] for n in HEADLINES} == dict.fromkeys(HEADLINES, "within_noise")
+
+
+def test_a_run_whose_gpus_were_busy_at_launch_is_invalid(orch: Orch, tmp_path: Path) -> None:
+    squatter = subprocess.Popen(["sleep", "300"])
+    try:
+        state = json.loads(Path(orch.env["ORCH_FAKE_GPU_STATE"]).read_text())
+        state["processes"] = [{"pid": squatter.pid, "gpu": 1, "used_memory": 2000}]
+        Path(orch.env["ORCH_FAKE_GPU_STATE"]).write_text(json.dumps(state))
+        res = orch("run", "command", "--set", "cmd=true", "--set", "cleanup=false", "--set", "gpus=[1]")
+        assert res.returncode == 0, res.stderr
+        assert orch.status(1)["invalid"] == f"its GPUs were not clean at launch: process {squatter.pid} on GPU 1"
+        res = orch("run", "command", "--set", "cmd=true", "--set", "cleanup=false", "--set", "gpus=[0]")
+        assert orch.status(2)["invalid"] is None  # another GPU's process is none of its business
+    finally:
+        squatter.kill()
+        squatter.wait()
