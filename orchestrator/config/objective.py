@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Latencies, durations (load times) and losses improve downwards; throughputs, rates per second, acceptance
-# and counts upwards. `tokens_per_s` is a rate (higher), `load_weight_s` a duration (lower).
-_LOWER = re.compile(r"(_ms|(?<!per)_s|_sec|_seconds|_time|latency|ttft|tpot|itl|loss|elapsed)$|latency|ttft|loss")
+from . import metricinfo
 
 
 def lower_is_better(metric: str) -> bool:
     """A metric's direction, from its name: latencies, load times and losses are better lower."""
-    return bool(_LOWER.search(metric.lower()))
+    return metricinfo.direction(metric) == "lower"
 
 
 def goal_of(metric: str) -> Literal["max", "min"]:
