@@ -50,11 +50,17 @@ HEADLINES: dict[str, tuple[str, ...]] = {
 _declared: dict[str, tuple[str, ...]] = {}
 
 
+def is_count(metric: str) -> bool:
+    """A count or a setting (`completed`, `max_concurrency`, `lr`): what a run did or was asked, never how well."""
+    name = metric.lower()
+    return name in _COUNTS or bool(_COUNT.search(name))
+
+
 def direction(metric: str) -> Direction | None:
     """`higher` or `lower` when more or less of the metric is better; None for a count, a setting or a name
     orch cannot place (never an objective, never coloured better or worse)."""
     name = metric.lower()
-    if name in _COUNTS or _COUNT.search(name):
+    if is_count(name):
         return None
     if _HIGHER.search(name):
         return "higher"

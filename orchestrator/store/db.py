@@ -19,7 +19,7 @@ from ..errors import DatabaseUnavailable, NotFound, UsageError
 from . import migrations
 from .controller import Controller
 from .encoding import decoded, dump_json, load_json
-from .record import ACTIVE, JSON_FIELDS, Run, Status
+from .record import ACTIVE, JSON_FIELDS, STOPPED_REASONS, Run, Status
 from .summaries import IDLE_ZERO, headline, summaries
 
 if TYPE_CHECKING:
@@ -71,6 +71,24 @@ def _use_wal(conn: sqlite3.Connection) -> None:
 
 # The runs on a host (twice the host's name): a run across several hosts is on each of its nodes' hosts.
 ON_HOST = "(host = ? OR id IN (SELECT parent_id FROM runs WHERE host = ?))"
+# A run ended on purpose: `cancelled` to the lifecycle, `stopped` to a person (record.STOPPED_REASONS).
+_STOPPED = "(status = 'cancelled' AND (" + " OR ".join(
+    f"substr(COALESCE(reason, ''), 1, {len(r)}) = '{r}'" for r in STOPPED_REASONS) + "))"
+
+
+def status_words(words: Iterable[str]) -> tuple[str, list[Any]]:
+    """A WHERE clause for the runs shown in any of these status words: the lifecycle's statuses, but
+    `stopped` for a run ended on purpose and `cancelled` only for the others (shapes.shown_status)."""
+    clauses, args = [], []
+    for word in dict.fromkeys(words):
+        if word == "stopped":
+            clauses.append(_STOPPED)
+        elif word == Status.CANCELLED:
+            clauses.append(f"(status = 'cancelled' AND NOT {_STOPPED})")
+        else:
+            clauses.append("status = ?")
+            args.append(word)
+    return "(" + (" OR ".join(clauses) or "0") + ")", args
 
 
 def _create_owner_only(path: Path) -> None:
@@ -251,8 +269,9 @@ class Store:
 
     def list_runs(self, *, limit: int = 50, statuses: Iterable[str] | None = None, host: str | None = None,
                   playbook: str | None = None, tag: str | None = None, sweep_id: int | None = None,
-                  since: float | None = None) -> list[Run]:
-        where, args = self._run_filter(statuses, host, playbook, tag, sweep_id, since, runs_only=True)
+                  since: float | None = None, words: Iterable[str] | None = None) -> list[Run]:
+        """The newest runs matching the filters; `words` are status words as shown (see status_words)."""
+        where, args = self._run_filter(statuses, host, playbook, tag, sweep_id, since, runs_only=True, words=words)
         rows = self.conn.execute(f"SELECT * FROM runs{where} ORDER BY id DESC LIMIT ?", [*args, limit])
         return [self._decode(r) for r in rows]
 
@@ -263,15 +282,17 @@ class Store:
 
     def count_runs(self, *, statuses: Iterable[str] | None = None, host: str | None = None,
                    playbook: str | None = None, tag: str | None = None, sweep_id: int | None = None,
-                   since: float | None = None, after_id: int | None = None, watcher: str | None = None) -> int:
+                   since: float | None = None, after_id: int | None = None, watcher: str | None = None,
+                   words: Iterable[str] | None = None) -> int:
         where, args = self._run_filter(statuses, host, playbook, tag, sweep_id, since, after_id=after_id,
-                                       watcher=watcher, runs_only=True)
+                                       watcher=watcher, runs_only=True, words=words)
         return int(self.conn.execute(f"SELECT COUNT(*) FROM runs{where}", args).fetchone()[0])
 
     @staticmethod
     def _run_filter(statuses: Iterable[str] | None, host: str | None, playbook: str | None, tag: str | None,
                     sweep_id: int | None, since: float | None, *, after_id: int | None = None,
-                    watcher: str | None = None, runs_only: bool = False) -> tuple[str, list[Any]]:
+                    watcher: str | None = None, runs_only: bool = False,
+                    words: Iterable[str] | None = None) -> tuple[str, list[Any]]:
         """A WHERE clause for the filters given (each one ANDed); `since` is epoch seconds of creation,
         `after_id` keeps the runs created after that one; `runs_only` leaves out the other nodes of
         multi-node runs (each is a record of its own, listed under its run)."""
@@ -281,6 +302,10 @@ class Store:
             statuses = list(statuses)
             clauses.append(f"status IN ({','.join('?' * len(statuses))})")
             args += statuses
+        if words is not None:
+            clause, more = status_words(words)
+            clauses.append(clause)
+            args += more
         if after_id is not None:
             clauses.append("id > ?")
             args.append(after_id)

@@ -3,7 +3,7 @@ progress object everywhere, ISO 8601 times beside epoch seconds."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -48,11 +48,18 @@ def metrics(values: dict[str, float]) -> dict[str, Any]:
     return {k: number(v) for k, v in values.items()}
 
 
-def shown_metrics(store: Store, run: Run) -> dict[str, Any]:
+def shown_metrics(store: Store, run: Run, headlines: Sequence[str] = ()) -> dict[str, Any]:
     """A run's metrics as its headline shows them: the latest of each; while it serves, a serving rate's
-    steady state at work instead of the idle zero an engine prints after every burst."""
+    steady state at work instead of the idle zero an engine prints after every burst. Its playbook's
+    `headlines` (config/metricinfo.py) come first, then the rest by name."""
     serving = run.status is Status.RUNNING and run.phase in ("ready", "running")
-    return metrics(store.headline_metrics(run.id) if serving else store.latest_metrics(run.id))
+    return metrics(in_order(store.headline_metrics(run.id) if serving else store.latest_metrics(run.id), headlines))
+
+
+def in_order(values: dict[str, Any], headlines: Sequence[str]) -> dict[str, Any]:
+    """The metrics the headlines name first, in their order, then the rest by name (as metricinfo.order)."""
+    first = [h for h in headlines if h in values]
+    return {name: values[name] for name in [*first, *sorted(values.keys() - set(first))]}
 
 
 def shown_status(run: Run, unreachable_since: float | None) -> str:
@@ -143,8 +150,10 @@ def nodes_of(store: Store, run: Run) -> list[Run]:
     return store.nodes_of(run.id) if run.node_rank is not None else []
 
 
-def run_document(store: Store, run: Run, with_events: bool = True, tables: Iterable[RunTables] = ()) -> dict[str, Any]:
-    """A run as `orch status --json` prints it; with events, each plugin's section too (`tables`). A
+def run_document(store: Store, run: Run, with_events: bool = True, tables: Iterable[RunTables] = (),
+                 headlines: Sequence[str] = ()) -> dict[str, Any]:
+    """A run as `orch status --json` prints it, its playbook's `headlines` leading its metrics (the caller
+    has them from config/metricinfo.py); with events, each plugin's section too (`tables`). A
     multi-node run's document is its head's, with `nodes` (one entry each, rank order) and the slowest
     node's progress; a node's own record (not the head) names its run in `parent_id`."""
     error = run.error
@@ -168,9 +177,11 @@ def run_document(store: Store, run: Run, with_events: bool = True, tables: Itera
                   if error else None),
         "reason": run.reason,
         "last_line": run.last_line,  # the log's last line as of the last poll
-        "metrics": shown_metrics(store, run),
+        "metrics": shown_metrics(store, run, headlines),
         # per metric: last, and mean and p50 over the steady state (the first 10 % of samples left out)
-        "metric_summaries": {k: {f: number(v) for f, v in s.items()} for k, s in store.metric_summaries(run.id).items()},
+        "metric_summaries": {k: {f: number(v) for f, v in s.items()}
+                             for k, s in in_order(store.metric_summaries(run.id), headlines).items()},
+        "headlines": list(headlines),  # the metrics a person reads first
         "exit_code": run.exit_code,
         "pid": run.pid,
         "job_id": run.job_id,
