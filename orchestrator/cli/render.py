@@ -11,6 +11,8 @@ from typing import Any, Self
 
 from rich.console import Console
 
+from ..store.encoding import json_safe
+
 
 def consoles() -> tuple[Console, Console]:
     """The stdout and stderr consoles, as the terminal and the environment (COLUMNS, NO_COLOR, ...) are
@@ -23,7 +25,9 @@ out, err = consoles()
 
 
 def emit_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+    """Strict JSON: a NaN or an infinity as the string "NaN", "Infinity" or "-Infinity" (never a bare token
+    other readers refuse, never null: it is a finding)."""
+    sys.stdout.write(json.dumps(json_safe(value), indent=2, default=str, allow_nan=False) + "\n")
 
 
 @contextlib.contextmanager

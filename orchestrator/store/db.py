@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DatabaseUnavailable, NotFound, UsageError
 from . import migrations
 from .controller import Controller
-from .encoding import decoded, dump_json, load_json
+from .encoding import decoded, dump_json, load_json, real_in
 from .record import ACTIVE, JSON_FIELDS, STOPPED_REASONS, Run, Status
 from .summaries import IDLE_ZERO, headline, summaries
 
@@ -537,13 +537,24 @@ class Store:
         with self.tx():
             migrations.apply_set(self.db, tables.migration_set, tables.migrations)
 
+    def real_columns(self, tables: RunTables) -> frozenset[str]:
+        """The columns of a plugin's tables that hold numbers with a fraction (REAL, FLOAT): where a NaN may
+        be stored as text (encoding.real_in)."""
+        found = set()
+        for reader in tables.readers:
+            for column in self.db.table(reader.table).columns:
+                if column.type.upper() in ("REAL", "FLOAT", "DOUBLE"):
+                    found.add(column.name)
+        return frozenset(found)
+
     def add_rows(self, run_id: int, rows: Iterable[tuple[str, dict[str, Any]]], ts: float,
                  tables: Iterable[RunTables]) -> None:
         """Rows that plugins' line readers read from a run's log, as (table, row), into those plugins' tables."""
         owners = {reader.table: t for t in tables for reader in t.readers}
         by_table: dict[str, list[dict[str, Any]]] = {}
-        for table, row in rows:
-            by_table.setdefault(table, []).append({**row, "run_id": run_id, "ts": ts})
+        for table, row in rows:  # a NaN read from a log is kept as one (encoding.real_in)
+            by_table.setdefault(table, []).append({**{k: real_in(v) for k, v in row.items()}, "run_id": run_id,
+                                                   "ts": ts})
         with self.tx():
             for table, found in by_table.items():
                 self.use(owners[table])

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .db import Store
+from .encoding import real_out
 from .record import STOPPED_REASONS, Run, Status
 
 if TYPE_CHECKING:
@@ -106,6 +107,15 @@ def error_hint(error: dict[str, Any] | None, phase: str | None = None) -> str | 
     return hint_of(err, phase)
 
 
+def _reals(section: Any, columns: frozenset[str]) -> Any:
+    """A plugin's section with the NaN its REAL columns hold as text (encoding.real_in) a NaN again."""
+    if isinstance(section, list):
+        return [_reals(item, columns) for item in section]
+    if isinstance(section, dict):
+        return {k: real_out(v) if k in columns else _reals(v, columns) for k, v in section.items()}
+    return section
+
+
 def sections(store: Store, run_id: int, tables: Iterable[RunTables]) -> dict[str, Any]:
     """Each plugin's section of a run, read from its own tables (made now if this database has not yet; a
     reader that may not write shows none of a plugin whose tables are not made)."""
@@ -117,7 +127,7 @@ def sections(store: Store, run_id: int, tables: Iterable[RunTables]) -> dict[str
             store.use(t)
         section = t.section(store.db, run_id)
         if section is not None:
-            found[t.name] = section
+            found[t.name] = _reals(section, store.real_columns(t))
     return found
 
 
