@@ -62,7 +62,7 @@ def compare(store: Store, ids: list[int], all_keys: bool = False, baseline: int 
     latest = [store.latest_metrics(i) for i in ids]
     summed = [store.metric_summaries(i) for i in ids]
     metrics: dict[str, dict[str, Any]] = {}
-    for name in sorted(_ordered_union(latest)):
+    for name in metricinfo.order(_ordered_union(latest), runs[0].playbook):  # the headlines first
         values = [m.get(name) for m in latest]
         lower = lower_is_better(name)
         metrics[name] = {"values": values, "ratios": [ratio(v, values[0]) for v in values], "lower_is_better": lower,

@@ -18,15 +18,22 @@ from starlette.datastructures import QueryParams
 
 from orchestrator import sweep
 from orchestrator.cli import render, status
+from orchestrator.config import metricinfo
+from orchestrator.config.hosts import Host
+from orchestrator.host.launch import RunPaths
+from orchestrator.playbook import Entry, JobContext, Usage
+from orchestrator.runflow import registry
 from orchestrator.config.workspace import Workspace
 from orchestrator.errors import UsageError
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
-from orchestrator.store.record import Status
+from orchestrator.store.record import Run, Status
 from orchestrator.sweep import db as sweep_db
 from orchestrator.sweep.record import PointStatus
 from orchestrator.ui import pages, report
 from orchestrator.ui import table as runs_table
+from playbooks.command import Command
+from playbooks.extract_hidden_states import ExtractHiddenStates, ExtractSpec
 
 Orch = Callable[..., tuple[int, str, str]]
 HOSTS = ""
@@ -192,3 +199,57 @@ def test_sweeps_lead_with_headlines_and_never_judge_a_count(orch: Orch, tmp_path
     assert titles == ["output_throughput", "median_ttft_ms"]
     with pytest.raises(UsageError, match="a count or a setting"):
         report.sweep_report(store, sweep_id, tmp_path / "report", metric="completed")
+
+
+class Files:
+    """A host's files as an extraction leaves them, for `finish` to read (nothing else is asked)."""
+
+    def __init__(self, files: dict[str, str]):
+        self.files = files
+
+    def read_text(self, path: str, limit: int = 1 << 20) -> str | None:
+        return self.files.get(path)
+
+    def list_dir(self, path: str) -> list[Entry] | None:
+        return [Entry(f"hs_{i}.safetensors", "file", 10) for i in range(6)]
+
+    def usage(self, path: str) -> Usage | None:
+        return Usage(6, 60, 1)
+
+
+@pytest.mark.parametrize("backend", ["hf", "speculators"])
+def test_an_extraction_records_its_pace_in_samples_per_s(backend: str) -> None:
+    pb = ExtractHiddenStates()
+    spec = ExtractSpec.model_validate({"backend": backend, "model": "/m", "dataset": "/d"} if backend == "speculators" else {})
+    manifest = {"samples": 32, "tokens": 1600, "tokens_per_s": 400.0, "seconds": 4.0}
+    files = Files({"/w/runs/1/hidden_states/manifest.json": json.dumps(manifest)})
+    job = JobContext(1, spec, Host(name="local"), RunPaths("/w/runs/1"), files, lambda i: None,  # type: ignore[arg-type]
+                     lambda kind, message: None)
+    run = Run(id=1, playbook="extract-hidden-states", host="local", status=Status.SUCCEEDED, spec={},
+              created_at=0.0, started_at=100.0, ended_at=103.0)
+    metrics = dict(pb.finish(job, run).metrics)
+    assert metrics["samples_per_s"] == (8.0 if backend == "hf" else 2.0)  # 32 in 4 s; 6 files in the job's 3 s
+
+
+def test_a_plugin_playbooks_headlines_lead_once_it_is_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Scored(Command):
+        name = "scored"
+        headlines = ("score", "wall_s")
+
+    monkeypatch.setitem(registry.BUILTIN_PLAYBOOKS, "scored", "x:y")  # as an installed plugin is found
+    monkeypatch.setattr(registry, "_load", lambda target: Scored)
+    registry.playbook.cache_clear()
+    registry._playbook_targets.cache_clear()
+    try:
+        registry.playbook("scored")
+    finally:
+        registry.playbook.cache_clear()
+        registry._playbook_targets.cache_clear()
+    assert metricinfo.order(["a", "wall_s", "score"], "scored") == ["score", "wall_s", "a"]
+
+
+def test_compare_lists_the_headlines_first(orch: Orch, store: Store) -> None:
+    a = ended(store, "bench-serving", Status.SUCCEEDED, metrics=BENCH)
+    b = ended(store, "bench-serving", Status.SUCCEEDED, metrics=BENCH)
+    doc = json.loads(orch("compare", str(a), str(b), "--json")[1])
+    assert list(doc["metrics"])[:6] == HEADLINES
