@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -42,7 +43,8 @@ def best(objective: Objective, points: Iterable[tuple[Any, dict[str, float]]]) -
     found: tuple[Any, float] | None = None
     for key, metrics in points:
         value = metrics.get(objective.metric)
-        if value is not None and (found is None or objective.better(value, found[1])):
+        # a NaN or an infinity (a loss that diverged) is kept, never the best
+        if value is not None and math.isfinite(value) and (found is None or objective.better(value, found[1])):
             found = (key, value)
     return found
 

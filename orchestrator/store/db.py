@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DatabaseUnavailable, NotFound, UsageError
 from . import migrations
 from .controller import Controller
-from .encoding import decoded, dump_json, load_json, real_in
+from .encoding import decoded, dump_json, load_json, real_in, real_out
 from .record import ACTIVE, JSON_FIELDS, STOPPED_REASONS, Run, Status
 from .summaries import IDLE_ZERO, headline, summaries
 
@@ -461,8 +461,8 @@ class Store:
         with self.tx() as c:
             c.executemany(
                 "INSERT INTO metrics (run_id, name, value, ts, step) VALUES (?, ?, ?, ?, ?)",
-                [(run_id, s[0], float(s[1]), s[3] if len(s) > 3 and s[3] is not None else ts, s[2])
-                 for s in samples],
+                [(run_id, s[0], real_in(float(s[1])), s[3] if len(s) > 3 and s[3] is not None else ts, s[2])
+                 for s in samples],  # a NaN kept as one (encoding.real_in)
             )
 
     def latest_metrics(self, run_id: int) -> dict[str, float]:
@@ -471,7 +471,7 @@ class Store:
             " (SELECT MAX(id) FROM metrics WHERE run_id = ? GROUP BY name) ORDER BY name",
             (run_id,),
         )
-        return dict(rows.fetchall())
+        return {name: real_out(value) for name, value in rows}
 
     def headline_metrics(self, run_id: int) -> dict[str, float]:
         """The run's metrics as its headline shows them: the latest of each, a serving rate's steady state at
@@ -484,7 +484,7 @@ class Store:
     def metric_summaries(self, run_id: int) -> dict[str, dict[str, Any]]:
         """Per metric of the run: last, and mean and p50 over the steady state (see summaries.py)."""
         rows = self.conn.execute("SELECT name, value FROM metrics WHERE run_id = ? ORDER BY id", (run_id,))
-        return summaries(rows.fetchall())
+        return summaries((name, real_out(value)) for name, value in rows)
 
     def latest_metrics_of(self, run_ids: list[int]) -> dict[int, dict[str, float]]:
         """The newest value of each metric of each run, in one query over the (run_id, name, id) index."""
@@ -496,7 +496,7 @@ class Store:
             f"SELECT run_id, name, value FROM metrics WHERE id IN (SELECT MAX(id) FROM metrics"
             f" WHERE run_id IN ({marks}) GROUP BY run_id, name) ORDER BY run_id, name", run_ids)
         for run_id, name, value in rows:
-            found[run_id][name] = value
+            found[run_id][name] = real_out(value)
         return found
 
     def count_samples(self, run_id: int, name: str) -> int:
@@ -506,15 +506,16 @@ class Store:
 
     def recent_samples(self, run_id: int, limit: int) -> list[tuple[str, float, float]]:
         """The run's newest `limit` samples of all its metrics, (name, ts, value) in recorded order."""
-        return self.conn.execute(
+        rows = self.conn.execute(
             "SELECT name, ts, value FROM (SELECT id, name, ts, value FROM metrics WHERE run_id = ?"
-            " ORDER BY id DESC LIMIT ?) ORDER BY id", (run_id, limit)).fetchall()
+            " ORDER BY id DESC LIMIT ?) ORDER BY id", (run_id, limit))
+        return [(name, ts, real_out(value)) for name, ts, value in rows]
 
     def metric_series(self, run_id: int, name: str) -> list[tuple[float, float, int | None]]:
         rows = self.conn.execute(
             "SELECT ts, value, step FROM metrics WHERE run_id = ? AND name = ? ORDER BY id", (run_id, name)
         )
-        return rows.fetchall()
+        return [(ts, real_out(value), step) for ts, value, step in rows]
 
     # plugins' tables --------------------------------------------------------------------------
     def has_tables_of(self, tables: RunTables) -> bool:

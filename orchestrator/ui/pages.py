@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from typing import Any
 
@@ -107,7 +108,8 @@ def metric_series(store: Store, run_id: int) -> dict[str, list[list[float]]]:
     """Each metric of a run over time, [[ts, value], ...], thinned to at most SERIES_POINTS points."""
     found: dict[str, list[list[float]]] = {}
     for name, ts, value in store.recent_samples(run_id, SERIES_ROWS):
-        found.setdefault(name, []).append([ts, value])
+        if math.isfinite(value):  # a chart draws numbers: a NaN sample is in the run's metrics, not on its line
+            found.setdefault(name, []).append([ts, value])
     # the charts in the order the metrics are read: the playbook's headlines first
     series = {name: found[name] for name in metricinfo.order(found, store.get_run(run_id).playbook)}
     for name, points in series.items():
@@ -145,7 +147,8 @@ def sweep_page(store: Store, sweep_id: int, objective: str | None = None) -> dic
 
 def _best(points: list[dict[str, Any]], metric: str, lower: bool) -> int | None:
     """The index of the best point by a metric (its run's latest value)."""
-    scored = [(p["metrics"][metric], p["index"]) for p in points if metric in p["metrics"]]
+    scored = [(p["metrics"][metric], p["index"]) for p in points
+              if isinstance(p["metrics"].get(metric), int | float) and math.isfinite(p["metrics"][metric])]
     if not scored:
         return None
     return (min if lower else max)(scored)[1]
@@ -156,7 +159,7 @@ def trend(store: Store, name: str, metric: str, lower: bool) -> list[dict[str, A
     pick = min if lower else max
     found = []
     for row in reversed(stored_sweeps.of_name(store, name, TREND_SWEEPS)):
-        values = stored_sweeps.latest_values(store, row["id"], metric)
+        values = [v for v in stored_sweeps.latest_values(store, row["id"], metric) if math.isfinite(v)]
         if values:
             found.append({"sweep_id": row["id"], "instance": row["instance"], "created_at": row["created_at"],
                           "best": pick(values)})
