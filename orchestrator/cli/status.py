@@ -48,8 +48,7 @@ def status(
     as_json: bool = typer.Option(False, "--json"),
     refresh: bool = typer.Option(False, "--refresh", help="poll the host of every active run once"),
     limit: int = typer.Option(50, "--limit", "-n", metavar="N"),
-    statuses: list[str] = typer.Option([], "--status", metavar="WORD",
-                                       help=STATUS_HELP),
+    statuses: list[str] = typer.Option([], "--status", metavar="WORD", help=STATUS_HELP),
     active: bool = typer.Option(False, "--active", help="only runs not ended yet"),
     host: str | None = typer.Option(None, "--host", "-H", metavar="HOST", help="only runs on this host"),
     playbook: str | None = typer.Option(None, "--playbook", metavar="PLAYBOOK", help="only runs of this playbook"),
@@ -57,8 +56,7 @@ def status(
     sweep: int | None = typer.Option(None, "--sweep", metavar="ID", help="only runs of this sweep"),
     since: str | None = typer.Option(None, "--since", metavar="AGE", help="only runs created within AGE (2h, 3d)"),
     timeout: float = typer.Option(30.0, metavar="SECONDS", help="seconds per host for --refresh"),
-    columns: str | None = typer.Option(None, "--columns", metavar="A,B,C",
-                                       help=COLUMNS_HELP),
+    columns: str | None = typer.Option(None, "--columns", metavar="A,B,C", help=COLUMNS_HELP),
 ) -> None:
     """Show runs, newest first, or one run in full."""
     shown_columns = chosen_columns(columns)
@@ -100,9 +98,9 @@ def status(
     now = time.time()
     rows = [_row(doc, run, now) for doc, run in zip(docs, runs)]
     index = [COLUMNS.index(c) for c in shown_columns]
-    # on a terminal the columns no row fills are left out (unless chosen) and the table fits its width
+    # on a terminal the table fits its width; columns chosen are shortened but kept, even empty
     table(shown_columns, [[row[i] for i in index] for row in rows], drop_empty=out.is_terminal and columns is None,
-          fit=FIT)
+          fit=FIT if columns is None else Fit(FIT.shrink, ()))
 
 
 # How the table fits a terminal (80 columns and up): the free text gives way first, shortened after a

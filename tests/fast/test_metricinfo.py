@@ -56,3 +56,11 @@ def test_a_plugin_declares_its_own_headlines_but_never_a_builtins() -> None:
     assert headlines("my-bench") == ("score", "wall_s")
     assert headlines("bench-serving")[0] == "output_throughput"
     assert order(["wall_s", "a", "score"], "my-bench") == ["score", "wall_s", "a"]
+
+
+def test_every_builtin_playbook_declares_its_headlines_and_none_on_its_class() -> None:
+    from orchestrator.runflow import registry
+
+    assert set(registry.BUILTIN_PLAYBOOKS) <= set(metricinfo.HEADLINES)
+    for name in registry.BUILTIN_PLAYBOOKS:  # one place: the built-ins' are read without loading them
+        assert registry.playbook(name).headlines == ()
