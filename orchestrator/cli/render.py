@@ -130,6 +130,16 @@ class Fit:
 
     shrink: dict[str, int]
     drop: tuple[str, ...]
+    keep_last_word: frozenset[str] = frozenset()  # shortened before their last word (a bar's `32/64`)
+
+
+def shorten_before_last(text: str, width: int) -> str:
+    """`text` in `width` columns, its last word kept whole: `Loading safet… 32/64`."""
+    head, _, last = text.rpartition(" ")
+    if len(text) <= width or not head or len(last) + 2 > width:
+        return shorten(text, width)
+    short = shorten(head, width - len(last) - 1).rstrip() + " " + last
+    return Styled(short, text.style) if isinstance(text, Styled) else short
 
 
 GAP = 2  # the columns' padding on a terminal: one space each side, none at the edges
@@ -154,7 +164,8 @@ def fitted(headers: list[str], cells: list[list[str]], width: int, fit: Fit) -> 
             break
         kept.remove(dropping.pop(0))
     index = [headers.index(h) for h in kept]
-    return kept, [[shorten(row[i], widths[headers[i]]) for i in index] for row in cells]
+    cut = {h: shorten_before_last if h in fit.keep_last_word else shorten for h in kept}
+    return kept, [[cut[headers[i]](row[i], widths[headers[i]]) for i in index] for row in cells]
 
 
 def table(headers: list[str], rows: list[list[Any]], *, title: str | None = None, drop_empty: bool = False,

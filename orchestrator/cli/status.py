@@ -105,8 +105,9 @@ def status(
 
 # How the table fits a terminal (80 columns and up): the free text gives way first, shortened after a
 # word, then the columns a person can do without leave; id, status and phase always stay whole.
-FIT = Fit(shrink={"reason": 12, "progress": 12, "url": 16, "name": 8, "playbook": 16, "metrics": 24, "host": 8},
-          drop=("url", "seen", "age", "name", "reason", "duration", "host", "progress", "metrics"))
+FIT = Fit(shrink={"reason": 12, "progress": 14, "url": 16, "name": 8, "playbook": 13, "metrics": 24, "host": 8},
+          drop=("url", "seen", "age", "name", "reason", "duration", "host", "progress", "metrics"),
+          keep_last_word=frozenset({"progress"}))  # a bar's label gives way to its counts
 
 
 def chosen_columns(columns: str | None) -> list[str]:

@@ -110,11 +110,17 @@ def test_the_table_fits_the_terminal_and_never_breaks_a_word(orch: Orch, store: 
     ended(store, "extract-hidden-states", Status.FAILED, reason="exit code 1: " + "a long reason " * 10)
     ended(store, "serve-eagle3", Status.CANCELLED, reason="stopped by user")
     ended(store, "command", Status.CANCELLED, reason="cancelled by user")
+    loading = store.create_run("serve-vllm", "local", {})
+    for s in (Status.PREPARING, Status.LAUNCHING, Status.RUNNING):
+        transition(store, loading, s)
+    store.update_run(loading, phase="loading", progress={"label": "Loading safetensors checkpoint shards",
+                                                          "done": 32.0, "total": 64.0})
     screen = screen_of(monkeypatch, width)
     assert orch("status")[0] == 0
     lines = screen.getvalue().splitlines()
     assert lines and all(len(line) <= width for line in lines)
-    assert len(lines) == 5  # a header and one line per run: nothing wrapped
+    assert len(lines) == 6  # a header and one line per run: nothing wrapped
+    assert "32/64" in lines[1]  # a bar shortened keeps its counts
     words = " ".join(lines).split()
     for word in ("succeeded", "failed", "stopped", "cancelled", "bench-serving", "output_throughput=94.2"):
         assert word in words
