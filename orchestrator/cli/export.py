@@ -13,7 +13,7 @@ app.add_typer(export_app, name="export")
 
 @export_app.command("mlflow")
 def export_mlflow(
-    run_ids: list[str] = typer.Argument(None, metavar="[ID]...", help="the runs (default: every run)"),
+    run_ids: list[str] = typer.Argument(None, metavar="ID", help="the runs (default: every run)"),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", metavar="URI",
                                             help="an MLflow tracking URI (default: the workspace's mlruns/)"),
     experiment: str = typer.Option("orch", "--experiment", metavar="NAME", help="the MLflow experiment"),

@@ -78,29 +78,43 @@ def export(store: Store, runs: Sequence[Run], tracking_uri: str, experiment: str
         return []
     found = mlflow.get_experiment_by_name(experiment)
     experiment_id = found.experiment_id if found is not None else mlflow.create_experiment(experiment)
+    exported = _exported(mlflow, experiment_id)
     done = []
     for run in runs:
-        result = _one(mlflow, experiment_id, store, run)
+        result = _one(mlflow, experiment_id, store, run, exported.get(str(run.id)))
         echo(result)
         done.append(result)
     return done
+
+
+def _exported(mlflow: Any, experiment_id: str) -> dict[str, Any]:
+    """The MLflow runs an earlier export made in the experiment, by their orch run id (one search, paged)."""
+    found: dict[str, Any] = {}
+    token = None
+    while True:
+        page = mlflow.search_runs([experiment_id], filter_string=f"tags.`{RUN_TAG}` != ''", max_results=1000,
+                                  page_token=token)
+        for r in page:
+            found.setdefault(r.data.tags[RUN_TAG], r)
+        token = page.token
+        if not token:
+            return found
 
 
 def _name(text: str) -> str:
     return _UNSAFE.sub("_", text)[:250]
 
 
-def _one(mlflow: Any, experiment_id: str, store: Store, run: Run) -> Exported:
+def _one(mlflow: Any, experiment_id: str, store: Store, run: Run, existing: Any) -> Exported:
     from mlflow.entities import Metric, Param, RunTag
 
-    existing = mlflow.search_runs([experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run.id}'", max_results=1)
-    created = not existing
+    created = existing is None
     if created:
         mine = mlflow.create_run(experiment_id, start_time=int(run.created_at * 1000),
                                  tags={RUN_TAG: str(run.id)}, run_name=run.name or f"{run.playbook} {run.id}")
         mlflow_id, params, tags = mine.info.run_id, {}, {}
     else:
-        mlflow_id, params, tags = existing[0].info.run_id, existing[0].data.params, existing[0].data.tags
+        mlflow_id, params, tags = existing.info.run_id, existing.data.params, existing.data.tags
     # samples: each metric's in recorded order, its steps; those MLflow has already are not sent again
     added = []
     for name in metricinfo.order(store.latest_metrics(run.id), run.playbook):
