@@ -185,6 +185,9 @@ class Playbook(Generic[S]):
     # every node's job has in its environment (see `rendezvous`). The run's health, url and ready line are the
     # head's (rank 0): only the head is probed.
     multi_node: ClassVar[bool] = False
+    # The metrics its runs lead with, in the order a person reads them (a plugin's; the built-ins' are in
+    # config/metricinfo.py, read without loading any playbook).
+    headlines: ClassVar[tuple[str, ...]] = ()
 
     def check_inputs(self, spec: S, host: Host, find_run: FindRun) -> None:
         """Refuse (UsageError) input that only other runs or the inventory can judge, before the run exists."""

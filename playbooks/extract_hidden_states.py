@@ -501,7 +501,7 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
 
     def finish(self, job: JobContext[ExtractSpec], run: Run) -> Outputs:
         if job.spec.backend == "speculators":
-            return self._count_outputs(job)
+            return self._count_outputs(job, run)
         if run.status is not Status.SUCCEEDED:
             return Outputs()
         path = posixpath.join(self.output_dir(job), "manifest.json")
@@ -516,9 +516,12 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
             raise OrchError(f"{path}: not a JSON object")
         metrics = [(k, float(manifest[k])) for k in ("samples", "tokens", "tokens_per_s")
                    if isinstance(manifest.get(k), int | float)]
+        seconds, samples = manifest.get("seconds"), manifest.get("samples")
+        if isinstance(seconds, int | float) and isinstance(samples, int | float) and seconds > 0:
+            metrics.append(("samples_per_s", round(samples / seconds, 3)))
         return Outputs(manifest, metrics)
 
-    def _count_outputs(self, job: JobContext[ExtractSpec]) -> Outputs:
+    def _count_outputs(self, job: JobContext[ExtractSpec], run: Run) -> Outputs:
         """Sample files of either pipeline, all files and their bytes (also after a failure)."""
         out = self.output_dir(job)
         entries = job.remote.list_dir(out) or []
@@ -529,4 +532,9 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
         size = held.bytes if held is not None else 0
         found = {"output_dir": out, "data_pt": pt, "hs_safetensors": hs, "samples": pt + hs, "files": files,
                  "bytes": size}
-        return Outputs(found, [("samples", pt + hs), ("files", files), ("output_mb", round(size / 2**20, 3))])
+        metrics: list[tuple[str, float]] = [("samples", pt + hs), ("files", files),
+                                            ("output_mb", round(size / 2**20, 3))]
+        took = run.ended_at - run.started_at if run.ended_at and run.started_at else None
+        if took and took > 0 and run.status is Status.SUCCEEDED:  # the whole job's pace, its server's start included
+            metrics.append(("samples_per_s", round((pt + hs) / took, 3)))
+        return Outputs(found, metrics)

@@ -28,6 +28,7 @@ COMMAND_MODULES = {
     "compare": "inspect", "logs": "logs", "pull": "logs", "ssh": "logs", "run": "runs", "rerun": "runs",
     "watch": "runs", "watch-host": "runs", "note": "runs", "tag": "runs", "cancel": "runs", "stop": "runs",
     "rm": "runs", "gc": "runs", "status": "status", "patch": "patches", "sweep": "sweeps", "cron": "sweeps",
+    "export": "export",
 }
 
 

@@ -6,9 +6,12 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Self
 
 from rich.console import Console
+
+from ..store.encoding import json_safe
 
 
 def consoles() -> tuple[Console, Console]:
@@ -22,7 +25,9 @@ out, err = consoles()
 
 
 def emit_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+    """Strict JSON: a NaN or an infinity as the string "NaN", "Infinity" or "-Infinity" (never a bare token
+    other readers refuse, never null: it is a finding)."""
+    sys.stdout.write(json.dumps(json_safe(value), indent=2, default=str, allow_nan=False) + "\n")
 
 
 @contextlib.contextmanager
@@ -100,9 +105,74 @@ def age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-def table(headers: list[str], rows: list[list[Any]], *, title: str | None = None, drop_empty: bool = False) -> None:
+_BOUNDARY = " ,;=/-_"  # where a shortened value may end: never inside a word
+
+
+def shorten(text: str, width: int) -> str:
+    """`text` in at most `width` columns: cut after its last word, space or separator that fits, and `…`.
+    A Styled value keeps its colour."""
+    if len(text) <= width:
+        return text
+    room = text[:max(width - 1, 0)]
+    at = room.rfind(" ")  # after a whole word (a metric and its value) where one fits, else a separator
+    if at < width // 3:
+        at = max(room.rfind(c) for c in _BOUNDARY)
+    kept = room[:at + 1] if at >= width // 3 else room
+    short = (kept if kept.endswith(" ") else kept.rstrip()) + "…"  # `a=1 b=2 …`: more values follow
+    return Styled(short, text.style) if isinstance(text, Styled) else short
+
+
+@dataclass(frozen=True)
+class Fit:
+    """How a table is made to fit a terminal's width: the columns that may be shortened, each to a least
+    width, in the order they give way; then the columns left out, in that order, when shortening is not
+    enough. A column named in neither keeps its width."""
+
+    shrink: dict[str, int]
+    drop: tuple[str, ...]
+    keep_last_word: frozenset[str] = frozenset()  # shortened before their last word (a bar's `32/64`)
+
+
+def shorten_before_last(text: str, width: int) -> str:
+    """`text` in `width` columns, its last word kept whole: `Loading safet… 32/64`."""
+    head, _, last = text.rpartition(" ")
+    if len(text) <= width or not head or len(last) + 2 > width:
+        return shorten(text, width)
+    short = shorten(head, width - len(last) - 1).rstrip() + " " + last
+    return Styled(short, text.style) if isinstance(text, Styled) else short
+
+
+GAP = 2  # the columns' padding on a terminal: one space each side, none at the edges
+
+
+def fitted(headers: list[str], cells: list[list[str]], width: int, fit: Fit) -> tuple[list[str], list[list[str]]]:
+    """The columns and cells that fit in `width` (see Fit): values shortened where they may, never broken."""
+    natural = {h: max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(headers)}
+    kept = list(headers)
+    dropping = [h for h in fit.drop if h in headers]
+    while True:
+        widths = {h: natural[h] for h in kept}
+        over = sum(widths.values()) + GAP * (len(kept) - 1) - width
+        for h, least in fit.shrink.items():
+            if over <= 0:
+                break
+            if h in widths:
+                give = min(over, max(widths[h] - max(least, len(h)), 0))
+                widths[h] -= give
+                over -= give
+        if over <= 0 or not dropping:
+            break
+        kept.remove(dropping.pop(0))
+    index = [headers.index(h) for h in kept]
+    cut = {h: shorten_before_last if h in fit.keep_last_word else shorten for h in kept}
+    return kept, [[cut[headers[i]](row[i], widths[headers[i]]) for i in index] for row in cells]
+
+
+def table(headers: list[str], rows: list[list[Any]], *, title: str | None = None, drop_empty: bool = False,
+          fit: Fit | None = None) -> None:
     """A table on a terminal; off one (a pipe, a file) tab-separated lines, no value ever cut or wrapped.
-    `drop_empty` leaves out the columns no row has a value in."""
+    `drop_empty` leaves out the columns no row has a value in; `fit` makes it fit the terminal's width
+    (values shortened, columns left out), else a long value wraps."""
     cells = [[cell(v) for v in row] for row in rows]
     if drop_empty and cells:
         keep = [i for i in range(len(headers)) if any(row[i] for row in cells)]
@@ -118,9 +188,14 @@ def table(headers: list[str], rows: list[list[Any]], *, title: str | None = None
     from rich.table import Table
     from rich.text import Text
 
-    t = Table(*headers, box=None, title=title)
+    if fit is not None:
+        headers, cells = fitted(headers, cells, out.width, fit)
+    t = Table(*headers, box=None, title=title, pad_edge=False)
     for column in t.columns:
-        column.overflow = "fold"  # a long name wraps, it is never cut to `sglang-eagle3-h…`
+        if fit is not None:
+            column.no_wrap = True  # shortened to fit already: a word is never split over two lines
+        else:
+            column.overflow = "fold"  # a long name wraps, it is never cut to `sglang-eagle3-h…`
     for row in cells:
         # Text: a value such as "[bold]" is data, not markup
         t.add_row(*(Text(v, style=getattr(v, "style", None) or "") for v in row))
@@ -145,7 +220,9 @@ def duration(seconds: float | None) -> str:
 def summary_lines(doc: dict[str, Any]) -> list[str]:
     """The end of `orch run` / `orch watch`: how it went and what to do next."""
     rid, status = doc["id"], doc["status"]
-    metrics = " ".join(f"{k}={v:g}" for k, v in list(doc["metrics"].items())[:6])
+    # every headline the run has (they come first), else the first few of its metrics
+    many = max(6, sum(1 for k in doc["metrics"] if k in doc.get("headlines", ())))
+    metrics = " ".join(f"{k}={v:g}" for k, v in list(doc["metrics"].items())[:many])
     where = f"{doc['host']}:{doc['outputs']['remote_dir']}" if doc["outputs"]["remote_dir"] else None
     if status in ("succeeded", "running"):
         lines = [f"run {rid} {status}" + (f" in {duration(doc['duration_s'])}" if status == "succeeded"

@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 
 import typer
 
+from ..config import metricinfo
 from ..config.workspace import LOCAL
 from ..errors import OrchError, UsageError
 from ..store.record import KILL_GRACE_S, Run, Status
@@ -141,7 +142,8 @@ def _start(pb: Any, spec: Any, host: list[str], detach: bool, dry_run: bool, unt
     if detach:
         _hand_over(ctx)
         if as_json:
-            emit_json(run_document(store, ctx.refresh(), with_events=False))
+            started = ctx.refresh()
+            emit_json(run_document(store, started, with_events=False, headlines=metricinfo.headlines(started.playbook)))
         else:
             out.print(ctx.run_id)
         return
@@ -284,7 +286,7 @@ def _label(run_id: str, as_json: bool, **labels: Any) -> None:
     store = read_store(workspace())  # no database: no run to label, and none created
     run = store.label_run(parse_run_id(run_id), **labels)
     if as_json:
-        emit_json(run_document(store, run, with_events=False))
+        emit_json(run_document(store, run, with_events=False, headlines=metricinfo.headlines(run.playbook)))
     else:
         notes = len((run.note or "").splitlines())
         err.print(f"run {run.id}: tags {', '.join(run.tags) or '-'}; {notes} note line(s)")

@@ -8,17 +8,20 @@ from typing import Any
 
 import typer
 
+from ..config import metricinfo
 from ..config.workspace import Workspace
-from ..errors import OrchError
+from ..errors import OrchError, UsageError
 from ..store import runtables, summaries
-from ..store.record import ACTIVE, Run, Status
+from ..store.record import ACTIVE, STATUS_WORDS, Run, Status
 from ..store.shapes import run_document
 from .app import age_seconds, app, inventory, no_runs_note, open_store, parse_run_id, read_store, workspace
-from .render import Styled, age, duration, emit_json, err, out, progress_line, shown_of, table
+from .render import Fit, Styled, age, duration, emit_json, err, out, progress_line, shown_of, table
 
 STATUS_EXAMPLES = """Examples:
 
   orch status --active
+
+  orch status --status stopped --columns id,playbook,status,metrics
 
   orch status --status running --host gpu01
 
@@ -35,6 +38,8 @@ STATUS_STYLES = {"succeeded": "green", "failed": "red", "lost": "red", "unreacha
 PHASE_STYLES = {"ready": "green", "finished": "green", "failed": "red", "queued": "yellow"}
 COLUMNS = ["id", "name", "playbook", "host", "status", "phase", "progress", "metrics", "duration", "age", "seen",
            "reason", "url"]
+STATUS_HELP = "only runs in this status (repeatable): " + ", ".join(STATUS_WORDS)
+COLUMNS_HELP = "only these columns, in this order: " + ",".join(COLUMNS)
 
 
 @app.command(epilog=STATUS_EXAMPLES)
@@ -43,7 +48,7 @@ def status(
     as_json: bool = typer.Option(False, "--json"),
     refresh: bool = typer.Option(False, "--refresh", help="poll the host of every active run once"),
     limit: int = typer.Option(50, "--limit", "-n", metavar="N"),
-    statuses: list[Status] = typer.Option([], "--status", help="only runs in this status (repeatable)"),
+    statuses: list[str] = typer.Option([], "--status", metavar="WORD", help=STATUS_HELP),
     active: bool = typer.Option(False, "--active", help="only runs not ended yet"),
     host: str | None = typer.Option(None, "--host", "-H", metavar="HOST", help="only runs on this host"),
     playbook: str | None = typer.Option(None, "--playbook", metavar="PLAYBOOK", help="only runs of this playbook"),
@@ -51,8 +56,13 @@ def status(
     sweep: int | None = typer.Option(None, "--sweep", metavar="ID", help="only runs of this sweep"),
     since: str | None = typer.Option(None, "--since", metavar="AGE", help="only runs created within AGE (2h, 3d)"),
     timeout: float = typer.Option(30.0, metavar="SECONDS", help="seconds per host for --refresh"),
+    columns: str | None = typer.Option(None, "--columns", metavar="A,B,C", help=COLUMNS_HELP),
 ) -> None:
     """Show runs, newest first, or one run in full."""
+    shown_columns = chosen_columns(columns)
+    unknown = [w for w in statuses if w not in STATUS_WORDS]
+    if unknown:
+        raise UsageError(f"--status: {unknown[0]!r} is not one of {', '.join(STATUS_WORDS)}")
     ws = workspace()
     store = open_store(ws) if refresh else read_store(ws)
     if refresh:
@@ -68,24 +78,48 @@ def status(
     if run_id is not None:
         run = store.get_run(parse_run_id(run_id))
         tables = runtables.installed(on_broken=lambda line: err.print(f"orch: {line}", markup=False))
-        doc = {**run_document(store, run, tables=tables), "url": urls.of(run)}
+        doc = {**run_document(store, run, tables=tables, headlines=metricinfo.headlines(run.playbook)),
+               "url": urls.of(run)}
         emit_json(doc) if as_json else _print_run(doc, tables)
         return
-    wanted = [s for s in (statuses or list(Status)) if s in ACTIVE] if active else statuses
-    filters: dict[str, Any] = {"statuses": [s.value for s in wanted] if active or wanted else None, "host": host,
+    wanted = [s for s in (statuses or list(STATUS_WORDS)) if s in {a.value for a in ACTIVE}] if active else statuses
+    filters: dict[str, Any] = {"words": wanted if active or wanted else None, "host": host,
                                "playbook": playbook, "tag": tag, "sweep_id": sweep,
                                "since": time.time() - age_seconds(since) if since is not None else None}
     runs = store.list_runs(limit=limit, **filters)
     if not runs:
         no_runs_note(ws)
     shown_of(len(runs), store.count_runs(**filters) if len(runs) == limit else len(runs), "runs")
-    docs = [{**run_document(store, r, with_events=False), "url": urls.of(r)} for r in runs]
+    docs = [{**run_document(store, r, with_events=False, headlines=metricinfo.headlines(r.playbook)), "url": urls.of(r)}
+            for r in runs]
     if as_json:
         emit_json(docs)
         return
     now = time.time()
     rows = [_row(doc, run, now) for doc, run in zip(docs, runs)]
-    table(COLUMNS, rows, drop_empty=out.is_terminal)
+    index = [COLUMNS.index(c) for c in shown_columns]
+    # on a terminal the table fits its width; columns chosen are shortened but kept, even empty
+    table(shown_columns, [[row[i] for i in index] for row in rows], drop_empty=out.is_terminal and columns is None,
+          fit=FIT if columns is None else Fit(FIT.shrink, ()))
+
+
+# How the table fits a terminal (80 columns and up): the free text gives way first, shortened after a
+# word, then the columns a person can do without leave; id, status and phase always stay whole.
+FIT = Fit(shrink={"reason": 12, "progress": 14, "url": 16, "name": 8, "playbook": 13, "metrics": 24, "host": 8},
+          drop=("url", "seen", "age", "name", "reason", "duration", "host", "progress", "metrics"),
+          keep_last_word=frozenset({"progress"}))  # a bar's label gives way to its counts
+
+
+def chosen_columns(columns: str | None) -> list[str]:
+    """The columns `--columns` names (all of them when not given); an unknown one is bad input."""
+    if columns is None:
+        return list(COLUMNS)
+    chosen = [c.strip() for c in columns.split(",") if c.strip()]
+    unknown = [c for c in chosen if c not in COLUMNS]
+    if unknown or not chosen:
+        raise UsageError(f"--columns {columns!r}: {'unknown column ' + repr(unknown[0]) if unknown else 'none named'};"
+                         f" choose from {','.join(COLUMNS)}")
+    return list(dict.fromkeys(chosen))
 
 
 class ServerUrls:

@@ -144,7 +144,7 @@ def sweep_cancel(ref: str = typer.Argument(..., metavar="SWEEP", help="id or nam
 @sweep_app.command("report")
 def sweep_report(ref: str = typer.Argument(..., metavar="SWEEP", help="id or name"),
                  metric: str | None = typer.Option(None, help="picks the best point (default: the sweep file's objective)"),
-                 chart: list[str] = typer.Option([], "--chart", help="metric drawn per point (default: all)"),
+                 chart: list[str] = typer.Option([], "--chart", help="metric drawn per point (default: the headlines, then every metric with a direction)"),
                  series: list[str] = typer.Option([], "--series", help="metric drawn over time (default: sampled ones)")) -> None:
     """Write runs/sweeps/<id>/report.html: the points, their spec differences and metrics, charts."""
     from .. import sweep

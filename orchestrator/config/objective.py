@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import re
+import math
 from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Latencies, durations (load times) and losses improve downwards; throughputs, rates per second, acceptance
-# and counts upwards. `tokens_per_s` is a rate (higher), `load_weight_s` a duration (lower).
-_LOWER = re.compile(r"(_ms|(?<!per)_s|_sec|_seconds|_time|latency|ttft|tpot|itl|loss|elapsed)$|latency|ttft|loss")
+from . import metricinfo
 
 
 def lower_is_better(metric: str) -> bool:
     """A metric's direction, from its name: latencies, load times and losses are better lower."""
-    return bool(_LOWER.search(metric.lower()))
+    return metricinfo.direction(metric) == "lower"
 
 
 def goal_of(metric: str) -> Literal["max", "min"]:
@@ -45,7 +43,8 @@ def best(objective: Objective, points: Iterable[tuple[Any, dict[str, float]]]) -
     found: tuple[Any, float] | None = None
     for key, metrics in points:
         value = metrics.get(objective.metric)
-        if value is not None and (found is None or objective.better(value, found[1])):
+        # a NaN or an infinity (a loss that diverged) is kept, never the best
+        if value is not None and math.isfinite(value) and (found is None or objective.better(value, found[1])):
             found = (key, value)
     return found
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -895,7 +896,8 @@ class LogParser:
         p._progress = Progress.from_dict(d["progress"]) if d.get("progress") else None
         p._bar = d.get("bar")
         p.error = LogError.from_dict(d["error"]) if d.get("error") else None
-        p.metrics = dict(d.get("metrics", {}))
+        # a NaN stored in strict JSON comes back as null: it was a number, not nothing
+        p.metrics = {k: math.nan if v is None else v for k, v in d.get("metrics", {}).items()}
         p.lines = int(d.get("lines", 0))
         p._splitter = LineSplitter.from_dict(d.get("splitter", {}))
         p._tracebacks = TracebackTracker.from_dict(d.get("tracebacks", {}))

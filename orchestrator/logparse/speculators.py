@@ -9,11 +9,11 @@ draw nothing off a terminal."""
 
 from __future__ import annotations
 
-import math
 import re
 
 from . import vllm
 from .errors import Rule, rule
+from .protocol import as_printed
 
 NAME = "speculators"
 
@@ -33,7 +33,7 @@ _FINISHED = re.compile(r"Data generation complete!")
 metrics = vllm.metrics
 
 _TRAIN_LINE = re.compile(r"(?:^|[\s,])(?:train|val)/\w+=")
-_TRAIN_PAIR = re.compile(r"(?:^|(?<=[\s,]))((?:train|val)/\w+|lr(?:/\w+)?)=(-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)(?=,|\s|$)")
+_TRAIN_PAIR = re.compile(r"(?:^|(?<=[\s,]))((?:train|val)/\w+|lr(?:/\w+)?)=(-?\d+(?:\.\d+)?(?:e[+-]?\d+)?|nan|-?inf)(?=,|\s|$)")
 _EPOCH = re.compile(r"\bTraining epoch (\d+)/(\d+) (started|completed)\b")
 _MAX_PAIRS = 64
 
@@ -42,8 +42,8 @@ def train_metrics(text: str) -> list[tuple[str, float]]:
     """The trainer's step and validation metrics: [] for any other line."""
     if "/" not in text or not _TRAIN_LINE.search(text):
         return []
-    found = [(name, float(value)) for name, value in _TRAIN_PAIR.findall(text)[:_MAX_PAIRS]]
-    return [(n, v) for n, v in found if math.isfinite(v)]
+    found = [(name, as_printed(value)) for name, value in _TRAIN_PAIR.findall(text)[:_MAX_PAIRS]]
+    return [(n, v) for n, v in found if v is not None]  # `train/loss=nan` kept: the run diverged
 
 
 def epoch_progress(text: str) -> tuple[float, float] | None:

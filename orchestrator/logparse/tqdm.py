@@ -195,3 +195,29 @@ def run_by_shapes(data: bytes, start: int, end: int, line: re.Pattern[bytes]) ->
     if all(line.fullmatch(shape) for shape in set(shapes)):
         return start + stop, len(shapes)
     return None
+
+
+SMOOTHING = 0.3  # tqdm's own: the weight of the newest interval
+
+
+def paced(bar: dict[str, Any], before: dict[str, Any] | None, before_at: float | None, now: float) -> dict[str, Any]:
+    """A bar that prints no rate (`orch-progress`, a Keras bar) with one and an ETA from when it was seen to
+    move: `before` is the bar recorded at `before_at`. As tqdm does, the steps and the seconds between moves
+    are each smoothed and the rate is their ratio (`smoothed`: the two, kept with the bar), so a move seen late
+    and the next seen early do not swing it. A bar that prints its rate is left as it is."""
+    if bar.get("rate_per_s") is not None or before is None or before.get("label") != bar.get("label"):
+        return bar
+    step = bar["done"] - before["done"]
+    if step == 0:  # not moved since: the rate and ETA as they were when it last moved
+        return {**bar, **{k: before.get(k) for k in ("rate_per_s", "eta_s", "smoothed")}}
+    if step < 0 or before_at is None or now <= before_at:
+        return bar  # started again: no rate until it moves twice
+    steps, seconds = step, now - before_at
+    if before.get("smoothed"):
+        steps = SMOOTHING * steps + (1 - SMOOTHING) * before["smoothed"][0]
+        seconds = SMOOTHING * seconds + (1 - SMOOTHING) * before["smoothed"][1]
+    rate = steps / seconds
+    total = bar.get("total")
+    eta = max(total - bar["done"], 0) / rate if total else None
+    return {**bar, "rate_per_s": round(rate, 6), "eta_s": None if eta is None else round(eta, 3),
+            "smoothed": [steps, seconds]}

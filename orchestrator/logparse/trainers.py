@@ -20,19 +20,21 @@ name too, the first key of a line that means one of them is also recorded as `lo
 
 from __future__ import annotations
 
-import math
 import re
 
+from .protocol import as_printed
+
 _NUMBER = r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
-_DICT_PAIR = re.compile(r"['\"]([^'\"]{1,60})['\"]\s*:\s*['\"]?(" + _NUMBER + r")['\"]?\s*(?=[,}])")
-_POSTFIX_PAIR = re.compile(r"(?:^|,)\s*([A-Za-z_][\w./-]{0,60})=(" + _NUMBER + r")(?=\s*(?:,|$))")
+_VALUE = _NUMBER + r"|nan|-?inf"  # where a value's end is marked (`, } -`): a diverged loss prints nan
+_DICT_PAIR = re.compile(r"['\"]([^'\"]{1,60})['\"]\s*:\s*['\"]?(" + _VALUE + r")['\"]?\s*(?=[,}])")
+_POSTFIX_PAIR = re.compile(r"(?:^|,)\s*([A-Za-z_][\w./-]{0,60})=(" + _VALUE + r")(?=\s*(?:,|$))")
 # A step, iteration or epoch and its number, as a word of its own ('global_step=9', 'Step 120',
 # 'iteration  100/').
 _STEP_WORD = re.compile(r"(?:^|[\s|,\[(])(?:global[ _])?(?:step|iteration|iter|epoch)s?\s*[:=]?\s*\[?\d",
                         re.IGNORECASE)
 _SEGMENT = re.compile(r"^\s*([A-Za-z_][\w ./()-]{0,60}?)\s*(?:[:=]\s*|\s+)\[?(" + _NUMBER
                       + r")(?:/\s*\d+)?\]?\s*(?:%|[A-Za-z]{1,3}(?:/[A-Za-z]{1,7})?|[A-Za-z]{1,7}/s)?\s*$")  # a unit, not prose
-_SPACED_PAIR = re.compile(r"(?:^|(?<=\s))([A-Za-z_][\w./-]{0,60})=(" + _NUMBER + r")(?=\s|,|$)")
+_SPACED_PAIR = re.compile(r"(?:^|(?<=\s))([A-Za-z_][\w./-]{0,60})=(" + _VALUE + r")(?=\s|,|$)")
 _TRAINER_KEY = re.compile(r"loss|\blr\b|learning_rate|epoch|step|grad_norm|reward|accuracy|\bacc|perplexity"
                           r"|train_runtime|eval_", re.IGNORECASE)
 _MAX_PAIRS = 64
@@ -56,11 +58,8 @@ def snake(key: str) -> str:
 def _named(pairs: list[tuple[str, str]], aliases: bool = True) -> list[tuple[str, float]]:
     found: list[tuple[str, float]] = []
     for key, raw in pairs[:_MAX_PAIRS]:
-        try:
-            value = float(raw)
-        except ValueError:
-            continue
-        if math.isfinite(value):
+        value = as_printed(raw)  # `loss=nan` is kept: the run diverged
+        if value is not None:
             found.append((snake(key), value))
     if aliases:
         names = {n for n, _ in found}
@@ -105,7 +104,7 @@ def label_metrics(label: str) -> list[tuple[str, float]]:
 # Keras's bar: ' 640/1200 [===============>..............] - ETA: 3:12 - loss: 0.3011 - accuracy: 0.8950', at
 # the end of an epoch '1200/1200 [====] - 412s 343ms/step - loss: 0.3120 - val_loss: 0.3544'.
 _KERAS = re.compile(r"^\s*(\d+)/(\d+) \[[=>.]*\] - (.*)$")
-_KERAS_PAIR = re.compile(r"(?:^| - )([A-Za-z_][\w/]{0,60}): (" + _NUMBER + r")(?= - |\s*$)")
+_KERAS_PAIR = re.compile(r"(?:^| - )([A-Za-z_][\w/]{0,60}): (" + _VALUE + r")(?= - |\s*$)")
 
 
 def keras_bar(text: str) -> tuple[float, float, list[tuple[str, float]]] | None:

@@ -20,6 +20,7 @@ from ..host import launch
 from ..logparse import LogParser, Metric, stamp_time
 from ..logparse.errors import describe
 from ..logparse.text import last_line
+from ..logparse.tqdm import paced
 from ..store import runtables
 from .context import Job
 from .watch import CLOCK_SLACK_S, MAX_CHUNK
@@ -77,7 +78,8 @@ def read_to_end(ctx: Job, clock: Callable[[], float] = time.time,
     now = clock()
     fields: dict[str, Any] = {
         "log_offset": offset, "log_inode": inode, "log_tail": tail.hex(), "parser_state": parser.to_dict(),
-        "progress": parser.progress.to_dict() if parser.progress else None,
+        # a bar that prints no rate keeps the one it had (tqdm.paced), or gets one if it moved since
+        "progress": paced(parser.progress.to_dict(), run.progress, run.progress_at, now) if parser.progress else None,
         "error": parser.error.to_dict() if parser.error else None,
     }
     if last is not None:

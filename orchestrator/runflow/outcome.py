@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..config import metricinfo
 from ..config.hosts import Host
 from ..config.workspace import Workspace
 from ..errors import OrchError
@@ -67,7 +68,8 @@ def summary(ws: Workspace, store: Store, run: Run, host: Host | None = None) -> 
         "phase": run.phase,
         "duration_s": round(run.ended_at - run.started_at, 1) if run.ended_at and run.started_at else None,
         **times(started_at=run.started_at, ended_at=run.ended_at),
-        "metrics": shown_metrics(store, run),
+        "metrics": shown_metrics(store, run, headlines := metricinfo.headlines(run.playbook)),
+        "headlines": list(headlines),
         "outputs": {"remote_dir": run.remote_dir, "manifest": str(outputs) if outputs.is_file() else None},
         "cause": None, "hint": None, "log_lines": [], "next": [], "url": server_url(run, host),
     }

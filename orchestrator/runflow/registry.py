@@ -18,6 +18,7 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
+from ..config import metricinfo
 from ..config.workspace import Workspace
 from ..errors import UsageError
 from ..host import patching
@@ -75,6 +76,8 @@ def playbook(name: str) -> Playbook[Any]:
                              + (f": {what}" if what else "")) from None
     if not isinstance(pb, Playbook) or getattr(pb, "name", None) != name:
         raise UsageError(f"playbook {name!r} ({targets[name]}) is not a Playbook named {name!r}")
+    if pb.headlines:
+        metricinfo.declare(name, pb.headlines)
     return pb
 
 

@@ -25,6 +25,7 @@ from ..host.polling import PollWait, WatchOptions
 from ..logparse import LogParser, Metric, assumption, stamp_time
 from ..logparse.errors import describe as _error_text
 from ..logparse.text import last_line
+from ..logparse.tqdm import paced
 from ..logparse.wake import WAKE
 from ..store import Store, history
 from ..store.controller import Controller
@@ -335,6 +336,8 @@ class Watcher:
         if advanced:
             self.wait.reset()
             fields["progress_at"] = now
+        if p.progress is not None:  # a bar that prints no rate gets one from when it moved, as tqdm's own
+            fields["progress"] = paced(p.progress.to_dict(), self.run.progress, self.run.progress_at, now)
         self._scheduler(state, events, fields)
         self._wrapper(state, events)
         self._predict(p, now, fields, loaded)
@@ -417,10 +420,10 @@ class Watcher:
 
     def _predict(self, p: LogParser, now: float, fields: dict[str, Any], loaded: bool = False) -> None:
         """Never sleep past the predicted finish: the bar's ETA, else the history of this model's loads."""
-        bar = p.progress
-        if bar and bar.eta_s is not None and (bar.total is None or bar.done < bar.total):
+        bar = fields.get("progress")  # with the rate and ETA of a bar that prints none
+        if bar and bar["eta_s"] is not None and (bar["total"] is None or bar["done"] < bar["total"]):
             # the ETA was printed when the bar last moved, not now
-            self.wait.finish_at = (fields.get("progress_at") or self.run.progress_at or now) + bar.eta_s
+            self.wait.finish_at = (fields.get("progress_at") or self.run.progress_at or now) + bar["eta_s"]
             return
         self.wait.finish_at = None
         if (p.phase not in history.LOADING and not loaded) or not self.run.started_at:

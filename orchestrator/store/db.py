@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DatabaseUnavailable, NotFound, UsageError
 from . import migrations
 from .controller import Controller
-from .encoding import decoded, dump_json, load_json
-from .record import ACTIVE, JSON_FIELDS, Run, Status
+from .encoding import decoded, dump_json, load_json, real_in, real_out
+from .record import ACTIVE, JSON_FIELDS, STOPPED_REASONS, Run, Status
 from .summaries import IDLE_ZERO, headline, summaries
 
 if TYPE_CHECKING:
@@ -71,6 +71,24 @@ def _use_wal(conn: sqlite3.Connection) -> None:
 
 # The runs on a host (twice the host's name): a run across several hosts is on each of its nodes' hosts.
 ON_HOST = "(host = ? OR id IN (SELECT parent_id FROM runs WHERE host = ?))"
+# A run ended on purpose: `cancelled` to the lifecycle, `stopped` to a person (record.STOPPED_REASONS).
+_STOPPED = "(status = 'cancelled' AND (" + " OR ".join(
+    f"substr(COALESCE(reason, ''), 1, {len(r)}) = '{r}'" for r in STOPPED_REASONS) + "))"
+
+
+def status_words(words: Iterable[str]) -> tuple[str, list[Any]]:
+    """A WHERE clause for the runs shown in any of these status words: the lifecycle's statuses, but
+    `stopped` for a run ended on purpose and `cancelled` only for the others (shapes.shown_status)."""
+    clauses, args = [], []
+    for word in dict.fromkeys(words):
+        if word == "stopped":
+            clauses.append(_STOPPED)
+        elif word == Status.CANCELLED:
+            clauses.append(f"(status = 'cancelled' AND NOT {_STOPPED})")
+        else:
+            clauses.append("status = ?")
+            args.append(word)
+    return "(" + (" OR ".join(clauses) or "0") + ")", args
 
 
 def _create_owner_only(path: Path) -> None:
@@ -251,8 +269,9 @@ class Store:
 
     def list_runs(self, *, limit: int = 50, statuses: Iterable[str] | None = None, host: str | None = None,
                   playbook: str | None = None, tag: str | None = None, sweep_id: int | None = None,
-                  since: float | None = None) -> list[Run]:
-        where, args = self._run_filter(statuses, host, playbook, tag, sweep_id, since, runs_only=True)
+                  since: float | None = None, words: Iterable[str] | None = None) -> list[Run]:
+        """The newest runs matching the filters; `words` are status words as shown (see status_words)."""
+        where, args = self._run_filter(statuses, host, playbook, tag, sweep_id, since, runs_only=True, words=words)
         rows = self.conn.execute(f"SELECT * FROM runs{where} ORDER BY id DESC LIMIT ?", [*args, limit])
         return [self._decode(r) for r in rows]
 
@@ -263,15 +282,17 @@ class Store:
 
     def count_runs(self, *, statuses: Iterable[str] | None = None, host: str | None = None,
                    playbook: str | None = None, tag: str | None = None, sweep_id: int | None = None,
-                   since: float | None = None, after_id: int | None = None, watcher: str | None = None) -> int:
+                   since: float | None = None, after_id: int | None = None, watcher: str | None = None,
+                   words: Iterable[str] | None = None) -> int:
         where, args = self._run_filter(statuses, host, playbook, tag, sweep_id, since, after_id=after_id,
-                                       watcher=watcher, runs_only=True)
+                                       watcher=watcher, runs_only=True, words=words)
         return int(self.conn.execute(f"SELECT COUNT(*) FROM runs{where}", args).fetchone()[0])
 
     @staticmethod
     def _run_filter(statuses: Iterable[str] | None, host: str | None, playbook: str | None, tag: str | None,
                     sweep_id: int | None, since: float | None, *, after_id: int | None = None,
-                    watcher: str | None = None, runs_only: bool = False) -> tuple[str, list[Any]]:
+                    watcher: str | None = None, runs_only: bool = False,
+                    words: Iterable[str] | None = None) -> tuple[str, list[Any]]:
         """A WHERE clause for the filters given (each one ANDed); `since` is epoch seconds of creation,
         `after_id` keeps the runs created after that one; `runs_only` leaves out the other nodes of
         multi-node runs (each is a record of its own, listed under its run)."""
@@ -281,6 +302,10 @@ class Store:
             statuses = list(statuses)
             clauses.append(f"status IN ({','.join('?' * len(statuses))})")
             args += statuses
+        if words is not None:
+            clause, more = status_words(words)
+            clauses.append(clause)
+            args += more
         if after_id is not None:
             clauses.append("id > ?")
             args.append(after_id)
@@ -451,8 +476,8 @@ class Store:
         with self.tx() as c:
             c.executemany(
                 "INSERT INTO metrics (run_id, name, value, ts, step) VALUES (?, ?, ?, ?, ?)",
-                [(run_id, s[0], float(s[1]), s[3] if len(s) > 3 and s[3] is not None else ts, s[2])
-                 for s in samples],
+                [(run_id, s[0], real_in(float(s[1])), s[3] if len(s) > 3 and s[3] is not None else ts, s[2])
+                 for s in samples],  # a NaN kept as one (encoding.real_in)
             )
 
     def latest_metrics(self, run_id: int) -> dict[str, float]:
@@ -461,7 +486,7 @@ class Store:
             " (SELECT MAX(id) FROM metrics WHERE run_id = ? GROUP BY name) ORDER BY name",
             (run_id,),
         )
-        return dict(rows.fetchall())
+        return {name: real_out(value) for name, value in rows}
 
     def headline_metrics(self, run_id: int) -> dict[str, float]:
         """The run's metrics as its headline shows them: the latest of each, a serving rate's steady state at
@@ -474,7 +499,7 @@ class Store:
     def metric_summaries(self, run_id: int) -> dict[str, dict[str, Any]]:
         """Per metric of the run: last, and mean and p50 over the steady state (see summaries.py)."""
         rows = self.conn.execute("SELECT name, value FROM metrics WHERE run_id = ? ORDER BY id", (run_id,))
-        return summaries(rows.fetchall())
+        return summaries((name, real_out(value)) for name, value in rows)
 
     def metric_values(self, run_id: int) -> dict[str, list[float]]:
         """Every sample of each of the run's metrics, in recorded order (a benchmark's: one per repeat)."""
@@ -494,7 +519,7 @@ class Store:
             f"SELECT run_id, name, value FROM metrics WHERE id IN (SELECT MAX(id) FROM metrics"
             f" WHERE run_id IN ({marks}) GROUP BY run_id, name) ORDER BY run_id, name", run_ids)
         for run_id, name, value in rows:
-            found[run_id][name] = value
+            found[run_id][name] = real_out(value)
         return found
 
     def count_samples(self, run_id: int, name: str) -> int:
@@ -504,15 +529,16 @@ class Store:
 
     def recent_samples(self, run_id: int, limit: int) -> list[tuple[str, float, float]]:
         """The run's newest `limit` samples of all its metrics, (name, ts, value) in recorded order."""
-        return self.conn.execute(
+        rows = self.conn.execute(
             "SELECT name, ts, value FROM (SELECT id, name, ts, value FROM metrics WHERE run_id = ?"
-            " ORDER BY id DESC LIMIT ?) ORDER BY id", (run_id, limit)).fetchall()
+            " ORDER BY id DESC LIMIT ?) ORDER BY id", (run_id, limit))
+        return [(name, ts, real_out(value)) for name, ts, value in rows]
 
     def metric_series(self, run_id: int, name: str) -> list[tuple[float, float, int | None]]:
         rows = self.conn.execute(
             "SELECT ts, value, step FROM metrics WHERE run_id = ? AND name = ? ORDER BY id", (run_id, name)
         )
-        return rows.fetchall()
+        return [(ts, real_out(value), step) for ts, value, step in rows]
 
     # plugins' tables --------------------------------------------------------------------------
     def has_tables_of(self, tables: RunTables) -> bool:
@@ -535,13 +561,24 @@ class Store:
         with self.tx():
             migrations.apply_set(self.db, tables.migration_set, tables.migrations)
 
+    def real_columns(self, tables: RunTables) -> frozenset[str]:
+        """The columns of a plugin's tables that hold numbers with a fraction (REAL, FLOAT): where a NaN may
+        be stored as text (encoding.real_in)."""
+        found = set()
+        for reader in tables.readers:
+            for column in self.db.table(reader.table).columns:
+                if column.type.upper() in ("REAL", "FLOAT", "DOUBLE"):
+                    found.add(column.name)
+        return frozenset(found)
+
     def add_rows(self, run_id: int, rows: Iterable[tuple[str, dict[str, Any]]], ts: float,
                  tables: Iterable[RunTables]) -> None:
         """Rows that plugins' line readers read from a run's log, as (table, row), into those plugins' tables."""
         owners = {reader.table: t for t in tables for reader in t.readers}
         by_table: dict[str, list[dict[str, Any]]] = {}
-        for table, row in rows:
-            by_table.setdefault(table, []).append({**row, "run_id": run_id, "ts": ts})
+        for table, row in rows:  # a NaN read from a log is kept as one (encoding.real_in)
+            by_table.setdefault(table, []).append({**{k: real_in(v) for k, v in row.items()}, "run_id": run_id,
+                                                   "ts": ts})
         with self.tx():
             for table, found in by_table.items():
                 self.use(owners[table])

@@ -39,3 +39,30 @@ def decoded(text: str | None) -> Any:
         return load_json(text) if text else None
     except ValueError:
         return None
+
+
+# SQLite's REAL holds an infinity but turns NaN into NULL, which reads as "nothing was logged". A NaN is
+# stored as this text instead (a REAL column keeps text that is no number as text) and read back as NaN.
+NAN_TEXT = "NaN"
+
+
+def real_in(value: Any) -> Any:
+    """A value as a REAL column stores it: NaN as NAN_TEXT, anything else as it is."""
+    return NAN_TEXT if isinstance(value, float) and math.isnan(value) else value
+
+
+def real_out(value: Any) -> Any:
+    """A REAL column's value as it was given: NAN_TEXT back to NaN."""
+    return math.nan if value == NAN_TEXT else value
+
+
+def json_safe(value: Any) -> Any:
+    """A value for strict JSON with NaN and infinities kept as what they are, spelled as JavaScript and
+    Python read them back ("NaN", "Infinity", "-Infinity": float() takes each)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value

@@ -41,6 +41,8 @@ ACTIVE = frozenset(Status) - TERMINAL
 # The reasons of a run ended on purpose — `orch stop`, a run replacing it, another run's GPU cleanup —
 # rather than cancelled as a mistake; both are `cancelled` to the lifecycle, `stopped` to a person.
 STOPPED_REASONS = ("stopped by ", "replaced by ")
+# Every status word a person reads and filters by (`orch status --status`, the dashboard): one per state.
+STATUS_WORDS = (*(s.value for s in Status), "stopped")
 
 _ENDINGS = {Status.FAILED, Status.CANCELLED}
 ALLOWED: dict[Status, frozenset[Status]] = {

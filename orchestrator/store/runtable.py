@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .db import ON_HOST, Store
+from .db import ON_HOST, Store, status_words
 from .encoding import decoded
+from .record import STOPPED_REASONS, Status
 
 # What a row shows; the spec, parser state and events stay out of the table's query.
 COLUMNS = ("id", "playbook", "host", "status", "phase", "stalled", "progress", "reason", "exit_code",
@@ -31,9 +32,10 @@ class RunFilters:
         # runs only: a multi-node run's other nodes are records of their own, shown on its page
         clauses: list[str] = ["parent_id IS NULL"]
         args: list[Any] = []
-        if self.statuses:
-            clauses.append(f"status IN ({','.join('?' * len(self.statuses))})")
-            args += self.statuses
+        if self.statuses:  # status words as shown: `stopped` apart from `cancelled`
+            clause, more = status_words(self.statuses)
+            clauses.append(clause)
+            args += more
         if self.host is not None:
             clauses.append(ON_HOST)
             args += [self.host, self.host]
@@ -74,7 +76,13 @@ def rows(store: Store, filters: RunFilters, limit: int, *, before: int | None = 
         r["progress"] = decoded(r["progress"])  # a damaged column shows as empty; `orch status` says which
         r["point"] = decoded(r["point"])
         r["stalled"] = bool(r["stalled"])
+        r["shown_status"] = shown_word(r["status"], r["reason"])
     return found
+
+
+def shown_word(status: str, reason: str | None) -> str:
+    """The status word a person reads of a row (shapes.shown_status, without the host's silence)."""
+    return "stopped" if status == Status.CANCELLED and (reason or "").startswith(STOPPED_REASONS) else status
 
 
 def count(store: Store, filters: RunFilters, cap: int) -> int:

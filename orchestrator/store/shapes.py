@@ -3,11 +3,12 @@ one progress object everywhere, ISO 8601 times beside epoch seconds."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .db import Store
+from .encoding import real_out
 from .record import STOPPED_REASONS, Run, Status
 
 if TYPE_CHECKING:
@@ -48,11 +49,18 @@ def metrics(values: dict[str, float]) -> dict[str, Any]:
     return {k: number(v) for k, v in values.items()}
 
 
-def shown_metrics(store: Store, run: Run) -> dict[str, Any]:
+def shown_metrics(store: Store, run: Run, headlines: Sequence[str] = ()) -> dict[str, Any]:
     """A run's metrics as its headline shows them: the latest of each; while it serves, a serving rate's
-    steady state at work instead of the idle zero an engine prints after every burst."""
+    steady state at work instead of the idle zero an engine prints after every burst. Its playbook's
+    `headlines` (config/metricinfo.py) come first, then the rest by name."""
     serving = run.status is Status.RUNNING and run.phase in ("ready", "running")
-    return metrics(store.headline_metrics(run.id) if serving else store.latest_metrics(run.id))
+    return metrics(in_order(store.headline_metrics(run.id) if serving else store.latest_metrics(run.id), headlines))
+
+
+def in_order(values: dict[str, Any], headlines: Sequence[str]) -> dict[str, Any]:
+    """The metrics the headlines name first, in their order, then the rest by name (as metricinfo.order)."""
+    first = [h for h in headlines if h in values]
+    return {name: values[name] for name in [*first, *sorted(values.keys() - set(first))]}
 
 
 def shown_status(run: Run, unreachable_since: float | None) -> str:
@@ -99,6 +107,15 @@ def error_hint(error: dict[str, Any] | None, phase: str | None = None) -> str | 
     return hint_of(err, phase)
 
 
+def _reals(section: Any, columns: frozenset[str]) -> Any:
+    """A plugin's section with the NaN its REAL columns hold as text (encoding.real_in) a NaN again."""
+    if isinstance(section, list):
+        return [_reals(item, columns) for item in section]
+    if isinstance(section, dict):
+        return {k: real_out(v) if k in columns else _reals(v, columns) for k, v in section.items()}
+    return section
+
+
 def sections(store: Store, run_id: int, tables: Iterable[RunTables]) -> dict[str, Any]:
     """Each plugin's section of a run, read from its own tables (made now if this database has not yet; a
     reader that may not write shows none of a plugin whose tables are not made)."""
@@ -110,7 +127,7 @@ def sections(store: Store, run_id: int, tables: Iterable[RunTables]) -> dict[str
             store.use(t)
         section = t.section(store.db, run_id)
         if section is not None:
-            found[t.name] = section
+            found[t.name] = _reals(section, store.real_columns(t))
     return found
 
 
@@ -143,8 +160,10 @@ def nodes_of(store: Store, run: Run) -> list[Run]:
     return store.nodes_of(run.id) if run.node_rank is not None else []
 
 
-def run_document(store: Store, run: Run, with_events: bool = True, tables: Iterable[RunTables] = ()) -> dict[str, Any]:
-    """A run as `orch status --json` prints it; with events, each plugin's section too (`tables`). A
+def run_document(store: Store, run: Run, with_events: bool = True, tables: Iterable[RunTables] = (),
+                 headlines: Sequence[str] = ()) -> dict[str, Any]:
+    """A run as `orch status --json` prints it, its playbook's `headlines` leading its metrics (the caller
+    has them from config/metricinfo.py); with events, each plugin's section too (`tables`). A
     multi-node run's document is its head's, with `nodes` (one entry each, rank order) and the slowest
     node's progress; a node's own record (not the head) names its run in `parent_id`."""
     error = run.error
@@ -170,9 +189,11 @@ def run_document(store: Store, run: Run, with_events: bool = True, tables: Itera
         "invalid": run.invalid,  # why its numbers do not count (None: valid); the status stays what happened
         "receipt": run.receipt,  # what produced its numbers (store/receipts.py)
         "last_line": run.last_line,  # the log's last line as of the last poll
-        "metrics": shown_metrics(store, run),
+        "metrics": shown_metrics(store, run, headlines),
         # per metric: last, and mean and p50 over the steady state (the first 10 % of samples left out)
-        "metric_summaries": {k: {f: number(v) for f, v in s.items()} for k, s in store.metric_summaries(run.id).items()},
+        "metric_summaries": {k: {f: number(v) for f, v in s.items()}
+                             for k, s in in_order(store.metric_summaries(run.id), headlines).items()},
+        "headlines": list(headlines),  # the metrics a person reads first
         "exit_code": run.exit_code,
         "pid": run.pid,
         "job_id": run.job_id,

@@ -28,12 +28,13 @@ def steady(values: Sequence[float]) -> Sequence[float]:
 
 
 def summarize(values: Sequence[float]) -> dict[str, Any]:
-    """last (the latest sample), mean and p50 over the steady state, and how many samples each counts."""
-    kept = steady(values)
-    spread = noise(kept)  # over the same samples: a benchmark's repeats, a server's steady state
-    return {"last": values[-1], "mean": statistics.fmean(kept), "p50": statistics.median(kept),
-            "samples": len(values), "steady_samples": len(kept),
-            **{k: spread[k] for k in ("min", "max", "spread", "ci_low", "ci_high", "ci_level")}}
+    """last (the latest sample, a NaN too), mean and p50 over the steady state's finite samples (NaN when it
+    has none), how many samples each counts, and their spread (a benchmark's repeats, a server's steady state)."""
+    kept = [v for v in steady(values) if math.isfinite(v)]
+    spread = noise(kept)
+    return {"last": values[-1], "mean": statistics.fmean(kept) if kept else math.nan,
+            "p50": statistics.median(kept) if kept else math.nan, "samples": len(values), "steady_samples": len(kept),
+            **{k: spread.get(k) for k in ("min", "max", "spread", "ci_low", "ci_high", "ci_level")}}
 
 
 def headline(name: str, values: Sequence[float]) -> float:
@@ -58,8 +59,7 @@ def summaries(samples: Iterable[tuple[str, float]]) -> dict[str, dict[str, Any]]
     """Per metric name (sorted), the summary of its samples given as (name, value) in recorded order."""
     series: dict[str, list[float]] = {}
     for name, value in samples:
-        if math.isfinite(value):
-            series.setdefault(name, []).append(float(value))
+        series.setdefault(name, []).append(float(value))
     return {name: summarize(series[name]) for name in sorted(series)}
 
 

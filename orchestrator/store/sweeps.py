@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .db import Store
-from .encoding import decoded, dump_json
+from .encoding import decoded, dump_json, real_out
 from .record import ACTIVE
 
 
@@ -188,6 +188,6 @@ def active_runs(store: Store, sweep_id: int) -> list[int]:
 def latest_values(store: Store, sweep_id: int, metric: str) -> list[float]:
     """The newest value of a metric of each of the sweep's valid runs that recorded it (an invalid run's
     numbers count nowhere)."""
-    return [v for (v,) in store.conn.execute(
+    return [real_out(v) for (v,) in store.conn.execute(
         "SELECT value FROM metrics WHERE id IN (SELECT MAX(m.id) FROM metrics m JOIN runs r ON r.id = m.run_id"
         " WHERE r.sweep_id = ? AND m.name = ? AND r.invalid IS NULL GROUP BY m.run_id)", (sweep_id, metric))]

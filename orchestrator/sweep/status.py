@@ -10,7 +10,7 @@ from ..config import metricinfo
 from ..config.objective import Objective, best, of_doc
 from ..store import Store, noise, receipts
 from ..store import sweeps as stored_sweeps
-from ..store.shapes import iso, shown_phase
+from ..store.shapes import in_order, iso, shown_phase
 from ..store.summaries import judged
 from . import db
 from .plan import label
@@ -28,9 +28,10 @@ def _point(store: Store, pt: PointRow) -> dict[str, Any]:
         "run_id": pt.run_id, "run_status": run.status.value if run else None,
         "invalid": run.invalid if run else None,  # why its numbers count nowhere (None: they count)
         "phase": shown_phase(run) if run else None, "last_line": run.last_line if run else None,
-        "metrics": store.latest_metrics(pt.run_id) if pt.run_id else {},
+        # the playbook's headlines first (shapes.in_order)
+        "metrics": in_order(store.latest_metrics(run.id), metricinfo.headlines(run.playbook)) if run else {},
         # last, and mean and p50 over the steady state (see store/summaries.py)
-        "metric_summaries": store.metric_summaries(pt.run_id) if pt.run_id else {},
+        "metric_summaries": in_order(store.metric_summaries(run.id), metricinfo.headlines(run.playbook)) if run else {},
     }
 
 

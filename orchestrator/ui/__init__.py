@@ -2,7 +2,8 @@
 
 The modules: `table` (the runs table, its SQL in store.runtable), `pages` (the other pages' documents),
 `logtail` (log tails fetched without holding up the server), `guard` (what is allowed, for whom), `server`
-(the Starlette app and serving it), `report` (compare and a sweep's HTML report, for the CLI too);
+(the Starlette app and serving it), `report` (compare and a sweep's HTML report, for the CLI too), `tracking`
+(`orch export mlflow`: MLflow, the `mlflow` extra, is imported there alone);
 `static/` holds the one page shell, its script and its styles.
 Starlette and uvicorn are the `ui` extra: nothing outside this package imports them.
 """

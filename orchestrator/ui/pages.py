@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from typing import Any
 
 from .. import sweep
+from ..config import metricinfo
 from ..config.hosts import Inventory
-from ..config.objective import lower_is_better
 from ..config.workspace import Workspace
 from ..errors import OrchError
 from ..runflow import registry
 from ..store import Store, runtables
 from ..store import sweeps as stored_sweeps
 from ..store.record import Run
-from ..store.shapes import error_hint, run_document
+from ..store.shapes import error_hint, run_document, shown_status
 
 SERIES_POINTS = 600  # a chart needs no more points than it has pixels
 SERIES_ROWS = 200_000  # the newest samples of a run that a chart reads at most
@@ -28,7 +29,7 @@ END_PHASES = ("finished", "failed")
 def run_page(ws: Workspace, store: Store, run_id: int) -> dict[str, Any]:
     """Everything the run page shows except the log tail and the metric series (fetched on their own)."""
     run = store.get_run(run_id)
-    doc = run_document(store, run, tables=runtables.installed())
+    doc = run_document(store, run, tables=runtables.installed(), headlines=metricinfo.headlines(run.playbook))
     doc.update({
         "heartbeat": run.heartbeat, "progress_at": run.progress_at, "watcher": run.watcher,
         # in full: the line number, the lines around it, the chained exceptions, the remedy
@@ -51,8 +52,8 @@ def timeline(run: Run, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ended = run.ended_at is not None and e["message"] in END_PHASES  # the end itself says how it ended
         if e["kind"] == "phase" and e["message"] != steps[-1]["phase"] and not ended:
             steps.append({"phase": e["message"], "ts": e["ts"]})
-    if run.ended_at is not None:
-        steps.append({"phase": run.status.value, "ts": run.ended_at})
+    if run.ended_at is not None:  # the word a person reads: `stopped` for a run ended on purpose
+        steps.append({"phase": shown_status(run, None), "ts": run.ended_at})
     return steps
 
 
@@ -105,9 +106,12 @@ def reproduce(run: Run) -> str:
 
 def metric_series(store: Store, run_id: int) -> dict[str, list[list[float]]]:
     """Each metric of a run over time, [[ts, value], ...], thinned to at most SERIES_POINTS points."""
-    series: dict[str, list[list[float]]] = {}
+    found: dict[str, list[list[float]]] = {}
     for name, ts, value in store.recent_samples(run_id, SERIES_ROWS):
-        series.setdefault(name, []).append([ts, value])
+        if math.isfinite(value):  # a chart draws numbers: a NaN sample is in the run's metrics, not on its line
+            found.setdefault(name, []).append([ts, value])
+    # the charts in the order the metrics are read: the playbook's headlines first
+    series = {name: found[name] for name in metricinfo.order(found, store.get_run(run_id).playbook)}
     for name, points in series.items():
         if len(points) > SERIES_POINTS:
             step = len(points) / SERIES_POINTS
@@ -121,26 +125,30 @@ def sweep_page(store: Store, sweep_id: int, objective: str | None = None) -> dic
     doc = sweep.document(store, sweep_id)
     points = doc["points"]
     keys = list(dict.fromkeys(k for p in points for k in (p["point"] or {})))
-    names = sorted(dict.fromkeys(n for p in points for n in p["metrics"]))
+    # the playbook's headlines first, then the rest by name
+    names = metricinfo.order((n for p in points for n in p["metrics"]), doc["playbook"])
     declared = doc["objective"]  # the sweep file's objective: the page opens on it, in its direction
-    lower = {n: (declared["goal"] == "min") if declared and declared["metric"] == n else lower_is_better(n)
-             for n in names}
-    best = {n: _best(points, n, lower[n]) for n in names}
+    direction = {n: ("lower" if declared["goal"] == "min" else "higher") if declared and declared["metric"] == n
+                 else metricinfo.direction(n) for n in names}
+    lower = {n: direction[n] == "lower" for n in names}
+    best = {n: _best(points, n, lower[n]) if direction[n] else None for n in names}  # a count has no best
     if objective not in names:
-        objective = declared["metric"] if declared and declared["metric"] in names else (names[0] if names else None)
+        judged = [n for n in names if direction[n]]
+        objective = declared["metric"] if declared and declared["metric"] in names else next(iter(judged or names), None)
     # the objective's column first, then the others
     names = [n for n in names if n == objective] + [n for n in names if n != objective]
     doc.update({
         "keys": keys, "metrics": names, "best": best, "objective": objective, "declared": declared,
-        "lower_is_better": lower,
-        "trend": trend(store, doc["name"], objective, lower[objective]) if objective else [],
+        "lower_is_better": lower, "direction": direction,
+        "trend": trend(store, doc["name"], objective, lower[objective]) if objective and direction[objective] else [],
     })
     return doc
 
 
 def _best(points: list[dict[str, Any]], metric: str, lower: bool) -> int | None:
     """The index of the best point by a metric (its run's latest value)."""
-    scored = [(p["metrics"][metric], p["index"]) for p in points if metric in p["metrics"] and not p["invalid"]]
+    scored = [(p["metrics"][metric], p["index"]) for p in points if not p["invalid"]
+              and isinstance(p["metrics"].get(metric), int | float) and math.isfinite(p["metrics"][metric])]
     if not scored:
         return None
     return (min if lower else max)(scored)[1]
@@ -151,7 +159,7 @@ def trend(store: Store, name: str, metric: str, lower: bool) -> list[dict[str, A
     pick = min if lower else max
     found = []
     for row in reversed(stored_sweeps.of_name(store, name, TREND_SWEEPS)):
-        values = stored_sweeps.latest_values(store, row["id"], metric)
+        values = [v for v in stored_sweeps.latest_values(store, row["id"], metric) if math.isfinite(v)]
         if values:
             found.append({"sweep_id": row["id"], "instance": row["instance"], "created_at": row["created_at"],
                           "best": pick(values)})

@@ -228,12 +228,16 @@ def sweep_report(store: Store, sweep_id: int, out_dir: Any, metric: str | None =
     from pathlib import Path
 
     points = sweep_points(store, sweep_id)
-    names = _ordered_union([p["metrics"] for p in points])
+    # the playbook's headlines first, then the rest by name
+    names = metricinfo.order(_ordered_union([p["metrics"] for p in points]), points[0]["run"].playbook if points else None)
     row = stored_sweeps.sweep(store, sweep_id)  # None: a database from before sweeps were recorded
     objective = of_doc(row["doc"]) if row else None
     if metric is not None:
         if metric not in names:
             raise UsageError(f"no metric {metric!r} in sweep {sweep_id} (known: {', '.join(names) or 'none'})")
+        if metricinfo.is_count(metric):
+            raise UsageError(f"{metric!r} is a count or a setting, never an objective; "
+                             f"one of: {', '.join(n for n in names if metricinfo.direction(n)) or 'none'}")
         objective = Objective.of_metric(metric)
     # the best of the points that succeeded: a failed run's last figures are not a result
     ok = [(i, p["metrics"]) for i, p in enumerate(points) if p["run"].status is Status.SUCCEEDED and not p["run"].invalid]
@@ -241,9 +245,9 @@ def sweep_report(store: Store, sweep_id: int, out_dir: Any, metric: str | None =
     best_i = None if found is None else int(found[0])
     keys = [k for k in _ordered_union([p["spec"] for p in points])
             if any(p["spec"].get(k) != points[0]["spec"].get(k) for p in points[1:])]
-    if charts is None:  # the objective's chart first
+    if charts is None:  # the objective's chart first, then the headlines; a count or setting is no result
         first = [objective.metric] if objective and objective.metric in names else []
-        charts = [*first, *(n for n in names if n not in first)][:MAX_BAR_CHARTS]
+        charts = [*first, *(n for n in names if n not in first and metricinfo.direction(n))][:MAX_BAR_CHARTS]
     if series is None:
         series = [n for n in names if any(store.count_samples(p["run"].id, n) > 1 for p in points)]
         series = series[:MAX_SERIES_CHARTS]
@@ -299,8 +303,9 @@ def _bar_charts(points: list[dict[str, Any]], names: list[str], objective: Objec
         ax.bar_label(bars, labels=["" if v is None else f"{v:g}" for v in values], fontsize=7, padding=2)
         ax.set_xticks(range(len(points)), labels)
         zoomed = _zoom(ax, [v for v in values if v is not None])
-        lower = objective.goal == "min" if objective is not None and name == objective.metric else lower_is_better(name)
-        title = f"{name} ({'lower' if lower else 'higher'} is better)"
+        way = (("lower" if objective.goal == "min" else "higher") if objective is not None and name == objective.metric
+               else metricinfo.direction(name))
+        title = f"{name} ({way} is better)" if way else f"{name} (a count or setting, not an objective)"
         if objective is not None and name == objective.metric:
             title += " — the objective; best in green"
         if zoomed:

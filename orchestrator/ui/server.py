@@ -8,7 +8,6 @@ reads the database, which the runs' watchers keep current; the two actions go th
 from __future__ import annotations
 
 import json
-import math
 import socket
 import threading
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from ..config.hosts import Inventory
 from ..config.workspace import Workspace
 from ..errors import NotFound, OrchError, UsageError
 from ..store import Store
+from ..store.encoding import json_safe
 from . import pages, report, table
 from .guard import Guard
 from .logtail import LogTails
@@ -45,20 +45,10 @@ HEADERS = {
 }
 
 
-def _finite(value: Any) -> Any:
-    """JSON has no NaN or infinity (JSON.parse refuses them): such a number is shown as missing."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 class JSON(JSONResponse):
     def render(self, content: Any) -> bytes:
-        return json.dumps(_finite(content), default=str, separators=(",", ":")).encode()
+        # JSON has no NaN or infinity (JSON.parse refuses them): such a number is sent as its name, "NaN"
+        return json.dumps(json_safe(content), default=str, separators=(",", ":"), allow_nan=False).encode()
 
 
 class Shield:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config import metricinfo
 from ..store import Store, runtable
 from ..store import sweeps as stored_sweeps
-from ..store.record import Status
+from ..store.record import STATUS_WORDS
 from ..store.runtable import COLUMNS, RunFilters
 
 PAGE_MAX = 200
@@ -22,7 +23,7 @@ class Filters(RunFilters):
     @classmethod
     def parse(cls, params: Any) -> Filters:
         """From a query string (a Mapping with getlist): unknown statuses and a non-numeric sweep are dropped."""
-        known = {s.value for s in Status}
+        known = set(STATUS_WORDS)
         statuses = [s for raw in params.getlist("status") for s in raw.split(",") if s in known]
         sweep = params.get("sweep") or ""
         return cls(statuses=statuses, host=params.get("host") or None, playbook=params.get("playbook") or None,
@@ -42,7 +43,8 @@ def page(store: Store, filters: RunFilters, limit: int = 50, before: int | None 
         rows.reverse()
     metrics = store.latest_metrics_of([r["id"] for r in rows])
     for r in rows:
-        r["metrics"] = dict(list(metrics[r["id"]].items())[:KEY_METRICS])
+        found = metrics[r["id"]]  # the playbook's headlines first
+        r["metrics"] = {k: found[k] for k in metricinfo.order(found, r["playbook"])[:KEY_METRICS]}
     count = runtable.count(store, filters, COUNT_CAP + 1)
     newest = rows[0]["id"] if rows else None
     oldest = rows[-1]["id"] if rows else None
@@ -56,5 +58,5 @@ def page(store: Store, filters: RunFilters, limit: int = 50, before: int | None 
 
 def facets(store: Store) -> dict[str, Any]:
     """The choices of the filters: statuses, hosts and playbooks seen, the newest sweeps."""
-    return {"statuses": [s.value for s in Status], "hosts": runtable.hosts(store),
+    return {"statuses": list(STATUS_WORDS), "hosts": runtable.hosts(store),
             "playbooks": runtable.playbooks(store), "sweeps": stored_sweeps.recent(store, FACET_SWEEPS)}

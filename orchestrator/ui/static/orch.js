@@ -264,7 +264,7 @@ function row(r, selected, changed) {
   const point = r.point ? Object.entries(r.point).map(([k, v]) => `${k}=${fmt(v)}`).join(" ") : "";
   return h("tr", {"data-run": r.id, "data-status": r.status},
     h("td", {}, box), h("td", {class: "num"}, link(`/runs/${r.id}`, r.id)), h("td", {}, r.playbook),
-    h("td", {}, r.host), h("td", {class: "st"}, status(r.status, r.stalled)),
+    h("td", {}, r.host), h("td", {class: "st"}, status(r.shown_status || r.status, r.stalled)),
     h("td", {}, phase), h("td", {}, progress(r.progress, r.progress_at) || (r.last_line ? h("span", {class: "muted"}, r.last_line.slice(0, 60)) : "")),
     h("td", {}, metrics), h("td", {title: clock(r.created_at)}, age(now() - r.created_at)),
     h("td", {}, r.started_at ? dur(end - r.started_at) : ""),
@@ -317,7 +317,7 @@ async function runPage(main, id) {
 
 function drawRun(parts, d) {
   parts.head.replaceChildren(h("h1", {}, `Run ${d.id} `, h("span", {class: "muted"}, `${d.playbook} on ${d.host} `),
-    status(d.status, d.stalled)));
+    status(d.shown_status || d.status, d.stalled)));
   const end = d.ended_at || now();
   parts.summary.replaceChildren(kv([
     ["invalid", d.invalid ? `${d.invalid} (its numbers count nowhere)` : null],
@@ -430,7 +430,7 @@ async function sweepPage(main, id) {
       objective = pick.value;
       history.replaceState(null, "", `/sweeps/${id}?objective=${encodeURIComponent(objective)}`);
       draw().catch((e) => problems.replaceChildren(h("p", {class: "error"}, String(e.message))));
-    }}, d.metrics.map((m) => h("option", {value: m}, `${m} (${d.lower_is_better[m] ? "lower" : "higher"} is better)`
+    }}, d.metrics.map((m) => h("option", {value: m}, d.direction[m] ? `${m} (${d.direction[m]} is better)` : `${m} (a count or setting)`
       + (d.declared && d.declared.metric === m ? " — the sweep's objective" : ""))));
     pick.value = objective;
     const bestRow = objective ? d.best[objective] : null;
