@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
+
+from orchtest import Orch, kill_controller
 
 from orchestrator import sweep
 from orchestrator.config.workspace import Workspace
@@ -91,3 +94,48 @@ def test_search_finds_the_best_prunes_losers_and_learns_from_crashes_then_resume
     assert again["best"] == best and len(sweep.events(store, doc["id"])) > runs
     assert f"sweep {doc['id']} (surface): a search of 20 trials on local, 20 already done" in lines
     store.close()
+
+
+def test_two_hosts_search_at_once_and_a_killed_controller_resumes_without_rerunning(tmp_path, ssh_fleet) -> None:
+    overrides = {f"test{i}": {"workdir": str(tmp_path / f"remote{i}")} for i in (1, 2)}
+    orch = Orch(tmp_path / "ws", ssh_fleet.hosts_toml(**overrides))
+    gate = tmp_path / "gate"
+    body = FILE.replace('hosts = ["local"]', 'hosts = ["test1", "test2"]').replace("trials = 20", "trials = 6")
+    body = body.replace('env = { PACE = "0.15" }', f'env = {{ PACE = "0.05", GATE = {json.dumps(str(gate))} }}')
+    path = orch.root / "s.toml"
+    path.write_text(body.replace("seed = 1", 'seed = 2\npruner = "none"'))
+    proc = orch.spawn("sweep", "run", str(path))
+    # every job holds before its last sample: both hosts are seen running a trial at the same time
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        rows = _runs(orch)
+        running = [r for r in rows if r["status"] == "running"]
+        if {r["host"] for r in running} == {"test1", "test2"}:
+            break
+        time.sleep(0.05)
+    assert {r["host"] for r in running} == {"test1", "test2"}, rows
+    kill_controller(proc)
+    before = {r["id"]: r for r in _runs(orch)}
+    assert json.loads(orch("sweep", "status", "surface", "--json", check=0).stdout)["status"] == "interrupted"
+    gate.touch()
+    res = orch("sweep", "run", str(path), timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = _runs(orch)
+    doc = json.loads(orch("sweep", "status", "surface", "--json", check=0).stdout)
+    assert len(doc["points"]) == 6 and {p["status"] for p in doc["points"]} <= {"succeeded", "failed", "infeasible"}
+    assert doc["best"] is not None and all({"point", "status", "objective"} <= p.keys() for p in doc["points"])
+    # a trial whose run launched before the controller died ran once: watched to its end, never again
+    launched = {json.dumps(r["point"], sort_keys=True) for r in before.values() if r["status"] == "running"}
+    per_point = {}
+    for r in rows:
+        per_point.setdefault(json.dumps(r["point"], sort_keys=True), []).append(r)
+    for key in launched:
+        (only,) = per_point[key]
+        assert only["status"] == "succeeded"
+    assert all(len(rs) == 1 or any("controller died" in (r["reason"] or "") for r in rs) for rs in per_point.values())
+    assert {r["host"] for r in rows} == {"test1", "test2"}
+
+
+def _runs(orch: Orch) -> list[dict]:
+    res = orch("status", "--json", "--limit", "1000")
+    return sorted(json.loads(res.stdout), key=lambda r: r["id"]) if res.returncode == 0 else []

@@ -1,6 +1,6 @@
 """A made-up response surface for searching sweeps: a job whose metrics are a known function of its
-environment (X, Y, KIND), printed as orch-metric samples over its run, that crashes out of memory in one
-region. `python surface_job.py --best` prints the true best under the latency bound, found by brute force."""
+environment (X, Y, KIND), printed as orch-metric samples over its run (PACE seconds apart), that crashes
+out of memory in one region. `python surface_job.py --best` prints the true best under the latency bound, found by brute force."""
 
 from __future__ import annotations
 
@@ -55,7 +55,10 @@ def main() -> None:
         print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
         sys.exit(1)
     value = throughput(x, y, kind)
+    gate = os.environ.get("GATE")  # a test's: the job holds before its last sample until this file exists
     for step in range(SAMPLES):
+        while gate and step == SAMPLES - 1 and not os.path.exists(gate):
+            time.sleep(0.02)
         # the samples climb to the final value: a loser shows as one from its first samples
         print(f"orch-metric throughput={value * (0.9 + 0.1 * step / (SAMPLES - 1)):.4f}", flush=True)
         time.sleep(pace)
