@@ -139,3 +139,26 @@ def test_two_hosts_search_at_once_and_a_killed_controller_resumes_without_rerunn
 def _runs(orch: Orch) -> list[dict]:
     res = orch("status", "--json", "--limit", "1000")
     return sorted(json.loads(res.stdout), key=lambda r: r["id"]) if res.returncode == 0 else []
+
+
+def test_warm_start_begins_from_earlier_sweeps_of_the_same_playbook_and_model(tmp_path: Path) -> None:
+    ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
+    fast = FILE.replace('env = { PACE = "0.15" }', 'env = { PACE = "0.01" }').replace('seed = 1', 'seed = 1\npruner = "none"')
+    first = tmp_path / "first.toml"
+    first.write_text(fast.replace("trials = 20", "trials = 3"))
+    done = sweep.run(ws, first)
+    told = [p for p in done["points"] if p["status"] in ("succeeded", "infeasible", "failed")]
+    assert len(told) == 3
+    later = tmp_path / "later.toml"
+    later.write_text(fast.replace('name = "surface"', 'name = "later"').replace("trials = 20", "trials = 1")
+                     .replace("seed = 1", "seed = 1\nwarm_start = true"))
+    lines: list[str] = []
+    doc = sweep.run(ws, later, echo=lines.append)
+    assert "warm start: 3 point(s) of earlier sweeps" in lines and len(doc["points"]) == 1
+    # another model is another receipt: nothing to start from
+    other = tmp_path / "other.toml"
+    other.write_text(later.read_text().replace('name = "later"', 'name = "other"').replace(
+        "[spec]\n", '[spec]\nengine = "sglang"\n'))
+    lines.clear()
+    sweep.run(ws, other, echo=lines.append)
+    assert not any(line.startswith("warm start") for line in lines)
