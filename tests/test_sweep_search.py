@@ -13,6 +13,8 @@ from orchtest import Orch, kill_controller
 from orchestrator import sweep
 from orchestrator.config.workspace import Workspace
 from orchestrator.store import Store
+from orchestrator.ui.pages import sweep_page
+from orchestrator.ui.report import sweep_report
 
 JOBS = Path(__file__).parent / "jobs"
 sys.path.insert(0, str(JOBS))
@@ -85,6 +87,12 @@ def test_search_finds_the_best_prunes_losers_and_learns_from_crashes_then_resume
     assert found["pareto"]["metric"] == "p99_latency_ms" and found["pareto"]["points"]
     assert set(found["importance"]) == {"env.X", "env.Y", "env.KIND"}
     assert found["best_receipt"]["run_id"] == best["run_id"]
+    # the dashboard's page and the report show the same findings, the best marked where the bounds hold
+    page = sweep_page(store, doc["id"])
+    assert page["best"]["throughput"] == best["index"] and page["search_lines"] == sweep.search_lines(doc)
+    html = sweep_report(store, doc["id"], tmp_path / "report").read_text()
+    assert "search: 20 of 20 trials done" in html and "search.png" in html and "Pareto front" in html
+    assert (tmp_path / "report" / "search.png").exists()
     runs = len(sweep.events(store, doc["id"]))
     n_runs = store.newest_run_id()
     # the same file again: the study is rebuilt from the records; nothing is run again

@@ -126,6 +126,9 @@ def sweep_page(store: Store, sweep_id: int, objective: str | None = None) -> dic
     lower = {n: (declared["goal"] == "min") if declared and declared["metric"] == n else lower_is_better(n)
              for n in names}
     best = {n: _best(points, n, lower[n]) for n in names}
+    if doc.get("search") and declared:  # a search's best keeps its bounds: never a pruned or infeasible point
+        best[declared["metric"]] = doc["best"]["index"] if doc["best"] else None
+        doc["search_lines"] = sweep.search_lines(doc)
     if objective not in names:
         objective = declared["metric"] if declared and declared["metric"] in names else (names[0] if names else None)
     # the objective's column first, then the others
