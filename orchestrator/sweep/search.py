@@ -26,7 +26,7 @@ from ..store.record import Run, Status
 from . import db, outcome
 from .plan import Plan, Point, label, point_key
 from .policy import Action, Decision, Verdict
-from .record import Fault, PointRow, PointStatus
+from .record import Fault, PointRow, PointStatus, SweepStatus
 from .space import Dimension, Search, Stage
 
 DUPLICATES_MAX = 100  # proposals in a row of points already tried: the space has nothing new left
@@ -216,6 +216,8 @@ class Searcher:
     def next(self, host: Host, gpus: list[int] | None) -> Point | None:
         with self.cond:
             while not self.stopped:
+                if db.sweep(self.store, self.sweep_id).status is SweepStatus.CANCELLED:
+                    return None  # `sweep cancel`: no new point; what is left is run when the file runs again
                 # a left-over point whose run still goes is its host's lane's; any other, any lane's
                 mine = [p for p in self.again if (p.host, p.gpus) == (host.name, gpus) or not self._live(p)]
                 if mine:

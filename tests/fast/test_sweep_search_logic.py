@@ -3,6 +3,7 @@ the optimizer, the cause of a crash, the Pareto front."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,22 @@ def test_pareto_front_of_objective_and_latency() -> None:
     assert front is not None and front["metric"] == "lat_ms"
     assert [(f["index"], f["feasible"]) for f in front["points"]] == [(0, True), (1, True), (5, True), (3, False)]
     assert pareto(OBJ, space.constraints({"accept_rate": {"min": 0.5}}), points) is None  # no latency bound
+
+
+HOSTS = ""
+
+
+@pytest.mark.parametrize("search, message", [
+    ('"env.X" = { low = 1, high = 2 }', "search.trials: give how many points to try"),
+    ('trials = 3\nmax_num_seqs = { low = 1, high = 8 }', "invalid search.max_num_seqs = 1: max_num_seqs = 1: unknown key"),
+    ('trials = 3\nnodes = { choices = [1, 2] }', "a search's points run on one host each"),
+])
+def test_a_bad_search_is_one_line_exit_2_and_nothing_recorded(records_orch, tmp_path: Path, search: str,
+                                                             message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('name = "s"\nplaybook = "command"\nhosts = ["local"]\nobjective = { metric = "m" }\n'
+                    f'[spec]\ncmd = "true"\n[search]\n{search}\n')
+    code, out, err = records_orch("sweep", "run", str(path))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    code, out, _ = records_orch("sweep", "status", "--json")
+    assert code == 0 and json.loads(out) == []
