@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -170,3 +171,31 @@ def test_warm_start_begins_from_earlier_sweeps_of_the_same_playbook_and_model(tm
     lines.clear()
     sweep.run(ws, other, echo=lines.append)
     assert not any(line.startswith("warm start") for line in lines)
+
+
+def test_a_cancelled_search_proposes_nothing_more_and_running_the_file_again_goes_on(tmp_path: Path) -> None:
+    ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
+    gate = tmp_path / "gate"
+    path = tmp_path / "s.toml"
+    path.write_text(FILE.replace("trials = 20", "trials = 4").replace(
+        'env = { PACE = "0.15" }', f'env = {{ PACE = "0.01", GATE = {json.dumps(str(gate))} }}'))
+    ended: list[dict] = []
+    controller = threading.Thread(target=lambda: ended.append(sweep.run(ws, path)), daemon=True)
+    controller.start()
+    store = Store(ws.db_path)
+    deadline = time.time() + 60
+    while not store_running(store) and time.time() < deadline:
+        time.sleep(0.05)
+    sweep.cancel(ws, "surface", grace_s=1)
+    controller.join(60)
+    assert ended and ended[0]["status"] == "cancelled"
+    assert [p["status"] for p in ended[0]["points"]] == ["cancelled"]  # no new proposal after the cancel
+    gate.touch()
+    again = sweep.run(ws, path)
+    assert len(again["points"]) == 4 and again["points"][0]["runs"] == 2  # the cancelled one ran again
+    assert all(p["status"] != "cancelled" for p in again["points"])
+    store.close()
+
+
+def store_running(store: Store) -> bool:
+    return any(r.status.value == "running" for r in store.list_runs(limit=10))
