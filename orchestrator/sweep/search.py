@@ -338,10 +338,10 @@ class Searcher:
         if run_id is None:
             return decision, None
         run = store.get_run(run_id)
+        if outcome.invalid(run):  # its benchmark's own checks refused it: no value, and no rerun either
+            return Decision(Action.FAIL, PointStatus.FAILED, Fault.JOB), f"invalid: {run.reason or 'refused'}"
         if decision.status is PointStatus.SUCCEEDED:
             metrics = store.latest_metrics(run_id)
-            if outcome.invalid(run):
-                return Decision(Action.FAIL, PointStatus.FAILED, Fault.JOB), f"invalid: {run.reason or 'refused'}"
             if outcome.value(metrics, self.objective.metric) is None:
                 return (Decision(Action.FAIL, PointStatus.FAILED, Fault.JOB),
                         f"no value: the run recorded no {self.objective.metric}")
