@@ -199,3 +199,24 @@ def test_a_cancelled_search_proposes_nothing_more_and_running_the_file_again_goe
 
 def store_running(store: Store) -> bool:
     return any(r.status.value == "running" for r in store.list_runs(limit=10))
+
+
+def test_stages_search_later_keys_with_the_best_of_the_earlier_fixed(tmp_path: Path) -> None:
+    ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
+    path = tmp_path / "s.toml"
+    path.write_text(FILE.replace('env = { PACE = "0.15" }', 'env = { PACE = "0.01", KIND = "b", Y = "2" }')
+                    .replace('"env.KIND" = { choices = ["a", "b", "c"] }\n', "")
+                    .replace('"env.Y" = { low = 1, high = 64, log = true }\n', "")
+                    .replace("trials = 20", 'trials = 3\npruner = "none"')
+                    .replace("[constraints]", '[[search.stages]]\ntrials = 2\n"env.Y" = { low = 1, high = 8 }\n'
+                                               "[constraints]"))
+    lines: list[str] = []
+    doc = sweep.run(ws, path, echo=lines.append)
+    base, later = doc["points"][:3], doc["points"][3:]
+    assert [p["stage"] for p in doc["points"]] == [0, 0, 0, 1, 1] and doc["search"]["trials"] == 5
+    assert all(set(p["point"]) == {"env.X"} for p in base)
+    ran = [p for p in base if p["status"] == "succeeded"]
+    best_x = max(ran, key=lambda p: p["objective"])["point"]["env.X"]
+    # the second stage searches Y with the first stage's best X fixed in each of its points
+    assert all(p["point"]["env.X"] == best_x and set(p["point"]) == {"env.X", "env.Y"} for p in later), later
+    assert any(line.startswith("stage 1: env.Y with env.X=") for line in lines), lines
