@@ -163,6 +163,7 @@ Workload: `vllm bench serve` random {WORKLOAD['input_len']} in / {WORKLOAD['outp
 | `orch sweep run` with `[search]` (TPE) | {len(doc['points'])} | {json.dumps(point['point']) if point else 'none'} | {best['value'] if best else 0:.1f} | {search_s:.0f} s |
 
 search / grid best: **{ratio}**. The search's trials: {', '.join(f'{n} {s}' for s, n in sorted(states.items()))}.
+{'' if ratio == '-' or float(ratio) >= 1 else 'The search did not match the grid in this run (see the trials below).'}
 On 2 shared CPUs the same setting's throughput varies by tens of percent from one benchmark to the next
 (see `## Real engine`): one run each is a comparison of what each found, not a verdict on the last percent.
 
