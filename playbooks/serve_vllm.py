@@ -61,6 +61,10 @@ class ServeVllmSpec(RunSpec):
     kv_cache_bytes: int | None = Field(default=None, gt=0, le=2**50,
                                        description="--kv-cache-memory-bytes (a CPU host: the KV cache's size)")
     enforce_eager: bool = Field(default=False, description="--enforce-eager: no CUDA graphs / torch.compile")
+    max_num_seqs: int | None = Field(default=None, gt=0, le=1_000_000, description="--max-num-seqs: requests batched at once")
+    max_num_batched_tokens: int | None = Field(default=None, gt=0, le=100_000_000,
+                                               description="--max-num-batched-tokens: tokens per scheduler step")
+    block_size: int | None = Field(default=None, gt=0, le=4096, description="--block-size: tokens per KV cache block")
     extra_args: list[str] = Field(default_factory=list, description="more `vllm serve` flags, as given")
     launcher: str = Field(default="-m vllm.entrypoints.cli.main serve", description="what follows python (split like a shell)")
     debug: bool = Field(default=False, description=f"apply {DEBUG_SET} (hidden-state shapes on the EAGLE-3 path) "
@@ -102,7 +106,8 @@ def server_args(spec: ServeVllmSpec) -> list[str]:
     args = [spec.model, "--host", spec.bind, "--port", str(spec.port)]
     for flag, value in (("--served-model-name", spec.served_model_name), ("--max-model-len", spec.max_model_len),
                         ("--dtype", spec.dtype), ("--gpu-memory-utilization", spec.gpu_memory_utilization),
-                        ("--kv-cache-memory-bytes", spec.kv_cache_bytes)):
+                        ("--kv-cache-memory-bytes", spec.kv_cache_bytes), ("--max-num-seqs", spec.max_num_seqs),
+                        ("--max-num-batched-tokens", spec.max_num_batched_tokens), ("--block-size", spec.block_size)):
         if value is not None:
             args += [flag, str(value)]
     for flag, size in (("--tensor-parallel-size", spec.tp), ("--pipeline-parallel-size", spec.pp),

@@ -37,7 +37,10 @@ def sweep_run(file: Path = typer.Argument(..., help="sweep file (TOML)"),
         emit_json(sweep.document(open_store(ws), doc["id"]))
     counts = ", ".join(f"{n} {s}" for s, n in sorted(doc["counts"].items()))
     err.print(f"sweep {doc['id']} ({doc['name']}) {doc['status']}: {counts}", markup=False)
-    verdict = sweep.best_line(sweep.document(open_store(ws), doc["id"]))
+    final = sweep.document(open_store(ws), doc["id"])
+    for line in sweep.search_lines(final):
+        err.print(line, markup=False, soft_wrap=True)
+    verdict = sweep.best_line(final)
     if verdict:
         err.print(verdict, markup=False)
     raise typer.Exit(0 if doc["status"] == "succeeded" else 1)
@@ -80,12 +83,16 @@ def sweep_status(ref: str | None = typer.Argument(None, metavar="[SWEEP]", help=
             row.append("-" if p["objective"] is None else f"{p['objective']:g}")
             s = p["metric_summaries"].get(objective)
             row.append("-" if s is None else f"{s['mean']:.4g} / {s['p50']:.4g}")
-        why = f"invalid: {p['invalid']}" if p["invalid"] else p["reason"] if p["status"] != "succeeded" else ""
+        why = f"{p['cause']}: {p['reason']}" if p.get("cause") and not (p["reason"] or "").startswith(p["cause"]) \
+            else p["reason"]
+        why = f"invalid: {p['invalid']}" if p["invalid"] else why if p["status"] != "succeeded" else ""
         rows.append([*row, metrics, why or ""])
     # mean / p50: over the steady state, the first 10 % of the objective's samples left out
     headers = ["#", "point", "host", "status", "run", "tries", *([objective, "mean / p50"] if objective else []),
                "metrics", "reason"]
     table(headers, rows, title=f"sweep {doc['id']} {title} ({doc['playbook']}): {doc['status']}")
+    for line in sweep.search_lines(doc):
+        out.print(line, markup=False, soft_wrap=True)
     verdict = sweep.best_line(doc)
     if verdict:
         out.print(verdict, markup=False)
@@ -120,6 +127,8 @@ def sweep_watch(ref: str = typer.Argument(..., metavar="SWEEP", help="id or name
         err.print(f"stopped following; sweep {sweep_id} goes on — `orch sweep status {sweep_id}` shows it",
                   markup=False)
         raise typer.Exit(0) from None
+    for line in sweep.search_lines(doc):
+        err.print(line, markup=False, soft_wrap=True)
     verdict = sweep.best_line(doc)
     if verdict:
         err.print(verdict, markup=False)

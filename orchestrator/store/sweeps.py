@@ -141,6 +141,26 @@ def set_point_status(store: Store, sweep_id: int, index: int, status: str, *, fa
                   (status, fault, reason, run_id, int(attempt), sweep_id, index))
 
 
+def add_point(store: Store, sweep_id: int, point: dict[str, Any]) -> None:
+    """One more point (index, point, host, gpus, status): a searching sweep adds each as it proposes it."""
+    with store.tx() as c:
+        c.execute("INSERT INTO sweep_points (sweep_id, idx, point, host, gpus, status, attempts) VALUES (?, ?, ?, ?, ?, ?, 0)",
+                  (sweep_id, point["index"], point["point"], point["host"], dump_json(point["gpus"]), point["status"]))
+
+
+def set_point_host(store: Store, sweep_id: int, index: int, host: str, gpus: list[int] | None) -> None:
+    """Where a point runs now (a searching sweep runs a point left over on whichever host is free)."""
+    with store.tx() as c:
+        c.execute("UPDATE sweep_points SET host = ?, gpus = ? WHERE sweep_id = ? AND idx = ?",
+                  (host, dump_json(gpus), sweep_id, index))
+
+
+def of_playbook(store: Store, playbook: str, before: int) -> list[dict[str, Any]]:
+    """Earlier sweeps of a playbook (rows, doc read), newest first: where a search may start from."""
+    cur = store.conn.execute("SELECT * FROM sweeps WHERE playbook = ? AND id < ? ORDER BY id DESC", (playbook, before))
+    return [_sweep(r) for r in _dicts(cur)]
+
+
 def set_point_run(store: Store, sweep_id: int, index: int, run_id: int) -> None:
     with store.tx() as c:
         c.execute("UPDATE sweep_points SET run_id = ? WHERE sweep_id = ? AND idx = ?", (run_id, sweep_id, index))

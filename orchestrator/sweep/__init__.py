@@ -16,8 +16,13 @@ Failures that are the fleet's fault (host unreachable at start, a job `lost`) ar
 times, `retry_backoff_s` apart; a crash inside the job never is. With `fail_fast`, the first job
 failure cancels the points still queued.
 
-The modules, from the bottom up: `record` (statuses, transitions, faults, rows), `plan` (the file and its
-points), `policy` (the pure retry policy), `db` (rows, events, transitions), `status` (the JSON
+A sweep with `[search]` instead of `[matrix]` proposes its points as it goes (Optuna's TPE, its pruners
+and constraints), stops losers early from their live metrics, learns from crashes whose cause the log
+names, and is rebuilt from the records whenever its file runs again (see search.py).
+
+The modules, from the bottom up: `record` (statuses, transitions, faults, rows), `space` (a search's
+space and bounds), `plan` (the file and its points), `policy` (the pure retry policy), `outcome` (what a
+searched point teaches), `db` (rows, events, transitions), `search` (the optimizer), `status` (the JSON
 documents), `notification` (what the URLs are told), `runner` (the lanes and points), `control` (the
 commands).
 """
@@ -28,7 +33,7 @@ from .db import claim, on_run_ended, register, resolve
 from .plan import Plan, Point, SweepFile, expand, label, load, plan
 from .policy import Verdict, decide, verdict
 from .record import Fault, PointStatus, SweepStatus
-from .status import best_line, changes, document, follow, list_sweeps, point_line
+from .status import best_line, changes, document, follow, list_sweeps, point_line, search_lines
 
 __all__ = [
     "Fault",
@@ -60,5 +65,6 @@ __all__ = [
     "register",
     "resolve",
     "run",
+    "search_lines",
     "verdict",
 ]

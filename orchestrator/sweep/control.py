@@ -19,6 +19,8 @@ from ..store.record import KILL_GRACE_S
 from . import db, notification, policy
 from .plan import identity, plan
 from .record import Fault, PointStatus, SweepRow, SweepStatus
+
+FINISHED_FOR_GOOD = (PointStatus.SUCCEEDED, PointStatus.PRUNED, PointStatus.INFEASIBLE)
 from .runner import Runner
 from .status import document
 
@@ -33,10 +35,14 @@ def on_sweep_finished(store: Store, sweep_id: int) -> None:
     notification.announce(store, sweep_id, document(store, sweep_id))
 
 
-def _finish(store: Store, sweep_id: int) -> dict[str, Any]:
+def _finish(store: Store, sweep_id: int, searched: bool = False) -> dict[str, Any]:
     with store.tx():
         if db.sweep(store, sweep_id).status is not SweepStatus.CANCELLED:  # a cancelled one stays so
-            outcome = policy.outcome(pt.status for pt in db.points(store, sweep_id))
+            if searched:  # a search's losers and crashes are what it learns from: it succeeded if it found one
+                found = document(store, sweep_id)["best"] is not None
+                outcome = SweepStatus.SUCCEEDED if found else SweepStatus.FAILED
+            else:
+                outcome = policy.outcome(pt.status for pt in db.points(store, sweep_id))
             db.transition_sweep(store, sweep_id, outcome)
         db.release(store, sweep_id)
     on_sweep_finished(store, sweep_id)
@@ -51,19 +57,26 @@ def run(ws: Workspace, path: Path, echo: Callable[[str], None] = lambda s: None,
         p = plan(ws, store, path, instance)
         sweep_id = db.register(store, p)
         db.claim(store, sweep_id)
-        done = sum(pt.status is PointStatus.SUCCEEDED or pt.fault is Fault.JOB for pt in db.points(store, sweep_id))
+        done = sum(pt.status in FINISHED_FOR_GOOD or pt.fault is Fault.JOB for pt in db.points(store, sweep_id))
+        total = p.search.trials if p.search else len(p.points)
         row = db.sweep(store, sweep_id)
         stored_sweeps.add_event(store, sweep_id, "started",
-                     f"controller {row.controller}; {done} of {len(p.points)} points already done")
+                     f"controller {row.controller}; {done} of {total} points already done")
         title = f"{p.file.name} {instance}" if instance else p.file.name
-        echo(f"sweep {sweep_id} ({title}): {len(p.points)} points on {', '.join(h.name for h in p.hosts)}"
+        what = f"a search of {total} trials" if p.search else f"{total} points"
+        echo(f"sweep {sweep_id} ({title}): {what} on {', '.join(h.name for h in p.hosts)}"
              + (f", {done} already done" if done else ""))
+        searcher = None
+        if p.search is not None:
+            from .search import Searcher  # (Optuna: only a search imports it)
+
+            searcher = Searcher(store, p, sweep_id, echo)
         try:
-            Runner(ws, p, sweep_id, echo, sleep).run()
+            Runner(ws, p, sweep_id, echo, sleep, searcher).run()
         except KeyboardInterrupt:
             stored_sweeps.add_event(store, sweep_id, "interrupted", "controller interrupted; running the file again resumes")
             raise
-        return _finish(store, sweep_id)
+        return _finish(store, sweep_id, searched=p.search is not None)
     finally:
         store.close()
 

@@ -139,7 +139,8 @@ def register(store: Store, p: Plan) -> int:
             status=SweepStatus.QUEUED.value,
             points=[{"index": pt.index, "point": pt.key, "host": pt.host, "gpus": pt.spec.gpus,
                      "status": PointStatus.QUEUED.value} for pt in p.points])
-        add_event(store, sweep_id, "created", f"{len(p.points)} points on {', '.join(h.name for h in p.hosts)}")
+        what = f"a search of {p.search.trials} trials" if p.search else f"{len(p.points)} points"
+        add_event(store, sweep_id, "created", f"{what} on {', '.join(h.name for h in p.hosts)}")
     return sweep_id
 
 

@@ -7,7 +7,7 @@ import hashlib
 import itertools
 import json
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,8 @@ from ..host.executor import executor_class
 from ..runflow import registry
 from ..runflow.nodes import check_nodes
 from ..store import Store
+from . import space
+from .space import Constraint, Search
 
 
 class SweepFile(BaseModel):
@@ -42,12 +44,26 @@ class SweepFile(BaseModel):
     objective: Objective | None = Field(default=None, description="the metric (and goal) that picks the best point")
     max_parallel: int | None = Field(default=None, ge=1, le=100_000,
                                      description="at most this many points at once on each cluster host")
+    search: dict[str, Any] | None = Field(default=None, description="the points proposed by a search (space.py)")
+    constraints: dict[str, Any] = Field(default_factory=dict, description="bounds on metrics other than the objective")
 
     @model_validator(mode="after")
     def _where(self) -> SweepFile:
         if bool(self.hosts) == bool(self.tags):
             raise ValueError("give either hosts = [...] or tags = [...]")
+        if self.search is not None and (self.matrix or self.include):
+            raise ValueError("give either [search] or [matrix] / [[include]], not both")
+        if self.search is not None and self.objective is None:
+            raise ValueError("a search needs objective = { metric = ..., goal = ... }")
+        if self.constraints and self.search is None:
+            raise ValueError("[constraints] bound a search's points: give [search] too")
         return self
+
+    def searched(self) -> tuple[Search | None, dict[str, Constraint]]:
+        """[search] and [constraints] read (None: a grid); UsageError for anything wrong in them."""
+        if self.search is None:
+            return None, {}
+        return space.parse(self.search), space.constraints(self.constraints)
 
     @field_serializer("spec")
     def _masked_spec(self, spec: dict[str, Any]) -> dict[str, Any]:
@@ -91,6 +107,18 @@ class Plan:
     hosts: list[Host]
     points: list[Point]
     instance: str = ""  # with name and file_hash, which sweep this is: '' unless the caller names one
+    search: Search | None = None  # a search: its points are proposed as it goes, `points` is empty
+    constraints: dict[str, Constraint] = field(default_factory=dict)
+
+    def point(self, index: int, diff: dict[str, Any], host: Host, gpus: list[int] | None = None) -> Point:
+        """A searched point on one host (and GPU set), its spec built and checked as a grid's are."""
+        from ..config import spec as specmod
+
+        values = _apply(self.file.spec, diff)
+        if gpus is not None:
+            values["gpus"] = gpus
+        spec = specmod.build(self.playbook.Spec, values, source=f"point {index} ({label(diff)})")
+        return Point(index, diff, spec, host.name, cluster=executor_class(host).schedules_gpus)
 
 
 def point_key(diff: dict[str, Any]) -> str:
@@ -128,6 +156,10 @@ def load(path: Path) -> SweepFile:
         problems = [f"{'.'.join(map(str, e['loc'])) or 'sweep'}: {e['msg'].removeprefix('Value error, ')}"
                     for e in exc.errors()]
         raise UsageError(f"{path}: invalid sweep: " + "; ".join(problems)) from None
+    try:
+        file.searched()
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
     expand(file)
     return file
 
@@ -149,7 +181,10 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def expand(file: SweepFile) -> list[dict[str, Any]]:
-    """Every point's differences: the matrix's combinations in order, then the includes not already there."""
+    """Every point's differences: the matrix's combinations in order, then the includes not already there
+    (a search has none: it proposes them as it goes)."""
+    if file.search is not None:
+        return []
     axes = _flatten(file.matrix)
     for key, values in axes.items():
         if not isinstance(values, list) or not values:
@@ -187,6 +222,8 @@ def _no_swept_secret(file: SweepFile, axes: dict[str, Any], diffs: list[dict[str
 def _apply(base: dict[str, Any], diff: dict[str, Any]) -> dict[str, Any]:
     values = copy.deepcopy(base)
     for dotted, value in diff.items():
+        if dotted.startswith("env.") and not isinstance(value, str):
+            value = json.dumps(value)  # a searched number for the job's environment: its text
         *parents, leaf = dotted.split(".")
         table = values
         for part in parents:
@@ -209,6 +246,10 @@ def plan(ws: Workspace, store: Store, path: Path, instance: str = "") -> Plan:
     hosts = inv.select(file.hosts or None, file.tags or None)
     if not hosts:
         raise UsageError(f"{path}: no host of the inventory has the tags {', '.join(file.tags)}")
+    search, constraints = file.searched()
+    if search is not None:
+        _check_space(file, pb, hosts, search, path, store)
+        return Plan(path, _hash(text), file, pb, hosts, [], instance, search, constraints)
     points = []
     for i, diff in enumerate(expand(file)):
         host = hosts[i % len(hosts)]
@@ -230,3 +271,27 @@ def plan(ws: Workspace, store: Store, path: Path, instance: str = "") -> Plan:
         points.append(Point(i, diff, spec, host.name, cluster=cluster,
                             hosts=tuple(h.name for h in span) if len(span) > 1 else ()))
     return Plan(path, _hash(text), file, pb, hosts, points, instance)
+
+
+def _check_space(file: SweepFile, pb: Any, hosts: list[Host], search: Search, path: Path, store: Store) -> None:
+    """Every key of the space, at each of its bounds and choices, makes a valid spec on every host: a typo
+    or a value the playbook refuses is found before anything starts (a later stage's keys with the
+    earlier stages' at their lower bounds)."""
+    from ..config import spec as specmod
+
+    if search.gpu_sets and any(executor_class(h).schedules_gpus for h in hosts):
+        raise UsageError(f"{path}: search.gpu_sets: a cluster's scheduler places the GPUs")
+    base: dict[str, Any] = {}
+    for stage in search.stages:
+        for key, dim in stage.space.items():
+            for value in dim.corners():
+                diff = {**base, key: value}
+                spec = specmod.build(pb.Spec, _apply(file.spec, diff), source=f"search.{key} = {value!r}")
+                if spec.nodes > 1:
+                    raise UsageError(f"{path}: a search's points run on one host each (nodes = {spec.nodes})")
+                for host in hosts:
+                    try:
+                        runflow.check(store, pb, spec, host)
+                    except UsageError as exc:
+                        raise UsageError(f"search.{key} = {value!r} on {host.name}: {exc}") from None
+        base.update({k: d.corners()[0] for k, d in stage.space.items()})

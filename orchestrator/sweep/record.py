@@ -44,16 +44,23 @@ class PointStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # a searching sweep's: stopped early by the pruner, a loser by its live metrics; or it ran to its end
+    # and broke a bound of [constraints]. Both finished for good, as succeeded is.
+    PRUNED = "pruned"
+    INFEASIBLE = "infeasible"
 
 
+_SEARCH_ENDS = frozenset({PointStatus.PRUNED, PointStatus.INFEASIBLE})
 POINT_ALLOWED: dict[PointStatus, frozenset[PointStatus]] = {
     # succeeded / failed straight from queued: the run an earlier controller left had already ended
     PointStatus.QUEUED: frozenset({PointStatus.RUNNING, PointStatus.CANCELLED, PointStatus.SUCCEEDED,
-                                   PointStatus.FAILED}),
+                                   PointStatus.FAILED} | _SEARCH_ENDS),
     # queued again: a retry, or its controller died and a new one takes the point over
     PointStatus.RUNNING: frozenset({PointStatus.QUEUED, PointStatus.SUCCEEDED, PointStatus.FAILED,
-                                    PointStatus.CANCELLED}),
+                                    PointStatus.CANCELLED} | _SEARCH_ENDS),
     PointStatus.SUCCEEDED: frozenset(),
+    PointStatus.PRUNED: frozenset(),
+    PointStatus.INFEASIBLE: frozenset(),
     # a new run of the sweep runs again what did not finish (never a job's own failure: see claim)
     PointStatus.FAILED: frozenset({PointStatus.QUEUED}),
     PointStatus.CANCELLED: frozenset({PointStatus.QUEUED}),

@@ -6,12 +6,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .. import runflow
 from ..config.workspace import Workspace
 from ..errors import OrchError
+from ..host.executor import executor_class
 from ..store import Store, lease
 from ..store import sweeps as stored_sweeps
 from ..store.record import Run
@@ -19,6 +21,9 @@ from . import db, policy
 from .plan import Plan, Point
 from .policy import Action, Decision, Resume, Verdict
 from .record import Fault, PointStatus
+
+if TYPE_CHECKING:
+    from .search import Searcher
 
 HEARTBEAT_S = 5.0  # at most this often, a running sweep stamps its row on its watchers' polls
 
@@ -52,25 +57,49 @@ class Runner:
     up to max_parallel threads."""
 
     def __init__(self, ws: Workspace, p: Plan, sweep_id: int, echo: Callable[[str], None],
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, searcher: Searcher | None = None):
         self.ws, self.plan, self.sweep_id, self.echo, self.sleep = ws, p, sweep_id, echo, sleep
+        self.search = searcher
         self.hosts = {h.name: h for h in p.hosts}
         self.errors: list[BaseException] = []
         self._beat = 0.0
 
     def run(self) -> None:
-        lanes: dict[str, deque[Point]] = {}
-        for pt in self._order(self.plan.points):
-            lanes.setdefault(pt.lane, deque()).append(pt)
-        threads = [threading.Thread(target=self._lane, args=(pts,), name=f"sweep-{name}-{n}", daemon=True)
-                   for name, pts in lanes.items() for n in range(self._width(pts))]
+        if self.search is not None:
+            threads = self._search_lanes(self.search)
+        else:
+            lanes: dict[str, deque[Point]] = {}
+            for pt in self._order(self.plan.points):
+                lanes.setdefault(pt.lane, deque()).append(pt)
+            threads = [threading.Thread(target=self._lane, args=(_taking(pts),), name=f"sweep-{name}-{n}",
+                                        daemon=True)
+                       for name, pts in lanes.items() for n in range(self._width(pts))]
         for t in threads:
             t.start()
-        for t in threads:
-            while t.is_alive():  # short joins: Ctrl-C reaches the main thread
-                t.join(0.2)
+        try:
+            for t in threads:
+                while t.is_alive():  # short joins: Ctrl-C reaches the main thread
+                    t.join(0.2)
+        finally:
+            if self.search is not None:
+                self.search.stop()
         if self.errors:
             raise self.errors[0]
+
+    def _search_lanes(self, searcher: Searcher) -> list[threading.Thread]:
+        """A searching sweep's lanes: each host (each of its GPU sets, with search.gpu_sets; a cluster
+        host max_parallel wide) asks for its next point when it is free."""
+        assert self.plan.search is not None
+        sets: list[list[int] | None] = list(self.plan.search.gpu_sets) or [None]
+        threads = []
+        for host in self.plan.hosts:
+            cluster = executor_class(host).schedules_gpus
+            for gpus in [None] if cluster else sets:
+                for n in range((self.plan.file.max_parallel or 1) if cluster else 1):
+                    where = host.name + (f":{','.join(map(str, gpus))}" if gpus else "")
+                    threads.append(threading.Thread(target=self._lane, args=(searcher.lane(host, gpus),),
+                                                    name=f"search-{where}-{n}", daemon=True))
+        return threads
 
     def _width(self, points: deque[Point]) -> int:
         """How many threads take points from a lane: a host or GPU set runs one point at a time, a cluster
@@ -89,17 +118,19 @@ class Runner:
             store.close()
         return sorted(points, key=lambda pt: pt.key not in live)
 
-    def _lane(self, points: deque[Point]) -> None:
+    def _lane(self, points: Iterator[Point]) -> None:
         store = Store(self.ws.db_path)
         try:
-            while True:
+            for pt in points:
                 try:
-                    pt = points.popleft()  # atomic: a cluster lane's threads share its queue
-                except IndexError:
-                    break
-                self._point(store, pt)
+                    self._point(store, pt)
+                finally:
+                    if self.search is not None:
+                        self.search.ended(pt)
         except BaseException as exc:  # noqa: BLE001 - a bug: the main thread re-raises it
             self.errors.append(exc)
+            if self.search is not None:
+                self.search.stop()
         finally:
             store.close()
 
@@ -159,7 +190,18 @@ class Runner:
         self.echo(f"point {pt.index} ({pt.label}) on {'+'.join(pt.hosts) or pt.host}: run {ctx.run_id} started")
         if not db.attach_run(store, self.sweep_id, pt.index, ctx.run_id):
             runflow.stop_quietly(self.ws, store, ctx.run_id, "sweep cancelled", self.hosts)
-        return runflow.watch(ctx, on_update=lambda w: self._heartbeat(store))
+        return runflow.watch(ctx, on_update=lambda run: self._on_update(store, pt, run))
+
+    def _on_update(self, store: Store, pt: Point, run: Run) -> None:
+        """Each new reading of a point's run: the sweep's heartbeat; in a search, the pruner's look at the
+        objective's live samples, and a loser stopped through the ordinary cancel (its host freed at once)."""
+        self._heartbeat(store)
+        if self.search is None:
+            return
+        why = self.search.watch(store, pt, run)
+        if why is not None:
+            self.echo(f"point {pt.index} ({pt.label}) on {pt.host}: {why}; stopping run {run.id}")
+            self.echo(f"point {pt.index}: {runflow.stop_quietly(self.ws, store, run.id, why, self.hosts)}")
 
     def _resume(self, store: Store, pt: Point, run: Run) -> tuple[Run, bool]:
         """A run left by a dead controller: settle it if it never launched, else watch it to its end.
@@ -170,7 +212,7 @@ class Runner:
             lease.adopt(store, run.id)
             db.settle_point(store, self.sweep_id, pt.index, PointStatus.RUNNING, run_id=run.id)
             self.echo(f"point {pt.index} ({pt.label}) on {ctx.host.name}: watching run {run.id} again")
-            return runflow.watch(ctx, on_update=lambda w: self._heartbeat(store)), True
+            return runflow.watch(ctx, on_update=lambda r: self._on_update(store, pt, r)), True
         return run, False
 
     def _ended(self, store: Store, pt: Point, run: Run) -> Attempt:
@@ -188,6 +230,9 @@ class Runner:
         if decision.action is Action.RETRY:
             return self._retry(store, pt, attempt, attempts)
         reason = attempt.reason
+        if self.search is not None:
+            decision, why = self.search.judge(store, pt, attempt.verdict, attempt.run_id, decision)
+            reason = why or reason
         if decision.fault is Fault.FLEET:
             reason = f"{reason} (after {attempts} attempts)"
         self._record(store, pt, decision, reason, attempt.run_id)
@@ -214,9 +259,13 @@ class Runner:
 
     def _keep(self, store: Store, pt: Point, run: Run) -> None:
         """A point whose run an earlier controller left finished for good: the point says so."""
-        decision = policy.decide(policy.verdict(run), 0, self.plan.file.retries)
+        v = policy.verdict(run)
+        decision, reason = policy.decide(v, 0, self.plan.file.retries), run.reason
+        if self.search is not None:
+            decision, why = self.search.judge(store, pt, v, run.id, decision)
+            reason = why or reason
         if db.point(store, self.sweep_id, pt.index).status is not decision.status:
-            db.settle_point(store, self.sweep_id, pt.index, decision.status, reason=run.reason,
+            db.settle_point(store, self.sweep_id, pt.index, decision.status, reason=reason,
                             fault=decision.fault, run_id=run.id)
 
     def _fail_fast(self, store: Store, pt: Point) -> None:
@@ -237,3 +286,12 @@ class Runner:
         if now - self._beat >= HEARTBEAT_S:
             self._beat = now
             stored_sweeps.update(store, self.sweep_id, heartbeat=now)
+
+
+def _taking(points: deque[Point]) -> Iterator[Point]:
+    """A grid lane's points, taken one at a time (popleft is atomic: a cluster lane's threads share them)."""
+    while True:
+        try:
+            yield points.popleft()
+        except IndexError:
+            return

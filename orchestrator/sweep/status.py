@@ -7,14 +7,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import metricinfo
-from ..config.objective import Objective, best, of_doc
+from ..config.objective import Objective, best, lower_is_better, of_doc
 from ..store import Store, noise, receipts
 from ..store import sweeps as stored_sweeps
 from ..store.shapes import in_order, iso, shown_phase
 from ..store.summaries import judged
-from . import db
+from . import db, outcome, space
 from .plan import label
-from .record import INTERRUPTED, PointRow, SweepStatus
+from .record import INTERRUPTED, Fault, PointRow, SweepStatus
+from .space import Constraint, Search
 
 FOLLOW_S = 1.0  # how often a follower reads the record again
 
@@ -35,7 +36,7 @@ def _point(store: Store, pt: PointRow) -> dict[str, Any]:
     }
 
 
-def document(store: Store, sweep_id: int, with_events: bool = False) -> dict[str, Any]:
+def document(store: Store, sweep_id: int, with_events: bool = False, importance: bool = True) -> dict[str, Any]:
     """The JSON shape of a sweep that `orch sweep status --json` prints; with events, its history too (what
     the controller did, in order)."""
     row = db.sweep(store, sweep_id)
@@ -49,6 +50,13 @@ def document(store: Store, sweep_id: int, with_events: bool = False) -> dict[str
     objective = of_doc(row.doc)
     for pt in points:  # the value that decides, first: each point's objective
         pt["objective"] = pt["metrics"].get(objective.metric) if objective and not pt["invalid"] else None
+    searched = _searched(row.doc)
+    if searched is not None:
+        for pt, rec in zip(points, db.points(store, sweep_id)):
+            run = store.get_run(rec.run_id) if rec.run_id else None
+            pt["cause"] = outcome.cause_of(rec.fault is Fault.JOB, rec.reason, run) if rec.status.value == "failed" \
+                else None
+            pt["stage"] = searched[0].stage_of(rec.diff)
     doc: dict[str, Any] = {
         "id": row.id, "name": row.name, "instance": row.instance, "playbook": row.playbook,
         "status": status, "path": row.path,
@@ -60,10 +68,79 @@ def document(store: Store, sweep_id: int, with_events: bool = False) -> dict[str
         "regressions": regressions(store, sweep_id) if row.status.ended else [],
     }
     doc["regression_line"] = regression_line(doc["regressions"])
+    if searched is not None and objective is not None:
+        doc["search"] = findings(searched[0], searched[1], objective, points, doc["best"], importance)
     if with_events:
         doc["events"] = [{"ts": e["ts"], "ts_iso": iso(e["ts"]), "kind": e["kind"], "message": e["message"]}
                          for e in stored_sweeps.events(store, sweep_id)]
     return doc
+
+
+def _searched(doc: dict[str, Any] | None) -> tuple[Search, dict[str, Constraint]] | None:
+    """A stored searching sweep's [search] and [constraints], read again; None for a grid."""
+    if not doc or not doc.get("search"):
+        return None
+    return space.parse(doc["search"]), space.constraints(doc.get("constraints") or {})
+
+
+def findings(search: Search, bounds: dict[str, Constraint], objective: Objective, points: list[dict[str, Any]],
+             best: dict[str, Any] | None, importance: bool = True) -> dict[str, Any]:
+    """What a search found, beyond its best point: how far it got, the objective trial by trial with the best
+    so far, the throughput-latency Pareto front (when a bound is on a latency), and which keys mattered
+    (`importance`: asked of the optimizer, which takes a moment; None when not asked)."""
+    counts: dict[str, int] = {}
+    for p in points:
+        key = f"failed: {p['cause']}" if p["status"] == "failed" and p.get("cause") else p["status"]
+        counts[key] = counts.get(key, 0) + 1
+    history, so_far = [], None
+    for p in points:
+        if p["status"] == "succeeded" and p["objective"] is not None and (
+                so_far is None or objective.better(p["objective"], so_far)):
+            so_far = p["objective"]
+        history.append({"index": p["index"], "status": p["status"], "objective": p["objective"], "best": so_far})
+    return {
+        "trials": search.trials, "done": sum(p["status"] not in ("queued", "running") for p in points),
+        "stages": [{"trials": s.trials, "keys": list(s.space)} for s in search.stages],
+        "constraints": {m: c.model_dump(exclude_none=True) for m, c in bounds.items()},
+        "trial_states": counts, "history": history,
+        "pareto": pareto(objective, bounds, points),
+        "importance": _importances(search, objective, points) if importance else None,
+        "best_receipt": _receipt(best, points),
+    }
+
+
+def _importances(search: Search, objective: Objective, points: list[dict[str, Any]]) -> dict[str, float] | None:
+    from .search import importances  # (Optuna: only a search's status imports it)
+
+    return importances(search, objective, points)
+
+
+def pareto(objective: Objective, bounds: dict[str, Constraint], points: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The points no other beats on both the objective and the first bounded latency (lower is better): the
+    trade-off a bound on that latency cuts through. None when no bound is on a latency."""
+    latency = next((m for m in bounds if lower_is_better(m)), None)
+    if latency is None:
+        return None
+    pairs = [(p, p["objective"], p["metrics"].get(latency)) for p in points
+             if p["status"] in ("succeeded", "infeasible") and p["objective"] is not None
+             and p["metrics"].get(latency) is not None]
+
+    def beats(a: tuple[float, float], b: tuple[float, float]) -> bool:
+        at_least = not objective.better(b[0], a[0]) and a[1] <= b[1]
+        return at_least and (objective.better(a[0], b[0]) or a[1] < b[1])
+
+    front = [(p, v, lat) for p, v, lat in pairs if not any(beats((v2, l2), (v, lat)) for _, v2, l2 in pairs)]
+    front.sort(key=lambda f: f[2])
+    return {"metric": latency, "points": [{"index": p["index"], "objective": v, latency: lat,
+                                           "feasible": p["status"] == "succeeded"} for p, v, lat in front]}
+
+
+def _receipt(best: dict[str, Any] | None, points: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What produced the best point's numbers: its run, host and spec differences, and every metric it recorded."""
+    if best is None:
+        return None
+    p = next(p for p in points if p["index"] == best["index"])
+    return {"run_id": p["run_id"], "host": p["host"], "point": p["point"], "metrics": p["metrics"]}
 
 
 def best_point(objective: Objective | None, points: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -96,8 +173,34 @@ def best_line(doc: dict[str, Any]) -> str | None:
     return f"{line}\n{moved}" if moved else line
 
 
+def search_lines(doc: dict[str, Any]) -> list[str]:
+    """A search's findings as a person reads them: trial states, the objective trial by trial, the Pareto
+    front, the keys that mattered. [] for a grid."""
+    found = doc.get("search")
+    if not found:
+        return []
+    metric = doc["objective"]["metric"]
+    states = ", ".join(f"{n} {s}" for s, n in sorted(found["trial_states"].items()))
+    lines = [f"search: {found['done']} of {found['trials']} trials done: {states}"]
+    if found["history"]:
+        lines.append(f"{metric} by trial: " + " ".join(
+            "-" if h["objective"] is None else f"{h['objective']:.4g}" + ("*" if h["status"] == "succeeded" and
+                                                                          h["objective"] == h["best"] else "")
+            for h in found["history"]) + "  (* a new best)")
+    front = found.get("pareto")
+    if front and front["points"]:
+        lat = front["metric"]
+        lines.append(f"Pareto front ({metric} vs {lat}): " + ", ".join(
+            f"#{f['index']} {f['objective']:.4g} at {f[lat]:.4g}" + ("" if f["feasible"] else " (infeasible)")
+            for f in front["points"]))
+    if found.get("importance"):
+        lines.append("importance: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                sorted(found["importance"].items(), key=lambda kv: -kv[1])))
+    return lines
+
+
 def list_sweeps(store: Store, limit: int = 50) -> list[dict[str, Any]]:
-    docs = [document(store, i) for i in stored_sweeps.ids(store, limit)]
+    docs = [document(store, i, importance=False) for i in stored_sweeps.ids(store, limit)]
     for d in docs:
         del d["points"]
     return docs
@@ -108,7 +211,7 @@ def follow(store: Store, sweep_id: int, on_doc: Callable[[dict[str, Any]], None]
     """Read the sweep's record until it ends (or its controller died: interrupted), handing every reading to
     `on_doc`; the last one is returned. Nothing is asked of any host: the controller's watchers write it."""
     while True:
-        doc = document(store, sweep_id)
+        doc = document(store, sweep_id, importance=False)
         on_doc(doc)
         if doc["status"] == INTERRUPTED or SweepStatus(doc["status"]).ended:
             return doc
@@ -123,9 +226,9 @@ def point_line(p: dict[str, Any], objective: str | None = None) -> str:
         line += f", run {p['run_id']}"
     if p["status"] == "running" and p["phase"]:
         line += f" ({p['phase']})"
-    if p["status"] == "succeeded" and objective and p["objective"] is not None:
+    if p["status"] in ("succeeded", "infeasible") and objective and p["objective"] is not None:
         line += f", {objective}={p['objective']:g}"
-    if p["status"] in ("failed", "cancelled") and p["reason"]:
+    if p["status"] in ("failed", "cancelled", "pruned", "infeasible") and p["reason"]:
         line += f": {p['reason']}"
     if p.get("invalid"):
         line += f" (invalid: {p['invalid']})"

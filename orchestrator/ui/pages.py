@@ -132,6 +132,9 @@ def sweep_page(store: Store, sweep_id: int, objective: str | None = None) -> dic
                  else metricinfo.direction(n) for n in names}
     lower = {n: direction[n] == "lower" for n in names}
     best = {n: _best(points, n, lower[n]) if direction[n] else None for n in names}  # a count has no best
+    if doc.get("search") and declared:  # a search's best keeps its bounds: never a pruned or infeasible point
+        best[declared["metric"]] = doc["best"]["index"] if doc["best"] else None
+        doc["search_lines"] = sweep.search_lines(doc)
     if objective not in names:
         judged = [n for n in names if direction[n]]
         objective = declared["metric"] if declared and declared["metric"] in names else next(iter(judged or names), None)

@@ -243,6 +243,15 @@ def sweep_report(store: Store, sweep_id: int, out_dir: Any, metric: str | None =
     ok = [(i, p["metrics"]) for i, p in enumerate(points) if p["run"].status is Status.SUCCEEDED and not p["run"].invalid]
     found = best(objective, ok) if objective else None
     best_i = None if found is None else int(found[0])
+    searched = _search_doc(store, sweep_id) if row and (row["doc"] or {}).get("search") else None
+    if searched is not None:  # a search's trial states; its best is a feasible point's, never a pruned one's
+        states = {p["run_id"]: p["status"] + (f": {p['cause']}" if p.get("cause") else "")
+                  for p in searched["points"] if p["run_id"]}
+        for p in points:
+            p["trial"] = states.get(p["run"].id)
+        if metric is None:
+            run_id = searched["best"]["run_id"] if searched["best"] else None
+            best_i = next((i for i, p in enumerate(points) if p["run"].id == run_id), None)
     keys = [k for k in _ordered_union([p["spec"] for p in points])
             if any(p["spec"].get(k) != points[0]["spec"].get(k) for p in points[1:])]
     if charts is None:  # the objective's chart first, then the headlines; a count or setting is no result
@@ -261,12 +270,46 @@ def sweep_report(store: Store, sweep_id: int, out_dir: Any, metric: str | None =
         images.append(_trend_chart(trend, objective, out / "trend.png"))
     if series:
         images.append(_series_charts(store, points, series, out / "series.png"))
+    if searched is not None and searched["search"]["history"]:
+        images.append(_search_chart(searched, out / "search.png"))
     logs_root = Path(store.path).parent
     links = [os.path.relpath(logs_root / str(p["run"].id) / "log.tail", out) for p in points]
     page = out / "report.html"
     page.write_text(_html(_title(store, sweep_id, row, points), points, keys, names, objective, best_i, images,
-                          links, trend))
+                          links, trend, _search_lines(searched)))
     return page
+
+
+def _search_doc(store: Store, sweep_id: int) -> dict[str, Any]:
+    from .. import sweep
+
+    return sweep.document(store, sweep_id)
+
+
+def _search_lines(doc: dict[str, Any] | None) -> list[str]:
+    from .. import sweep
+
+    return sweep.search_lines(doc) if doc else []
+
+
+def _search_chart(doc: dict[str, Any], path: Any) -> str:
+    """The objective trial by trial (pruned and infeasible trials marked apart) and the best so far."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    history = doc["search"]["history"]
+    for status, marker in (("succeeded", "o"), ("pruned", "x"), ("infeasible", "s")):
+        got = [h for h in history if h["status"] == status and h["objective"] is not None]
+        ax.scatter([h["index"] for h in got], [h["objective"] for h in got], marker=marker, label=status, alpha=0.8)
+    best = [h for h in history if h["best"] is not None]
+    ax.step([h["index"] for h in best], [h["best"] for h in best], where="post", color=BEST_COLOR, linewidth=2,
+            label="best so far")
+    ax.set_xlabel("trial")
+    ax.set_title(f"{doc['objective']['metric']} by trial", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return str(path.name)
 
 
 def _title(store: Store, sweep_id: int, row: dict[str, Any] | None, points: list[dict[str, Any]]) -> str:
@@ -388,7 +431,8 @@ def _cell(value: Any) -> str:
 
 
 def _html(title: str, points: list[dict[str, Any]], keys: list[str], names: list[str], objective: Objective | None,
-          best_i: int | None, images: list[str], links: list[str], trend: list[dict[str, Any]]) -> str:
+          best_i: int | None, images: list[str], links: list[str], trend: list[dict[str, Any]],
+          found: list[str] | None = None) -> str:
     if objective is not None and objective.metric in names:  # the value that decides comes first
         names = [objective.metric, *(n for n in names if n != objective.metric)]
     head = ["point", "run", "status", *keys, *names, "log"]
@@ -396,7 +440,7 @@ def _html(title: str, points: list[dict[str, Any]], keys: list[str], names: list
     for i, p in enumerate(points):
         run = p["run"]
         cells = [html.escape(p["label"]) + (" &#9733; best" if i == best_i else ""), str(run.id),
-                 _cell(run.status.value)]
+                 _cell(p.get("trial") or run.status.value)]
         cells += [_cell(p["spec"].get(k)) for k in keys]
         cells += [_cell(p["metrics"].get(n)) for n in names]
         cells.append(f'<a href="{html.escape(links[i])}">log</a>')
@@ -429,6 +473,7 @@ img {{ display: block; margin: 16px 0; max-width: 100%; }}
 </style></head><body>
 <h1>{html.escape(title)}</h1>
 <p>{len(points)} points. {verdict}</p>
+{''.join(f"<p>{html.escape(line)}</p>" for line in found or [])}
 <table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in head)}</tr>
 {chr(10).join(rows)}
 </table>

@@ -28,6 +28,8 @@ POINT_MOVES = {
     (P.QUEUED, P.RUNNING), (P.QUEUED, P.CANCELLED), (P.QUEUED, P.SUCCEEDED), (P.QUEUED, P.FAILED),
     (P.RUNNING, P.QUEUED), (P.RUNNING, P.SUCCEEDED), (P.RUNNING, P.FAILED), (P.RUNNING, P.CANCELLED),
     (P.FAILED, P.QUEUED), (P.CANCELLED, P.QUEUED),
+    # a search's: a loser stopped early, a point that broke a bound (from queued: the run had ended)
+    (P.QUEUED, P.PRUNED), (P.QUEUED, P.INFEASIBLE), (P.RUNNING, P.PRUNED), (P.RUNNING, P.INFEASIBLE),
 }
 
 

@@ -28,6 +28,13 @@ def test_the_speculative_table_goes_to_vllm_as_json_and_the_shortcut_sets_its_to
     assert args[args.index("--kv-cache-memory-bytes") + 1] == str(1 << 27)
     assert "--enforce-eager" in args and args[args.index("--tensor-parallel-size") + 1] == "2"
     assert "--pipeline-parallel-size" not in args  # sizes of 1 are vLLM's defaults: not spelled out
+    assert "--max-num-seqs" not in args and "--block-size" not in args  # unset: vLLM's own defaults
+
+
+def test_scheduler_settings_a_search_varies_are_flags_of_their_own() -> None:
+    args = server_args(ServeVllmSpec(model="/m", max_num_seqs=16, max_num_batched_tokens=2048, block_size=32))
+    assert [args[args.index(f) + 1] for f in ("--max-num-seqs", "--max-num-batched-tokens", "--block-size")] == [
+        "16", "2048", "32"]
 
 
 @pytest.mark.parametrize("fields", [

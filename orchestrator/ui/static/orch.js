@@ -437,7 +437,8 @@ async function sweepPage(main, id) {
     const rows = d.points.map((p) => h("tr", {class: p.index === bestRow ? "best" : "", "data-point": p.index},
       h("td", {class: "num"}, p.index, p.index === bestRow ? " ★" : ""),
       d.keys.map((k) => h("td", {}, fmt((p.point || {})[k]))),
-      h("td", {title: p.invalid || null}, status(p.status), p.invalid ? h("span", {class: "error invalid"}, " invalid") : ""),
+      h("td", {title: p.invalid || null}, status(p.status), p.cause ? ` (${p.cause})` : "",
+        p.invalid ? h("span", {class: "error invalid"}, " invalid") : ""),
       h("td", {}, p.run_id ? link(`/runs/${p.run_id}`, `run ${p.run_id}`) : "-"),
       h("td", {}, p.host), h("td", {class: "num"}, p.attempts),
       d.metrics.map((m) => {
@@ -453,10 +454,16 @@ async function sweepPage(main, id) {
     }) : [];
     const trend = d.trend.length > 1 ? chart(`best ${objective} over the sweeps named ${d.name}`,
       d.trend.map((t) => [t.created_at, t.best]), {time: true}) : "";
+    // a search: what it found, and its objective trial by trial
+    const byTrial = d.search ? d.search.history.filter((t) => t.objective !== null).map((t) => [t.index, t.objective]) : [];
+    const found = d.search ? section("Search", h("div", {class: "search"},
+      d.search_lines.map((line) => h("p", {}, line)),
+      byTrial.length ? chart(`${d.declared.metric} by trial`, byTrial, {scatter: true}) : "")) : "";
     body.replaceChildren(
       h("h1", {}, `Sweep ${d.id} `, h("span", {class: "muted"}, `${d.name} ${d.instance} (${d.playbook}) `), status(d.status)),
       h("div", {class: "filters"}, "objective: ", d.metrics.length ? pick : h("span", {class: "muted"}, "no metrics yet")),
       table(["#", ...d.keys, "status", "run", "host", "tries", ...d.metrics], rows, {class: "pivot"}),
+      found,
       section("Charts", h("div", {class: "charts"}, charts, trend)));
     return ACTIVE.has(d.status) ? undefined : false;  // a finished sweep no longer changes
   };

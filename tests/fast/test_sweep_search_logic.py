@@ -1,0 +1,167 @@
+"""A searching sweep's pieces in process: the file's [search] and [constraints], what a finished point tells
+the optimizer, the cause of a crash, the Pareto front."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config.objective import Objective
+from orchestrator.errors import UsageError
+from orchestrator.logparse.errors import LogError
+from orchestrator.store.record import Run, Status
+from orchestrator.sweep import outcome, space
+from orchestrator.sweep.plan import expand, load
+from orchestrator.sweep.record import Fault, PointRow, PointStatus
+from orchestrator.sweep.search import told
+from orchestrator.sweep.status import pareto
+
+
+def test_search_table_dimensions_stages_and_settings() -> None:
+    s = space.parse({
+        "trials": 12, "seed": 3, "pruner": "none",
+        "max_num_seqs": {"low": 8, "high": 256, "log": True},
+        "env": {"FRACTION": {"low": 0.5, "high": 0.9, "step": 0.1}},
+        "attention_backend": {"choices": ["flashinfer", "triton"]},
+        "stages": [{"trials": 5, "speculative_config": {"num_speculative_tokens": {"low": 1, "high": 5}}}],
+    })
+    assert [list(st.space) for st in s.stages] == [
+        ["max_num_seqs", "env.FRACTION", "attention_backend"], ["speculative_config.num_speculative_tokens"]]
+    assert s.trials == 17 and s.seed == 3 and s.pruner == "none"
+    seqs, fraction, backend = s.stages[0].space.values()
+    assert seqs.integer and seqs.log and not fraction.integer and backend.corners() == ["flashinfer", "triton"]
+    assert seqs.contains(64) and not seqs.contains(512) and not backend.contains("xformers")
+    # a point's stage: the last whose keys it sets
+    assert s.stage_of({"max_num_seqs": 8, "env.FRACTION": 0.5, "attention_backend": "triton"}) == 0
+    assert s.stage_of({"max_num_seqs": 8, "speculative_config.num_speculative_tokens": 2}) == 1
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"x": {"low": 1, "high": 2}}, "search.trials: give how many"),
+    ({"trials": 0, "x": {"low": 1, "high": 2}}, "search.trials: expected a whole number"),
+    ({"trials": 3}, "no key to search"),
+    ({"trials": 3, "x": {"low": 2, "high": 1}}, "search.x: low (2) is above high (1)"),
+    ({"trials": 3, "x": {"low": 0, "high": 1, "log": True}}, "log = true needs low > 0"),
+    ({"trials": 3, "x": {"choices": [1], "low": 0}}, "either choices"),
+    ({"trials": 3, "x": 5}, "search.x: expected"),
+    ({"trials": 3, "pruner": "bogus", "x": {"low": 1, "high": 2}}, "search.pruner"),
+    ({"trials": 3, "x": {"low": 1, "high": 2}, "stages": [{"trials": 2, "x": {"low": 1, "high": 3}}]},
+     "already searched"),
+])
+def test_bad_search_tables_are_one_line(raw: dict, message: str) -> None:
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        space.parse(raw)
+
+
+def test_a_sweep_file_takes_search_or_matrix_and_a_search_needs_an_objective(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    head = 'name = "s"\nplaybook = "command"\nhosts = ["local"]\n[spec]\ncmd = "true"\n'
+    path.write_text(head + '[search]\ntrials = 2\n"env.X" = { low = 1, high = 2 }\n')
+    with pytest.raises(UsageError, match="a search needs objective"):
+        load(path)
+    path.write_text('objective = { metric = "m" }\n' + head + '[search]\ntrials = 2\n"env.X" = { low = 1, high = 2 }\n'
+                    '[matrix]\n"env.Y" = ["1"]\n')
+    with pytest.raises(UsageError, match="either \\[search\\] or \\[matrix\\]"):
+        load(path)
+    path.write_text('objective = { metric = "m" }\n' + head + '[search]\ntrials = 2\n"env.X" = { low = 1, high = 2 }\n'
+                    '[constraints]\nlat_ms = { below = 3 }\n')
+    with pytest.raises(UsageError, match="constraints.lat_ms"):
+        load(path)
+    path.write_text('objective = { metric = "m" }\n' + head + '[search]\ntrials = 2\n"env.X" = { low = 1, high = 2 }\n')
+    assert expand(load(path)) == []
+
+
+def test_constraint_violations_are_relative_and_a_missing_metric_breaks_its_bound() -> None:
+    c = space.constraints({"p99_ttft_ms": {"max": 2000}, "accept_rate": {"min": 0.5}})
+    assert outcome.violations(c, {"p99_ttft_ms": 1500, "accept_rate": 0.6}) == [0.0, 0.0]
+    assert outcome.violations(c, {"p99_ttft_ms": 3000, "accept_rate": 0.25}) == [0.5, 0.5]
+    assert outcome.violations(c, {"accept_rate": 0.5}) == [1.0, 0.0]
+    assert outcome.broken(c, {"p99_ttft_ms": 3000}) == [
+        "p99_ttft_ms=3000 (bound p99_ttft_ms <= 2000)", "accept_rate not recorded"]
+
+
+def _run(kind: str | None, exception: str = "", message: str = "", status: Status = Status.FAILED) -> Run:
+    err = LogError(kind, exception or None, message, 3).to_dict() if kind else None
+    return Run(1, "command", "h", status, error=err, reason="exit code 1")
+
+
+@pytest.mark.parametrize("run, cause", [
+    (_run("cuda_oom", "torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 2 GiB"), "out of memory"),
+    (_run("python_exception", "ValueError", "No available memory for the cache blocks. Try increasing "
+          "`gpu_memory_utilization`"), "KV cache too small"),
+    (_run("config_error", "ValueError", "The model's max seq len (4096) is larger than the maximum number of "
+          "tokens that can be stored in KV cache (2048)"), "config error"),
+    (_run("killed", "", "Out of memory: Killed process 1234 (python)"), "out of memory"),
+    (_run("killed", "", "Killed"), None),  # SIGKILL from anyone: no cause of the settings
+    (_run("python_exception", "KeyError", "'x'"), None),
+    (_run("nccl", "", "NCCL error"), None),
+    (_run(None), None),
+])
+def test_a_crash_names_its_cause_only_when_it_is_the_settings(run: Run, cause: str | None) -> None:
+    assert outcome.cause(run) == cause
+
+
+def _row(status: PointStatus, fault: Fault | None = None, reason: str | None = None) -> PointRow:
+    return PointRow(1, 0, "{}", "h", None, status, fault, reason, 1, 1, {})
+
+
+OBJ = Objective(metric="tput", goal="max")
+BOUNDS = space.constraints({"lat_ms": {"max": 100}})
+
+
+def test_what_each_end_tells_the_optimizer() -> None:
+    ok = _run(None, status=Status.SUCCEEDED)
+    t = told(_row(PointStatus.SUCCEEDED), ok, {"tput": 50.0, "lat_ms": 80.0}, [40.0, 50.0], OBJ, BOUNDS)
+    assert (t.state, t.value, t.constraints, t.steps) == ("COMPLETE", 50.0, {"crash": 0.0, "lat_ms": 0.0},
+                                                          {0: 40.0, 1: 50.0})
+    t = told(_row(PointStatus.INFEASIBLE), ok, {"tput": 70.0, "lat_ms": 150.0}, [70.0], OBJ, BOUNDS)
+    assert (t.state, t.value, t.constraints["lat_ms"]) == ("COMPLETE", 70.0, 0.5)
+    t = told(_row(PointStatus.PRUNED), _run(None, status=Status.CANCELLED), {"tput": 10.0}, [9.0, 10.0], OBJ, BOUNDS)
+    assert (t.state, t.value, t.constraints, t.steps) == ("PRUNED", None, {"crash": 0.0, "lat_ms": 0.0},
+                                                          {0: 9.0, 1: 10.0})
+    oom = _run("cuda_oom", "torch.OutOfMemoryError", "CUDA out of memory")
+    t = told(_row(PointStatus.FAILED, Fault.JOB), oom, {}, [], OBJ, BOUNDS)
+    assert (t.state, t.constraints) == ("PRUNED", {"crash": 1.0, "lat_ms": 0.0})  # infeasible: avoided
+    refused = told(_row(PointStatus.FAILED, Fault.JOB, "config error: invalid point 3"), None, {}, [], OBJ, BOUNDS)
+    assert refused.constraints["crash"] == 1.0
+    # learnt nothing from: an unexplained crash, the fleet's fault, no objective, an invalid benchmark
+    assert told(_row(PointStatus.FAILED, Fault.JOB), _run("python_exception", "KeyError"), {}, [], OBJ,
+                BOUNDS).state == "FAIL"
+    assert told(_row(PointStatus.FAILED, Fault.FLEET), oom, {}, [], OBJ, BOUNDS).state == "FAIL"
+    assert told(_row(PointStatus.SUCCEEDED), ok, {"lat_ms": 1.0}, [], OBJ, BOUNDS).state == "FAIL"
+    assert told(_row(PointStatus.SUCCEEDED), ok, {"tput": float("nan")}, [], OBJ, BOUNDS).state == "FAIL"
+    invalid = Run(1, "command", "h", Status.SUCCEEDED, invalid="3 of 8 benchmark requests failed")
+    assert told(_row(PointStatus.SUCCEEDED), invalid, {"tput": 5.0}, [], OBJ, BOUNDS).state == "FAIL"
+
+
+def test_pareto_front_of_objective_and_latency() -> None:
+    def p(i: int, status: str, tput: float, lat: float) -> dict:
+        return {"index": i, "status": status, "objective": tput, "metrics": {"tput": tput, "lat_ms": lat}}
+
+    points = [p(0, "succeeded", 10, 50), p(1, "succeeded", 20, 90), p(2, "succeeded", 15, 95),  # 2: beaten by 1
+              p(3, "infeasible", 30, 150), p(4, "pruned", 40, 10), p(5, "succeeded", 20, 90)]
+    front = pareto(OBJ, BOUNDS, points)
+    assert front is not None and front["metric"] == "lat_ms"
+    assert [(f["index"], f["feasible"]) for f in front["points"]] == [(0, True), (1, True), (5, True), (3, False)]
+    assert pareto(OBJ, space.constraints({"accept_rate": {"min": 0.5}}), points) is None  # no latency bound
+
+
+HOSTS = ""
+
+
+@pytest.mark.parametrize("search, message", [
+    ('"env.X" = { low = 1, high = 2 }', "search.trials: give how many points to try"),
+    ('trials = 3\nmax_num_seqs = { low = 1, high = 8 }', "invalid search.max_num_seqs = 1: max_num_seqs = 1: unknown key"),
+    ('trials = 3\nnodes = { choices = [1, 2] }', "a search's points run on one host each"),
+])
+def test_a_bad_search_is_one_line_exit_2_and_nothing_recorded(records_orch, tmp_path: Path, search: str,
+                                                             message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('name = "s"\nplaybook = "command"\nhosts = ["local"]\nobjective = { metric = "m" }\n'
+                    f'[spec]\ncmd = "true"\n[search]\n{search}\n')
+    code, out, err = records_orch("sweep", "run", str(path))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    code, out, _ = records_orch("sweep", "status", "--json")
+    assert code == 0 and json.loads(out) == []
