@@ -400,7 +400,7 @@ def test_two_users_run_side_by_side_on_one_shared_workdir(tmp_path: Path, two_us
         return user_workspace(tmp_path, two_users, user)
 
     alice, bob = workspace("orchalice"), workspace("orchbob")
-    long_job = "cmd=echo started; sleep 30"
+    long_job = "cmd=echo started; sleep 3600"  # until the test cancels it, however slow the machine
     a = int(alice("run", "command", "--host", "box", "--detach", *FAST, "--set", "gpus=[0]", "--set", long_job,
                   check=0).stdout)
     b = int(bob("run", "command", "--host", "box", "--detach", *FAST, "--set", "gpus=[1]", "--set", long_job,

@@ -4,7 +4,7 @@ Run with the engine env's python (it has torch and transformers):
     python tests/engines/tiny_models.py OUT_DIR
 writes OUT_DIR/target (a random Llama in 4 safetensors shards with a byte-level tokenizer and a chat template;
 one feature of every embedding is large and only token 0 reads it, so decoding always emits token 0, a plain
-byte, greedy or sampled),
+byte; its generation config asks for greedy decoding),
 OUT_DIR/eagle3 (a random EAGLE-3 draft in the layout vLLM's llama_eagle3 loader reads: it accepts next to
 nothing) and OUT_DIR/eagle3-const (a draft that always proposes token 0, so nearly every draft is accepted),
 and prints their paths as JSON.
@@ -59,6 +59,11 @@ def make_target(out: Path) -> transformers.LlamaForCausalLM:
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     model.save_pretrained(out, max_shard_size=int(size / 4 * 1.1) + 1)  # 4 shards: a bar to read
     tokenizer.save_pretrained(out)
+    # greedy by default, as a served model's generation config can say: vLLM serves a request with no
+    # temperature of its own (`vllm bench serve` sends none) at the model's, and at temperature 1 its
+    # speculative decoding on the CPU rejects nearly every draft, even of a token the target is sure of
+    generation = json.loads((out / "generation_config.json").read_text())
+    (out / "generation_config.json").write_text(json.dumps({**generation, "temperature": 0.0}, indent=2))
     return model
 
 
