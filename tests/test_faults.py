@@ -47,12 +47,6 @@ def recycle(pid: int, timeout: float = 10) -> subprocess.Popen:
     raise AssertionError(f"pid {pid} could not be recycled")
 
 
-@pytest.fixture
-def orch(tmp_path, ssh_fleet) -> Orch:
-    overrides = {f"test{i}": {"workdir": str(tmp_path / f"remote{i}")} for i in (1, 2)}
-    return Orch(tmp_path / "ws", ssh_fleet.hosts_toml(**overrides))
-
-
 # --- 4: identity proved before every signal ----------------------------------------------------------
 
 

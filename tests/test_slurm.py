@@ -46,9 +46,8 @@ def cluster_toml(shared: Path, **fields: str) -> str:
 
 
 @pytest.fixture
-def orch(tmp_path: Path, cluster: SlurmCluster) -> Iterator[Orch]:
-    o = Orch(tmp_path / "ws", cluster_toml(tmp_path / "shared"))
-    yield o
+def orch_hosts(tmp_path: Path, cluster: SlurmCluster) -> Iterator[str]:
+    yield cluster_toml(tmp_path / "shared")
     cluster.cancel_all()  # nothing of one test is left holding the node's GPUs for the next
 
 

@@ -74,8 +74,8 @@ class Dashboard:
 
 
 @pytest.fixture
-def orch(tmp_path: Path) -> Orch:
-    return Orch(tmp_path / "ws")
+def orch_hosts() -> str:
+    return ""  # the built-in `local` host only
 
 
 @pytest.fixture
