@@ -358,7 +358,6 @@ def m017(db: Database) -> None:
 def _mask_stored_secrets(db: Database) -> None:
     """Each stored spec's `env` masked by today's rule (secret_env.masked_values)."""
     import json
-    from typing import Any
 
     from ..secret_env import masked_values
 
