@@ -29,7 +29,7 @@ FAST = ["--set", "poll_min=0.05", "--set", "poll_max=0.3"]
 # not name, gets an interpreter of its own.
 IN_PROCESS = {"status", "inspect-log", "compare", "logs", "pull", "hosts", "gpus", "playbooks", "note", "tag",
               "rm", "gc", "patch"}
-IN_PROCESS_SUBCOMMANDS = {"sweep": {"status", "report"}, "cron": {"list"}}
+IN_PROCESS_SUBCOMMANDS = {"sweep": {"status", "report"}, "cron": {"list", "install", "remove"}}
 # In a process of their own all the same: `orch logs -f` follows the job until it ends; `orch status
 # --refresh` polls the runs, and a poll names its process as the run's watcher (alive, as long as the
 # tests run, where the command's own process would be gone)

@@ -18,8 +18,9 @@ from orchestrator.host import session
 def test_which_commands_run_in_process() -> None:
     assert runs_in_process(("status", "--json")) and runs_in_process(("--hosts", "h.toml", "logs", "3"))
     assert runs_in_process(("sweep", "status")) and runs_in_process(("cron", "list"))
+    assert runs_in_process(("cron", "install", "s.toml")) and runs_in_process(("cron", "remove", "1"))
     for args in (("run", "command"), ("watch", "1"), ("logs", "3", "-f"), ("status", "--refresh"), ("cancel", "1"),
-                 ("sweep", "run", "s.toml"), ("cron", "install", "s.toml"), ("ssh", "1"), ("ui",), ("--version",), ()):
+                 ("sweep", "run", "s.toml"), ("cron", "fire", "1", "s.toml"), ("ssh", "1"), ("ui",), ("--version",), ()):
         assert not runs_in_process(args), args
 
 
