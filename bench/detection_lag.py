@@ -36,11 +36,10 @@ from orchestrator.config.hosts import Host
 from orchestrator.config.workspace import Workspace
 from orchestrator.host import launch
 from orchestrator.host.launch import HostExecutor
-from orchestrator.host.polling import WatchOptions
 from orchestrator.host.remote import Result, SSHTransport, quote
 from orchestrator.logparse import LogParser
 from orchestrator.runflow.hostwatch import HostWatcher
-from orchestrator.runflow.watch import Watcher
+from orchestrator.runflow.watch import WatchOptions, Watcher
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status

@@ -1,7 +1,7 @@
 """`orch status` start-up with a big database, side by side with the floor of a Typer + Rich CLI and with
 sqlite3 running the same query; says where the time goes. Writes its own section of bench/RESULTS.md.
 
-Usage: python bench/status_startup.py [--runs 100000] [--repeat 9]
+Usage: python bench/status_startup.py [--runs 100000] [--repeat 21]
 """
 
 from __future__ import annotations
@@ -48,27 +48,31 @@ def populate(db: Path, runs: int) -> None:
 
 
 def measured_env(ws: Path) -> dict[str, str]:
-    """The environment of every command measured: `orch` runs this checkout (not whichever orch the venv
-    has installed), and Python writes the .pyc files the warm-up is for (typer's and rich's are
-    precompiled in site-packages; a PYTHONDONTWRITEBYTECODE left set would recompile orch at every run)."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    """The environment of every command measured, as a user's shell has it: no PYTHONPATH (the installed
+    `orch` script finds orchestrator as pip installed it), and Python writes the .pyc files the warm-up is
+    for (typer's and rich's are precompiled in site-packages; a PYTHONDONTWRITEBYTECODE left set would
+    recompile orch at every run)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH")}
     env["ORCH_HOME"] = str(ws)
-    found = subprocess.run([sys.executable, "-c", "import orchestrator; print(orchestrator.__file__)"], env=env,
-                           capture_output=True, text=True, check=True).stdout.strip()
-    assert Path(found).parent == ROOT / "orchestrator", f"orch would run {found}, not this checkout"
     return env
 
 
-def timed(argv: list[str], env: dict[str, str]) -> float:
+def installed_orchestrator(ws: Path, env: dict[str, str]) -> Path:
+    """The orchestrator package the installed script runs (an editable install: this checkout's)."""
+    found = subprocess.run([sys.executable, "-c", "import orchestrator; print(orchestrator.__file__)"], env=env,
+                           cwd=ws, capture_output=True, text=True, check=True).stdout.strip()
+    return Path(found).parent
+
+
+def timed(argv: list[str], env: dict[str, str], cwd: Path) -> float:
     started = time.perf_counter()
-    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
     return time.perf_counter() - started
 
 
-def import_times(env: dict[str, str]) -> list[tuple[str, float]]:
-    """Top-level imports of `orch status` by cumulative time (python -X importtime)."""
-    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "orchestrator", "status"], env=env,
+def import_times(env: dict[str, str], cwd: Path) -> list[tuple[str, float]]:
+    """Top-level imports of the installed `orch status` by cumulative time (python -X importtime)."""
+    res = subprocess.run([sys.executable, "-X", "importtime", str(ORCH), "status"], env=env, cwd=cwd,
                          capture_output=True, text=True, check=True)
     found: dict[str, float] = {}
     for line in res.stderr.splitlines():
@@ -104,10 +108,13 @@ def in_process(db: Path) -> tuple[float, float]:
     return query, time.perf_counter() - started
 
 
+FLOOR = "python -c 'import typer, rich.table'"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=100_000)
-    ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument("--repeat", type=int, default=21)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp)
@@ -115,39 +122,45 @@ def main() -> None:
         db = ws / "runs" / "orch.db"
         populate(db, args.runs)
         env = measured_env(ws)
+        package = installed_orchestrator(ws, env)
         commands = {
             "orch status": [str(ORCH), "status"],
             "orch status --json": [str(ORCH), "status", "--json"],
-            "python -c 'import typer, rich.table'": [sys.executable, "-c", "import typer, rich.table"],
+            FLOOR: [sys.executable, "-c", "import typer, rich.table"],
             f"sqlite3 (`{QUERY}`)": ["sqlite3", str(db), QUERY],
         }
         for argv in commands.values():  # warm the page cache and .pyc files
-            timed(argv, env)
+            timed(argv, env, ws)
         walls: dict[str, list[float]] = {name: [] for name in commands}
-        for _ in range(args.repeat):  # interleaved, so load on a shared machine hits every command alike
-            for name, argv in commands.items():
-                walls[name].append(timed(argv, env))
+        names = list(commands)
+        for i in range(args.repeat):  # paired: each round runs every command once, in a rotated order, so
+            for name in names[i % len(names):] + names[:i % len(names)]:  # load on a shared machine hits all alike
+                walls[name].append(timed(commands[name], env, ws))
+        # each command against the floor of its own round, then the median of those ratios
+        ratios = {name: statistics.median(w / f for w, f in zip(walls[name], walls[FLOOR])) for name in commands}
         medians = {name: statistics.median(w) for name, w in walls.items()}
-        imports = import_times(env)
+        imports = import_times(env, ws)
         query, rendering = in_process(db)
-    write_results(args, medians, imports, query, rendering)
+    write_results(args, package, medians, ratios, imports, query, rendering)
 
 
-def write_results(args: argparse.Namespace, medians: dict[str, float], imports: list[tuple[str, float]],
-                  query: float, rendering: float) -> None:
-    floor = medians["python -c 'import typer, rich.table'"]
+def write_results(args: argparse.Namespace, package: Path, medians: dict[str, float], ratios: dict[str, float],
+                  imports: list[tuple[str, float]], query: float, rendering: float) -> None:
     load = os.getloadavg()[0]
+    where = "this checkout (an editable install)" if package == ROOT / "orchestrator" else str(package)
     lines = [f"{SECTION} (bench/status_startup.py)", "",
-             (f"`orch status` with {args.runs:,} runs ({3 * args.runs:,} events, {4 * args.runs:,} metric samples): "
-              f"median of {args.repeat} interleaved runs each, output to a pipe, on this machine "
-              f"({os.cpu_count()} cores, load average {load:.1f}: shared with other jobs). Every command runs with "
-              "this checkout first on PYTHONPATH and its .pyc files written by a warm-up run."), "",
-             "| command | median wall s | vs the Typer + Rich floor |", "|---|---:|---:|"]
+             (f"`orch status` with {args.runs:,} runs ({3 * args.runs:,} events, {4 * args.runs:,} metric samples), "
+              f"as a user runs it: the installed console script (`{ORCH.name}` in the environment's bin, which "
+              f"runs {where}), no PYTHONPATH, from the workspace folder, output to a pipe, .pyc files written by "
+              f"a warm-up run. {args.repeat} rounds, each running every command once (rotated order); the ratio "
+              f"is the median of each round's ratio to the floor of the same round. This machine: "
+              f"{os.cpu_count()} cores, load average {load:.1f} (shared with other jobs)."), "",
+             "| command | median wall s | vs the Typer + Rich floor (paired) |", "|---|---:|---:|"]
     for name, wall in medians.items():
-        lines.append(f"| {name.replace('|', '/')} | {wall:.3f} | {wall / floor:.2f}x |")
+        lines.append(f"| {name.replace('|', '/')} | {wall:.3f} | {ratios[name]:.2f}x |")
     lines += ["", f"Where the time goes: the query (50 newest runs, their latest metrics, the total count) "
               f"{1000 * query:.1f} ms and the table {1000 * rendering:.1f} ms in-process; the rest is start-up. "
-              "Top-level imports (`python -X importtime`, cumulative):", ""]
+              "Top-level imports (`python -X importtime` of the installed script, cumulative):", ""]
     lines += [f"- `{name}` {1000 * s:.0f} ms" for name, s in imports]
     section = "\n".join(lines) + "\n"
     write_section(section)

@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 
 import pytest
 from nethosts import NetHosts
-from orchtest import stop_background_watchers
+from orchtest import Orch, stop_background_watchers
 from sshd import SSHFleet  # tests/ is on sys.path (rootdir-relative, no __init__.py)
 
 from orchestrator.config.hosts import Host
@@ -97,6 +97,26 @@ def ssh_fleet_restarts(ssh_fleet: SSHFleet) -> Iterator[SSHFleet]:
 def ssh_host(ssh_fleet: SSHFleet) -> Host:
     """The `Host` for server 1 of the fleet (name test1), with strict host-key checking."""
     return Host(name="test1", **ssh_fleet.host_entry(1))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The `orch` command in a workspace of the test's own (tests/orchtest.py)
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def orch_hosts(tmp_path: Path, ssh_fleet: SSHFleet) -> str:
+    """The hosts.toml of the `orch` fixture: the session fleet's test1 and test2, each with a workdir of the
+    test's own (tmp_path/remote1, tmp_path/remote2). A test module that needs other hosts overrides this
+    fixture (`return ""`: the built-in `local` host only; a Slurm cluster's table; ...)."""
+    overrides = {f"test{i}": {"workdir": str(tmp_path / f"remote{i}")} for i in (1, 2)}
+    return ssh_fleet.hosts_toml(**overrides)
+
+
+@pytest.fixture
+def orch(tmp_path: Path, orch_hosts: str) -> Orch:
+    """`orch ARGS` in a workspace of the test's own (tmp_path/ws) whose hosts.toml is `orch_hosts`."""
+    return Orch(tmp_path / "ws", orch_hosts)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ FAST = ["--set", "poll_min=0.05", "--set", "poll_max=0.3"]
 # not name, gets an interpreter of its own.
 IN_PROCESS = {"status", "inspect-log", "compare", "logs", "pull", "hosts", "gpus", "playbooks", "note", "tag",
               "rm", "gc", "patch"}
-IN_PROCESS_SUBCOMMANDS = {"sweep": {"status", "report"}, "cron": {"list"}}
+IN_PROCESS_SUBCOMMANDS = {"sweep": {"status", "report"}, "cron": {"list", "install", "remove"}}
 # In a process of their own all the same: `orch logs -f` follows the job until it ends; `orch status
 # --refresh` polls the runs, and a poll names its process as the run's watcher (alive, as long as the
 # tests run, where the command's own process would be gone)
@@ -72,16 +72,11 @@ def _replace_consoles(replacing: dict[int, Any]) -> None:
 @contextlib.contextmanager
 def _as_a_new_process(env: dict[str, str]) -> Iterator[tuple[io.TextIOWrapper, io.TextIOWrapper]]:
     """What a call in this process must find as a new interpreter would: the Orch's environment, stdout and
-    stderr of its own (bytes, as a pipe takes them), fresh consoles, and none of the process-wide state an
-    earlier call (or the test itself) left: pooled connections, agent links, Slurm queues, the retry notice,
-    the global options. All of it is put back afterwards."""
-    from orchestrator.cli.app import State
-    from orchestrator.host import agent, remote, slurm, ssh
+    stderr of its own (bytes, as a pipe takes them), fresh consoles, and a fresh session (orchestrator/host/
+    session.py: none of the connections, agent links, Slurm queues or options an earlier call, or the test
+    itself, left). All of it is put back afterwards."""
+    from orchestrator.host import session
 
-    fresh_state: list[tuple[Any, str, Any]] = [
-        (remote, "_pool", {}), (agent, "_shared", {}), (agent, "_starting", {}), (slurm, "_queues", {}),
-        (ssh, "retry_notice", None), (State, "hosts_file", None), (State, "quiet_retries", False)]
-    before = [getattr(owner, name) for owner, name, _ in fresh_state]
     saved_env, saved_streams = dict(os.environ), (sys.stdout, sys.stderr)
     # as a pipe takes them: stdout strict UTF-8, stderr with backslash escapes; written through, so text and
     # bytes written to .buffer keep their order
@@ -90,16 +85,13 @@ def _as_a_new_process(env: dict[str, str]) -> Iterator[tuple[io.TextIOWrapper, i
     os.environ.clear()
     os.environ.update(env)
     sys.stdout, sys.stderr = stdout, stderr
-    for owner, name, value in fresh_state:
-        setattr(owner, name, value)
     fresh = render.consoles()  # made now: this environment, these streams
     _replace_consoles({id(old): new for old, new in zip(IMPORTED_CONSOLES, fresh)})
     try:
-        yield stdout, stderr
+        with session.fresh():
+            yield stdout, stderr
     finally:
         _replace_consoles({id(new): old for old, new in zip(IMPORTED_CONSOLES, fresh)})
-        for (owner, name, _), value in zip(fresh_state, before):
-            setattr(owner, name, value)
         sys.stdout, sys.stderr = saved_streams
         os.environ.clear()
         os.environ.update(saved_env)
@@ -190,13 +182,16 @@ class Orch:
 
 
 def in_process(capsys: Any) -> Any:
-    """`orch ARGS` run in this process (Typer's app, no interpreter start): (exit code, stdout, stderr)."""
+    """`orch ARGS` run in this process (Typer's app, no interpreter start), each call with a session of its
+    own (orchestrator/host/session.py), as a new process would have: (exit code, stdout, stderr)."""
     from orchestrator.cli import main
+    from orchestrator.host import session
 
     def run(*args: str) -> tuple[int, str, str]:
         capsys.readouterr()
         try:
-            main(list(args))
+            with session.fresh():
+                main(list(args))
             code = 0
         except SystemExit as exc:
             code = int(exc.code or 0)

@@ -572,10 +572,9 @@ def test_exec_runs_an_argv_list_without_a_shell(link: AgentLink, tmp_path: Path)
     assert not marker.exists()
     missing = link.call("exec", argv=[str(tmp_path / "no-such-python"), "-c", "1"])
     assert missing["code"] == 127 and "No such file" in missing["stderr"]
-    started = time.monotonic()
+    # a reply only after the hour's sleep would come past the link's own 60 s wait: Unreachable, not this
     with pytest.raises(AgentError, match="no end within 0.5 s"):
-        link.call("exec", argv=["sleep", "30"], timeout_s=0.5)
-    assert time.monotonic() - started < 10
+        link.call("exec", argv=["sleep", "3600"], timeout_s=0.5)
 
 
 def test_on_the_local_host_the_agent_is_orchs_own_copy_and_nothing_is_placed(tmp_path: Path):
@@ -827,9 +826,7 @@ def test_a_log_replaced_by_a_symlink_fifo_or_device_is_refused_and_the_jobs_file
 def test_a_fifo_as_log_never_blocks_tail_chunk_or_a_read(link: AgentLink, tmp_path: Path):
     root = tmp_path / "work" / "runs" / "fifo"
     root.mkdir(parents=True)
-    os.mkfifo(root / "log")
-    started = time.monotonic()
+    os.mkfifo(root / "log")  # opened to read, it would block until a writer came: none ever does
     assert link.call("tail", path=str(root / "log"), lines=5) == {"text": "", "size": 0}
     assert link.call("chunk", path=str(root / "log"), offset=0, length=100) == {"data": b""}
     assert link.call("read", dir=str(root), offset=0)["data"] == b""
-    assert time.monotonic() - started < 5

@@ -11,15 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from orchtest import FAST, Orch
 
 ROOT = Path(__file__).parent.parent
-
-
-@pytest.fixture
-def orch(tmp_path, ssh_fleet) -> Orch:
-    return Orch(tmp_path / "ws", ssh_fleet.hosts_toml(test1={"workdir": str(tmp_path / "remote1")}))
 
 
 def test_playbooks_and_their_spec_keys(tmp_path):

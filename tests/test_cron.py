@@ -32,10 +32,10 @@ def crontab():
 
 
 @pytest.fixture
-def orch(tmp_path) -> Orch:
-    o = Orch(tmp_path / "ws")
-    (o.root / "nightly.toml").write_text(SWEEP)
-    return o
+def orch_hosts(tmp_path) -> str:
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "nightly.toml").write_text(SWEEP)  # the workspace's sweep file
+    return ""  # the built-in `local` host only
 
 
 SWEEP = ('name = "nightly"\nplaybook = "command"\nhosts = ["local"]\n'

@@ -159,7 +159,7 @@ def test_a_queued_run_starts_before_a_slow_notify_of_the_previous_run_ends(
 
     def slow_notify(ctx: runflow.Job) -> None:
         notifying.set()
-        gate.wait(20)  # a receiver that takes its time
+        gate.wait(120)  # a receiver that takes its time: until run 2 started, or two minutes
         real_notify(ctx)
         notified.set()
 
@@ -169,12 +169,9 @@ def test_a_queued_run_starts_before_a_slow_notify_of_the_previous_run_ends(
     ender = cancel_elsewhere(ws, first.run_id)
     try:
         assert notifying.wait(20), "run 1's notify step never began"
-        began = time.monotonic()
         spec = CommandSpec(cmd="true", **FAST)
         second = runflow.start(ws, store, registry.playbook("command"), spec, local_host(ws.root), queue=True)
-        waited = time.monotonic() - began
         assert not notified.is_set(), "run 2 started only after run 1's notification was sent"
-        assert waited < 10, f"run 2 waited {waited:.1f} s for the lease"
         assert second.refresh().status in (Status.RUNNING, Status.SUCCEEDED)
         done = first.refresh().end_steps
         assert done[:2] == ["log to end", "patch revert"] and "notify" in done  # claimed, under way
@@ -303,9 +300,14 @@ def test_an_end_step_whose_claimer_died_is_taken_over_by_the_next_finisher(
     _job_over(ctx)
     _claim_then_die(ws, ctx.run_id, Status.SUCCEEDED)
     assert ctx.refresh().end_steps == ["log to end"] and ctx.run_id in [h.run_id for h in lease.held(store)]
-    began = time.monotonic()
-    runflow.finish(ctx)
-    assert time.monotonic() - began < 30  # not the minutes a step under way elsewhere is waited for
+    from orchestrator.runflow import ending
+
+    def no_wait(seconds: float) -> None:
+        raise AssertionError("waited for a step under way elsewhere, whose claimer is dead")
+
+    real_wait = ending._await_steps_elsewhere
+    monkeypatch.setattr(ending, "_await_steps_elsewhere", lambda store, runs, sleep=None: real_wait(store, runs, no_wait))
+    runflow.finish(ctx)  # the dead claimer's step is taken over at once, never waited for
     assert "log to end: taken over (whoever had claimed it died before it was done)" in [
         e["message"] for e in store.events(ctx.run_id) if e["kind"] == "end step"]
     assert ctx.refresh().end_claims == {} and ctx.run.last_line == "the last line"

@@ -40,11 +40,6 @@ PROMPTS = Path(__file__).parents[1] / "playbooks" / "data" / "prompts.jsonl"
 MODEL = "/models/Llama-3.1-8B-Instruct"
 
 
-@pytest.fixture
-def orch(tmp_path, ssh_fleet) -> Orch:
-    return Orch(tmp_path / "ws", ssh_fleet.hosts_toml(test1={"workdir": str(tmp_path / "remote1")}))
-
-
 def spec_sets(**values: object) -> list[str]:
     base = {"backend": "speculators", "scripts_dir": str(SCRIPTS), "model": MODEL}
     args: list[str] = []

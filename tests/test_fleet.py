@@ -14,16 +14,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from orchtest import FAST, Orch, release, stop_background_watchers, wait_for_file
+from orchtest import FAST, release, stop_background_watchers, wait_for_file
 
 from orchestrator.host import fleet
 from orchestrator.store import Store
 
 
 @pytest.fixture
-def orch(tmp_path, ssh_fleet_restarts) -> Orch:
-    overrides = {f"test{i}": {"workdir": str(tmp_path / f"remote{i}")} for i in (1, 2)}
-    return Orch(tmp_path / "ws", ssh_fleet_restarts.hosts_toml(**overrides))
+def orch_hosts(orch_hosts, ssh_fleet_restarts) -> str:
+    """The fleet's hosts as usual; a server a test stopped is started again after it."""
+    return orch_hosts
 
 
 @contextmanager

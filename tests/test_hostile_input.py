@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -175,11 +176,15 @@ def test_a_missing_identity_file_and_a_relative_workdir_are_refused_up_front(tmp
     """Before any connection: no retries against a host that would refuse the key anyway."""
     remote = tmp_path / "remote"
     missing = tmp_path / "no-such-key"
-    orch = Orch(tmp_path / "ws", ssh_fleet.hosts_toml(test1={"workdir": str(remote), "identity_file": str(missing)}))
-    started = time.monotonic()
-    one_line(orch("run", "command", "--host", "test1", "--set", "cmd=true"), 2,
-             "hosts.test1.identity_file", str(missing))
-    assert time.monotonic() - started < 10
+    with socket.create_server(("127.0.0.1", 0)) as listener:  # stands in for the host: counts connections
+        address = {"address": "127.0.0.1", "port": listener.getsockname()[1]}
+        orch = Orch(tmp_path / "ws", ssh_fleet.hosts_toml(
+            test1={"workdir": str(remote), "identity_file": str(missing), **address}))
+        one_line(orch("run", "command", "--host", "test1", "--set", "cmd=true"), 2,
+                 "hosts.test1.identity_file", str(missing))
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):  # nobody ever connected
+            listener.accept()
     assert not remote.exists() and no_runs(orch)
     (orch.root / "hosts.toml").write_text(ssh_fleet.hosts_toml(test1={"workdir": "orch-runs"}))
     one_line(orch("run", "command", "--host", "test1", "--set", "cmd=true"), 2, "hosts.test1.workdir", "absolute")

@@ -46,12 +46,6 @@ def agents(workdir: Path) -> list[int]:
     return found
 
 
-@pytest.fixture
-def orch(tmp_path: Path, ssh_fleet) -> Orch:
-    overrides = {f"test{i}": {"workdir": str(tmp_path / f"remote{i}")} for i in (1, 2)}
-    return Orch(tmp_path / "ws", ssh_fleet.hosts_toml(**overrides))
-
-
 def detach(orch: Orch, host: str, *job: str, gpu: int = 0) -> int:
     res = orch("run", "command", "--host", host, "--detach", "--set", job_cmd(*job), "--set", f"gpus=[{gpu}]",
                *FAST, check=0)

@@ -15,8 +15,8 @@ EMULATOR = Path(__file__).parent / "fakes" / "sglang_emulator.py"
 
 
 @pytest.fixture
-def orch(tmp_path: Path) -> Orch:
-    return Orch(tmp_path / "ws")
+def orch_hosts() -> str:
+    return ""  # the built-in `local` host only
 
 
 def logical_lines(text: str) -> list[str]:

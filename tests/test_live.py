@@ -28,11 +28,6 @@ PUSHED_S = 15  # a generous bound for news the host's agent pushes (a poll comes
                # soonest); the seconds it really takes: bench/detection_lag.py
 
 
-@pytest.fixture
-def orch(tmp_path: Path, ssh_fleet) -> Orch:
-    return Orch(tmp_path / "ws", ssh_fleet.hosts_toml(test1={"workdir": str(tmp_path / "r1")}))
-
-
 def marks(path: Path) -> dict[str, float]:
     found: dict[str, float] = {}
     for line in path.read_text().splitlines() if path.exists() else []:

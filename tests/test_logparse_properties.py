@@ -4,7 +4,6 @@ and a huge single line of tqdm redraws is read in bounded memory."""
 from __future__ import annotations
 
 import json
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -176,14 +175,11 @@ def test_huge_single_line_of_redraws_in_bounded_memory(tmp_path: Path) -> None:
     assert b"\n" not in path.read_bytes()[:1 << 20]
     tracemalloc.start()
     try:
-        start = time.monotonic()
-        got = inspect_file(path)
-        elapsed = time.monotonic() - start
+        got = inspect_file(path)  # how fast: bench/inspect_log.py
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert peak < 20 * 1024 * 1024, f"peak {peak / 2**20:.1f} MiB"
-    assert elapsed < 60
     last = (count - 1) % 100_000
     assert got["phase"] == "running"
     assert got["progress"]["done"] == last

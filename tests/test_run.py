@@ -11,13 +11,6 @@ from orchtest import FAST, Orch, job_cmd
 from safetensors.torch import load_file
 
 
-@pytest.fixture
-def orch(tmp_path, ssh_fleet) -> Orch:
-    """A workspace whose hosts.toml lists the fleet (test1, test2), each with a workdir of this test."""
-    overrides = {f"test{i}": {"workdir": str(tmp_path / f"remote{i}")} for i in (1, 2)}
-    return Orch(tmp_path / "ws", ssh_fleet.hosts_toml(**overrides))
-
-
 HOSTS = ["local", "test1"]
 
 

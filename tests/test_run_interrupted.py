@@ -12,16 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from orchtest import FAST, Orch, job_cmd, kill_controller, release, wait_for_file
+from orchtest import FAST, job_cmd, kill_controller, release, wait_for_file
 
 HOSTS = ["local", "test1"]
-
-
-@pytest.fixture
-def orch(tmp_path, ssh_fleet) -> Orch:
-    """A workspace whose hosts.toml lists the fleet (test1, test2), each with a workdir of this test."""
-    overrides = {f"test{i}": {"workdir": str(tmp_path / f"remote{i}")} for i in (1, 2)}
-    return Orch(tmp_path / "ws", ssh_fleet.hosts_toml(**overrides))
 
 
 def test_detach_then_watch_logs_and_cancel(orch, tmp_path):

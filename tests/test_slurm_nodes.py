@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from orchtest import Orch
 from slurmcluster import SlurmCluster, missing, running
 
 from orchestrator.host import slurm
@@ -29,13 +28,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
 
 
 @pytest.fixture
-def orch(tmp_path: Path, cluster: SlurmCluster) -> Iterator[Orch]:
+def orch_hosts(tmp_path: Path, cluster: SlurmCluster) -> Iterator[str]:
     shared = tmp_path / "shared"
-    o = Orch(tmp_path / "ws", f"[hosts.cluster]\nscheduler = \"slurm\"\ngpus = 2\n"
-                              f"workdir = {json.dumps(str(shared))}\npython = {json.dumps(sys.executable)}\n"
-                              "poll_min = 0.3\npoll_max = 1\n")
-    yield o
-    cluster.cancel_all()
+    yield (f"[hosts.cluster]\nscheduler = \"slurm\"\ngpus = 2\n"
+           f"workdir = {json.dumps(str(shared))}\npython = {json.dumps(sys.executable)}\npoll_min = 0.3\npoll_max = 1\n")
+    cluster.cancel_all()  # nothing of one test is left holding the node's GPUs for the next
 
 
 def next_job_id(cluster: SlurmCluster) -> int:

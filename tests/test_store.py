@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from sqlite_utils import Database
+from sqlite_utils.migrations import Migrations
 
 from orchestrator.errors import NotFound, TransitionError
 from orchestrator.store import Store, migrations
@@ -61,6 +62,7 @@ def test_a_new_file_has_every_migration_pending(tmp_path):
     conn = sqlite3.connect(tmp_path / "orch.db")
     assert migrations.pending(conn) == migrations.names()
     assert migrations.names() == [m.name for m in migrations.MIGRATIONS.pending(Database(conn))]
+    assert migrations.MIGRATIONS.migrations_table == Migrations.migrations_table  # the table it reads is theirs
 
 
 def test_a_removed_runs_id_is_never_given_again(tmp_path):

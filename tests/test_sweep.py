@@ -22,12 +22,6 @@ from orchestrator.store import Store, lease
 FAST_SPEC = "poll_min = 0.05\npoll_max = 0.3\n"
 
 
-@pytest.fixture
-def orch(tmp_path, ssh_fleet) -> Orch:
-    overrides = {f"test{i}": {"workdir": str(tmp_path / f"remote{i}")} for i in (1, 2)}
-    return Orch(tmp_path / "ws", ssh_fleet.hosts_toml(**overrides))
-
-
 def job(*args: str) -> str:
     """The test job's command line as a TOML string."""
     return json.dumps(job_cmd(*args).removeprefix("cmd="))

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from orchtest import FAST, Orch
+from orchtest import FAST
 from sshd import free_port
 
 from orchestrator.config.hosts import Host
@@ -21,11 +21,6 @@ from playbooks.train_draft import TrainDraftSpec, hidden_states_dir, target_laye
 SCRIPTS = Path(__file__).parent / "fakes" / "speculators_emulator" / "scripts"
 PROMPTS = Path(__file__).parents[1] / "playbooks" / "data" / "prompts.jsonl"
 MODEL = "/models/Llama-3.1-8B-Instruct"
-
-
-@pytest.fixture
-def orch(tmp_path, ssh_fleet) -> Orch:
-    return Orch(tmp_path / "ws", ssh_fleet.hosts_toml(test1={"workdir": str(tmp_path / "remote1")}))
 
 
 def sets(**values: object) -> list[str]:

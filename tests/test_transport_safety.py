@@ -83,6 +83,7 @@ def test_open_file_reads_only_a_plain_file_never_through_a_symlink(transport: Tr
 def test_a_large_put_is_metered(transport: Transport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import contextlib
 
+    from orchestrator.host import session
     from orchestrator.host import transport as transport_module
 
     told: list[tuple[str, int, list[int]]] = []
@@ -92,7 +93,7 @@ def test_a_large_put_is_metered(transport: Transport, tmp_path: Path, monkeypatc
         told.append((what, total, []))
         yield told[-1][2].append
 
-    monkeypatch.setattr(transport_module, "transfer_meter", meter)
+    monkeypatch.setattr(session.current(), "transfer_meter", meter)
     transport.put(b"small", str(tmp_path / "small"))
     data = os.urandom(transport_module.LARGE_UPLOAD + 12345)
     transport.put(data, str(tmp_path / "big"))
@@ -104,7 +105,7 @@ def test_a_large_put_is_metered(transport: Transport, tmp_path: Path, monkeypatc
 
 DRIVER = textwrap.dedent("""
     import socket, sys
-    from orchestrator.host import ssh
+    from orchestrator.host import session
     from orchestrator.config.hosts import Host
     from orchestrator.host.remote import connect
 
@@ -118,7 +119,7 @@ DRIVER = textwrap.dedent("""
             relay.sendall(b"release")
             relay.close()
 
-    ssh.retry_notice = notice
+    session.current().retry_notice = notice
     host = Host(name="busy", address=address, port=int(port), user=user, identity_file=key, known_hosts=known,
                 workdir="/tmp")
     print(connect(host).run("echo reached").stdout, end="")

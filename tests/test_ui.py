@@ -74,8 +74,8 @@ class Dashboard:
 
 
 @pytest.fixture
-def orch(tmp_path: Path) -> Orch:
-    return Orch(tmp_path / "ws")
+def orch_hosts() -> str:
+    return ""  # the built-in `local` host only
 
 
 @pytest.fixture
@@ -207,9 +207,17 @@ def test_a_silent_host_holds_up_neither_its_page_nor_the_others(orch: Orch, dash
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)
     held: list[socket.socket] = []
-    threading.Thread(target=lambda: held.extend(iter(lambda: silent.accept()[0], None)), daemon=True).start()
+
+    def hold() -> None:  # every connection accepted and kept open, never a word said
+        while True:
+            try:
+                held.append(silent.accept()[0])
+            except OSError:
+                return  # the listener closed
+
+    threading.Thread(target=hold, daemon=True).start()
     (orch.root / "hosts.toml").write_text(
-        f'[hosts.mute]\naddress = "127.0.0.1"\nport = {silent.getsockname()[1]}\nconnect_timeout = 30\n')
+        f'[hosts.mute]\naddress = "127.0.0.1"\nport = {silent.getsockname()[1]}\nconnect_timeout = 3600\n')
     store = Store(orch.db)
     run_id = store.create_run("command", "mute", {"cmd": "sleep 1000"})
     for to in (Status.PREPARING, Status.LAUNCHING, Status.RUNNING):
@@ -217,20 +225,17 @@ def test_a_silent_host_holds_up_neither_its_page_nor_the_others(orch: Orch, dash
     store.update_run(run_id, pid=123, pid_start="1", remote_dir="/tmp/nowhere", last_line="the last line seen",
                      heartbeat=time.time(), watcher="elsewhere:1:1")
     ui = serve(dashboards, orch)
-    # Held up, each request would wait out the host's 30 s connect_timeout; 20 s leaves a loaded machine
-    # room. How quickly they answer is measured by bench/ui.py.
-    t0 = time.monotonic()
+    # Held up, each request would wait out the host's hour-long connect_timeout, far past the 30 s the
+    # test's client waits for an answer. How quickly they answer is measured by bench/ui.py.
     tail = ui.get(f"/api/runs/{run_id}/log")
-    assert time.monotonic() - t0 < 20 and tail["pending"] and tail["text"] == "the last line seen"
+    assert tail["pending"] and tail["text"] == "the last line seen"
     for _ in range(3):  # the same run again: no second fetch piles up behind the first, nor blocks anyone
-        t0 = time.monotonic()
         assert ui.get(f"/api/runs/{run_id}/log")["pending"]
         ui.get("/api/runs")
-        assert time.monotonic() - t0 < 20
-    t0 = time.monotonic()
     ui.get("/api/runs?q=sleep")
-    assert time.monotonic() - t0 < 20
     silent.close()
+    for conn in held:  # the fetches under way end (the host hung up), and the dashboard with them
+        conn.close()
 
 
 # --- safe by default ----------------------------------------------------------------------------

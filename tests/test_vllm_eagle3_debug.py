@@ -89,6 +89,8 @@ def test_the_eagle3_loop_on_vllm_with_the_debug_set(tmp_path: Path, tiny_models:
     assert first["output_throughput"] > 0 and second["output_throughput"] > 0
     compared = json.loads(orch("compare", "--previous", "--json", check=0).stdout)
     assert compared["runs"] == [2, 4], compared  # the benchmark against the one before it
+    changed = [d["key"] for d in compared["differences"]]  # the servers' receipts name the key that changed
+    assert any(k.startswith("server.receipt.") and k.endswith("num_speculative_tokens") for k in changed), changed
     assert compared["metrics"]["accept_rate"]["values"] == [first["accept_rate"], second["accept_rate"]]
     assert digests(site, files) == real and digests(engine_site(), files) == real  # the engine env never changed
     assert processes_of(tmp_path, str(python)) == [] and processes_of(tmp_path, "VLLM::") == []

@@ -34,12 +34,17 @@ def models(tiny_models: dict[str, Path]) -> dict[str, str]:
 
 
 @pytest.fixture
-def orch(tmp_path: Path) -> Iterator[Orch]:
-    o = Orch(tmp_path / "ws")  # the built-in `local` host only
-    yield o
-    for run in o.status():  # a failing test leaves no server behind
+def orch_hosts() -> str:
+    return ""  # the built-in `local` host only
+
+
+@pytest.fixture(autouse=True)
+def no_server_left(orch: Orch) -> Iterator[None]:
+    """A failing test leaves no server behind."""
+    yield
+    for run in orch.status():
         if run["status"] in ("running", "launching", "preparing"):
-            o("stop", str(run["id"]), "--grace", "10")
+            orch("stop", str(run["id"]), "--grace", "10")
 
 
 def serve(orch: Orch, models: dict[str, str], *sets: str, until_ready: bool = True, kv: str | None = KV

@@ -13,9 +13,9 @@ from orchtest import FAST, Orch, job_cmd
 from orchestrator.config.hosts import local_host
 from orchestrator.host import launch
 from orchestrator.host.launch import HostExecutor
-from orchestrator.host.polling import PollWait, WatchOptions
+from orchestrator.host.polling import PollWait
 from orchestrator.host.remote import LocalTransport
-from orchestrator.runflow.watch import Watcher
+from orchestrator.runflow.watch import WatchOptions, Watcher
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status

@@ -8,7 +8,8 @@ import typer
 
 from ..config.workspace import owner_only
 from ..errors import OrchError
-from .app import State, app
+from ..host import session
+from .app import app
 from .render import err
 
 
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     """
     command = typer.main.get_command(app)
     args = sys.argv[1:] if argv is None else argv
-    State.quiet_retries = "--json" in args
+    session.current().quiet_retries = "--json" in args
     for n, arg in enumerate(args, 1):  # names, notes, specs and paths are kept as UTF-8 text
         try:
             arg.encode()

@@ -16,6 +16,7 @@ from typer.main import get_command_from_info, get_command_name, get_group_from_i
 
 from ..config.workspace import Workspace
 from ..errors import UsageError
+from ..host import session
 from ..store import Store
 from .render import err
 
@@ -135,11 +136,6 @@ TyperOption.process_value = _parsed_when_needed(TyperOption.process_value)  # ty
 TyperArgument.process_value = _parsed_when_needed(TyperArgument.process_value)  # type: ignore[method-assign]
 
 
-class State:
-    hosts_file: Path | None = None
-    quiet_retries = False  # --json: stderr carries no retry lines (stdout is the document)
-
-
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import version
@@ -152,11 +148,11 @@ def _version(value: bool) -> None:
 def _global(hosts: Path | None = typer.Option(None, "--hosts", help="inventory file (default hosts.toml)"),
             _: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                    help="print orch's version and exit")) -> None:
-    State.hosts_file = hosts
+    session.current().hosts_file = hosts
 
 
 def workspace() -> Workspace:
-    return Workspace.find(State.hosts_file)
+    return Workspace.find(session.current().hosts_file)
 
 
 def open_store(ws: Workspace) -> Store:
@@ -179,15 +175,14 @@ def no_runs_note(ws: Workspace) -> None:
 
 def inventory(ws: Workspace) -> Inventory:
     from ..config.hosts import Inventory
-    from ..host import ssh
 
-    if not State.quiet_retries:  # every command that reaches a host comes through here
-        ssh.retry_notice = lambda line: err.print(f"orch: {line}")
+    held = session.current()
+    if not held.quiet_retries:  # every command that reaches a host comes through here
+        held.retry_notice = lambda line: err.print(f"orch: {line}")
         if err.is_terminal:  # a person watching: transfers show a bar (a pipe or a log file gets none)
-            from ..host import transport
             from .render import transfer_bar
 
-            transport.transfer_meter = transfer_bar
+            held.transfer_meter = transfer_bar
     return Inventory.load(ws.hosts_file, ws.root)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -28,6 +28,20 @@ RUN_EXAMPLES = """Examples:
 """
 
 
+# The options `run` and `rerun` share: one definition each. (A list default is Typer's to copy: each call
+# gets a list of its own.)
+Sets = Annotated[list[str], typer.Option("--set", metavar="KEY=VALUE", help="a spec key (value read as a TOML literal)")]
+Detach = Annotated[bool, typer.Option("--detach", help="return right after a good launch")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="list what a start would send to the host; do nothing")]
+UntilReady = Annotated[bool, typer.Option("--until-ready", help="return once the job is ready")]
+Queue = Annotated[bool, typer.Option("--queue", help="wait while the host (or GPU set) is busy")]
+Replace = Annotated[bool, typer.Option("--replace", help="stop the orch runs holding the hosts (or GPU set) first")]
+AsJson = Annotated[bool, typer.Option("--json", help="the end-of-run summary (or the launch, the dry run) as JSON")]
+Name = Annotated[str | None, typer.Option("--name", metavar="NAME", help="a name for the run, shown by status")]
+Tags = Annotated[list[str], typer.Option("--tag", metavar="TAG", help="a tag on the run (repeatable)")]
+Note = Annotated[str | None, typer.Option("--note", metavar="TEXT", help="a note on the run")]
+
+
 @app.command(cls=RunCommand, epilog=RUN_EXAMPLES)
 def run(
     playbook: str = typer.Argument(..., metavar="PLAYBOOK", help="see `orch playbooks`"),
@@ -35,16 +49,9 @@ def run(
                                    help="once per node for a run across hosts (the first is the head); @TAG: "
                                         "`nodes` hosts with that tag"),
     file: Path | None = typer.Option(None, "--file", "-f", metavar="SPEC.toml", help="spec TOML"),
-    sets: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="a spec key (value read as a TOML literal)"),
-    detach: bool = typer.Option(False, "--detach", help="return right after a good launch"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="list what a start would send to the host; do nothing"),
-    until_ready: bool = typer.Option(False, "--until-ready", help="return once the job is ready"),
-    queue: bool = typer.Option(False, "--queue", help="wait while the host (or GPU set) is busy"),
-    replace: bool = typer.Option(False, "--replace", help="stop the orch runs holding the hosts (or GPU set) first"),
-    as_json: bool = typer.Option(False, "--json", help="the end-of-run summary (or the launch, the dry run) as JSON"),
-    name: str | None = typer.Option(None, "--name", metavar="NAME", help="a name for the run, shown by status"),
-    tags: list[str] = typer.Option([], "--tag", metavar="TAG", help="a tag on the run (repeatable)"),
-    note: str | None = typer.Option(None, "--note", metavar="TEXT", help="a note on the run"),
+    sets: Sets = [], detach: Detach = False, dry_run: DryRun = False, until_ready: UntilReady = False,  # noqa: B006
+    queue: Queue = False, replace: Replace = False, as_json: AsJson = False, name: Name = None, tags: Tags = [],  # noqa: B006
+    note: Note = None,
 ) -> None:
     """Run a playbook on a host and watch it to the end."""
     from ..config import spec as specmod
@@ -59,16 +66,9 @@ def run(
 def rerun(
     run_id: str = typer.Argument(..., metavar="ID"),
     host: list[str] = typer.Option([], "--host", "-H", metavar="HOST", help="default: the run's host(s)"),
-    sets: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="change a spec key"),
-    detach: bool = typer.Option(False, "--detach", help="return right after a good launch"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="list what a start would send to the host; do nothing"),
-    until_ready: bool = typer.Option(False, "--until-ready", help="return once the job is ready"),
-    queue: bool = typer.Option(False, "--queue", help="wait while the host (or GPU set) is busy"),
-    replace: bool = typer.Option(False, "--replace", help="stop the orch runs holding the hosts (or GPU set) first"),
-    as_json: bool = typer.Option(False, "--json", help="the end-of-run summary (or the launch, the dry run) as JSON"),
-    name: str | None = typer.Option(None, "--name", metavar="NAME", help="a name for the run, shown by status"),
-    tags: list[str] = typer.Option([], "--tag", metavar="TAG", help="a tag on the run (repeatable)"),
-    note: str | None = typer.Option(None, "--note", metavar="TEXT", help="a note on the run"),
+    sets: Sets = [], detach: Detach = False, dry_run: DryRun = False, until_ready: UntilReady = False,  # noqa: B006
+    queue: Queue = False, replace: Replace = False, as_json: AsJson = False, name: Name = None, tags: Tags = [],  # noqa: B006
+    note: Note = None,
 ) -> None:
     """Run a run's playbook again with its spec, changed by --set."""
     from ..config import spec as specmod

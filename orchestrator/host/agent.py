@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HostError, RemoteError, Unreachable
-from . import hostprogram
+from . import hostprogram, session
 from .remote import LocalTransport, Transport, quote
 from .transport import Stream
 
@@ -260,8 +260,6 @@ class AgentLink:
         self._stream.close()
 
 
-_shared: dict[int, tuple[Transport, AgentLink]] = {}
-_starting: dict[int, threading.Lock] = {}  # one start at a time per host; hosts start in parallel
 _shared_lock = threading.Lock()
 
 
@@ -269,16 +267,17 @@ def shared(transport: Transport) -> AgentLink:
     """The one link of requests to the host's agent for this process (one-shot commands, GPU snapshots,
     health checks): started at its first request, closed once idle. A host whose python cannot run the
     agent raises a one-line HostError."""
+    held_now = session.current()  # one start at a time per host; hosts start in parallel
     with _shared_lock:
-        starting = _starting.setdefault(id(transport), threading.Lock())
+        starting = held_now.agent_starts.setdefault(id(transport), threading.Lock())
     with starting:
-        held = _shared.get(id(transport))
+        held = held_now.agent_links.get(id(transport))
         if held is not None and held[0] is transport and held[1].alive:
             held[1].used = time.monotonic()  # handed out: not closed as idle before its request
             return held[1]
         link = AgentLink.start(transport, idle_close_s=IDLE_CLOSE_S)
         with _shared_lock:
-            _shared[id(transport)] = (transport, link)
+            held_now.agent_links[id(transport)] = (transport, link)
         return link
 
 

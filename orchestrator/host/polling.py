@@ -3,18 +3,11 @@ every other pace derived from them (a cluster's queue query, a followed log, a w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import tenacity
 
 from ..config.hosts import Host
-from ..store.record import KILL_GRACE_S
-from .health import HealthCheck
-
-if TYPE_CHECKING:
-    from ..store.runtables import RunTables
 
 LIVE_HOLD_S = 2.0  # the longest a poll holds while a person watches
 BUSY_WAIT_MAX_S = 5.0  # a start waiting for a busy host asks again at least this often
@@ -62,23 +55,6 @@ def follow_log_s(host: Host) -> float:
 def busy_wait_s(poll_min: float) -> float:
     """How long a start queued behind a busy host waits before asking again."""
     return min(poll_min, BUSY_WAIT_MAX_S)
-
-
-@dataclass
-class WatchOptions:
-    poll_min: float
-    poll_max: float
-    until_ready: bool = False
-    ready_pattern: str | None = None
-    engine: str | None = None
-    stall_factor: float = 5.0
-    on_stall: str = "warn"  # warn | kill | dump
-    kill_grace_s: float = KILL_GRACE_S
-    health: HealthCheck | None = None  # a server's endpoint, asked while it is ready; see health.py
-    give_up_s: float | None = None  # a host silent for this long: the run ends lost
-    tables: Sequence[RunTables] = ()  # plugins' tables: their readers read the log, the rows go to them
-    max_failed_fraction: float = 0.0  # a benchmark's requests that may fail before the run does (a share)
-    benchmark: bool = False  # a benchmark: no request completed makes its numbers invalid
 
 
 class PollWait(tenacity.wait.wait_base):

@@ -6,28 +6,30 @@ from __future__ import annotations
 import threading
 
 from ..config.hosts import Host
+from . import session
 from .ssh import SSHTransport, ssh_retry
 from .transport import DEFAULT_TIMEOUT_S, LocalTransport, Result, Transport, env_exports, quote
 
-_pool: dict[str, Transport] = {}
 _pool_lock = threading.Lock()
 
 
 def connect(host: Host) -> Transport:
     """The one transport per host for this process."""
+    pool = session.current().transports
     with _pool_lock:
-        transport = _pool.get(host.name)
+        transport = pool.get(host.name)
         if transport is None or transport.host != host:
             transport = LocalTransport(host) if host.on_this_machine else SSHTransport(host)
-            _pool[host.name] = transport
+            pool[host.name] = transport
         return transport
 
 
 def close_all() -> None:
+    pool = session.current().transports
     with _pool_lock:
-        for transport in _pool.values():
+        for transport in pool.values():
             transport.close()
-        _pool.clear()
+        pool.clear()
 
 
 def probe(host: Host, timeout: float = 10) -> str:

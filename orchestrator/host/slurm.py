@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 from ..config.hosts import Host
 from ..errors import OrchError, Unreachable
 from ..store.record import JobRef
-from . import agent
+from . import agent, session
 from .agent import AgentError
 from .launch import HostExecutor, JobState, RunPaths
 from .polling import queue_query_s
@@ -261,16 +261,16 @@ class Queue:
         return parse_sacct(agent.call(self.transport, "sacct", ids=wanted)["jobs"])
 
 
-_queues: dict[str, Queue] = {}
 _queues_lock = threading.Lock()
 
 
 def queue_for(transport: Transport) -> Queue:
     """The one queue of a cluster in this process."""
+    queues = session.current().queues
     with _queues_lock:
-        q = _queues.get(transport.host.name)
+        q = queues.get(transport.host.name)
         if q is None or q.transport.host != transport.host:
-            q = _queues[transport.host.name] = Queue(transport, queue_query_s(transport.host))
+            q = queues[transport.host.name] = Queue(transport, queue_query_s(transport.host))
         return q
 
 

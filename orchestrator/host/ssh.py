@@ -26,6 +26,7 @@ import tenacity
 
 from ..config.hosts import Host
 from ..errors import AuthFailed, HostKeyError, RemoteError, Unreachable
+from . import session
 from .transport import DEFAULT_TIMEOUT_S, RemoteFile, Result, Stream, Transport, write_pieces
 
 KEEPALIVE_S = 15  # SSH keepalives, so an idle connection through NAT stays up
@@ -128,12 +129,10 @@ def _is_transient(exc: BaseException) -> bool:
 
 
 ATTEMPTS = 4
-# Told of each retry in words (what failed, attempt N of M, the wait); the CLI points it at stderr, except
-# under --json. None: retries are silent (a background watcher, the library in tests).
-retry_notice: Callable[[str], None] | None = None
 
 
 def _tell_retry(state: tenacity.RetryCallState, attempts: int) -> None:
+    retry_notice = session.current().retry_notice  # see session.py
     if retry_notice is None or state.outcome is None:
         return
     wait = state.next_action.sleep if state.next_action else 0

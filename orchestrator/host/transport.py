@@ -18,21 +18,18 @@ from typing import Any, Self
 from ..config.hosts import Host
 from ..config.workspace import user_umask
 from ..errors import RemoteError
+from . import session
 
 quote = shlex.quote
 
 DEFAULT_TIMEOUT_S = 120.0  # a call given no timeout of its own: a host that stops answering never hangs orch
 LARGE_UPLOAD = 8 << 20  # an upload this big is shown as it goes; a smaller one is over in a blink
 
-Meter = Callable[[str, int], AbstractContextManager[Callable[[int], object]]]
-# Shows a transfer as it goes: given what it is and its size in bytes, a context whose value is told the
-# byte count of each piece moved. The CLI sets one on a terminal; None: transfers are silent (--json, a
-# pipe, a watcher, the library in tests).
-transfer_meter: Meter | None = None
 
 
 def metered(what: str, total: int) -> AbstractContextManager[Callable[[int], object]]:
-    """The context that counts a transfer's bytes: `transfer_meter`'s, or one that shows nothing."""
+    """The context that counts a transfer's bytes: the session's `transfer_meter`, or one that shows nothing."""
+    transfer_meter = session.current().transfer_meter
     if transfer_meter is None:
         return contextlib.nullcontext(_unseen)
     return transfer_meter(what, total)

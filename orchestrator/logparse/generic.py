@@ -6,7 +6,6 @@ import re
 
 from .errors import Rule
 
-NAME = "generic"
 TRANSFORMERS = "transformers"
 
 # Transformers' shard bar, a warning from inside the library, or its Trainer's log dicts.

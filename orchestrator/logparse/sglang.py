@@ -20,7 +20,6 @@ import re
 from .errors import Rule, rule
 from .formats import NUM, Format, Screen, line, metrics_of, phase_of
 
-NAME = "sglang"
 KNOWN = ("0.4.10", "0.5.23")  # the versions whose sources these tables were taken from
 
 # What only SGLang prints (its '[time TPn]' prefix is recognised where lines are cleaned); its capture bars

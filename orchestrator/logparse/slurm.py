@@ -10,8 +10,6 @@ import re
 
 from .errors import Rule, rule
 
-NAME = "slurm"
-
 DETECT = re.compile(r"^(?:slurmstepd|srun|salloc|sbatch)(?:-[\w.-]+)?: ")
 
 RULES: list[Rule] = [

@@ -15,8 +15,6 @@ from . import vllm
 from .errors import Rule, rule
 from .protocol import as_printed
 
-NAME = "speculators"
-
 DETECT = re.compile(
     r"speculators|Generating hidden states|Data generation complete!|EAGLE Offline Data Generation"
     r"|data_generation_offline|hidden_states_generator|Training epoch \d+/\d+ started"

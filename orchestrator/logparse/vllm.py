@@ -16,7 +16,6 @@ import re
 from .errors import Rule, rule
 from .formats import Format, line, metrics_of, phase_of
 
-NAME = "vllm"
 KNOWN = ("0.6", "0.33")  # the versions whose sources these tables were taken from
 
 # Its process prefixes and its logging layout (old and new) are recognised where lines are cleaned.

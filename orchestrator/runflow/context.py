@@ -17,13 +17,14 @@ from ..host import agent
 from ..host.executor import Executor, executor_for
 from ..host.hostlease import run_paths
 from ..host.launch import RunPaths
-from ..host.polling import WatchOptions, follow_log_s, poll_bounds
+from ..host.polling import follow_log_s, poll_bounds
 from ..host.remote import DEFAULT_TIMEOUT_S, Result, Transport, connect, quote
 from ..playbook import Entry, JobContext, Playbook, Usage
 from ..store import Store, runtables
 from ..store.lease import BEFORE_RELEASE
 from ..store.record import Run
 from . import registry
+from .watch import WatchOptions
 from .watching import WatchLock
 
 LOG_TAIL_LINES = 200

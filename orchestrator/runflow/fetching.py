@@ -4,7 +4,6 @@ host's SFTP session, or plain files on this machine), a shell there."""
 from __future__ import annotations
 
 import os
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,7 +131,3 @@ def ssh_command(host: Host, remote_dir: str, command: str | None = None) -> list
     argv += ["--", f"{host.user}@{address}" if host.user else address]  # `--`: an address is never an option
     argv.append(f"cd {quote(remote_dir)} && " + (command if command else "exec $SHELL -l"))
     return argv
-
-
-def shell_line(argv: list[str]) -> str:
-    return shlex.join(argv)

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tenacity
 
 from ..errors import DatabaseUnavailable, RemoteError, TransitionError, Unreachable
 from ..host import health, launch, stall
 from ..host.executor import Executor
-from ..host.health import SERVING_PHASES, HealthWatch
+from ..host.health import SERVING_PHASES, HealthCheck, HealthWatch
 from ..host.launch import RunPaths, describe_exit
-from ..host.polling import PollWait, WatchOptions
+from ..host.polling import PollWait
 from ..logparse import LogParser, Metric, assumption, stamp_time
 from ..logparse.errors import describe as _error_text
 from ..logparse.text import last_line
@@ -30,7 +30,10 @@ from ..logparse.wake import WAKE
 from ..store import Store, history
 from ..store.controller import Controller
 from ..store.lifecycle import transition
-from ..store.record import JobRef, Run, Status
+from ..store.record import KILL_GRACE_S, JobRef, Run, Status
+
+if TYPE_CHECKING:
+    from ..store.runtables import RunTables
 
 FATAL_GRACE_S = 0.5  # after a fatal line, how long a living process has to exit by itself
 MAX_CHUNK = 4 << 20  # bytes read per poll; a longer backlog is read by immediate re-polls
@@ -40,6 +43,25 @@ CLOCK_SLACK_S = 300.0  # how far a log line's own time may lie outside the run a
 
 class _Conflict(Exception):
     """Another watcher recorded this run's log first."""
+
+
+@dataclass
+class WatchOptions:
+    """How a run is watched: its poll bounds, what its log says when it is ready or stalled, what is done then."""
+
+    poll_min: float
+    poll_max: float
+    until_ready: bool = False
+    ready_pattern: str | None = None
+    engine: str | None = None
+    stall_factor: float = 5.0
+    on_stall: str = "warn"  # warn | kill | dump
+    kill_grace_s: float = KILL_GRACE_S
+    health: HealthCheck | None = None  # a server's endpoint, asked while it is ready; see host/health.py
+    give_up_s: float | None = None  # a host silent for this long: the run ends lost
+    tables: Sequence[RunTables] = ()  # plugins' tables: their readers read the log, the rows go to them
+    max_failed_fraction: float = 0.0  # a benchmark's requests that may fail before the run does (a share)
+    benchmark: bool = False  # a benchmark: no request completed makes its numbers invalid
 
 
 @dataclass

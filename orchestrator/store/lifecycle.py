@@ -1,4 +1,5 @@
-"""The run state machine, in one place: statuses, allowed transitions, and `transition()`."""
+"""A run's change of status: `transition()` checks it against the allowed moves (`record.ALLOWED`, beside
+the statuses) and writes it, with its fields and its event, in one transaction."""
 
 from __future__ import annotations
 

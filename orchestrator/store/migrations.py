@@ -1,54 +1,70 @@
-"""Named schema migrations, applied in order on every open (never edit one that has shipped): one
-sqlite-utils `Migrations` set, `MIGRATIONS`, which records each applied name in `_sqlite_migrations`.
+"""Named schema migrations, applied in order on every open (never edit one that has shipped): one set,
+`MIGRATIONS`, applied through sqlite-utils' `Migrations`, which records each applied name in
+`_sqlite_migrations`.
 
-An up-to-date database opens without the rest of sqlite-utils: its package imports all of it (numpy too,
-where installed), a quarter of a second that `orch status` would pay on every start, while its migrations
-module needs only the standard library. So that module is loaded alone, and `pending` reads the applied
-names with one query; sqlite-utils itself is imported only to apply a migration.
+An up-to-date database opens without sqlite-utils: its package imports all of it (numpy too, where
+installed), a quarter of a second that `orch status` would pay on every start. So the set is held here,
+`pending` reads the applied names with one query, and sqlite-utils is imported only to apply a migration.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import sqlite3
-import sys
 from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sqlite_utils import Database
     from sqlite_utils.migrations import Migrations
 
+Step = Callable[["Database"], None]
 
-def _migrations_class() -> type[Migrations]:
-    """sqlite-utils' `Migrations`, from its own module, without importing the package around it."""
-    if "sqlite_utils.migrations" in sys.modules:  # sqlite-utils is loaded already: nothing to save
-        return sys.modules["sqlite_utils.migrations"].Migrations  # type: ignore[no-any-return]
-    name = f"{__name__}._sqlite_utils_migrations"
-    try:
-        package = importlib.util.find_spec("sqlite_utils")  # finds it without running its __init__
-        assert package is not None and package.submodule_search_locations
-        spec = importlib.util.spec_from_file_location(
-            name, Path(package.submodule_search_locations[0]) / "migrations.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # its dataclasses look their module up there
-        spec.loader.exec_module(module)
-        return module.Migrations  # type: ignore[no-any-return]
-    except Exception:  # noqa: BLE001 - a sqlite-utils whose module needs the package: import it whole
-        sys.modules.pop(name, None)
+
+class MigrationSet:
+    """Migrations by name, in the order they were declared (`@MIGRATIONS(name=...)` on a function); applied
+    as one sqlite-utils `Migrations` set of the same name."""
+
+    migrations_table = "_sqlite_migrations"  # sqlite-utils' bookkeeping table (tests/test_store.py holds it so)
+
+    def __init__(self, name: str, steps: Iterable[tuple[str, Step]] = ()):
+        self.name = name
+        self.steps: list[tuple[str, Step]] = list(steps)
+
+    def __call__(self, *, name: str) -> Callable[[Step], Step]:
+        def register(fn: Step) -> Step:
+            if name in self.names():
+                raise ValueError(f"migration {name!r} is already in set {self.name!r}")
+            self.steps.append((name, fn))
+            return fn
+
+        return register
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.steps]
+
+    def migrations(self) -> Migrations:
+        """The set as sqlite-utils applies it."""
         from sqlite_utils.migrations import Migrations
 
-        return Migrations
+        made = Migrations(self.name)
+        for name, fn in self.steps:
+            made(name=name)(fn)
+        return made
+
+    def apply(self, db: Database, stop_before: str | None = None) -> None:
+        self.migrations().apply(db, stop_before=stop_before)
+
+    def pending(self, db: Database) -> list[Any]:
+        """sqlite-utils' own answer (each with a `name`): what `pending` below reads without it."""
+        return self.migrations().pending(db)
 
 
-MIGRATIONS = _migrations_class()("orch")
+MIGRATIONS = MigrationSet("orch")
 
 
 def names() -> list[str]:
-    """Every migration of the set, in order (sqlite-utils offers them only as `pending` on a database)."""
-    return [m.name for m in MIGRATIONS._migrations]
+    """Every migration of the set, in order."""
+    return MIGRATIONS.names()
 
 
 def pending(conn: sqlite3.Connection) -> list[str]:
@@ -65,14 +81,9 @@ def pending(conn: sqlite3.Connection) -> list[str]:
     return [name for name in names() if name not in applied]
 
 
-def apply_set(db: Database, name: str, registered: Iterable[tuple[str, Callable[[Database], None]]]) -> None:
+def apply_set(db: Database, name: str, registered: Iterable[tuple[str, Step]]) -> None:
     """Apply a plugin's migration set (see store/runtables.py): orch's own way, under the set's name."""
-    from sqlite_utils.migrations import Migrations
-
-    migrations = Migrations(name)
-    for step, fn in registered:
-        migrations(name=step)(fn)
-    migrations.apply(db)
+    MigrationSet(name, registered).apply(db)
 
 
 @MIGRATIONS(name="m001_runs_events_metrics")
@@ -347,7 +358,6 @@ def m017(db: Database) -> None:
 def _mask_stored_secrets(db: Database) -> None:
     """Each stored spec's `env` masked by today's rule (secret_env.masked_values)."""
     import json
-    from typing import Any
 
     from ..secret_env import masked_values
 

@@ -67,9 +67,3 @@ def line(name: str, s: Mapping[str, Any]) -> str:
     """One metric's summary as people read it: `name = last  (mean …, p50 … of n samples)`."""
     return f"{name} = {s['last']:g}  (mean {s['mean']:.4g}, p50 {s['p50']:.4g} of {s['steady_samples']} samples)"
 
-
-def short(s: Mapping[str, Any] | None) -> str:
-    """A summary in a table cell: `last (p50 …)`."""
-    if not s:
-        return "-"
-    return f"{s['last']:g} (p50 {s['p50']:.4g})"

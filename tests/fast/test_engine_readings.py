@@ -13,11 +13,10 @@ from recording import Clock, FakeExecutor, new_run
 from orchestrator.config.hosts import Host, local_host
 from orchestrator.host import stall
 from orchestrator.host.launch import JobState
-from orchestrator.host.polling import WatchOptions
 from orchestrator.logparse import LogParser, assumption, inspect_file
 from orchestrator.runflow.context import failed_bound
 from orchestrator.runflow.outcome import logged_url
-from orchestrator.runflow.watch import Watcher
+from orchestrator.runflow.watch import WatchOptions, Watcher
 from orchestrator.store import Store, summaries
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status

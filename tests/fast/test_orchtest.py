@@ -12,26 +12,27 @@ import pytest
 from orchtest import IMPORTED_CONSOLES, Orch, runs_in_process
 
 from orchestrator.cli import render
-from orchestrator.host import remote
+from orchestrator.host import session
 
 
 def test_which_commands_run_in_process() -> None:
     assert runs_in_process(("status", "--json")) and runs_in_process(("--hosts", "h.toml", "logs", "3"))
     assert runs_in_process(("sweep", "status")) and runs_in_process(("cron", "list"))
+    assert runs_in_process(("cron", "install", "s.toml")) and runs_in_process(("cron", "remove", "1"))
     for args in (("run", "command"), ("watch", "1"), ("logs", "3", "-f"), ("status", "--refresh"), ("cancel", "1"),
-                 ("sweep", "run", "s.toml"), ("cron", "install", "s.toml"), ("ssh", "1"), ("ui",), ("--version",), ()):
+                 ("sweep", "run", "s.toml"), ("cron", "fire", "1", "s.toml"), ("ssh", "1"), ("ui",), ("--version",), ()):
         assert not runs_in_process(args), args
 
 
 def test_a_call_has_the_orchs_environment_and_gives_this_process_its_own_back(tmp_path: Path) -> None:
     a, b = Orch(tmp_path / "a"), Orch(tmp_path / "b")
-    before, streams, pool = dict(os.environ), (sys.stdout, sys.stderr), remote._pool
+    before, streams, held = dict(os.environ), (sys.stdout, sys.stderr), session.current()
     a.env["NO_SUCH_VARIABLE_HERE"] = "1"
     res = a("status", "--json")
     assert res.returncode == 0 and json.loads(res.stdout) == []
     assert str(tmp_path / "a") in res.stderr  # "no runs here": the workspace is a's ORCH_HOME
     assert str(tmp_path / "b") in b("status").stderr
-    assert dict(os.environ) == before and (sys.stdout, sys.stderr) == streams and remote._pool is pool
+    assert dict(os.environ) == before and (sys.stdout, sys.stderr) == streams and session.current() is held
 
 
 def test_bad_input_is_exit_2_and_one_line_on_stderr(tmp_path: Path) -> None:

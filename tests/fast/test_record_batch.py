@@ -15,10 +15,9 @@ from orchestrator.config.workspace import Workspace
 from orchestrator.errors import DatabaseUnavailable
 from orchestrator.host.agent import Push
 from orchestrator.host.launch import JobState
-from orchestrator.host.polling import WatchOptions
 from orchestrator.host.ssh import SSHTransport
 from orchestrator.runflow.hostwatch import BEAT_WRITE_S, SYNC_S, HostWatcher
-from orchestrator.runflow.watch import Watcher
+from orchestrator.runflow.watch import WatchOptions, Watcher
 from orchestrator.runflow.watching import WatchLock
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition

@@ -16,8 +16,7 @@ from recording import FakeExecutor
 
 from orchestrator.config.workspace import Workspace
 from orchestrator.host.launch import JobState, pushed_state
-from orchestrator.host.polling import WatchOptions
-from orchestrator.runflow.watch import Watcher
+from orchestrator.runflow.watch import WatchOptions, Watcher
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status

@@ -1,7 +1,7 @@
 """Host leases and run dirs in a workdir that several workspaces (or Unix users) may share, on the host.
 
-Runs with the host's python (3.8 or newer, standard library only): one JSON request on stdin (or that
-JSON in base64), one JSON reply on stdout, exit code 0 whenever a reply was written. Each action is a
+Runs with the host's python (3.8 or newer, standard library only): one JSON request on stdin,
+one JSON reply on stdout, exit code 0 whenever a reply was written. Each action is a
 function of its own (`take`, `held`, `release`, `owner`, `remove`), so a longer-lived host program can
 call them directly.
 
@@ -18,7 +18,6 @@ dir holds its run's token in
 `.orch/token` (or, from an older layout, `token`).
 """
 
-import base64
 import errno
 import fcntl
 import json
@@ -537,10 +536,7 @@ def handle(request):
 
 def main():
     try:
-        raw = sys.stdin.read().strip()
-        if not raw.startswith("{"):
-            raw = base64.b64decode(raw).decode("utf-8")
-        reply = handle(json.loads(raw))
+        reply = handle(json.loads(sys.stdin.read()))
     except Refusal as exc:
         reply = {"ok": False, "error": exc.as_dict()}
     except (ValueError, KeyError, TypeError, OSError) as exc:

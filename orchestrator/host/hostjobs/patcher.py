@@ -4,7 +4,7 @@ Runs with the host's python (3.8 or newer, standard library only). Reads one JSO
 and writes one JSON reply on stdout; the exit code is 0 whenever a reply was written, including a
 refusal (`ok: false`), so the caller always gets a reason it can show.
 
-Request (JSON, as orch's agent feeds it; or that JSON in base64, as an older orch sent it): {action:
+Request (JSON, as orch's agent feeds it): {action:
 check|apply|revert|status, set_name, set_hash, package, distribution, versions, strip, files: {relpath: diff},
 force, state_dir, run_id, within?}. `within`: the package must be found below this folder (a run's
 own copy) or nothing is done. `relpath` is the file's path below the
@@ -18,7 +18,6 @@ sha256 before/after) and pristine copies of every file under `pristine/<relpath>
 restores the original bytes whatever the diff says.
 """
 
-import base64
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -550,10 +549,7 @@ def handle(request):
 
 def main():
     try:
-        raw = sys.stdin.read().strip()
-        if not raw.startswith("{"):
-            raw = base64.b64decode(raw).decode("utf-8")  # an older orch's heredoc form
-        request = json.loads(raw)
+        request = json.loads(sys.stdin.read())
         reply = handle(request)
     except PatchFailure as exc:
         reply = {"ok": False, "error": exc.as_dict()}
