@@ -394,25 +394,40 @@ gpus = [[0], [1]]
 
 
 def test_sweep_watch_follows_each_point_to_the_end(orch):
-    """A detached sweep on a real sshd host, followed from the record by `orch sweep watch`."""
+    """A detached sweep on a real sshd host, followed from the record by `orch sweep watch`: each point's job
+    holds after its steps until the watch has shown it running, so no point ends between two of its looks."""
+    gate = orch.root / "gate"
     path = write_sweep(orch, f"""
 name = "followed"
 playbook = "command"
 hosts = ["test1"]
 objective = {{ metric = "score", goal = "max" }}
 [spec]
-cmd = "for i in $(seq 1 10); do echo step $i; sleep 0.3; done; echo orch-metric score=$N"
+cmd = "for i in $(seq 1 3); do echo step $i; done; until [ -e {gate}-$N ]; do sleep 0.05; done; echo orch-metric score=$N"
 {FAST_SPEC}
 [matrix]
 "env.N" = ["1", "2"]
 """)
     sweep_id = orch("sweep", "run", "--detach", str(path), check=0).stdout.strip()
-    res = orch("sweep", "watch", sweep_id, timeout=120)
-    assert res.returncode == 0, res.stderr
-    lines = [line.split(" ", 1)[1] for line in res.stderr.splitlines() if line[:1].isdigit()]  # after HH:MM:SS
+    watch = orch.spawn("sweep", "watch", sweep_id)
+    said = []
+    try:
+        for index, n in enumerate("12"):
+            while not any(line.startswith(f"#{index} env.N={n} on test1: ") and " (running) · step " in line
+                          for line in said):  # its phase and last line
+                line = watch.stderr.readline() if watch.stderr else ""
+                assert line, "".join(said)
+                said.append(line.split(" ", 1)[1] if line[:1].isdigit() else line)  # after HH:MM:SS
+            release(Path(f"{gate}-{n}"))
+        _, rest = watch.communicate(timeout=120)
+    finally:
+        watch.kill()
+    assert watch.returncode == 0, "".join(said) + rest
+    stderr = "".join(said) + rest
+    lines = [line.split(" ", 1)[1] if line[:1].isdigit() else line for line in rest.splitlines()]
+    lines = [line.rstrip("\n") for line in said] + lines
     for index, n in enumerate("12"):
         mine = [line for line in lines if line.startswith(f"#{index} env.N={n} on test1: ")]
-        assert any(" (running) · step " in line for line in mine), res.stderr  # its phase and last line
-        assert mine[-1].endswith(f"succeeded, run {index + 1}, score={n}"), res.stderr
-    assert lines[-1] == f"sweep {sweep_id} (followed): succeeded"
-    assert res.stderr.splitlines()[-1] == "best: #1 env.N=2 (run 2): score=2 (higher is better)"
+        assert mine[-1].endswith(f"succeeded, run {index + 1}, score={n}"), stderr
+    assert f"sweep {sweep_id} (followed): succeeded" in lines, stderr
+    assert stderr.splitlines()[-1] == "best: #1 env.N=2 (run 2): score=2 (higher is better)"
