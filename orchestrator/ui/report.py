@@ -13,20 +13,11 @@ from ..config.objective import Objective, best, lower_is_better, of_doc
 from ..errors import UsageError
 from ..store import Store, noise, receipts
 from ..store import sweeps as stored_sweeps
+from ..store.receipts import flatten  # a spec's nested tables as dotted keys, as a receipt's
 from ..store.record import Run, Status
 from ..store.summaries import judged
 
 RATIO_DIGITS = 4
-
-
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested spec tables as dotted keys (`env.NCCL_DEBUG`), so one changed variable is one row."""
-    if isinstance(value, dict) and (value or not prefix):
-        flat: dict[str, Any] = {}
-        for key, item in value.items():
-            flat.update(flatten(item, f"{prefix}{key}."))
-        return flat
-    return {prefix[:-1]: value}
 
 
 def ratio(value: float | None, base: float | None) -> float | None:

@@ -21,9 +21,9 @@ from ..config import metricinfo
 from ..errors import UsageError
 from ..store import Store
 from ..store.encoding import json_safe
+from ..store.receipts import flatten
 from ..store.record import Run, Status
 from ..store.shapes import run_document, shown_status
-from .report import flatten
 
 EXPERIMENT = "orch"
 RUN_TAG = "orch.run_id"
