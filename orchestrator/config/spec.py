@@ -94,13 +94,6 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def text_value(text: str) -> str:
-    """A `--set` value for a text field: a quoted TOML string is its text (`cmd="echo hi"` is `echo hi`),
-    anything else the raw text (`cmd=true` is "true")."""
-    value = parse_value(text)
-    return value if isinstance(value, str) and text.strip()[:1] in ('"', "'") else text
-
-
 def _wants_text(spec_cls: type[BaseModel] | None, path: list[str]) -> bool:
     """Whether a field only takes strings, so `--set cmd=true` means the text "true", not a boolean."""
     if spec_cls is None or path[0] not in spec_cls.model_fields:
@@ -125,7 +118,7 @@ def merge_sets(values: dict[str, Any], sets: list[str], spec_cls: type[BaseModel
             child = table.get(part)
             table[part] = child = dict(child) if isinstance(child, dict) else {}
             table = child
-        table[leaf] = text_value(raw) if _wants_text(spec_cls, [*parents, leaf]) else parse_value(raw)
+        table[leaf] = raw if _wants_text(spec_cls, [*parents, leaf]) else parse_value(raw)
     return merged
 
 
