@@ -77,12 +77,14 @@ def test_runs_on_one_host_share_one_watcher_and_one_agent(orch: Orch, tmp_path: 
 
 COUNT = """
 import pathlib, sys, time
-n, marker = int(sys.argv[1]), sys.argv[2]
+n, marker, go = int(sys.argv[1]), sys.argv[2], pathlib.Path(sys.argv[3])
 print("Loading safetensors checkpoint shards: 100% Completed | 2/2 [00:02<00:00]", flush=True)
 for i in range(n):
     print(f"orch-metric n={i}", flush=True)
-    if i == n // 2:
+    if i == n // 2:  # halfway: held until the test has killed the watcher, however slow the machine
         pathlib.Path(marker).touch()
+        while not go.exists():
+            time.sleep(0.01)
     time.sleep(0.002)
 """
 
@@ -95,14 +97,15 @@ def test_a_killed_host_watcher_is_restarted_by_status_and_no_event_is_lost_or_do
     script = tmp_path / "count.py"
     script.write_text(COUNT)
     n = 1500
-    markers = [tmp_path / f"half{i}" for i in (0, 1)]
+    markers, go = [tmp_path / f"half{i}" for i in (0, 1)], tmp_path / "go"
     ids = [int(orch("run", "command", "--host", "test1", "--detach", "--set",
-                    f"cmd={sys.executable} {script} {n} {marker}", "--set", f"gpus=[{i}]", *FAST,
+                    f"cmd={sys.executable} {script} {n} {marker} {go}", "--set", f"gpus=[{i}]", *FAST,
                     check=0).stdout) for i, marker in enumerate(markers)]
     wait_for_file(markers[0])
     orch.wait_for(ids[0], lambda d: "n" in d["metrics"])  # the host's watcher is up and recording
     [watcher] = processes(private_home, WATCHER)
     os.kill(watcher, signal.SIGKILL)
+    release(go)
     before = {run_id: orch.status(run_id)["events"] for run_id in ids}
     time.sleep(1.0)
     orch("status", check=0)  # finds the runs unwatched and starts their host's watcher again

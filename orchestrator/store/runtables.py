@@ -37,7 +37,7 @@ TAKEN = frozenset((
     "ended_at", "ended_at_iso", "predicted_ready_at", "predicted_ready_at_iso", "unreachable_since",
     "unreachable_since_iso", "duration_s", "spec", "end_steps", "events", "url",
     "point", "last_line", "heartbeat", "progress_at", "watcher", "timeline", "spec_keys", "patches", "outputs",
-    "reproduce", "parent_id", "node_rank", "hosts", "nodes", "headlines",
+    "reproduce", "parent_id", "node_rank", "hosts", "nodes", "headlines", "receipt", "invalid",
 ))
 
 Migration = Callable[["Database"], None]

@@ -11,7 +11,7 @@ from recording import FakeExecutor, new_run
 
 from orchestrator.cli import render
 from orchestrator.host.launch import JobState
-from orchestrator.host.polling import WatchOptions
+from orchestrator.runflow.watch import WatchOptions
 from orchestrator.logparse import LogParser
 from orchestrator.logparse.protocol import protocol_progress
 from orchestrator.logparse.tqdm import paced
