@@ -50,10 +50,10 @@ def test_every_error_rule_has_a_transcript(table: str, index: int) -> None:
 
 def test_screens_let_every_match_through() -> None:
     """The cheap first tests in front of the big alternations never hide a line the patterns match."""
-    from orchestrator.logparse import parser, trainers
+    from orchestrator.logparse import errorfinder, parser, trainers
 
-    screens = [(r.pattern, parser._ANY_RULE) for rules in RULES.values() for r in rules]
-    screens += [(r.pattern, parser._ANY_LEVEL) for rules in RULES.values() for r in rules if r.any_level]
+    screens = [(r.pattern, errorfinder._ANY_RULE) for rules in RULES.values() for r in rules]
+    screens += [(r.pattern, errorfinder._ANY_LEVEL) for rules in RULES.values() for r in rules if r.any_level]
     screens += [(sglang.DETECT.pattern, sglang.DETECT), (trainers.DONE, parser._DONE)]
     for pattern, screen in screens:
         for text in LINES:

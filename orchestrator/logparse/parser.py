@@ -5,29 +5,19 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any
 
 from . import bench, generic, sglang, slurm, speculators, trainers, vllm
+from .errorfinder import CONTEXT_BEFORE, CONTEXT_LINE_CHARS, ErrorFinder
 from .errors import (
-    CHAIN_CHARS,
-    CHAIN_MAX,
-    COMMON_RULES,
-    CUT_MESSAGE,
-    HARMLESS,
-    RANK,
     LogError,
-    classify,
-    exception_kind,
-    exception_line,
-    merge,
 )
 from .formats import Screen, release
-from .hints import hint_of
-from .protocol import PROGRESS, PROTOCOL, protocol_metrics, protocol_progress
-from .text import Line, LineSplitter, RichUnwrapper, clean, stamp_seconds
+from .protocol import PROGRESS, protocol_progress
+from .readings import Metric, Readings, RowReader
+from .text import Line, LineSplitter, RichUnwrapper, clean
 from .tqdm import (
     Progress,
     has_total,
@@ -38,21 +28,11 @@ from .tqdm import (
     run_by_shapes,
     search_bar,
 )
-from .traceback import HEADER_START, Cut, ExceptionEnd, TracebackTracker
+from .traceback import TracebackTracker
 
 PHASES = ("starting", "loading", "capturing", "ready", "running", "finished", "failed")
 
 STATE_VERSION = 3
-CONTEXT_BEFORE = 20  # lines kept before an error: enough for the end of a traceback
-CONTEXT_AFTER = 5
-CONTEXT_LINE_CHARS = 500
-MESSAGE_CHARS = 2000
-MORE_LINES = 4  # lines after an error that may hold its reasons (pydantic's)
-# Errors whose reasons follow on their own indented lines: pydantic's '1 validation error for ModelConfig'.
-_REASONS_FOLLOW = re.compile(r"ValidationError: \d+ validation errors? for ")
-_FIELD = re.compile(r"^[A-Za-z_][\w.\[\]]{0,200}$")  # the field a pydantic reason is about
-# A tentative error this many lines old is unrelated to a new one.
-STALE_LINES = 200
 _MAX_BAR_PREFIX = 1000  # a longer label is no tqdm desc worth remembering
 
 # Most specific first: an engine may only be replaced by one earlier in this list.
@@ -71,33 +51,15 @@ _MODULES: dict[str | None, ModuleType] = {
     "generic": generic,
     "slurm": generic,
 }
-# Markers are distinctive enough to be looked for whatever the engine.
-_RULES = COMMON_RULES + sglang.RULES + vllm.RULES + speculators.RULES + slurm.RULES
-# Every rule's pattern holds one of these words (case aside): a test checks it on every rule's transcripts.
-_ANY_RULE = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES)), (
-    "memory", "cuda error", "cuda driver", "cudaerror", "cublas", "cudnn", "illegal", "assert", "kill",
-    "exit", "sig", "nccl", "backend", "watchdog", "childfailed", "fatal", "segmentation", "dumped", "terminate",
-    "max seq len", "stored in kv cache", "kv cache is needed", "derived max_model_len", "hunk", "patch",
-    "exception", "scheduler", "crashed", "warmup", "fail", "encountered", "dead", "died", "externally held",
-    "aborting", "cancelled", "srun", "slurmstepd"))
-# Markers that count whatever level they are logged at (or that come from programs that print no level).
-_ANY_LEVEL = Screen(re.compile("|".join(f"(?:{r.pattern.pattern})" for r in _RULES if r.any_level)),
-                    ("cancelled", "srun", "slurmstepd", "engine core exited", "hunk", "patch", "exit",
-                     "kill", "death signal", "got signal"))
 # A stop was asked for (SIGTERM, SIGINT): the server's own word, or uvicorn's in front of it. What breaks while
 # it shuts down (an engine's output handler finding its engine gone) is how it stopped, not why.
 _SHUTDOWN = (vllm.SHUTDOWN, sglang.SHUTDOWN, generic.SHUTDOWN)
 _MAX_RICH = 64  # processes whose Rich records (and result blocks) are followed at once
 _MAX_GLUED = 8  # lines read out of one physical line after the bars glued in front of them
-_LAST_NUMBER = re.compile(r"-?[\d.]+(?:[eE][-+]?\d*)?\s*$")
 # Engines whose own words outweigh the line layout of another.
 _OVER_LAYOUT = ("speculators", "sglang", "vllm")
-_METRIC_SOURCES = (sglang.metrics, vllm.metrics)
 # Engines that load one model's shards with one bar: a second shard bar in the same load is a draft's.
 _ONE_LOAD_BAR = ("vllm", "speculators")
-_HEALTHY_METRICS = {"gen_throughput", "train/loss", "loss", "step"}
-_QUIET_LEVELS = {"DEBUG", "INFO", "WARNING"}
-_LOUD_LEVELS = {"ERROR", "CRITICAL"}
 # A server that answers: uvicorn's start lines, or an access-log line with a success status. A server that
 # is alive: an access-log line of any status but a server error's (one whose status a pane clipped off too).
 _SERVING = re.compile(r"Application startup complete\.|Uvicorn running on|HTTP/[\d.]+\" 2\d\d\b")
@@ -130,31 +92,7 @@ def assumption(engine: str | None, version: str | None) -> str | None:
     return None
 
 
-class RowReader(Protocol):
-    """A plugin's reading of its own lines (store/runtables.LineReader is one): each line, cleaned as the parser
-    reads it, that holds `marker` is handed to `read`; a row it returns goes to the table `table`, with the
-    line's number."""
-
-    @property
-    def table(self) -> str: ...
-
-    @property
-    def marker(self) -> str: ...
-
-    @property
-    def read(self) -> Callable[[str], dict[str, Any] | None]: ...
-
-
-@dataclass
-class Metric:
-    name: str
-    value: float
-    line: int
-    stamp: str | None = None  # the line's own time as printed, when it shows one (see text.stamp_time)
-    repeat: int | None = None  # a benchmark result row: which result block (repeat) of the log, from 1
-
-
-class LogParser:
+class LogParser(ErrorFinder, Readings):
     """Follows one log as it grows. Feed it bytes in any chunks; the state depends only on the bytes."""
 
     def __init__(self, engine: str | None = None, ready_pattern: str | None = None,
@@ -239,23 +177,6 @@ class LogParser:
         if self.engine is None:
             self.engine = "generic"
         return found
-
-    def _last_word(self) -> None:
-        """At the end of the log: a tentative error that nothing healthy followed ended the run.
-
-        Fatal or survivable is decided by what follows an error. Healthy work after it (a bar that moves on,
-        decode statistics, answered requests, the ready line, metrics) shows it was survived and clears it.
-        When the log ends first, a traceback cut short, an exception line or an engine's warning of trouble is
-        how the run ended: the process exited, or the other ranks stopped with it. A complete traceback that
-        something caught (its outermost frame is no top level) is survived unless the log says more.
-        """
-        err = self.error
-        if err is None or err.fatal or self._caught or self.phase == "finished" or self._stopping:
-            return  # (a stop was asked for after it: the server was stopped, whatever it had survived)
-        if self.lines - err.line > STALE_LINES:
-            return
-        err.fatal = True
-        self._set_phase("failed")
 
     # ---- one line -------------------------------------------------------------------------------
 
@@ -488,97 +409,6 @@ class LogParser:
         if version is not None:
             self.engine_version, self._release = version, release(version)
 
-    def _group_stopped(self) -> None:
-        """The API server was signalled: a stop of the whole process group, whose engine core may have gone
-        a moment before it (the client's 'engine core exited unexpectedly' then): no kill, a stop."""
-        err = self.error
-        if err is None or err.kind != "killed" or vllm.CORE_EXITED not in err.message:
-            return
-        self.error, self._error_after, self._caught = None, 0, False
-        if self.phase == "failed":
-            self.phase, self._failed_in = self._failed_in or "running", None
-
-    def _target_load(self, line: Line) -> bool:
-        """Whether a vLLM 'Loading weights took' line is the target model's: the first of its process since
-        its load began. A draft's (EAGLE-3, MTP) or the hidden-states extractor's follows it, and its bar is
-        not the run's progress."""
-        if line.source in self._loaded:
-            return False
-        self._loaded.append(line.source)
-        del self._loaded[:-_MAX_RICH]
-        return True
-
-    def take_rows(self) -> list[tuple[str, dict[str, Any]]]:
-        """The plugins' rows read since the last call, as (table, row), in the log's order."""
-        taken, self.rows = self.rows, []
-        return taken
-
-    def _postfix(self, m: re.Match[str], line: Line) -> list[Metric]:
-        """A bar's postfix metrics (Lightning's 'loss=2.61, v_num=0'); of a run of redraws taken at once,
-        the last redraw's."""
-        found: list[Metric] = []
-        for name, value in trainers.postfix_metrics(m.group("postfix")):
-            self._sample(name, value, line, found)
-        return found
-
-    def _metrics(self, line: Line, found: list[Metric]) -> None:
-        text = line.text
-        if self._cut_line:
-            text = _LAST_NUMBER.sub("", text)  # '... acc=0.61' may have been '0.612' before the cut
-        for source in _METRIC_SOURCES:
-            for name, value in (sglang.metrics(text, self._release) if source is sglang.metrics else source(text)):
-                if name == "load_weight_s" and vllm.LOAD_END.search(text) and not self._target_load(line):
-                    continue  # a draft's load, after the target's
-                self._sample(name, value, line, found)
-                if name in _HEALTHY_METRICS:
-                    self._healthy()
-        # a line that states its metrics in orch's own words is read by those words only: its prefix
-        # ('step 3 orch-metric loss=1.5') must not give the same samples a second time
-        trained = [] if protocol_metrics(text) else (
-            speculators.train_metrics(text) or trainers.dict_metrics(text)
-            or trainers.step_metrics(text) or trainers.summary_metrics(text))
-        for name, value in trained:
-            self._sample(name, value, line, found)
-        if trained:
-            self._healthy()  # a trainer that reports its steps is alive
-            if self.phase in ("starting", "loading"):
-                self._set_phase("running")
-        if line.source in self._bench:
-            for name, value in bench.row(text):
-                self._sample(name, value, line, found, self.blocks)
-                if name in ("completed", "failed"):
-                    self.requests = self.requests or [0.0, 0.0]
-                    self.requests[name == "failed"] += value
-        result = bench.result_line(text)
-        if result is not None:
-            for name, value in result[0]:
-                self._sample(name, value, line, found)
-            self._healthy()  # the tool measured: it is alive
-            self._set_phase(result[1])
-        mark = sglang.load_mark(text)
-        if mark is not None:
-            self._load_time(mark, line, found)
-        if PROTOCOL in text:
-            samples = protocol_metrics(text)
-            for name, value in samples:
-                self._sample(name, value, line, found)
-            if samples:
-                self._healthy()  # the job is alive and reporting
-
-    def _load_time(self, mark: str, line: Line, found: list[Metric]) -> None:
-        """A weight load's length from the times of its begin and end lines (SGLang before 0.5.23)."""
-        if mark == "begin":
-            self._load_begin = line.stamp
-            return
-        begin, end = stamp_seconds(self._load_begin), stamp_seconds(line.stamp)
-        self._load_begin = None
-        if begin is not None and end is not None:
-            self._sample("load_weight_s", (end - begin) % 86400, line, found)
-
-    def _sample(self, name: str, value: float, line: Line, found: list[Metric], repeat: int | None = None) -> None:
-        self.metrics[name] = value
-        found.append(Metric(name, value, self.lines, line.stamp, repeat))
-
     def _phase_of(self, line: Line) -> None:
         text = line.text
         phase = _MODULES.get(self.engine, generic).line_phase(text, self.phase)
@@ -616,114 +446,6 @@ class LogParser:
                 self._detect_name(tool)
             self._bench[source] += 1
         return None
-
-    def _feed_traceback(self, line: Line) -> str | ExceptionEnd | Cut | None:
-        event = self._tracebacks.feed(line.source, line.text, line.level in ("DEBUG", "WARNING"))
-        if isinstance(event, Cut):
-            self._cut(event, line)
-            return None
-        return event
-
-    def _cut(self, cut: Cut, line: Line) -> None:
-        """A traceback that stopped before its exception line: still an exception, its class unknown unless a
-        frame's `raise` named it. Tentative: what follows decides."""
-        if cut.quiet:
-            return
-        kind = exception_kind(cut.exception) if cut.exception else "python_exception"
-        line_no = max(1, self.lines - 1) if line.raw else self.lines
-        self._raise(LogError(kind, cut.exception, CUT_MESSAGE, line_no,
-                             self._context(line.raw) if line.raw else list(self._recent), False,
-                             source=cut.source), cut.chained, True)
-        if self.error is not None and (self.error.line == line_no or cut.chained) and not self.error.fatal:
-            # Its outermost frame shows something caught it, and the log went on: survived unless the log
-            # says more, as a complete caught traceback is. One the log ends in is how the run ended (also
-            # when the line that cut it is the log's last, itself cut: a partial line is no work going on).
-            self._caught = cut.top is False and bool(line.raw) and not self._cut_line
-            if self._caught and self._answered_during:
-                self._healthy()  # a request was answered while it was written: the server went on
-        self._answered_during = False
-
-    def _find_error(self, line: Line) -> None:
-        text = line.text
-        event = self._feed_traceback(line)
-        if event == "frame":
-            return  # source lines quoted in a traceback are code, not messages
-        if event == "chain":
-            if self.error is None:
-                self._orphan_root()
-            return
-        if isinstance(event, ExceptionEnd):
-            self._answered_during = False
-            if line.level in ("DEBUG", "WARNING"):
-                return  # a traceback logged as a warning: something was tried and given up on
-            self._exception(line, event.exception, event.message, event.chained, event.top is True,
-                            caught=event.top is False)
-            return
-        quiet = line.level in _QUIET_LEVELS
-        if quiet and _ANY_LEVEL.search(text):
-            quiet = False  # a marker that counts at any level
-        if quiet or HARMLESS.search(text):
-            return
-        if line.level in _LOUD_LEVELS and event is None:
-            found = exception_line(text, bare=True)
-            if found is not None:  # 'ValueError: ...' logged at ERROR level without a traceback
-                self._exception(line, found[0], found[1], False, False)
-                return
-        if not _ANY_RULE.search(text):
-            return
-        rules = classify(text, _RULES)
-        if rules is not None:
-            kind, fatal, cause = rules
-            exception = None
-            message = text.strip()
-            if event == "start":
-                message = message.split(HEADER_START)[0].rstrip(" :")
-            else:
-                shown = exception_line(text, bare=True)
-                if shown is not None:  # an exception line of a traceback cut before its header
-                    exception, message = shown
-                    kind = max(kind, exception_kind(exception), key=RANK.__getitem__)
-            self._raise(LogError(kind, exception, message[:MESSAGE_CHARS], self.lines, self._context(line.raw),
-                                 fatal, source=line.source), False, cause)
-
-    def _exception(self, line: Line, exception: str, message: str, chained: bool, top: bool,
-                   caught: bool = False) -> None:
-        # An exception line the log ends in without its line end: the log was cut there, as inside a traceback.
-        caught = caught and not self._cut_line
-        err = self.error
-        if err is not None and err.kind == "killed" and err.exception is None and vllm.DEAD.search(exception):
-            entry = f"{exception}: {message}"[:CHAIN_CHARS]
-            if entry not in err.chain and len(err.chain) < CHAIN_MAX:
-                err.chain.append(entry)  # the engine core was killed: every user of it raises this after
-            return
-        kind = exception_kind(exception)
-        fatal = top  # nothing caught it: the interpreter exits
-        cause = True
-        rules = classify(f"{exception}: {message}", _RULES)
-        if rules is not None:
-            kind = max(kind, rules[0], key=RANK.__getitem__)
-            fatal = fatal or rules[1]
-        before = self.error
-        self._raise(LogError(kind, exception, message[:MESSAGE_CHARS], self.lines, self._context(line.raw), fatal,
-                             source=line.source), chained, cause)
-        # Whether it was caught is the last word of a chain: what the chain's last traceback shows.
-        if self.error is not before and self.error is not None and (self.error.line == self.lines or chained):
-            self._caught = caught and not fatal
-
-    def _orphan_root(self) -> None:
-        """'The above exception ...' whose traceback the log does not hold: its exception line may be there."""
-        back = 0
-        for raw in reversed(self._recent):
-            back += 1
-            text = clean(raw).text
-            if not text.strip() or text[0] in " \t":
-                continue  # blank, or the rest of a message that spans lines
-            found = exception_line(text)  # the line just before the chain's words ends a traceback
-            if found is not None:
-                self._exception(Line(text, raw, "", None), found[0], found[1], False, False)
-                if self.error is not None:
-                    self.error.line = max(1, self.lines - back)
-            return
 
     # ---- state changes --------------------------------------------------------------------------
 
@@ -781,14 +503,6 @@ class LogParser:
             prefix = m.string[:m.start()]
             self._bar = [prefix, has_total(m), self.engine, phase, _plain_prefix(prefix, has_total(m))]
 
-    def _healthy(self) -> None:
-        """Work goes on after a traceback: it did not kill the job."""
-        if self.error is not None and not self.error.fatal:
-            self.error = None
-            self._error_after = 0
-            self._error_progress = None
-            self._caught = False
-
     def _set_phase(self, phase: str) -> None:
         if self.phase == "failed" or (self.phase == "finished" and phase != "failed"):
             return
@@ -797,57 +511,6 @@ class LogParser:
         if phase == "failed":
             self._failed_in = self.phase
         self.phase = phase
-
-    def _raise(self, new: LogError, chained: bool, cause: bool) -> None:
-        if self._stopping:
-            return  # a stop was asked for: what fails as the server shuts down is how it stopped
-        cur = self.error
-        phase = self._failed_in if self.phase == "failed" else self.phase
-        # A tentative error long before is unrelated to a new cause; a bare 'Killed' still ends it.
-        if cur is not None and not cur.fatal and new.line - cur.line > STALE_LINES and cause:
-            cur = None
-        if cur is None:
-            err = new
-        else:
-            shown = classify(cur.message, _RULES) if cur.exception is None else None
-            err = merge(cur, new, chained, cause, shown is None or shown[2], self._caught)
-        if err != cur:
-            if cur is None or err.line != cur.line:
-                self._error_after = CONTEXT_AFTER
-                self._caught = False  # a new root cause: whether it was caught is its own (set by callers)
-            self.error = err
-            last = self._last_bar()
-            self._error_progress = [last.label, last.done] if last else None
-            err.hint = hint_of(err, phase, self.cpu)
-            self._more = MORE_LINES if _REASONS_FOLLOW.search(f"{err.exception}: {err.message}") else 0
-        if err.fatal:
-            self._set_phase("failed")
-
-    def _context(self, raw: str) -> list[str]:
-        return [*self._recent, raw[:CONTEXT_LINE_CHARS]]
-
-    def _reason(self, line: Line) -> None:
-        """A pydantic ValidationError says why on the lines after it (a field's name, then '  Value error,
-        ...', then a link): the reasons join its message."""
-        err = self.error
-        if err is None or err.line == self.lines:
-            return
-        text = line.text.strip()
-        indented = line.text[:1].isspace()
-        if not text or not (indented or _FIELD.match(text)):
-            self._more = 0  # the reasons are over
-            return
-        self._more -= 1
-        if not text.startswith("For further information"):
-            err.message = f"{err.message}: {text}"[:MESSAGE_CHARS]
-            err.hint = hint_of(err, self._failed_in if self.phase == "failed" else self.phase, self.cpu)
-
-    def _remember(self, raw: str) -> None:
-        raw = raw[:CONTEXT_LINE_CHARS]
-        if self._error_after > 0 and self.error is not None and self.error.line != self.lines:
-            self.error.context.append(raw)
-            self._error_after -= 1
-        self._recent.append(raw)
 
     # ---- persistence ----------------------------------------------------------------------------
 

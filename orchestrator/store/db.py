@@ -7,7 +7,6 @@ belongs together happens in one `BEGIN IMMEDIATE` transaction.
 from __future__ import annotations
 
 import functools
-import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DatabaseUnavailable, NotFound, UsageError
 from . import migrations
+from .connection import BUSY_TIMEOUT_S, busy, create_owner_only, unusable, use_wal
 from .controller import Controller
 from .encoding import decoded, dump_json, load_json, real_in, real_out
 from .record import ACTIVE, JSON_FIELDS, STOPPED_REASONS, Run, Status
@@ -30,44 +30,6 @@ if TYPE_CHECKING:
 # What a statement can raise past the store's own errors (a damaged file, a failed constraint): callers
 # that must carry on whatever the database did catch this rather than sqlite3's class by name.
 StoreError = sqlite3.Error
-
-BUSY_TIMEOUT_S = 60.0  # how long a write waits for another process's transaction
-
-
-def _busy(exc: BaseException) -> bool:
-    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
-
-
-def _unavailable(exc: sqlite3.OperationalError) -> bool:
-    """Locked, read-only, not openable, full: the database's state, not a bug in a statement."""
-    text = str(exc).lower()
-    return _busy(exc) or any(w in text for w in ("readonly", "read-only", "unable to open", "disk i/o", "is full"))
-
-
-def _use_wal(conn: sqlite3.Connection) -> None:
-    """Switch a database to WAL once. Two processes creating it at once can meet SQLITE_BUSY here,
-    which the busy timeout does not cover, so the switch is retried briefly (a read-only database
-    is not: it will not change its mind). A database in WAL already (every open but its first) is left
-    as it is, without the retry machinery's import."""
-    try:
-        if conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
-            return
-    except sqlite3.OperationalError as exc:
-        if not _busy(exc):
-            raise
-    import tenacity
-
-    retrying = tenacity.Retrying(
-        retry=tenacity.retry_if_exception(_busy),
-        stop=tenacity.stop_after_delay(10),
-        wait=tenacity.wait_random_exponential(multiplier=0.01, max=0.5),
-        reraise=True,
-    )
-    for attempt in retrying:
-        with attempt:
-            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                conn.execute("PRAGMA journal_mode = WAL")
-
 
 # The runs on a host (twice the host's name): a run across several hosts is on each of its nodes' hosts.
 ON_HOST = "(host = ? OR id IN (SELECT parent_id FROM runs WHERE host = ?))"
@@ -91,14 +53,6 @@ def status_words(words: Iterable[str]) -> tuple[str, list[Any]]:
     return "(" + (" OR ".join(clauses) or "0") + ")", args
 
 
-def _create_owner_only(path: Path) -> None:
-    """A new database file is its owner's alone whatever the umask (its -wal and -shm take its mode)."""
-    try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    except OSError:
-        pass  # there already, or not creatable here: the connect says why, in its words
-
-
 class Store:
     def __init__(self, path: Path | str, busy_timeout_s: float = BUSY_TIMEOUT_S):
         self.path = Path(path)
@@ -106,7 +60,7 @@ class Store:
         self._data_version: int | None = None  # as `changed` last saw it
         if str(path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _create_owner_only(self.path)
+            create_owner_only(self.path)
         try:
             conn = sqlite3.connect(str(self.path), timeout=busy_timeout_s, isolation_level=None,
                                    check_same_thread=False)
@@ -114,7 +68,7 @@ class Store:
             raise self.unavailable(exc) from None
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            _use_wal(conn)
+            use_wal(conn)
             conn.execute("PRAGMA synchronous = NORMAL")
             self.conn = conn
             self.migrate()
@@ -126,10 +80,10 @@ class Store:
 
     def unavailable(self, exc: sqlite3.OperationalError) -> Exception:
         """The one line for a database that cannot be used now; other errors (a bug) unchanged."""
-        if _busy(exc):
+        if busy(exc):
             return DatabaseUnavailable(f"{self.path}: the database is locked by another process "
                                        f"(waited {self.busy_timeout_s:g} s); try again")
-        if _unavailable(exc):
+        if unusable(exc):
             return DatabaseUnavailable(f"{self.path}: the database cannot be written ({exc}); "
                                        "check that it and its folder are writable and the disk has room")
         return exc
