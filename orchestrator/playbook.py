@@ -8,44 +8,26 @@ reach the host: `prepare` gets a `JobContext` and returns what it found as a `Pr
 A plugin may also keep tables about runs (RunTables, see store/runtables.py): its own migrations make them, its
 line readers fill them from any run's log, and `orch status ID` shows them as a section named after it.
 
-Plugins import this module only: it re-exports the few helpers they need.
+Plugins import this module only: it re-exports the few helpers they need. A package that only keeps tables
+about runs imports the lighter `orchestrator.run_tables` instead (the same names for tables, without what
+a playbook needs: pydantic, the SSH stack).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import ClassVar, Generic, Protocol, TypeVar
 
+from .config.hosts import Host
+from .config.spec import RunSpec, check_regex
 from .errors import NotFound, OrchError, UsageError
+from .host.health import SERVING_PHASES, HealthCheck
+from .host.health import probe as http_probe
+from .host.launch import RunPaths
+from .host.remote import Result, quote
 from .store.record import Run, Status
 from .store.runtables import LineReader, RunTables, Shown
-
-if TYPE_CHECKING:
-    from .config.hosts import Host
-    from .config.spec import RunSpec, check_regex
-    from .host.health import SERVING_PHASES, HealthCheck
-    from .host.health import probe as http_probe
-    from .host.launch import RunPaths
-    from .host.remote import Result, quote
-
-# Imported when first asked for: a plugin that only keeps tables (which `orch status ID` loads) does not
-# bring in pydantic and the SSH stack with this module.
-_LATER = {"SERVING_PHASES": ("host.health", "SERVING_PHASES"), "HealthCheck": ("host.health", "HealthCheck"),
-          "http_probe": ("host.health", "probe"), "Host": ("config.hosts", "Host"),
-          "RunPaths": ("host.launch", "RunPaths"), "Result": ("host.remote", "Result"), "quote": ("host.remote", "quote"),
-          "RunSpec": ("config.spec", "RunSpec"), "check_regex": ("config.spec", "check_regex")}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LATER:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attr = _LATER[name]
-    value = getattr(importlib.import_module(f"{__package__}.{module}"), attr)
-    globals()[name] = value
-    return value
-
 
 S = TypeVar("S", bound="RunSpec")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.playbook import LineReader, RunTables, Shown
+from orchestrator.run_tables import LineReader, RunTables, Shown
 
 if TYPE_CHECKING:
     from sqlite_utils import Database

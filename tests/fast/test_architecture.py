@@ -61,4 +61,4 @@ def test_leaves_are_forbidden_every_other_unit() -> None:
 def test_playbooks_may_import_the_plugin_interface_only() -> None:
     (rule,) = [c for c in contracts().values() if c.get("source_modules") == ["playbooks"]]
     forbidden = set(units_of("|".join(rule["forbidden_modules"])))
-    assert forbidden == top_level_units() - {"playbook"}
+    assert forbidden == top_level_units() - {"playbook", "run_tables"}
