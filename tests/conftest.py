@@ -14,6 +14,7 @@ from sshd import SSHFleet  # tests/ is on sys.path (rootdir-relative, no __init_
 
 from orchestrator.config.hosts import Host
 from orchestrator.config.workspace import Workspace
+from orchestrator.host import session
 from orchestrator.store import Store
 
 # ---------------------------------------------------------------------------------------------------
@@ -46,6 +47,14 @@ def private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     _isolate(monkeypatch, home)
     yield home
     stop_background_watchers(home)
+
+
+@pytest.fixture(autouse=True)
+def fresh_session() -> Iterator[session.Session]:
+    """Every test starts with the process state of a new orch process (orchestrator/host/session.py): no
+    connection, agent link, queue or option that an earlier test left."""
+    with session.fresh() as held:
+        yield held
 
 
 @pytest.fixture

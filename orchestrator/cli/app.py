@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable
 from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 import typer
 from typer import _click as click  # Typer's own copy of click: its Command and Context
 from typer.core import TyperArgument, TyperGroup, TyperOption
-from typer.main import get_command_from_info, get_command_name, get_group_from_info
 
 from ..config.workspace import Workspace
 from ..errors import UsageError
@@ -33,57 +32,30 @@ COMMAND_MODULES = {
 }
 
 
-class LazyCommands(MutableMapping[str, click.Command]):
-    """The commands of `orch`, by name: a command's module is imported, and its Typer function made a
-    click command, when the command is first looked up. Running a command builds that one alone; help and
-    completion, which list them all, build them all."""
-
-    def __init__(self, built: MutableMapping[str, click.Command]):
-        self.built = dict(built)  # those declared before the group was made (a module imported already)
-
-    def __getitem__(self, name: str) -> click.Command:
-        if name not in self.built:
-            if name not in COMMAND_MODULES:
-                raise KeyError(name)
-            self.built[name] = build_command(name)
-        return self.built[name]
-
-    def __setitem__(self, name: str, command: click.Command) -> None:
-        self.built[name] = command
-
-    def __delitem__(self, name: str) -> None:
-        del self.built[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names())
-
-    def __len__(self) -> int:
-        return len(self.names())
-
-    def names(self) -> list[str]:
-        return list({**dict.fromkeys(COMMAND_MODULES), **self.built})
-
-
 class LazyGroup(TyperGroup):
-    """`orch` itself: Typer's group, its commands a LazyCommands."""
+    """`orch` itself, through click's two hooks for a group's commands (`list_commands`, `get_command`): a
+    command's module is imported, and its Typer function made a click command, when the command is first
+    looked up. Running a command builds that one alone; help and completion, which list them all, build
+    them all."""
 
-    def __init__(self, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.commands = LazyCommands(self.commands)
+    def list_commands(self, ctx: typer.Context) -> list[str]:  # type: ignore[override]
+        return list({**dict.fromkeys(COMMAND_MODULES), **self.commands})
 
+    def get_command(self, ctx: typer.Context, name: str) -> click.Command | None:  # type: ignore[override]
+        if name not in self.commands and name in COMMAND_MODULES:
+            import_module(f"{__package__}.{COMMAND_MODULES[name]}")
+            # Typer builds every command its app declares so far (of the modules imported): the new ones are kept.
+            built = typer.main.get_command(app)
+            assert isinstance(built, TyperGroup)
+            for known, command in built.commands.items():
+                self.commands.setdefault(known, command)
+        return self.commands.get(name)
 
-def build_command(name: str) -> click.Command:
-    """The click command of one command of `app` (a group for patch, sweep, cron), its module imported."""
-    import_module(f"{__package__}.{COMMAND_MODULES[name]}")
-    for info in app.registered_commands:
-        if info.callback is not None and (info.name or get_command_name(info.callback.__name__)) == name:
-            return get_command_from_info(info, pretty_exceptions_short=app.pretty_exceptions_short,
-                                         rich_markup_mode=app.rich_markup_mode)
-    for group in app.registered_groups:
-        if group.name == name:
-            return get_group_from_info(group, pretty_exceptions_short=app.pretty_exceptions_short,
-                                       rich_markup_mode=app.rich_markup_mode, suggest_commands=app.suggest_commands)
-    raise LookupError(f"{__package__}.{COMMAND_MODULES[name]} declares no command {name!r}")
+    def resolve_command(self, ctx: typer.Context, args: list[str]) -> Any:  # type: ignore[override]
+        if args and self.get_command(ctx, args[0]) is None:
+            for name in self.list_commands(ctx):  # a name orch lacks: the suggestion may be any command
+                self.get_command(ctx, name)
+        return super().resolve_command(ctx, args)
 
 
 app = typer.Typer(cls=LazyGroup, no_args_is_help=True, help="Run and watch large-model experiments.")
