@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -52,9 +53,12 @@ def private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
 @pytest.fixture(autouse=True)
 def fresh_session() -> Iterator[session.Session]:
     """Every test starts with the process state of a new orch process (orchestrator/host/session.py): no
-    connection, agent link, queue or option that an earlier test left."""
+    connection, agent link, queue or option that an earlier test left. Its connections are closed after it,
+    as a process's are when it ends."""
     with session.fresh() as held:
         yield held
+        if "orchestrator.host.remote" in sys.modules:  # (a test that reached no host skips the import)
+            sys.modules["orchestrator.host.remote"].close_all()
 
 
 @pytest.fixture
