@@ -1,7 +1,8 @@
-"""`orch status` start-up with a big database, side by side with the floor of a Typer + Rich CLI and with
-sqlite3 running the same query; says where the time goes. Writes its own section of bench/RESULTS.md.
+"""`orch status` start-up as a user runs it (the installed `orch` script), side by side with the floor of a
+Typer + Rich CLI and with sqlite3 running the same query, in paired rounds: median and interquartile range
+of each round's ratio to the floor; says where the time goes. Writes its own section of bench/RESULTS.md.
 
-Usage: python bench/status_startup.py [--runs 100000] [--repeat 21]
+Usage: python bench/status_startup.py [--runs 5] [--repeat 31]    (--runs 100000: a big database)
 """
 
 from __future__ import annotations
@@ -113,9 +114,10 @@ FLOOR = "python -c 'import typer, rich.table'"
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=100_000)
-    ap.add_argument("--repeat", type=int, default=21)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=31)
     args = ap.parse_args()
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp)
         (ws / "hosts.toml").write_text("")
@@ -136,28 +138,37 @@ def main() -> None:
         for i in range(args.repeat):  # paired: each round runs every command once, in a rotated order, so
             for name in names[i % len(names):] + names[:i % len(names)]:  # load on a shared machine hits all alike
                 walls[name].append(timed(commands[name], env, ws))
-        # each command against the floor of its own round, then the median of those ratios
-        ratios = {name: statistics.median(w / f for w, f in zip(walls[name], walls[FLOOR])) for name in commands}
+        # each command against the floor of its own round, then the median and quartiles of those ratios
+        ratios = {name: quartiles([w / f for w, f in zip(walls[name], walls[FLOOR])]) for name in commands}
         medians = {name: statistics.median(w) for name, w in walls.items()}
         imports = import_times(env, ws)
         query, rendering = in_process(db)
-    write_results(args, package, medians, ratios, imports, query, rendering)
+    write_results(args, package, medians, ratios, imports, query, rendering, load_before)
 
 
-def write_results(args: argparse.Namespace, package: Path, medians: dict[str, float], ratios: dict[str, float],
-                  imports: list[tuple[str, float]], query: float, rendering: float) -> None:
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """Lower quartile, median, upper quartile."""
+    low, mid, high = statistics.quantiles(values, n=4, method="inclusive")
+    return low, mid, high
+
+
+def write_results(args: argparse.Namespace, package: Path, medians: dict[str, float],
+                  ratios: dict[str, tuple[float, float, float]], imports: list[tuple[str, float]], query: float,
+                  rendering: float, load_before: float) -> None:
     load = os.getloadavg()[0]
     where = "this checkout (an editable install)" if package == ROOT / "orchestrator" else str(package)
     lines = [f"{SECTION} (bench/status_startup.py)", "",
              (f"`orch status` with {args.runs:,} runs ({3 * args.runs:,} events, {4 * args.runs:,} metric samples), "
               f"as a user runs it: the installed console script (`{ORCH.name}` in the environment's bin, which "
               f"runs {where}), no PYTHONPATH, from the workspace folder, output to a pipe, .pyc files written by "
-              f"a warm-up run. {args.repeat} rounds, each running every command once (rotated order); the ratio "
-              f"is the median of each round's ratio to the floor of the same round. This machine: "
-              f"{os.cpu_count()} cores, load average {load:.1f} (shared with other jobs)."), "",
-             "| command | median wall s | vs the Typer + Rich floor (paired) |", "|---|---:|---:|"]
+              f"a warm-up run. {args.repeat} rounds, each running every command once (rotated order); each round's "
+              f"ratio to the floor of the same round, then the median and interquartile range of those ratios. This machine: "
+              f"{os.cpu_count()} cores, load average {load_before:.1f} before and {load:.1f} after (1 min; shared "
+              f"with other jobs). The bar: `orch status` at most 1.5x the floor."), "",
+             "| command | median wall s | vs the Typer + Rich floor (paired): median | IQR |", "|---|---:|---:|---:|"]
     for name, wall in medians.items():
-        lines.append(f"| {name.replace('|', '/')} | {wall:.3f} | {ratios[name]:.2f}x |")
+        low, mid, high = ratios[name]
+        lines.append(f"| {name.replace('|', '/')} | {wall:.3f} | {mid:.2f}x | {low:.2f}x to {high:.2f}x |")
     lines += ["", f"Where the time goes: the query (50 newest runs, their latest metrics, the total count) "
               f"{1000 * query:.1f} ms and the table {1000 * rendering:.1f} ms in-process; the rest is start-up. "
               "Top-level imports (`python -X importtime` of the installed script, cumulative):", ""]
