@@ -162,16 +162,16 @@ def write_results(args: argparse.Namespace, package: Path, medians: dict[str, fl
               f"as a user runs it: the installed console script (`{ORCH.name}` in the environment's bin, which "
               f"runs {where}), no PYTHONPATH, from the workspace folder, output to a pipe, .pyc files written by "
               f"a warm-up run. {args.repeat} rounds, each running every command once (rotated order); each round's "
-              f"ratio to the floor of the same round, then the median and interquartile range of those ratios. This machine: "
-              f"{os.cpu_count()} cores, load average {load_before:.1f} before and {load:.1f} after (1 min; shared "
+              f"ratio to the floor of the same round, then the median and interquartile range of those ratios. "
+              f"This machine: {os.cpu_count()} cores, load average {load_before:.1f} before and {load:.1f} after (1 min; shared "
               f"with other jobs). The bar: `orch status` at most 1.5x the floor."), "",
              "| command | median wall s | vs the Typer + Rich floor (paired): median | IQR |", "|---|---:|---:|---:|"]
     for name, wall in medians.items():
         low, mid, high = ratios[name]
         lines.append(f"| {name.replace('|', '/')} | {wall:.3f} | {mid:.2f}x | {low:.2f}x to {high:.2f}x |")
-    lines += ["", f"Where the time goes: the query (50 newest runs, their latest metrics, the total count) "
-              f"{1000 * query:.1f} ms and the table {1000 * rendering:.1f} ms in-process; the rest is start-up. "
-              "Top-level imports (`python -X importtime` of the installed script, cumulative):", ""]
+    lines += ["", (f"Where the time goes: the query (50 newest runs, their latest metrics, the total count) "
+                   f"{1000 * query:.1f} ms and the table {1000 * rendering:.1f} ms in-process; the rest is start-up. "
+                   "Top-level imports (`python -X importtime` of the installed script, cumulative):"), ""]
     lines += [f"- `{name}` {1000 * s:.0f} ms" for name, s in imports]
     section = "\n".join(lines) + "\n"
     write_section(section)
