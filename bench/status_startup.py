@@ -163,8 +163,8 @@ def write_results(args: argparse.Namespace, package: Path, medians: dict[str, fl
               f"runs {where}), no PYTHONPATH, from the workspace folder, output to a pipe, .pyc files written by "
               f"a warm-up run. {args.repeat} rounds, each running every command once (rotated order); each round's "
               f"ratio to the floor of the same round, then the median and interquartile range of those ratios. "
-              f"This machine: {os.cpu_count()} cores, load average {load_before:.1f} before and {load:.1f} after (1 min; shared "
-              f"with other jobs). The bar: `orch status` at most 1.5x the floor."), "",
+              f"This machine: {os.cpu_count()} cores, load average {load_before:.1f} before and {load:.1f} after "
+              f"(1 min; shared with other jobs). The bar: `orch status` at most 1.5x the floor."), "",
              "| command | median wall s | vs the Typer + Rich floor (paired): median | IQR |", "|---|---:|---:|---:|"]
     for name, wall in medians.items():
         low, mid, high = ratios[name]
