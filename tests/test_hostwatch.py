@@ -41,7 +41,7 @@ def agents(workdir: Path) -> list[int]:
             except OSError:
                 continue
             if b"wrap" not in argv and any(
-                    a.startswith(str(workdir / "runs" / "hostjobs" / "agent-").encode()) for a in argv):
+                    a.startswith(str(workdir / "runs" / "hostjobs" / "hostjobs-").encode()) for a in argv):
                 found.append(int(proc.name))
     return found
 

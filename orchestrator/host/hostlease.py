@@ -14,7 +14,7 @@ workspace's run, or with --queue waited for), and takes the files before GPU cle
 changes the host (`take`, which decides again under the lock). The same call makes the run dir the run's
 own (its token in `.orch/token`); removing, adopting or signalling a run's job checks that token first.
 
-The work is done on the host by `hostjobs/leases.py`, run by the host's agent, which parses what it reads
+The work is done on the host by `hostjobs/leases.py`, an op of the host's agent (no process of its own), which parses what it reads
 strictly and refuses symlinks: any member of a shared workdir's group can write there.
 """
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import socket
-from pathlib import Path
 from typing import Any
 
 from ..config.workspace import Workspace
@@ -33,8 +32,6 @@ from .launch import RunPaths
 from .remote import Transport
 
 DIR = "leases"
-PROGRAM = Path(__file__).resolve().parent / "hostjobs" / "leases.py"
-PROGRAM_DIR = "runs/hostjobs"
 LOCK_WAIT_S = 30.0  # how long a change waits for `leases/.lock` before naming who holds it
 
 
@@ -86,7 +83,7 @@ def run_paths(ws: Workspace, workdir: str, run_id: int) -> RunPaths:
 def _call(transport: Transport, request: dict[str, Any]) -> dict[str, Any]:
     request = {"workdir": transport.expand(transport.host.workdir).rstrip("/"),
                "shared": transport.host.shared_workdir, "lock_wait_s": LOCK_WAIT_S, **request}
-    return agent.program(transport, PROGRAM, PROGRAM_DIR, request, timeout=90)
+    return agent.call(transport, "lease", timeout=LOCK_WAIT_S + 60, **request)
 
 
 def take(transport: Transport, paths: RunPaths, token: str, gpus: list[int] | None, exclusive: bool = True

@@ -20,15 +20,14 @@ from ..errors import OrchError
 from ..store.record import JobRef
 from . import agent
 from .agent import data_of
+from .hostjobs.common import CONTROL, JOB_MARK
 from .remote import Transport, env_exports, quote
 
-# The mark the wrapper leaves in the environment of everything the job starts ("pid:start" of the wrapper),
-# so members that outlive it can still be told from a later group that took the same id.
-JOB_MARK = "ORCH_JOB"
-
+# JOB_MARK: the mark the wrapper leaves in the environment of everything the job starts ("pid:start" of the
+# wrapper), so members that outlive it can still be told from a later group that took the same id. CONTROL:
 # orch's own files of a run (pid, exit code, start and end, token) are in a folder of the run dir, out of
-# the way of a job that writes `./exit_code` or `./pid` in its working dir (the run dir by default).
-CONTROL = ".orch"
+# the way of a job that writes `./exit_code` or `./pid` in its working dir. Both are the host side's.
+
 # An exit code read back is a C int (the wrapper writes one; a job could write anything over it).
 EXIT_CODE_MAX = 2**31 - 1
 
@@ -184,7 +183,7 @@ class HostExecutor:
         return state  # the agent's word is the whole of it
 
 
-__all__ = ["HostExecutor", "JobState", "RunPaths", "job_script", "pushed_state", "tail_mark"]
+__all__ = ["CONTROL", "JOB_MARK", "HostExecutor", "JobState", "RunPaths", "job_script", "pushed_state", "tail_mark"]
 
 
 def describe_exit(code: int) -> str:
