@@ -627,7 +627,7 @@ def test_hostile_strings_never_execute(
     bad_python = LocalTransport(local_host(tmp_path, {"python": hostile}))
     with pytest.raises((RemoteError, HostError)):
         patching.check(bad_python, ps)
-    with pytest.raises(RemoteError, match="patcher check"):
+    with pytest.raises(RemoteError, match="patch check"):
         patching.check(transport, ps, python=hostile)
     assert not marker.exists()
 

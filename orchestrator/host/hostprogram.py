@@ -14,7 +14,6 @@ between (`agent.program`).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import posixpath
 from pathlib import Path
@@ -30,9 +29,9 @@ TIMEOUT_S = 120.0  # a program run given no timeout of its own
 TOP = str(Path(boot.__file__).resolve().parents[3])  # the folder holding `orchestrator/`, for SOURCES_RUN
 
 
-@functools.lru_cache(maxsize=1)
 def archive() -> bytes:
-    """The host side as this orch ships it: the same sources give the same bytes."""
+    """The host side as this orch ships it: the same sources give the same bytes. Made afresh each time
+    (16 small files), so it always matches what an agent started from these sources reports."""
     return boot.archive()
 
 

@@ -1,7 +1,7 @@
 """A run's job on its host: where its files are, its state as the host's agent reads it, starting and
 stopping it through that agent.
 
-The agent (hostjobs/agent.py) starts the job under its own `wrap` mode as a session leader (setsid, with
+The agent (the `hostjobs` package) starts the job under its own `wrap` mode as a session leader (setsid, with
 SIGHUP ignored as under nohup): the wrapper records `pid start_time` (start time in clock ticks from
 /proc, so a reused pid is never taken for the job), writes the combined stdout+stderr to `log`, and the
 exit code to `.orch/exit_code`.
@@ -20,7 +20,7 @@ from ..errors import OrchError
 from ..store.record import JobRef
 from . import agent
 from .agent import data_of
-from .hostjobs.common import CONTROL, JOB_MARK
+from .hostjobs.common import CONTROL, JOB_MARK, TAIL_BYTES, TAIL_MARK
 from .remote import Transport, env_exports, quote
 
 # JOB_MARK: the mark the wrapper leaves in the environment of everything the job starts ("pid:start" of the
@@ -90,8 +90,6 @@ class JobState:
     rotated: bool = False  # `data` is the rest of a rotated log (`size` is that file's); the new one is next
 
 
-TAIL_BYTES = 1 << 20  # the last lines of a log come from its last MiB, however long its lines (the agent's too)
-TAIL_MARK = 64  # bytes before the offset that must still be there, or the log was rewritten under it
 
 
 def tail_mark(tail: bytes) -> str:
@@ -183,7 +181,7 @@ class HostExecutor:
         return state  # the agent's word is the whole of it
 
 
-__all__ = ["CONTROL", "JOB_MARK", "HostExecutor", "JobState", "RunPaths", "job_script", "pushed_state", "tail_mark"]
+__all__ = ["CONTROL", "JOB_MARK", "TAIL_BYTES", "TAIL_MARK", "HostExecutor", "JobState", "RunPaths", "job_script", "pushed_state", "tail_mark"]
 
 
 def describe_exit(code: int) -> str:

@@ -18,8 +18,8 @@ patch.toml:
     requires_flags = ["--cuda-graph-backend-decode=disabled"]  # the engine must run with these
     revert_after = true                                 # undo when the run that applied it ends
 
-The work on the host is done by `hostjobs/patcher.py` (the host side archive's `patch` entry), run with the run's python (the spec's
-`python`, else the host's): it finds the package there, checks every hunk of every file before writing
+The work on the host is done by `hostjobs/patcher.py` (the `patch` entry of the host side's archive), run
+with the run's python (the spec's `python`, else the host's): it finds the package there, checks every hunk of every file before writing
 anything, writes all files or none, and keeps the originals so that a revert restores them byte for byte.
 Each interpreter has its own state on the host, so one set applied to two installs (an SGLang venv and a
 vLLM venv) is two sets, each reverted where it was applied.

@@ -14,7 +14,8 @@ from orchestrator.host.hostjobs import boot
 
 ORCH = Path(__file__).resolve().parents[2] / "orchestrator"
 HOSTJOBS = ORCH / "host" / "hostjobs"
-SHARED_NAMES = ("CONTROL", "JOB_MARK", "RUN_MARK", "BOOTSTRAP", "SOURCES_RUN")
+SHARED_NAMES = ("CONTROL", "JOB_MARK", "RUN_MARK", "BOOTSTRAP", "SOURCES_RUN", "LOCK_WAIT_S", "TAIL_BYTES", "TAIL_MARK")
+SHARED_HELPERS = ("run_mark", "workspace_of", "write_whole")
 SHARED_TEXTS = (".orch", "ORCH_JOB", "ORCH_RUN")
 
 
@@ -36,6 +37,12 @@ def test_each_shared_constant_has_one_definition_across_orchestrator() -> None:
                 texts.setdefault(node.value, []).append(path.name)
     assert {k: len(v) for k, v in defined.items()} == dict.fromkeys(SHARED_NAMES, 1), defined
     assert {k: len(v) for k, v in texts.items()} == dict.fromkeys(SHARED_TEXTS, 1), texts
+
+
+def test_each_shared_helper_has_one_definition_across_orchestrator() -> None:
+    defined = [(fn.name, path.name) for path, tree in trees().items() for fn in ast.walk(tree)
+               if isinstance(fn, ast.FunctionDef) and fn.name in SHARED_HELPERS]
+    assert sorted(name for name, _ in defined) == sorted(set(name for name, _ in defined)), defined
 
 
 def test_one_helper_writes_a_file_whole() -> None:
@@ -76,3 +83,18 @@ def test_the_archive_depends_on_the_sources_alone(tmp_path: Path) -> None:
     assert hashlib.sha256(first).hexdigest() == hostprogram.digest()
     (copy / "common.py").write_text((copy / "common.py").read_text() + "\n")
     assert boot.archive(str(copy)) != first
+
+
+def test_the_agent_starts_its_wrappers_through_orchs_own_bootstrap(monkeypatch) -> None:
+    """From the archive, a job's wrapper is the same archive again, through the same bootstrap orch starts
+    the agent with (the bytes checked again); from the sources, the package as it is here."""
+    from orchestrator.host.hostjobs import jobs
+
+    monkeypatch.setattr(jobs, "ORCH_ARCHIVE", ("/w/runs/hostjobs/hostjobs-1.zip", "ab" * 32), raising=False)
+    assert jobs.self_command("wrap", "--detach") == [
+        sys.executable, "-I", "-c", hostprogram.BOOTSTRAP, "/w/runs/hostjobs/hostjobs-1.zip", "ab" * 32,
+        "wrap", "--detach"]
+    assert jobs.own_digest() == "ab" * 32
+    monkeypatch.delattr(jobs, "ORCH_ARCHIVE")
+    assert jobs.self_command("wrap") == [sys.executable, "-I", "-c", hostprogram.SOURCES_RUN, hostprogram.TOP, "wrap"]
+    assert jobs.own_digest() == hostprogram.digest()

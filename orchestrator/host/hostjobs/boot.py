@@ -12,7 +12,6 @@ the archive's path and digest as ORCH_ARCHIVE (the job wrappers are started thro
 
 import io
 import os
-import zipfile
 
 MISSING = 97  # the bootstrap's exit status when the archive is absent or not the expected version
 PACKAGE = "hostjobs"  # the package's name inside the archive, on the host
@@ -65,6 +64,8 @@ def sources(folder=None):
 def archive(folder=None):
     """The package as one zip: members in name order, stored (no compressor's version in the bytes), each
     with the same time and mode, so the same sources give the same bytes and sha256."""
+    import zipfile  # here: the controller imports this module for BOOTSTRAP at start-up, zipfile only to ship
+
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
         for name, data in sources(folder):

@@ -8,6 +8,8 @@ import time
 ENTRIES = ("patch",)  # what main() runs besides the agent and the wrapper, under a python of its own
 CHUNK = 1 << 20  # log bytes per push; a backlog goes out as consecutive pushes
 
+TAIL_BYTES = 1 << 20  # the last lines of a log come from its last MiB, however long its lines
+TAIL_MARK = 64  # bytes before an offset that must still be there, or the log was rewritten under it
 CONTROL = ".orch"  # a run dir's control folder: token, pid, exit code
 JOB_MARK = "ORCH_JOB"
 

@@ -6,9 +6,8 @@ import stat
 import subprocess
 
 from .boot import BOOTSTRAP
-from .common import CHUNK
+from .common import CHUNK, TAIL_BYTES
 
-TAIL_BYTES = 1 << 20  # the last lines of a file come from its last MiB
 
 def tail(path, lines, block=64 << 10, most=TAIL_BYTES):
     """The last `lines` lines of a file up to its size at one moment (from its last `most` bytes, however

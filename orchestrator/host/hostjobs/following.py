@@ -5,7 +5,7 @@ import re
 import stat
 import time
 
-from .common import CHUNK, _int, _node, _number, _read_small
+from .common import CHUNK, TAIL_MARK, _int, _node, _number, _read_small
 from .files import _ino, _open_plain, _pread, _size
 from .procs import live_start, ours
 from .rundirs import control_dir
@@ -13,7 +13,6 @@ from .rundirs import control_dir
 HOLD_STEP_S = 0.2  # how often a held read looks for news
 GROUP_CHECK_S = 0.5  # a wrapper-less group is looked for in /proc at most this often
 
-TAIL_MARK = 64  # bytes before an offset compared, to tell a log rewritten under it
 
 class Followed:
     """One run's log and job, as last pushed."""
