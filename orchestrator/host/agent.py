@@ -56,11 +56,12 @@ def remote_path(transport: Transport) -> str:
 
 def bootstrap(transport: Transport) -> str:
     """The one shell line that starts the agent: the host's python imports the checked bytes of the archive."""
-    python = quote(transport.host.python)
-    # isolated (-I): no PYTHON* variable, user site or current folder decides what the agent imports
     if from_sources(transport):
-        return f"exec {python} -I -u -c {quote(hostprogram.SOURCES_RUN)} {quote(hostprogram.TOP)}"
-    return f"exec {python} -I -u -c {quote(hostprogram.BOOTSTRAP)} {quote(remote_path(transport))} {digest()}"
+        program, args = hostprogram.SOURCES_RUN, [hostprogram.TOP]
+    else:
+        program, args = hostprogram.BOOTSTRAP, [remote_path(transport), digest()]
+    # isolated (-I): no PYTHON* variable, user site or current folder decides what the agent imports
+    return " ".join(["exec", quote(transport.host.python), "-I", "-u", "-c", *map(quote, [program, *args])])
 
 
 class AgentError(RemoteError):
