@@ -380,6 +380,8 @@ def test_a_backlog_goes_out_within_the_window_and_on_as_it_is_acknowledged(tmp_p
     ("program", {"python": "python3", "path": "/tmp/p.py", "sha256": "0" * 64, "entry": "wrap"}, "bad entry"),
     ("lease", {"action": "take", "workdir": "relative"}, "bad workdir"),
     ("lease", {"action": "steal", "workdir": "/tmp"}, "bad action"),
+    ("lease", {"action": ["take"], "workdir": "/tmp"}, "bad action"),
+    ("sinfo", {"what": ["nodes"]}, "bad what"),
     ("lease", {"action": "take", "workdir": "/tmp", "keys": ["gpu 0"]}, "bad keys"),
     ("lease", {"action": "take", "workdir": "/tmp", "shared": "yes"}, "bad shared"),
     ("program", {"python": "", "path": "/tmp/p.py", "sha256": "0" * 64, "entry": "patch"}, "bad python"),
