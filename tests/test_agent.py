@@ -10,14 +10,16 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from orchestrator.config.hosts import Host
 from orchestrator.host import agent as agent_client
+from orchestrator.host import hostprogram
 from orchestrator.host.agent import AgentError, AgentLink, Push
-from orchestrator.host.hostjobs import agent as host_agent
+from orchestrator.host.hostjobs import following, procs, protocol
 from orchestrator.host.launch import pushed_state
 from orchestrator.host.transport import LocalTransport, Stream
 
@@ -59,7 +61,7 @@ def test_hello_is_the_placed_version_and_the_file_is_content_addressed(link: Age
     assert link.info["sha256"] == agent_client.digest()
     assert link.info["pid"] != os.getpid()
     placed = [p.name for p in (tmp_path / "work" / "runs" / "hostjobs").iterdir()]
-    assert placed == [f"agent-{agent_client.digest()[:16]}.py"]
+    assert placed == [f"hostjobs-{agent_client.digest()[:16]}.zip"]
 
 
 def test_a_launched_job_is_followed_to_its_exit_with_every_byte(link: AgentLink, tmp_path: Path):
@@ -89,14 +91,14 @@ def test_a_run_dir_of_another_token_is_refused(link: AgentLink, tmp_path: Path):
 def test_kill_stops_the_job_group_and_never_a_process_it_cannot_prove(link: AgentLink, tmp_path: Path):
     root = str(tmp_path / "work" / "runs" / "3")
     job = link.call("launch", dir=root, script="sleep 300 & sleep 300\n", token="t")
-    members = host_agent.group_pids(job["pid"])
+    members = procs.group_pids(job["pid"])
     assert len(members) >= 2
     # a start time that is not the process's: nothing is signalled
     assert link.call("kill", pid=job["pid"], start=str(int(job["start"]) + 1), grace_s=1)["outcome"] == "gone"
-    assert all(host_agent.live_start(m) for m in members)
+    assert all(procs.live_start(m) for m in members)
     assert link.call("kill", pid=job["pid"], start=job["start"], grace_s=5)["outcome"] == "stopped"
     deadline = time.monotonic() + 5
-    while any(host_agent.live_start(m) for m in members):
+    while any(procs.live_start(m) for m in members):
         assert time.monotonic() < deadline
         time.sleep(0.05)
 
@@ -104,10 +106,10 @@ def test_kill_stops_the_job_group_and_never_a_process_it_cannot_prove(link: Agen
 def test_members_outliving_their_wrapper_are_the_jobs_only_with_its_mark(tmp_path: Path):
     proc = subprocess.Popen(["bash", "-c", "sleep 300 & sleep 300 & wait"], start_new_session=True)
     try:
-        start = host_agent.start_time(proc.pid)
-        assert host_agent.ours(proc.pid, start) == "group"
-        assert host_agent.ours(proc.pid, str(int(start) + 5)) is None  # another process at that pid
-        assert host_agent.ours(proc.pid, "") is None  # no start time: nothing is provably the job
+        start = procs.start_time(proc.pid)
+        assert procs.ours(proc.pid, start) == "group"
+        assert procs.ours(proc.pid, str(int(start) + 5)) is None  # another process at that pid
+        assert procs.ours(proc.pid, "") is None  # no start time: nothing is provably the job
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -121,23 +123,23 @@ def test_a_group_is_signalled_through_a_hold_on_its_leader(kernel: str, calls: s
         monkeypatch.delattr(os, "pidfd_open")
         monkeypatch.delattr(signal, "pidfd_send_signal")
     if kernel == "older":  # a flag the kernel does not know is refused (EINVAL), as the group flag is before 6.9
-        monkeypatch.setattr(host_agent, "PIDFD_SIGNAL_PROCESS_GROUP", 1 << 30)
+        monkeypatch.setattr(procs, "PIDFD_SIGNAL_PROCESS_GROUP", 1 << 30)
         calls = []
-        members_of = host_agent._signal_members
-        monkeypatch.setattr(host_agent, "_signal_members", lambda *a: calls.append(a) or members_of(*a))
+        members_of = procs._signal_members
+        monkeypatch.setattr(procs, "_signal_members", lambda *a: calls.append(a) or members_of(*a))
     else:
-        monkeypatch.setattr(host_agent, "_signal_members", lambda *a: pytest.fail("one call signals the group"))
+        monkeypatch.setattr(procs, "_signal_members", lambda *a: pytest.fail("one call signals the group"))
     end = "wait" if leader == "running" else "exit 0"
     proc = subprocess.Popen(["bash", "-c", f"sleep 300 & sleep 300 & {end}"], start_new_session=True)
     try:
         if leader == "running":
-            wait_for(lambda: len(host_agent.group_pids(proc.pid)) == 3)
+            wait_for(lambda: len(procs.group_pids(proc.pid)) == 3)
         else:
-            wait_for(lambda: host_agent.live_start(proc.pid) is None and len(host_agent.group_pids(proc.pid)) == 2)
-        assert host_agent.ours(proc.pid, host_agent.start_time(proc.pid)) == "group"
-        members = host_agent.group_pids(proc.pid)
-        assert host_agent.signal_job(proc.pid, host_agent.start_time(proc.pid), signal.SIGKILL)
-        wait_for(lambda: not any(host_agent.live_start(m) for m in members))
+            wait_for(lambda: procs.live_start(proc.pid) is None and len(procs.group_pids(proc.pid)) == 2)
+        assert procs.ours(proc.pid, procs.start_time(proc.pid)) == "group"
+        members = procs.group_pids(proc.pid)
+        assert procs.signal_job(proc.pid, procs.start_time(proc.pid), signal.SIGKILL)
+        wait_for(lambda: not any(procs.live_start(m) for m in members))
         assert kernel != "older" or len(calls) == 1
     finally:
         proc.kill()
@@ -157,7 +159,7 @@ def test_the_agent_exits_when_its_channel_closes(tmp_path: Path):
     pid = link.info["pid"]
     link.close()
     deadline = time.monotonic() + 10
-    while host_agent.live_start(pid):
+    while procs.live_start(pid):
         assert time.monotonic() < deadline, "the agent outlived its channel"
         time.sleep(0.05)
 
@@ -168,7 +170,9 @@ def test_an_agent_file_swapped_on_the_host_is_never_run_but_placed_again(tmp_pat
     AgentLink.start(transport).close()
     placed = Path(agent_client.remote_path(transport))
     marker = tmp_path / "swapped-code-ran"
-    placed.write_text(f"open({str(marker)!r}, 'w').close()\n" + placed.read_text())
+    with zipfile.ZipFile(placed, "w") as swapped:  # the same package, its entry leaving a mark
+        swapped.writestr("hostjobs/__init__.py", "")
+        swapped.writestr("hostjobs/main.py", f"open({str(marker)!r}, 'w').close()\ndef main(argv): return 0\n")
     link = AgentLink.start(transport)
     link.close()
     assert not marker.exists()
@@ -176,11 +180,11 @@ def test_an_agent_file_swapped_on_the_host_is_never_run_but_placed_again(tmp_pat
 
 
 # -- the log, followed by the host-side logic itself -----------------------------------------------
-def follow(root: Path, **req) -> host_agent.Followed:
-    return host_agent.Followed({"key": "9", "dir": str(root), **req})
+def follow(root: Path, **req) -> following.Followed:
+    return following.Followed({"key": "9", "dir": str(root), **req})
 
 
-def drain(f: host_agent.Followed) -> bytes:
+def drain(f: following.Followed) -> bytes:
     out = b""
     for _ in range(10_000):
         doc = f.state(time.monotonic())
@@ -246,7 +250,7 @@ def test_a_resumed_follow_checks_the_bytes_before_its_offset(tmp_path: Path):
 
 
 def test_a_huge_line_comes_in_bounded_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(host_agent, "CHUNK", 1 << 16)
+    monkeypatch.setattr(following, "CHUNK", 1 << 16)
     (tmp_path / "log").write_bytes(b"z" * (5 << 20))  # 5 MiB, no newline
     f = follow(tmp_path)
     sizes = []
@@ -267,8 +271,7 @@ def test_quiet_runs_push_nothing_until_poked(tmp_path: Path):
 
 def test_the_protocol_is_json_lines(tmp_path: Path):
     """Spoken by hand: a request line in, a reply line out, whatever else the agent pushes meanwhile."""
-    proc = subprocess.Popen([sys.executable, "-u", host_agent.__file__], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-I", "-u", "-c", hostprogram.SOURCES_RUN, hostprogram.TOP], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(b'{"id": 7, "op": "hello"}\n')
     proc.stdin.flush()
@@ -321,14 +324,15 @@ def test_raw_bytes_after_a_line_are_read_whole_however_the_channel_cuts_them(cut
 
 def test_a_backlog_goes_out_within_the_window_and_on_as_it_is_acknowledged(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(host_agent, "CHUNK", 100)
-    monkeypatch.setattr(host_agent, "WINDOW", 250)
+    monkeypatch.setattr(protocol, "CHUNK", 100)
+    monkeypatch.setattr(following, "CHUNK", 100)
+    monkeypatch.setattr(protocol, "WINDOW", 250)
     sent: list[dict] = []
-    monkeypatch.setattr(host_agent, "send", sent.append)
+    monkeypatch.setattr(protocol, "send", sent.append)
     for key in ("a", "b"):
         (tmp_path / key).mkdir()
         (tmp_path / key / "log").write_bytes(key.encode() * 1000)
-    agent = host_agent.Agent()
+    agent = protocol.Agent()
     for key in ("a", "b"):
         agent.follow({"key": key, "dir": str(tmp_path / key)})
     assert agent.tick()  # more to push at once: no tick's wait
@@ -369,10 +373,18 @@ def test_a_backlog_goes_out_within_the_window_and_on_as_it_is_acknowledged(tmp_p
     ("exec", {"argv": ["echo", "a\0b"]}, "bad argv"),
     ("exec", {"argv": ["id"], "shell": True}, "unknown argument"),
     ("exec", {"argv": ["id"], "timeout_s": 10**6}, "bad timeout_s"),
-    ("program", {"python": "python3", "path": "relative.py", "sha256": "0" * 64}, "bad path"),
-    ("program", {"python": "python3", "path": "/tmp/p.py", "sha256": "0" * 63}, "bad sha256"),
-    ("program", {"python": "python3", "path": "/tmp/p.py", "sha256": "G" * 64}, "bad sha256"),
-    ("program", {"python": "", "path": "/tmp/p.py", "sha256": "0" * 64}, "bad python"),
+    ("program", {"python": "python3", "path": "relative.py", "sha256": "0" * 64, "entry": "patch"}, "bad path"),
+    ("program", {"python": "python3", "path": "/tmp/p.py", "sha256": "0" * 63, "entry": "patch"}, "bad sha256"),
+    ("program", {"python": "python3", "path": "/tmp/p.py", "sha256": "G" * 64, "entry": "patch"}, "bad sha256"),
+    ("program", {"python": "python3", "path": "/tmp/p.py", "sha256": "0" * 64}, "missing argument entry"),
+    ("program", {"python": "python3", "path": "/tmp/p.py", "sha256": "0" * 64, "entry": "wrap"}, "bad entry"),
+    ("lease", {"action": "take", "workdir": "relative"}, "bad workdir"),
+    ("lease", {"action": "steal", "workdir": "/tmp"}, "bad action"),
+    ("lease", {"action": ["take"], "workdir": "/tmp"}, "bad action"),
+    ("sinfo", {"what": ["nodes"]}, "bad what"),
+    ("lease", {"action": "take", "workdir": "/tmp", "keys": ["gpu 0"]}, "bad keys"),
+    ("lease", {"action": "take", "workdir": "/tmp", "shared": "yes"}, "bad shared"),
+    ("program", {"python": "", "path": "/tmp/p.py", "sha256": "0" * 64, "entry": "patch"}, "bad python"),
     ("program", {"python": "python3", "path": "/tmp/p.py", "sha256": "0" * 64, "argv": ["-c", "1"]},
      "unknown argument"),
 ])
@@ -420,10 +432,10 @@ def test_a_job_outlives_its_agent_and_its_wrapper_writes_the_exit_code(tmp_path:
     job = link.call("launch", dir=str(root), script=f"while [ ! -e {go} ]; do sleep 0.05; done\necho done\nexit 4\n",
                     token="t5")
     agent_pid = link.info["pid"]
-    assert host_agent._stat_fields(job["pid"])[1] != str(agent_pid)  # detached: not the agent's child
+    assert procs._stat_fields(job["pid"])[1] != str(agent_pid)  # detached: not the agent's child
     link.close()
-    wait_for(lambda: not host_agent.live_start(agent_pid))
-    assert host_agent.live_start(job["pid"]) == job["start"]
+    wait_for(lambda: not procs.live_start(agent_pid))
+    assert procs.live_start(job["pid"]) == job["start"]
     go.touch()
     wait_for(lambda: (root / ".orch" / "exit_code").exists())
     assert (root / ".orch" / "exit_code").read_text() == "4\n" and (root / "log").read_text() == "done\n"
@@ -460,10 +472,10 @@ def test_gpus_are_read_and_attributed_on_the_host(tmp_path: Path, monkeypatch: p
         seen = doc["procs"][str(member)]
         assert (seen["pgid"], seen["group_start"], seen["mark"]) == (job["pid"], job["start"],
                                                                      f"{job['pid']}:{job['start']}")
-        assert seen["command"] == "sleep 300" and seen["start"] == host_agent.start_time(member)
+        assert seen["command"] == "sleep 300" and seen["start"] == procs.start_time(member)
         # a start time that is not the process's: never signalled
         assert link.call("kill_pids", procs=[[member, str(int(seen["start"]) + 1)]], grace_s=1)["outcome"] == "gone"
-        assert host_agent.live_start(member)
+        assert procs.live_start(member)
         assert link.call("kill_pids", procs=[[member, seen["start"]]], grace_s=5)["outcome"] == "stopped"
         state.unlink()  # the driver gone: nvidia-smi's own words
         assert "couldn't communicate with the NVIDIA driver" in link.call("gpus")["error"]
@@ -512,9 +524,9 @@ def test_the_agent_and_its_wrapper_run_on_python_3_8(tmp_path: Path):
         state = pushed_state(link.call("read", dir=str(root), pid=job["pid"], start=job["start"]))
         assert (state.exit_code, state.data) == (5, b"on 3.8\n")
         job = link.call("launch", dir=str(tmp_path / "work" / "runs" / "9"), script="sleep 300 & wait\n", token="t9")
-        members = host_agent.group_pids(job["pid"])
+        members = procs.group_pids(job["pid"])
         assert link.call("kill", pid=job["pid"], start=job["start"], grace_s=5)["outcome"] == "stopped"
-        wait_for(lambda: not any(host_agent.live_start(m) for m in members))
+        wait_for(lambda: not any(procs.live_start(m) for m in members))
     finally:
         link.close()
 
@@ -532,7 +544,7 @@ def test_stacks_are_taken_only_of_processes_proven_the_jobs(tmp_path: Path, monk
                         script=f"exec {sys.executable} -c 'import pathlib, time; pathlib.Path(\"{at_line}\").touch(); "
                                "time.sleep(300)'\n")
         assert link.call("stacks", pid=job["pid"], start=str(int(job["start"]) + 1))["text"] == ""
-        wait_for(lambda: len(host_agent.group_pids(job["pid"])) == 2 and at_line.exists())  # wrapper and job
+        wait_for(lambda: len(procs.group_pids(job["pid"])) == 2 and at_line.exists())  # wrapper and job
         text = link.call("stacks", timeout=180, pid=job["pid"], start=job["start"])["text"]
         assert text.count("== pid ") == 2 and "(<string>:1)" in text  # the job's python, at its one line
     finally:
@@ -584,40 +596,39 @@ def test_on_the_local_host_the_agent_is_orchs_own_copy_and_nothing_is_placed(tmp
         assert link.info["sha256"] == agent_client.digest()
     finally:
         link.close()
-    assert agent_client.remote_path(LocalTransport(host)) == str(agent_client.SOURCE)
+    assert agent_client.remote_path(LocalTransport(host)) == hostprogram.TOP
     assert not (tmp_path / "ws").exists()
 
 
-def test_the_agent_starts_its_wrappers_through_orchs_own_bootstrap() -> None:
-    # the agent is one stdlib file on the host and cannot import orch: its copy must stay the same text
-    from orchestrator.host import hostprogram
-
-    assert host_agent.BOOTSTRAP == hostprogram.BOOTSTRAP
-
-
-ECHO_PROGRAM = (b"import json, os, sys\n"
-                b"req = json.loads(sys.stdin.read())\n"
-                b"print('noise first')\n"
-                b"print(json.dumps({'ok': True, 'size': len(req['blob']), 'path': os.environ.get('PYTHONPATH'),"
-                b" 'sha': ORCH_SHA256}))\n")
+def probe_package(folder: Path) -> Path:
+    """A package `orchprobe` 1.0 installed in `folder` alone: found only when `folder` is on PYTHONPATH."""
+    (folder / "orchprobe").mkdir(parents=True)
+    (folder / "orchprobe" / "__init__.py").write_text("")
+    (folder / "orchprobe-1.0.dist-info").mkdir()
+    (folder / "orchprobe-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: orchprobe\nVersion: 1.0\n")
+    return folder
 
 
-def test_a_placed_program_runs_with_its_request_on_stdin_over_a_pipe(tmp_path: Path):
-    """The `program` op, spoken by hand: the bootstrap runs the placed file only when its sha256 is the one
-    asked for, the request on its stdin (2 MiB of it in one line), no shell; a swapped file runs nothing."""
-    import hashlib
+def probe(blob: str = "") -> str:
+    """A patch check that finds the probe package: its reply names where the run's python found it."""
+    return json.dumps({"action": "check", "set_name": "probe", "package": "orchprobe", "files": {},
+                       "state_dir": "/nonexistent", "blob": blob})
 
-    program = tmp_path / "progs" / "echo-1.py"
-    program.parent.mkdir()
-    program.write_bytes(ECHO_PROGRAM)
-    sha = hashlib.sha256(ECHO_PROGRAM).hexdigest()
+
+def test_a_placed_archive_runs_its_entry_with_the_request_on_stdin_over_a_pipe(tmp_path: Path):
+    """The `program` op, spoken by hand: the bootstrap imports the placed archive only when its sha256 is the
+    one asked for, the request on its stdin (2 MiB of it in one line), no shell; a swapped file runs nothing."""
+    archive = tmp_path / "progs" / "hostjobs-1.zip"
+    archive.parent.mkdir()
+    archive.write_bytes(hostprogram.archive())
+    sha = hostprogram.digest()
     marker = tmp_path / "pwned"
-    proc = subprocess.Popen([sys.executable, "-u", host_agent.__file__], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE)
+    site = probe_package(tmp_path / f"$(touch {marker})")
+    proc = subprocess.Popen([sys.executable, "-I", "-u", "-c", hostprogram.SOURCES_RUN, hostprogram.TOP], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
 
     def ask(rid: int, **args) -> dict:
-        proc.stdin.write((json.dumps({"id": rid, "op": "program", **args}) + "\n").encode())
+        proc.stdin.write((json.dumps({"id": rid, "op": "program", "entry": "patch", **args}) + "\n").encode())
         proc.stdin.flush()
         while True:
             doc = json.loads(proc.stdout.readline())
@@ -626,18 +637,16 @@ def test_a_placed_program_runs_with_its_request_on_stdin_over_a_pipe(tmp_path: P
 
     try:
         blob = "x" * (2 << 20) + f"$(touch {marker})"
-        reply = ask(1, python=sys.executable, path=str(program), sha256=sha, input=json.dumps({"blob": blob}),
-                    pythonpath=f"{tmp_path}/$(touch {marker})")
+        reply = ask(1, python=sys.executable, path=str(archive), sha256=sha, input=probe(blob), pythonpath=str(site))
         assert reply["ok"] and reply["result"]["code"] == 0, reply
-        out = reply["result"]["stdout"].splitlines()
-        assert out[0] == "noise first" and json.loads(out[-1]) == {
-            "ok": True, "size": len(blob), "path": f"{tmp_path}/$(touch {marker})", "sha": sha}
-        program.write_bytes(f"import pathlib; pathlib.Path({str(marker)!r}).touch()\n".encode())
-        swapped = ask(2, python=sys.executable, path=str(program), sha256=sha, input="{}")
+        answer = json.loads(reply["result"]["stdout"].splitlines()[-1])
+        assert answer["ok"] and (answer["root"], answer["version"]) == (str(site), "1.0")
+        archive.write_bytes(b"PK swapped")
+        swapped = ask(2, python=sys.executable, path=str(archive), sha256=sha, input="{}")
         assert swapped["result"] == {"code": 97, "stdout": "", "stderr": ""}
-        gone = ask(3, python=sys.executable, path=str(tmp_path / "none.py"), sha256=sha, input="{}")
+        gone = ask(3, python=sys.executable, path=str(tmp_path / "none.zip"), sha256=sha, input="{}")
         assert gone["result"]["code"] == 97 and gone["result"]["stdout"] == ""
-        no_python = ask(4, python=str(tmp_path / "no-such-python"), path=str(program), sha256=sha)
+        no_python = ask(4, python=str(tmp_path / "no-such-python"), path=str(archive), sha256=sha)
         assert no_python["result"]["code"] == 127 and "No such file" in no_python["result"]["stderr"]
         assert not marker.exists()
     finally:
@@ -645,39 +654,33 @@ def test_a_placed_program_runs_with_its_request_on_stdin_over_a_pipe(tmp_path: P
         assert proc.wait(timeout=10) == 0
 
 
-def test_agent_program_places_a_missing_or_swapped_program_and_says_when_it_gives_no_reply(tmp_path: Path):
+def test_agent_program_places_a_missing_or_swapped_archive_and_says_when_it_gives_no_reply(tmp_path: Path):
     host = placing(tmp_path / "work")
     transport = LocalTransport(host)
-    script = tmp_path / "echo.py"
-    script.write_bytes(ECHO_PROGRAM)
+    site = probe_package(tmp_path / "site")
     try:
-        from orchestrator.host import hostprogram
-
-        path, sha = hostprogram.remote_path(transport, script, "runs/progs")
-        reply = agent_client.program(transport, script, "runs/progs", {"blob": "abc"}, pythonpath="/nowhere")
-        assert reply == {"ok": True, "size": 3, "path": "/nowhere", "sha": sha}
+        path = hostprogram.remote_path(transport)
+        reply = agent_client.program(transport, "patch", json.loads(probe()), pythonpath=str(site))
+        assert reply["ok"] and reply["root"] == str(site)
         marker = tmp_path / "pwned"
         Path(path).write_text(f"import pathlib; pathlib.Path({str(marker)!r}).touch()\n")
-        assert agent_client.program(transport, script, "runs/progs", {"blob": ""})["size"] == 0
-        assert not marker.exists() and Path(path).read_bytes() == ECHO_PROGRAM
-        silent = tmp_path / "silent.py"
-        silent.write_text("import sys; sys.stderr.write('it broke\\n'); sys.exit(4)\n")
+        assert agent_client.program(transport, "patch", json.loads(probe()), pythonpath=str(site))["ok"]
+        assert not marker.exists() and Path(path).read_bytes() == hostprogram.archive()
         from orchestrator.errors import RemoteError
 
-        with pytest.raises(RemoteError, match="the host program silent.py gave no reply") as info:
-            agent_client.program(transport, silent, "runs/progs", {"action": "take"})
-        first, *rest = str(info.value).splitlines()
-        assert first == "cluster: command failed (the host program silent.py gave no reply): silent take"
-        assert rest == ["it broke"]
+        with pytest.raises(RemoteError, match="the host side's patch gave no reply") as info:
+            agent_client.program(transport, "patch", {"action": "check"}, python=str(tmp_path / "no-python"))
+        first = str(info.value).splitlines()[0]
+        assert first == "cluster: command failed (the host side's patch gave no reply): patch check"
     finally:
         agent_client.shared(transport).close()
 
 
 def test_a_log_that_cannot_be_read_waits_for_the_tick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(host_agent, "send", lambda doc: None)
+    monkeypatch.setattr(protocol, "send", lambda doc: None)
     (tmp_path / "elsewhere").write_bytes(b"x" * 5000)
     (tmp_path / "log").symlink_to(tmp_path / "elsewhere")  # sized through the link, never read through it
-    agent = host_agent.Agent()
+    agent = protocol.Agent()
     agent.follow({"key": "a", "dir": str(tmp_path)})
     assert not agent.tick()  # nothing read: no pushing at once, over and over
 
@@ -696,7 +699,6 @@ def test_nothing_is_imported_from_the_run_dir_or_the_folder_the_agent_starts_in(
     """The agent (started in the folder orch stands in), its job wrapper (started in the run dir) and the
     host programs it runs each start with only absolute folders on sys.path: a planted `hashlib.py` in
     either place is never imported."""
-    import hashlib
 
     marker = tmp_path / "pwned"
     here = tmp_path / "here"
@@ -710,11 +712,11 @@ def test_nothing_is_imported_from_the_run_dir_or_the_folder_the_agent_starts_in(
             job = link.call("launch", dir=str(root), script="echo job ran\n", token="t11")
             wait_for(lambda: (root / ".orch" / "exit_code").exists())
             assert (root / "log").read_text() == "job ran\n" and job["pid"] > 0
-            program = tmp_path / "progs" / "echo-1.py"
-            program.parent.mkdir(exist_ok=True)
-            program.write_bytes(ECHO_PROGRAM)
-            reply = link.call("program", python=sys.executable, path=str(program),
-                              sha256=hashlib.sha256(ECHO_PROGRAM).hexdigest(), input=json.dumps({"blob": ""}))
+            archive = tmp_path / "progs" / "hostjobs.zip"
+            archive.parent.mkdir(exist_ok=True)
+            archive.write_bytes(hostprogram.archive())
+            reply = link.call("program", python=sys.executable, path=str(archive), sha256=hostprogram.digest(),
+                              entry="patch", input=json.dumps({"action": "status", "state_dir": "/nonexistent"}))
             assert reply["code"] == 0, reply
         finally:
             link.close()
@@ -729,7 +731,7 @@ def test_a_pid_file_naming_another_process_is_never_adopted(link: AgentLink, tmp
     (root / ".orch" / "token").write_text("t12")
     victim = subprocess.Popen(["sleep", "300"])
     try:
-        (root / ".orch" / "pid").write_text(f"{victim.pid} {host_agent.start_time(victim.pid)}\n")
+        (root / ".orch" / "pid").write_text(f"{victim.pid} {procs.start_time(victim.pid)}\n")
         with pytest.raises(AgentError, match=f"names process {victim.pid}, which is not this run's wrapper"):
             link.call("launch", dir=str(root), script="true\n", token="t12")
         assert link.call("find", dir=str(root))["job"] is None  # nor is it picked up by a controller starting over
@@ -781,11 +783,11 @@ def test_a_child_that_left_the_jobs_group_is_stopped_with_the_job(link: AgentLin
                     token="t14")
     wait_for(lambda: out.exists() and out.read_text().strip().isdigit())
     stray = int(out.read_text())
-    wait_for(lambda: host_agent._stat_fields(stray)[2] == str(stray))  # its own group
+    wait_for(lambda: procs._stat_fields(stray)[2] == str(stray))  # its own group
     other = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
         assert link.call("kill", pid=job["pid"], start=job["start"], grace_s=5)["outcome"] in ("stopped", "killed")
-        wait_for(lambda: not host_agent.live_start(stray))
+        wait_for(lambda: not procs.live_start(stray))
         assert other.poll() is None
     finally:
         other.kill()

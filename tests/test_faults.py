@@ -116,17 +116,17 @@ def test_a_pid_recycled_in_the_grace_window_is_never_signalled(tmp_path: Path) -
 # group ends and is reaped and the pid goes to a stranger. The signal goes through a hold taken before the
 # proof, so it reaches nothing.
 RACE_SCENARIO = REAPER + """
-from orchestrator.host.hostjobs import agent
+from orchestrator.host.hostjobs import jobs, procs
 if sys.argv[3] == "older":  # a flag the kernel does not know is refused, as the group flag is before Linux 6.9
-    agent.PIDFD_SIGNAL_PROCESS_GROUP = 1 << 30
+    procs.PIDFD_SIGNAL_PROCESS_GROUP = 1 << 30
 if sys.argv[4] == "libc":  # as on Python 3.8: the system calls through libc
     del os.pidfd_open, signal.pidfd_send_signal
 root = Path(sys.argv[1])
-job = agent.launch(str(root / "run"), launch.job_script(": > trapped; sleep 300", {}), "t5")
+job = jobs.launch(str(root / "run"), launch.job_script(": > trapped; sleep 300", {}), "t5")
 pid, start = int(job["pid"]), job["start"]
 wait_for(lambda: (root / "run" / "trapped").exists())
 strangers = []
-proved = agent.start_time
+proved = procs.start_time
 
 
 def proof_then_recycle(p):
@@ -138,8 +138,8 @@ def proof_then_recycle(p):
     return now
 
 
-agent.start_time = proof_then_recycle
-sent = agent.signal_job(pid, start, signal.SIGTERM)
+procs.start_time = proof_then_recycle
+sent = procs.signal_job(pid, start, signal.SIGTERM)
 print("sent" if sent else "nothing", "survived" if alive(strangers[0].pid) else "signalled")
 strangers[0].kill()
 """

@@ -32,7 +32,8 @@ def processes(home: Path, word: bytes) -> list[int]:
 
 
 def agents(workdir: Path) -> list[int]:
-    """Pids of agents running from a host's workdir (not the jobs' wrappers: the agent's `wrap` mode)."""
+    """Pids of agents running from a host's workdir (not the jobs' wrappers nor a patcher: the archive's
+    `wrap` and `patch` entries)."""
     found = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
@@ -40,8 +41,8 @@ def agents(workdir: Path) -> list[int]:
                 argv = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"wrap" not in argv and any(
-                    a.startswith(str(workdir / "runs" / "hostjobs" / "agent-").encode()) for a in argv):
+            if b"wrap" not in argv and b"patch" not in argv and any(
+                    a.startswith(str(workdir / "runs" / "hostjobs" / "hostjobs-").encode()) for a in argv):
                 found.append(int(proc.name))
     return found
 

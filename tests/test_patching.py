@@ -145,7 +145,7 @@ def test_missing_flags_accepts_both_spellings() -> None:
 
 
 def patcher_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("orch_patcher", patching.PATCHER)
+    spec = importlib.util.find_spec("orchestrator.host.hostjobs.patcher")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -556,8 +556,8 @@ def test_one_request_to_the_agent_once_the_script_is_there(engine_python: str, t
     transport = CountingTransport(local_host(tmp_path / "work", {"python": engine_python}))
     patching.status(transport, registry.patch_sets())
     assert len(transport.puts) == 1 and asked == ["program", "program"]  # missing, uploaded, run
-    [script] = (tmp_path / "work" / "runs" / "patcher").iterdir()
-    assert re.fullmatch(r"patcher-[0-9a-f]{16}\.py", script.name)
+    [script] = (tmp_path / "work" / "runs" / "hostjobs").iterdir()
+    assert re.fullmatch(r"hostjobs-[0-9a-f]{16}\.zip", script.name)
     asked.clear()
     transport.puts.clear()
     patching.check(transport, registry.patch_set(SPEC_SET))
@@ -569,7 +569,7 @@ def test_a_swapped_patcher_file_is_never_run(engine_python: str, tmp_path: Path)
     """The workdir may be shared: a file put at the patcher's name by someone else is replaced, not run."""
     transport = CountingTransport(local_host(tmp_path / "work", {"python": engine_python}))
     patching.status(transport, registry.patch_sets())
-    [script] = (tmp_path / "work" / "runs" / "patcher").iterdir()
+    [script] = (tmp_path / "work" / "runs" / "hostjobs").iterdir()
     shipped = script.read_bytes()
     marker = tmp_path / "pwned"
     script.write_text(f"import pathlib; pathlib.Path({str(marker)!r}).touch()\n")
@@ -580,14 +580,14 @@ def test_a_swapped_patcher_file_is_never_run(engine_python: str, tmp_path: Path)
 
 def test_a_symlink_at_the_patchers_name_is_replaced_never_written_through(engine_python: str, tmp_path: Path) -> None:
     transport = CountingTransport(local_host(tmp_path / "work", {"python": engine_python}))
-    path, _ = hostprogram.remote_path(transport, patching.PATCHER, patching.REMOTE_DIR)
+    path = hostprogram.remote_path(transport)
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     Path(path).parent.mkdir(parents=True)
     Path(path).symlink_to(victim)
     assert patching.status(transport, registry.patch_sets()) == []
     assert victim.read_text() == "precious\n" and not Path(path).is_symlink()
-    assert Path(path).read_bytes() == patching.PATCHER.read_bytes()
+    assert Path(path).read_bytes() == hostprogram.archive()
 
 
 # --- hostile strings -----------------------------------------------------------------------------
@@ -627,7 +627,7 @@ def test_hostile_strings_never_execute(
     bad_python = LocalTransport(local_host(tmp_path, {"python": hostile}))
     with pytest.raises((RemoteError, HostError)):
         patching.check(bad_python, ps)
-    with pytest.raises(RemoteError, match="patcher check"):
+    with pytest.raises(RemoteError, match="patch check"):
         patching.check(transport, ps, python=hostile)
     assert not marker.exists()
 

@@ -20,7 +20,7 @@ from orchtest import FAST, Orch, agent_ops, alive, job_cmd
 from orchestrator import runflow
 from orchestrator.config.hosts import Host
 from orchestrator.config.workspace import Workspace
-from orchestrator.host import hostlease
+from orchestrator.host import hostlease, hostprogram
 from orchestrator.host.launch import RunPaths
 from orchestrator.host.remote import connect
 from orchestrator.store import Store
@@ -272,9 +272,10 @@ def test_the_leases_program_runs_through_the_agent_and_no_shell_command(
         hostlease.check(transport, hostlease.workspace_of(bob), [0])
         # the agent's requests only: no shell line at all (the upload makes its folder over SFTP)
         assert commands == []
-        assert ops == ["program"] * 7  # one more: the first found no program there, which was then placed
-        placed = list((shared / "runs" / "hostjobs").glob("leases-*.py"))
-        assert len(placed) == 1 and placed[0].read_bytes() == hostlease.PROGRAM.read_bytes()
+        # each an op of the agent already running there: no process started on the host for a lease
+        assert ops == ["lease"] * 6
+        placed = list((shared / "runs" / "hostjobs").glob("hostjobs-*.zip"))
+        assert len(placed) == 1 and placed[0].read_bytes() == hostprogram.archive()
     finally:
         transport.close()
 

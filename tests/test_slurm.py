@@ -19,7 +19,7 @@ from slurmcluster import SlurmCluster, free_port, missing, running
 
 from orchestrator.config.hosts import Host
 from orchestrator.host import slurm
-from orchestrator.host.hostjobs import agent as host_agent
+from orchestrator.host.hostjobs import slurm as host_slurm
 from orchestrator.host.launch import RunPaths
 from orchestrator.host.polling import queue_query_s
 from orchestrator.host.remote import LocalTransport
@@ -183,7 +183,7 @@ def test_hostile_host_values_reach_sbatch_as_single_words(tmp_path, cluster, mon
     args = slurm.sbatch_args(host, paths, 2)
     with monkeypatch.context() as m:  # the stand-in for this call only: the runs below use the real one
         m.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
-        assert host_agent.submit(paths.root, "echo hi\n", "tok'en $(x)", args) == {"job_id": 77, "again": False}
+        assert host_slurm.submit(paths.root, "echo hi\n", "tok'en $(x)", args) == {"job_id": 77, "again": False}
     argv = (tmp_path / "argv").read_text().split("\0")[:-1]
     # the batch script sits with the run's other control files
     assert argv == [*args, "--parsable", ".orch/batch.sh"]
@@ -228,14 +228,14 @@ def test_one_scheduler_query_serves_every_watcher_of_a_round(cluster, tmp_path):
 
 
 def test_squeue_and_sacct_parsing_is_defensive():
-    jobs = slurm.parse_squeue(host_agent.squeue_rows(
+    jobs = slurm.parse_squeue(host_slurm.squeue_rows(
         "12|PENDING||orch-3|Resources\n13|RUNNING|gpu[01-02]|orch-4|None\n"
         "garbage\n14|CANCELLED by 0|n1|orch-5|(null)\n15_3|COMPLETING+|n1|x|a|b\n"))
     assert jobs["12"].queued and jobs["12"].reason == "Resources" and jobs["12"].node is None
     assert jobs["13"].node == "gpu[01-02]" and not jobs["13"].ended
     assert jobs["14"].state == "CANCELLED" and jobs["14"].ended and jobs["14"].reason is None
     assert jobs["15_3"].state == "COMPLETING" and jobs["15_3"].reason == "a|b"
-    acct = slurm.parse_sacct(host_agent.sacct_rows("20|TIMEOUT|n1|orch-1|0:15\n21|COMPLETED|n2|orch-2|3:0\nJobID|State\n"))
+    acct = slurm.parse_sacct(host_slurm.sacct_rows("20|TIMEOUT|n1|orch-1|0:15\n21|COMPLETED|n2|orch-2|3:0\nJobID|State\n"))
     assert acct["20"].state == "TIMEOUT" and acct["20"].exit_code == 128 + 15 and acct["21"].exit_code == 3
     assert slurm.parse_job_id("4242;cluster\n") == 4242
     assert slurm._gpu_count("gpu:h100:4(S:0-1),gpu:a100:2,shard:8") == 6

@@ -1,12 +1,12 @@
-"""orch's end of a host agent (hostjobs/agent.py): placed on the host, started over one channel, spoken
+"""orch's end of a host agent (the `hostjobs` package): placed on the host, started over one channel, spoken
 to in JSON lines.
 
-The agent is one of orch's host programs (hostprogram.py): named by its content hash under the host's
-workdir, uploaded once per version, and started through the bootstrap that runs only the bytes whose
+The agent is the host side's archive (hostprogram.py): named by its content hash under the host's
+workdir, uploaded once per version, and started through the bootstrap that imports only the bytes whose
 sha256 it checked — a file someone else swapped there is uploaded again, never run. One reader thread takes the
 agent's lines apart: replies go to the request that waits for them, pushes (a run's new log bytes, its
 end, a heartbeat) into `pushes`. A message with file bytes names their count in `bytes`; they follow its
-line raw and land in its `data` (see hostjobs/agent.py). The agent pushes at most its window of log bytes
+line raw and land in its `data` (see hostjobs/protocol.py). The agent pushes at most its window of log bytes
 ahead of `ack`: whoever takes pushes acknowledges them once done, which bounds what waits in `pushes`
 while the reader never stops reading (a reply never waits behind a full queue). A link that stays
 silent past SILENT_S (the agent beats every 2 s) is closed: `alive` turns False and whoever holds the
@@ -15,14 +15,12 @@ link makes a new one.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..errors import HostError, RemoteError, Unreachable
@@ -30,35 +28,40 @@ from . import hostprogram, session
 from .remote import LocalTransport, Transport, quote
 from .transport import Stream
 
-SOURCE = Path(__file__).resolve().parent / "hostjobs" / "agent.py"
-REMOTE_DIR = "runs/hostjobs"
 SILENT_S = 15.0  # no line from the agent for this long (it beats every 2 s): the link went dark
 PING_S = 5.0  # the agent exits after a minute without a word from us
 IDLE_CLOSE_S = 30.0  # a shared link with no request for this long is closed; the next request starts one
 
 
 def source() -> bytes:
-    return SOURCE.read_bytes()
+    """The host side's archive, as it is placed on a host."""
+    return hostprogram.archive()
 
 
 def digest() -> str:
-    return hashlib.sha256(source()).hexdigest()
+    return hostprogram.digest()
+
+
+def from_sources(transport: Transport) -> bool:
+    """On this machine the agent runs from orch's own sources: nothing is placed in the workspace (`orch
+    gpus` in any folder creates nothing there), except for a batch scheduler, whose nodes reach the agent's
+    wrapper only through the workdir."""
+    return isinstance(transport, LocalTransport) and transport.host.scheduler is None
 
 
 def remote_path(transport: Transport) -> str:
-    """Where the agent runs from. On this machine it is orch's own copy: nothing is placed in the
-    workspace (`orch gpus` in any folder creates nothing there), except for a batch scheduler, whose nodes
-    reach the agent's wrapper only through the workdir."""
-    if isinstance(transport, LocalTransport) and transport.host.scheduler is None:
-        return str(SOURCE)
-    return hostprogram.remote_path(transport, SOURCE, REMOTE_DIR)[0]
+    """Where the agent runs from: the placed archive, or (from_sources) orch's own package folder."""
+    return hostprogram.TOP if from_sources(transport) else hostprogram.remote_path(transport)
 
 
 def bootstrap(transport: Transport) -> str:
-    """The one shell line that starts the agent: the host's python runs the checked bytes of its file."""
-    path, sha = remote_path(transport), digest()
+    """The one shell line that starts the agent: the host's python imports the checked bytes of the archive."""
+    if from_sources(transport):
+        program, args = hostprogram.SOURCES_RUN, [hostprogram.TOP]
+    else:
+        program, args = hostprogram.BOOTSTRAP, [remote_path(transport), digest()]
     # isolated (-I): no PYTHON* variable, user site or current folder decides what the agent imports
-    return f"exec {quote(transport.host.python)} -I -u -c {quote(hostprogram.BOOTSTRAP)} {quote(path)} {sha}"
+    return " ".join(["exec", quote(transport.host.python), "-I", "-u", "-c", *map(quote, [program, *args])])
 
 
 class AgentError(RemoteError):
@@ -112,11 +115,10 @@ class AgentLink:
                 info = link.call("hello", timeout=timeout)
             except (AgentError, Unreachable) as exc:
                 link.close()
-                placed = remote_path(transport)
-                if attempt == 2 or placed == str(SOURCE):  # orch's own copy is never placed again
+                if attempt == 2 or from_sources(transport):  # orch's own sources are never placed
                     raise _why_not(transport, exc) from None
                 # not there, or not this version (the bootstrap runs nothing else): upload it, once
-                hostprogram.upload(transport, SOURCE, placed)
+                hostprogram.upload(transport, remote_path(transport))
                 continue
             if info.get("sha256") == digest():
                 link.info = info
@@ -286,23 +288,23 @@ def call(transport: Transport, op: str, timeout: float = 60, **args: Any) -> dic
     return shared(transport).call(op, timeout=timeout, **args)
 
 
-def program(transport: Transport, script: Path, folder: str, request: dict[str, Any], *,
-            python: str | None = None, pythonpath: str | None = None, timeout: float | None = None
-            ) -> dict[str, Any]:
-    """Run one of orch's host programs (hostprogram.py) on the host with `request`, through the host's
-    agent: its `program` op starts `python` (default: the host's) on the bootstrap, which runs the placed
-    file only when its sha256 is this version's, the request on its stdin; no shell. The program's reply
-    (whatever its `ok`). One request in the usual case; the program is uploaded when the host lacks this
-    version (or holds a file swapped under its name), then asked again."""
-    path, sha = hostprogram.remote_path(transport, script, folder)
+def program(transport: Transport, entry: str, request: dict[str, Any], *, python: str | None = None,
+            pythonpath: str | None = None, timeout: float | None = None) -> dict[str, Any]:
+    """Run an entry of the host side's archive (hostprogram.py) that needs a python of its own (the patcher,
+    under the run's python) with `request`, through the host's agent: its `program` op starts `python`
+    (default: the host's) on the bootstrap, which imports the placed archive only when its sha256 is this
+    version's, the request on its stdin; no shell. The entry's reply (whatever its `ok`). One request in the
+    usual case; the archive is uploaded when the host lacks this version (or holds a file swapped under its
+    name), then asked again."""
+    path = hostprogram.remote_path(transport)
     limit = hostprogram.TIMEOUT_S if timeout is None else timeout
-    args = {"python": python or transport.host.python, "path": path, "sha256": sha,
+    args = {"python": python or transport.host.python, "path": path, "sha256": digest(), "entry": entry,
             "input": json.dumps(request), "pythonpath": pythonpath, "timeout_s": limit}
-    what = f"{script.stem} {request.get('action')}"
+    what = f"{entry} {request.get('action')}"
     try:
         result = call(transport, "program", timeout=limit + 30, **args)
         if result.get("code") == hostprogram.MISSING and not result.get("stdout"):
-            hostprogram.upload(transport, script, path)
+            hostprogram.upload(transport, path)
             result = call(transport, "program", timeout=limit + 30, **args)
     except AgentError as exc:  # it did not end in time, or could not be started
         raise RemoteError(transport.host.name, what, None, "", reason=exc.message) from None
@@ -313,7 +315,7 @@ def program(transport: Transport, script: Path, folder: str, request: dict[str, 
             raise TypeError(reply)
     except (ValueError, TypeError, IndexError):
         raise RemoteError(transport.host.name, what, result.get("code"), out + err,
-                          reason=f"the host program {script.name} gave no reply") from None
+                          reason=f"the host side's {entry} gave no reply") from None
     return reply
 
 

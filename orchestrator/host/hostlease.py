@@ -14,28 +14,24 @@ workspace's run, or with --queue waited for), and takes the files before GPU cle
 changes the host (`take`, which decides again under the lock). The same call makes the run dir the run's
 own (its token in `.orch/token`); removing, adopting or signalling a run's job checks that token first.
 
-The work is done on the host by `hostjobs/leases.py`, run by the host's agent, which parses what it reads
-strictly and refuses symlinks: any member of a shared workdir's group can write there.
+The work is done on the host by `hostjobs/leases.py`, an op of the host's agent (no process of its own),
+which parses what it reads strictly and refuses symlinks: any member of a shared workdir's group can write there.
 """
 
 from __future__ import annotations
 
 import hashlib
 import socket
-from pathlib import Path
 from typing import Any
 
 from ..config.workspace import Workspace
 from ..errors import OrchError
 from ..store import Store
 from . import agent
+from .hostjobs.leases import LEASES as DIR
+from .hostjobs.leases import LOCK_WAIT_S, workspace_of
 from .launch import RunPaths
 from .remote import Transport
-
-DIR = "leases"
-PROGRAM = Path(__file__).resolve().parent / "hostjobs" / "leases.py"
-PROGRAM_DIR = "runs/hostjobs"
-LOCK_WAIT_S = 30.0  # how long a change waits for `leases/.lock` before naming who holds it
 
 
 class HostLeaseBusy(OrchError):
@@ -66,9 +62,6 @@ def run_token(ws: Workspace, store: Store, run_id: int) -> str:
     return f"{workspace_id(ws)}:{run_id}:{created if created is not None else 0}"
 
 
-def workspace_of(token: str) -> str:
-    """The workspace part of a run token (`hostname:db path:run id:created`)."""
-    return token.rsplit(":", 2)[0]
 
 
 def workspace_key(ws: Workspace) -> str:
@@ -86,7 +79,7 @@ def run_paths(ws: Workspace, workdir: str, run_id: int) -> RunPaths:
 def _call(transport: Transport, request: dict[str, Any]) -> dict[str, Any]:
     request = {"workdir": transport.expand(transport.host.workdir).rstrip("/"),
                "shared": transport.host.shared_workdir, "lock_wait_s": LOCK_WAIT_S, **request}
-    return agent.program(transport, PROGRAM, PROGRAM_DIR, request, timeout=90)
+    return agent.call(transport, "lease", timeout=LOCK_WAIT_S + 60, **request)
 
 
 def take(transport: Transport, paths: RunPaths, token: str, gpus: list[int] | None, exclusive: bool = True
@@ -120,7 +113,7 @@ def _refused(transport: Transport, gpus: list[int] | None, error: dict[str, Any]
                              "GPUs or a workdir of this workspace's own", held=True)
     if kind == "lock-busy":
         return HostLeaseBusy(f"{name}: cannot take {what}: {error.get('message')}")
-    return Refused(f"{name}: {error.get('message') or 'the host program gave no reason'}")
+    return Refused(f"{name}: {error.get('message') or 'the host gave no reason'}")
 
 
 def release(transport: Transport, token: str) -> None:
@@ -146,5 +139,5 @@ def remove(transport: Transport, paths: RunPaths, token: str) -> str:
     return "removed" if reply.get("removed") else str(reply.get("why"))
 
 
-__all__ = ["HostLeaseBusy", "Refused", "check", "keys", "owner", "release", "remove", "run_paths",
-           "run_token", "take", "workspace_id", "workspace_key"]
+__all__ = ["DIR", "LOCK_WAIT_S", "HostLeaseBusy", "Refused", "check", "keys", "owner", "release", "remove", "run_paths",
+           "run_token", "take", "workspace_id", "workspace_key", "workspace_of"]

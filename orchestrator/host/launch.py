@@ -1,7 +1,7 @@
 """A run's job on its host: where its files are, its state as the host's agent reads it, starting and
 stopping it through that agent.
 
-The agent (hostjobs/agent.py) starts the job under its own `wrap` mode as a session leader (setsid, with
+The agent (the `hostjobs` package) starts the job under its own `wrap` mode as a session leader (setsid, with
 SIGHUP ignored as under nohup): the wrapper records `pid start_time` (start time in clock ticks from
 /proc, so a reused pid is never taken for the job), writes the combined stdout+stderr to `log`, and the
 exit code to `.orch/exit_code`.
@@ -20,15 +20,14 @@ from ..errors import OrchError
 from ..store.record import JobRef
 from . import agent
 from .agent import data_of
+from .hostjobs.common import CONTROL, JOB_MARK, TAIL_BYTES, TAIL_MARK
 from .remote import Transport, env_exports, quote
 
-# The mark the wrapper leaves in the environment of everything the job starts ("pid:start" of the wrapper),
-# so members that outlive it can still be told from a later group that took the same id.
-JOB_MARK = "ORCH_JOB"
-
+# JOB_MARK: the mark the wrapper leaves in the environment of everything the job starts ("pid:start" of the
+# wrapper), so members that outlive it can still be told from a later group that took the same id. CONTROL:
 # orch's own files of a run (pid, exit code, start and end, token) are in a folder of the run dir, out of
-# the way of a job that writes `./exit_code` or `./pid` in its working dir (the run dir by default).
-CONTROL = ".orch"
+# the way of a job that writes `./exit_code` or `./pid` in its working dir. Both are the host side's.
+
 # An exit code read back is a C int (the wrapper writes one; a job could write anything over it).
 EXIT_CODE_MAX = 2**31 - 1
 
@@ -91,8 +90,6 @@ class JobState:
     rotated: bool = False  # `data` is the rest of a rotated log (`size` is that file's); the new one is next
 
 
-TAIL_BYTES = 1 << 20  # the last lines of a log come from its last MiB, however long its lines (the agent's too)
-TAIL_MARK = 64  # bytes before the offset that must still be there, or the log was rewritten under it
 
 
 def tail_mark(tail: bytes) -> str:
@@ -184,7 +181,7 @@ class HostExecutor:
         return state  # the agent's word is the whole of it
 
 
-__all__ = ["HostExecutor", "JobState", "RunPaths", "job_script", "pushed_state", "tail_mark"]
+__all__ = ["CONTROL", "JOB_MARK", "TAIL_BYTES", "TAIL_MARK", "HostExecutor", "JobState", "RunPaths", "job_script", "pushed_state", "tail_mark"]
 
 
 def describe_exit(code: int) -> str:

@@ -18,8 +18,8 @@ patch.toml:
     requires_flags = ["--cuda-graph-backend-decode=disabled"]  # the engine must run with these
     revert_after = true                                 # undo when the run that applied it ends
 
-The work on the host is done by `hostjobs/patcher.py` (package data), run with the run's python (the spec's
-`python`, else the host's): it finds the package there, checks every hunk of every file before writing
+The work on the host is done by `hostjobs/patcher.py` (the `patch` entry of the host side's archive), run
+with the run's python (the spec's `python`, else the host's): it finds the package there, checks every hunk of every file before writing
 anything, writes all files or none, and keeps the originals so that a revert restores them byte for byte.
 Each interpreter has its own state on the host, so one set applied to two installs (an SGLang venv and a
 vLLM venv) is two sets, each reverted where it was applied.
@@ -31,7 +31,6 @@ import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..config.patchset import NAME_PATTERN, PatchError, PatchSet, load, load_folder, missing_flags, set_names
@@ -39,12 +38,9 @@ from ..store import Store
 from . import agent
 from .remote import Transport, quote
 
-# Where, under the host's workdir, the patcher script and the per-set state live. The script is orch's
-# own file, so it sits under runs/ (on the local host the workdir is the workspace, whose root is the
-# user's); the state stays where hosts already keep it, since a revert must find what an apply left.
-REMOTE_DIR = "runs/patcher"
+# Where, under the host's workdir, the per-set state lives: where hosts already keep it, since a revert
+# must find what an apply left.
 STATE_DIR = "patches/state"
-PATCHER = Path(__file__).resolve().parent / "hostjobs" / "patcher.py"  # runs on the host
 
 
 # --- results -------------------------------------------------------------------------------------
@@ -238,7 +234,7 @@ def _request(transport: Transport, ps: PatchSet, action: str, run_id: int | None
 def _call(transport: Transport, request: dict[str, Any], pythonpath: str | None = None,
           python: str | None = None) -> dict[str, Any]:
     """Run the patcher with `python` (default: the host's) and `request`; refusals raise PatchError."""
-    reply = agent.program(transport, PATCHER, REMOTE_DIR, request, python=python, pythonpath=pythonpath)
+    reply = agent.program(transport, "patch", request, python=python, pythonpath=pythonpath)
     if not reply.get("ok"):
         raise PatchError(_refusal(request, reply.get("error") or {}))
     return reply

@@ -3,12 +3,10 @@ transient failures by the named policy `ssh_retry`, keepalives, and a watchdog f
 
 from __future__ import annotations
 
-import base64
 import collections
 import contextlib
 import errno
 import functools
-import hashlib
 import io
 import logging
 import os
@@ -19,7 +17,6 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import tenacity
@@ -27,6 +24,14 @@ import tenacity
 from ..config.hosts import Host
 from ..errors import AuthFailed, HostKeyError, RemoteError, Unreachable
 from . import session
+from .hostkeys import (
+    RefuseRevoked,
+    RefuseUnknownKey,
+    SaveNewKeyPolicy,
+    UnknownKey,
+    fingerprint,
+    load_known_hosts,
+)
 from .transport import DEFAULT_TIMEOUT_S, RemoteFile, Result, Stream, Transport, write_pieces
 
 KEEPALIVE_S = 15  # SSH keepalives, so an idle connection through NAT stays up
@@ -152,98 +157,6 @@ def ssh_retry(sleep: Callable[[float], None] = time.sleep, attempts: int = ATTEM
     )
 
 
-class _SaveNewKeyPolicy:
-    """Accept an unknown (never a changed) host key and remember it, as `StrictHostKeyChecking=accept-new`."""
-
-    def __init__(self, known_hosts: str):
-        self.known_hosts = known_hosts
-
-    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        path = Path(self.known_hosts)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a+b") as f:
-            # a last line without its newline would otherwise swallow the new entry
-            f.seek(0, os.SEEK_END)
-            sep = b""
-            if f.tell():
-                f.seek(-1, os.SEEK_END)
-                sep = b"" if f.read(1) == b"\n" else b"\n"
-            f.write(sep + f"{hostname} {key.get_name()} {key.get_base64()}\n".encode())
-
-
-def _fingerprint(key: Any) -> str:
-    """`SHA256:...`, as ssh and ssh-keygen -l print it."""
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-class _UnknownKey(Exception):
-    pass
-
-
-class _RefuseUnknownKey:
-    """Refuse a host key that is not in known_hosts, saying which key it was and how to trust it."""
-
-    def __init__(self, known_name: str, port: int | None):
-        self.known_name, self.port = known_name, port
-
-    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
-        address = self.known_name.strip("[").split("]")[0]
-        scan = f"ssh-keyscan {'-p ' + str(self.port) + ' ' if self.port not in (None, 22) else ''}{address}"
-        raise _UnknownKey(
-            f"unknown host key for {self.known_name}: it offers {key.get_name()} {_fingerprint(key)}. "
-            f"If that is the host's key (ask its admin, or compare `ssh-keygen -lf` on the host), add it: "
-            f"{scan} >> ~/.ssh/known_hosts — or set accept_new_host_key = true for this host")
-
-
-class _RefuseRevoked:
-    """A key marked `@revoked` in known_hosts is refused, known or not; others go to the next policy."""
-
-    def __init__(self, revoked: set[str], known_name: str, then: Any):
-        self.revoked, self.known_name, self.then = revoked, known_name, then
-
-    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
-        if key.get_base64() in self.revoked:
-            raise _UnknownKey(f"the host key of {self.known_name} ({key.get_name()} {_fingerprint(key)}) is marked "
-                              "@revoked in known_hosts; refusing to connect")
-        if self.then is not None:
-            self.then.missing_host_key(client, hostname, key)
-
-
-def load_known_hosts(keys: Any, path: str) -> set[str]:
-    """Add the host keys of an OpenSSH known_hosts file to paramiko's `keys`; the keys marked @revoked.
-
-    paramiko's own reader stops with a traceback at a marker line, so the file is read here: @revoked keys
-    are refused whoever offers them; @cert-authority lines are skipped (paramiko cannot check host
-    certificates: such a host needs its own key listed); a line no parser takes is skipped, as ssh does.
-    """
-    from paramiko.hostkeys import HostKeyEntry
-
-    revoked: set[str] = set()
-    try:
-        lines = Path(path).read_text(errors="replace").splitlines()
-    except OSError:
-        return revoked
-    for number, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("@"):
-            fields = line.split()
-            if fields[0] == "@revoked" and len(fields) >= 4:
-                revoked.add(fields[3])
-            continue
-        try:
-            entry = HostKeyEntry.from_line(line, number)
-        except Exception:  # noqa: BLE001, S112 - a malformed line, whatever paramiko raises for it
-            continue
-        if entry is not None and entry.key is not None:
-            for name in entry.hostnames:
-                keys.add(name, entry.key.get_name(), entry.key)
-    return revoked
-
-
 class _SFTPFile(RemoteFile):
     """A file read over the connection's SFTP session, READ_AHEAD bytes asked for at a time. It holds the
     session (one thread at a time uses it) until closed."""
@@ -351,7 +264,7 @@ class SSHTransport(Transport):
             hop = hop.gateway
         try:
             conn.open()
-            _RefuseRevoked(self._revoked, self._known_name(), None).missing_host_key(
+            RefuseRevoked(self._revoked, self._known_name(), None).missing_host_key(
                 None, "", conn.transport.get_remote_server_key())
             conn.transport.set_keepalive(KEEPALIVE_S)
         except paramiko.BadHostKeyException as exc:
@@ -362,7 +275,7 @@ class SSHTransport(Transport):
                 host.name, f"authentication failed for user {conn.user!r} at {self._where()}: "
                 f"{str(exc) or type(exc).__name__} (is the key in identity_file or your ssh-agent authorized there?)"
             ) from None
-        except _UnknownKey as exc:
+        except UnknownKey as exc:
             raise HostKeyError(host.name, str(exc)) from None
         except paramiko.ssh_exception.NoValidConnectionsError as exc:
             refused = all(getattr(e, "errno", None) == errno.ECONNREFUSED for e in exc.errors.values())
@@ -392,8 +305,8 @@ class SSHTransport(Transport):
 
     def _changed_key(self, exc: Any) -> str:
         files = " and ".join(f for f in ("~/.ssh/known_hosts", self.host.known_hosts) if f)
-        return (f"host key changed for {self._known_name()}: it offers {exc.key.get_name()} {_fingerprint(exc.key)}, "
-                f"known_hosts has {_fingerprint(exc.expected_key)}; refusing to connect. If the host was reinstalled "
+        return (f"host key changed for {self._known_name()}: it offers {exc.key.get_name()} {fingerprint(exc.key)}, "
+                f"known_hosts has {fingerprint(exc.expected_key)}; refusing to connect. If the host was reinstalled "
                 f"(ask its admin), remove the old key: ssh-keygen -R '{self._known_name()}'"
                 + (f" -f {self.host.known_hosts}" if self.host.known_hosts else "") + f" (in {files}), then connect again")
 
@@ -404,9 +317,9 @@ class SSHTransport(Transport):
             if path:
                 revoked |= load_known_hosts(client.get_host_keys(), path)
         self._revoked = revoked
-        policy: Any = (_SaveNewKeyPolicy(extra or os.path.expanduser("~/.ssh/known_hosts"))
-                       if self.host.accept_new_host_key else _RefuseUnknownKey(self._known_name(), self.host.port))
-        client.set_missing_host_key_policy(_RefuseRevoked(revoked, self._known_name(), policy))
+        policy: Any = (SaveNewKeyPolicy(extra or os.path.expanduser("~/.ssh/known_hosts"))
+                       if self.host.accept_new_host_key else RefuseUnknownKey(self._known_name(), self.host.port))
+        client.set_missing_host_key_policy(RefuseRevoked(revoked, self._known_name(), policy))
 
     def _connection(self) -> Any:
         if self._conn is None or not self._conn.is_connected:

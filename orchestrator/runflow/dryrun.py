@@ -14,7 +14,6 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import posixpath
 import queue
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 from ..config.hosts import Host
 from ..config.spec import RunSpec, masked
 from ..config.workspace import Workspace
-from ..host import agent, hostlease, patching
+from ..host import agent, hostlease
 from ..host.executor import executor_class
 from ..host.remote import Result, Transport, quote
 from ..host.transport import Stream
@@ -123,8 +122,8 @@ class _RecordingAgent(Stream):
 
 
 def _program(args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """Which of orch's host programs a `program` request runs, and its request."""
-    name = posixpath.basename(str(args.get("path", ""))).rsplit("-", 1)[0]
+    """Which entry of orch's host side a `program` request runs, and its request."""
+    name = str(args.get("entry"))
     try:
         request = json.loads(args.get("input") or "{}")
     except ValueError:
@@ -158,10 +157,12 @@ def _answer(transport: RecordingTransport, op: str, args: dict[str, Any]) -> dic
         return {"entries": None, "usage": None, "job": None, "job_id": None}
     if op in ("tail", "size"):
         return {"text": "", "size": 0}
+    if op == "lease":
+        return {"ok": True, "warnings": []}
     if op == "program":
         name, request = _program(args)
         reply: dict[str, Any] = {"ok": True, "warnings": []}
-        if name == patching.PATCHER.stem and request.get("action") in ("check", "apply"):
+        if name == "patch" and request.get("action") in ("check", "apply"):
             root = request.get("within") or _site(str(args.get("python")))
             state = "pristine" if request["action"] == "check" else "applied"
             reply.update(package=request.get("package"), version=None, root=root, set_hash=request.get("set_hash"),
@@ -183,6 +184,8 @@ def _describe(op: str, args: dict[str, Any], gpus: list[int]) -> tuple[str, str 
         return f"write job.sh into {args['dir']} and submit it: sbatch {options}", str(args["script"])
     if op == "program":
         return _describe_program(args), None
+    if op == "lease":
+        return _describe_lease(args), None
     if op == "gpus":
         if not gpus:
             return "look at what holds the GPUs (nvidia-smi): answered as a host without GPUs", None
@@ -198,26 +201,30 @@ def _describe(op: str, args: dict[str, Any], gpus: list[int]) -> tuple[str, str 
     return f"{op} {json.dumps(shown, sort_keys=True)}", None
 
 
+def _describe_lease(request: dict[str, Any]) -> str:
+    action = request.get("action")
+    keys = ", ".join(request.get("keys") or [])
+    leases = f"{request.get('workdir')}/{hostlease.DIR}/"
+    if action == "held":
+        return f"ask the lease files in {leases} whether another workspace's run holds {keys}"
+    if action == "take":
+        took = f" and take the lease files {keys} in {leases}" if keys else ""
+        return f"make {request.get('run_dir')} the run's own (its token){took}"
+    return f"lease {action} in {leases}"
+
+
 def _describe_program(args: dict[str, Any]) -> str:
     name, request = _program(args)
     action = request.get("action")
     python = str(args.get("python"))
-    if name == hostlease.PROGRAM.stem:
-        keys = ", ".join(request.get("keys") or [])
-        leases = f"{request.get('workdir')}/{hostlease.DIR}/"
-        if action == "held":
-            return f"ask the lease files in {leases} whether another workspace's run holds {keys}"
-        if action == "take":
-            took = f" and take the lease files {keys} in {leases}" if keys else ""
-            return f"make {request.get('run_dir')} the run's own (its token){took}"
-    if name == patching.PATCHER.stem and action in ("check", "apply"):
+    if name == "patch" and action in ("check", "apply"):
         files = ", ".join(request.get("files") or {})
         target = (f"the run's copy of {request.get('package')} in {request['within']}" if request.get("within")
                   else f"{request.get('package')} {request.get('versions') or ''} of {python}".replace("  ", " "))
         if action == "check":
             return f"check that patch set {request.get('set_name')} applies to {target} ({files}); nothing written"
         return f"apply patch set {request.get('set_name')} to {target} ({files}), keeping the originals"
-    return f"run orch's host program {name} ({action}) with {python}"
+    return f"run orch's host side {name} ({action}) with {python}"
 
 
 @dataclass

@@ -41,7 +41,9 @@ def _key(op: str, args: dict[str, Any]) -> str:
     """A request to the agent as the comparison sees it: the op, what it acts on, and for a host program
     which one and its action."""
     if op == "program":
-        return f"{posixpath.basename(args['path']).rsplit('-', 1)[0]} {json.loads(args['input'])['action']}"
+        return f"{args['entry']} {json.loads(args['input'])['action']}"
+    if op == "lease":
+        return f"leases {args['action']}"
     return " ".join([op, *(str(args[k]) for k in ("path", "dir", "argv") if k in args)])
 
 
@@ -190,7 +192,7 @@ def test_a_dry_run_on_a_cluster_patches_the_runs_copy_and_submits(tmp_path: Path
     root = hostlease.run_paths(ws, cluster.workdir, 1).root
     ops = [s.request.get("op", s.kind) for s in dry.steps]
     # no lease files asked nor GPUs looked at: the scheduler places the job
-    assert ops == ["agent-start", "program", "program", "command", "program", "submit"]
+    assert ops == ["agent-start", "program", "lease", "command", "program", "submit"]
     files = ", ".join(registry.patch_set("sglang-eagle3-hidden-debug").files)
     assert dry.steps[1].what == ("check that patch set sglang-eagle3-hidden-debug applies to sglang ==0.5.23 of "
                                  f"python3 ({files}); nothing written")

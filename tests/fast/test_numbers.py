@@ -17,7 +17,7 @@ from test_objective_first import a_sweep
 
 from orchestrator import sweep
 from orchestrator.config.workspace import Workspace
-from orchestrator.host.hostjobs import agent
+from orchestrator.host.hostjobs import checks, gpus
 from orchestrator.logparse import LogParser
 from orchestrator.store import Store, noise, receipts
 from orchestrator.store.lifecycle import transition
@@ -96,7 +96,7 @@ def test_the_launch_request_looks_at_the_host_for_the_receipt(tmp_path: Path, mo
     there is no nvidia-smi."""
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi here
     (tmp_path / "config.json").write_bytes(b'{"hidden_size": 64}')
-    got = agent.host_facts({"python": sys.executable, "packages": ["pydantic", "no-such-dist"],
+    got = gpus.host_facts({"python": sys.executable, "packages": ["pydantic", "no-such-dist"],
                             "files": [str(tmp_path / "config.json"), str(tmp_path / "generation_config.json")]})
     from importlib.metadata import version
 
@@ -104,11 +104,11 @@ def test_the_launch_request_looks_at_the_host_for_the_receipt(tmp_path: Path, mo
     assert got["files"] == {str(tmp_path / "config.json"): hashlib.sha256(b'{"hidden_size": 64}').hexdigest(),
                             str(tmp_path / "generation_config.json"): None}
     assert "gpus" not in got and got["cpu"]["count"] >= 1
-    bad = agent.host_facts({"python": str(tmp_path / "nope")})
+    bad = gpus.host_facts({"python": str(tmp_path / "nope")})
     assert "error" in bad["engine"]
-    assert agent.checked("launch", {"dir": "/x", "script": "", "token": "t", "facts": {"python": "/p"}})["facts"]
+    assert checks.checked("launch", {"dir": "/x", "script": "", "token": "t", "facts": {"python": "/p"}})["facts"]
     with pytest.raises(ValueError, match="bad facts"):
-        agent.checked("launch", {"dir": "/x", "script": "", "token": "t", "facts": {"files": ["relative"]}})
+        checks.checked("launch", {"dir": "/x", "script": "", "token": "t", "facts": {"files": ["relative"]}})
 
 
 # --- repeats ---------------------------------------------------------------------------------------------------

@@ -1,9 +1,13 @@
 """Host leases and run dirs in a workdir that several workspaces (or Unix users) may share, on the host.
 
-Runs with the host's python (3.8 or newer, standard library only): one JSON request on stdin,
-one JSON reply on stdout, exit code 0 whenever a reply was written. Each action is a
-function of its own (`take`, `held`, `release`, `owner`, `remove`), so a longer-lived host program can
-call them directly.
+Who holds a host: a host, or a set of its GPUs, is held by the run whose token its lease files in
+`<workdir>/leases/` name, taken by one `lease take` op of the host's agent under the host's lock before
+anything changes the host, and freed by one `lease release` after the run's end steps. Whether a holder
+can still run is judged here alone, from what the host can prove (a run preparing, under an hour without
+a pid, or its wrapper alive with no exit code), and every workspace asks the same files.
+
+Each action is a function of its own (`take`, `held`, `release`, `owner`, `remove`), called by the agent's
+`lease` op in its own process (`answer`: a reply with `ok`, or `ok: false` and the refusal's kind and words).
 
 Everything read here may have been written by someone else: lease files are parsed as JSON into known
 shapes (numbers as numbers, paths checked to lie under `<workdir>/runs/`), never evaluated; files and
@@ -27,12 +31,12 @@ import posixpath
 import re
 import shutil
 import stat
-import sys
 import time
+
+from .common import CONTROL, write_whole
 
 LEASES = "leases"
 LOCK = ".lock"
-CONTROL = ".orch"
 KEY_RE = re.compile(r"^(host|gpu-[0-9]{1,4})$")
 # A lease file is `leases/KEY`, or `leases/KEY.UID` where a sticky shared leases/ keeps another user's
 # ended lease at KEY (only its owner may replace it).
@@ -125,20 +129,6 @@ def read_small(path):
         os.close(fd)
 
 
-def write_new(directory, name, text, mode=0o664):
-    """Write `directory/name` as a temporary file renamed into place (a symlink there is replaced, never
-    followed)."""
-    tmp = os.path.join(directory, f".tmp-{name}-{os.getpid()}-{time.monotonic_ns()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-    try:
-        os.rename(tmp, os.path.join(directory, name))
-    except OSError:
-        os.unlink(tmp)  # refused (another user's file in a sticky folder): nothing left behind
-        raise
 
 
 # --- the lock -----------------------------------------------------------------------------------
@@ -469,9 +459,9 @@ def _write_lease(leases_dir, key, text):
     (`KEY.UID`, read as the key's too)."""
     mine = f"{key}.{os.geteuid()}"
     try:
-        write_new(leases_dir, key, text)
+        write_whole(os.path.join(leases_dir, key), text, 0o664)
     except PermissionError:
-        write_new(leases_dir, mine, text)
+        write_whole(os.path.join(leases_dir, mine), text, 0o664)
         return
     if _lstat(os.path.join(leases_dir, mine)) is not None:
         os.unlink(os.path.join(leases_dir, mine))  # an older one of this user's, beside a lease gone since
@@ -534,16 +524,11 @@ def handle(request):
     return dict(action(request), ok=True)
 
 
-def main():
+def answer(request):
+    """The reply to one request: the action's result, or `ok: false` with the refusal's kind and words."""
     try:
-        reply = handle(json.loads(sys.stdin.read()))
+        return handle(request)
     except Refusal as exc:
-        reply = {"ok": False, "error": exc.as_dict()}
+        return {"ok": False, "error": exc.as_dict()}
     except (ValueError, KeyError, TypeError, OSError) as exc:
-        reply = {"ok": False, "error": {"kind": "error", "message": f"{type(exc).__name__}: {exc}"}}
-    sys.stdout.write(json.dumps(reply) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        return {"ok": False, "error": {"kind": "error", "message": f"{type(exc).__name__}: {exc}"}}

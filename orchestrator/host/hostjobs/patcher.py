@@ -1,6 +1,7 @@
 """Apply, check, revert and report orch patch sets on the host, against the installed package.
 
-Runs with the host's python (3.8 or newer, standard library only). Reads one JSON request on stdin
+The archive's `patch` entry (main.py), started by the agent's `program` op under the run's python (3.8 or
+newer, standard library only), which must find the engine that python imports. Reads one JSON request on stdin
 and writes one JSON reply on stdout; the exit code is 0 whenever a reply was written, including a
 refusal (`ok: false`), so the caller always gets a reason it can show.
 
@@ -26,8 +27,9 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
+
+from .common import write_whole
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -119,9 +121,7 @@ def version_matches(version, spec):
 
 def find_package(package, distribution):
     """(root, version): the directory holding the package's folder, and the installed version."""
-    # The script's own folder is sys.path[0]; a stray folder there must not shadow the package.
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    # The bootstrap kept only absolute folders on sys.path: no stray folder where it started shadows it.
     # For a top-level name find_spec only locates the package; nothing of it is imported, which
     # matters because the engine's own dependencies (torch, CUDA) need not import here.
     spec = importlib.util.find_spec(package)
@@ -297,23 +297,11 @@ def load_state(directory):
 
 
 def write_atomic(path, data, like=None):
-    """Replace `path` with `data` through a temporary file and a rename, keeping `like`'s mode."""
+    """Replace `path` with `data` whole (common.write_whole, synced), keeping `like`'s mode; its folder made."""
     directory = os.path.dirname(path)
     if not os.path.isdir(directory):
         os.makedirs(directory)
-    fd, tmp = tempfile.mkstemp(prefix=".orch-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if like is not None:
-            os.chmod(tmp, like.st_mode & 0o7777)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_whole(path, data, 0o600 if like is None else like.st_mode & 0o7777, exact=True, sync=True)
 
 
 def read_bytes(path):
@@ -559,6 +547,3 @@ def main():
     sys.stdout.write("\n")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
