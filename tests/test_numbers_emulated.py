@@ -68,3 +68,23 @@ def test_a_run_whose_gpus_were_busy_at_launch_is_invalid(orch: Orch, tmp_path: P
     finally:
         squatter.kill()
         squatter.wait()
+
+
+def test_a_receipt_masks_the_secrets_of_the_job_s_command_line(orch: Orch) -> None:
+    """A token on the command line, a password in a URL and an env secret's value written out are masked in
+    the receipt as in the environment; the job still gets every one of them."""
+    hostile = "hf_live_0123456789"
+    cmd = (f"echo --hf-token {hostile} --db=postgres://me:pw0rd@db/x --again $'{hostile}' "
+           f"--key-of-env s3cr3t-value --tokenizer tok > seen.txt; echo '--max-tokens' 7 >> seen.txt")
+    res = orch("run", "command", "--set", f"cmd={cmd}", "--set", 'env={WANDB_API_KEY="s3cr3t-value"}',
+               "--set", "cleanup=false")
+    assert res.returncode == 0, res.stderr
+    doc = orch.status(1)
+    seen = Path(doc["remote_dir"], "seen.txt").read_text()
+    assert hostile in seen and "pw0rd" in seen and "s3cr3t-value" in seen  # the job got them
+    receipt = json.dumps(doc["receipt"])
+    for secret in (hostile, "pw0rd", "s3cr3t-value"):
+        assert secret not in receipt, (secret, doc["receipt"]["argv"])
+    argv = doc["receipt"]["argv"]
+    assert "--hf-token *** --db=*** --again $'***' --key-of-env *** --tokenizer tok" in argv, argv
+    assert "'--max-tokens' 7" in argv and doc["receipt"]["env"]["WANDB_API_KEY"] == "***"

@@ -14,7 +14,7 @@ from typing import Any
 from .. import __version__
 from ..errors import OrchError
 from ..playbook import SERVING_PHASES, JobContext, Prepared
-from ..secret_env import masked_env
+from ..secret_env import is_secret, masked_argv, masked_command, masked_env
 from ..store.record import Status
 from .context import Job
 
@@ -36,15 +36,20 @@ def begin(ctx: Job, job: JobContext[Any], prepared: Prepared, command: str, env:
     served = ((server or {}).get("receipt") or {}).get("engine") or {}
     engine = served.get("name") or ctx.pb.log_engine(spec) or ctx.pb.engine
     bench = getattr(spec, "bench", None) or spec
+    marked = [*ctx.host.secret_env, *spec.secret_env]
+    # the command lines are masked as the environment is: a secret flag's value, a credential in a URL, and
+    # any env secret's value written out on the line too
+    known = [str(v) for k, v in env.items() if is_secret(k, v, marked)]
+    server_argv = ctx.pb.engine_argv(spec)
     receipt: dict[str, Any] = {
         "orch": __version__, "host": ctx.host.name, "playbook": ctx.pb.name,
-        "spec": ctx.run.spec,  # as stored: its secrets masked
+        "spec": _masked_spec(ctx.run.spec, known),  # as stored (its env masked), its command lines too
         "engine": {"name": engine, "version": prepared.engine_version,
                    "python": spec.python or served.get("python") or job.python},
         "patches": patches,
-        "argv": command,
-        "server_argv": ctx.pb.engine_argv(spec),
-        "env": masked_env(env, [*ctx.host.secret_env, *spec.secret_env]),
+        "argv": masked_command(command, known),
+        "server_argv": None if server_argv is None else masked_argv(server_argv, known),
+        "env": masked_env(env, marked),
         "launched_at": time.time(),
     }
     if server is not None:
@@ -111,6 +116,17 @@ def complete(ctx: Job, reverted: list[str]) -> None:
     patches = [{**p, "reverted": p.get("name") in reverted} for p in run.receipt.get("patches") or []]
     ctx.store.complete_receipt(ctx.run_id, {"patches": patches, "ended_at": run.ended_at,
                                             "status": run.status.value, "invalid": run.invalid})
+
+
+def _masked_spec(value: Any, known: list[str]) -> Any:
+    """The spec's command lines (`cmd`, `extra_args`, a bench's) with their secrets masked as the job's are."""
+    if isinstance(value, dict):
+        return {k: _masked_spec(v, known) for k, v in value.items()}
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return masked_argv(value, known)
+    if isinstance(value, list):
+        return [_masked_spec(v, known) for v in value]
+    return masked_command(value, known) if isinstance(value, str) else value
 
 
 def _model_path(spec: Any) -> str | None:
