@@ -45,6 +45,7 @@ WINDOW = 8 << 20  # pushed log bytes not yet acknowledged by the watcher, at mos
 HOLD_STEP_S = 0.2  # how often a held read looks for news
 GROUP_CHECK_S = 0.5  # a wrapper-less group is looked for in /proc at most this often
 CONTROL = ".orch"
+FACTS_ASKED, FACTS = "facts_asked.json", "facts.json"  # a batch job's receipt facts: asked at submission, seen on its node
 JOB_MARK = "ORCH_JOB"
 TAIL_MARK = 64  # bytes before an offset compared, to tell a log rewritten under it
 DISK_FULL_KIB = 64
@@ -666,7 +667,7 @@ class _opened:
             self.run.close()
 
 
-def submit(root, script, token, options):
+def submit(root, script, token, options, facts=None):
     """Write the job script and sbatch this program's wrapper in the run dir; the job id. Idempotent for
     the same token (a retry answers the job submitted before); a failed sbatch leaves no token behind,
     so the launch can be tried again. The wrapper checks the run dir again when the job starts: a queue
@@ -676,6 +677,8 @@ def submit(root, script, token, options):
         if known is not None:
             return {"job_id": known, "again": True}
         _write_at(run.fd, "job.sh", script, 0o600)  # its environment may hold secrets: the owner's only
+        if facts is not None:  # the receipt's look at the host, taken on the node when the job starts
+            run.write(FACTS_ASKED, json.dumps(facts), 0o600)
         # the batch script only starts the wrapper, through the bootstrap that checks this program's bytes
         run.write("batch.sh", "#!/bin/sh\nexec " + " ".join(
             _sh_word(w) for w in self_command("wrap", "--dir", root, "--run", run_mark(token))) + "\n", 0o755)
@@ -880,6 +883,8 @@ def wrap(detach, root=None, mark=None):
     node = _node(os.environ.get("SLURMD_NODENAME"))
     if node:  # a batch job notes its node: one that ends between two queue queries is never seen running
         _write(os.path.join(CONTROL, "node"), node + "\n", 0o644)
+    if root is not None:
+        node_facts(node)
     _write(os.path.join(CONTROL, "started_at"), f"{time.time():.9f}\n", 0o644)
     pid = os.getpid()
     start = start_time(pid)
@@ -893,6 +898,16 @@ def wrap(detach, root=None, mark=None):
     _write(os.path.join(CONTROL, "ended_at"), f"{time.time():.9f}\n", 0o644)
     _write(os.path.join(CONTROL, "exit_code"), f"{code}\n", 0o644)
     return code
+
+
+def node_facts(node):
+    """A batch job's receipt facts, looked at on its node before it starts, when its submission asked."""
+    try:
+        with open(os.path.join(CONTROL, FACTS_ASKED)) as f:
+            asked = json.load(f)
+        _write(os.path.join(CONTROL, FACTS), json.dumps({**host_facts(asked), "node": node}), 0o600)
+    except (OSError, ValueError):  # none asked, or unreadable: the job runs all the same
+        pass
 
 
 def enter_run(root, mark):
@@ -1538,7 +1553,7 @@ ARGS = {
     "program": {"python": (_arg_word, REQUIRED), "path": (_path, REQUIRED), "sha256": (_sha256, REQUIRED),
                 "input": (_text, ""), "pythonpath": (_maybe(_arg), None), "timeout_s": (_seconds, 120)},
     "submit": {"dir": (_path, REQUIRED), "script": (_text, REQUIRED), "token": (_token, REQUIRED),
-               "options": (_list_of(_option, 256), [])},
+               "options": (_list_of(_option, 256), []), "facts": (_maybe(_facts), None)},
     "squeue": {"job_id": (_maybe(_count), None)},
     "sacct": {"ids": (_list_of(_count, 10000), REQUIRED)},
     "scancel": {"job_id": (_count, REQUIRED), "kill": (_flag, False)},
@@ -1657,7 +1672,7 @@ class Agent:
         return {"data": read_chunk(a["path"], a["offset"], a["length"])}
 
     def submit(self, a):
-        return submit(a["dir"], a["script"], a["token"], a["options"])
+        return submit(a["dir"], a["script"], a["token"], a["options"], a["facts"])
 
     def squeue(self, a):
         return {"jobs": squeue(a["job_id"])}
