@@ -90,7 +90,7 @@ _ASSIGNED = re.compile(r"(?<![^\s;|&(])([A-Za-z_][A-Za-z0-9_]*)=(" + _WORD + ")"
 
 def _flag_looks_secret(flag: str) -> bool:
     m = _FLAG.fullmatch(flag)
-    return bool(m) and looks_secret(re.sub(r"[-.]", "_", m.group(1)))
+    return m is not None and looks_secret(re.sub(r"[-.]", "_", m.group(1)))
 
 
 def _hides(value: str) -> bool:
