@@ -88,3 +88,24 @@ def test_a_receipt_masks_the_secrets_of_the_job_s_command_line(orch: Orch) -> No
     argv = doc["receipt"]["argv"]
     assert "--hf-token *** --db=*** --again $'***' --key-of-env *** --tokenizer tok" in argv, argv
     assert "'--max-tokens' 7" in argv and doc["receipt"]["env"]["WANDB_API_KEY"] == "***"
+
+
+def test_the_gpu_step_s_last_look_is_the_receipt_s(orch: Orch, tmp_path: Path) -> None:
+    """nvidia-smi is asked for the receipt's GPU facts in the GPU step's last look (the GPUs free), and not
+    again by the launch."""
+    calls, shim = tmp_path / "smi-calls", tmp_path / "shim"
+    shim.mkdir()
+    (shim / "nvidia-smi").write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {FAKES}/nvidia-smi "$@"\n')
+    (shim / "nvidia-smi").chmod(0o755)
+    orch.env["PATH"] = f"{shim}{os.pathsep}{orch.env['PATH']}"
+    res = orch("run", "command", "--set", "cmd=true", "--set", "gpus=[1]")
+    assert res.returncode == 0, res.stderr
+    asked = calls.read_text().splitlines()
+    looks = [a for a in asked if a.startswith("--query-gpu")]
+    # the GPU step looks before its cleanup and once the GPUs are free: that last look takes the facts too
+    assert len(looks) == 2 and "driver_version" not in looks[0] and "driver_version" in looks[1], asked
+    assert len([a for a in asked if a.startswith("--query-compute-apps")]) == 2, asked
+    doc = orch.status(1)
+    gpus = doc["receipt"]["hardware"]["gpus"]
+    assert [g["name"] for g in gpus] == ["NVIDIA H100 80GB HBM3"] * 2 and gpus[0]["driver_version"] == "550.54.15"
+    assert "memory.used" not in gpus[0] and "gpu_check" not in doc["receipt"] and doc["invalid"] is None

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 from .. import __version__
 from ..errors import OrchError
 from ..host import agent
-from ..host.hostjobs.agent import FACTS
+from ..host.gpu import GpuSnapshot
+from ..host.hostjobs.agent import FACTS, GPU_FACTS
 from ..playbook import SERVING_PHASES, JobContext, Prepared
 from ..secret_env import is_secret, masked_argv, masked_command, masked_env
 from ..store.record import Status
@@ -28,6 +29,16 @@ PACKAGES = {"vllm": ("vllm", "torch", "transformers"), "sglang": ("sglang", "sgl
             "speculators": ("speculators", "vllm", "torch", "transformers")}
 OTHER_PACKAGES = ("torch", "transformers")
 ENGINE_SEED = {"vllm": 0, "sglang": 1}  # each benchmark's default --seed
+GPU_CHECK = "gpu_check"  # the GPU step's look, on the Job's receipt until the launch takes it
+
+
+def gpus_checked(ctx: Job, snap: GpuSnapshot) -> None:
+    """The GPU step's last look before the launch (the GPUs free, with their facts): the receipt's GPUs and
+    its clean check, so the launch need not ask nvidia-smi again."""
+    rows = [{k: row.get(k) for k in GPU_FACTS} for row in snap.facts or []]
+    apps = [{"pid": str(p.pid), "gpu_uuid": g.uuid} for g in snap.gpus for p in g.processes]
+    ctx.receipt = {GPU_CHECK: {"gpus": rows, "gpu_apps": apps,
+                               **({"gpu_error": snap.facts_error} if snap.facts_error else {})}}
 
 
 def begin(ctx: Job, job: JobContext[Any], prepared: Prepared, command: str, env: dict[str, str],
@@ -56,6 +67,8 @@ def begin(ctx: Job, job: JobContext[Any], prepared: Prepared, command: str, env:
         "env": masked_env(env, marked),
         "launched_at": time.time(),
     }
+    if GPU_CHECK in ctx.receipt:  # kept for the launch (its GPUs already seen), never recorded as it is
+        receipt[GPU_CHECK] = ctx.receipt[GPU_CHECK]
     if server is not None:
         receipt["server"] = server  # the model is the server's, in its receipt
     elif _model_path(spec) is not None:
@@ -80,7 +93,11 @@ def facts_request(ctx: Job) -> dict[str, Any] | None:
     path = (r.get("model") or {}).get("path")
     if isinstance(path, str) and path.startswith("/"):
         files = [posixpath.join(path, name) for name in CONFIG_FILES]
-    return {"python": r["engine"]["python"], "packages": list(PACKAGES.get(engine, OTHER_PACKAGES)), "files": files}
+    asked: dict[str, Any] = {"python": r["engine"]["python"], "packages": list(PACKAGES.get(engine, OTHER_PACKAGES)),
+                             "files": files}
+    if GPU_CHECK in r:
+        asked["gpus"] = False  # the GPU step's last look has them
+    return asked
 
 
 def launched(ctx: Job, facts: dict[str, Any] | None) -> None:
@@ -88,6 +105,9 @@ def launched(ctx: Job, facts: dict[str, Any] | None) -> None:
     r = ctx.receipt
     if not r:
         return
+    checked = r.pop(GPU_CHECK, None)
+    if facts is not None and checked is not None:
+        facts = {**facts, **checked}
     if facts:
         _host_part(r, facts)
     ctx.store.complete_receipt(ctx.run_id, r)

@@ -351,19 +351,28 @@ def process_info(pid):
             "group_start": start_time(pgid), "mark": mark}
 
 
-def gpus(timeout):
-    """The GPUs, their compute processes and what each process is, in one look; None without nvidia-smi."""
+def gpus(timeout, facts=False):
+    """The GPUs, their compute processes and what each process is, in one look; None without nvidia-smi.
+    With `facts`, the same query asks for a receipt's GPU facts too (a driver that lacks one: without them)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
-    gpu_rows = _csv([smi, "--query-gpu=" + ",".join(GPU_FIELDS)], GPU_FIELDS, timeout)
+    fields = GPU_FIELDS + tuple(f for f in GPU_FACTS if f not in GPU_FIELDS) if facts else GPU_FIELDS
+    extra = {}
+    try:
+        gpu_rows = _csv([smi, "--query-gpu=" + ",".join(fields)], fields, timeout)
+    except GpuError as exc:
+        if fields == GPU_FIELDS:
+            raise
+        extra["facts_error"] = str(exc)[:300]
+        gpu_rows = _csv([smi, "--query-gpu=" + ",".join(GPU_FIELDS)], GPU_FIELDS, timeout)
     apps = _csv([smi, "--query-compute-apps=" + ",".join(APP_FIELDS)], APP_FIELDS, timeout)
     procs = {}
     for app in apps:
         pid = app["pid"]
         if pid.isdigit() and pid not in procs:
             procs[pid] = process_info(int(pid))
-    return {"gpus": gpu_rows, "apps": apps, "procs": procs}
+    return {"gpus": gpu_rows, "apps": apps, "procs": procs, **extra}
 
 
 
@@ -419,7 +428,7 @@ def host_facts(request, timeout=30):
         except (ValueError, IndexError):
             found["engine"] = {"error": " ".join((out["stderr"] or "no output").split())[-300:]}
     found["files"] = {path: file_sha256(path) for path in request.get("files") or []}
-    smi = shutil.which("nvidia-smi")
+    smi = shutil.which("nvidia-smi") if request.get("gpus", True) else None  # False: the GPU check saw them
     if smi is not None:
         try:
             found["gpus"] = _csv([smi, "--query-gpu=" + ",".join(GPU_FACTS)], GPU_FACTS, timeout)
@@ -1505,7 +1514,7 @@ def _url(v):
 def _facts(v):
     """What a launch is asked to look at for the run's receipt: the engine's python and distributions, and
     the model's config files."""
-    return (isinstance(v, dict) and set(v) <= {"python", "packages", "files"}
+    return (isinstance(v, dict) and set(v) <= {"python", "packages", "files", "gpus"} and _flag(v.get("gpus", True))
             and _maybe(_arg_word)(v.get("python")) and _list_of(_word, 32)(v.get("packages", []))
             and _list_of(_path, 64)(v.get("files", [])))
 
@@ -1560,7 +1569,7 @@ ARGS = {
     "sinfo": {"what": (lambda v: v in SINFO_FORMATS, REQUIRED)},
     "files": {"dir": (_path, REQUIRED), "skip": (_word, "pulled")},
     "health": {"url": (_url, REQUIRED), "timeout_s": (_seconds, 5)},
-    "gpus": {"timeout_s": (_seconds, 60)},
+    "gpus": {"timeout_s": (_seconds, 60), "facts": (_flag, False)},
     "port": {},
 }
 OPS = tuple(ARGS)
@@ -1713,7 +1722,7 @@ class Agent:
 
     def gpus(self, a):
         try:
-            return {"nvidia_smi": True, **gpus(float(a["timeout_s"]))} if shutil.which("nvidia-smi") else {
+            return {"nvidia_smi": True, **gpus(float(a["timeout_s"]), a["facts"])} if shutil.which("nvidia-smi") else {
                 "nvidia_smi": False}
         except (GpuError, OSError, subprocess.SubprocessError) as exc:
             return {"nvidia_smi": True, "error": str(exc) or type(exc).__name__}
