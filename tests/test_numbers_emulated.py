@@ -109,3 +109,17 @@ def test_the_gpu_step_s_last_look_is_the_receipt_s(orch: Orch, tmp_path: Path) -
     gpus = doc["receipt"]["hardware"]["gpus"]
     assert [g["name"] for g in gpus] == ["NVIDIA H100 80GB HBM3"] * 2 and gpus[0]["driver_version"] == "550.54.15"
     assert "memory.used" not in gpus[0] and "gpu_check" not in doc["receipt"] and doc["invalid"] is None
+
+
+def test_a_benchmark_of_a_url_holds_the_receipt_of_the_server_serving_it(orch: Orch) -> None:
+    port = free_port("127.0.0.1")
+    res = orch("run", "serve-eagle3", "--until-ready", *serve_sets(port, "--serve-after", "600"), "--set", "cleanup=false")
+    assert res.returncode == 0, res.stderr
+    bench = ["run", "bench-serving", "--set", f"launcher={BENCH}", "--set", "num_prompts=4", "--set", "poll_min=0.05",
+             "--set", "poll_max=0.3"]
+    assert orch(*bench, "--set", f"url=http://127.0.0.1:{port}").returncode == 0
+    assert orch(*bench, "--set", f"url=http://127.0.0.1:{free_port('127.0.0.1')}", check=None).returncode in (0, 1)
+    orch("stop", "1", check=0)
+    served = orch.status(2)["receipt"]["server"]
+    assert served["run"] == 1 and served["ready_at_launch"] is True and served["receipt"]["engine"]["name"] == "sglang"
+    assert "server" not in orch.status(3)["receipt"]  # no run of this workspace serves that port
