@@ -76,3 +76,86 @@ def masked_values(values: Mapping[str, Any]) -> dict[str, Any]:
         return dict(values)
     names = [m for m in marked if isinstance(m, str)] if isinstance(marked, list) else []
     return {**values, "env": masked_env(env, names)}
+
+
+# --- secrets in a command line ---------------------------------------------------------------------------------
+# A flag's words as an env name's: `--hf-token`, `--api_key`, `-password` read as HF_TOKEN, API_KEY, PASSWORD.
+_FLAG = re.compile(r"-{1,2}([A-Za-z][A-Za-z0-9_.-]*)")
+# One word as the shell reads it: quoted ('...', "...", $'...') or bare, up to a space or an operator.
+_WORD = r"""(?:'[^']*'|"(?:[^"\\]|\\.)*"|\$'(?:[^'\\]|\\.)*'|[^\s;|&<>'"])+"""
+# A flag and its value (`--api-key K`, `--hf-token=K`), or an assignment (`HF_TOKEN=K cmd`, `export K=V`).
+_FLAG_VALUE = re.compile(r"(?<![^\s;|&(])(-{1,2}[A-Za-z][A-Za-z0-9_.-]*)(=|[ \t]+)(?!-)(" + _WORD + ")")
+_ASSIGNED = re.compile(r"(?<![^\s;|&(])([A-Za-z_][A-Za-z0-9_]*)=(" + _WORD + ")")
+
+
+def _flag_looks_secret(flag: str) -> bool:
+    m = _FLAG.fullmatch(flag)
+    return m is not None and looks_secret(re.sub(r"[-.]", "_", m.group(1)))
+
+
+def _hides(value: str) -> bool:
+    """A flag's value worth masking: a number is a count (`--speculative-num-draft-tokens 4`), not a secret."""
+    return value not in ("", MASK) and not re.fullmatch(r"[\d.]+", value.strip("'\""))
+
+
+def masked_argv(argv: Iterable[str], known: Iterable[str] = ()) -> list[str]:
+    """`argv` with its secrets masked as the environment's are: the value after (or `=` in) a flag whose name
+    looks secret (`--api-key K`, `--hf-token=K`), an assignment to a secret-looking name, a URL with a
+    credential, and any `known` secret value (an env secret written out on the line too)."""
+    words = list(argv)
+    found = list(known)  # a secret seen once is masked wherever else the line repeats it
+    out = []
+    for i, word in enumerate(words):
+        flag, eq, value = word.partition("=")
+        assigned = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", flag) and looks_secret(flag)
+        if i and _flag_looks_secret(words[i - 1]) and not word.startswith("-") and _hides(word):
+            found.append(word)
+        elif eq and ((_flag_looks_secret(flag) and _hides(value)) or (assigned and value)):
+            found.append(value)
+        out.append(_mask_urls(word))
+    return [_mask_known(word, found) for word in out]
+
+
+def masked_command(command: str, known: Iterable[str] = ()) -> str:
+    """A shell command (or a script of them) with its secrets masked where they stand, as masked_argv masks
+    an argv; its shape is kept (the rest of the text is left byte for byte)."""
+    found = list(known)  # a secret seen once is masked wherever else the line repeats it
+
+    def flag(m: re.Match[str]) -> str:
+        if not (_flag_looks_secret(m.group(1)) and _hides(m.group(3))):
+            return m.group(0)
+        found.append(_unquoted(m.group(3)))
+        return m.group(1) + m.group(2) + MASK
+
+    def assigned(m: re.Match[str]) -> str:
+        if not (looks_secret(m.group(1)) and m.group(2)):
+            return m.group(0)
+        found.append(_unquoted(m.group(2)))
+        return f"{m.group(1)}={MASK}"
+
+    text = _ASSIGNED.sub(assigned, _FLAG_VALUE.sub(flag, command))
+    return _mask_known(_mask_urls(text), found)
+
+
+def _unquoted(word: str) -> str:
+    import shlex
+
+    try:
+        return "".join(shlex.split(word)) or word
+    except ValueError:
+        return word
+
+
+def _mask_urls(text: str) -> str:
+    return _URL.sub(lambda m: MASK if holds_credential(m.group(0)) else m.group(0), text)
+
+
+def _mask_known(text: str, known: Iterable[str]) -> str:
+    """Each known secret replaced where it stands as a whole word (after a space, a quote, `=` or `$`; before
+    a space, a quote or `;`), as written or shell-quoted: a short one never eats a part of another word."""
+    import shlex
+
+    forms = {form for secret in known if secret and secret != MASK for form in (shlex.quote(secret), secret)}
+    for form in sorted(forms, key=len, reverse=True):  # the longest first: a part never unmasks a whole
+        text = re.sub(r"(?<![^\s'\"=$])" + re.escape(form) + r"(?![^\s'\";])", MASK, text)
+    return text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -72,6 +73,10 @@ def test_command_job_through_sbatch_gets_the_gpus_it_asked_for(orch, cluster):
     began = float((Path(doc["remote_dir"]) / ".orch" / "started_at").read_text())
     assert doc["started_at"] == began and doc["created_at"] < began
     assert not [e for e in doc["events"] if e["kind"] == "gpu"]  # GPU cleanup is the scheduler's
+    # the receipt's host part was looked at by the job on its node as it started (the submission only asked)
+    receipt = doc["receipt"]
+    assert receipt["node"] == "localhost" and receipt["hostname"] == socket.gethostname()
+    assert receipt["hardware"]["cpu"]["count"] >= 1 and receipt["engine"]["python_version"] == sys.version.split()[0]
 
 
 def test_extract_hidden_states_through_sbatch(orch, cluster):

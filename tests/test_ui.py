@@ -589,3 +589,32 @@ def test_in_the_browser_with_an_ssh_host_and_the_engine_emulator(tmp_path: Path,
         "return c.length && Math.max(...c)"), 10)
     assert points >= 12  # gen throughput, one point per decode line
     browser.save_screenshot(str(tmp_path / "ssh-run.png"))
+
+
+def test_a_run_page_shows_its_receipt_and_why_it_is_invalid(orch: Orch, dashboards: list[Dashboard], browser: Any
+                                                            ) -> None:
+    """What produced a benchmark's numbers (engine and version, patch sets, the command line, its server's) and
+    why they count nowhere, as text: a hostile argument shows as itself and runs nothing."""
+    store = Store(orch.db)
+    run_id = store.create_run("bench-serving", "local", {"server": 7, "num_prompts": 200})
+    for to in (Status.PREPARING, Status.LAUNCHING, Status.RUNNING):
+        transition(store, run_id, to)
+    argv = f"/e/bin/python -m vllm.entrypoints.cli.main bench serve --seed 0 --label {shlex.quote(SCRIPT)}"
+    store.complete_receipt(run_id, {
+        "engine": {"name": "vllm", "version": "0.32.0", "packages": {"torch": "2.13.0+cpu"}},
+        "patches": [{"name": "slow-decode", "set_hash": "ab12", "package": "vllm", "reverted": True}],
+        "argv": argv, "dataset": {"name": "random", "num_prompts": 200, "seed": 0},
+        "server": {"run": 7, "ready_at_launch": True, "receipt": {"server_argv": ["vllm", "serve", "--max-model-len", "256"]}}})
+    store.mark_invalid(run_id, "141 of 200 benchmark requests failed")
+    transition(store, run_id, Status.SUCCEEDED, "exit code 0")
+    ui = serve(dashboards, orch)
+    browser.get(ui.page(f"/runs/{run_id}"))
+    shown = wait_until(lambda: browser.execute_script("return document.getElementById('receipt-json')?.textContent"), 10)
+    receipt = json.loads(shown)
+    assert receipt["engine"]["version"] == "0.32.0" and receipt["patches"][0]["name"] == "slow-decode"
+    assert receipt["argv"] == argv and receipt["server"]["receipt"]["server_argv"][-2:] == ["--max-model-len", "256"]
+    assert browser.execute_script("return window.PWNED") is None
+    assert "141 of 200 benchmark requests failed (its numbers count nowhere)" in browser.find_element("tag name", "main").text
+    browser.get(ui.page("/"))
+    row = wait_until(lambda: row_of(browser, run_id), 10)
+    assert "invalid" in row["text"], row

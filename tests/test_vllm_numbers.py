@@ -1,18 +1,25 @@
-"""Numbers one can trust, on the real vLLM (its CPU build) under orch: a benchmark repeated against one server
-measures this machine's spread; two benchmarks of the same receipt are within the noise; a benchmark whose
-requests fail is invalid; a patch set applied by orch that slows the engine's decode path is `worse` and
-named in the differences. Each benchmark's receipt holds its server's."""
+"""Numbers one can trust, on the real vLLM (its CPU build) under orch, and a nightly sweep of it run the way
+cron runs it. A benchmark of a server's endpoint, swept nightly: two nights of the same server measure this
+machine's spread (five repeats each) and are within the noise of each other; a benchmark whose requests fail
+is invalid; then orch restarts the server with a patch set that slows the engine's decode path, and the third
+night is flagged a regression beyond the measured spread, naming the patch set, in the sweep's document, its
+notification's one line, `compare` and the report's history of the nights with their noise bands. Each
+benchmark's receipt holds its server's (the one serving its URL)."""
 
 from __future__ import annotations
 
 import difflib
 import json
+import os
+import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from orchtest import Orch, processes_of
 from sshd import free_port
+from test_notify import Receiver
 
 pytest_plugins = ["vllm_env"]  # tiny_models
 pytestmark = pytest.mark.vllm
@@ -20,6 +27,10 @@ pytestmark = pytest.mark.vllm
 ENV = '{HF_HUB_OFFLINE = "1", VLLM_NO_USAGE_STATS = "1", TOKENIZERS_PARALLELISM = "false"}'
 RUNNER = "vllm/v1/worker/gpu_model_runner.py"  # the CPU model runner's forward pass is this class's
 SLEEP_S = 0.3  # per forward pass: each decode step waits this much more (beyond a loaded machine's spread)
+# Three nights in a few minutes: the night's date is the local date of the firing, so each firing of the same
+# line takes it in a time zone a day apart (as a crontab's TZ= would), the earliest first.
+NIGHTS = ("NIGHT+24", "NIGHT0", "NIGHT-24")
+BROKEN = '["--endpoint", "/v1/nowhere/completions", "--ready-check-timeout-sec", "0"]'
 
 
 def slow_set(root: Path, site: Path) -> Path:
@@ -36,8 +47,41 @@ def slow_set(root: Path, site: Path) -> Path:
     return folder
 
 
-def serve(orch: Orch, python: Path, model: str, *sets: str) -> int:
-    res = orch("run", "serve-vllm", "--json", "--set", f"model={model}", "--set", f"port={free_port('127.0.0.1')}",
+def nightly_file(path: Path, port: int, python: Path, model: str, hook: str) -> Path:
+    """A nightly benchmark of the endpoint at `port`: five repeats after a warm-up, its objective the
+    output throughput, its end announced to `hook`."""
+    path.write_text(f"""name = "nightly-vllm"
+playbook = "bench-serving"
+hosts = ["local"]
+notify = ["{hook}"]
+objective = {{ metric = "output_throughput", goal = "max" }}
+[spec]
+url = "http://127.0.0.1:{port}"
+engine = "vllm"
+model = "{model}"
+python = "{python}"
+num_prompts = 8
+input_len = 32
+output_len = 16
+warmup = 1
+poll_min = 0.2
+poll_max = 1
+[matrix]
+repeats = [5]
+""")
+    return path
+
+
+def fire(command: str, tz: str) -> None:
+    """The crontab line run as cron runs it: /bin/sh, a bare environment (HOME, LOGNAME, SHELL, PATH), from /."""
+    env = {"HOME": os.environ["HOME"], "LOGNAME": "root", "SHELL": "/bin/sh", "PATH": "/usr/bin:/bin", "TZ": tz}
+    res = subprocess.run(["/bin/sh", "-c", command.replace("\\%", "%")], env=env, cwd="/", capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+
+
+def serve(orch: Orch, python: Path, model: str, port: int, *sets: str) -> int:
+    res = orch("run", "serve-vllm", "--json", "--set", f"model={model}", "--set", f"port={port}",
                "--set", f"python={python}", "--set", "kv_cache_bytes=134217728", "--set", "enforce_eager=true",
                "--set", "max_model_len=256", "--set", f"env={ENV}", "--set", "poll_min=0.2", "--set", "poll_max=1",
                *sets, "--until-ready", timeout=600)
@@ -58,8 +102,8 @@ def stop_all(orch: Orch) -> None:
             orch("stop", str(run["id"]), "--grace", "10")
 
 
-def test_repeats_measure_the_spread_and_compare_judges_against_it(tmp_path: Path, tiny_models: dict[str, Path],
-                                                                  request: pytest.FixtureRequest) -> None:
+def test_nightly_sweeps_measure_the_spread_and_flag_a_slowing_patch_beyond_it(
+        tmp_path: Path, tiny_models: dict[str, Path], request: pytest.FixtureRequest) -> None:
     from vllm_env import patchable_engine
 
     python = patchable_engine(tmp_path / "engine")
@@ -67,23 +111,39 @@ def test_repeats_measure_the_spread_and_compare_judges_against_it(tmp_path: Path
     slow = slow_set(tmp_path, site)
     orch = Orch(tmp_path / "ws")
     request.addfinalizer(lambda: stop_all(orch))  # a failing test leaves no server behind
-    model = str(tiny_models["target"])
-    timings = {}
+    hook = Receiver()
+    request.addfinalizer(hook.close)
+    model, port = str(tiny_models["target"]), free_port("127.0.0.1")
+    nightly = nightly_file(orch.root / "nightly.toml", port, python, model, hook.url)
+    entry = json.loads(orch("cron", "install", str(nightly), "--at", "0 3 * * *", "--json", check=0).stdout)
+    timings: dict[str, float] = {}
 
-    server = serve(orch, python, model)
-    started = time.monotonic()
-    first = bench(orch, server, "--set", "repeats=5", "--set", "warmup=1")
-    timings["bench with 1 warm-up + 5 repeats"] = time.monotonic() - started
-    started = time.monotonic()
-    second = bench(orch, server, "--set", "repeats=5", "--set", "warmup=1")
-    timings["again"] = time.monotonic() - started
-    started = time.monotonic()
+    def timed(what: str, step: Callable[[], int | None]) -> int | None:
+        started = time.monotonic()
+        got = step()
+        timings[what] = round(time.monotonic() - started, 1)
+        return got
+
+    server = timed("server start", lambda: serve(orch, python, model, port))
+    timed("night 1 (1 warm-up + 5 repeats)", lambda: fire(entry["command"], NIGHTS[0]))
+    timed("night 2", lambda: fire(entry["command"], NIGHTS[1]))
     # every request goes to a path the server does not serve (no ready check first, which would stop it early)
-    broken = bench(orch, server, "--set",
-                   'extra_args=["--endpoint", "/v1/nowhere/completions", "--ready-check-timeout-sec", "0"]', check=1)
-    timings["one run"] = time.monotonic() - started
+    broken = timed("one failing run", lambda: bench(orch, server, "--set", f"extra_args={BROKEN}", check=1))
     orch("stop", str(server), check=0)
+    # between the nights, orch restarts the server with the patch set (applied at its start, reverted at its end)
+    slowed = timed("slowed server start", lambda: serve(orch, python, model, port,
+                                                        "--set", f"patches=[{json.dumps(str(slow))}]"))
+    timed("night 3, slowed", lambda: fire(entry["command"], NIGHTS[2]))
+    orch("stop", str(slowed), check=0)
     print("TIMINGS", timings, flush=True)
+
+    listed = json.loads(orch("sweep", "status", "--json", check=0).stdout)[::-1]  # oldest first
+    assert [(d["name"], d["status"]) for d in listed] == [("nightly-vllm", "succeeded")] * 3, listed
+    assert sorted({d["instance"] for d in listed}) == [d["instance"] for d in listed]  # three nights, in order
+    sweeps = [json.loads(orch("sweep", "status", str(d["id"]), "--json", check=0).stdout) for d in listed]
+    first, second, third = (d["points"][0]["run_id"] for d in sweeps)
+    log = Path(entry["log"]).read_text()
+    assert log.count(f"orch:{entry['id']} end: exit code 0") == 3, log
 
     doc = orch.status(first)
     assert doc["status"] == "succeeded" and doc["invalid"] is None, doc["reason"]
@@ -93,7 +153,7 @@ def test_repeats_measure_the_spread_and_compare_judges_against_it(tmp_path: Path
     assert receipt["engine"]["name"] == "vllm" and receipt["engine"]["version"].startswith("0.32.0")
     assert receipt["repeats"] == 5 and receipt["warmup"] == 1 and receipt["dataset"]["seed"] == 0
     assert receipt["hardware"]["cpu"]["count"] >= 1 and receipt["hostname"]
-    served = receipt["server"]
+    served = receipt["server"]  # the server run answering at the benchmark's URL
     assert served["run"] == server and served["ready_at_launch"] is True
     assert set(served["receipt"]["model"]["files"]) >= {"config.json", "tokenizer_config.json"}
     assert "--max-model-len" in served["receipt"]["server_argv"]
@@ -101,15 +161,24 @@ def test_repeats_measure_the_spread_and_compare_judges_against_it(tmp_path: Path
     bad = orch.status(broken)
     assert bad["status"] == "failed" and bad["invalid"].startswith("8 of 8 benchmark requests failed"), bad
 
+    # two nights of the same server: the same receipt but for time, within the noise, no regression flagged
     same = json.loads(orch("compare", str(first), str(second), "--json", check=0).stdout)
     assert same["differences"] == []
     assert same["metrics"]["output_throughput"]["verdict"] == "within_noise", same["metrics"]["output_throughput"]
+    assert sweeps[1]["regressions"] == [] and sweeps[1]["regression_line"] is None
     against_bad = json.loads(orch("compare", str(first), str(broken), "--json", check=0).stdout)
     assert {m["verdict"] for m in against_bad["metrics"].values()} == {"incomparable"}
 
-    slowed = serve(orch, python, model, "--set", f"patches=[{json.dumps(str(slow))}]")
-    third = bench(orch, slowed, "--set", "repeats=5", "--set", "warmup=1")
-    orch("stop", str(slowed), check=0)
+    # the slowed night: flagged beyond the spread of both nights, the patch set named as what changed
+    named = f"server.receipt.patches.{slow}.name: - -> {slow}"
+    [moved] = [r for r in sweeps[2]["regressions"] if r["metric"] == "output_throughput"]
+    assert (moved["verdict"], moved["run_id"], moved["previous_run_id"]) == ("worse", third, second), moved
+    assert named in moved["changed"], moved["changed"]
+    line = sweeps[2]["regression_line"]
+    assert "regression" in line and "beyond the noise" in line and str(slow) in line, line
+    [first_news, second_news, third_news] = hook.bodies
+    assert "regression" not in first_news["text"] + second_news["text"]
+    assert third_news["text"].count("\n") == 0 and "regression" in third_news["text"] and str(slow) in third_news["text"]
     got = json.loads(orch("compare", str(second), str(third), "--json", check=0).stdout)
     keys = [d["key"] for d in got["differences"]]
     assert f"server.receipt.patches.{slow}.name" in keys, keys
@@ -118,6 +187,15 @@ def test_repeats_measure_the_spread_and_compare_judges_against_it(tmp_path: Path
     assert orch.status(slowed)["receipt"]["patches"][0]["reverted"] is True
     assert processes_of(tmp_path, str(python)) == []
 
+    # the report: the nights of this file, each with its best point's noise band, drawn as a trend
+    page = Path(orch("sweep", "report", str(sweeps[2]["id"]), check=0).stdout.strip())
+    html = page.read_text(encoding="utf-8")
+    assert "Nights of this sweep file" in html and (page.parent / "trend.png").stat().st_size > 0
+    bands = [orch.status(r)["metric_summaries"]["output_throughput"] for r in (first, second, third)]
+    for night, band in zip(sweeps, bands):
+        assert f"<td>{night['instance']}</td>" in html
+        assert f"{band['min']:.4g} – {band['max']:.4g}" in html, (band, html[html.index("Nights"):])
+
     figures = {n: got["metrics"][n]["noise"] for n in ("output_throughput", "median_itl_ms")}
     figures["same receipt"] = {n: same["metrics"][n]["noise"] for n in ("output_throughput", "median_itl_ms")}
-    print("FIGURES", json.dumps({"timings_s": timings, **figures}))
+    print("FIGURES", json.dumps({"timings_s": timings, "regression_line": line, **figures}))

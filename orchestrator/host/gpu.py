@@ -60,6 +60,9 @@ class GpuSnapshot:
     host: str
     gpus: list[Gpu]
     taken_at: float = field(default_factory=time.time)
+    # nvidia-smi's rows as asked with `facts` (a receipt's GPU facts: model, driver, clocks), or why not
+    facts: list[dict[str, str]] | None = None
+    facts_error: str | None = None
 
     def processes(self, indices: Iterable[int] | None = None) -> list[GpuProcess]:
         wanted = None if indices is None else set(indices)
@@ -69,10 +72,14 @@ class GpuSnapshot:
 # --- reading ---------------------------------------------------------------------------------------
 
 
-def snapshot(transport: Transport, timeout: float = 60.0) -> GpuSnapshot | None:
-    """The host's GPUs and what holds them; None when the host has no nvidia-smi (a CPU host)."""
-    doc = agent.call(transport, "gpus", timeout=timeout + 10, timeout_s=timeout)
-    return parse_snapshot(transport.host.name, doc)
+def snapshot(transport: Transport, timeout: float = 60.0, facts: bool = False) -> GpuSnapshot | None:
+    """The host's GPUs and what holds them; None when the host has no nvidia-smi (a CPU host). With `facts`,
+    the same look takes a receipt's GPU facts too."""
+    doc = agent.call(transport, "gpus", timeout=timeout + 10, timeout_s=timeout, **({"facts": True} if facts else {}))
+    snap = parse_snapshot(transport.host.name, doc)
+    if snap is not None and facts:
+        snap.facts, snap.facts_error = list(doc.get("gpus") or []), doc.get("facts_error")
+    return snap
 
 
 def parse_snapshot(host: str, doc: dict[str, Any]) -> GpuSnapshot | None:
@@ -323,12 +330,13 @@ def gpu_free_retry(timeout_s: float, sleep: Callable[[float], None] = time.sleep
 
 
 def wait_until_free(transport: Transport, selected: list[int], *, memory_free_mib: int = MEMORY_FREE_MIB,
-                    timeout_s: float = CLEANUP_TIMEOUT_S,
-                    sleep: Callable[[float], None] = time.sleep) -> GpuSnapshot:
-    """Poll until every selected GPU has no compute process and little memory in use; the last snapshot."""
+                    timeout_s: float = CLEANUP_TIMEOUT_S, sleep: Callable[[float], None] = time.sleep,
+                    facts: bool = False) -> GpuSnapshot:
+    """Poll until every selected GPU has no compute process and little memory in use; the last snapshot
+    (with `facts`: each look takes a receipt's GPU facts too, so the last one has them)."""
 
     def check() -> tuple[GpuSnapshot, dict[int, str]]:
-        snap = snapshot(transport)
+        snap = snapshot(transport, facts=facts)
         if snap is None:
             raise OrchError(f"{transport.host.name}: nvidia-smi disappeared while waiting for GPUs")
         return snap, busy_gpus(snap, selected, memory_free_mib)

@@ -292,10 +292,11 @@ class SlurmExecutor(HostExecutor):
     def launch(self, paths: RunPaths, script: str, token: str, gpus: int | None = None, nodes: int = 1,
                facts: dict[str, Any] | None = None) -> JobRef:
         """sbatch the job through the login node's agent (idempotent for the same token): one job of `nodes`
-        nodes, its script run once per node."""
+        nodes, its script run once per node. With `facts`, the job looks at its node for the receipt when it
+        starts (the run dir's `.orch/facts.json`: receipt.node_facts reads it)."""
         options = sbatch_args(self.host, paths, self.host.gpus if gpus is None else gpus, nodes)
         job = self.call("submit", timeout=180, dir=paths.root, script=node_script(script, nodes), token=token,
-                        options=options)
+                        options=options, **({"facts": facts} if facts is not None else {}))
         return JobRef(int(job["job_id"]), job_name(paths), scheduled=True)
 
     def find(self, paths: RunPaths) -> JobRef | None:

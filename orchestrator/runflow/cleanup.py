@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from ..errors import OrchError
 from ..host import gpu
-from ..host.gpu import GpuProcess, indices_text
+from ..host.gpu import GpuProcess, GpuSnapshot, indices_text
 from ..host.remote import Transport
 from ..store import Store
 from ..store.record import KILL_GRACE_S, Run
@@ -22,9 +22,10 @@ StopRun = Callable[[int, str], str]  # (run id, reason) -> what happened
 
 def before_launch(transport: Transport, store: Store, run_id: int, gpus: list[int] | None, kill_foreign: bool,
                   event: Event, stop_run: StopRun, *, grace_s: float = KILL_GRACE_S,
-                  timeout_s: float = gpu.CLEANUP_TIMEOUT_S, sleep: Callable[[float], None] = time.sleep
-                  ) -> dict[str, str]:
-    """Free the GPUs the run needs and wait until they are empty; the job's CUDA_VISIBLE_DEVICES."""
+                  timeout_s: float = gpu.CLEANUP_TIMEOUT_S, sleep: Callable[[float], None] = time.sleep,
+                  seen: Callable[[GpuSnapshot], None] | None = None) -> dict[str, str]:
+    """Free the GPUs the run needs and wait until they are empty; the job's CUDA_VISIBLE_DEVICES. `seen` gets
+    the last look, with the GPUs' facts (the receipt's: the launch need not ask nvidia-smi again)."""
     snap = gpu.snapshot(transport)
     if snap is None:
         event("gpu", "no nvidia-smi: CPU host", None)
@@ -47,7 +48,9 @@ def before_launch(transport: Transport, store: Store, run_id: int, gpus: list[in
     if foreign:
         outcome = gpu.kill_pids(transport, gpu.unique(foreign), grace_s)
         event("gpu", f"killed foreign processes ({outcome}): {gpu.foreign_list(foreign)}", None)
-    after = gpu.wait_until_free(transport, selected, timeout_s=timeout_s, sleep=sleep)
+    after = gpu.wait_until_free(transport, selected, timeout_s=timeout_s, sleep=sleep, facts=seen is not None)
+    if seen is not None:
+        seen(after)
     event("gpu", f"GPUs {indices_text(selected) or 'none'} free", gpu.snapshot_to_dict(after))
     return {"CUDA_VISIBLE_DEVICES": indices_text(selected)} if selected else {}
 

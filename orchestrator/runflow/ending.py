@@ -375,7 +375,8 @@ def free_gpus(ctx: Job, *, grace_s: float = KILL_GRACE_S, timeout_s: float = gpu
     CUDA_VISIBLE_DEVICES."""
     return cleanup.before_launch(ctx.transport, ctx.store, ctx.run_id, ctx.spec.gpus, ctx.spec.kill_foreign,
                                  ctx.event, lambda other, reason: _stop_other(ctx, other, reason, grace_s),
-                                 grace_s=grace_s, timeout_s=timeout_s, sleep=sleep)
+                                 grace_s=grace_s, timeout_s=timeout_s, sleep=sleep,
+                                 seen=lambda snap: receipt.gpus_checked(ctx, snap))
 
 
 def file_states(res: Any) -> str:

@@ -7,14 +7,20 @@ it started, and a run that holds its GPUs whose GPUs were not clean when it laun
 
 from __future__ import annotations
 
+import json
 import posixpath
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from .. import __version__
 from ..errors import OrchError
+from ..host import agent
+from ..host.gpu import GpuSnapshot
+from ..host.hostjobs.common import FACTS
+from ..host.hostjobs.gpus import GPU_FACTS
 from ..playbook import SERVING_PHASES, JobContext, Prepared
-from ..secret_env import masked_env
+from ..secret_env import is_secret, masked_argv, masked_command, masked_env
 from ..store.record import Status
 from .context import Job
 
@@ -24,6 +30,16 @@ PACKAGES = {"vllm": ("vllm", "torch", "transformers"), "sglang": ("sglang", "sgl
             "speculators": ("speculators", "vllm", "torch", "transformers")}
 OTHER_PACKAGES = ("torch", "transformers")
 ENGINE_SEED = {"vllm": 0, "sglang": 1}  # each benchmark's default --seed
+GPU_CHECK = "gpu_check"  # the GPU step's look, on the Job's receipt until the launch takes it
+
+
+def gpus_checked(ctx: Job, snap: GpuSnapshot) -> None:
+    """The GPU step's last look before the launch (the GPUs free, with their facts): the receipt's GPUs and
+    its clean check, so the launch need not ask nvidia-smi again."""
+    rows = [{k: row.get(k) for k in GPU_FACTS} for row in snap.facts or []]
+    apps = [{"pid": str(p.pid), "gpu_uuid": g.uuid} for g in snap.gpus for p in g.processes]
+    ctx.receipt = {GPU_CHECK: {"gpus": rows, "gpu_apps": apps,
+                               **({"gpu_error": snap.facts_error} if snap.facts_error else {})}}
 
 
 def begin(ctx: Job, job: JobContext[Any], prepared: Prepared, command: str, env: dict[str, str],
@@ -36,17 +52,24 @@ def begin(ctx: Job, job: JobContext[Any], prepared: Prepared, command: str, env:
     served = ((server or {}).get("receipt") or {}).get("engine") or {}
     engine = served.get("name") or ctx.pb.log_engine(spec) or ctx.pb.engine
     bench = getattr(spec, "bench", None) or spec
+    marked = [*ctx.host.secret_env, *spec.secret_env]
+    # the command lines are masked as the environment is: a secret flag's value, a credential in a URL, and
+    # any env secret's value written out on the line too
+    known = [str(v) for k, v in env.items() if is_secret(k, v, marked)]
+    server_argv = ctx.pb.engine_argv(spec)
     receipt: dict[str, Any] = {
         "orch": __version__, "host": ctx.host.name, "playbook": ctx.pb.name,
-        "spec": ctx.run.spec,  # as stored: its secrets masked
+        "spec": _masked_spec(ctx.run.spec, known),  # as stored (its env masked), its command lines too
         "engine": {"name": engine, "version": prepared.engine_version,
                    "python": spec.python or served.get("python") or job.python},
         "patches": patches,
-        "argv": command,
-        "server_argv": ctx.pb.engine_argv(spec),
-        "env": masked_env(env, [*ctx.host.secret_env, *spec.secret_env]),
+        "argv": masked_command(command, known),
+        "server_argv": None if server_argv is None else masked_argv(server_argv, known),
+        "env": masked_env(env, marked),
         "launched_at": time.time(),
     }
+    if GPU_CHECK in ctx.receipt:  # kept for the launch (its GPUs already seen), never recorded as it is
+        receipt[GPU_CHECK] = ctx.receipt[GPU_CHECK]
     if server is not None:
         receipt["server"] = server  # the model is the server's, in its receipt
     elif _model_path(spec) is not None:
@@ -71,7 +94,11 @@ def facts_request(ctx: Job) -> dict[str, Any] | None:
     path = (r.get("model") or {}).get("path")
     if isinstance(path, str) and path.startswith("/"):
         files = [posixpath.join(path, name) for name in CONFIG_FILES]
-    return {"python": r["engine"]["python"], "packages": list(PACKAGES.get(engine, OTHER_PACKAGES)), "files": files}
+    asked: dict[str, Any] = {"python": r["engine"]["python"], "packages": list(PACKAGES.get(engine, OTHER_PACKAGES)),
+                             "files": files}
+    if GPU_CHECK in r:
+        asked["gpus"] = False  # the GPU step's last look has them
+    return asked
 
 
 def launched(ctx: Job, facts: dict[str, Any] | None) -> None:
@@ -79,38 +106,80 @@ def launched(ctx: Job, facts: dict[str, Any] | None) -> None:
     r = ctx.receipt
     if not r:
         return
+    checked = r.pop(GPU_CHECK, None)
+    if facts is not None and checked is not None:
+        facts = {**facts, **checked}
     if facts:
-        r["hostname"] = facts.get("hostname")
-        seen = facts.get("engine") or {}
-        versions = seen.get("packages") or {}
-        r["engine"]["packages"] = versions
-        r["engine"]["python_version"] = seen.get("python")
-        if seen.get("error"):
-            r["engine"]["error"] = seen["error"]
-        if r["engine"].get("version") is None:
-            r["engine"]["version"] = versions.get(r["engine"]["name"])
-        if "model" in r:
-            r["model"]["files"] = {posixpath.basename(p): h for p, h in (facts.get("files") or {}).items()
-                                   if h is not None}
-        gpus = facts.get("gpus")
-        r["hardware"] = {"gpus": [{k: v for k, v in g.items() if k != "uuid"} for g in gpus] if gpus else None,
-                         "cpu": facts.get("cpu")}
-        if facts.get("gpu_error"):
-            r["hardware"]["gpu_error"] = facts["gpu_error"]
+        _host_part(r, facts)
     ctx.store.complete_receipt(ctx.run_id, r)
     for reason in _invalid_at_launch(ctx, facts or {}):
         ctx.store.mark_invalid(ctx.run_id, reason)
         ctx.event("invalid", reason)
 
 
+def _host_part(r: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+    """The receipt's part seen on the host (or a batch job's node): hostname, the engine's versions, the
+    model's config hashes, the GPUs or the CPU."""
+    r["hostname"] = facts.get("hostname")
+    if facts.get("node"):
+        r["node"] = facts["node"]
+    seen = facts.get("engine") or {}
+    versions = seen.get("packages") or {}
+    r["engine"]["packages"] = versions
+    r["engine"]["python_version"] = seen.get("python")
+    if seen.get("error"):
+        r["engine"]["error"] = seen["error"]
+    if r["engine"].get("version") is None:
+        r["engine"]["version"] = versions.get(r["engine"]["name"])
+    if "model" in r:
+        r["model"]["files"] = {posixpath.basename(p): h for p, h in (facts.get("files") or {}).items()
+                               if h is not None}
+    gpus = facts.get("gpus")
+    r["hardware"] = {"gpus": [{k: v for k, v in g.items() if k != "uuid"} for g in gpus] if gpus else None,
+                     "cpu": facts.get("cpu")}
+    if facts.get("gpu_error"):
+        r["hardware"]["gpu_error"] = facts["gpu_error"]
+    return r
+
+
+def node_facts(ctx: Job) -> dict[str, Any] | None:
+    """What a batch job saw on its node when it started (its run dir's facts file), or None: not asked, not
+    started, or unreadable."""
+    try:
+        text = agent.call(ctx.transport, "tail", path=posixpath.join(ctx.paths.control, FACTS), lines=1)["text"]
+        facts = json.loads(text)
+    except (OrchError, ValueError, KeyError):
+        return None
+    return facts if isinstance(facts, dict) else None
+
+
 def complete(ctx: Job, reverted: list[str]) -> None:
-    """The receipt's end: how the run ended, whether it is valid, and which patch sets were reverted."""
+    """The receipt's end: how the run ended, whether it is valid, and which patch sets were reverted; a batch
+    job's, the part its node showed it (the launch only submitted it)."""
     run = ctx.refresh()
     if run.receipt is None:
         return  # never launched, or launched by an orch that kept no receipt
     patches = [{**p, "reverted": p.get("name") in reverted} for p in run.receipt.get("patches") or []]
-    ctx.store.complete_receipt(ctx.run_id, {"patches": patches, "ended_at": run.ended_at,
-                                            "status": run.status.value, "invalid": run.invalid})
+    parts: dict[str, Any] = {"patches": patches, "ended_at": run.ended_at, "status": run.status.value,
+                             "invalid": run.invalid}
+    if ctx.executor.queues and "hostname" not in run.receipt:
+        facts = node_facts(ctx)
+        if facts is not None:
+            seen = _host_part({"engine": dict(run.receipt.get("engine") or {}),
+                               **({"model": dict(run.receipt["model"])} if "model" in run.receipt else {})}, facts)
+            parts.update(seen)
+    ctx.store.complete_receipt(ctx.run_id, parts)
+
+
+def _masked_spec(value: Any, known: list[str]) -> Any:
+    """The spec's command lines (`cmd`, `extra_args`, a bench's) with their secrets masked as the job's are."""
+    if isinstance(value, dict):
+        return {k: _masked_spec(v, known) for k, v in value.items()}
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return masked_argv(value, known)
+    if isinstance(value, list):
+        return [_masked_spec(v, known) for v in value]
+    return masked_command(value, known) if isinstance(value, str) else value
 
 
 def _model_path(spec: Any) -> str | None:
@@ -129,9 +198,13 @@ def _seed(extra_args: list[str], engine: str | None) -> int | str | None:
 
 
 def _server(ctx: Job) -> dict[str, Any] | None:
-    """A benchmark's server run: its id, whether it was ready when the benchmark started, and its receipt."""
+    """A benchmark's server run: its id, whether it was ready when the benchmark started, and its receipt.
+    A benchmark given a URL has the server run that serves it, when one of this workspace does (a server
+    on the same host and port, running): a nightly benchmark of an endpoint names what its server changed."""
     server_id = getattr(ctx.spec, "server", None)
     if not isinstance(server_id, int):
+        server_id = _serving(ctx, getattr(ctx.spec, "url", None))
+    if server_id is None:
         return None
     try:
         run = ctx.store.get_run(server_id)
@@ -139,6 +212,26 @@ def _server(ctx: Job) -> dict[str, Any] | None:
         return {"run": server_id, "ready_at_launch": False, "receipt": None}
     ready = run.status is Status.RUNNING and run.phase in SERVING_PHASES
     return {"run": server_id, "ready_at_launch": ready, "receipt": run.receipt}
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _serving(ctx: Job, url: Any) -> int | None:
+    """The ready server run of this workspace on the benchmark's host that answers at `url` (its port on the
+    host's loopback or address); None when none does, or several claim it."""
+    if not isinstance(url, str):
+        return None
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    if parts.hostname not in (*LOOPBACK, ctx.host.address):
+        return None
+    found = [r.id for r in ctx.store.list_runs(limit=1000, statuses=[Status.RUNNING.value], host=ctx.host.name)
+             if r.id != ctx.run_id and r.spec.get("port") == port and r.phase in SERVING_PHASES]
+    return found[0] if len(found) == 1 else None
 
 
 def _invalid_at_launch(ctx: Job, facts: dict[str, Any]) -> list[str]:

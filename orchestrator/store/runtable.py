@@ -13,7 +13,7 @@ from .record import STOPPED_REASONS, Status
 # What a row shows; the spec, parser state and events stay out of the table's query.
 COLUMNS = ("id", "playbook", "host", "status", "phase", "stalled", "progress", "reason", "exit_code",
            "created_at", "started_at", "ended_at", "heartbeat", "progress_at", "predicted_at", "sweep_id",
-           "point", "last_line", "node", "queue_reason")
+           "point", "last_line", "node", "queue_reason", "invalid")
 # Where a text search looks (and a number is a run id too).
 SEARCHED = ("playbook", "host", "reason", "spec", "point", "last_line")
 

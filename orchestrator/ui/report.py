@@ -367,6 +367,12 @@ def _zoom(ax: Any, values: list[float]) -> bool:
     return True
 
 
+def _band(night: dict[str, Any]) -> str:
+    """The best point's noise that night (the range of its samples): a move inside it is no regression."""
+    band = night["bands"].get(night["best"]["label"]) if night["best"] else None
+    return f"{band[0]:.4g} – {band[1]:.4g}" if band else "-"
+
+
 def _trend_chart(trend: list[dict[str, Any]], objective: Objective, path: Any) -> str:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.4))
@@ -448,9 +454,9 @@ def _html(title: str, points: list[dict[str, Any]], keys: list[str], names: list
         night_rows = "".join(
             f"<tr><td>{html.escape(n['night'])}</td><td>{n['sweep_id']}</td>"
             f"<td>{html.escape(n['best']['label']) if n['best'] else '-'}</td>"
-            f"<td>{_cell(n['best']['value']) if n['best'] else '-'}</td></tr>" for n in trend)
+            f"<td>{_cell(n['best']['value']) if n['best'] else '-'}</td><td>{_band(n)}</td></tr>" for n in trend)
         nights_table = (f"<h2>Nights of this sweep file</h2><table><tr><th>night</th><th>sweep</th><th>best point</th>"
-                        f"<th>{html.escape(objective.metric)}</th></tr>{night_rows}</table>")
+                        f"<th>{html.escape(objective.metric)}</th><th>its noise band</th></tr>{night_rows}</table>")
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>

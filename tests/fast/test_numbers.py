@@ -111,6 +111,24 @@ def test_the_launch_request_looks_at_the_host_for_the_receipt(tmp_path: Path, mo
         checks.checked("launch", {"dir": "/x", "script": "", "token": "t", "facts": {"files": ["relative"]}})
 
 
+def test_command_lines_are_masked_as_the_environment_is() -> None:
+    """A secret flag's value (`--api-key K`, `--hf-token=K`), an assignment, a credential in a URL and a known
+    secret's value are masked where they stand; counts, paths to secrets and other words are kept."""
+    from orchestrator.secret_env import masked_argv, masked_command
+
+    argv = ["vllm", "serve", "/m", "--api-key", "sk-1", "--hf-token=hf_2", "--max-num-batched-tokens", "512",
+            "--ssl-keyfile", "/k.pem", "--db", "https://u:pw@h/x", "--name", "a-sk-1", "HF_TOKEN=hf_3"]
+    assert masked_argv(argv) == ["vllm", "serve", "/m", "--api-key", "***", "--hf-token=***",
+                                 "--max-num-batched-tokens", "512", "--ssl-keyfile", "/k.pem", "--db", "***",
+                                 "--name", "a-sk-1", "HF_TOKEN=***"]
+    script = "cd /r\nexport WANDB_API_KEY='a b'\nexec python -m x --url=postgres://me:pw@db/1 --seed 7 --tag 7x\n"
+    assert masked_command(script, known=["7x"]) == "cd /r\nexport WANDB_API_KEY=***\nexec python -m x --url=*** --seed 7 --tag ***\n"
+    # a secret seen once is masked where the line repeats it; a count after a token-ish flag is no secret
+    assert masked_command("x --password 'it is' --again 'it is' it --speculative-num-draft-tokens 4 --tp 4") == (
+        "x --password *** --again *** it --speculative-num-draft-tokens 4 --tp 4")
+    assert masked_command("python -c 'unbalanced --token x") == "python -c 'unbalanced --token ***"
+
+
 # --- repeats ---------------------------------------------------------------------------------------------------
 def test_each_repeat_is_a_step_of_its_own() -> None:
     from playbooks.bench_serving import BenchServingSpec, repeated

@@ -77,7 +77,7 @@ def _url(v):
 def _facts(v):
     """What a launch is asked to look at for the run's receipt: the engine's python and distributions, and
     the model's config files."""
-    return (isinstance(v, dict) and set(v) <= {"python", "packages", "files"}
+    return (isinstance(v, dict) and set(v) <= {"python", "packages", "files", "gpus"} and _flag(v.get("gpus", True))
             and _maybe(_arg_word)(v.get("python")) and _list_of(_word, 32)(v.get("packages", []))
             and _list_of(_path, 64)(v.get("files", [])))
 
@@ -126,14 +126,14 @@ ARGS = {
                 "entry": (lambda v: isinstance(v, str) and v in ENTRIES, REQUIRED),
                 "input": (_text, ""), "pythonpath": (_maybe(_arg), None), "timeout_s": (_seconds, 120)},
     "submit": {"dir": (_path, REQUIRED), "script": (_text, REQUIRED), "token": (_token, REQUIRED),
-               "options": (_list_of(_option, 256), [])},
+               "options": (_list_of(_option, 256), []), "facts": (_maybe(_facts), None)},
     "squeue": {"job_id": (_maybe(_count), None)},
     "sacct": {"ids": (_list_of(_count, 10000), REQUIRED)},
     "scancel": {"job_id": (_count, REQUIRED), "kill": (_flag, False)},
     "sinfo": {"what": (lambda v: isinstance(v, str) and v in SINFO_FORMATS, REQUIRED)},
     "files": {"dir": (_path, REQUIRED), "skip": (_word, "pulled")},
     "health": {"url": (_url, REQUIRED), "timeout_s": (_seconds, 5)},
-    "gpus": {"timeout_s": (_seconds, 60)},
+    "gpus": {"timeout_s": (_seconds, 60), "facts": (_flag, False)},
     "port": {},
     # the host's lease files (leases.py, which checks every path against the workdir and every key's name)
     "lease": {"action": (lambda v: isinstance(v, str) and v in LEASE_ACTIONS, REQUIRED), "workdir": (_path, REQUIRED),

@@ -12,6 +12,7 @@ TAIL_BYTES = 1 << 20  # the last lines of a log come from its last MiB, however 
 TAIL_MARK = 64  # bytes before an offset that must still be there, or the log was rewritten under it
 CONTROL = ".orch"  # a run dir's control folder: token, pid, exit code
 JOB_MARK = "ORCH_JOB"
+FACTS_ASKED, FACTS = "facts_asked.json", "facts.json"  # a batch job's receipt facts: asked at submission, seen on its node
 
 RUN_MARK = "ORCH_RUN"  # in the wrapper's own environment: which run's wrapper it is (a digest of its token)
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

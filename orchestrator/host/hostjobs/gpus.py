@@ -64,19 +64,28 @@ def process_info(pid):
             "group_start": start_time(pgid), "mark": mark}
 
 
-def gpus(timeout):
-    """The GPUs, their compute processes and what each process is, in one look; None without nvidia-smi."""
+def gpus(timeout, facts=False):
+    """The GPUs, their compute processes and what each process is, in one look; None without nvidia-smi.
+    With `facts`, the same query asks for a receipt's GPU facts too (a driver that lacks one: without them)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
-    gpu_rows = _csv([smi, "--query-gpu=" + ",".join(GPU_FIELDS)], GPU_FIELDS, timeout)
+    fields = GPU_FIELDS + tuple(f for f in GPU_FACTS if f not in GPU_FIELDS) if facts else GPU_FIELDS
+    extra = {}
+    try:
+        gpu_rows = _csv([smi, "--query-gpu=" + ",".join(fields)], fields, timeout)
+    except GpuError as exc:
+        if fields == GPU_FIELDS:
+            raise
+        extra["facts_error"] = str(exc)[:300]
+        gpu_rows = _csv([smi, "--query-gpu=" + ",".join(GPU_FIELDS)], GPU_FIELDS, timeout)
     apps = _csv([smi, "--query-compute-apps=" + ",".join(APP_FIELDS)], APP_FIELDS, timeout)
     procs = {}
     for app in apps:
         pid = app["pid"]
         if pid.isdigit() and pid not in procs:
             procs[pid] = process_info(int(pid))
-    return {"gpus": gpu_rows, "apps": apps, "procs": procs}
+    return {"gpus": gpu_rows, "apps": apps, "procs": procs, **extra}
 
 
 
@@ -132,7 +141,7 @@ def host_facts(request, timeout=30):
         except (ValueError, IndexError):
             found["engine"] = {"error": " ".join((out["stderr"] or "no output").split())[-300:]}
     found["files"] = {path: file_sha256(path) for path in request.get("files") or []}
-    smi = shutil.which("nvidia-smi")
+    smi = shutil.which("nvidia-smi") if request.get("gpus", True) else None  # False: the GPU check saw them
     if smi is not None:
         try:
             found["gpus"] = _csv([smi, "--query-gpu=" + ",".join(GPU_FACTS)], GPU_FACTS, timeout)

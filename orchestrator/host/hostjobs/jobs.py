@@ -2,6 +2,7 @@
 started as the leader of a session of its own."""
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -9,7 +10,8 @@ import sys
 import time
 
 from .boot import BOOTSTRAP, SOURCES_RUN, archive
-from .common import CONTROL, JOB_MARK, RUN_MARK, _node, run_mark, write_whole
+from .common import CONTROL, FACTS, FACTS_ASKED, JOB_MARK, RUN_MARK, _node, run_mark, write_whole
+from .gpus import host_facts
 from .procs import start_time
 from .rundirs import _adoptable, _claim, _pid_at, open_run
 
@@ -86,6 +88,8 @@ def wrap(detach, root=None, mark=None):
     node = _node(os.environ.get("SLURMD_NODENAME"))
     if node:  # a batch job notes its node: one that ends between two queue queries is never seen running
         write_whole(os.path.join(CONTROL, "node"), node + "\n", 0o644)
+    if root is not None:
+        node_facts(node)
     write_whole(os.path.join(CONTROL, "started_at"), f"{time.time():.9f}\n", 0o644)
     pid = os.getpid()
     start = start_time(pid)
@@ -99,6 +103,16 @@ def wrap(detach, root=None, mark=None):
     write_whole(os.path.join(CONTROL, "ended_at"), f"{time.time():.9f}\n", 0o644)
     write_whole(os.path.join(CONTROL, "exit_code"), f"{code}\n", 0o644)
     return code
+
+
+def node_facts(node):
+    """A batch job's receipt facts, looked at on its node before it starts, when its submission asked."""
+    try:
+        with open(os.path.join(CONTROL, FACTS_ASKED)) as f:
+            asked = json.load(f)
+        write_whole(os.path.join(CONTROL, FACTS), json.dumps({**host_facts(asked), "node": node}), 0o600)
+    except (OSError, ValueError):  # none asked, or unreadable: the job runs all the same
+        pass
 
 
 def enter_run(root, mark):

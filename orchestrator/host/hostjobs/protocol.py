@@ -170,7 +170,7 @@ class Agent:
         return {"data": read_chunk(a["path"], a["offset"], a["length"])}
 
     def submit(self, a):
-        return submit(a["dir"], a["script"], a["token"], a["options"])
+        return submit(a["dir"], a["script"], a["token"], a["options"], a["facts"])
 
     def squeue(self, a):
         return {"jobs": squeue(a["job_id"])}
@@ -216,7 +216,7 @@ class Agent:
 
     def gpus(self, a):
         try:
-            return {"nvidia_smi": True, **gpus(float(a["timeout_s"]))} if shutil.which("nvidia-smi") else {
+            return {"nvidia_smi": True, **gpus(float(a["timeout_s"]), a["facts"])} if shutil.which("nvidia-smi") else {
                 "nvidia_smi": False}
         except (GpuError, OSError, subprocess.SubprocessError) as exc:
             return {"nvidia_smi": True, "error": str(exc) or type(exc).__name__}

@@ -1,10 +1,11 @@
 """Slurm, on its login node: submit a run's batch script, and read squeue, sacct and sinfo."""
 
+import json
 import os
 import pwd
 import subprocess
 
-from .common import CONTROL, run_mark, write_whole
+from .common import CONTROL, FACTS_ASKED, run_mark, write_whole
 from .jobs import self_command
 from .rundirs import _claim, _job_id_at
 
@@ -23,7 +24,7 @@ def _scheduler(argv, timeout=60, cwd=None):
         raise RuntimeError(f"{argv[0]} failed: {said[-300:] or f'exit code {out.returncode}'}")
     return out.stdout.decode(errors="replace")
 
-def submit(root, script, token, options):
+def submit(root, script, token, options, facts=None):
     """Write the job script and sbatch this program's wrapper in the run dir; the job id. Idempotent for
     the same token (a retry answers the job submitted before); a failed sbatch leaves no token behind,
     so the launch can be tried again. The wrapper checks the run dir again when the job starts: a queue
@@ -33,6 +34,8 @@ def submit(root, script, token, options):
         if known is not None:
             return {"job_id": known, "again": True}
         write_whole("job.sh", script, 0o600, dir_fd=run.fd)  # its environment may hold secrets: the owner's only
+        if facts is not None:  # the receipt's look at the host, taken on the node when the job starts
+            run.write(FACTS_ASKED, json.dumps(facts), 0o600)
         # the batch script only starts the wrapper, through the bootstrap that checks this program's bytes
         run.write("batch.sh", "#!/bin/sh\nexec " + " ".join(
             _sh_word(w) for w in self_command("wrap", "--dir", root, "--run", run_mark(token))) + "\n", 0o755)

@@ -264,7 +264,8 @@ function row(r, selected, changed) {
   const point = r.point ? Object.entries(r.point).map(([k, v]) => `${k}=${fmt(v)}`).join(" ") : "";
   return h("tr", {"data-run": r.id, "data-status": r.status},
     h("td", {}, box), h("td", {class: "num"}, link(`/runs/${r.id}`, r.id)), h("td", {}, r.playbook),
-    h("td", {}, r.host), h("td", {class: "st"}, status(r.shown_status || r.status, r.stalled)),
+    h("td", {}, r.host), h("td", {class: "st", title: r.invalid || null}, status(r.shown_status || r.status, r.stalled),
+      r.invalid ? h("span", {class: "error invalid"}, " invalid") : ""),
     h("td", {}, phase), h("td", {}, progress(r.progress, r.progress_at) || (r.last_line ? h("span", {class: "muted"}, r.last_line.slice(0, 60)) : "")),
     h("td", {}, metrics), h("td", {title: clock(r.created_at)}, age(now() - r.created_at)),
     h("td", {}, r.started_at ? dur(end - r.started_at) : ""),
