@@ -4,6 +4,7 @@ the optimizer, the cause of a crash, the Pareto front."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -123,9 +124,9 @@ def test_what_each_end_tells_the_optimizer() -> None:
                                                           {0: 9.0, 1: 10.0})
     oom = _run("cuda_oom", "torch.OutOfMemoryError", "CUDA out of memory")
     t = told(_row(PointStatus.FAILED, Fault.JOB), oom, {}, [], OBJ, BOUNDS)
-    assert (t.state, t.constraints) == ("PRUNED", {"crash": 1.0, "lat_ms": 0.0})  # infeasible: avoided
+    assert (t.state, t.constraints) == ("PRUNED", {"crash": math.inf, "lat_ms": 0.0})  # infeasible: avoided
     refused = told(_row(PointStatus.FAILED, Fault.JOB, "config error: invalid point 3"), None, {}, [], OBJ, BOUNDS)
-    assert refused.constraints["crash"] == 1.0
+    assert refused.constraints["crash"] == math.inf
     # learnt nothing from: an unexplained crash, the fleet's fault, no objective, an invalid benchmark
     assert told(_row(PointStatus.FAILED, Fault.JOB), _run("python_exception", "KeyError"), {}, [], OBJ,
                 BOUNDS).state == "FAIL"
