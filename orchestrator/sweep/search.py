@@ -34,6 +34,7 @@ DUPLICATES_MAX = 100  # proposals in a row of points already tried: the space ha
 FINISHED = (PointStatus.SUCCEEDED, PointStatus.PRUNED, PointStatus.INFEASIBLE, PointStatus.FAILED)
 PRUNED_REASON = "pruned"
 CRASH = "crash"  # the constraint a crash breaks (the others are named after the bounded metrics)
+INFERRED = "inferred"  # a proposal next to a crash, told crashed without a run
 AVOID_MAX = 50  # proposals in a row set aside as next to a crash, before one is run anyway
 
 
@@ -84,8 +85,8 @@ def near_crash(study: Any, space: dict[str, Dimension], params: dict[str, Any]) 
     less than a whole range (or one choice) away from it. TPE counts a crash as one more point outside the
     best, so with few trials it comes back to a crashing region about as often as to any mediocre one; and
     a crash costs a server start and teaches nothing new the second time."""
-    ended = [t for t in study.get_trials(deepcopy=False)
-             if t.state.is_finished() and t.state.name != "FAIL" and all(k in t.params for k in space)]
+    ended = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and t.state.name != "FAIL"
+             and not t.user_attrs.get(INFERRED) and all(k in t.params for k in space)]
     crash = min((distance(space, t.params, params) for t in ended if t.constraints.get(CRASH, 0.0) > 0),
                 default=math.inf)
     ran = min((distance(space, t.params, params) for t in ended if t.constraints.get(CRASH, 0.0) <= 0),
@@ -134,14 +135,17 @@ def start(study: Any, space: dict[str, Dimension], spec: dict[str, Any]) -> None
 
 
 def ask(study: Any, space: dict[str, Dimension]) -> tuple[Any, dict[str, Any]]:
-    """The optimizer's next proposal, passing over those next to a crash (each told failed: it learns
-    nothing from them), up to AVOID_MAX in a row."""
+    """The optimizer's next proposal that is not next to a crash. One that is, is not run: the optimizer is
+    told it would crash (marked `inferred`, and no crash of its own for `near_crash`), so that its model of
+    the region moves away instead of proposing it again; up to AVOID_MAX in a row."""
     for _ in range(AVOID_MAX):
         trial = study.ask()
         params = {k: suggest(trial, k, d) for k, d in space.items()}
         if not near_crash(study, space, params):
             return trial, params
-        study.tell(trial, state=_optuna().trial.TrialState.FAIL)
+        trial.set_user_attr(INFERRED, True)
+        trial.set_constraint(CRASH, math.inf)
+        study.tell(trial, state=_optuna().trial.TrialState.PRUNED)
     trial = study.ask()
     return trial, {k: suggest(trial, k, d) for k, d in space.items()}
 
