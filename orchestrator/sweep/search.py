@@ -36,6 +36,7 @@ PRUNED_REASON = "pruned"
 CRASH = "crash"  # the constraint a crash breaks (the others are named after the bounded metrics)
 INFERRED = "inferred"  # a proposal next to a crash, told crashed without a run
 AVOID_MAX = 50  # proposals in a row set aside as next to a crash, before one is run anyway
+AVOID_RADIUS = 0.5  # how near a crash a proposal is passed over: half a range (a differing choice is 1 apart)
 
 
 def _optuna() -> Any:
@@ -82,7 +83,8 @@ def distance(space: dict[str, Dimension], a: dict[str, Any], b: dict[str, Any]) 
 
 def near_crash(study: Any, space: dict[str, Dimension], params: dict[str, Any]) -> bool:
     """Whether a proposal lies nearer a crash (for a cause of its settings) than any trial that ran, and
-    less than a whole range (or one choice) away from it. TPE counts a crash as one more point outside the
+    within AVOID_RADIUS of it (so with the crash's choices, and a crash near the best only shades the
+    border of its own region). TPE counts a crash as one more point outside the
     best, so with few trials it comes back to a crashing region about as often as to any mediocre one; and
     a crash costs a server start and teaches nothing new the second time."""
     ended = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and t.state.name != "FAIL"
@@ -91,7 +93,7 @@ def near_crash(study: Any, space: dict[str, Dimension], params: dict[str, Any]) 
                 default=math.inf)
     ran = min((distance(space, t.params, params) for t in ended if t.constraints.get(CRASH, 0.0) <= 0),
               default=math.inf)
-    return crash < min(ran, 1.0)
+    return crash < min(ran, AVOID_RADIUS)
 
 
 def suggest(trial: Any, key: str, dim: Dimension) -> Any:

@@ -210,9 +210,9 @@ def test_a_crashing_region_is_not_visited_again(seed: int) -> None:
             tell(trial, crashed(bounds))
         else:
             tell(trial, Told("COMPLETE", found[0], {"crash": 0.0, "lat_ms": bounds["lat_ms"].violation(found[1])}, {}))
-    # the first trial (the first choice) and the random start may crash; the optimizer's own proposals don't
-    # (TPE alone, a crash one more point outside the best, came back 3 to 7 times in these 20)
-    assert crashes[0] == 0 and len(crashes) <= 3 and all(n < s.startup(0) for n in crashes), crashes
+    # the first trial (the first choice) crashes, and one more at most (TPE alone, a crash one more point
+    # outside the best, came back 3 to 7 times in these 20)
+    assert crashes[0] == 0 and len(crashes) <= 2, crashes
 
 
 def test_a_crash_ranks_below_a_measured_point_that_broke_its_bound() -> None:
