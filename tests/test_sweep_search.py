@@ -21,8 +21,9 @@ JOBS = Path(__file__).parent / "jobs"
 sys.path.insert(0, str(JOBS))
 import surface_job  # noqa: E402
 
-# Seed 1 of the file: the surface's search with this seed was checked over 200 seeds (every seed's sequence
-# of proposals is fixed by the records it learns from): 199 found a point within 4 % of the true best.
+# Seed 1 of the file (every seed's sequence of proposals is fixed by the records it learns from): the same
+# search over this surface, run in process without pruning, found a point within 4 % of the true best with
+# 98 of seeds 0-99, wasting 2.7 trials on average (5 at most) in the crashing region.
 FILE = f"""name = "surface"
 playbook = "command"
 hosts = ["local"]

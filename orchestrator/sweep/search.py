@@ -11,6 +11,7 @@ keys with the best point so far fixed.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -33,6 +34,9 @@ DUPLICATES_MAX = 100  # proposals in a row of points already tried: the space ha
 FINISHED = (PointStatus.SUCCEEDED, PointStatus.PRUNED, PointStatus.INFEASIBLE, PointStatus.FAILED)
 PRUNED_REASON = "pruned"
 CRASH = "crash"  # the constraint a crash breaks (the others are named after the bounded metrics)
+INFERRED = "inferred"  # a proposal next to a crash, told crashed without a run
+AVOID_MAX = 50  # proposals in a row set aside as next to a crash, before one is run anyway
+AVOID_RADIUS = 0.5  # how near a crash a proposal is passed over: half a range (a differing choice is 1 apart)
 
 
 def _optuna() -> Any:
@@ -53,6 +57,45 @@ def distribution(dim: Dimension) -> Any:
     return d.FloatDistribution(dim.low, dim.high, log=dim.log, step=dim.step)
 
 
+def _position(dim: Dimension, value: Any) -> float | str:
+    """Where a value lies in its range, 0 to 1 (on the log scale with log); a choice is itself."""
+    if dim.choices is not None:
+        return json.dumps(value)
+    assert dim.low is not None and dim.high is not None
+    if dim.high == dim.low:
+        return 0.0
+    if dim.log:
+        return (math.log(value) - math.log(dim.low)) / (math.log(dim.high) - math.log(dim.low))
+    return (value - dim.low) / (dim.high - dim.low)
+
+
+def distance(space: dict[str, Dimension], a: dict[str, Any], b: dict[str, Any]) -> float:
+    """How far apart two points of a space are: each range scaled to 0..1, a differing choice 1 apart."""
+    total = 0.0
+    for key, dim in space.items():
+        pa, pb = _position(dim, a[key]), _position(dim, b[key])
+        if isinstance(pa, str) or isinstance(pb, str):
+            total += 0.0 if pa == pb else 1.0
+        else:
+            total += (pa - pb) ** 2
+    return math.sqrt(total)
+
+
+def near_crash(study: Any, space: dict[str, Dimension], params: dict[str, Any]) -> bool:
+    """Whether a proposal lies nearer a crash (for a cause of its settings) than any trial that ran, and
+    within AVOID_RADIUS of it (so with the crash's choices, and a crash near the best only shades the
+    border of its own region). TPE counts a crash as one more point outside the
+    best, so with few trials it comes back to a crashing region about as often as to any mediocre one; and
+    a crash costs a server start and teaches nothing new the second time."""
+    ended = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and t.state.name != "FAIL"
+             and not t.user_attrs.get(INFERRED) and all(k in t.params for k in space)]
+    crash = min((distance(space, t.params, params) for t in ended if t.constraints.get(CRASH, 0.0) > 0),
+                default=math.inf)
+    ran = min((distance(space, t.params, params) for t in ended if t.constraints.get(CRASH, 0.0) <= 0),
+              default=math.inf)
+    return crash < min(ran, AVOID_RADIUS)
+
+
 def suggest(trial: Any, key: str, dim: Dimension) -> Any:
     if dim.choices is not None:
         return trial.suggest_categorical(key, dim.choices)
@@ -60,6 +103,61 @@ def suggest(trial: Any, key: str, dim: Dimension) -> Any:
     if dim.integer:
         return trial.suggest_int(key, int(dim.low), int(dim.high), log=dim.log, step=int(dim.step or 1))
     return trial.suggest_float(key, dim.low, dim.high, log=dim.log, step=dim.step)
+
+
+def new_study(search: Search, stage: int, objective: Objective) -> Any:
+    """A stage's empty study: multivariate TPE (the keys of a server interact), its constant liar (lanes
+    that ask while others run get different points), its random start scaled to the budget."""
+    optuna = _optuna()
+    seed = None if search.seed is None else search.seed + stage
+    sampler = optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=search.startup(stage), constant_liar=True, multivariate=True)
+    direction = "maximize" if objective.goal == "max" else "minimize"
+    return optuna.create_study(direction=direction, sampler=sampler, pruner=pruner(search, stage))
+
+
+def pruner(search: Search, stage: int) -> Any:
+    pruners = _optuna().pruners
+    s, startup = search, search.startup(stage)
+    return {
+        "median": lambda: pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=s.warmup_steps),
+        "percentile": lambda: pruners.PercentilePruner(25.0, n_startup_trials=startup,
+                                                       n_warmup_steps=s.warmup_steps),
+        "hyperband": lambda: pruners.HyperbandPruner(min_resource=max(1, s.warmup_steps)),
+        "successive_halving": lambda: pruners.SuccessiveHalvingPruner(min_resource=max(1, s.warmup_steps)),
+        "none": lambda: pruners.NopPruner(),
+    }[s.pruner]()
+
+
+def start(study: Any, space: dict[str, Dimension], spec: dict[str, Any]) -> None:
+    """A search with no history tries first what a person would: the spec's values (the middle of a range
+    the spec leaves open); Optuna's advice for known-good settings is to enqueue them."""
+    if not study.trials:
+        study.enqueue_trial({k: d.start(_dotted(spec, k)) for k, d in space.items()})
+
+
+def ask(study: Any, space: dict[str, Dimension]) -> tuple[Any, dict[str, Any]]:
+    """The optimizer's next proposal that is not next to a crash. One that is, is not run: the optimizer is
+    told it would crash (marked `inferred`, and no crash of its own for `near_crash`), so that its model of
+    the region moves away instead of proposing it again; up to AVOID_MAX in a row."""
+    for _ in range(AVOID_MAX):
+        trial = study.ask()
+        params = {k: suggest(trial, k, d) for k, d in space.items()}
+        if not near_crash(study, space, params):
+            return trial, params
+        trial.set_user_attr(INFERRED, True)
+        trial.set_constraint(CRASH, math.inf)
+        study.tell(trial, state=_optuna().trial.TrialState.PRUNED)
+    trial = study.ask()
+    return trial, {k: suggest(trial, k, d) for k, d in space.items()}
+
+
+def tell(trial: Any, t: Told) -> None:
+    optuna = _optuna()
+    for name, v in t.constraints.items():
+        trial.set_constraint(name, v)
+    state = getattr(optuna.trial.TrialState, t.state)
+    trial.study.tell(trial, t.value if state is optuna.trial.TrialState.COMPLETE else None, state=state)
 
 
 # what a finished point tells the optimizer ---------------------------------------------------------------
@@ -92,8 +190,11 @@ def told(pt: PointRow, run: Run | None, metrics: dict[str, float], series: list[
 
 
 def crashed(bounds: dict[str, Any]) -> Told:
-    """A point the settings crashed (or the playbook refused): infeasible, with no value."""
-    return Told("PRUNED", None, {CRASH: 1.0, **{m: 0.0 for m in bounds}}, {})
+    """A point the settings crashed (or the playbook refused): infeasible, with no value, and worse than any
+    bound broken by a measured point. TPE ranks infeasible trials by their summed violations and, while
+    none is feasible, models its best region on the least infeasible: a crash at 1.0 beside a latency 3
+    times its bound would be that region, and the search would head for the crash."""
+    return Told("PRUNED", None, {CRASH: math.inf, **{m: 0.0 for m in bounds}}, {})
 
 
 class Searcher:
@@ -118,25 +219,8 @@ class Searcher:
     # the study, from the records ------------------------------------------------------------------
     def _study(self, stage: int) -> Any:
         if stage not in self.studies:
-            optuna = _optuna()
-            seed = None if self.search.seed is None else self.search.seed + stage
-            sampler = optuna.samplers.TPESampler(
-                seed=seed, n_startup_trials=self.search.startup_trials, constant_liar=True, multivariate=True)
-            direction = "maximize" if self.objective.goal == "max" else "minimize"
-            self.studies[stage] = optuna.create_study(direction=direction, sampler=sampler, pruner=self._pruner())
+            self.studies[stage] = new_study(self.search, stage, self.objective)
         return self.studies[stage]
-
-    def _pruner(self) -> Any:
-        pruners = _optuna().pruners
-        s = self.search
-        return {
-            "median": lambda: pruners.MedianPruner(n_startup_trials=s.startup_trials, n_warmup_steps=s.warmup_steps),
-            "percentile": lambda: pruners.PercentilePruner(25.0, n_startup_trials=s.startup_trials,
-                                                           n_warmup_steps=s.warmup_steps),
-            "hyperband": lambda: pruners.HyperbandPruner(min_resource=max(1, s.warmup_steps)),
-            "successive_halving": lambda: pruners.SuccessiveHalvingPruner(min_resource=max(1, s.warmup_steps)),
-            "none": lambda: pruners.NopPruner(),
-        }[s.pruner]()
 
     def _add(self, stage: int, params: dict[str, Any], t: Told, attrs: dict[str, Any]) -> None:
         """A finished trial, from the records, into the stage's study."""
@@ -259,9 +343,10 @@ class Searcher:
         study = self._study(self.stage)
         fixed = self._fixed() if self.stage else {}
         tried = {p.key: p for p in rows}
+        if not rows:
+            start(study, stage.space, self.plan.file.spec)
         for _ in range(DUPLICATES_MAX):
-            trial = study.ask()
-            params = {k: suggest(trial, k, d) for k, d in stage.space.items()}
+            trial, params = ask(study, stage.space)
             diff = {**fixed, **params}
             seen = tried.get(point_key(diff))
             if seen is None:
@@ -366,11 +451,7 @@ class Searcher:
             self.cond.notify_all()
 
     def _tell(self, trial: Any, t: Told) -> None:
-        optuna = _optuna()
-        for name, v in t.constraints.items():
-            trial.set_constraint(name, v)
-        state = getattr(optuna.trial.TrialState, t.state)
-        trial.study.tell(trial, t.value if state is optuna.trial.TrialState.COMPLETE else None, state=state)
+        tell(trial, t)
 
     def stop(self) -> None:
         with self.cond:
