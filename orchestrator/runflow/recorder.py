@@ -117,6 +117,7 @@ class Recorder(Reading):
         self.db_trouble = ""  # why, as the database said it
         self.staged: Staged | None = None
         self._last: Turn | None = None  # what the end's last read found so far
+        self._phase_before_last: str | None = None
         self._outcome: str | None = None  # of the last commit: None (written), "conflict", "refused"
         self._me = str(Controller.me())  # this process, as the record names its watcher
         self.health = HealthWatch(opts.health.ask, opts.health.grace_s, store, run_id) if opts.health else None
@@ -453,6 +454,8 @@ class Recorder(Reading):
     # the end's last read ----------------------------------------------------------------------------
     def read_last(self, state: launch.JobState) -> None:
         """Take one read of an ended run's log (see lastread): parsed now, recorded by `save_last`."""
+        if self._last is None:
+            self._phase_before_last = self.parser.phase  # the phase the end recorded stands unless this changes
         turn = self._read_position(state)
         self._record_log(turn, finish=False)  # its last line is counted once the last read is over
         last = self._last
@@ -484,7 +487,7 @@ class Recorder(Reading):
             # how the process itself ended (a server whose engine core was killed exits 0): kept beside the
             # end that was decided first
             fields["exit_code"] = exit_code
-        if p.phase != run.phase:
+        if p.phase != self._phase_before_last:  # else the phase the end recorded stands (finished, failed)
             fields["phase"] = p.phase
         events = last.events + [("phase", phase, None) for phase in p.phases_passed]
         p.phases_passed.clear()
