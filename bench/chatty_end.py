@@ -37,10 +37,10 @@ from orchestrator.config.workspace import Workspace
 from orchestrator.host import launch
 from orchestrator.host.launch import HostExecutor
 from orchestrator.host.ssh import SSHTransport
-from orchestrator.runflow.hostwatch import HostWatcher
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status
+from orchestrator.watch.hostwatch import HostWatcher
 
 WRITER = r"""
 import sys, time

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from slurmcluster import SlurmCluster  # noqa: E402
+from slurmcluster import SlurmCluster
 
 from orchestrator import runflow
 from orchestrator.config import spec as specmod
@@ -33,11 +33,12 @@ from orchestrator.config.workspace import Workspace
 from orchestrator.host import slurm
 from orchestrator.runflow import registry
 from orchestrator.store import Store
+from orchestrator.watch import follow
 
 ENDED = set(slurm.ENDED)
 
 
-from results import write_section  # noqa: E402
+from results import write_section
 
 
 def by_orch(tmp: Path, jobs: int, sleep_s: float) -> dict[str, float]:
@@ -65,7 +66,7 @@ def by_orch(tmp: Path, jobs: int, sleep_s: float) -> dict[str, float]:
     def watch(run_id: int) -> None:
         own = Store(ws.db_path)
         try:
-            runflow.watch(runflow.open_run(ws, own, run_id, {host.name: host}))
+            follow.watch(runflow.open_run(ws, own, run_id, {host.name: host}))
         finally:
             own.close()
 

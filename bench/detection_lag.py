@@ -5,15 +5,13 @@ An emulated SGLang 0.5.23 server (tests/fakes/sglang_emulator.py) on a real sshd
 (tests/sshd.py) loads 64 shards, turns ready, serves, then (a) crashes and exits, (b) prints a fatal
 scheduler line and hangs (the other ranks of a TP job), or (c) keeps serving, quiet. Every watcher reads
 the same job at the same time, each with a database of its own:
-  agent      orch's watcher of the host: the host's agent pushes the log's new bytes and the job's end as
-             they happen; quiet runs looked at on the backoff 5 s -> 60 s
-  held-poll  a watcher of the run's own (what a Slurm run still has): polls held on the host 5 s -> 60 s
-             (backoff, reset on progress), each hold ended early by the job's death or a line that matters
-  fixed5     the same reading, a fixed 5 s poll with the sleep on the controller (a shell loop)
+  agent      orch's watcher of the host, the only way orch watches a run: the host's agent pushes the log's
+             new bytes and the job's end as they happen; quiet runs looked at (poked) on the backoff 5 s -> 60 s
+  fixed5     the same reading (the recorder's one-shot look), a fixed 5 s poll from the controller (a shell loop)
   sleep600   the `sleep 600; tail -40 log` habit, scaled down 100x (its lag is reported unscaled)
   tail-F     `tail -F log` streamed over one SSH channel, parsed as it comes: the physical limit
 Lag: from the emulator printing the line (its --events file) to the watcher recording it. Round trips:
-remote shell calls while watching the quiet serve. Writes its section of bench/RESULTS.md.
+requests to the host (pokes, for the agent) while watching the quiet serve. Writes its section of bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -35,14 +33,15 @@ from sshd import SSHFleet
 from orchestrator.config.hosts import Host
 from orchestrator.config.workspace import Workspace
 from orchestrator.host import launch
+from orchestrator.host.agent import AgentLink
 from orchestrator.host.launch import HostExecutor
 from orchestrator.host.remote import Result, SSHTransport, quote
 from orchestrator.logparse import LogParser
-from orchestrator.runflow.hostwatch import HostWatcher
-from orchestrator.runflow.watch import WatchOptions, Watcher
+from orchestrator.runflow.recorder import Recorder, WatchOptions
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status
+from orchestrator.watch.hostwatch import HostWatcher
 
 EMULATOR = ROOT / "tests" / "fakes" / "sglang_emulator.py"
 REPEATS = 5
@@ -79,11 +78,17 @@ class CountingExecutor(HostExecutor):
         return super().call(op, timeout=timeout, **args)
 
 
-class PlainPoller(Watcher):
-    """The same reading and parsing, but waiting between polls here, as a shell loop with sleep does."""
+POKES = [0]  # the host watcher's looks at a quiet run: one request each
 
-    def _hold_next(self, seconds: float) -> None:
-        self.sleep(seconds)
+
+def _counting_tell(link: AgentLink, op: str, **args: Any) -> None:
+    if op == "poke":
+        POKES[0] += 1
+    _tell(link, op, **args)
+
+
+_tell = AgentLink.tell
+AgentLink.tell = _counting_tell  # type: ignore[method-assign]
 
 
 def record_for(tmp: Path, name: str, paths: launch.RunPaths, pid: int, start: str) -> tuple[Store, int]:
@@ -99,24 +104,24 @@ def record_for(tmp: Path, name: str, paths: launch.RunPaths, pid: int, start: st
 
 def polled(host: Host, tmp: Path, name: str, paths: launch.RunPaths, pid: int, start: str, until: str,
            out: dict[str, Any]) -> None:
-    """Watch with orch's watcher (or the plain poller) until the event; when it was recorded, the calls."""
+    """Look with the recorder's one-shot read at a fixed pace, sleeping here between looks, until the event;
+    when it was recorded, the calls."""
     transport = CountingTransport(host)
     store, run_id = record_for(tmp, name, paths, pid, start)
-    lo, hi, cls, scale = {"held-poll": (5, 60, Watcher, 1), "fixed5": (5, 5, PlainPoller, 1),
-                          "sleep600": (600 / SCALE, 600 / SCALE, PlainPoller, SCALE)}[name]
-    opts = WatchOptions(poll_min=lo, poll_max=hi, until_ready=until == "ready", engine="sglang", kill_grace_s=0.5)
-    if name != "held-poll":  # no host-side hold, no waking on lines
-        opts.ready_pattern = None
+    every, scale = {"fixed5": (5.0, 1), "sleep600": (600 / SCALE, SCALE)}[name]
+    opts = WatchOptions(poll_min=every, poll_max=every, until_ready=until == "ready", engine="sglang",
+                        kill_grace_s=0.5)
     executor = CountingExecutor(transport)
-    watcher = cls(store, run_id, executor, opts)
-    if until == "quiet":  # count round trips only: poll, then wait as the watcher would, to the deadline
+    rec = Recorder(store, run_id, executor, opts)
+    if until == "quiet":  # count round trips only, to the deadline
         deadline = time.time() + QUIET_S
         while time.time() < deadline:
-            watcher.poll_once()
-            watcher._hold_next(min(watcher.wait(None), max(0.0, deadline - time.time())))
+            rec.look()
+            time.sleep(min(every, max(0.0, deadline - time.time())))
         out[name] = {"calls": transport.calls + executor.calls}
     else:
-        watcher.run_until_done()
+        while not rec.look():
+            time.sleep(every)
         kinds, messages = RECORDED[until]
         seen = next(e["ts"] for e in store.events(run_id) if e["kind"] in kinds and e["message"].startswith(messages))
         out[name] = {"seen": seen, "scale": scale, "calls": transport.calls + executor.calls}
@@ -146,12 +151,13 @@ def pushed(host: Host, fleet: SSHFleet, tmp: Path, paths: launch.RunPaths, pid: 
         time.sleep(0.02)
         seen = next((e["ts"] for e in store.events(run_id) if e["kind"] in kinds
                      and e["message"].startswith(messages)), None)
+    pokes = POKES[0]
     if until == "quiet":
         time.sleep(max(0.0, deadline - time.time()))
+    pokes = POKES[0] - pokes  # (counted from ready: the quiet stretch)
     watcher.stopping.set()
     thread.join()
-    calls = sum(1 for e in store.events(run_id) if e["kind"] == "unreachable")
-    out["agent"] = {"seen": seen, "scale": 1, "calls": 1 + calls}  # one channel, kept open
+    out["agent"] = {"seen": seen, "scale": 1, "calls": pokes}  # on one channel, kept open
     store.close()
 
 
@@ -193,10 +199,9 @@ def one(host: Host, fleet: SSHFleet, tmp: Path, flags: list[str], event: str, un
     out: dict[str, Any] = {}
     stop = threading.Event()
     until = "quiet" if quiet else until
-    names = ["held-poll", "fixed5"] if quiet else ["held-poll", "fixed5", "sleep600"]
+    names = ["fixed5"] if quiet else ["fixed5", "sleep600"]
     threads = [threading.Thread(target=polled, args=(host, tmp, n, paths, pid, start, until, out)) for n in names]
-    if not quiet:
-        threads.append(threading.Thread(target=pushed, args=(host, fleet, tmp, paths, pid, start, until, out)))
+    threads.append(threading.Thread(target=pushed, args=(host, fleet, tmp, paths, pid, start, until, out)))
     if not quiet:
         threads.append(threading.Thread(target=streamed, args=(host, paths, until, out, stop)))
     for t in threads:
@@ -236,8 +241,8 @@ def main() -> None:
         work = Path(tmp) / "quiet"
         work.mkdir()
         quiet, _ = one(host, fleet, work, [], "ready", quiet=True)
-        print(f"quiet serve of {QUIET_S:.0f} s: held-poll {quiet['held-poll']['calls']} round trips,"
-              f" fixed5 {quiet['fixed5']['calls']}", flush=True)
+        print(f"quiet serve of {QUIET_S:.0f} s: agent {quiet['agent']['calls']} pokes,"
+              f" fixed5 {quiet['fixed5']['calls']} round trips", flush=True)
     write(rows, quiet)
 
 
@@ -249,9 +254,8 @@ def write(rows: list[tuple[str, str, float, float]], quiet: dict[str, Any]) -> N
         f" serves, then crashes and exits, or prints a fatal scheduler line and hangs, or keeps serving; every"
         f" watcher reads the same job at once. Lag in real seconds from the line being printed to it being"
         f" recorded, median and max of {REPEATS} runs. agent: orch's watcher of the host, the log's bytes and"
-        f" the job's end pushed by the host's agent over one channel as they happen; held-poll: a watcher of the"
-        f" run's own (a Slurm run's), polls held on the host 5 s -> 60 s, woken by the"
-        f" job's death or a line that matters; fixed5: a 5 s poll with the sleep on the controller;"
+        f" the job's end pushed by the host's agent over one channel as they happen;"
+        f" fixed5: a 5 s poll (the recorder's one-shot look) with the sleep on the controller;"
         f" sleep600: `sleep 600; tail` (run 1/{SCALE} scale, lag scaled back); tail-F: the log streamed over"
         " one SSH channel, the physical limit.",
         "",
@@ -259,10 +263,10 @@ def write(rows: list[tuple[str, str, float, float]], quiet: dict[str, Any]) -> N
         "|---|---|---:|---:|",
     ]
     lines += [f"| {scenario} | {name} | {median:.2f} | {worst:.2f} |" for scenario, name, median, worst in rows]
-    o, f = quiet["held-poll"]["calls"], quiet["fixed5"]["calls"]
-    lines += ["", f"Round trips over a {QUIET_S:.0f} s quiet serve: held-poll {o}, fixed5 {f} ({o / f:.2f}x); the"
-              " agent keeps one channel open and sends nothing while the run is quiet but a poke on the backoff.",
-              ""]
+    o, f = quiet["agent"]["calls"], quiet["fixed5"]["calls"]
+    lines += ["", f"Round trips over a {QUIET_S:.0f} s quiet serve: the agent's pokes on the backoff {o}, fixed5 {f}"
+              f" ({o / max(f, 1):.2f}x); the agent keeps one channel open and sends nothing while the run is quiet"
+              " but a poke on the backoff.", ""]
     write_section("\n".join(lines))
     print("wrote the detection lag section of bench/RESULTS.md")
 

@@ -1,5 +1,5 @@
-"""What watching a fleet costs the controller: one watcher per host (the agent streaming) against one
-watcher process per run (each polling over its own SSH connection), on the same jobs in the same run.
+"""What watching a fleet costs the controller: one watcher per host (the agent streaming), the only way orch
+watches a run, per host and per run.
 
     python bench/fleet_watch.py [--hosts 16] [--per-host 8] [--quiet-s 30]
 
@@ -16,18 +16,16 @@ import argparse
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from results import write_section  # noqa: E402
-from sshd import SSHFleet  # noqa: E402
+from results import write_section
+from sshd import SSHFleet
 
 DECODE = ("[2026-12-02 10:00:00 TP0] Decode batch. #running-req: 8, #token: 4096, token usage: 0.05, "
           "accept len: 2.91, gen throughput (token/s): 94.00, #queue-req: 0")
@@ -103,43 +101,12 @@ def measure(label: str, fleet: SSHFleet, pids: list[int], flag: Path, quiet_s: f
     return sample
 
 
-def polled_by_all(store: Any, ids: list[int], since: float, most_s: float = 300) -> None:
-    """Until every run's heartbeat is newer than `since` (its own watcher has polled it), or `most_s` passed."""
-    deadline = time.time() + most_s
-    while time.time() < deadline:
-        polled = store.conn.execute(f"SELECT COUNT(*) FROM runs WHERE heartbeat > ? AND id IN ({','.join('?' * len(ids))})",
-                                    (since, *ids)).fetchone()[0]
-        if polled == len(ids):
-            return
-        time.sleep(1)
-    print(f"only {polled} of {len(ids)} runs polled by their own watcher after {most_s:.0f} s", flush=True)
-
-
-def legacy_watch(ws: str, run_id: int) -> None:
-    """One run's watcher as a process of its own, polling over its own connection (the old shape)."""
-    from orchestrator.config.workspace import Workspace
-    from orchestrator.host.launch import HostExecutor
-    from orchestrator.host.ssh import SSHTransport
-    from orchestrator.runflow import open_run, watch_options
-    from orchestrator.runflow.watch import Watcher
-    from orchestrator.store import Store
-
-    w = Workspace.find()
-    store = Store(w.db_path)
-    ctx = open_run(w, store, run_id)
-    Watcher(store, run_id, HostExecutor(SSHTransport(ctx.host)), watch_options(ctx.pb, ctx.spec, ctx.host)).run_until_done()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", type=int, default=16)
     ap.add_argument("--per-host", type=int, default=8)
     ap.add_argument("--quiet-s", type=float, default=30.0)
-    ap.add_argument("--legacy-watch", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.legacy_watch:
-        legacy_watch(*args.legacy_watch[:1], int(args.legacy_watch[1]))
-        return
     with tempfile.TemporaryDirectory() as tmp, SSHFleet(args.hosts, root=Path(tmp) / "sshd") as fleet:
         fleet.start()
         ws_root = Path(tmp) / "ws"
@@ -173,36 +140,22 @@ def main() -> None:
         print(f"{len(ids)} runs started in {started:.0f} s", flush=True)
         watching.ensure_watched(ws, store)
         deadline = time.time() + 120
-        while len(pids_with("orchestrator.runflow.hostwatch", ws_root)) < args.hosts and time.time() < deadline:
+        while len(pids_with("orchestrator.watch.hostwatch", ws_root)) < args.hosts and time.time() < deadline:
             time.sleep(0.5)
-        agent = measure("one watcher per host", fleet, pids_with("orchestrator.runflow.hostwatch", ws_root), flag, args.quiet_s)
+        agent = measure("one watcher per host", fleet, pids_with("orchestrator.watch.hostwatch", ws_root), flag, args.quiet_s)
         followed = sum(1 for i in ids if store.get_run(i).phase == "running")
-        for pid in pids_with("orchestrator.runflow.hostwatch", ws_root):
+        for pid in pids_with("orchestrator.watch.hostwatch", ws_root):
             os.kill(pid, signal.SIGKILL)
-        time.sleep(1)
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        spawned = time.time()
-        legacy = [subprocess.Popen([sys.executable, __file__, "--legacy-watch", str(ws_root), str(i)], env=env,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in ids]
-        polled_by_all(store, ids, spawned)  # 128 interpreters start on 2 cores: each has polled its run once
-        old = measure("a watcher per run", fleet, [p.pid for p in legacy], flag, args.quiet_s)
-        for p in legacy:
-            p.kill()
-        for p in legacy:
-            p.wait()
         for pid in pids:
             try:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         store.close()
-    write(args, agent, old, followed, len(ids))
+    write(args, agent, followed, len(ids))
 
 
-def write(args: argparse.Namespace, agent: dict[str, float], old: dict[str, float], followed: int, runs: int) -> None:
-    def ratio(key: str) -> str:
-        return f"{old[key] / agent[key]:.1f}x" if agent[key] else "-"
-
+def write(args: argparse.Namespace, agent: dict[str, float], followed: int, runs: int) -> None:
     rows = [("orch processes", "processes", "{:.0f}"), ("SSH connections", "connections", "{:.0f}"),
             ("resident memory (MiB)", "rss_mib", "{:.0f}"), ("CPU, quiet runs (% of a core)", "quiet_cpu_pct", "{:.2f}")]
     lines = [
@@ -211,21 +164,19 @@ def write(args: argparse.Namespace, agent: dict[str, float], old: dict[str, floa
         f"{runs} active runs over {args.hosts} real sshd hosts on loopback ({args.per_host} per host), each printing"
         " an SGLang decode line a second; then quiet for the CPU figure (its mean over"
         f" {args.quiet_s:.0f} s). orch's side only: its watcher processes (the controller that started the runs is not"
-        " counted), their ESTABLISHED connections to the sshd ports, their resident memory. Both rows watch the same jobs in"
-        f" the same run; {followed} of {runs} runs were recorded `running` by their host's watcher. Load average"
-        f" {os.getloadavg()[0]:.1f} at the end (the per-run watchers' own, mostly), on 2 cores.",
+        " counted), their ESTABLISHED connections to the sshd ports, their resident memory;"
+        f" {followed} of {runs} runs were recorded `running` by their host's watcher. Load average"
+        f" {os.getloadavg()[0]:.1f} at the end, on 2 cores.",
         "",
-        "A host's watcher starts as `python -m orchestrator.runflow.hostwatch HOST` (no Typer or Rich loaded), reads the"
+        "A host's watcher starts as `python -m orchestrator.watch.hostwatch HOST` (no Typer or Rich loaded), reads the"
         " record again only when SQLite's data_version says another process wrote (else every 10 s), and its SSH"
         " connection's reader wakes once a second: before that, the same bench measured 969 MiB and 3.87 % of a core"
-        " for the 16 host watchers (under the full test suite, load average up to 35). The per-run row is measured"
-        " once each of its watchers has polled its run (it was measured 20 s after they started, when 33 of 128 had"
-        " connected).",
+        " for the 16 host watchers (under the full test suite, load average up to 35).",
         "",
-        "| | one watcher per host (agent) | a watcher per run | per-run / per-host |",
-        "|---|---:|---:|---:|",
+        "| | one watcher per host (agent) | per run |",
+        "|---|---:|---:|",
     ]
-    lines += [f"| {name} | {fmt.format(agent[key])} | {fmt.format(old[key])} | {ratio(key)} |"
+    lines += [f"| {name} | {fmt.format(agent[key])} | {fmt.format(agent[key] / runs)} |"
               for name, key, fmt in rows]
     write_section("\n".join(lines) + "\n")
     print("wrote the fleet watch section of bench/RESULTS.md")

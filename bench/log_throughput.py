@@ -1,6 +1,6 @@
 """How fast a host's watcher keeps up with a log, over real SSH: bytes recorded per second while jobs write
-as fast as they can, against a watcher of the run's own (held polls, 4 MiB a poll); and the memory a
-200 MiB log with no newline costs it.
+as fast as they can, against the log parser alone over the same bytes; and the memory a 200 MiB log with
+no newline costs it.
 
     python bench/log_throughput.py [--mib 256] [--runs 4]
 
@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from results import write_section  # noqa: E402
-from sshd import SSHFleet  # noqa: E402
+from results import write_section
+from sshd import SSHFleet
 
 from orchestrator.config.hosts import Host
 from orchestrator.config.workspace import Workspace
@@ -36,11 +36,10 @@ from orchestrator.host import launch
 from orchestrator.host.launch import HostExecutor
 from orchestrator.host.ssh import SSHTransport
 from orchestrator.logparse import LogParser
-from orchestrator.runflow.hostwatch import HostWatcher
-from orchestrator.runflow.watch import WatchOptions, Watcher
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status
+from orchestrator.watch.hostwatch import HostWatcher
 
 WRITER = r"""
 import sys
@@ -128,36 +127,6 @@ def host_watcher(host: Host, fleet: SSHFleet, tmp: Path, n: int, mib: int, kind:
     return total / took / 1e6, cpu, (max(peak) - rss0) / 1024
 
 
-def held_poll(host: Host, tmp: Path, n: int, mib: int) -> tuple[float, float]:
-    """MB/s over all runs, and the CPU seconds it took."""
-    store = Store(tmp / "hp.db")
-    launched = jobs(host, tmp, n, mib, "lines")
-    threads = []
-    ids = []
-    for paths, pid, start, _ in launched:
-        run_id = record(store, paths, pid, start)
-        ids.append(run_id)
-
-        def go(run_id: int = run_id) -> None:
-            own = Store(tmp / "hp.db")
-            transport = SSHTransport(host)
-            Watcher(own, run_id, HostExecutor(transport), WatchOptions(poll_min=0.5, poll_max=5)).run_until_done()
-            transport.close()
-            own.close()
-
-        threads.append(threading.Thread(target=go))
-    cpu0 = cpu_s()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    took = time.time() - min(b for *_, b in launched)
-    cpu = cpu_s() - cpu0
-    total = sum(store.get_run(i).log_offset for i in ids)
-    store.close()
-    return total / took / 1e6, cpu
-
-
 def parser_alone(mib: int) -> float:
     """MB/s of the log parser by itself over the same bytes, fed 1 MiB at a time: the ceiling of any watcher."""
     data = subprocess.run([sys.executable, "-c", WRITER, str(mib), "lines"], capture_output=True, check=True).stdout
@@ -179,9 +148,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--runs", type=int, default=4)
-    ap.add_argument("--repeat", type=int, default=3, help="rounds of both watchers, one after the other")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds of the watcher and the parser, one after the other")
     args = ap.parse_args()
-    agents, polls, alones = [], [], []
+    agents, alones = [], []
     with tempfile.TemporaryDirectory() as tmp, SSHFleet(1, root=Path(tmp) / "sshd") as fleet:
         fleet.start()
         host = Host(name="test1", **fleet.host_entry(1))
@@ -191,14 +160,11 @@ def main() -> None:
             mbs, cpu, _ = host_watcher(host, fleet, Path(tmp) / f"a{r}", args.runs, per, "lines")
             agents.append((mbs, cpu))
             print(f"host watcher: {mbs:.1f} MB/s over {args.runs} runs of {per} MiB, {cpu:.1f} CPU s", flush=True)
-            polls.append(held_poll(host, Path(tmp) / f"b{r}", args.runs, per))
-            print(f"held polls: {polls[-1][0]:.1f} MB/s, {polls[-1][1]:.1f} CPU s", flush=True)
             alones.append(parser_alone(per))
             print(f"the parser alone: {alones[-1]:.0f} MB/s", flush=True)
         _, _, grew = host_watcher(host, fleet, Path(tmp) / "c", 1, 200, "oneline")
         print(f"200 MiB with no newline: RSS grew {grew:.0f} MiB", flush=True)
     agent, agent_cpu = (statistics.median(x) for x in zip(*agents))
-    poll, poll_cpu = (statistics.median(x) for x in zip(*polls))
     alone = statistics.median(alones)
     load = os.getloadavg()[0]
     lines = [
@@ -211,16 +177,14 @@ def main() -> None:
         f" core given to it would carry. Load average {load:.1f} at the end, on 2 cores (sshd, the agent and the"
         " writers share them).",
         "",
-        f"Medians of {args.repeat} rounds, each both watchers one after the other; every round's MB/s: host watcher"
-        f" {', '.join(f'{m:.1f}' for m, _ in agents)}; per run {', '.join(f'{m:.1f}' for m, _ in polls)};"
-        f" the parser alone {', '.join(f'{m:.0f}' for m in alones)}.",
+        f"Medians of {args.repeat} rounds, each the watcher then the parser; every round's MB/s: host watcher"
+        f" {', '.join(f'{m:.1f}' for m, _ in agents)}; the parser alone {', '.join(f'{m:.0f}' for m in alones)}.",
         "",
-        "| watcher | MB/s | vs a watcher per run | CPU s | MB per CPU s |",
+        "| watcher | MB/s | of the parser alone | CPU s | MB per CPU s |",
         "|---|---:|---:|---:|---:|",
-        f"| one watcher per host (agent, pushed; a turn's pushes in one transaction) | {agent:.1f} | {agent / poll:.1f}x"
-        f" | {agent_cpu:.1f} | {total_mb / agent_cpu:.0f} |",
-        f"| a watcher per run (held polls, 4 MiB each) | {poll:.1f} | 1.0x | {poll_cpu:.1f} | {total_mb / poll_cpu:.0f} |",
-        f"| the parser alone, in process, same bytes | {alone:.0f} | | | |",
+        f"| one watcher per host (agent, pushed; a turn's pushes in one transaction) | {agent:.1f} |"
+        f" {agent / alone:.0%} | {agent_cpu:.1f} | {total_mb / agent_cpu:.0f} |",
+        f"| the parser alone, in process, same bytes | {alone:.0f} | 100% | | |",
         "",
         f"A 200 MiB log with no newline: the host watcher's resident memory grew {grew:.0f} MiB while it read it"
         " (pushed in 1 MiB chunks, at most the agent's window of 8 MiB not yet acknowledged by the watcher; the"
@@ -234,11 +198,8 @@ def main() -> None:
         " parser nine tenths of it), 20 % to paramiko's thread (one 32 KiB packet at a time, as sshd sends"
         " them) and 10 % to the agent link's reader; outside it, the four writers take about 3.9 CPU s, sshd"
         " 0.3-0.5 s, the agent 0.1 s. Before (base64 in JSON, one 1 MiB chunk per run per 50 ms tick, AES-CTR"
-        " with HMAC) the agent alone took 1.7 CPU s and the watcher's process 3.2-4.3 s. A watcher per run"
-        " reads through an agent too (held reads of up to 4 MiB, their bytes raw after the reply's line as"
-        " well), so the two rows differ in how the bytes travel, not in how they are parsed and recorded; its"
-        " reads are four times the host watcher's pushes, which stay at 1 MiB so that a turn (a push of each"
-        " run) stays short for a lone line of another run.",
+        " with HMAC) the agent alone took 1.7 CPU s and the watcher's process 3.2-4.3 s. Pushes stay at 1 MiB"
+        " so that a turn (a push of each run) stays short for a lone line of another run.",
         "",
         f"The goal is 50 MB/s for one host watcher: {'reached' if agent >= 50 else 'not reached'} here. The"
         " writers' own CPU and the time the bench takes to launch the four jobs (about 1 s, before the watcher"

@@ -237,8 +237,8 @@ def release(path: Path) -> None:
 
 def _orch_watcher(argv: list[bytes]) -> bool:
     """`orch watch ID --background` / `orch watch-host NAME --background`, or a host's watcher as orch
-    starts it (`python -m orchestrator.runflow.hostwatch NAME`)."""
-    return (b"orchestrator" in argv and b"--background" in argv) or b"orchestrator.runflow.hostwatch" in argv
+    starts it (`python -m orchestrator.watch.hostwatch NAME`)."""
+    return (b"orchestrator" in argv and b"--background" in argv) or b"orchestrator.watch.hostwatch" in argv
 
 
 def stop_background_watchers(home: Path, timeout: float = 30) -> None:

@@ -141,7 +141,7 @@ def test_bad_input_is_still_one_message_and_exit_2(capsys: pytest.CaptureFixture
 
 
 def test_the_lean_entry_point_loads_no_cli() -> None:
-    code = ("import sys, orchestrator.runflow.hostwatch; "
+    code = ("import sys, orchestrator.watch.hostwatch; "
             "print(sorted(m for m in ('typer', 'rich', 'click', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

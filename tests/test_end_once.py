@@ -18,6 +18,7 @@ from orchestrator.runflow import notify, registry
 from orchestrator.store import Store, lease
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status
+from orchestrator.watch import follow
 from playbooks.command import CommandSpec
 from playbooks.extract_hidden_states import ExtractSpec
 
@@ -39,7 +40,7 @@ def start(ws: Workspace, store: Store, receiver: Receiver, cmd: str) -> runflow.
 def assert_ended_once(ctx: runflow.Job, receiver: Receiver) -> None:
     for _ in range(2):  # whoever comes later finds nothing left to do
         runflow.finish(ctx)
-        runflow.watch(ctx)
+        follow.watch(ctx)
     notify.drain(5)
     run = ctx.refresh()
     assert run.status.terminal
@@ -53,7 +54,7 @@ def assert_ended_once(ctx: runflow.Job, receiver: Receiver) -> None:
 
 
 def ended_by_watch(ctx: runflow.Job) -> None:
-    runflow.watch(ctx)
+    follow.watch(ctx)
 
 
 def ended_by_poll(ctx: runflow.Job) -> None:
@@ -140,7 +141,7 @@ def test_a_failing_end_step_does_not_skip_the_others(ws: Workspace, store: Store
         raise ValueError("a manifest that is not JSON")
 
     monkeypatch.setattr(ctx.pb, "finish", broken)
-    runflow.watch(ctx)
+    follow.watch(ctx)
     notify.drain(5)
     warnings = [e["message"] for e in store.events(ctx.run_id) if e["kind"] == "warning"]
     assert warnings == ["outputs: ValueError: a manifest that is not JSON"]

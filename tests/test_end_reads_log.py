@@ -28,6 +28,7 @@ from orchestrator.store.record import Status
 from orchestrator.sweep import control
 from orchestrator.sweep import db as sweep_db
 from orchestrator.sweep.plan import plan
+from orchestrator.watch import follow
 
 __all__ = ["fake_gpus", "no_server_left_behind"]  # fixtures
 
@@ -57,7 +58,7 @@ def serve_until_decoding(ws: Workspace, store: Store, host: Any, lines: int = 5,
     """Start a server, watch it until ready, then let it print `lines` decode lines nobody polls."""
     ctx = runflow.start(ws, store, registry.playbook("serve-eagle3"), spec or server_spec(), host,
                         run_fields=run_fields)
-    assert runflow.watch(ctx, until_ready=True).phase in ("ready", "running")  # serving
+    assert follow.watch(ctx, until_ready=True).phase in ("ready", "running")  # serving
     deadline = time.monotonic() + 30
     while len(decode_lines(ctx)) < lines:
         assert time.monotonic() < deadline, "the emulator printed no decode stats"
@@ -93,7 +94,7 @@ def ended_by_replace(ws: Workspace, store: Store, inv: Inventory, ctx: runflow.J
     new = runflow.start(ws, store, registry.playbook("command"), registry.playbook("command").Spec(cmd="true"),
                         inv.get("test1"), replace=True)
     assert ctx.refresh().reason == f"replaced by run {new.run_id}"
-    runflow.watch(new)
+    follow.watch(new)
 
 
 @pytest.mark.parametrize("end, status", [
@@ -141,7 +142,7 @@ def test_a_run_that_ends_by_itself_records_its_log_to_the_last_line(
     spec = server_spec(extra_args=["--shards", "2", "--shard-time", "0.01", "--capture-time", "0.01",
                                    "--decode-stats", "12", "--decode-interval", "0.01"])
     ctx = runflow.start(ws, store, registry.playbook("serve-eagle3"), spec, inv.get("test1"))
-    assert runflow.watch(ctx).status is Status.SUCCEEDED
+    assert follow.watch(ctx).status is Status.SUCCEEDED
     assert_recorded_to_the_end(ctx)
 
 
@@ -172,5 +173,5 @@ def test_a_run_stopped_by_another_runs_gpu_cleanup_records_its_log_to_the_last_l
                         local_host(ws.root))
     run = ctx.refresh()  # stopped by the next run's GPU cleanup, elsewhere
     assert run.status is Status.CANCELLED and str(nxt.run_id) in (run.reason or "")
-    runflow.watch(nxt)
+    follow.watch(nxt)
     assert_recorded_to_the_end(ctx)

@@ -22,6 +22,7 @@ from orchestrator.config.hosts import Host
 from orchestrator.config.workspace import Workspace
 from orchestrator.runflow import registry
 from orchestrator.store import Store
+from orchestrator.watch import follow
 
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 
@@ -201,7 +202,7 @@ def test_a_database_locked_past_its_busy_timeout_leaves_the_run_watched(tmp_path
 
     locker = threading.Thread(target=hold_the_lock)
     locker.start()
-    run = runflow.watch(ctx)
+    run = follow.watch(ctx)
     locker.join()
     assert run.status == "succeeded" and run.progress and run.progress["done"] == 30
     events = store.events(ctx.run_id)

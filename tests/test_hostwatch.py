@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from orchtest import FAST, Orch, job_cmd, release, wait_for_file
 
-WATCHER = b"orchestrator.runflow.hostwatch"  # a host's watcher: `python -m orchestrator.runflow.hostwatch HOST`
+WATCHER = b"orchestrator.watch.hostwatch"  # a host's watcher: `python -m orchestrator.watch.hostwatch HOST`
 
 
 def processes(home: Path, word: bytes) -> list[int]:
@@ -177,7 +177,7 @@ def test_a_job_that_did_not_survive_a_reboot_ends_lost_saying_so(orch: Orch, tmp
 
 def test_the_background_watchers_import_nothing_from_the_folder_orch_starts_in(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A host's watcher (`python -m orchestrator.runflow.hostwatch`) and a run's (`python -m orchestrator`)
+    """A host's watcher (`python -m orchestrator.watch.hostwatch`) and a run's (`python -m orchestrator`)
     start in the folder orch was started from: a `hashlib.py` planted there is never imported."""
     from orchestrator.config.workspace import Workspace
     from orchestrator.runflow import watching

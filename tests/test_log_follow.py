@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from orchestrator.store import Store
+from orchestrator.watch import follow
 
 
 def test_following_a_log_goes_on_from_the_byte_its_tail_ended_at(tmp_path: Path) -> None:
@@ -35,5 +36,5 @@ def test_following_a_log_goes_on_from_the_byte_its_tail_ended_at(tmp_path: Path)
     lines = (found.text + b"".join(followed).decode()).splitlines()
     first = int(lines[0].split()[1])
     assert lines == [f"line {i}" for i in range(first, 401)]
-    runflow.watch(ctx)
+    follow.watch(ctx)
     store.close()

@@ -26,6 +26,7 @@ from orchestrator.host.remote import connect
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status
+from orchestrator.watch import follow
 
 
 def token(ws: str, run_id: int = 1) -> str:
@@ -243,7 +244,7 @@ def test_a_queued_run_the_host_refuses_at_its_take_waits_there_and_touches_nothi
         gate.touch()
         starter.join(90)
     assert started and started[0].run_id == 1
-    runflow.watch(started[0])
+    follow.watch(started[0])
     assert store.get_run(1).status is Status.SUCCEEDED and a.status(held)["status"] == "succeeded"
     store.close()
 

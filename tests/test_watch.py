@@ -1,4 +1,4 @@
-"""The wait: backoff that resets on progress and respects predictions; stalls; history."""
+"""The wait: the host watcher's backoff that resets on progress and respects predictions; stalls; history."""
 
 from __future__ import annotations
 
@@ -10,15 +10,21 @@ from pathlib import Path
 import pytest
 from orchtest import FAST, Orch, job_cmd
 
+from orchestrator import runflow
 from orchestrator.config.hosts import local_host
+from orchestrator.config.workspace import Workspace
 from orchestrator.host import launch
+from orchestrator.host.agent import AgentLink
 from orchestrator.host.launch import HostExecutor
 from orchestrator.host.polling import PollWait
 from orchestrator.host.remote import LocalTransport
-from orchestrator.runflow.watch import WatchOptions, Watcher
+from orchestrator.runflow import registry
+from orchestrator.runflow.recorder import Recorder, WatchOptions
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
-from orchestrator.store.record import Status
+from orchestrator.store.record import Run, Status
+from orchestrator.watch import follow
+from playbooks.command import CommandSpec
 
 EMULATOR = Path(__file__).parent / "fakes" / "sglang_emulator.py"
 
@@ -44,37 +50,40 @@ def test_backoff_never_sleeps_past_the_predicted_finish_by_more_than_poll_min():
     assert wait(None) == 0
 
 
-class CountingExecutor(HostExecutor):
-    """Every request to the host's agent counted: a round trip each."""
-    calls = 0
+def pokes_for_quiet_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, poll_min: float, poll_max: float) -> int:
+    """Looks the host's watcher asks of the agent (pokes: a round trip each) over a silent 3 s job."""
+    pokes: list[list[str]] = []
+    tell = AgentLink.tell
 
-    def call(self, op, timeout=60, **args):
-        self.calls += 1
-        return super().call(op, timeout=timeout, **args)
+    def counting(link: AgentLink, op: str, **args: object) -> None:
+        if op == "poke":
+            pokes.append(list(args["keys"]))  # type: ignore[arg-type]
+        tell(link, op, **args)
 
-
-def polls_for_quiet_job(tmp_path: Path, poll_min: float, poll_max: float) -> int:
-    """Round trips a watcher makes over a silent 3 s job."""
-    store = Store(tmp_path / "orch.db")
-    run_id = store.create_run("command", "local", {})
-    for s in (Status.PREPARING, Status.LAUNCHING):
-        transition(store, run_id, s)
-    transport = LocalTransport(local_host(tmp_path))
-    paths = launch.RunPaths.for_run(str(tmp_path), run_id)
-    job = HostExecutor(transport).launch(paths, launch.job_script("sleep 3", {}), f"t-{run_id}")
-    store.update_run(run_id, remote_dir=paths.root)
-    transition(store, run_id, Status.RUNNING, **job.columns())
-    executor = CountingExecutor(transport)
-    run = Watcher(store, run_id, executor, WatchOptions(poll_min=poll_min, poll_max=poll_max)).run_until_done()
+    monkeypatch.setattr(AgentLink, "tell", counting)
+    ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
+    store = Store(ws.db_path)
+    host = local_host(tmp_path).model_copy(update={"unreachable_give_up_s": 3600.0})  # no inventory has it: watched in process
+    spec = CommandSpec(cmd="sleep 3", cleanup=False, poll_min=poll_min, poll_max=poll_max)
+    run = follow.watch(runflow.start(ws, store, registry.playbook("command"), spec, host))
     assert run.status == "succeeded"
-    return executor.calls
+    return len(pokes)
 
 
-def test_backoff_makes_fewer_round_trips_than_a_fixed_poll(tmp_path):
-    fixed = polls_for_quiet_job(tmp_path / "fixed", 0.05, 0.05)
-    backoff = polls_for_quiet_job(tmp_path / "backoff", 0.05, 1.0)
-    assert backoff <= 9  # 0.05, 0.1, 0.2, 0.4, 0.8, then 1 s holds, the last cut short by the exit
-    assert fixed > backoff  # one per 0.05 s plus the round trip; how many fewer is bench/detection_lag.py's
+def test_backoff_makes_fewer_round_trips_than_a_fixed_poll(tmp_path, monkeypatch):
+    fixed = pokes_for_quiet_job(tmp_path / "fixed", monkeypatch, 0.05, 0.05)
+    backoff = pokes_for_quiet_job(tmp_path / "backoff", monkeypatch, 0.05, 1.0)
+    assert backoff <= 10  # 0.05, 0.1, 0.2, 0.4, 0.8, then 1 s, until the job's exit is pushed
+    assert fixed > backoff  # one per 0.05 s; how many fewer is bench/detection_lag.py's
+
+
+def until_done(rec: Recorder, timeout: float = 30) -> Run:
+    """One-shot looks (as `orch status --refresh` makes) until the run ended."""
+    deadline = time.monotonic() + timeout
+    while not rec.look():
+        assert time.monotonic() < deadline, rec.run
+        time.sleep(0.05)
+    return rec.run
 
 
 @pytest.mark.parametrize("action", ["warn", "kill", "dump"])
@@ -182,7 +191,7 @@ def test_metric_samples_carry_the_lines_own_time(tmp_path):
     transition(store, run_id, Status.RUNNING, **job.columns())
     started = store.get_run(run_id).started_at
     store.update_run(run_id, started_at=past - 10)  # the job began before its first line
-    run = Watcher(store, run_id, HostExecutor(transport), WatchOptions(poll_min=0.05, poll_max=0.2)).run_until_done()
+    run = until_done(Recorder(store, run_id, HostExecutor(transport), WatchOptions(poll_min=0.05, poll_max=0.2)))
     assert run.status == "succeeded"
     series = store.metric_series(run_id, "gen_throughput")
     assert [v for _, v, _ in series] == [42.5, 43.5]

@@ -88,6 +88,21 @@ def _labels(name: str | None, tags: list[str], note: str | None) -> dict[str, An
     return {k: v for k, v in fields.items() if v is not None}
 
 
+def _dry_run(ws: Any, pb: Any, spec: Any, targets: list[Any], as_json: bool) -> None:
+    """What a start would send, printed (each secret masked, as the record would)."""
+    from .. import runflow
+
+    store = read_store(ws)  # a dry run creates no database either
+    try:
+        done = runflow.dry_run(ws, store, pb, spec, targets)
+    finally:
+        store.close()
+    if as_json:
+        emit_json(done.document())
+    else:
+        out.print(done.text(), end="")
+
+
 def _start(pb: Any, spec: Any, host: list[str], detach: bool, dry_run: bool, until_ready: bool, queue: bool,
            replace: bool, as_json: bool, labels: dict[str, Any]) -> None:
     from .. import runflow
@@ -99,16 +114,8 @@ def _start(pb: Any, spec: Any, host: list[str], detach: bool, dry_run: bool, unt
         spec = spec.model_copy(update={"nodes": len(host)})
     targets = inventory(ws).for_run(host, spec.nodes)
     target = targets[0]
-    if dry_run:  # what it prints shows each secret masked, as the record would
-        store = read_store(ws)  # a dry run creates no database either
-        try:
-            done = runflow.dry_run(ws, store, pb, spec, targets)
-        finally:
-            store.close()
-        if as_json:
-            emit_json(done.document())
-        else:
-            out.print(done.text(), end="")
+    if dry_run:
+        _dry_run(ws, pb, spec, targets, as_json)
         return
     store = open_store(ws)
     waited: list[str] = []
@@ -176,13 +183,10 @@ def watch(run_id: str = typer.Argument(..., metavar="ID"), until_ready: bool = t
 
     ws = workspace()
     ctx = runflow.open_run(ws, open_store(ws), parse_run_id(run_id), inventory(ws), any_spec=background)
-    if background:
-        if ctx.executor.streams:  # its host's watcher follows it, with the host's other runs
-            from ..runflow import hostwatch
+    if background:  # its host's watcher follows it, with the host's other runs
+        from ..watch import hostwatch
 
-            hostwatch.serve(ws, ctx.host.name)
-        else:
-            runflow.keep_watching(ctx)
+        hostwatch.serve(ws, ctx.host.name)
         return
     _follow(ctx, until_ready, as_json)
 
@@ -191,7 +195,7 @@ def watch(run_id: str = typer.Argument(..., metavar="ID"), until_ready: bool = t
 def watch_host(name: str = typer.Argument(..., metavar="HOST"),
                background: bool = typer.Option(False, "--background", hidden=True)) -> None:
     """Follow every active run of a host until none is left (what orch starts for a host)."""
-    from ..runflow import hostwatch
+    from ..watch import hostwatch
 
     ws = workspace()
     inventory(ws).get(name)  # an unknown host: one line, exit 2
@@ -202,7 +206,7 @@ def _follow(ctx: Any, until_ready: bool, as_json: bool) -> None:
     """Watch through the run flow, showing its events and a live progress line; Ctrl-C detaches."""
     from rich.live import Live
 
-    from .. import runflow
+    from .. import watch
     from ..runflow import outcome
     from .liveview import PlainProgress, RunView
 
@@ -227,7 +231,7 @@ def _follow(ctx: Any, until_ready: bool, as_json: bool) -> None:
     before = signal.signal(signal.SIGINT, _interrupted)
     try:
         with live:
-            final = runflow.watch(ctx, until_ready=until_ready, on_update=show, live=tty)
+            final = watch.watch(ctx, until_ready=until_ready, on_update=show)
     except KeyboardInterrupt:
         _detach(ctx)
     finally:
@@ -256,7 +260,7 @@ def _detach(ctx: Any) -> NoReturn:
     """Ctrl-C while following a run: leave it to its watcher at once, one line on stderr, exit 0 (the
     hand-over is a record write and at most a process start)."""
     signal.signal(signal.SIGINT, _ignore)
-    who = "its host's watcher follows it" if ctx.executor.streams else "a background watcher follows it"
+    who = "its host's watcher follows it"
     ctx.event("detached", f"Ctrl-C: this process stopped following the run; {who}")
     _hand_over(ctx)
     err.print(f"orch: detached; run {ctx.run_id} goes on ({who}): "

@@ -8,7 +8,6 @@ machine) through its agent; `slurm.SlurmExecutor` submits them to a Slurm cluste
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
 from ..config.hosts import Host
@@ -26,9 +25,6 @@ class Executor(Protocol):
     # The scheduler allocates GPUs and cleans up after jobs: the run flow then does neither GPU cleanup
     # nor host leases.
     schedules_gpus: ClassVar[bool]
-    # The host's agent pushes the job's log and end as they happen to one watcher per host (runflow/hostwatch.py);
-    # otherwise each run is polled by a watcher of its own.
-    streams: ClassVar[bool]
     # A job waits in the scheduler's queue before it runs: its run is `queued` until it leaves it.
     queues: ClassVar[bool]
     # Its jobs are processes of the host it reaches, which its agent starts and signals.
@@ -48,13 +44,11 @@ class Executor(Protocol):
         """The job the run dir recorded, for a run whose controller died while launching."""
         ...
 
-    def poll(self, paths: RunPaths, job: JobRef, offset: int, max_bytes: int, hold_s: float = 0,
-             wake: Sequence[str] = (), inode: int | None = None,
-             mark: str | None = None) -> JobState:
+    def poll(self, paths: RunPaths, job: JobRef, offset: int, max_bytes: int, hold_s: float = 0, *,
+             inode: int | None = None, mark: str | None = None) -> JobState:
         """Is the job alive, its exit code, and its log's bytes from `offset` (of the file with `inode`, when
         known: a rotated log is read to its end first; `mark`: launch.tail_mark of the bytes before it). May
-        first wait up to `hold_s` for news: the job's end, or a new log line matching any of the regular
-        expressions `wake`."""
+        first wait up to `hold_s` for the job's end (the end's last read waits so for a job being stopped)."""
         ...
 
     def kill(self, job: JobRef, grace_s: float) -> str:

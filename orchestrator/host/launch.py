@@ -122,7 +122,6 @@ class HostExecutor:
     process's shared link to the host's agent (one per one-shot command)."""
 
     schedules_gpus: ClassVar[bool] = False
-    streams: ClassVar[bool] = True
     queues: ClassVar[bool] = False
     processes: ClassVar[bool] = True
 

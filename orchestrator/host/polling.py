@@ -1,5 +1,6 @@
-"""How often orch looks: a host's poll bounds, the backoff between polls (a tenacity wait strategy), and
-every other pace derived from them (a cluster's queue query, a followed log, a wait for a busy host)."""
+"""How often orch looks: a host's poll bounds, the backoff between looks at a quiet run (a tenacity wait
+strategy the host's watcher paces them with), and every other pace derived from them (a cluster's queue
+query, a followed log, a wait for a busy host)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import tenacity
 
 from ..config.hosts import Host
 
-LIVE_HOLD_S = 2.0  # the longest a poll holds while a person watches
 BUSY_WAIT_MAX_S = 5.0  # a start waiting for a busy host asks again at least this often
 
 
@@ -25,11 +25,6 @@ def poll_bounds(host: Host, poll_min: float | None = None, poll_max: float | Non
     lo, hi = default_poll(host)
     lo = poll_min or lo
     return lo, max(poll_max or hi, lo)
-
-
-def live_poll_max(poll_min: float, poll_max: float) -> float:
-    """While a person watches: news within seconds, whatever the backoff."""
-    return min(poll_max, max(poll_min, LIVE_HOLD_S))
 
 
 def queue_query_s(host: Host) -> float:

@@ -282,7 +282,6 @@ class SlurmExecutor(HostExecutor):
 
     schedules_gpus: ClassVar[bool] = True
     queues: ClassVar[bool] = True
-    streams: ClassVar[bool] = True  # the login node's agent follows the job's log on the shared filesystem
     processes: ClassVar[bool] = False
 
     def __init__(self, host: Host, transport: Transport):

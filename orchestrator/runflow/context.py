@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import posixpath
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config.hosts import Host, Inventory
 from ..config.spec import RunSpec, stored
@@ -15,6 +15,7 @@ from ..config.workspace import Workspace
 from ..errors import HostError, OrchError, Unreachable
 from ..host import agent
 from ..host.executor import Executor, executor_for
+from ..host.health import HealthCheck
 from ..host.hostlease import run_paths
 from ..host.launch import RunPaths
 from ..host.polling import follow_log_s, poll_bounds
@@ -22,10 +23,32 @@ from ..host.remote import DEFAULT_TIMEOUT_S, Result, Transport, connect, quote
 from ..playbook import Entry, JobContext, Playbook, Usage
 from ..store import Store, runtables
 from ..store.lease import BEFORE_RELEASE
-from ..store.record import Run
+from ..store.record import KILL_GRACE_S, Run
 from . import registry
-from .watch import WatchOptions
 from .watching import WatchLock
+
+if TYPE_CHECKING:
+    from ..store.runtables import RunTables
+
+@dataclass
+class WatchOptions:
+    """How a run is watched: its poll bounds, what its log says when it is ready or stalled, what is done then."""
+
+    poll_min: float
+    poll_max: float
+    until_ready: bool = False
+    ready_pattern: str | None = None
+    engine: str | None = None
+    stall_factor: float = 5.0
+    on_stall: str = "warn"  # warn | kill | dump
+    kill_grace_s: float = KILL_GRACE_S
+    health: HealthCheck | None = None  # a server's endpoint, asked while it is ready; see host/health.py
+    give_up_s: float | None = None  # a host silent for this long: the run ends lost
+    tables: Sequence[RunTables] = ()  # plugins' tables: their readers read the log, the rows go to them
+    max_failed_fraction: float = 0.0  # a benchmark's requests that may fail before the run does (a share)
+    benchmark: bool = False  # a benchmark: no request completed makes its numbers invalid
+
+
 
 LOG_TAIL_LINES = 200
 # The end steps in their order: the lease is freed right after BEFORE_RELEASE (see store/lease.py); the

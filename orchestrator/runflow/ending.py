@@ -355,7 +355,7 @@ def stop_quietly(ws: Workspace, store: Store, run_id: int, reason: str, hosts: H
         return str(exc)
 
 
-def _stop_other(ctx: Job, run_id: int, reason: str, grace_s: float) -> str:
+def stop_other(ctx: Job, run_id: int, reason: str, grace_s: float) -> str:
     """GPU cleanup found an earlier run of this workspace on the GPUs: it ends like any run."""
     other = open_run(ctx.ws, ctx.store, run_id, {ctx.host.name: ctx.host}, any_spec=True)
     run = other.run
@@ -367,16 +367,6 @@ def _stop_other(ctx: Job, run_id: int, reason: str, grace_s: float) -> str:
     if run.job is None:
         return "gone"
     return other.executor.kill(run.job, grace_s)  # ended, but still on the GPUs
-
-
-def free_gpus(ctx: Job, *, grace_s: float = KILL_GRACE_S, timeout_s: float = gpu.CLEANUP_TIMEOUT_S,
-              sleep: Callable[[float], None] = time.sleep) -> dict[str, str]:
-    """The GPU cleanup step: earlier runs on the GPUs are cancelled (and finished) first; the job's
-    CUDA_VISIBLE_DEVICES."""
-    return cleanup.before_launch(ctx.transport, ctx.store, ctx.run_id, ctx.spec.gpus, ctx.spec.kill_foreign,
-                                 ctx.event, lambda other, reason: _stop_other(ctx, other, reason, grace_s),
-                                 grace_s=grace_s, timeout_s=timeout_s, sleep=sleep,
-                                 seen=lambda snap: receipt.gpus_checked(ctx, snap))
 
 
 def file_states(res: Any) -> str:

@@ -35,7 +35,7 @@ from ..store.record import Status
 from . import watching
 from .context import Job, watch_options
 from .ending import cancel, end
-from .follow import probe_orphan
+from .look import probe_orphan
 from .starting import (
     Script,
     Waiting,

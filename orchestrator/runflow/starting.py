@@ -13,7 +13,7 @@ from ..config.hosts import Host
 from ..config.spec import RunSpec
 from ..config.workspace import Workspace
 from ..errors import DatabaseUnavailable, OrchError, UsageError
-from ..host import agent, hostlease, patching
+from ..host import agent, gpu, hostlease, patching
 from ..host.executor import executor_class, executor_for
 from ..host.hostlease import run_token
 from ..host.launch import job_script
@@ -24,11 +24,11 @@ from ..playbook import JobContext, Playbook, Prepared
 from ..store import Store, lease
 from ..store.controller import Controller
 from ..store.lifecycle import transition
-from ..store.record import JobRef, Status
-from . import receipt, registry, watching
+from ..store.record import KILL_GRACE_S, JobRef, Status
+from . import cleanup, receipt, registry, watching
 from .context import Hosts, Job, open_run, watch_options
-from .ending import end, file_states, free_gpus, stop
-from .follow import probe_orphan
+from .ending import end, file_states, stop, stop_other
+from .look import probe_orphan
 from .watching import WatchLock
 
 
@@ -322,6 +322,16 @@ def prepare(ctx: Job, host_wait: Callable[[hostlease.HostLeaseBusy], None] | Non
     prepared = ctx.pb.prepare(job)
     note_engine_version(ctx, prepared.engine_version)
     return partial(_job_script, ctx, job, prepared, gpu_env, overlay, patched)
+
+
+def free_gpus(ctx: Job, *, grace_s: float = KILL_GRACE_S, timeout_s: float = gpu.CLEANUP_TIMEOUT_S,
+              sleep: Callable[[float], None] = time.sleep) -> dict[str, str]:
+    """The GPU cleanup step: earlier runs on the GPUs are cancelled (and finished) first; the job's
+    CUDA_VISIBLE_DEVICES."""
+    return cleanup.before_launch(ctx.transport, ctx.store, ctx.run_id, ctx.spec.gpus, ctx.spec.kill_foreign,
+                                 ctx.event, lambda other, reason: stop_other(ctx, other, reason, grace_s),
+                                 grace_s=grace_s, timeout_s=timeout_s, sleep=sleep,
+                                 seen=lambda snap: receipt.gpus_checked(ctx, snap))
 
 
 def note_engine_version(ctx: Job, version: str | None) -> None:

@@ -1,13 +1,12 @@
 """Every active run is always watched: who watches a run, and a watcher for a host nobody watches.
 
-A host whose agent streams (an SSH host, this machine, a Slurm cluster's login node) has one watcher per
-workspace, `python -m orchestrator.runflow.hostwatch NAME` (hostwatch.py; `orch watch-host NAME` runs the
-same), found by its lock `runs/watchers/<host>.lock`; it follows every active run there, holding each run's
-lock, `runs/<id>/watch.lock`, while it does. A run whose host no inventory knows (one made in process) is
-polled by a watcher of its own that holds the run's lock: `orch run` or `orch watch` in a terminal, a
-sweep's controller, or `orch watch ID --background`. Either is started for a run nobody watches — right
-after `orch run`, and from any `orch status` that finds an active run unwatched (its watcher was killed,
-the machine rebooted). Everyone else follows the run by its record instead of asking the host again.
+Each host of the inventory (an SSH host, this machine, a Slurm cluster's login node) has one watcher per
+workspace, `python -m orchestrator.watch.hostwatch NAME` (`orch watch-host NAME` runs the same), found by
+its lock `runs/watchers/<host>.lock`; it follows every active run there, holding each run's lock,
+`runs/<id>/watch.lock`, while it does. It is started for a run nobody watches — while a run is prepared,
+and from any `orch status` that finds an active run unwatched (its watcher was killed, the machine
+rebooted). A run on a host no inventory knows (one made in process) is watched by a host watcher in the
+process that follows it (orchestrator.watch.follow). Everyone else follows the run by its record.
 
 The locks are flocks, gone with their process, so a duplicate watcher is harmless: it exits at once.
 Nothing to install or supervise: a host's watcher lives as long as the host has active runs.
@@ -19,7 +18,6 @@ import fcntl
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -28,12 +26,14 @@ from typing import Self
 from ..config.hosts import Host, Inventory
 from ..config.workspace import Workspace
 from ..errors import OrchError
-from ..host.executor import executor_class
 from ..store import Store
 from ..store.controller import STALE_FACTOR
 from ..store.record import ACTIVE, Run
 
-FOLLOW_S = 0.5  # how often a follower reads the record
+# How often a follower reads the record. SQLite tells no other process of a commit, so a follower looks
+# (at one number, data_version, unless something was written); a terminal redraws its line every second
+# anyway (elapsed time, "no news for N s").
+FOLLOW_S = 0.5
 
 
 class FileLock:
@@ -90,11 +90,14 @@ class FollowLock(FileLock):
         super().__init__(ws.run_dir(run_id) / "follow.lock")
 
 
-def followed(ws: Workspace, run_id: int) -> bool:
-    """Does anyone on this machine follow the run's record (hold its follow lock)?"""
-    lock = FileLock(ws.run_dir(run_id) / "follow.lock")
-    with lock:
-        return not lock.held
+def await_followers(ws: Workspace, run_id: int) -> None:
+    """Wait until nobody on this machine follows the run's record (holds its follow lock): a follower runs
+    the end steps itself and shows their outcome. The kernel wakes this when the last follower lets go."""
+    fd = os.open(ws.run_dir(run_id) / "follow.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    finally:
+        os.close(fd)
 
 
 def host_lock_path(ws: Workspace, host: str) -> Path:
@@ -141,8 +144,7 @@ def _start(ws: Workspace, log: Path, args: list[str]) -> None:
 
 
 def spawn(ws: Workspace, run_id: int) -> None:
-    """Start a background watcher for one run (`orch watch ID --background`: its host's watcher, when its
-    host's agent streams)."""
+    """Start a background watcher for one run (`orch watch ID --background`: its host's watcher)."""
     _spawn(ws, ws.run_dir(run_id) / "watcher.log", ["watch", str(run_id)])
 
 
@@ -150,60 +152,47 @@ def spawn_host(ws: Workspace, host: str) -> None:
     """Start the host's watcher, which follows every active run there; its output in runs/watchers/. It
     starts without the CLI (hostwatch's own entry point): a fleet runs one per host."""
     _start(ws, host_lock_path(ws, host).with_suffix(".log"),
-           ["-m", "orchestrator.runflow.hostwatch", host, "--hosts", str(ws.hosts_file)])
+           ["-m", "orchestrator.watch.hostwatch", host, "--hosts", str(ws.hosts_file)])
 
 
 def watch_host_soon(ws: Workspace, host: Host) -> None:
-    """A run is being prepared on the host: start its watcher now (when the host's agent streams and the
-    inventory knows the host), so it follows the job from its first byte."""
-    if streams(ws)(host.name) and not host_watched(ws, host.name):
+    """A run is being prepared on the host: start its watcher now (when the inventory has this host), so it
+    follows the job from its first byte. A host made in process (not the inventory's, even by the same
+    name) is watched by the process that follows its run."""
+    try:
+        known = Inventory.load(ws.hosts_file, ws.root).hosts.get(host.name)
+    except OrchError:
+        known = None
+    if known == host and not host_watched(ws, host.name):
         spawn_host(ws, host.name)
 
 
-def streams(ws: Workspace) -> Callable[[str], bool]:
-    """Whether a host of the inventory is followed by its host's watcher (its agent streams)."""
+def in_inventory(ws: Workspace) -> Callable[[str], bool]:
+    """Whether a host is in the workspace's inventory: only such a host's watcher runs in a process of its own."""
     try:
         hosts = Inventory.load(ws.hosts_file, ws.root).hosts
     except OrchError:
         hosts = {}
-    return lambda name: name in hosts and executor_class(hosts[name]).streams
+    return lambda name: name in hosts
 
 
 def ensure_watched(ws: Workspace, store: Store, runs: list[Run] | None = None, poll_max: float = 600.0) -> list[int]:
-    """Start a watcher for each active run that nobody watches: its host's watcher for a host whose agent
-    streams, else one of its own. The ids of the runs it started one for."""
+    """Start the host's watcher for each active run that nobody watches, on a host of the inventory (a run on
+    a host made in process is watched by the process that follows it). The ids of those runs."""
     if runs is None:
         runs = store.list_runs(limit=100_000, statuses=[s.value for s in ACTIVE])
     started, hosts_started = [], set()
-    streaming = streams(ws) if runs else None
+    known = in_inventory(ws)
     for run in runs:
-        if run.status.terminal or watched_elsewhere(run, poll_max) or watched_here(ws, run.id):
+        if (run.status.terminal or not known(run.host) or watched_elsewhere(run, poll_max)
+                or watched_here(ws, run.id)):
             continue
-        if streaming is not None and streaming(run.host):
-            if run.host not in hosts_started and not host_watched(ws, run.host):
-                spawn_host(ws, run.host)
-            hosts_started.add(run.host)
-        else:
-            spawn(ws, run.id)
+        if run.host not in hosts_started and not host_watched(ws, run.host):
+            spawn_host(ws, run.host)
+        hosts_started.add(run.host)
         started.append(run.id)
     for run in store.abandoned_ends():  # an ended run's end step whose claimer died: its host's watcher takes over
-        streaming = streaming or streams(ws)
-        if streaming(run.host) and run.host not in hosts_started and not host_watched(ws, run.host):
+        if known(run.host) and run.host not in hosts_started and not host_watched(ws, run.host):
             spawn_host(ws, run.host)
             hosts_started.add(run.host)
     return started
-
-
-def follow_record(ws: Workspace, store: Store, run_id: int, on_update: Callable[[Run], None] | None = None,
-                  ready: Callable[[Run], bool] | None = None, sleep: Callable[[float], None] = time.sleep) -> Run:
-    """Follow a run another process on this machine watches, by its record, until it ends (or, with
-    `ready`, is ready by that rule) or nobody watches it any more."""
-    while True:
-        run = store.get_run(run_id)
-        if on_update is not None:
-            on_update(run)
-        if run.status.terminal or (ready is not None and ready(run)):
-            return run
-        if not watched_here(ws, run_id):
-            return run
-        sleep(FOLLOW_S)

@@ -17,6 +17,7 @@ from ..host.executor import executor_class
 from ..store import Store, lease
 from ..store import sweeps as stored_sweeps
 from ..store.record import Run
+from ..watch import watch
 from . import db, policy
 from .plan import Plan, Point
 from .policy import Action, Decision, Resume, Verdict
@@ -190,7 +191,7 @@ class Runner:
         self.echo(f"point {pt.index} ({pt.label}) on {'+'.join(pt.hosts) or pt.host}: run {ctx.run_id} started")
         if not db.attach_run(store, self.sweep_id, pt.index, ctx.run_id):
             runflow.stop_quietly(self.ws, store, ctx.run_id, "sweep cancelled", self.hosts)
-        return runflow.watch(ctx, on_update=lambda run: self._on_update(store, pt, run))
+        return watch(ctx, on_update=lambda run: self._on_update(store, pt, run))
 
     def _on_update(self, store: Store, pt: Point, run: Run) -> None:
         """Each new reading of a point's run: the sweep's heartbeat; in a search, the pruner's look at the
@@ -212,7 +213,7 @@ class Runner:
             lease.adopt(store, run.id)
             db.settle_point(store, self.sweep_id, pt.index, PointStatus.RUNNING, run_id=run.id)
             self.echo(f"point {pt.index} ({pt.label}) on {ctx.host.name}: watching run {run.id} again")
-            return runflow.watch(ctx, on_update=lambda r: self._on_update(store, pt, r)), True
+            return watch(ctx, on_update=lambda r: self._on_update(store, pt, r)), True
         return run, False
 
     def _ended(self, store: Store, pt: Point, run: Run) -> Attempt:

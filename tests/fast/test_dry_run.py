@@ -20,6 +20,7 @@ from orchestrator.host import agent
 from orchestrator.host.transport import LocalTransport
 from orchestrator.playbook import JobContext, Prepared
 from orchestrator.store import Store
+from orchestrator.watch import follow
 from playbooks.command import Command, CommandSpec
 
 Orch = Callable[..., tuple[int, str, str]]
@@ -79,13 +80,13 @@ def test_the_dry_run_sends_what_a_start_sends_with_a_playbooks_own_steps(
     # cleanup off: what the GPU step asks depends on whether this machine has GPUs; the rest does not
     spec = CommandSpec(cmd="sh helper.sh", cleanup=False, poll_min=0.05, poll_max=0.2)
     # a first run places orch's host programs, which a start uploads only to a host that lacks them
-    runflow.watch(runflow.start(ws, store, Command(), CommandSpec(cmd="true", cleanup=False), host))
+    follow.watch(runflow.start(ws, store, Command(), CommandSpec(cmd="true", cleanup=False), host))
 
     dry = runflow.dry_run(ws, store, pb, spec, [host])
     sending, launched = record_real_requests(monkeypatch)
     ctx = runflow.start(ws, store, pb, spec, host)
     sent = list(sending)  # what the start sent; watching the job is not the start's
-    runflow.watch(ctx)
+    follow.watch(ctx)
 
     recorded = [_key(s.request["op"], s.request) if s.kind == "agent" else f"upload {s.request['path']}"
                 for s in dry.steps if s.kind != "agent-start"]

@@ -16,7 +16,7 @@ from orchestrator.host.launch import JobState
 from orchestrator.logparse import LogParser, assumption, inspect_file
 from orchestrator.runflow.context import failed_bound
 from orchestrator.runflow.outcome import logged_url
-from orchestrator.runflow.watch import WatchOptions, Watcher
+from orchestrator.runflow.recorder import Recorder, WatchOptions
 from orchestrator.store import Store, summaries
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status
@@ -25,15 +25,15 @@ from orchestrator.store.shapes import run_document
 LOGS = Path(__file__).parent.parent / "logs"
 
 
-def watched(tmp_path: Path, **opts: Any) -> tuple[Store, Watcher, FakeExecutor, Clock]:
+def watched(tmp_path: Path, **opts: Any) -> tuple[Store, Recorder, FakeExecutor, Clock]:
     store = Store(tmp_path / "orch.db")
     run_id = new_run(store, tmp_path, "job")
     clock, executor = Clock(), FakeExecutor()
     options = WatchOptions(poll_min=30, poll_max=600, **opts)
-    return store, Watcher(store, run_id, executor, options, clock=clock), executor, clock  # type: ignore[arg-type]
+    return store, Recorder(store, run_id, executor, options, clock=clock), executor, clock  # type: ignore[arg-type]
 
 
-def push(w: Watcher, data: bytes, exit_code: int | None = None) -> bool:
+def push(w: Recorder, data: bytes, exit_code: int | None = None) -> bool:
     """The next bytes of the job's log, as its host's agent pushes them; with an exit code, its end."""
     return w.absorb(JobState(alive=exit_code is None, exit_code=exit_code, size=w.offset + len(data),
                              offset=w.offset, data=data, started_at=999_000.0,
@@ -250,7 +250,7 @@ def test_an_unknown_engine_version_is_told_what_is_assumed() -> None:
     assert assumption("generic", "1.0") is None and assumption("sglang", "unknown") is None
 
 
-def read_rest(store: Store, w: Watcher, log: bytes, exit_code: int | None) -> None:
+def read_rest(store: Store, w: Recorder, log: bytes, exit_code: int | None) -> None:
     """The end's read of the log (runflow.lastread) after the run was ended: the job is gone, `exit_code` its
     own, and the rest of `log` is what the host still has."""
     from types import SimpleNamespace
@@ -258,6 +258,8 @@ def read_rest(store: Store, w: Watcher, log: bytes, exit_code: int | None) -> No
     from orchestrator.runflow.lastread import read_to_end
 
     class Executor:
+        transport = None
+
         def poll(self, paths: Any, job: Any, offset: int, limit: int, **_: Any) -> JobState:
             return JobState(alive=False, exit_code=exit_code, size=len(log), offset=offset, data=log[offset:],
                             started_at=999_000.0)

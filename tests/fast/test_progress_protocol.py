@@ -11,11 +11,10 @@ from recording import FakeExecutor, new_run
 
 from orchestrator.cli import render
 from orchestrator.host.launch import JobState
-from orchestrator.runflow.watch import WatchOptions
 from orchestrator.logparse import LogParser
 from orchestrator.logparse.protocol import protocol_progress
 from orchestrator.logparse.tqdm import paced
-from orchestrator.runflow.watch import Watcher
+from orchestrator.runflow.recorder import Recorder, WatchOptions
 from orchestrator.store import Store
 
 
@@ -74,7 +73,7 @@ def test_a_jobs_own_bar_gets_a_rate_and_an_eta_from_when_it_moved(tmp_path: Path
     store = Store(tmp_path / "orch.db")
     run_id = new_run(store, tmp_path)
     clock = Tick()
-    w = Watcher(store, run_id, FakeExecutor(), WatchOptions(poll_min=30, poll_max=600), clock=clock)  # type: ignore[arg-type]
+    w = Recorder(store, run_id, FakeExecutor(), WatchOptions(poll_min=30, poll_max=600), clock=clock)  # type: ignore[arg-type]
 
     def push(data: bytes, after_s: float) -> dict[str, Any]:
         clock.now += after_s

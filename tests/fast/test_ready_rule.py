@@ -10,10 +10,10 @@ import pytest
 from orchestrator import runflow
 from orchestrator.config.workspace import Workspace
 from orchestrator.host import health
-from orchestrator.runflow.follow import _ready_rule
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status
+from orchestrator.watch.follow import _ready_rule
 
 
 @pytest.mark.parametrize(("phase", "answering", "ready"), [

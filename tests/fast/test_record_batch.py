@@ -16,12 +16,12 @@ from orchestrator.errors import DatabaseUnavailable
 from orchestrator.host.agent import Push
 from orchestrator.host.launch import JobState
 from orchestrator.host.ssh import SSHTransport
-from orchestrator.runflow.hostwatch import BEAT_WRITE_S, SYNC_S, HostWatcher
-from orchestrator.runflow.watch import WatchOptions, Watcher
+from orchestrator.runflow.recorder import Recorder, WatchOptions
 from orchestrator.runflow.watching import WatchLock
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status
+from orchestrator.watch.hostwatch import BEAT_WRITE_S, SYNC_S, HostWatcher
 
 # a job's log: a loading bar, the ready line, metrics, a phase change, more metrics
 LOG = b"".join([
@@ -34,17 +34,17 @@ LOG = b"".join([
 CHUNKS = [LOG[i:i + 61] for i in range(0, len(LOG), 61)]  # cut mid-line, as pushes come
 
 
-def watcher(store: Store, run_id: int, clock: Clock) -> Watcher:
-    return Watcher(store, run_id, FakeExecutor(), WatchOptions(poll_min=30, poll_max=600), clock=clock)  # type: ignore[arg-type]
+def watcher(store: Store, run_id: int, clock: Clock) -> Recorder:
+    return Recorder(store, run_id, FakeExecutor(), WatchOptions(poll_min=30, poll_max=600), clock=clock)  # type: ignore[arg-type]
 
 
-def state(w: Watcher, data: bytes, last: bool = False) -> JobState:
+def state(w: Recorder, data: bytes, last: bool = False) -> JobState:
     """The next push of the run's log, read on from the watcher's offset; the last one says the job ended."""
     return JobState(alive=not last, exit_code=0 if last else None, size=w.offset + len(data), offset=w.offset,
                     data=data, started_at=999_000.0, ended_at=999_100.0 if last else None)
 
 
-def turn(store: Store, watchers: list[Watcher], data: list[bytes], last: bool,
+def turn(store: Store, watchers: list[Recorder], data: list[bytes], last: bool,
          kill_at: str | None = None) -> None:
     """What a host's watcher does in one turn: stage each run's push, commit all in one transaction,
     settle each. `kill_at` stops there, as a SIGKILL would (nothing after it runs)."""

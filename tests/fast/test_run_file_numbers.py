@@ -16,7 +16,7 @@ from recording import FakeExecutor
 
 from orchestrator.config.workspace import Workspace
 from orchestrator.host.launch import JobState, pushed_state
-from orchestrator.runflow.watch import WatchOptions, Watcher
+from orchestrator.runflow.recorder import Recorder, WatchOptions
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status
@@ -48,7 +48,7 @@ def job_state(started_at: float | None, ended_at: float | None = None, exit_code
 
 
 def record(store: Store, run_id: int, state: JobState) -> None:
-    w = Watcher(store, run_id, FakeExecutor(), WatchOptions(poll_min=30, poll_max=600))  # type: ignore[arg-type]
+    w = Recorder(store, run_id, FakeExecutor(), WatchOptions(poll_min=30, poll_max=600))  # type: ignore[arg-type]
     w.stage(state)
     with store.tx():
         w.commit()

@@ -1,8 +1,8 @@
 """One watcher per (workspace, host): one connection, one agent, every active run of the host followed.
 
-The host's agent (hostjobs/agent.py) pushes each run's new log bytes, its end and its liveness as they
-happen; the host watcher hands each push to that run's `Watcher`, whose parser decides what it means,
-and which records it. Quiet runs are looked at again on the backoff (`poll_min` → `poll_max`), for the
+The host's agent (the host side, host/hostjobs/) pushes each run's new log bytes, its end and its liveness as they
+happen; the host watcher hands each push to that run's recorder (runflow/recorder.py), whose parser decides what it
+means, and which records it. Quiet runs are looked at again on the backoff (`poll_min` → `poll_max`), for the
 stall detector and a server's health endpoint. The agent's beat (every 2 s) says the host answers: it
 refreshes the heartbeat of the runs followed (the `seen` column), at most every BEAT_WRITE_S. The end of
 a run (stopping processes that linger after a fatal line, the end steps) happens on a thread of its own,
@@ -11,7 +11,8 @@ so one run's end steps never delay the news of another.
 Found by an flock per host (`runs/watchers/<host>.lock`); started by `orch run`, `orch watch`, `orch
 status`, a sweep or the dashboard when a host with active runs has none (`watching.ensure_watched`);
 gone LINGER_S after its host's last active run ended. While it follows a run it holds that run's watch
-lock too, so nobody else polls it.
+lock too, so nobody else reads it. The ended run's end steps wait for its followers to let go of
+it (a terminal that follows the run runs them itself): the kernel wakes the wait, no timer.
 """
 
 from __future__ import annotations
@@ -32,14 +33,14 @@ from ..host.launch import HostExecutor, pushed_state
 from ..host.polling import default_poll, next_look_s
 from ..host.remote import connect
 from ..host.ssh import SSHTransport
+from ..runflow import Job, finish, notify, open_run, settle_orphan, watch_options
+from ..runflow.ending import complete_cancel
+from ..runflow.look import finish_if_over
+from ..runflow.recorder import Recorder, say
+from ..runflow.watching import FileLock, WatchLock, await_followers, host_lock_path, watched_elsewhere
 from ..store import Store
 from ..store.controller import STALE_FACTOR, Controller
 from ..store.record import ACTIVE, Run, Status
-from . import Job, finish, notify, open_run, settle_orphan, watch_options
-from .ending import complete_cancel
-from .follow import finish_if_over
-from .watch import Watcher, say
-from .watching import FileLock, WatchLock, followed, host_lock_path, watched_elsewhere
 
 SYNC_S = 1.0  # how often the database is asked whether anyone else wrote to it (runs started, ended, cancelled)
 FULL_SYNC_S = 10.0  # and how often the host's runs are read in any case: a starter or a remote watcher may die
@@ -54,10 +55,11 @@ CANCEL_RETRY_S = 30.0  # a cancelling run whose stop failed here is tried again 
 @dataclass
 class Followed:
     ctx: Job
-    watcher: Watcher
+    watcher: Recorder
     lock: WatchLock
     due: float  # monotonic time of the next look at a quiet run
     resync_at: float | None = None
+    adopted: bool = False  # its lease names this watcher
 
     @property
     def scheduled(self) -> bool:
@@ -67,11 +69,12 @@ class Followed:
 
 class HostWatcher:
     def __init__(self, ws: Workspace, host_name: str, hosts: Inventory | None = None,
-                 echo: Callable[[str], None] | None = None):
+                 echo: Callable[[str], None] | None = None, busy_timeout_s: float | None = None):
         self.ws = ws
         self.hosts = hosts or Inventory.load(ws.hosts_file, ws.root)
         self.host: Host = self.hosts.get(host_name)
-        self.store = Store(ws.db_path)
+        # (a watcher in the process that follows the run waits on a locked database as that process does)
+        self.store = Store(ws.db_path) if busy_timeout_s is None else Store(ws.db_path, busy_timeout_s)
         self.echo = echo or say
         self.runs: dict[int, Followed] = {}
         self.link: AgentLink | None = None
@@ -353,6 +356,7 @@ class HostWatcher:
         self.starters = 0
         for run_id in active:
             if run_id in self.runs:
+                self._adopt_lease(self.runs[run_id])
                 continue
             try:
                 run = self.store.get_run(run_id)
@@ -360,6 +364,8 @@ class HostWatcher:
                     self._adopt(run)
                 elif run.status in (Status.PENDING, Status.PREPARING, Status.LAUNCHING):
                     self._starting(run)
+            except DatabaseUnavailable:
+                raise  # the whole watcher pauses (see _pause); this run is read again then
             except OrchError as exc:
                 self.echo(f"orch: run {run_id} on {self.host.name}: {exc}")
         self._complete_cancels(active)
@@ -415,8 +421,6 @@ class HostWatcher:
         thread.start()
 
     def _adopt(self, run: Run) -> None:
-        from ..store import lease
-
         poll_max = default_poll(self.host)[1]
         if watched_elsewhere(run, poll_max):
             return
@@ -429,19 +433,24 @@ class HostWatcher:
             return
         try:
             ctx = open_run(self.ws, self.store, run, self.hosts, any_spec=True)
-            if not ctx.executor.streams:
-                lock.release()
-                return
             # this host's processes are signalled through its agent; a batch job through its scheduler
             executor = self.executor if ctx.executor.processes else ctx.executor
-            watcher = Watcher(self.store, run.id, executor, watch_options(ctx.pb, ctx.spec, ctx.host))
+            watcher = Recorder(self.store, run.id, executor, watch_options(ctx.pb, ctx.spec, ctx.host))
         except BaseException:
             lock.release()
             raise
-        lease.adopt(self.store, run.id)  # the lease names a live watcher again
         f = Followed(ctx, watcher, lock, due=self.clock())
-        self.runs[run.id] = f
+        self.runs[run.id] = f  # followed from here: a write refused below pauses it like any other
         self._follow(f)
+        self._adopt_lease(f)
+
+    def _adopt_lease(self, f: Followed) -> None:
+        """The run's lease names this live watcher (once: tried again at each sync until written)."""
+        from ..store import lease
+
+        if not f.adopted:
+            lease.adopt(self.store, f.watcher.run_id)
+            f.adopted = True
 
     def _starting(self, run: Run) -> None:
         """A run its starter is preparing or launching: left alone while the starter lives, settled once
@@ -478,8 +487,7 @@ class HostWatcher:
                 except OrchError as exc:
                     outcome = f"not stopped: {exc}"
                 store.add_event(w.run_id, "stopped", f"process group: {outcome}")
-            while followed(self.ws, w.run_id):  # its follower runs the end steps and shows their outcome
-                time.sleep(0.2)
+            await_followers(self.ws, w.run_id)  # a follower runs the end steps itself and shows their outcome
             ctx = open_run(self.ws, store, w.run_id, self.hosts, any_spec=True)
             finish(ctx)  # none left to do when the follower did them
         except OrchError as exc:
@@ -495,7 +503,7 @@ def serve(ws: Workspace, host_name: str) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m orchestrator.runflow.hostwatch HOST [--hosts FILE]`: the host's watcher as orch starts it, without
+    """`python -m orchestrator.watch.hostwatch HOST [--hosts FILE]`: the host's watcher as orch starts it, without
     the CLI. A fleet has one of these per host, each a process of its own: Typer and Rich would be loaded
     in every one for nothing."""
     host, hosts_file = None, None
@@ -506,7 +514,7 @@ def main(argv: list[str]) -> int:
         elif host is None and not arg.startswith("-"):
             host = arg
     if host is None:
-        print("usage: python -m orchestrator.runflow.hostwatch HOST [--hosts FILE]", file=sys.stderr)
+        print("usage: python -m orchestrator.watch.hostwatch HOST [--hosts FILE]", file=sys.stderr)
         return 2
     from ..host import remote
 

@@ -1,0 +1,10 @@
+"""Watching runs: one watcher per host (`hostwatch`), which hands what the host's agent pushes to each run's
+recorder (runflow/recorder.py), and the followers of a run's record (`follow`: `orch run`, `orch watch`, a
+sweep's lane). Above the run flow: it ends and finishes runs through runflow; nothing below imports it.
+"""
+
+from __future__ import annotations
+
+from .follow import watch
+
+__all__ = ["watch"]
