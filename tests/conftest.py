@@ -6,7 +6,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 from nethosts import NetHosts
@@ -160,8 +160,13 @@ def net_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[in
 
 # ---------------------------------------------------------------------------------------------------
 # The real vLLM (tests/test_vllm_*.py): one worker runs every file of it, so one server runs at a time
-# (each takes about 2 GiB and pins a core) while the other worker goes on with the rest.
+# (each takes about 2 GiB and pins a core) while the other worker goes on with the rest. It is the
+# longest unit of work by far (about half the suite's time in few tests), so it goes out first: xdist
+# hands out files by their number of tests, which would start it last and leave one worker idle while
+# the other runs it alone.
 # ---------------------------------------------------------------------------------------------------
+
+REAL_ENGINE = "the real vLLM"
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest runs without it too (-p no:xdist)
@@ -170,9 +175,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    class RealEngineInOneWorker(LoadFileScheduling):
+    class RealEngineInOneWorkerFirst(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
-            return "the real vLLM" if Path(scope).name.startswith("test_vllm_") else scope
+            return REAL_ENGINE if Path(scope).name.startswith("test_vllm_") else scope
 
-    return RealEngineInOneWorker(config, log)
+        def _assign_work_unit(self, node: Any) -> None:
+            if REAL_ENGINE in self.workqueue:
+                self.workqueue.move_to_end(REAL_ENGINE, last=False)
+            super()._assign_work_unit(node)
+
+    return RealEngineInOneWorkerFirst(config, log)

@@ -22,18 +22,21 @@ TESTS = Path(__file__).parent
 JOB = TESTS / "jobs" / "progress_job.py"
 FAST = ["--set", "poll_min=0.05", "--set", "poll_max=0.3"]
 
-# The commands that return promptly and neither follow a job in the foreground, install signal handlers,
-# exec, start a controller nor name the calling process in a run's record (its watcher, its lease): `Orch`
-# runs them in the test's own process (an interpreter start costs more than most of them). Any other
-# command (run, watch, cancel and stop, which end a run as its watcher), and any command line these do
-# not name, gets an interpreter of its own.
+# The commands `Orch` runs in the test's own process (an interpreter start costs more than most of them):
+# those that return promptly, and those that start, follow or end a run (run, rerun, watch, cancel, stop):
+# a host's watcher, the only process that ends a launched run, is always a process of its own
+# (runflow/watching.py starts it), so a run started here is watched as a user's is. The test's process
+# stands for the command's while it runs (the run's starter, its lease's holder); a test of what happens
+# when that process dies or gets a signal starts it with `Orch.spawn` (or `new_process=True`). Any command
+# line these do not name gets an interpreter of its own.
 IN_PROCESS = {"status", "inspect-log", "compare", "logs", "pull", "hosts", "gpus", "playbooks", "note", "tag",
-              "rm", "gc", "patch"}
+              "rm", "gc", "patch", "run", "rerun", "watch", "cancel", "stop"}
 IN_PROCESS_SUBCOMMANDS = {"sweep": {"status", "report"}, "cron": {"list", "install", "remove"}}
 # In a process of their own all the same: `orch logs -f` follows the job until it ends; `orch status
 # --refresh` polls the runs, and a poll names its process as the run's watcher (alive, as long as the
-# tests run, where the command's own process would be gone)
-OWN_PROCESS_OPTIONS = {"logs": {"-f", "--follow"}, "status": {"--refresh"}}
+# tests run, where the command's own process would be gone); `--background` is a watcher, which runs until
+# its runs end
+OWN_PROCESS_OPTIONS = {"logs": {"-f", "--follow"}, "status": {"--refresh"}, "watch": {"--background"}}
 
 
 def runs_in_process(args: tuple[str, ...]) -> bool:
@@ -104,14 +107,37 @@ def _text(stream: io.TextIOWrapper) -> str:
     return data.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def run_in_process(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+class _TimedOut(BaseException):
+    """The in-process call ran past its timeout (a BaseException: nothing in orch catches it on the way)."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """subprocess.run's `timeout` for a call in this (main) thread: TimeoutExpired once it runs past it."""
+
+    def expired(signum: int, frame: Any) -> None:
+        raise _TimedOut
+
+    before = signal.signal(signal.SIGALRM, expired)
+    try:  # set inside: an alarm that goes off at once still finds the handler put back
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+
+
+def run_in_process(args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
     """`orch ARGS` through orchestrator.cli.main in this process, as `python -m orchestrator ARGS` would
-    run it with `env`: its exit code, stdout and stderr; a traceback and exit 1 for an uncaught exception."""
+    run it with `env`: its exit code, stdout and stderr; a traceback and exit 1 for an uncaught exception;
+    subprocess.TimeoutExpired past `timeout` seconds, as subprocess.run raises it."""
     from orchestrator.cli import main
 
+    timed_out, sigint = False, signal.getsignal(signal.SIGINT)
     with _as_a_new_process(env) as (stdout, stderr):
         try:
-            main(args)
+            with _time_limit(timeout):
+                main(args)
             code = 0
         except SystemExit as exc:  # as the interpreter takes it: None is 0, any other non-int a message and 1
             if exc.code is None or isinstance(exc.code, int):
@@ -119,9 +145,18 @@ def run_in_process(args: list[str], env: dict[str, str]) -> subprocess.Completed
             else:
                 print(exc.code, file=sys.stderr)
                 code = 1
+        except _TimedOut:
+            timed_out, code = True, -signal.SIGKILL
         except Exception:  # noqa: BLE001 - as the interpreter would: the traceback, exit 1
             traceback.print_exc()
             code = 1
+    if signal.getsignal(signal.SIGINT) is not sigint:
+        # `run` and `watch` take a Ctrl-C as "detach" and ignore any after it: this process's Ctrl-C was a
+        # person stopping the tests, who gets pytest's handler back and the stop they asked for
+        signal.signal(signal.SIGINT, sigint)
+        raise KeyboardInterrupt
+    if timed_out:
+        raise subprocess.TimeoutExpired(["orch", *args], timeout, _text(stdout), _text(stderr))
     return subprocess.CompletedProcess(["orch", *args], code, _text(stdout), _text(stderr))
 
 
@@ -147,7 +182,7 @@ class Orch:
                 env=self.env, capture_output=True, text=True, timeout=timeout, check=False,
             )
         else:
-            proc = run_in_process(list(args), self.env)
+            proc = run_in_process(list(args), self.env, timeout)
         if check is not None:
             assert proc.returncode == check, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         return proc

@@ -219,7 +219,9 @@ def read_only_runs(tmp_path: Path):
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(runs)]).returncode != 0:
         pytest.skip("needs mount (root)")
     try:
-        orch("run", "command", "--set", "cmd=true", check=0)  # the database exists, with a run in it
+        # the database exists, with a run in it; made by a process of its own, which leaves no file open
+        # there (a remount read-only waits for that)
+        orch("run", "command", "--set", "cmd=true", check=0, new_process=True)
         # the host's watcher leaves a moment after its last run ended, its output file open until then
         wait_for(lambda: subprocess.run(["mount", "-o", "remount,ro", str(runs)],
                                         capture_output=True).returncode == 0, step=0.2)

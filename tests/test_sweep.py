@@ -348,8 +348,11 @@ def test_stale_leases_are_recovered(orch, tmp_path):
     # a detached run keeps its lease while its job runs (held until the test lets it end), and frees it
     # once seen to end
     hold = tmp_path / "hold"
+    # a process of its own: the lease names the starter until a watcher adopts the run, and that starter's
+    # death is what this test is about
     res = orch("run", "command", "--host", "test1", "--detach", "--set", "poll_min=0.05",
-               "--set", job_cmd("--steps", "3", "--sleep", "0.01", "--pause", f"end:{hold}"), check=0)
+               "--set", job_cmd("--steps", "3", "--sleep", "0.01", "--pause", f"end:{hold}"), check=0,
+               new_process=True)
     detached = int(res.stdout)
     remote_dir = orch.wait_for(detached, lambda d: d["status"] == "running")["remote_dir"]
     stop_background_watchers(Path(os.environ["HOME"]))  # its watcher dies too (a reboot of this machine)

@@ -19,9 +19,21 @@ def test_which_commands_run_in_process() -> None:
     assert runs_in_process(("status", "--json")) and runs_in_process(("--hosts", "h.toml", "logs", "3"))
     assert runs_in_process(("sweep", "status")) and runs_in_process(("cron", "list"))
     assert runs_in_process(("cron", "install", "s.toml")) and runs_in_process(("cron", "remove", "1"))
-    for args in (("run", "command"), ("watch", "1"), ("logs", "3", "-f"), ("status", "--refresh"), ("cancel", "1"),
+    for args in (("run", "command", "--detach"), ("rerun", "1"), ("watch", "1"), ("cancel", "1"), ("stop", "1")):
+        assert runs_in_process(args), args  # a run's watcher is a process of its own all the same
+    for args in (("watch", "1", "--background"), ("logs", "3", "-f"), ("status", "--refresh"),
                  ("sweep", "run", "s.toml"), ("cron", "fire", "1", "s.toml"), ("ssh", "1"), ("ui",), ("--version",), ()):
         assert not runs_in_process(args), args
+
+
+def test_a_call_past_its_timeout_raises_as_a_process_would(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+
+    with pytest.raises(subprocess.TimeoutExpired):  # the alarm goes off within the call's first steps
+        Orch(tmp_path / "ws")("status", "--json", timeout=0.000001)
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert Orch(tmp_path / "ws")("status", "--json").returncode == 0  # the process as it was
 
 
 def test_a_call_has_the_orchs_environment_and_gives_this_process_its_own_back(tmp_path: Path) -> None:
@@ -61,3 +73,19 @@ def test_no_two_test_files_share_a_name() -> None:
     # another folder is not collected, and its tests silently never run
     names = [p.name for p in Path(__file__).resolve().parents[1].rglob("test_*.py")]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+def test_a_ctrl_c_a_call_took_as_detach_stops_the_tests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
+    import orchestrator.cli
+
+    def detached(args: list[str]) -> None:  # what `run` does on a Ctrl-C while it follows a run
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(orchestrator.cli, "main", detached)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        Orch(tmp_path / "ws")("run", "command")
+    assert signal.getsignal(signal.SIGINT) is before
