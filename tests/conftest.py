@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -59,6 +60,16 @@ def fresh_session() -> Iterator[session.Session]:
         yield held
         if "orchestrator.host.remote" in sys.modules:  # (a test that reached no host skips the import)
             sys.modules["orchestrator.host.remote"].close_all()
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_interrupts() -> Iterator[None]:
+    """Every test starts with Ctrl-C as a new Python process has it (KeyboardInterrupt), whatever an earlier
+    test's in-process `run` left: an ignored SIGINT would be inherited by the processes a test starts, and
+    one told to stop by Ctrl-C would never stop."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

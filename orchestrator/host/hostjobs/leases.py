@@ -437,6 +437,7 @@ def take(workdir, run_dir, token, keys, shared=False, now=None, lock_wait_s=LOCK
     for key in keys:
         if not KEY_RE.match(key):
             raise Refusal(f"not a lease key: {key!r}")
+    os.makedirs(workdir, 0o755, exist_ok=True)  # a first run on a host whose workdir nothing has made yet
     check_run_dir(workdir, run_dir, token)
     warnings = []
     if keys:
