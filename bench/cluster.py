@@ -59,8 +59,8 @@ def by_orch(tmp: Path, jobs: int, sleep_s: float) -> dict[str, float]:
         return real_poll(self, *args, **kwargs)
 
     slurm.SlurmExecutor.poll = counted  # type: ignore[method-assign]
-    ctxs = [runflow.start(ws, store, pb, spec, host) for _ in range(jobs)]
-    queue = slurm.queue_for(ctxs[0].transport)
+    runs = [runflow.start(ws, store, pb, spec, host) for _ in range(jobs)]
+    queue = slurm.queue_for(runs[0].transport)
     calls0, t0 = queue.calls, time.perf_counter()
 
     def watch(run_id: int) -> None:
@@ -70,13 +70,13 @@ def by_orch(tmp: Path, jobs: int, sleep_s: float) -> dict[str, float]:
         finally:
             own.close()
 
-    threads = [threading.Thread(target=watch, args=(c.run_id,)) for c in ctxs]
+    threads = [threading.Thread(target=watch, args=(c.run_id,)) for c in runs]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    statuses = {store.get_run(c.run_id).status.value for c in ctxs}
+    statuses = {store.get_run(c.run_id).status.value for c in runs}
     assert statuses == {"succeeded"}, statuses
     calls = queue.calls - calls0
     rounds = polls[0] / jobs

@@ -24,9 +24,9 @@ from pydantic import Field, field_validator, model_validator
 from orchestrator.playbook import (
     HealthCheck,
     Host,
-    JobContext,
     Playbook,
     Prepared,
+    RunContext,
     RunSpec,
     http_probe,
     quote,
@@ -154,8 +154,8 @@ class ServeVllm(Playbook[ServeVllmSpec]):
     engine = "vllm"  # the vllm parser knows the ready line, so no ready_pattern
     multi_node = True
 
-    def command(self, job: JobContext[ServeVllmSpec], prepared: Prepared) -> str:
-        return server_command(job.spec, job.python)
+    def command(self, run: RunContext[ServeVllmSpec], prepared: Prepared) -> str:
+        return server_command(run.spec, run.python)
 
     def engine_argv(self, spec: ServeVllmSpec) -> list[str] | None:
         return engine_argv(spec)

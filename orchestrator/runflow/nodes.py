@@ -33,7 +33,7 @@ from ..store.controller import Controller
 from ..store.lifecycle import transition
 from ..store.record import Status
 from . import watching
-from .context import Job, watch_options
+from .context import Run, watch_options
 from .ending import cancel, end
 from .look import probe_orphan
 from .starting import (
@@ -56,7 +56,7 @@ class Node:
     host: Host
     run_id: int
     lock: WatchLock
-    job: Job | None = None  # once its host's agent runs
+    run: Run | None = None  # once its host's agent runs
     script: Script | None = None  # once prepared
 
     def __str__(self) -> str:
@@ -85,7 +85,7 @@ def node_env(rank: int, nodes: int, host: Host, address: str, port: int) -> dict
     return env
 
 
-def rendezvous_point(head: Job) -> tuple[str, int]:
+def rendezvous_point(head: Run) -> tuple[str, int]:
     """The head's address as the other nodes reach it, and a port free there now, as its agent found it."""
     host = head.host
     address = host.node_address or ("127.0.0.1" if host.is_local else host.address or host.name)
@@ -94,7 +94,7 @@ def rendezvous_point(head: Job) -> tuple[str, int]:
 
 def start_nodes(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, hosts: list[Host], *,
                 queue: bool = False, on_wait: Callable[[Waiting], None] | None = None,
-                run_fields: dict[str, Any] | None = None, replace: bool = False) -> Job:
+                run_fields: dict[str, Any] | None = None, replace: bool = False) -> Run:
     """Create the run's records with their leases (all or none; with queue, wait for all; with replace,
     stop the runs holding them first), prepare every node, launch every rank; the head's Job, which this
     process goes on watching as `start` leaves a one-host run. The other nodes are handed to their hosts'
@@ -148,7 +148,7 @@ def start_nodes(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, h
         for node in nodes[1:]:
             node.lock.release()  # their hosts' watchers follow them
     watching.ensure_watched(ws, store, [store.get_run(n.run_id) for n in nodes[1:]])
-    head = nodes[0].job
+    head = nodes[0].run
     assert head is not None
     head.refresh()
     return head
@@ -161,16 +161,16 @@ def _launch_all(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, n
     node: Node | None = None
     try:
         for node in sorted(nodes, key=lambda n: n.host.name):
-            node.job = open_new(ws, store, pb, spec, node.host, connect(node.host), node.run_id, node.lock)
-            node.script = prepare(node.job, waits(node))
+            node.run = open_new(ws, store, pb, spec, node.host, connect(node.host), node.run_id, node.lock)
+            node.script = prepare(node.run, waits(node))
         node = nodes[0]  # the rendezvous is the head's
-        assert node.job is not None
-        address, port = rendezvous_point(node.job)
+        assert node.run is not None
+        address, port = rendezvous_point(node.run)
         for node in nodes:
-            assert node.job is not None and node.script is not None
-            ref = launch(node.job, node.script(node_env(node.rank, len(nodes), node.host, address, port)))
+            assert node.run is not None and node.script is not None
+            ref = launch(node.run, node.script(node_env(node.rank, len(nodes), node.host, address, port)))
             transition(store, node.run_id, Status.RUNNING, f"{ref} on {node.host.name}", **ref.columns())
-            node.job.refresh()
+            node.run.refresh()
     except BaseException as exc:
         what = str(exc) if isinstance(exc, OrchError) else f"internal error: {type(exc).__name__}: {exc}"
         _fail(store, nodes, node, what)
@@ -181,14 +181,14 @@ def _fail(store: Store, nodes: list[Node], failed: Node | None, what: str) -> No
     """A start that failed on `failed`: that node ends failed with the reason, then every other one, naming
     it (a rank launched already is stopped, and ending.end_nodes stops the others launched)."""
     for node in sorted(nodes, key=lambda n: n is not failed):
-        run = store.get_run(node.run_id)
-        if run.status.terminal:
+        record = store.get_run(node.run_id)
+        if record.status.terminal:
             continue
         reason = what if node is failed else f"{failed} failed: {what}"
         try:
-            if run.launched and node.job is not None:
-                cancel(node.job, reason, status=Status.FAILED)
+            if record.launched and node.run is not None:
+                cancel(node.run, reason, status=Status.FAILED)
             else:
-                end(store, node.run_id, Status.FAILED, f"before launch: {reason}", node.job, phase=None)
+                end(store, node.run_id, Status.FAILED, f"before launch: {reason}", node.run, phase=None)
         except OrchError:
             pass  # ended meanwhile, by another node's end

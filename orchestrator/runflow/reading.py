@@ -17,7 +17,7 @@ from ..host.polling import PollWait
 from ..logparse import LogParser
 from ..logparse.errors import describe as _error_text
 from ..store import Store, history
-from ..store.record import JobRef, Run, Status
+from ..store.record import JobRef, RunRecord, Status
 from .context import WatchOptions
 
 FATAL_GRACE_S = 0.5  # after a fatal line, how long a living process has to exit by itself
@@ -29,7 +29,7 @@ class Reading:
 
     store: Store
     run_id: int
-    run: Run
+    record: RunRecord
     opts: WatchOptions
     executor: Executor
     paths: RunPaths
@@ -42,23 +42,23 @@ class Reading:
 
     @property
     def job(self) -> JobRef:
-        return self.run.job or JobRef(0, "")  # (pid 0: no process is ever proved to be it)
+        return self.record.job or JobRef(0, "")  # (pid 0: no process is ever proved to be it)
 
     def _scheduler(self, state: launch.JobState, events: list[tuple[str, str, Any]], fields: dict[str, Any]) -> None:
         """What a batch scheduler adds to the log: the job waits in its queue (phase `queued`, and why),
         its node. Leaving the queue is news, like a change of phase."""
         if state.queued is not None:
             fields["phase"] = "queued"
-            if self.run.phase != "queued" or state.queued != self.run.queue_reason:
+            if self.record.phase != "queued" or state.queued != self.record.queue_reason:
                 events.append(("queued", f"waiting in the queue: {state.queued}", None))
                 fields["queue_reason"] = state.queued
-        elif self.run.phase == "queued":
+        elif self.record.phase == "queued":
             fields["queue_reason"] = None
             self.wait.reset()
-        if (self.run.status is Status.QUEUED and state.queued is None
+        if (self.record.status is Status.QUEUED and state.queued is None
                 and (state.alive or state.started_at is not None or state.node)):
-            self.left_queue = self._host_time(state.started_at, self.run.created_at) or self.clock()
-        if state.node and state.node != self.run.node:
+            self.left_queue = self._host_time(state.started_at, self.record.created_at) or self.clock()
+        if state.node and state.node != self.record.node:
             fields["node"] = state.node
             events.append(("node", f"on {state.node}", None))
 
@@ -86,31 +86,31 @@ class Reading:
         bar = fields.get("progress")  # with the rate and ETA of a bar that prints none
         if bar and bar["eta_s"] is not None and (bar["total"] is None or bar["done"] < bar["total"]):
             # the ETA was printed when the bar last moved, not now
-            self.wait.finish_at = (fields.get("progress_at") or self.run.progress_at or now) + bar["eta_s"]
+            self.wait.finish_at = (fields.get("progress_at") or self.record.progress_at or now) + bar["eta_s"]
             return
         self.wait.finish_at = None
-        if (p.phase not in history.LOADING and not loaded) or not self.run.started_at:
+        if (p.phase not in history.LOADING and not loaded) or not self.record.started_at:
             return
-        if self.run.predicted_at is None:
-            predicted = history.predicted_load_s(self.store, self.run)
+        if self.record.predicted_at is None:
+            predicted = history.predicted_load_s(self.store, self.record)
             if predicted is None:
                 return
-            fields["predicted_at"] = self.run.started_at + predicted
-            self.run.predicted_at = fields["predicted_at"]
+            fields["predicted_at"] = self.record.started_at + predicted
+            self.record.predicted_at = fields["predicted_at"]
         if p.phase in history.LOADING:  # a load already over is no reason to look again soon
-            self.wait.finish_at = self.run.predicted_at
+            self.wait.finish_at = self.record.predicted_at
 
     def _stall(self, advanced: bool, now: float, events: list[tuple[str, str, Any]],
                fields: dict[str, Any]) -> float | None:
         """Flag (once) a bar that stopped advancing while the process lives; unflag when it moves."""
-        was = self.run.stalled
+        was = self.record.stalled
         if advanced:
             if was:
                 fields["stalled"] = 0
                 events.append(("progress", "progress resumed", None))
             return None
         progress = self.parser.progress.to_dict() if self.parser.progress else None
-        quiet = stall.is_stalled(progress, self.run.progress_at, self.run.started_at, now,
+        quiet = stall.is_stalled(progress, self.record.progress_at, self.record.started_at, now,
                                  self.opts.stall_factor, self.opts.poll_min)
         if quiet is None or was:
             return None
@@ -128,7 +128,7 @@ class Reading:
             return status, state.cause, {"exit_code": state.exit_code, "phase": "failed"}
         if state.exit_code is not None:
             # the job's own view ends with its exit (at the time the host wrote): the log may not have said so
-            end_at = self._host_time(state.ended_at, self.run.started_at or self.run.created_at)
+            end_at = self._host_time(state.ended_at, self.record.started_at or self.record.created_at)
             ended = {"ended_at": end_at} if end_at is not None else {}
             if state.exit_code == 0:
                 return Status.SUCCEEDED, "exit code 0", {"exit_code": 0, "phase": "finished", **ended}

@@ -125,7 +125,7 @@ class Recorder(Reading):
 
     def _load(self) -> None:
         run = self.store.get_run(self.run_id)
-        self.run = run
+        self.record = run
         self.paths = RunPaths(run.remote_dir or "")
         self.offset = run.log_offset
         self.inode = run.log_inode
@@ -141,7 +141,7 @@ class Recorder(Reading):
 
     @property
     def status(self) -> Status:
-        return self.run.status
+        return self.record.status
 
     # one look ------------------------------------------------------------------------------
     def look(self) -> bool:
@@ -255,7 +255,7 @@ class Recorder(Reading):
         self.offset, self.inode, self.tail = staged.fields["log_offset"], staged.fields["log_inode"], staged.tail
         self.left_queue = None
         self.needs_stop = staged.stop  # stop_if_needed: the caller decides where the grace is waited
-        self.run = self.store.get_run(self.run_id)
+        self.record = self.store.get_run(self.run_id)
         self._recovered()
         if self.on_update:
             self.on_update(self)
@@ -291,7 +291,7 @@ class Recorder(Reading):
                        phase="failed")
         except TransitionError:
             pass  # someone else ended it meanwhile
-        self.run = self.store.get_run(self.run_id)
+        self.record = self.store.get_run(self.run_id)
         return True
 
     def _record(self, state: launch.JobState) -> Staged:
@@ -352,9 +352,9 @@ class Recorder(Reading):
 
     def _record_times(self, turn: Turn) -> None:
         """The job's own start, as its host wrote it (not the launch's)."""
-        started = self._host_time(turn.state.started_at, self.run.created_at)
-        if started is not None and started != self.run.started_at:
-            turn.fields["started_at"] = self.run.started_at = started
+        started = self._host_time(turn.state.started_at, self.record.created_at)
+        if started is not None and started != self.record.started_at:
+            turn.fields["started_at"] = self.record.started_at = started
 
     def _record_progress(self, turn: Turn) -> None:
         """The bar, with a rate from when it moved for a bar that prints none (as tqdm's own)."""
@@ -363,7 +363,7 @@ class Recorder(Reading):
             self.wait.reset()
             turn.fields["progress_at"] = turn.now
         if p.progress is not None:
-            turn.fields["progress"] = paced(p.progress.to_dict(), self.run.progress, self.run.progress_at, turn.now)
+            turn.fields["progress"] = paced(p.progress.to_dict(), self.record.progress, self.record.progress_at, turn.now)
 
     def _record_verdict(self, turn: Turn) -> None:
         """The run's end, when the job's state decides one."""
@@ -473,7 +473,7 @@ class Recorder(Reading):
         last, self._last = self._last, None
         if last is None:
             return
-        p, run, now = self.parser, self.run, self.clock()
+        p, run, now = self.parser, self.record, self.clock()
         last.samples += p.finish(exit_code=exit_code)  # the job is over: a last line without its newline counts
         fields: dict[str, Any] = {
             "log_offset": last.offset, "log_inode": last.inode, "log_tail": last.tail.hex(),
@@ -498,7 +498,7 @@ class Recorder(Reading):
         """The time the log line itself shows, read as local time; None (the poll time) where it shows none
         or one that cannot be this run's (before it started, after now: another time zone on the host)."""
         ts = stamp_time(sample.stamp, now)
-        started = self.run.started_at or now
+        started = self.record.started_at or now
         if ts is None or ts > now + CLOCK_SLACK_S or ts < started - CLOCK_SLACK_S:
             return None
         return ts

@@ -44,7 +44,7 @@ with store.tx() as c:
     c.execute("DELETE FROM runs")
 """
     assert [line.split(":")[0] for line in database_calls(source)] == ["3", "4", "5", "6", "7", "8", "10"]
-    assert database_calls("store.get_run(1)\nrunflow.cancel(ctx, 'why')\nexecute = 1\n") == []
+    assert database_calls("store.get_run(1)\nrunflow.cancel(run, 'why')\nexecute = 1\n") == []
 
 
 def test_no_module_outside_the_store_speaks_sql() -> None:
