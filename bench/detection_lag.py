@@ -16,6 +16,7 @@ requests to the host (pokes, for the agent) while watching the quiet serve. Writ
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import tempfile
@@ -47,6 +48,7 @@ EMULATOR = ROOT / "tests" / "fakes" / "sglang_emulator.py"
 REPEATS = 5
 SCALE = 100  # sleep600 polls every 600 / SCALE real seconds; its lag is multiplied back
 QUIET_S = 180.0  # the quiet serve over which round trips are counted
+LOAD_BEFORE = os.getloadavg()[0]  # the machine's load as the bench starts (1 min)
 # (emulator flags, the event it marks, what the watcher records: the run's end, the fatal error, ready)
 SCENARIOS = {
     "crash and exit": (["--serve-after", "4", "--crash-after-ready", "0"], "crash", "end"),
@@ -257,7 +259,9 @@ def write(rows: list[tuple[str, str, float, float]], quiet: dict[str, Any]) -> N
         f" the job's end pushed by the host's agent over one channel as they happen;"
         f" fixed5: a 5 s poll (the recorder's one-shot look) with the sleep on the controller;"
         f" sleep600: `sleep 600; tail` (run 1/{SCALE} scale, lag scaled back); tail-F: the log streamed over"
-        " one SSH channel, the physical limit.",
+        " one SSH channel, the physical limit."
+        f" Load average {LOAD_BEFORE:.1f} before and {os.getloadavg()[0]:.1f} at the end (1 min), on"
+        f" {os.cpu_count()} cores shared with other jobs.",
         "",
         "| scenario | watcher | median lag (s) | max lag (s) |",
         "|---|---|---:|---:|",

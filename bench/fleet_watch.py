@@ -107,6 +107,7 @@ def main() -> None:
     ap.add_argument("--per-host", type=int, default=8)
     ap.add_argument("--quiet-s", type=float, default=30.0)
     args = ap.parse_args()
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp, SSHFleet(args.hosts, root=Path(tmp) / "sshd") as fleet:
         fleet.start()
         ws_root = Path(tmp) / "ws"
@@ -152,12 +153,15 @@ def main() -> None:
             except ProcessLookupError:
                 pass
         store.close()
-    write(args, agent, followed, len(ids))
+    write(args, agent, followed, len(ids), (load_before, os.getloadavg()[0]))
 
 
-def write(args: argparse.Namespace, agent: dict[str, float], followed: int, runs: int) -> None:
-    rows = [("orch processes", "processes", "{:.0f}"), ("SSH connections", "connections", "{:.0f}"),
-            ("resident memory (MiB)", "rss_mib", "{:.0f}"), ("CPU, quiet runs (% of a core)", "quiet_cpu_pct", "{:.2f}")]
+def write(args: argparse.Namespace, agent: dict[str, float], followed: int, runs: int,
+          load: tuple[float, float]) -> None:
+    # (row, key, format of the total, format of its share per run)
+    rows = [("orch processes", "processes", "{:.0f}", "{:.3f}"), ("SSH connections", "connections", "{:.0f}", "{:.3f}"),
+            ("resident memory (MiB)", "rss_mib", "{:.0f}", "{:.1f}"),
+            ("CPU, quiet runs (% of a core)", "quiet_cpu_pct", "{:.2f}", "{:.3f}")]
     lines = [
         "## Fleet watch (bench/fleet_watch.py)",
         "",
@@ -166,18 +170,19 @@ def write(args: argparse.Namespace, agent: dict[str, float], followed: int, runs
         f" {args.quiet_s:.0f} s). orch's side only: its watcher processes (the controller that started the runs is not"
         " counted), their ESTABLISHED connections to the sshd ports, their resident memory;"
         f" {followed} of {runs} runs were recorded `running` by their host's watcher. Load average"
-        f" {os.getloadavg()[0]:.1f} at the end, on 2 cores.",
+        f" {load[0]:.1f} at the start and {load[1]:.1f} at the end (1 min), on {os.cpu_count()} cores shared with"
+        " other jobs.",
         "",
         "A host's watcher starts as `python -m orchestrator.watch.hostwatch HOST` (no Typer or Rich loaded), reads the"
         " record again only when SQLite's data_version says another process wrote (else every 10 s), and its SSH"
         " connection's reader wakes once a second: before that, the same bench measured 969 MiB and 3.87 % of a core"
         " for the 16 host watchers (under the full test suite, load average up to 35).",
         "",
-        "| | one watcher per host (agent) | per run |",
+        f"| | {args.hosts} watchers, one per host (agent) | its share per run |",
         "|---|---:|---:|",
     ]
-    lines += [f"| {name} | {fmt.format(agent[key])} | {fmt.format(agent[key] / runs)} |"
-              for name, key, fmt in rows]
+    lines += [f"| {name} | {total.format(agent[key])} | {share.format(agent[key] / runs)} |"
+              for name, key, total, share in rows]
     write_section("\n".join(lines) + "\n")
     print("wrote the fleet watch section of bench/RESULTS.md")
 

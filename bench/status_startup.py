@@ -65,10 +65,17 @@ def installed_orchestrator(ws: Path, env: dict[str, str]) -> Path:
     return Path(found).parent
 
 
-def timed(argv: list[str], env: dict[str, str], cwd: Path) -> float:
+def timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
+    """Wall seconds, and the CPU seconds (user + system) the command's process took: on a shared machine
+    the wall time carries the other jobs' load, the CPU time hardly any."""
     started = time.perf_counter()
-    subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - started
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, argv)
+    return wall, usage.ru_utime + usage.ru_stime
 
 
 def import_times(env: dict[str, str], cwd: Path) -> list[tuple[str, float]]:
@@ -134,16 +141,22 @@ def main() -> None:
         for argv in commands.values():  # warm the page cache and .pyc files
             timed(argv, env, ws)
         walls: dict[str, list[float]] = {name: [] for name in commands}
+        cpus: dict[str, list[float]] = {name: [] for name in commands}
         names = list(commands)
         for i in range(args.repeat):  # paired: each round runs every command once, in a rotated order, so
             for name in names[i % len(names):] + names[:i % len(names)]:  # load on a shared machine hits all alike
-                walls[name].append(timed(commands[name], env, ws))
+                wall, cpu = timed(commands[name], env, ws)
+                walls[name].append(wall)
+                cpus[name].append(cpu)
         # each command against the floor of its own round, then the median and quartiles of those ratios
         ratios = {name: quartiles([w / f for w, f in zip(walls[name], walls[FLOOR])]) for name in commands}
         medians = {name: statistics.median(w) for name, w in walls.items()}
+        cpu_ratios = {name: quartiles([c / f for c, f in zip(cpus[name], cpus[FLOOR])]) for name in commands}
+        cpu_medians = {name: statistics.median(c) for name, c in cpus.items()}
         imports = import_times(env, ws)
         query, rendering = in_process(db)
-    write_results(args, package, medians, ratios, imports, query, rendering, load_before)
+    write_results(args, package, {"wall": (medians, ratios), "CPU": (cpu_medians, cpu_ratios)}, imports, query,
+                  rendering, load_before)
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -152,23 +165,33 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return low, mid, high
 
 
-def write_results(args: argparse.Namespace, package: Path, medians: dict[str, float],
-                  ratios: dict[str, tuple[float, float, float]], imports: list[tuple[str, float]], query: float,
-                  rendering: float, load_before: float) -> None:
+Figures = tuple[dict[str, float], dict[str, tuple[float, float, float]]]  # medians, quartiles of the ratios
+
+
+def write_results(args: argparse.Namespace, package: Path, measured: dict[str, Figures],
+                  imports: list[tuple[str, float]], query: float, rendering: float, load_before: float) -> None:
+    from importlib.metadata import version
+
     load = os.getloadavg()[0]
     where = "this checkout (an editable install)" if package == ROOT / "orchestrator" else str(package)
     lines = [f"{SECTION} (bench/status_startup.py)", "",
              (f"`orch status` with {args.runs:,} runs ({3 * args.runs:,} events, {4 * args.runs:,} metric samples), "
               f"as a user runs it: the installed console script (`{ORCH.name}` in the environment's bin, which "
-              f"runs {where}), no PYTHONPATH, from the workspace folder, output to a pipe, .pyc files written by "
-              f"a warm-up run. {args.repeat} rounds, each running every command once (rotated order); each round's "
-              f"ratio to the floor of the same round, then the median and interquartile range of those ratios. "
+              f"runs {where}, with Typer {version('typer')}), no PYTHONPATH, from the workspace folder, output to "
+              f"a pipe, .pyc files written by a warm-up run. {args.repeat} rounds, each running every command once "
+              f"(rotated order); each round's ratio to the floor of the same round, then the median and "
+              f"interquartile range of those ratios; the wall time as a user waits for it, and the CPU time (user + "
+              f"system) of the command's process, which the other jobs of a shared machine hardly move. "
               f"This machine: {os.cpu_count()} cores, load average {load_before:.1f} before and {load:.1f} after "
               f"(1 min; shared with other jobs). The bar: `orch status` at most 1.5x the floor."), "",
-             "| command | median wall s | vs the Typer + Rich floor (paired): median | IQR |", "|---|---:|---:|---:|"]
-    for name, wall in medians.items():
-        low, mid, high = ratios[name]
-        lines.append(f"| {name.replace('|', '/')} | {wall:.3f} | {mid:.2f}x | {low:.2f}x to {high:.2f}x |")
+             ("| command | median wall s | wall vs the Typer + Rich floor (paired): median | IQR "
+              "| median CPU s | CPU vs the floor (paired): median | IQR |"), "|---|---:|---:|---:|---:|---:|---:|"]
+    for name in measured["wall"][0]:
+        row = [name.replace("|", "/")]
+        for medians, ratios in measured.values():
+            low, mid, high = ratios[name]
+            row += [f"{medians[name]:.3f}", f"{mid:.2f}x", f"{low:.2f}x to {high:.2f}x"]
+        lines.append("| " + " | ".join(row) + " |")
     lines += ["", (f"Where the time goes: the query (50 newest runs, their latest metrics, the total count) "
                    f"{1000 * query:.1f} ms and the table {1000 * rendering:.1f} ms in-process; the rest is start-up. "
                    "Top-level imports (`python -X importtime` of the installed script, cumulative):"), ""]

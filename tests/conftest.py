@@ -14,6 +14,7 @@ from nethosts import NetHosts
 from orchtest import Orch, stop_background_watchers
 from sshd import SSHFleet  # tests/ is on sys.path (rootdir-relative, no __init__.py)
 
+from orchestrator import state
 from orchestrator.config.hosts import Host
 from orchestrator.config.workspace import Workspace
 from orchestrator.host import session
@@ -53,10 +54,11 @@ def private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
 
 @pytest.fixture(autouse=True)
 def fresh_session() -> Iterator[session.Session]:
-    """Every test starts with the process state of a new orch process (orchestrator/host/session.py): no
-    connection, agent link, queue or option that an earlier test left. Its connections are closed after it,
-    as a process's are when it ends."""
-    with session.fresh() as held:
+    """Every test starts with the process state of a new orch process: no connection, agent link, queue or
+    option that an earlier test left (orchestrator/host/session.py), no plugin found or loaded, headline
+    declared or notification in flight (orchestrator/state.py). Its connections are closed after it, as a
+    process's are when it ends."""
+    with session.fresh() as held, state.fresh():
         yield held
         if "orchestrator.host.remote" in sys.modules:  # (a test that reached no host skips the import)
             sys.modules["orchestrator.host.remote"].close_all()

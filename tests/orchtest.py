@@ -77,7 +77,8 @@ def _as_a_new_process(env: dict[str, str]) -> Iterator[tuple[io.TextIOWrapper, i
     """What a call in this process must find as a new interpreter would: the Orch's environment, stdout and
     stderr of its own (bytes, as a pipe takes them), fresh consoles, and a fresh session (orchestrator/host/
     session.py: none of the connections, agent links, Slurm queues or options an earlier call, or the test
-    itself, left). All of it is put back afterwards."""
+    itself, left) and state (orchestrator/state.py: plugins found anew). All of it is put back afterwards."""
+    from orchestrator import state
     from orchestrator.host import session
 
     saved_env, saved_streams = dict(os.environ), (sys.stdout, sys.stderr)
@@ -91,7 +92,7 @@ def _as_a_new_process(env: dict[str, str]) -> Iterator[tuple[io.TextIOWrapper, i
     fresh = render.consoles()  # made now: this environment, these streams
     _replace_consoles({id(old): new for old, new in zip(IMPORTED_CONSOLES, fresh)})
     try:
-        with session.fresh():
+        with session.fresh(), state.fresh():
             yield stdout, stderr
     finally:
         _replace_consoles({id(new): old for old, new in zip(IMPORTED_CONSOLES, fresh)})

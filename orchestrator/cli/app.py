@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import re
-from collections.abc import Callable
 from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 from typer import _click as click  # Typer's own copy of click: its Command and Context
-from typer.core import TyperArgument, TyperGroup, TyperOption
+from typer.core import TyperGroup
 
 from ..config.workspace import Workspace
 from ..errors import UsageError
@@ -58,55 +56,11 @@ class LazyGroup(TyperGroup):
         return super().resolve_command(ctx, args)
 
 
+# Typer as pyproject.toml pins it (0.26): values are parsed by click's own types, and help names them as
+# click does (TEXT, INTEGER, FLOAT, PATH; nothing after a flag). Typer 0.27 shows Python's names instead
+# (`<str>`), and 0.29 parses every value, even one not given, with pydantic, whose import alone costs
+# `orch status` as much as Typer and Rich together (bench/status_startup.py).
 app = typer.Typer(cls=LazyGroup, no_args_is_help=True, help="Run and watch large-model experiments.")
-
-# Help shows Python type names (`<bool>` after a flag, `<list[str]>`); a person reads TEXT, NUMBER, or nothing.
-_TYPE_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "path": "PATH"}
-_option_type = TyperOption.display_type_rich
-
-
-def _option_metavar(self: TyperOption, ctx: typer.Context) -> str | None:
-    if self.is_flag:
-        return None
-    shown = _option_type(self, ctx)
-    if self.metavar is not None or shown is None:
-        return shown
-    bare = shown.strip("<>.").removeprefix("list[").removesuffix("]")
-    return _TYPE_WORDS.get(bare, bare) + ("..." if shown.endswith("...") else "")
-
-
-TyperOption.display_type_rich = _option_metavar  # type: ignore[method-assign,assignment]
-TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]  # its name says it
-
-# Typer parses every value with a pydantic TypeAdapter made on first use, even a value with nothing to
-# parse: an option not given, or a default of the option's own type; importing pydantic alone takes as
-# long as importing Typer and Rich. Such a value is returned as Typer's parsing would return it; any other
-# value is Typer's to parse (and to reject, with its own message).
-_PLAIN_TYPES = (str, int, float)  # a value of one of these types parses to itself
-
-
-def _parsed_when_needed(typer_process_value: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(typer_process_value)
-    def process_value(self: Any, ctx: click.Context, value: Any) -> Any:
-        kind = self.type_descriptor
-        many = self.multiple or self.nargs == -1
-        if value is None:  # Typer's parsing returns this before it parses anything
-            value = () if many else None
-        elif many and not value and isinstance(value, list | tuple) and kind.file_annotation is None:
-            value = []
-        elif not (type(value) is kind.annotation and kind.annotation in _PLAIN_TYPES
-                  and kind.parameter_info.parser is None and not kind.is_ranged):
-            return typer_process_value(self, ctx, value)
-        if self.required and self.value_is_missing(value):
-            raise click.exceptions.MissingParameter(ctx=ctx, param=self)
-        return value if self.callback is None else self.callback(ctx, self, value)
-
-    return process_value
-
-
-TyperOption.process_value = _parsed_when_needed(TyperOption.process_value)  # type: ignore[method-assign]
-TyperArgument.process_value = _parsed_when_needed(TyperArgument.process_value)  # type: ignore[method-assign]
-
 
 def _version(value: bool) -> None:
     if value:

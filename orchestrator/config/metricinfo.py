@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterable
 from typing import Literal
 
+from .. import state
+
 Direction = Literal["higher", "lower"]
 
 # Counts and settings, by exact name: what the benchmark did or was asked, what a job wrote.
@@ -47,7 +49,6 @@ HEADLINES: dict[str, tuple[str, ...]] = {
     "extract-hidden-states": ("samples_per_s",),
     "command": (),
 }
-_declared: dict[str, tuple[str, ...]] = {}
 
 
 def is_count(metric: str) -> bool:
@@ -72,12 +73,12 @@ def direction(metric: str) -> Direction | None:
 def declare(playbook: str, metrics: Iterable[str]) -> None:
     """A plugin playbook's headlines (the registry passes its class's `headlines`); a built-in's stay."""
     if playbook not in HEADLINES:
-        _declared[playbook] = tuple(metrics)
+        state.current().headlines[playbook] = tuple(metrics)
 
 
 def headlines(playbook: str) -> tuple[str, ...]:
     """The playbook's headline metrics, in the order a person reads them; () when it declares none."""
-    return HEADLINES.get(playbook) or _declared.get(playbook, ())
+    return HEADLINES.get(playbook) or state.current().headlines.get(playbook, ())
 
 
 def order(metrics: Iterable[str], playbook: str | None) -> list[str]:

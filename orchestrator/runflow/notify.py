@@ -23,14 +23,15 @@ from urllib.parse import urljoin, urlsplit
 
 import tenacity
 
+from .. import state
+
 TOTAL_S = 30.0  # default bound on all attempts of one send
 ATTEMPT_S = 5.0  # per HTTP attempt
 MAX_BODY = 64 * 1024  # nothing in a receiver's answer is used: the rest is never read
 MAX_REDIRECTS = 3
 KEEP_POST = (307, 308)  # 301/302/303 would turn the POST into a GET without the document
 
-_pending: list[_Send] = []
-_pending_lock = threading.Lock()
+_pending_lock = threading.Lock()  # the sends in flight are the process's (orchestrator/state.py)
 
 
 SUMMARY_METRICS = 3
@@ -177,17 +178,18 @@ def send(urls: list[str], document: dict[str, Any], on_error: Callable[[str, str
             try:
                 deliver(url, document, total_s, sleep)
             except NotifyError as exc:
-                state.close(url, str(exc))
+                sending.close(url, str(exc))
             except Exception as exc:  # noqa: BLE001 - a notification must never take anything else down
-                state.close(url, f"{type(exc).__name__}: {exc}")
+                sending.close(url, f"{type(exc).__name__}: {exc}")
             else:
-                state.close(url, None)
+                sending.close(url, None)
 
-    state = _Send(threading.Thread(target=work, name="orch-notify", daemon=True), on_error, list(urls))
+    sending = _Send(threading.Thread(target=work, name="orch-notify", daemon=True), on_error, list(urls))
     with _pending_lock:
-        _pending[:] = [p for p in _pending if p.thread.is_alive()] + [state]
-    state.thread.start()
-    return state.thread
+        held = state.current()
+        held.notify_sends = [p for p in held.notify_sends if p.thread.is_alive()] + [sending]
+    sending.thread.start()
+    return sending.thread
 
 
 def drain(timeout: float = TOTAL_S) -> None:
@@ -195,11 +197,11 @@ def drain(timeout: float = TOTAL_S) -> None:
     URL still open then is reported as not delivered, since the process is about to exit."""
     deadline = time.monotonic() + timeout
     with _pending_lock:
-        pending = list(_pending)
-    for state in pending:
-        state.thread.join(max(0.0, deadline - time.monotonic()))
-    for state in pending:
-        if state.thread.is_alive():
-            for url in list(state.open_urls):
-                state.close(url, f"not delivered: still sending when orch exited after {timeout:g} s")
+        pending: list[_Send] = list(state.current().notify_sends)
+    for sending in pending:
+        sending.thread.join(max(0.0, deadline - time.monotonic()))
+    for sending in pending:
+        if sending.thread.is_alive():
+            for url in list(sending.open_urls):
+                sending.close(url, f"not delivered: still sending when orch exited after {timeout:g} s")
 

@@ -9,7 +9,6 @@ named by their path, or by name from the workspace's `patches/` folder.
 from __future__ import annotations
 
 import difflib
-import functools
 import importlib
 import re
 import sys
@@ -18,6 +17,7 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
+from .. import state
 from ..config import metricinfo
 from ..config.workspace import Workspace
 from ..errors import UsageError
@@ -49,18 +49,27 @@ def _entry_points(group: str) -> dict[str, str]:
     return {ep.name: ep.value for ep in metadata.entry_points(group=group)}
 
 
-@functools.cache
 def _playbook_targets() -> dict[str, str]:
-    return {**_entry_points("orch.playbooks"), **BUILTIN_PLAYBOOKS}
+    """Looked up once a process (the installed packages are scanned)."""
+    held = state.current()
+    if held.playbook_targets is None:
+        held.playbook_targets = {**_entry_points("orch.playbooks"), **BUILTIN_PLAYBOOKS}
+    return held.playbook_targets
 
 
 def playbook_names() -> list[str]:
     return sorted(_playbook_targets())
 
 
-@functools.cache
 def playbook(name: str) -> Playbook[Any]:
-    """The playbook called `name`, or a UsageError naming the known ones."""
+    """The playbook called `name`, or a UsageError naming the known ones; loaded once a process."""
+    loaded = state.current().playbooks
+    if name not in loaded:
+        loaded.setdefault(name, _loaded(name))  # two threads may load it: the first one kept is everyone's
+    return loaded[name]
+
+
+def _loaded(name: str) -> Playbook[Any]:
     targets = _playbook_targets()
     if name not in targets:
         raise UsageError(f"unknown playbook {name!r}{_did_you_mean(name, targets)} (known: {', '.join(sorted(targets))})")
@@ -115,9 +124,16 @@ def builtin_patch_dir() -> Path:
     return _package_dir(BUILTIN_PATCH_SETS)
 
 
-@functools.cache
 def _patch_set_dirs() -> dict[str, Path]:
-    """Each patch set's name → the folder of sets that holds it (built-ins win a clash)."""
+    """Each patch set's name → the folder of sets that holds it (built-ins win a clash); looked up once a
+    process."""
+    held = state.current()
+    if held.patch_set_dirs is None:
+        held.patch_set_dirs = _installed_patch_sets()
+    return held.patch_set_dirs
+
+
+def _installed_patch_sets() -> dict[str, Path]:
     found: dict[str, Path] = {}
     for package in [*_entry_points("orch.patch_sets").values(), BUILTIN_PATCH_SETS]:
         try:

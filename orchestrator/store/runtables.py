@@ -12,7 +12,6 @@ Every registered plugin's readers see every run's log: a line is its by its mark
 
 from __future__ import annotations
 
-import functools
 import importlib
 import re
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from sqlite_utils import Database
 
+from .. import state
 from ..errors import UsageError
 
 NAME_PATTERN = r"^[a-z][a-z0-9_]*$"  # a section's JSON key, a migration set's and a table's name alike
@@ -105,11 +105,14 @@ def problems(tables: RunTables) -> list[str]:
     return found
 
 
-@functools.cache
 def _targets() -> dict[str, str]:
-    from importlib import metadata  # scans the installed packages: only where plugins are wanted
+    held = state.current()
+    if held.run_table_targets is None:
+        from importlib import metadata  # scans the installed packages: only where plugins are wanted
 
-    return {**{ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINTS)}, **BUILTIN}
+        held.run_table_targets = {**{ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINTS)},
+                                  **BUILTIN}
+    return held.run_table_targets
 
 
 def _load(name: str, target: str) -> RunTables:
@@ -132,16 +135,18 @@ def _load(name: str, target: str) -> RunTables:
     return found
 
 
-@functools.cache
 def _installed() -> tuple[tuple[RunTables, ...], tuple[str, ...]]:
     """Every plugin loaded once a process: those that load, and the errors of those that do not."""
-    found, broken = [], []
-    for name, target in sorted(_targets().items()):
-        try:
-            found.append(_load(name, target))
-        except UsageError as exc:
-            broken.append(str(exc))
-    return tuple(found), tuple(broken)
+    held = state.current()
+    if held.run_tables is None:
+        found, broken = [], []
+        for name, target in sorted(_targets().items()):
+            try:
+                found.append(_load(name, target))
+            except UsageError as exc:
+                broken.append(str(exc))
+        held.run_tables = tuple(found), tuple(broken)
+    return held.run_tables
 
 
 def installed(on_broken: Callable[[str], None] | None = None) -> list[RunTables]:
