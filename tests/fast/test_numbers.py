@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,32 @@ def test_the_medians_interval_is_the_order_statistics_with_their_exact_coverage(
     got = noise.noise([10.0, 11.0, 9.0, 10.5, 9.5])
     assert got["median"] == 10.0 and got["min"] == 9.0 and got["max"] == 11.0 and got["spread"] == pytest.approx(0.2)
     assert got["n"] == 5 and (got["ci_low"], got["ci_high"]) == (9.0, 11.0)
+
+
+def coverage(n: int, j: int) -> float:
+    """P(j < B <= n-1-j), B ~ Binomial(n, 1/2), summed term by term: the definition, not the walk."""
+    return sum(math.comb(n, k) for k in range(j + 1, n - j)) / 2 ** n
+
+
+@pytest.mark.parametrize("level", [0.5, 0.9, 0.95, 0.99])
+def test_the_medians_interval_is_the_narrowest_with_the_coverage_asked(level: float) -> None:
+    for n in range(1, 70):
+        low, high, got = noise.median_ci([float(i) for i in range(n)], level)
+        j = int(low)
+        assert high == n - 1 - j
+        if j == 0:  # the whole range: no narrower interval covers enough
+            assert n < 4 or coverage(n, 1) < level
+        else:
+            assert got == pytest.approx(coverage(n, j)) and got >= level
+            assert j == n // 2 - 1 or coverage(n, j + 1) < level, (n, j)
+
+
+def test_a_run_of_thousands_of_samples_has_its_medians_interval() -> None:
+    n = 4001  # a server's steady state: the interval is a few sqrt(n) around the middle
+    low, high, got = noise.median_ci([float(i) for i in range(n)])
+    j = int(low)
+    assert high == n - 1 - j and 1900 < j < 2000
+    assert got == pytest.approx(coverage(n, j)) and got >= 0.95 > coverage(n, j + 1)
 
 
 @pytest.mark.parametrize("b, direction, verdict", [
