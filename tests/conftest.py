@@ -172,8 +172,8 @@ def net_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[in
 
 
 # ---------------------------------------------------------------------------------------------------
-# The real vLLM (tests/test_vllm_*.py): one worker runs every file of it, so one server runs at a time
-# (each takes about 2 GiB and pins a core) while the other worker goes on with the rest. It is the
+# The real vLLM (tests/test_vllm_*.py): one worker runs every file of it, so one server serves at a time
+# (each takes about 2 GiB and pins a core; starts that only fail are launched together, test_vllm_real.py) while the other worker goes on with the rest. It is the
 # longest unit of work by far (about half the suite's time in few tests), so it goes out first: xdist
 # hands out files by their number of tests, which would start it last and leave one worker idle while
 # the other runs it alone.

@@ -2,7 +2,8 @@
 
 Nothing here stands in for the engine: tiny models made on the fly (tests/engines/tiny_models.py), real
 servers, real benchmarks, real failures. One worker runs every tests/test_vllm_* file (tests/conftest.py), so
-one server runs at a time; every server gets a KV size (without one vLLM takes nearly all the memory),
+one server serves at a time (the starts that only fail, and the one whose engine is killed, are launched
+together: each is mostly Python imports on one core); every server gets a KV size (without one vLLM takes nearly all the memory),
 `--enforce-eager` and loopback.
 """
 
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -47,22 +49,24 @@ def no_server_left(orch: Orch) -> Iterator[None]:
             orch("stop", str(run["id"]), "--grace", "10")
 
 
-def serve(orch: Orch, models: dict[str, str], *sets: str, until_ready: bool = True, kv: str | None = KV
-          ) -> tuple[int, int]:
-    """A serve-vllm run of the tiny target: (run id, port)."""
+def serve(orch: Orch, models: dict[str, str], *sets: str, until_ready: bool = True, kv: str | None = KV,
+          detach: bool = False, port: int | None = None) -> tuple[int, int]:
+    """A serve-vllm run of the tiny target: (run id, port); `detach` returns once it is launched."""
     from vllm_env import engine_python  # the plugin's module, once pytest has it
 
-    port = free_port("127.0.0.1")
+    port = port or free_port("127.0.0.1")
     args = ["run", "serve-vllm", "--json", "--set", f"model={models['target']}", "--set", f"port={port}",
             "--set", f"python={engine_python()}", *(["--set", f"kv_cache_bytes={kv}"] if kv else []), "--set", "enforce_eager=true",
             "--set", "max_model_len=512", "--set", f"env={ENV}", "--set", "poll_min=0.2", "--set", "poll_max=1"]
-    res = orch(*args, *sets, *(["--until-ready"] if until_ready else []), timeout=START_S)
+    res = orch(*args, *sets, *(["--until-ready"] if until_ready else []), *(["--detach"] if detach else []),
+               timeout=START_S)
+    assert res.returncode == 0, res.stdout + res.stderr
     doc = json.loads(res.stdout)
     return int(doc["id"]), port
 
 
 def bench(orch: Orch, server: int, *sets: str) -> subprocess.CompletedProcess:
-    return orch("run", "bench-serving", "--set", f"server={server}", "--set", "num_prompts=16",
+    return orch("run", "bench-serving", "--json", "--set", f"server={server}", "--set", "num_prompts=16",
                 "--set", "input_len=32", "--set", "output_len=16", "--set", "poll_min=0.2", "--set", "poll_max=1",
                 *sets, timeout=START_S)
 
@@ -85,23 +89,26 @@ def test_serve_bench_and_stop(orch, models):
     assert doc["metrics"]["load_weight_s"] < 60
     assert doc["progress"]["total"] == 4  # the target's 4 shards
 
-    res = bench(orch, run)
+    # two benchmarks at once (each mostly its client's start-up): one that succeeds, and one whose every request
+    # fails (a model the server does not serve: 404), which is no success
+    with ThreadPoolExecutor(1) as pool:  # the other thread's `orch` is a process of its own
+        failing = pool.submit(bench, orch, run, "--set", "model=no-such-model",
+                              "--set", f'extra_args=["--tokenizer", "{models["target"]}"]')
+        res = bench(orch, run)
+        bad = failing.result()
     assert res.returncode == 0, res.stdout + res.stderr
-    b = orch.status(run + 1)
+    b = orch.status(json.loads(res.stdout)["id"])
     assert b["status"] == "succeeded", b
     assert b["metrics"]["completed"] == 16 and b["metrics"]["failed"] == 0
     assert b["metrics"]["output_throughput"] > 0
+    b = orch.status(json.loads(bad.stdout)["id"])
+    assert bad.returncode != 0 and b["status"] == "failed", b
+    assert b["metrics"]["failed"] == 16
 
     # the server's own stats (vLLM logs them every 10 s while it serves): its headline is what it served at,
     # not the idle zero line that ends every burst
     served = orch.wait_for(run, lambda d: "gen_throughput" in d["metric_summaries"], timeout=120)
     assert served["metric_summaries"]["gen_throughput"]["mean"] > 0
-
-    # a benchmark whose every request fails (a model the server does not serve: 404) is no success
-    res = bench(orch, run, "--set", "model=no-such-model", "--set", f'extra_args=["--tokenizer", "{models["target"]}"]')
-    b = orch.status(run + 2)
-    assert res.returncode != 0 and b["status"] == "failed", b
-    assert b["metrics"]["failed"] == 16
     stop_cleanly(orch, run)
 
 
@@ -138,24 +145,64 @@ def engine_core_of(pid: int) -> int:
     raise AssertionError("no EngineCore process")
 
 
-def test_a_killed_engine_core_is_named(orch, models):
-    run, _ = serve(orch, models)
-    os.kill(engine_core_of(orch.status(run)["pid"]), signal.SIGKILL)
+# The servers below only fail or get killed, so their starts (mostly Python imports and profiling, one core each)
+# run at the same time rather than one after another: one fixture launches them all, each in a workspace of its
+# own (the local host's lease is a workspace's), and each test waits for its own.
+FAILURES = ["missing-model", "kv-too-small", "too-long-for-the-model", "memory-refusal"]
+
+
+def failure_sets(case: str, root: Path) -> list[str]:
+    return {"missing-model": ["--set", f"model={root / 'no-such-model'}"],
+            "kv-too-small": ["--set", "max_model_len=2048", "--set", f"kv_cache_bytes={1 << 20}"],
+            "too-long-for-the-model": ["--set", "max_model_len=100000"],
+            # 99 % of the machine's memory, never all free: refused before anything is allocated (with no KV
+            # size given, that fraction is what vLLM would take)
+            "memory-refusal": ["--set", "gpu_memory_utilization=0.99"]}[case]
+
+
+@pytest.fixture(scope="module")
+def launched(models: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[Orch, int]]]:
+    """The failing starts and the server whose engine core is killed, all launched at once: case -> (orch, run)."""
+    from orchtest import stop_background_watchers
+
+    with pytest.MonkeyPatch.context() as mp:
+        home = tmp_path_factory.mktemp("launched-home")  # their watchers outlive any one test's HOME
+        mp.setenv("HOME", str(home))
+        runs: dict[str, tuple[Orch, int]] = {}
+        ports: set[int] = set()
+        while len(ports) < len(FAILURES) + 1:  # one each: servers started at once never share a port
+            ports.add(free_port("127.0.0.1"))
+        try:
+            for case, port in zip([*FAILURES, "killed"], sorted(ports)):
+                root = tmp_path_factory.mktemp(case)
+                orch = Orch(root / "ws")
+                sets = [] if case == "killed" else failure_sets(case, root)
+                run, _ = serve(orch, models, *sets, until_ready=False, detach=True, port=port,
+                               kv=None if case == "memory-refusal" else KV)
+                runs[case] = (orch, run)
+            yield runs
+        finally:
+            for orch, run in runs.values():
+                if orch.status(run)["status"] in ("running", "launching", "preparing"):
+                    orch("stop", str(run), "--grace", "10")
+            stop_background_watchers(home)
+
+
+def test_a_killed_engine_core_is_named(launched):
+    orch, run = launched["killed"]
+    ready = orch.wait_for(run, lambda d: d["phase"] == "ready" or d["status"] not in ("running", "launching", "preparing"),
+                           timeout=START_S)
+    assert ready["status"] == "running" and ready["phase"] == "ready", ready
+    os.kill(engine_core_of(ready["pid"]), signal.SIGKILL)
     doc = orch.wait_for(run, lambda d: d["status"] not in ("running",), timeout=120)
     assert doc["status"] == "failed", doc
     text = (doc["error"]["message"] + " " + (doc["error"].get("hint") or "")).lower()
     assert "engine core" in text and ("killed" in text or "exited unexpectedly" in text), doc["error"]
 
 
-@pytest.mark.parametrize("case", ["missing-model", "kv-too-small", "too-long-for-the-model", "memory-refusal"])
-def test_startup_failures_name_their_cause(orch, models, case, tmp_path):
-    sets = {"missing-model": ["--set", f"model={tmp_path / 'no-such-model'}"],
-            "kv-too-small": ["--set", "max_model_len=2048", "--set", f"kv_cache_bytes={1 << 20}"],
-            "too-long-for-the-model": ["--set", "max_model_len=100000"],
-            # 99 % of the machine's memory, never all free: refused before anything is allocated (with no KV
-            # size given, that fraction is what vLLM would take)
-            "memory-refusal": ["--set", "gpu_memory_utilization=0.99"]}[case]
-    run, _ = serve(orch, models, *sets, until_ready=False, kv=None if case == "memory-refusal" else KV)
+@pytest.mark.parametrize("case", FAILURES)
+def test_startup_failures_name_their_cause(launched, case):
+    orch, run = launched[case]
     doc = orch.wait_for(run, lambda d: d["status"] not in ("running", "launching", "preparing"), timeout=START_S)
     assert doc["status"] == "failed", doc
     error = doc["error"]
