@@ -32,7 +32,7 @@ from ..store.lifecycle import transition
 from ..store.record import Status
 from .context import watch_options
 from .nodes import check_nodes, node_env, rendezvous_point
-from .starting import busy_message, check, launch, open_new, prepare, prepare_and_launch, wait_for_host
+from .starting import HostTake, busy_message, check, launch, open_new, prepare, prepare_and_launch
 
 STAND_IN_PORT = 29500  # the rendezvous port a dry run shows (torchrun's default)
 # Requests that keep the agent's link going, not steps of the start.
@@ -205,8 +205,6 @@ def _describe_lease(request: dict[str, Any]) -> str:
     action = request.get("action")
     keys = ", ".join(request.get("keys") or [])
     leases = f"{request.get('workdir')}/{hostlease.DIR}/"
-    if action == "held":
-        return f"ask the lease files in {leases} whether another workspace's run holds {keys}"
     if action == "take":
         took = f" and take the lease files {keys} in {leases}" if keys else ""
         return f"make {request.get('run_dir')} the run's own (its token){took}"
@@ -278,17 +276,18 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, hosts
             ids = {h.name: scratch.create_run(pb.name, h.name, spec.model_dump(mode="json")) for h in hosts}
             return [ids[h.name] for h in by_name]
 
-        # as `start`: the host's lease files, then this workspace's lease, unless the scheduler places the job
+        # as `start`: this workspace's lease with the hosts' lease files, unless the scheduler places the job
+        claim = HostTake(ws, scratch, by_name, recorders, spec.gpus)
         if pb.exclusive and not executor_class(hosts[0]).schedules_gpus:
             opts = watch_options(pb, spec, hosts[0])
-            for host in by_name:
-                wait_for_host(ws, host, spec.gpus, (opts.poll_min, opts.poll_max), transport=recorders[host.name])
             try:
-                ids = lease.acquire_all(scratch, [h.name for h in by_name], spec.gpus, create, opts.poll_max)
+                ids = claim.made(lambda: lease.acquire_all(scratch, [h.name for h in by_name], spec.gpus, create,
+                                                           opts.poll_max, claim=claim))
             except lease.Busy as busy:
                 notes.append(f"a start now would not go ahead: {busy_message(scratch, busy)}")
                 with scratch.tx():
                     ids = create()
+                    claim(ids)
         else:
             with scratch.tx():
                 ids = create()
@@ -301,10 +300,10 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, hosts
         jobs = {h.name: open_new(ws, scratch, pb, spec, h, recorders[h.name], run_of[h.name], dry_run=True)
                 for h in by_name}
         if len(hosts) == 1:
-            prepare_and_launch(jobs[hosts[0].name])
+            prepare_and_launch(jobs[hosts[0].name], claim.taken.get(run_of[hosts[0].name]))
         else:
             notes.append(f"MASTER_PORT {STAND_IN_PORT} stands in for the port the head's agent finds free at launch")
-            scripts = {name: prepare(job) for name, job in jobs.items()}
+            scripts = {name: prepare(job, claim.taken.get(run_of[name])) for name, job in jobs.items()}
             address, port = rendezvous_point(jobs[hosts[0].name])
             for rank, host in enumerate(hosts):
                 env = node_env(rank, len(hosts), host, address, port)

@@ -138,7 +138,7 @@ ARGS = {
     # the host's lease files (leases.py, which checks every path against the workdir and every key's name)
     "lease": {"action": (lambda v: isinstance(v, str) and v in LEASE_ACTIONS, REQUIRED), "workdir": (_path, REQUIRED),
               "shared": (_flag, False), "lock_wait_s": (_seconds, LOCK_WAIT_S), "run_dir": (_path, ""),
-              "token": (_token, ""), "keys": (_list_of(_word, 4096), []), "workspace": (_token, "")},
+              "token": (_token, ""), "keys": (_list_of(_word, 4096), [])},
 }
 OPS = tuple(ARGS)
 MAX_READ = 16 << 20  # the most log bytes one read answers with

@@ -34,7 +34,7 @@ import time
 
 from . import leases
 from .checks import MAX_READ, OPS, checked
-from .common import CHUNK, _read_small
+from .common import CHUNK, quiet_text
 from .files import (
     file_size,
     files_under,
@@ -92,7 +92,7 @@ class Agent:
         self.turn = 0
 
     def hello(self, a):
-        boot = _read_small("/proc/sys/kernel/random/boot_id")
+        boot = quiet_text("/proc/sys/kernel/random/boot_id")
         u = os.uname()
         return {"sha256": own_digest(), "pid": os.getpid(), "boot_id": boot, "time": time.time(),
                 "python": sys.version.split()[0], "uname": f"{u.sysname} {u.release} {u.machine}"}
