@@ -122,7 +122,10 @@ class _RecordingAgent(Stream):
 
 
 def _program(args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """Which entry of orch's host side a `program` request runs, and its request."""
+    """Which entry of orch's host side a `program` request runs (a `patch` request: the agent's own
+    patcher), and its request."""
+    if isinstance(args.get("request"), dict):
+        return "patch", args["request"]
     name = str(args.get("entry"))
     try:
         request = json.loads(args.get("input") or "{}")
@@ -159,16 +162,16 @@ def _answer(transport: RecordingTransport, op: str, args: dict[str, Any]) -> dic
         return {"text": "", "size": 0}
     if op == "lease":
         return {"ok": True, "warnings": []}
-    if op == "program":
+    if op in ("program", "patch"):
         name, request = _program(args)
         reply: dict[str, Any] = {"ok": True, "warnings": []}
         if name == "patch" and request.get("action") in ("check", "apply"):
-            root = request.get("within") or _site(str(args.get("python")))
+            root = request.get("within") or _site(str(args.get("python") or transport.host.python))
             state = "pristine" if request["action"] == "check" else "applied"
             reply.update(package=request.get("package"), version=None, root=root, set_hash=request.get("set_hash"),
                          files=[{"file": f, "path": f"{root}/{f}", "sha_before": "", "sha_after": "", "state": state}
                                 for f in request.get("files") or {}])
-        return {"code": 0, "stdout": json.dumps(reply), "stderr": ""}
+        return reply if op == "patch" else {"code": 0, "stdout": json.dumps(reply), "stderr": ""}
     return {}  # stat: nothing there; chunk: no bytes
 
 
@@ -182,7 +185,7 @@ def _describe(op: str, args: dict[str, Any], gpus: list[int]) -> tuple[str, str 
     if op == "submit":
         options = " ".join(quote(str(o)) for o in args.get("options") or [])
         return f"write job.sh into {args['dir']} and submit it: sbatch {options}", str(args["script"])
-    if op == "program":
+    if op in ("program", "patch"):
         return _describe_program(args), None
     if op == "lease":
         return _describe_lease(args), None
@@ -214,7 +217,7 @@ def _describe_lease(request: dict[str, Any]) -> str:
 def _describe_program(args: dict[str, Any]) -> str:
     name, request = _program(args)
     action = request.get("action")
-    python = str(args.get("python"))
+    python = str(args.get("python") or "the host's python")
     if name == "patch" and action in ("check", "apply"):
         files = ", ".join(request.get("files") or {})
         target = (f"the run's copy of {request.get('package')} in {request['within']}" if request.get("within")
