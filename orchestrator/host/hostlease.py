@@ -11,7 +11,7 @@ old), or its wrapper lives and its run dir holds its token without an exit code.
 Between the runs of one workspace the SQLite lease (store/lease.py) still decides first, in that same
 transaction, by its controllers' liveness; the host's files do not block their own workspace's runs.
 
-The take also makes the run dir the run's own (its token in `.orch/token`, rundirs.claim on the host, as the
+The take also makes the run dir the run's own (its token in `.orch/token`, rundirs.claim_run_dir on the host, as the
 launch claims it again); removing, adopting or signalling a run's job checks that token first. The work is
 done on the host by `hostjobs/leases.py`, an op of the host's agent (no process of its own), which parses
 what it reads strictly and refuses symlinks: any member of a shared workdir's group can write there.

@@ -35,7 +35,7 @@ import stat
 import time
 
 from .common import CONTROL, Refusal, read_small, write_whole
-from .rundirs import claim
+from .rundirs import claim_run_dir
 
 LEASES = "leases"
 LOCK = ".lock"
@@ -341,12 +341,12 @@ def check_run_dir(workdir, run_dir, token):
     return True
 
 
-def claim_run_dir(workdir, run_dir, token, shared=False):
-    """Make the run dir the run's own (rundirs.claim, as the launch claims it again), in the workdir's
+def _claim_in(workdir, run_dir, token, shared=False):
+    """Make the run dir the run's own (rundirs.claim_run_dir, as the launch claims it again), in the workdir's
     `runs/`, which the workdir's users share when `shared`."""
     _make_dir(posixpath.join(workdir, "runs"), "folder", shared=True, group=shared)
     try:
-        claim(run_dir, token).close()
+        claim_run_dir(run_dir, token).close()
     except Refusal:
         raise
     except RuntimeError as exc:  # a link, or a folder not this user's, on the way
@@ -394,12 +394,12 @@ def take(workdir, run_dir, token, keys, shared=False, now=None, lock_wait_s=LOCK
         with Lock(leases_dir, lock_wait_s):
             now = time.time() if now is None else now
             warnings = conflicts(workdir, keys, workspace_of(token), now)
-            claim_run_dir(workdir, run_dir, token, shared)
+            _claim_in(workdir, run_dir, token, shared)
             doc = json.dumps({"token": token, "run_dir": run_dir, "taken_at": now, "uid": os.geteuid()})
             for key in keys:
                 _write_lease(leases_dir, key, doc + "\n")
     else:
-        claim_run_dir(workdir, run_dir, token, shared)
+        _claim_in(workdir, run_dir, token, shared)
     return {"warnings": warnings}
 
 

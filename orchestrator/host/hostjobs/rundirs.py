@@ -134,7 +134,7 @@ def open_run(root, create=False):
             os.close(fd)
 
 
-def claim(root, token):
+def claim_run_dir(root, token):
     """Make the run dir this run's (its token), refusing a link, a folder not this user's, or another
     run's dir; the run dir, held open."""
     run = open_run(root, create=True)
