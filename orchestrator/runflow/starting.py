@@ -195,8 +195,8 @@ def take_leases(ws: Workspace, store: Store, hosts: list[Host], gpus: list[int] 
         try:
             return claim.made(lambda: lease.acquire_all(store, names, gpus, create, poll[1], probe, claim=claim))
         except (lease.Busy, hostlease.HostLeaseBusy) as busy:
-            if not queue:
-                raise
+            if not queue or (isinstance(busy, hostlease.HostLeaseBusy) and not busy.held):
+                raise  # a lease lock held too long is a host in trouble, not a run to wait for
             if on_wait is not None:
                 on_wait(busy)  # may raise to give up waiting
             sleep(busy_wait_s(poll[0]))
@@ -283,7 +283,7 @@ def take_replacing(ws: Workspace, store: Store, hosts: list[Host], gpus: list[in
     probe = lambda orphan: probe_orphan(ws, store, orphan)
 
     def wait(busy: Waiting) -> None:
-        if not queue:
+        if not queue or (isinstance(busy, hostlease.HostLeaseBusy) and not busy.held):
             raise busy
         if on_wait is not None:
             on_wait(busy)  # may raise to give up waiting

@@ -193,7 +193,7 @@ def test_a_dry_run_on_a_cluster_patches_the_runs_copy_and_submits(tmp_path: Path
     root = hostlease.run_paths(ws, cluster.workdir, 1).root
     ops = [s.request.get("op", s.kind) for s in dry.steps]
     # no lease files asked nor GPUs looked at: the scheduler places the job
-    assert ops == ["agent-start", "program", "lease", "command", "program", "submit"]
+    assert ops == ["agent-start", "patch", "lease", "command", "program", "submit"]
     files = ", ".join(registry.patch_set("sglang-eagle3-hidden-debug").files)
     assert dry.steps[1].what == ("check that patch set sglang-eagle3-hidden-debug applies to sglang ==0.5.23 of "
                                  f"python3 ({files}); nothing written")
