@@ -3,8 +3,9 @@
 Which is the truth: the host. Whether a run's job can still use the GPUs is what its host can prove —
 its wrapper alive, its run dir's exit code — and, across workspaces, the host's lease files
 (host/hostlease.py) are what every workspace sees. This table is one workspace's record of it: what keeps
-that workspace's runs apart without a round trip, taken in one `BEGIN IMMEDIATE` transaction together
-with the run's row, so two runs of one workspace never both get the host.
+that workspace's runs apart, taken in one `BEGIN IMMEDIATE` transaction together with the run's row and
+the host's own take (`claim`), so two runs of one workspace never both get the host and a host another
+workspace holds leaves no run behind.
 
 A lease names its run and the controller process that took it (pid with its start time, hostname). It is
 dropped once the run has ended and the end steps that must precede the next run are done

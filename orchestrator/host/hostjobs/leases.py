@@ -1,10 +1,10 @@
 """Host leases and run dirs in a workdir that several workspaces (or Unix users) may share, on the host.
 
-Who holds a host: a host, or a set of its GPUs, is held by the run whose token its lease files in
-`<workdir>/leases/` name, taken by one `lease take` op of the host's agent under the host's lock before
-anything changes the host, and freed by one `lease release` after the run's end steps. Whether a holder
-can still run is judged here alone, from what the host can prove (a run preparing, under an hour without
-a pid, or its wrapper alive with no exit code), and every workspace asks the same files.
+Who holds a host: the run whose token its lease files in `<workdir>/leases/` name, taken by one `take`
+request to the agent in the transaction that creates the run (granted under the host's lock, or refused
+naming the holder, and then no run is made) and freed by one `release` after the run's end steps. Whether a
+holder can still run is judged here alone, from what the host can prove: its run prepares (no pid yet,
+under an hour old), or its wrapper lives and its run dir holds its token without an exit code.
 
 Each action is a function of its own (`take`, `release`, `owner`, `remove`), called by the agent's `lease`
 op in its own process (`answer`: a reply with `ok`, or `ok: false` and the refusal's kind and words). A
