@@ -108,7 +108,7 @@ class _RecordingAgent(Stream):
             op = str(request.get("op"))
             args = {k: v for k, v in request.items() if k not in ("id", "op")}
             if op not in _LINK_OPS:
-                what, body = _describe(op, args, self.transport.gpus)
+                what, body = _describe(op, args, self.transport.gpus, self.transport.host.python)
                 self.transport.record("agent", what, {"op": op, **args}, body)
             if request.get("id") is not None:
                 reply = {"id": request["id"], "ok": True, "result": _answer(self.transport, op, args)}
@@ -175,8 +175,9 @@ def _answer(transport: RecordingTransport, op: str, args: dict[str, Any]) -> dic
     return {}  # stat: nothing there; chunk: no bytes
 
 
-def _describe(op: str, args: dict[str, Any], gpus: list[int]) -> tuple[str, str | None]:
-    """A request to the agent in words (`gpus`: those the answer lists), and what of it to show in full."""
+def _describe(op: str, args: dict[str, Any], gpus: list[int], python: str) -> tuple[str, str | None]:
+    """A request to the agent in words (`gpus`: those the answer lists; `python`: the one the agent runs on),
+    and what of it to show in full."""
     path = args.get("path") or args.get("dir")
     if op == "launch":
         what = (f"write job.sh into {args['dir']} and start it under the agent's wrapper as a session leader "
@@ -186,7 +187,7 @@ def _describe(op: str, args: dict[str, Any], gpus: list[int]) -> tuple[str, str 
         options = " ".join(quote(str(o)) for o in args.get("options") or [])
         return f"write job.sh into {args['dir']} and submit it: sbatch {options}", str(args["script"])
     if op in ("program", "patch"):
-        return _describe_program(args), None
+        return _describe_program({"python": python, **args}), None
     if op == "lease":
         return _describe_lease(args), None
     if op == "gpus":
@@ -217,7 +218,7 @@ def _describe_lease(request: dict[str, Any]) -> str:
 def _describe_program(args: dict[str, Any]) -> str:
     name, request = _program(args)
     action = request.get("action")
-    python = str(args.get("python") or "the host's python")
+    python = str(args.get("python"))
     if name == "patch" and action in ("check", "apply"):
         files = ", ".join(request.get("files") or {})
         target = (f"the run's copy of {request.get('package')} in {request['within']}" if request.get("within")
