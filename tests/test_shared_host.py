@@ -299,6 +299,28 @@ def test_a_queued_run_waits_on_its_one_take_without_a_run_and_touches_nothing(
         store.close()
 
 
+def test_a_run_across_hosts_refused_by_one_host_keeps_nothing_on_the_others(tmp_path: Path, ssh_fleet: Any) -> None:
+    """Another workspace holds GPU 0 of test2; a run asking for GPU 0 of test1 and test2 is refused naming
+    that run, with no run made, and what test1 granted first (hosts go in name order) is given back: no lease
+    file, no run dir."""
+    one, two = tmp_path / "w1", tmp_path / "w2"
+    toml = ssh_fleet.hosts_toml(test1={"workdir": str(one)}, test2={"workdir": str(two)})
+    a, b = Orch(tmp_path / "ws-a", toml), Orch(tmp_path / "ws-b", toml)
+    gate = tmp_path / "gate"
+    held = int(a("run", "command", "--host", "test2", "--detach", *FAST, "--set", "gpus=[0]",
+                 "--set", f"cmd=while [ ! -e {gate} ]; do sleep 0.05; done", check=0).stdout)
+    try:
+        res = b("run", "command", "--host", "test1", "--host", "test2", *FAST, "--set", "gpus=[0]",
+                "--set", "cmd=true")
+        said = res.stderr.replace("\n", "")
+        assert res.returncode == 1 and "test2: GPUs 0 held by another workspace's run" in said, res.stderr
+        assert f"{a.db}:{held}:" in said and b.status() == []
+        assert (one / "runs").is_dir()  # test1 was asked, and granted, first
+        assert not (one / "leases" / "gpu-0").exists() and list((one / "runs").glob("*/1")) == []
+    finally:
+        gate.touch()
+
+
 def test_the_leases_program_runs_through_the_agent_and_no_shell_command(
         host: Host, shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator.host.remote import SSHTransport
