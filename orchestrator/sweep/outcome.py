@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from ..logparse import hints
-from ..store.record import Run
+from ..store.record import RunRecord
 from .space import Constraint
 
 # Error kinds (logparse/errors.py) that are the settings' doing: the same point would crash again.
@@ -26,7 +26,7 @@ CAUSE_SIGNATURES = {
 OOM_KILLER = ("oom-kill", "Out of memory", "oom_kill", "invoked oom-killer")
 
 
-def cause(run: Run) -> str | None:
+def cause(run: RunRecord) -> str | None:
     """The settings' fault a failed run's log names, in words; None when it names none."""
     err = run.error or {}
     kind = err.get("kind")
@@ -44,7 +44,7 @@ def cause(run: Run) -> str | None:
     return None
 
 
-def cause_of(job_failed: bool, reason: str | None, run: Run | None) -> str | None:
+def cause_of(job_failed: bool, reason: str | None, run: RunRecord | None) -> str | None:
     """A failed point's cause, when it is the settings': from its run's log, or a point the playbook refused
     before it ran (its reason says `config error: ...`)."""
     if not job_failed:
@@ -54,7 +54,7 @@ def cause_of(job_failed: bool, reason: str | None, run: Run | None) -> str | Non
     return CONFIG_ERROR if (reason or "").startswith(CONFIG_ERROR + ":") else None
 
 
-def invalid(run: Run) -> bool:
+def invalid(run: RunRecord) -> bool:
     """A benchmark its own checks refused (failed requests, no completion, a server not ready, a GPU not
     clean): its numbers are no value (the run's `invalid` flag, beside its status)."""
     return run.invalid is not None
