@@ -384,6 +384,11 @@ def test_a_backlog_goes_out_within_the_window_and_on_as_it_is_acknowledged(tmp_p
     ("sinfo", {"what": ["nodes"]}, "bad what"),
     ("lease", {"action": "take", "workdir": "/tmp", "keys": ["gpu 0"]}, "bad keys"),
     ("lease", {"action": "take", "workdir": "/tmp", "shared": "yes"}, "bad shared"),
+    ("lease", {"action": "held", "workdir": "/tmp", "keys": ["host"]}, "bad action"),  # one request: take
+    ("patch", {}, "missing argument request"),
+    ("patch", {"request": ["apply"]}, "bad request"),
+    ("patch", {"request": {"action": "apply", "python": "/bin/sh"}}, "bad request"),
+    ("patch", {"request": {"action": "status", "state_dir": "/tmp"}, "pythonpath": "/tmp"}, "unknown argument"),
     ("program", {"python": "", "path": "/tmp/p.py", "sha256": "0" * 64, "entry": "patch"}, "bad python"),
     ("program", {"python": "python3", "path": "/tmp/p.py", "sha256": "0" * 64, "argv": ["-c", "1"]},
      "unknown argument"),

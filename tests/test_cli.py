@@ -352,8 +352,8 @@ def test_patch_status_keeps_to_runs_in_the_workspace(tmp_path):
     res = orch("patch", "status", "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout) == []
-    assert sorted(os.listdir(orch.root)) == ["hosts.toml", "runs"]
-    assert [p.name for p in (orch.root / "runs" / "hostjobs").iterdir()][0].startswith("hostjobs-")
+    # the host's python is asked by its agent, run from orch's sources here: nothing placed, nothing made
+    assert sorted(os.listdir(orch.root)) == ["hosts.toml"]
 
 
 def test_a_prompt_command_says_the_same_in_the_tests_process_as_in_its_own(tmp_path):

@@ -11,6 +11,7 @@ import importlib.util
 import py_compile
 import re
 import shutil
+import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -453,7 +454,7 @@ def test_write_failure_midway_restores_every_file(
     patcher = patcher_module()
     ps = registry.patch_set(SGLANG_SET)
     before = engine.snapshot(ps.package)
-    monkeypatch.setattr(patcher, "find_package", lambda package, distribution: (str(engine.site), "0.5.23"))
+    monkeypatch.setattr(patcher, "find_package", lambda package, distribution, path=None: (str(engine.site), "0.5.23"))
     real_write = patcher.write_atomic
 
     def failing_write(path: str, data: bytes, like: object = None) -> None:
@@ -549,43 +550,60 @@ class CountingTransport(LocalTransport):
         super().put(data, path, mode)
 
 
-def test_one_request_to_the_agent_once_the_script_is_there(engine_python: str, tmp_path: Path,
+def test_the_hosts_python_is_patched_by_an_op_of_its_agent(engine_python: str, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """The patcher runs through the host's agent (its `program` op): no shell command is run for it."""
+    """For the python the agent runs on, a set is checked, applied, reported and reverted by one request to
+    the agent each (its `patch` op): no process started on the host, nothing placed, no shell command."""
     asked = agent_ops(monkeypatch)
     transport = CountingTransport(local_host(tmp_path / "work", {"python": engine_python}))
-    patching.status(transport, registry.patch_sets())
+    ps = registry.patch_set(SPEC_SET)
+    patching.check(transport, ps)
+    patching.apply(transport, ps)
+    [entry] = patching.status(transport, registry.patch_sets())
+    assert entry.installed_version == entry.version and entry.intact
+    patching.revert(transport, ps)
+    assert asked == ["patch"] * 4
+    assert transport.commands == [] and transport.puts == [] and len(transport.streams) == 1  # the agent, once
+
+
+def test_a_runs_own_python_is_asked_through_one_request_once_the_archive_is_there(
+        engine_python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A python other than the agent's is the one process a set costs: the archive's `patch` entry, run by
+    that python through the agent's `program` op; no shell command is run for it."""
+    asked = agent_ops(monkeypatch)
+    transport = CountingTransport(local_host(tmp_path / "work", {"python": sys.executable}))
+    patching.status(transport, registry.patch_sets(), python=engine_python)
     assert len(transport.puts) == 1 and asked == ["program", "program"]  # missing, uploaded, run
     [script] = (tmp_path / "work" / "runs" / "hostjobs").iterdir()
     assert re.fullmatch(r"hostjobs-[0-9a-f]{16}\.zip", script.name)
     asked.clear()
     transport.puts.clear()
-    patching.check(transport, registry.patch_set(SPEC_SET))
+    patching.check(transport, registry.patch_set(SPEC_SET), python=engine_python)
     assert (asked, transport.puts) == (["program"], [])
     assert transport.commands == [] and len(transport.streams) == 1  # the agent, started once
 
 
 def test_a_swapped_patcher_file_is_never_run(engine_python: str, tmp_path: Path) -> None:
     """The workdir may be shared: a file put at the patcher's name by someone else is replaced, not run."""
-    transport = CountingTransport(local_host(tmp_path / "work", {"python": engine_python}))
-    patching.status(transport, registry.patch_sets())
+    transport = CountingTransport(local_host(tmp_path / "work", {"python": sys.executable}))
+    patching.status(transport, registry.patch_sets(), python=engine_python)
     [script] = (tmp_path / "work" / "runs" / "hostjobs").iterdir()
     shipped = script.read_bytes()
     marker = tmp_path / "pwned"
     script.write_text(f"import pathlib; pathlib.Path({str(marker)!r}).touch()\n")
     transport.puts.clear()
-    assert patching.status(transport, registry.patch_sets()) == []
+    assert patching.status(transport, registry.patch_sets(), python=engine_python) == []
     assert not marker.exists() and len(transport.puts) == 1 and script.read_bytes() == shipped
 
 
 def test_a_symlink_at_the_patchers_name_is_replaced_never_written_through(engine_python: str, tmp_path: Path) -> None:
-    transport = CountingTransport(local_host(tmp_path / "work", {"python": engine_python}))
+    transport = CountingTransport(local_host(tmp_path / "work", {"python": sys.executable}))
     path = hostprogram.remote_path(transport)
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     Path(path).parent.mkdir(parents=True)
     Path(path).symlink_to(victim)
-    assert patching.status(transport, registry.patch_sets()) == []
+    assert patching.status(transport, registry.patch_sets(), python=engine_python) == []
     assert victim.read_text() == "precious\n" and not Path(path).is_symlink()
     assert Path(path).read_bytes() == hostprogram.archive()
 

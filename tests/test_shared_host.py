@@ -205,48 +205,120 @@ def test_another_workspaces_run_is_refused_before_a_run_is_made_and_waited_for_w
     assert not (shared / "leases" / "gpu-0").exists()
 
 
-def test_a_queued_run_the_host_refuses_at_its_take_waits_there_and_touches_nothing(
-        tmp_path: Path, ssh_fleet: Any, shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another workspace took the GPUs between the host's answer and this run's take: a queued run waits
-    at its take (its run made, nothing done on the host), then goes on once the other's run ended."""
-    import threading
+def lease_requests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The lease requests this process makes to hosts' agents from now on, by action."""
+    from orchestrator.host import agent
 
+    actions: list[str] = []
+    asked = agent.call
+
+    def counting(transport: Any, op: str, timeout: float = 60, **args: Any) -> Any:
+        if op == "lease":
+            actions.append(args["action"])
+        return asked(transport, op, timeout, **args)
+
+    monkeypatch.setattr(agent, "call", counting)
+    return actions
+
+
+def in_process_start(tmp_path: Path, queue: bool = False, on_wait: Any = None) -> tuple[Store, Any]:
+    """`runflow.start` of `cmd=true` on GPU 0 of test1, in workspace b (beside `orch_pair`'s a): its store and
+    its Job."""
     from orchestrator.config.hosts import Inventory
     from orchestrator.runflow import registry
     from playbooks.command import CommandSpec
+
+    ws = Workspace(root=tmp_path / "ws-b", hosts_file=tmp_path / "ws-a" / "hosts.toml")
+    store = Store(ws.db_path)
+    spec = CommandSpec(cmd="true", gpus=[0], poll_min=0.05, poll_max=0.3)
+    host = Inventory.load(ws.hosts_file, ws.root).get("test1")
+    return store, runflow.start(ws, store, registry.playbook("command"), spec, host, queue=queue, on_wait=on_wait)
+
+
+def test_a_start_makes_one_lease_request_on_its_host(tmp_path: Path, ssh_fleet: Any, shared: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host is asked once, by the take that makes the run's lease files and run dir; its end releases
+    them once."""
+    orch_pair(tmp_path, ssh_fleet, shared)
+    actions = lease_requests(monkeypatch)
+    store, job = in_process_start(tmp_path)
+    try:
+        assert actions == ["take"]
+        lease = json.loads((shared / "leases" / "gpu-0").read_text())
+        assert lease["run_dir"] == job.paths.root == store.get_run(job.run_id).remote_dir
+        follow.watch(job)
+        assert store.get_run(job.run_id).status is Status.SUCCEEDED
+        assert actions == ["take", "release"] and not (shared / "leases" / "gpu-0").exists()
+    finally:
+        store.close()
+
+
+def test_a_queued_run_waits_on_its_one_take_without_a_run_and_touches_nothing(
+        tmp_path: Path, ssh_fleet: Any, shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While another workspace's run holds the GPUs, a queued start makes the same take again after each
+    refusal: no run of its own meanwhile, nothing made on the host; then it goes on once that run ended."""
+    import threading
 
     a, _ = orch_pair(tmp_path, ssh_fleet, shared)
     gate = tmp_path / "gate"
     held = int(a("run", "command", "--host", "test1", "--detach", *FAST, "--set", "gpus=[0]",
                  "--set", f"cmd=while [ ! -e {gate} ]; do sleep 0.05; done", check=0).stdout)
-    monkeypatch.setattr(hostlease, "check", lambda *args, **kwargs: [])  # the host said free a moment ago
-    ws = Workspace(root=tmp_path / "ws-b", hosts_file=tmp_path / "ws-a" / "hosts.toml")
-    store = Store(ws.db_path)
+    actions = lease_requests(monkeypatch)
     told: list[str] = []
-    waiting = threading.Event()
+    waited_twice = threading.Event()
 
     def on_wait(busy: Exception) -> None:
         told.append(str(busy))
-        waiting.set()
+        if len(told) >= 2:
+            waited_twice.set()
 
-    spec = CommandSpec(cmd="true", gpus=[0], poll_min=0.05, poll_max=0.3)
-    host = Inventory.load(ws.hosts_file, ws.root).get("test1")
     started: list[Any] = []
-    starter = threading.Thread(target=lambda: started.append(runflow.start(
-        ws, store, registry.playbook("command"), spec, host, queue=True, on_wait=on_wait)))
+    starter = threading.Thread(target=lambda: started.append(in_process_start(tmp_path, queue=True, on_wait=on_wait)))
     starter.start()
     try:
-        assert waiting.wait(60), "the run never waited for the host"
+        assert waited_twice.wait(60), "the run never waited for the host"
         assert "GPUs 0 held by another workspace's run" in told[0] and f"{a.db}:{held}:" in told[0]
-        assert store.get_run(1).status is Status.PREPARING and store.get_run(1).remote_dir is None
-        assert json.loads((shared / "leases" / "gpu-0").read_text())["run_dir"] == a.status(held)["remote_dir"]
+        assert set(actions) == {"take"} and len(actions) >= len(told)  # one request per try, nothing else
+        peek = Store(tmp_path / "ws-b" / "runs" / "orch.db")
+        try:
+            assert peek.list_runs() == []  # no run of its own while it waits
+        finally:
+            peek.close()
+        theirs = Path(a.status(held)["remote_dir"]).parent.name
+        assert sorted(p.name for p in (shared / "runs").iterdir()) == sorted([theirs, "hostjobs"])  # nothing of b's
     finally:
         gate.touch()
         starter.join(90)
-    assert started and started[0].run_id == 1
-    follow.watch(started[0])
-    assert store.get_run(1).status is Status.SUCCEEDED and a.status(held)["status"] == "succeeded"
-    store.close()
+    assert started, "the queued start did not go on"
+    store, job = started[0]
+    try:
+        assert actions[-1] == "take" and job.run_id == 1
+        follow.watch(job)
+        assert store.get_run(1).status is Status.SUCCEEDED and a.status(held)["status"] == "succeeded"
+    finally:
+        store.close()
+
+
+def test_a_run_across_hosts_refused_by_one_host_keeps_nothing_on_the_others(tmp_path: Path, ssh_fleet: Any) -> None:
+    """Another workspace holds GPU 0 of test2; a run asking for GPU 0 of test1 and test2 is refused naming
+    that run, with no run made, and what test1 granted first (hosts go in name order) is given back: no lease
+    file, no run dir."""
+    one, two = tmp_path / "w1", tmp_path / "w2"
+    toml = ssh_fleet.hosts_toml(test1={"workdir": str(one)}, test2={"workdir": str(two)})
+    a, b = Orch(tmp_path / "ws-a", toml), Orch(tmp_path / "ws-b", toml)
+    gate = tmp_path / "gate"
+    held = int(a("run", "command", "--host", "test2", "--detach", *FAST, "--set", "gpus=[0]",
+                 "--set", f"cmd=while [ ! -e {gate} ]; do sleep 0.05; done", check=0).stdout)
+    try:
+        res = b("run", "command", "--host", "test1", "--host", "test2", *FAST, "--set", "gpus=[0]",
+                "--set", "cmd=true")
+        said = res.stderr.replace("\n", "")
+        assert res.returncode == 1 and "test2: GPUs 0 held by another workspace's run" in said, res.stderr
+        assert f"{a.db}:{held}:" in said and b.status() == []
+        assert (one / "runs").is_dir()  # test1 was asked, and granted, first
+        assert not (one / "leases" / "gpu-0").exists() and list((one / "runs").glob("*/1")) == []
+    finally:
+        gate.touch()
 
 
 def test_the_leases_program_runs_through_the_agent_and_no_shell_command(
@@ -264,17 +336,17 @@ def test_the_leases_program_runs_through_the_agent_and_no_shell_command(
     transport = Counting(host)
     try:
         me, bob = token("alice"), token("bob")
-        assert hostlease.check(transport, hostlease.workspace_of(me), [0]) == []
         assert hostlease.take(transport, RunPaths.for_run(str(shared), 1, "aaa"), me, [0]) == []
         with pytest.raises(hostlease.HostLeaseBusy, match=r"GPUs 0 held by another workspace's run .*preparing"):
-            hostlease.check(transport, hostlease.workspace_of(bob), [0])
-        assert hostlease.check(transport, hostlease.workspace_of(bob), [1]) == []
+            hostlease.take(transport, RunPaths.for_run(str(shared), 1, "bbb"), bob, [0])
+        assert not (shared / "runs" / "bbb").exists()  # refused: nothing made for bob's run
+        assert hostlease.take(transport, RunPaths.for_run(str(shared), 1, "bbb"), bob, [1]) == []
         hostlease.release(transport, me)
-        hostlease.check(transport, hostlease.workspace_of(bob), [0])
+        hostlease.take(transport, RunPaths.for_run(str(shared), 2, "bbb"), token("bob", 2), [0])
         # the agent's requests only: no shell line at all (the upload makes its folder over SFTP)
         assert commands == []
         # each an op of the agent already running there: no process started on the host for a lease
-        assert ops == ["lease"] * 6
+        assert ops == ["lease"] * 5
         placed = list((shared / "runs" / "hostjobs").glob("hostjobs-*.zip"))
         assert len(placed) == 1 and placed[0].read_bytes() == hostprogram.archive()
     finally:

@@ -1,21 +1,20 @@
 """Leases and run dirs on the host itself: the host owns its GPUs, so that workspaces sharing a host's
 workdir never hold the same GPUs nor touch each other's runs.
 
-Which is the truth: the host. Its lease files, under an flock in `<workdir>/leases/`, are what every
-workspace sees — one file per key, `host` for the whole host, `gpu-N` per GPU of a run's set, naming its
-run token (workspace and run), its run dir and when it was taken — and whether a holder can still run is
-judged there, from what the host can prove: its run prepares (no pid yet, under an hour old), or its
-wrapper lives and its run dir holds its token without an exit code. The SQLite lease (store/lease.py) is one
-workspace's record: it keeps that workspace's runs apart (one transaction with the run's row), and
-another workspace's database cannot see it.
+Who holds a host: the run whose token the host's lease files name (`<workdir>/leases/host`, or `gpu-N` for
+each GPU of a run's set), taken by one `take` request to the host's agent in the transaction that creates
+the run (granted under the host's lock, or refused naming the holder, and then no run is made; `--queue`
+makes the same request again) and freed by one `release` after the run's end steps. Whether a holder can
+still run is judged on the host alone, from what it can prove: its run prepares (no pid yet, under an hour
+old), or its wrapper lives and its run dir holds its token without an exit code.
 
-So a run that holds its host asks the host first, before it is made (`check`: refused naming the other
-workspace's run, or with --queue waited for), and takes the files before GPU cleanup or anything else
-changes the host (`take`, which decides again under the lock). The same call makes the run dir the run's
-own (its token in `.orch/token`); removing, adopting or signalling a run's job checks that token first.
+Between the runs of one workspace the SQLite lease (store/lease.py) still decides first, in that same
+transaction, by its controllers' liveness; the host's files do not block their own workspace's runs.
 
-The work is done on the host by `hostjobs/leases.py`, an op of the host's agent (no process of its own),
-which parses what it reads strictly and refuses symlinks: any member of a shared workdir's group can write there.
+The take also makes the run dir the run's own (its token in `.orch/token`, rundirs.claim_run_dir on the host, as the
+launch claims it again); removing, adopting or signalling a run's job checks that token first. The work is
+done on the host by `hostjobs/leases.py`, an op of the host's agent (no process of its own), which parses
+what it reads strictly and refuses symlinks: any member of a shared workdir's group can write there.
 """
 
 from __future__ import annotations
@@ -62,8 +61,6 @@ def run_token(ws: Workspace, store: Store, run_id: int) -> str:
     return f"{workspace_id(ws)}:{run_id}:{created if created is not None else 0}"
 
 
-
-
 def workspace_key(ws: Workspace) -> str:
     """A short name of this workspace for its run dirs on shared hosts (`<workdir>/runs/<key>/<id>`)."""
     return hashlib.sha256(workspace_id(ws).encode()).hexdigest()[:12]
@@ -88,16 +85,6 @@ def take(transport: Transport, paths: RunPaths, token: str, gpus: list[int] | No
     (HostLeaseBusy, Refused) naming who holds what. Returns warnings (lease files ignored)."""
     reply = _call(transport, {"action": "take", "run_dir": paths.root, "token": token,
                               "keys": keys(gpus) if exclusive else []})
-    if reply.get("ok"):
-        return [str(w) for w in reply.get("warnings", [])]
-    raise _refused(transport, gpus, reply.get("error") or {})
-
-
-def check(transport: Transport, workspace: str, gpus: list[int] | None) -> list[str]:
-    """Ask the host, before a run of `workspace` is made, whether it could take the host (gpus None) or
-    these GPUs: HostLeaseBusy naming the other workspace's run that holds them, else the warnings. Only
-    reads; `take` decides again under the host's lock."""
-    reply = _call(transport, {"action": "held", "keys": keys(gpus), "workspace": workspace})
     if reply.get("ok"):
         return [str(w) for w in reply.get("warnings", [])]
     raise _refused(transport, gpus, reply.get("error") or {})
@@ -139,5 +126,5 @@ def remove(transport: Transport, paths: RunPaths, token: str) -> str:
     return "removed" if reply.get("removed") else str(reply.get("why"))
 
 
-__all__ = ["DIR", "LOCK_WAIT_S", "HostLeaseBusy", "Refused", "check", "keys", "owner", "release", "remove", "run_paths",
+__all__ = ["DIR", "LOCK_WAIT_S", "HostLeaseBusy", "Refused", "keys", "owner", "release", "remove", "run_paths",
            "run_token", "take", "workspace_id", "workspace_key", "workspace_of"]

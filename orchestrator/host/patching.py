@@ -18,9 +18,11 @@ patch.toml:
     requires_flags = ["--cuda-graph-backend-decode=disabled"]  # the engine must run with these
     revert_after = true                                 # undo when the run that applied it ends
 
-The work on the host is done by `hostjobs/patcher.py` (the `patch` entry of the host side's archive), run
-with the run's python (the spec's `python`, else the host's): it finds the package there, checks every hunk of every file before writing
-anything, writes all files or none, and keeps the originals so that a revert restores them byte for byte.
+The work on the host is done by `hostjobs/patcher.py`, for the run's python (the spec's `python`, else the
+host's): an op of the host's agent for the host's python, which the agent runs on (no process started), else
+the archive's `patch` entry run by that python. It finds the package there, checks every hunk of every file
+before writing anything, writes all files or none, and keeps the originals so that a revert restores them
+byte for byte.
 Each interpreter has its own state on the host, so one set applied to two installs (an SGLang venv and a
 vLLM venv) is two sets, each reverted where it was applied.
 """
@@ -34,8 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.patchset import NAME_PATTERN, PatchError, PatchSet, load, load_folder, missing_flags, set_names
+from ..errors import RemoteError
 from ..store import Store
-from . import agent
+from . import agent, hostprogram
 from .remote import Transport, quote
 
 # Where, under the host's workdir, the per-set state lives: where hosts already keep it, since a revert
@@ -233,8 +236,18 @@ def _request(transport: Transport, ps: PatchSet, action: str, run_id: int | None
 
 def _call(transport: Transport, request: dict[str, Any], pythonpath: str | None = None,
           python: str | None = None) -> dict[str, Any]:
-    """Run the patcher with `python` (default: the host's) and `request`; refusals raise PatchError."""
-    reply = agent.program(transport, "patch", request, python=python, pythonpath=pythonpath)
+    """Ask the host's patcher with `request`, for `python` (default: the host's); refusals raise PatchError.
+    For the host's python it is an op of the agent that runs on it (no process started); a run's python of
+    its own, or a run's copy found through `pythonpath` (which a wrapper at the python's name may override),
+    is asked through the archive's `patch` entry: one process, as only that python can answer."""
+    if (python is None or python == transport.host.python) and pythonpath is None:
+        try:
+            reply = agent.call(transport, "patch", timeout=hostprogram.TIMEOUT_S + 30, request=request)
+        except agent.AgentError as exc:
+            raise RemoteError(transport.host.name, f"patch {request.get('action')}", None, "",
+                              reason=exc.message) from None
+    else:
+        reply = agent.program(transport, "patch", request, python=python, pythonpath=pythonpath)
     if not reply.get("ok"):
         raise PatchError(_refusal(request, reply.get("error") or {}))
     return reply

@@ -32,7 +32,7 @@ from ..store.lifecycle import transition
 from ..store.record import Status
 from .context import watch_options
 from .nodes import check_nodes, node_env, rendezvous_point
-from .starting import busy_message, check, launch, open_new, prepare, prepare_and_launch, wait_for_host
+from .starting import HostTake, busy_message, check, launch, open_new, prepare, prepare_and_launch
 
 STAND_IN_PORT = 29500  # the rendezvous port a dry run shows (torchrun's default)
 # Requests that keep the agent's link going, not steps of the start.
@@ -108,7 +108,7 @@ class _RecordingAgent(Stream):
             op = str(request.get("op"))
             args = {k: v for k, v in request.items() if k not in ("id", "op")}
             if op not in _LINK_OPS:
-                what, body = _describe(op, args, self.transport.gpus)
+                what, body = _describe(op, args, self.transport.gpus, self.transport.host.python)
                 self.transport.record("agent", what, {"op": op, **args}, body)
             if request.get("id") is not None:
                 reply = {"id": request["id"], "ok": True, "result": _answer(self.transport, op, args)}
@@ -122,7 +122,10 @@ class _RecordingAgent(Stream):
 
 
 def _program(args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """Which entry of orch's host side a `program` request runs, and its request."""
+    """Which entry of orch's host side a `program` request runs (a `patch` request: the agent's own
+    patcher), and its request."""
+    if isinstance(args.get("request"), dict):
+        return "patch", args["request"]
     name = str(args.get("entry"))
     try:
         request = json.loads(args.get("input") or "{}")
@@ -159,21 +162,22 @@ def _answer(transport: RecordingTransport, op: str, args: dict[str, Any]) -> dic
         return {"text": "", "size": 0}
     if op == "lease":
         return {"ok": True, "warnings": []}
-    if op == "program":
+    if op in ("program", "patch"):
         name, request = _program(args)
         reply: dict[str, Any] = {"ok": True, "warnings": []}
         if name == "patch" and request.get("action") in ("check", "apply"):
-            root = request.get("within") or _site(str(args.get("python")))
+            root = request.get("within") or _site(str(args.get("python") or transport.host.python))
             state = "pristine" if request["action"] == "check" else "applied"
             reply.update(package=request.get("package"), version=None, root=root, set_hash=request.get("set_hash"),
                          files=[{"file": f, "path": f"{root}/{f}", "sha_before": "", "sha_after": "", "state": state}
                                 for f in request.get("files") or {}])
-        return {"code": 0, "stdout": json.dumps(reply), "stderr": ""}
+        return reply if op == "patch" else {"code": 0, "stdout": json.dumps(reply), "stderr": ""}
     return {}  # stat: nothing there; chunk: no bytes
 
 
-def _describe(op: str, args: dict[str, Any], gpus: list[int]) -> tuple[str, str | None]:
-    """A request to the agent in words (`gpus`: those the answer lists), and what of it to show in full."""
+def _describe(op: str, args: dict[str, Any], gpus: list[int], python: str) -> tuple[str, str | None]:
+    """A request to the agent in words (`gpus`: those the answer lists; `python`: the one the agent runs on),
+    and what of it to show in full."""
     path = args.get("path") or args.get("dir")
     if op == "launch":
         what = (f"write job.sh into {args['dir']} and start it under the agent's wrapper as a session leader "
@@ -182,8 +186,8 @@ def _describe(op: str, args: dict[str, Any], gpus: list[int]) -> tuple[str, str 
     if op == "submit":
         options = " ".join(quote(str(o)) for o in args.get("options") or [])
         return f"write job.sh into {args['dir']} and submit it: sbatch {options}", str(args["script"])
-    if op == "program":
-        return _describe_program(args), None
+    if op in ("program", "patch"):
+        return _describe_program({"python": python, **args}), None
     if op == "lease":
         return _describe_lease(args), None
     if op == "gpus":
@@ -205,8 +209,6 @@ def _describe_lease(request: dict[str, Any]) -> str:
     action = request.get("action")
     keys = ", ".join(request.get("keys") or [])
     leases = f"{request.get('workdir')}/{hostlease.DIR}/"
-    if action == "held":
-        return f"ask the lease files in {leases} whether another workspace's run holds {keys}"
     if action == "take":
         took = f" and take the lease files {keys} in {leases}" if keys else ""
         return f"make {request.get('run_dir')} the run's own (its token){took}"
@@ -278,17 +280,18 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, hosts
             ids = {h.name: scratch.create_run(pb.name, h.name, spec.model_dump(mode="json")) for h in hosts}
             return [ids[h.name] for h in by_name]
 
-        # as `start`: the host's lease files, then this workspace's lease, unless the scheduler places the job
+        # as `start`: this workspace's lease with the hosts' lease files, unless the scheduler places the job
+        claim = HostTake(ws, scratch, by_name, recorders, spec.gpus)
         if pb.exclusive and not executor_class(hosts[0]).schedules_gpus:
             opts = watch_options(pb, spec, hosts[0])
-            for host in by_name:
-                wait_for_host(ws, host, spec.gpus, (opts.poll_min, opts.poll_max), transport=recorders[host.name])
             try:
-                ids = lease.acquire_all(scratch, [h.name for h in by_name], spec.gpus, create, opts.poll_max)
+                ids = claim.made(lambda: lease.acquire_all(scratch, [h.name for h in by_name], spec.gpus, create,
+                                                           opts.poll_max, claim=claim))
             except lease.Busy as busy:
                 notes.append(f"a start now would not go ahead: {busy_message(scratch, busy)}")
                 with scratch.tx():
                     ids = create()
+                    claim(ids)
         else:
             with scratch.tx():
                 ids = create()
@@ -301,10 +304,10 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, hosts
         jobs = {h.name: open_new(ws, scratch, pb, spec, h, recorders[h.name], run_of[h.name], dry_run=True)
                 for h in by_name}
         if len(hosts) == 1:
-            prepare_and_launch(jobs[hosts[0].name])
+            prepare_and_launch(jobs[hosts[0].name], claim.taken.get(run_of[hosts[0].name]))
         else:
             notes.append(f"MASTER_PORT {STAND_IN_PORT} stands in for the port the head's agent finds free at launch")
-            scripts = {name: prepare(job) for name, job in jobs.items()}
+            scripts = {name: prepare(job, claim.taken.get(run_of[name])) for name, job in jobs.items()}
             address, port = rendezvous_point(jobs[hosts[0].name])
             for rank, host in enumerate(hosts):
                 env = node_env(rank, len(hosts), host, address, port)

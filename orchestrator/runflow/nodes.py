@@ -3,8 +3,9 @@ every rank launched with the rendezvous filled in.
 
 The first host given is the head (rank 0): its record is the run, and its address and a port free there
 now are the rendezvous every node's job finds in its environment (playbook.NODE_ENV). The hosts' leases
-are taken together, all or none (lease.acquire_all), and every step that takes something on the hosts
-themselves (the host's lease files, GPU cleanup, patches) goes in one fixed order, by host name: two runs
+are taken together with the hosts' lease files, all or none (lease.acquire_all with starting.HostTake), and
+every step that takes something on the hosts themselves (the host's lease files, GPU cleanup, patches) goes
+in one fixed order, by host name: two runs
 asking for the same hosts in opposite orders never hold one each while waiting for the other. A failure
 on any node before the launch fails the run with nothing left running; after it, the run ends as one
 (ending.end_nodes), whichever node ends first.
@@ -24,28 +25,25 @@ from ..config.workspace import Workspace
 from ..errors import OrchError, UsageError
 from ..host import agent
 from ..host.executor import executor_class
-from ..host.hostlease import HostLeaseBusy
-from ..host.polling import busy_wait_s
-from ..host.remote import connect
+from ..host.remote import Transport, connect
 from ..playbook import Playbook
-from ..store import Store, lease
+from ..store import Store
 from ..store.controller import Controller
 from ..store.lifecycle import transition
 from ..store.record import Status
 from . import watching
 from .context import Run, watch_options
 from .ending import cancel, end
-from .look import probe_orphan
 from .starting import (
+    HostTake,
     Script,
     Waiting,
     check,
     launch,
-    lease_files_wait,
     open_new,
     prepare,
+    take_leases,
     take_replacing,
-    wait_for_host,
 )
 from .watching import WatchLock
 
@@ -56,6 +54,8 @@ class Node:
     host: Host
     run_id: int
     lock: WatchLock
+    transport: Transport
+    taken: list[str] | None = None  # its host's warnings, when its lease files were taken with its record
     run: Run | None = None  # once its host's agent runs
     script: Script | None = None  # once prepared
 
@@ -115,20 +115,20 @@ def start_nodes(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, h
 
     opts = watch_options(pb, spec, hosts[0])
     poll = (opts.poll_min, opts.poll_max)
+    transports = {h.name: connect(h) for h in by_name}
+    claim = HostTake(ws, store, by_name, transports, spec.gpus)
     if pb.exclusive:
-        for host in by_name:
-            wait_for_host(ws, host, spec.gpus, poll, queue=queue, on_wait=on_wait)
         if replace:
-            ids = take_replacing(ws, store, by_name, spec.gpus, create, poll, queue=queue, on_wait=on_wait)
+            ids = take_replacing(ws, store, by_name, spec.gpus, create, poll, queue=queue, on_wait=on_wait,
+                                 claim=claim)
         else:
-            ids = lease.take(store, [h.name for h in by_name], spec.gpus, create, poll[1],
-                             retry_s=busy_wait_s(poll[0]), queue=queue, on_wait=on_wait,
-                             probe=lambda orphan: probe_orphan(ws, store, orphan))
+            ids = take_leases(ws, store, by_name, spec.gpus, create, poll, claim, queue=queue, on_wait=on_wait)
     else:
         with store.tx():
             ids = create()
     run_of = dict(zip([h.name for h in by_name], ids, strict=True))
-    nodes = [Node(rank, host, run_of[host.name], WatchLock(ws, run_of[host.name])) for rank, host in enumerate(hosts)]
+    nodes = [Node(rank, host, run_of[host.name], WatchLock(ws, run_of[host.name]), transport=transports[host.name],
+                  taken=claim.taken.get(run_of[host.name])) for rank, host in enumerate(hosts)]
     for node in nodes:
         node.lock.acquire()  # new runs: nobody else can hold them
         (ws.run_dir(node.run_id) / "spec.json").write_text(json.dumps(
@@ -136,11 +136,8 @@ def start_nodes(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, h
             indent=2))
         transition(store, node.run_id, Status.PREPARING)
         watching.watch_host_soon(ws, node.host)
-    # queued: another workspace's run that took a host's lease files meanwhile is waited for, as for one host
-    # (those of hosts earlier in the order held meanwhile: the order keeps that from ever being a cycle)
-    waits = (lambda node: lease_files_wait(store, node.run_id, poll[0], on_wait)) if queue else (lambda node: None)
     try:
-        _launch_all(ws, store, pb, spec, nodes, waits)
+        _launch_all(ws, store, pb, spec, nodes)
     except BaseException:
         nodes[0].lock.release()
         raise
@@ -154,15 +151,14 @@ def start_nodes(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, h
     return head
 
 
-def _launch_all(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, nodes: list[Node],
-                waits: Callable[[Node], Callable[[HostLeaseBusy], None] | None]) -> None:
+def _launch_all(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, nodes: list[Node]) -> None:
     """Every node prepared (in host name order), then every rank launched, the head first; a failure ends
     the run (ending.end_nodes stops the ranks already launched)."""
     node: Node | None = None
     try:
         for node in sorted(nodes, key=lambda n: n.host.name):
-            node.run = open_new(ws, store, pb, spec, node.host, connect(node.host), node.run_id, node.lock)
-            node.script = prepare(node.run, waits(node))
+            node.run = open_new(ws, store, pb, spec, node.host, node.transport, node.run_id, node.lock)
+            node.script = prepare(node.run, node.taken)
         node = nodes[0]  # the rendezvous is the head's
         assert node.run is not None
         address, port = rendezvous_point(node.run)

@@ -16,7 +16,7 @@ from ..errors import DatabaseUnavailable, OrchError, UsageError
 from ..host import agent, gpu, hostlease, patching
 from ..host.executor import executor_class, executor_for
 from ..host.hostlease import run_token
-from ..host.launch import job_script
+from ..host.launch import RunPaths, job_script
 from ..host.polling import busy_wait_s
 from ..host.remote import Transport, connect, quote
 from ..logparse import LogParser, assumption
@@ -58,10 +58,11 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
           run_fields: dict[str, Any] | None = None, replace: bool = False) -> Run:
     """Create the run and take it to `running`; on any failure the run ends `failed` with the reason.
 
-    The host is asked first whether another workspace's run holds it (or the GPU set): that refuses
-    before any run is made (HostLeaseBusy), or with queue is waited for. Then the run is created together
-    with its lease in this workspace's database: a busy host raises lease.Busy naming the holder, or with
-    queue waits for it; with replace the holder is stopped instead (see `take_replacing`).
+    A run that holds its host is created together with its lease in this workspace's database and, in the
+    same transaction, its one `take` of the host's lease files (HostTake): a host held by another
+    workspace's run refuses naming it (HostLeaseBusy) and a busy lease here raises lease.Busy, either way
+    before any run is made; with queue the same request is made again until it is granted; with replace
+    this workspace's holder is stopped instead (see `take_replacing`).
     """
     check(store, pb, spec, host)
     if spec.nodes > 1 and not executor_class(host).schedules_gpus:
@@ -73,18 +74,20 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
         store.update_run(new_id, watcher=str(Controller.me()), heartbeat=time.time(), **(run_fields or {}))
         return new_id
 
+    transport = connect(host)
+    taken: list[str] | None = None  # the host's take not made yet: prepare makes it
     # On a cluster the queue is the scheduler's: no lease.
     if pb.exclusive and not executor_class(host).schedules_gpus:
         opts = watch_options(pb, spec, host)
         poll = (opts.poll_min, opts.poll_max)
-        wait_for_host(ws, host, spec.gpus, poll, queue=queue, on_wait=on_wait)
+        claim = HostTake(ws, store, [host], {host.name: transport}, spec.gpus)
         if replace:
             [run_id] = take_replacing(ws, store, [host], spec.gpus, lambda: [create()], poll, queue=queue,
-                                      on_wait=on_wait)
+                                      on_wait=on_wait, claim=claim)
         else:
-            [run_id] = lease.take(store, [host.name], spec.gpus, lambda: [create()], poll[1],
-                                  retry_s=busy_wait_s(poll[0]), queue=queue, on_wait=on_wait,
-                                  probe=lambda orphan: probe_orphan(ws, store, orphan))
+            [run_id] = take_leases(ws, store, [host], spec.gpus, lambda: [create()], poll, claim, queue=queue,
+                                   on_wait=on_wait)
+        taken = claim.taken.get(run_id)
     else:
         with store.tx():
             run_id = create()
@@ -97,9 +100,8 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     watching.watch_host_soon(ws, host)
     run: Run | None = None
     try:
-        run = open_new(ws, store, pb, spec, host, connect(host), run_id, lock)
-        job = prepare_and_launch(run, lease_files_wait(store, run_id, watch_options(pb, spec, host).poll_min, on_wait)
-                                 if queue else None)
+        run = open_new(ws, store, pb, spec, host, transport, run_id, lock)
+        job = prepare_and_launch(run, taken)
     # A run that never launched has no job, so no phase: it does not pretend to be `starting`.
     except OrchError as exc:
         end(store, run_id, Status.FAILED, f"before launch: {exc}", run, phase=None)
@@ -122,6 +124,84 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     return run
 
 
+class HostTake:
+    """The one lease request a start makes to each host its run holds: `take`, made in the transaction that
+    creates the run (lease.acquire_all's claim), in host name order. The host's lease files are taken under
+    its lock and the run dir made the run's own, or the request is refused naming the other workspace's run
+    that holds them (HostLeaseBusy): the transaction rolls back, so no run is made, and a queued start makes
+    the same request again later. `taken`: each run's warnings from its host, for `prepare` to record. A host
+    that cannot answer now is left to `prepare`, which asks it again and fails the run with the reason."""
+
+    def __init__(self, ws: Workspace, store: Store, hosts: list[Host], transports: Mapping[str, Transport],
+                 gpus: list[int] | None):
+        self.ws, self.store, self.hosts, self.transports, self.gpus = ws, store, hosts, transports, gpus
+        self.taken: dict[int, list[str]] = {}
+        self._given: list[tuple[Transport, RunPaths, str]] = []  # what to give back if the runs are not made
+        self._silent: set[str] = set()  # hosts whose agent did not start: left to prepare
+
+    def __call__(self, run_ids: list[int]) -> None:
+        self.taken = {}
+        for host, run_id in zip(self.hosts, run_ids, strict=True):
+            transport = self.transports[host.name]
+            if host.name in self._silent:
+                continue
+            paths = hostlease.run_paths(self.ws, transport.expand(host.workdir), run_id)
+            token = run_token(self.ws, self.store, run_id)
+            try:
+                self.taken[run_id] = hostlease.take(transport, paths, token, self.gpus)
+            except hostlease.HostLeaseBusy:
+                self.give_back()
+                raise
+            except OrchError:
+                continue  # unreachable, or its files refused: prepare asks again, and the run records why
+            self._given.append((transport, paths, token))
+
+    def give_back(self) -> None:
+        """Release what was taken for runs that are not made after all (another host refused, or the
+        transaction failed): their lease files and the run dirs made for them."""
+        given, self._given, self.taken = self._given, [], {}
+        for transport, paths, token in reversed(given):
+            try:
+                hostlease.release(transport, token)
+                hostlease.remove(transport, paths, token)
+            except OrchError:
+                pass  # the host went away meanwhile: its lease is judged over there (no pid, a run dir gone)
+
+    def made(self, acquire: Callable[[], list[int]]) -> list[int]:
+        """`acquire()` (the transaction that calls this claim), with what it took given back if it fails. The
+        hosts' agents are started first, so the transaction waits on one request each, never on a connection."""
+        self._silent = set()
+        for host in self.hosts:
+            try:
+                agent.shared(self.transports[host.name])
+            except OrchError:
+                self._silent.add(host.name)
+        try:
+            return acquire()
+        except BaseException:
+            self.give_back()
+            raise
+
+
+def take_leases(ws: Workspace, store: Store, hosts: list[Host], gpus: list[int] | None,
+                create: Callable[[], list[int]], poll: tuple[float, float], claim: HostTake, *,
+                queue: bool = False, on_wait: Callable[[Waiting], None] | None = None,
+                sleep: Callable[[float], None] = time.sleep) -> list[int]:
+    """The runs' records with their leases, here and on their hosts (`claim`), all or none; refused naming the
+    holder, or with queue asked again (every poll[0] s, at most 5 s) until granted."""
+    names = [h.name for h in hosts]
+    probe = lambda orphan: probe_orphan(ws, store, orphan)
+    while True:
+        try:
+            return claim.made(lambda: lease.acquire_all(store, names, gpus, create, poll[1], probe, claim=claim))
+        except (lease.Busy, hostlease.HostLeaseBusy) as busy:
+            if not queue or (isinstance(busy, hostlease.HostLeaseBusy) and not busy.held):
+                raise  # a lease lock held too long is a host in trouble, not a run to wait for
+            if on_wait is not None:
+                on_wait(busy)  # may raise to give up waiting
+            sleep(busy_wait_s(poll[0]))
+
+
 def open_new(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: Host, transport: Transport,
              run_id: int, lock: WatchLock | None = None, dry_run: bool = False) -> Run:
     """A run just created, as the flow acts on it: its run dir on the host, and the host's agent started (a
@@ -132,11 +212,10 @@ def open_new(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host
                    dry_run)
 
 
-def prepare_and_launch(run: Run, host_wait: Callable[[hostlease.HostLeaseBusy], None] | None = None
-                       ) -> JobRef:
+def prepare_and_launch(run: Run, taken: list[str] | None = None) -> JobRef:
     """Everything a start does on the host, in order: the steps before the launch, then the launch; the
     job's reference."""
-    return launch(run, prepare(run, host_wait)({}))
+    return launch(run, prepare(run, taken)({}))
 
 
 def launch(run: Run, script: str) -> JobRef:
@@ -150,27 +229,6 @@ def launch(run: Run, script: str) -> JobRef:
     except Exception as exc:  # noqa: BLE001 - the job runs: a receipt that cannot be written must not end it
         run.event("warning", f"receipt: {type(exc).__name__}: {exc}")
     return job
-
-
-def wait_for_host(ws: Workspace, host: Host, gpus: list[int] | None, poll: tuple[float, float], *,
-                  queue: bool = False, on_wait: Callable[[Waiting], None] | None = None,
-                  sleep: Callable[[float], None] = time.sleep, transport: Transport | None = None) -> None:
-    """Ask the host whether another workspace's run holds it (or some of `gpus`): HostLeaseBusy naming that
-    run, or with queue wait (polling every poll[0] s, at most 5 s) until the host says it is free. A host
-    that cannot answer is left to the run's own lease take, which records why."""
-    transport = transport or connect(host)
-    while True:
-        try:
-            hostlease.check(transport, hostlease.workspace_id(ws), gpus)
-            return
-        except hostlease.HostLeaseBusy as busy:
-            if not queue:
-                raise
-            if on_wait is not None:
-                on_wait(busy)  # may raise to give up waiting
-            sleep(busy_wait_s(poll[0]))
-        except OrchError:
-            return
 
 
 def busy_message(store: Store, busy: Waiting, ways_on: bool = True) -> str:
@@ -213,23 +271,44 @@ def _span(seconds: float) -> str:
 
 def take_replacing(ws: Workspace, store: Store, hosts: list[Host], gpus: list[int] | None,
                    create: Callable[[], list[int]], poll: tuple[float, float], *, queue: bool = False,
-                   on_wait: Callable[[Waiting], None] | None = None) -> list[int]:
-    """`--replace`: the new run's records (one per host, in the order of `hosts`) are created first, so the
-    runs holding its hosts (or GPU set) are stopped through the normal cancel path with a reason that names
-    it, a run across several hosts as a whole, through its head; once their GPUs are free it takes the
-    leases, all or none. A holder of the same sweep is a sibling point, never replaced: it is waited for
-    (queue) or reported like any busy host.
+                   on_wait: Callable[[Waiting], None] | None = None, claim: HostTake) -> list[int]:
+    """`--replace`: when a run of this workspace holds its hosts (or GPU set), the new run's records (one per
+    host, in the order of `hosts`) are created first, so the holders are stopped through the normal cancel
+    path with a reason that names it, a run across several hosts as a whole, through its head; once their
+    GPUs are free it takes the leases, all or none. A holder of the same sweep is a sibling point, never
+    replaced: it is waited for (queue) or reported like any busy host; another workspace's run is never
+    replaced: refused before a run is made, or waited for (queue).
     """
+    names = [h.name for h in hosts]
+    probe = lambda orphan: probe_orphan(ws, store, orphan)
+
+    def wait(busy: Waiting) -> None:
+        if not queue or (isinstance(busy, hostlease.HostLeaseBusy) and not busy.held):
+            raise busy
+        if on_wait is not None:
+            on_wait(busy)  # may raise to give up waiting
+        time.sleep(busy_wait_s(poll[0]))
+
+    while True:
+        try:
+            return claim.made(lambda: lease.acquire_all(store, names, gpus, create, poll[1], probe, claim=claim))
+        except lease.Busy:
+            break  # a run of this workspace holds them: replaced below
+        except hostlease.HostLeaseBusy as busy:
+            wait(busy)
     with store.tx():
         run_ids = create()
     runs = [store.get_run(i) for i in run_ids]
     new = next(r for r in runs if r.parent_id is None)
-    probe = lambda orphan: probe_orphan(ws, store, orphan)
     replaced: set[int] = set()
     try:
         while True:
             try:
-                return lease.acquire_all(store, [h.name for h in hosts], gpus, lambda: run_ids, poll[1], probe)
+                return claim.made(lambda: lease.acquire_all(store, names, gpus, lambda: run_ids, poll[1], probe,
+                                                            claim=claim))
+            except hostlease.HostLeaseBusy as busy:  # another workspace's run took them meanwhile
+                wait(busy)
+                continue
             except lease.Busy as busy:
                 holder = store.get_run(busy.lease.run_id)
                 if holder.parent_id is not None:
@@ -237,11 +316,7 @@ def take_replacing(ws: Workspace, store: Store, hosts: list[Host], gpus: list[in
                 if holder.id in replaced:  # stopped, yet it holds on: never a loop
                     raise
                 if new.sweep_id is not None and holder.sweep_id == new.sweep_id:
-                    if not queue:
-                        raise
-                    if on_wait is not None:
-                        on_wait(busy)
-                    time.sleep(busy_wait_s(poll[0]))
+                    wait(busy)
                     continue
                 replaced.add(holder.id)
                 outcome = replace_run(ws, store, holder.id, new.id, {h.name: h for h in hosts})
@@ -262,26 +337,14 @@ def replace_run(ws: Workspace, store: Store, holder_id: int, new_id: int, hosts:
     return stop(other, reason=f"replaced by run {new_id}")
 
 
-def lease_files_wait(store: Store, run_id: int, poll_min: float, on_wait: Callable[[Waiting], None] | None
-               ) -> Callable[[hostlease.HostLeaseBusy], None]:
-    """How a queued run that the host refused at its lease take (another workspace's run took it after the
-    host was asked) waits to ask again: told, its heartbeat kept, a pause."""
-    def wait(busy: hostlease.HostLeaseBusy) -> None:
-        if on_wait is not None:
-            on_wait(busy)  # may raise to give up waiting
-        store.update_run(run_id, heartbeat=time.time())
-        time.sleep(busy_wait_s(poll_min))
-    return wait
-
-
 # The job script of a prepared run, given what its node adds to the environment (a multi-node run's
 # rendezvous, known only once every node is prepared; nothing for a run on one host).
 Script = Callable[[Mapping[str, str]], str]
 
 
-def prepare(run: Run, host_wait: Callable[[hostlease.HostLeaseBusy], None] | None = None) -> Script:
-    """The steps before the launch; `host_wait` (queued runs): what to do when another workspace's run holds
-    the host's lease files, before asking again (else the refusal ends the run)."""
+def prepare(run: Run, taken: list[str] | None = None) -> Script:
+    """The steps before the launch; `taken`: the warnings of the host's take made when the run was created
+    (HostTake), None when it is still to be made (a run that does not hold its host claims its run dir)."""
     # Patch sets are checked (read-only) first, so a set that does not apply changes nothing anywhere.
     sets = [registry.patch_set(name, run.ws.root) for name in run.spec.patches]
     python = run.for_playbook().python  # the interpreter the job runs: its install is the one patched
@@ -290,15 +353,8 @@ def prepare(run: Run, host_wait: Callable[[hostlease.HostLeaseBusy], None] | Non
     # The run dir becomes the run's own (its token) and, for a run that holds its host, another workspace
     # sharing this workdir sees the lease too: before anything changes. Only then is it the run's remote_dir.
     exclusive = run.holds_host
-    while True:
-        try:
-            warnings = hostlease.take(run.transport, run.paths, run_token(run.ws, run.store, run.run_id),
-                                      run.spec.gpus, exclusive)
-            break
-        except hostlease.HostLeaseBusy as busy:
-            if host_wait is None or not busy.held:
-                raise
-            host_wait(busy)
+    warnings = taken if taken is not None else hostlease.take(
+        run.transport, run.paths, run_token(run.ws, run.store, run.run_id), run.spec.gpus, exclusive)
     for warning in warnings:
         run.event("warning", f"host lease: {warning}")
     run.store.update_run(run.run_id, remote_dir=run.paths.root, **({"host_lease": 1} if exclusive else {}))

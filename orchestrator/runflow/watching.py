@@ -8,7 +8,8 @@ and from any `orch status` that finds an active run unwatched (its watcher was k
 rebooted). A run on a host no inventory knows (one made in process) is watched by a host watcher in the
 process that follows it (orchestrator.watch.follow). Everyone else follows the run by its record.
 
-The locks are flocks, gone with their process, so a duplicate watcher is harmless: it exits at once.
+The locks are flocks, gone with their process, so a duplicate watcher is harmless: it exits at once. None
+of them is a lease: who holds a host is the host's lease files (host/hostlease.py).
 Nothing to install or supervise: a host's watcher lives as long as the host has active runs.
 """
 

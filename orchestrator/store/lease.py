@@ -3,8 +3,9 @@
 Which is the truth: the host. Whether a run's job can still use the GPUs is what its host can prove —
 its wrapper alive, its run dir's exit code — and, across workspaces, the host's lease files
 (host/hostlease.py) are what every workspace sees. This table is one workspace's record of it: what keeps
-that workspace's runs apart without a round trip, taken in one `BEGIN IMMEDIATE` transaction together
-with the run's row, so two runs of one workspace never both get the host.
+that workspace's runs apart, taken in one `BEGIN IMMEDIATE` transaction together with the run's row and
+the host's own take (`claim`), so two runs of one workspace never both get the host and a host another
+workspace holds leaves no run behind.
 
 A lease names its run and the controller process that took it (pid with its start time, hostname). It is
 dropped once the run has ended and the end steps that must precede the next run are done
@@ -128,11 +129,17 @@ def acquire(store: Store, host: str, gpus: list[int] | None, create_run: Callabl
     return acquire_all(store, [host], gpus, lambda: [create_run()], poll_max, probe)[0]
 
 
+# What else a start takes in the transaction that creates its runs (their ids, in the order of the hosts): the
+# hosts' own lease files (runflow.starting.HostTake). Raising rolls the runs back: none is made.
+Claim = Callable[[list[int]], None]
+
+
 def acquire_all(store: Store, hosts: Sequence[str], gpus: list[int] | None, create_runs: Callable[[], list[int]],
-                poll_max: float, probe: Probe | None = None) -> list[int]:
+                poll_max: float, probe: Probe | None = None, claim: Claim | None = None) -> list[int]:
     """Create the run's records (create_runs: one per host, in the order of `hosts`) and a lease on each host
     in one transaction, or raise Busy naming a holder: all or none, so a run across several hosts never
-    holds some while it waits for others, and two such runs never wait for each other.
+    holds some while it waits for others, and two such runs never wait for each other. `claim` is called
+    with the new ids inside that transaction; what it raises leaves no run.
 
     Holders whose run ended with its end steps before release done are dropped. Holders nobody is at work
     on are handed to `probe` (outside the transaction: it asks the host), which frees their lease only once
@@ -168,6 +175,8 @@ def acquire_all(store: Store, hosts: Sequence[str], gpus: list[int] | None, crea
                     orphans.append(run)
             if busy is None:
                 run_ids = create_runs()
+                if claim is not None:
+                    claim(run_ids)
                 me = Controller.me()
                 for host, run_id in zip(hosts, run_ids, strict=True):
                     c.execute(
@@ -184,21 +193,6 @@ def acquire_all(store: Store, hosts: Sequence[str], gpus: list[int] | None, crea
             probe(run)
 
 
-def take(store: Store, hosts: Sequence[str], gpus: list[int] | None, create_runs: Callable[[], list[int]],
-         poll_max: float, *, retry_s: float, probe: Probe | None = None, queue: bool = False,
-         on_wait: Callable[[Busy], None] | None = None, sleep: Callable[[float], None] = time.sleep) -> list[int]:
-    """`acquire_all`; with queue, wait (asking again every retry_s) until the holders are gone."""
-    while True:
-        try:
-            return acquire_all(store, hosts, gpus, create_runs, poll_max, probe)
-        except Busy as busy:
-            if not queue:
-                raise
-            if on_wait is not None:
-                on_wait(busy)  # may raise to give up waiting
-            sleep(retry_s)
-
-
 def release(store: Store, run_id: int) -> None:
     with store.tx() as c:
         c.execute("DELETE FROM leases WHERE run_id = ?", (run_id,))
@@ -212,4 +206,4 @@ def adopt(store: Store, run_id: int) -> None:
                   (me.pid, me.start, me.hostname, time.time(), run_id))
 
 
-__all__ = ["Busy", "Lease", "acquire", "acquire_all", "adopt", "held", "holder_alive", "release", "take"]
+__all__ = ["Busy", "Claim", "Lease", "acquire", "acquire_all", "adopt", "held", "holder_alive", "release"]

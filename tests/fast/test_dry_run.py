@@ -94,7 +94,7 @@ def test_the_dry_run_sends_what_a_start_sends_with_a_playbooks_own_steps(
     root = run.paths.root
     assert dry.run_id == run.run_id == 2
     # the playbook's own steps are there, in their place, with no description written for them
-    assert sent == ["leases held", f"stat {root}/input.txt", "leases take", f"upload {root}/helper.sh",
+    assert sent == ["leases take", f"stat {root}/input.txt", f"upload {root}/helper.sh",
                     "exec ['true']", f"launch {root}"]
     assert dry.script == launched["script"] and "export PROBED=1" in launched["script"]
     text = dry.text()
@@ -125,9 +125,9 @@ def test_a_dry_run_lists_the_start_and_creates_nothing(orch: Orch, tmp_path: Pat
     assert lines[0].startswith("# dry run: command on local as run 1; nothing was created or sent")
     steps = [line for line in lines if line.startswith("# ") and line[2].isdigit()]
     assert [s.split(": ", 1)[1].split(" ", 1)[0] for s in steps] == [
-        "start", "ask", "make", "look", "look", "write"]  # agent, lease files, run dir, GPUs twice, launch
-    assert "whether another workspace's run holds gpu-1" in steps[1]
-    assert "look at what holds GPUs 0,1 (nvidia-smi, /proc): answered as free" in steps[3]
+        "start", "make", "look", "look", "write"]  # agent, run dir and lease files, GPUs twice, launch
+    assert "the run's own (its token) and take the lease files gpu-1 in" in steps[1]
+    assert "look at what holds GPUs 0,1 (nvidia-smi, /proc): answered as free" in steps[2]
     assert "(setsid)" in steps[-1] and out.endswith("export CUDA_VISIBLE_DEVICES=1\necho hi\n")
     assert not (tmp_path / "host").exists()  # the host's workdir: nothing placed, nothing taken
     assert files_under(tmp_path / "ws") == ["hosts.toml"]  # no database, no run dir, no lock
@@ -193,7 +193,7 @@ def test_a_dry_run_on_a_cluster_patches_the_runs_copy_and_submits(tmp_path: Path
     root = hostlease.run_paths(ws, cluster.workdir, 1).root
     ops = [s.request.get("op", s.kind) for s in dry.steps]
     # no lease files asked nor GPUs looked at: the scheduler places the job
-    assert ops == ["agent-start", "program", "lease", "command", "program", "submit"]
+    assert ops == ["agent-start", "patch", "lease", "command", "program", "submit"]
     files = ", ".join(registry.patch_set("sglang-eagle3-hidden-debug").files)
     assert dry.steps[1].what == ("check that patch set sglang-eagle3-hidden-debug applies to sglang ==0.5.23 of "
                                  f"python3 ({files}); nothing written")

@@ -14,8 +14,9 @@ from orchestrator.host.hostjobs import boot
 
 ORCH = Path(__file__).resolve().parents[2] / "orchestrator"
 HOSTJOBS = ORCH / "host" / "hostjobs"
-SHARED_NAMES = ("CONTROL", "JOB_MARK", "RUN_MARK", "BOOTSTRAP", "SOURCES_RUN", "LOCK_WAIT_S", "TAIL_BYTES", "TAIL_MARK")
-SHARED_HELPERS = ("run_mark", "workspace_of", "write_whole")
+SHARED_NAMES = ("CONTROL", "JOB_MARK", "RUN_MARK", "BOOTSTRAP", "SOURCES_RUN", "LOCK_WAIT_S", "TAIL_BYTES", "TAIL_MARK",
+                "READ_MAX")
+SHARED_HELPERS = ("run_mark", "workspace_of", "write_whole", "read_small", "claim_run_dir", "Refusal")
 SHARED_TEXTS = (".orch", "ORCH_JOB", "ORCH_RUN")
 
 
@@ -41,8 +42,41 @@ def test_each_shared_constant_has_one_definition_across_orchestrator() -> None:
 
 def test_each_shared_helper_has_one_definition_across_orchestrator() -> None:
     defined = [(fn.name, path.name) for path, tree in trees().items() for fn in ast.walk(tree)
-               if isinstance(fn, ast.FunctionDef) and fn.name in SHARED_HELPERS]
-    assert sorted(name for name, _ in defined) == sorted(set(name for name, _ in defined)), defined
+               if isinstance(fn, ast.FunctionDef | ast.ClassDef) and fn.name in SHARED_HELPERS]
+    assert sorted(name for name, _ in defined) == sorted(SHARED_HELPERS), defined
+
+
+def calls_in(fn: ast.AST) -> set[str]:
+    """`module.name` of each call in `fn` made through a module's name (`os.open`)."""
+    return {f"{c.func.value.id}.{c.func.attr}" for c in ast.walk(fn) if isinstance(c, ast.Call)
+            and isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Name)}
+
+
+def test_one_helper_reads_a_small_file() -> None:
+    """A control or lease file is read by common.read_small alone (never through a link, never waiting on a
+    fifo); the others call it."""
+    readers = [f"{path.relative_to(ORCH)}:{fn.name}" for path, tree in trees().items() for fn in ast.walk(tree)
+               if isinstance(fn, ast.FunctionDef) and {"os.open", "os.read"} <= calls_in(fn)]
+    assert readers == ["host/hostjobs/common.py:read_small"]
+
+
+def test_one_claim_makes_a_run_dir_its_runs() -> None:
+    """rundirs.claim_run_dir alone makes a run dir (the strict walk: every folder this user's, none a link)
+    and writes its token; the launch, the batch submit and the lease take all call it."""
+    makers, callers = [], set()
+    for path, tree in trees().items():
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            for call in ast.walk(fn):
+                if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
+                    continue
+                if call.func.id == "open_run" and any(k.arg == "create" for k in call.keywords):
+                    makers.append(f"{path.relative_to(ORCH)}:{fn.name}")
+                if call.func.id == "claim_run_dir":
+                    callers.add(path.name)
+    assert makers == ["host/hostjobs/rundirs.py:claim_run_dir"]
+    assert callers == {"jobs.py", "slurm.py", "leases.py"}
 
 
 def test_one_helper_writes_a_file_whole() -> None:
@@ -51,8 +85,7 @@ def test_one_helper_writes_a_file_whole() -> None:
     for path, tree in trees().items():
         for fn in ast.walk(tree):
             if isinstance(fn, ast.FunctionDef):
-                calls = {f"{c.func.value.id}.{c.func.attr}" for c in ast.walk(fn) if isinstance(c, ast.Call)
-                         and isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Name)}
+                calls = calls_in(fn)
                 if calls & {"os.replace", "os.rename"} and calls & {"os.open", "tempfile.mkstemp"}:
                     writers.append(f"{path.relative_to(ORCH)}:{fn.name}")
     assert writers == ["host/hostjobs/common.py:write_whole"]

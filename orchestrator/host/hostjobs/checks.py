@@ -6,6 +6,7 @@ nothing in it is evaluated, and a field an op does not know refuses the request.
 from .common import CHUNK, ENTRIES
 from .leases import ACTIONS as LEASE_ACTIONS
 from .leases import LOCK_WAIT_S
+from .patcher import FIELDS as PATCH_FIELDS
 from .slurm import SINFO_FORMATS
 
 
@@ -135,10 +136,12 @@ ARGS = {
     "health": {"url": (_url, REQUIRED), "timeout_s": (_seconds, 5)},
     "gpus": {"timeout_s": (_seconds, 60), "facts": (_flag, False)},
     "port": {},
+    # a patch set for the agent's own python (patcher.py, which checks every name, path and diff it is given)
+    "patch": {"request": (lambda v: isinstance(v, dict) and set(v) <= PATCH_FIELDS, REQUIRED)},
     # the host's lease files (leases.py, which checks every path against the workdir and every key's name)
     "lease": {"action": (lambda v: isinstance(v, str) and v in LEASE_ACTIONS, REQUIRED), "workdir": (_path, REQUIRED),
               "shared": (_flag, False), "lock_wait_s": (_seconds, LOCK_WAIT_S), "run_dir": (_path, ""),
-              "token": (_token, ""), "keys": (_list_of(_word, 4096), []), "workspace": (_token, "")},
+              "token": (_token, ""), "keys": (_list_of(_word, 4096), [])},
 }
 OPS = tuple(ARGS)
 MAX_READ = 16 << 20  # the most log bytes one read answers with

@@ -1,8 +1,10 @@
 """What every part of the host side shares: the control folder's name, the marks a job and its wrapper carry,
 and the one way a small file is written whole."""
 
+import errno
 import hashlib
 import os
+import stat
 import time
 
 ENTRIES = ("patch",)  # what main() runs besides the agent and the wrapper, under a python of its own
@@ -20,16 +22,52 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 def run_mark(token):
     return hashlib.sha256(token.encode()).hexdigest()[:32]
 
-def _read_small(path, limit=4096):
-    """A small control file's text, never following a symlink; None when absent or unreadable."""
+READ_MAX = 64 << 10  # no lease, token, pid or other control file is anywhere near this
+
+
+class Refusal(RuntimeError):
+    """A request the host side cannot do (a symlink where a file must be, a folder not this user's...);
+    `kind` and `fields` go into the reply's error."""
+
+    def __init__(self, message, kind="refused", **fields):
+        RuntimeError.__init__(self, message)
+        self.message, self.kind, self.fields = message, kind, fields
+
+    def as_dict(self):
+        return dict(self.fields, kind=self.kind, message=self.message)
+
+
+def read_small(path, limit=READ_MAX, dir_fd=None, uid=None):
+    """The text of a small file (`path` in the folder `dir_fd` when given), or None when there is none.
+    Never through a symlink nor waiting on a fifo: a symlink, anything but a regular file, or, when `uid` is
+    given, a file of another owner is refused (Refusal); any other failure to read raises (OSError)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
         return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refusal(f"{path} is a symlink; refusing to read it", kind="symlink", path=path) from None
+        raise
     try:
-        return os.read(fd, limit).decode(errors="replace").strip()
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refusal(f"{path} is not a regular file", kind="not-a-file", path=path)
+        if uid is not None and st.st_uid != uid:
+            raise Refusal(f"{path} belongs to uid {st.st_uid}", kind="owner", path=path)
+        return os.read(fd, limit).decode("utf-8", "replace")
     finally:
         os.close(fd)
+
+
+def quiet_text(path, limit=READ_MAX, dir_fd=None, uid=None):
+    """`read_small`, stripped, with None for whatever it refuses or cannot read (a control file is only
+    believed when it is plainly there)."""
+    try:
+        text = read_small(path, limit, dir_fd, uid)
+    except (Refusal, OSError):
+        return None
+    return None if text is None else text.strip()
 
 
 def _number(text):

@@ -5,7 +5,7 @@ import re
 import stat
 import time
 
-from .common import CHUNK, TAIL_MARK, _int, _node, _number, _read_small
+from .common import CHUNK, TAIL_MARK, _int, _node, _number, quiet_text
 from .files import _ino, _open_plain, _pread, _size
 from .procs import live_start, ours
 from .rundirs import control_dir
@@ -139,8 +139,8 @@ class FollowedLog:
         """What changed since the last push, or None when nothing did and nothing was asked."""
         alive, wrapper = self.alive(now)
         control = control_dir(self.root)
-        exit_code = _int(_read_small(os.path.join(control, "exit_code")))
-        node = _node(_read_small(os.path.join(control, "node"), 200))  # a batch job's, noted on its node
+        exit_code = _int(quiet_text(os.path.join(control, "exit_code")))
+        node = _node(quiet_text(os.path.join(control, "node"), 200))  # a batch job's, noted on its node
         present = os.path.isdir(self.root)
         try:
             st = os.lstat(self.log)
@@ -163,8 +163,8 @@ class FollowedLog:
                "size": size, "offset": self.offset, "data": data,
                "run_dir": present, "inode": self.inode if path == self.log else _ino(path), "node": node,
                "rotated": rotated,
-               "started_at": _number(_read_small(os.path.join(control, "started_at"))),
-               "ended_at": _number(_read_small(os.path.join(control, "ended_at")))}
+               "started_at": _number(quiet_text(os.path.join(control, "started_at"))),
+               "ended_at": _number(quiet_text(os.path.join(control, "ended_at")))}
         self.offset += len(data)
         self.tail = (self.tail + data)[-TAIL_MARK:]
         if rotated and self.offset >= size:  # the rest of the old file is out: the new log from 0
@@ -181,7 +181,7 @@ def hold(f, hold_s, wakes):
     seen = f.offset
     while time.monotonic() < deadline:
         alive, _ = f.alive(time.monotonic())
-        if not alive or _read_small(os.path.join(control_dir(f.root), "exit_code")) is not None:
+        if not alive or quiet_text(os.path.join(control_dir(f.root), "exit_code")) is not None:
             return
         size = _size(f.log)
         if size < seen:

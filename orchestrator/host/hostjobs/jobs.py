@@ -13,7 +13,7 @@ from .boot import BOOTSTRAP, SOURCES_RUN, archive
 from .common import CONTROL, FACTS, FACTS_ASKED, JOB_MARK, RUN_MARK, _node, run_mark, write_whole
 from .gpus import host_facts
 from .procs import start_time
-from .rundirs import _adoptable, _claim, _pid_at, open_run
+from .rundirs import _adoptable, _pid_at, claim_run_dir, open_run
 
 
 def launch(root, script, token):
@@ -24,7 +24,7 @@ def launch(root, script, token):
     run's token, or a symlink for its token, is refused, never reused. The run dir is opened once and
     the wrapper starts in the folder held, whatever is renamed meanwhile.
     """
-    with _claim(root, token) as run:
+    with claim_run_dir(root, token) as run:
         started = _adoptable(run, token)  # claimed before its patches, or a retried launch
         if started is not None:
             return {**started, "again": True}

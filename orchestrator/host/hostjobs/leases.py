@@ -1,13 +1,14 @@
 """Host leases and run dirs in a workdir that several workspaces (or Unix users) may share, on the host.
 
-Who holds a host: a host, or a set of its GPUs, is held by the run whose token its lease files in
-`<workdir>/leases/` name, taken by one `lease take` op of the host's agent under the host's lock before
-anything changes the host, and freed by one `lease release` after the run's end steps. Whether a holder
-can still run is judged here alone, from what the host can prove (a run preparing, under an hour without
-a pid, or its wrapper alive with no exit code), and every workspace asks the same files.
+Who holds a host: the run whose token its lease files in `<workdir>/leases/` name, taken by one `take`
+request to the agent in the transaction that creates the run (granted under the host's lock, or refused
+naming the holder, and then no run is made) and freed by one `release` after the run's end steps. Whether a
+holder can still run is judged here alone, from what the host can prove: its run prepares (no pid yet,
+under an hour old), or its wrapper lives and its run dir holds its token without an exit code.
 
-Each action is a function of its own (`take`, `held`, `release`, `owner`, `remove`), called by the agent's
-`lease` op in its own process (`answer`: a reply with `ok`, or `ok: false` and the refusal's kind and words).
+Each action is a function of its own (`take`, `release`, `owner`, `remove`), called by the agent's `lease`
+op in its own process (`answer`: a reply with `ok`, or `ok: false` and the refusal's kind and words). A
+start makes one request here, `take`: granted, or refused naming the holder.
 
 Everything read here may have been written by someone else: lease files are parsed as JSON into known
 shapes (numbers as numbers, paths checked to lie under `<workdir>/runs/`), never evaluated; files and
@@ -33,7 +34,8 @@ import shutil
 import stat
 import time
 
-from .common import CONTROL, write_whole
+from .common import CONTROL, Refusal, read_small, write_whole
+from .rundirs import claim_run_dir
 
 LEASES = "leases"
 LOCK = ".lock"
@@ -47,21 +49,9 @@ STARTING_S = 3600.0
 # believed, or it would block its keys for ever.
 FUTURE_SLACK_S = 300.0
 LOCK_WAIT_S = 30.0
-READ_MAX = 64 << 10  # no lease, token or pid file is anywhere near this
 # An older orch wrote lease lines `token<TAB>run dir<TAB>epoch seconds`.
 LEGACY_RE = re.compile(r"^([^\t\n]{1,4096})\t(/[^\t\n]{0,4096})\t([0-9]{1,12}(?:\.[0-9]{1,9})?)\n?$")
 PID_RE = re.compile(r"^([0-9]{1,10}) ([0-9]{1,20})\n?$")
-
-
-class Refusal(Exception):
-    """The request cannot be done; `kind` and `fields` go into the reply's error."""
-
-    def __init__(self, message, kind="refused", **fields):
-        Exception.__init__(self, message)
-        self.message, self.kind, self.fields = message, kind, fields
-
-    def as_dict(self):
-        return dict(self.fields, kind=self.kind, message=self.message)
 
 
 def workspace_of(token):
@@ -109,26 +99,6 @@ def _make_dir(path, what, shared=False, mode=0o755, group=False):
     st = _check_dir(path, what, shared)
     if group and st.st_uid == os.geteuid() and st.st_mode & SHARED_MODE != SHARED_MODE:
         os.chmod(path, stat.S_IMODE(st.st_mode) | SHARED_MODE)
-
-
-def read_small(path):
-    """The text of a small regular file, or None when there is none; a symlink or anything else is refused."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise Refusal(f"{path} is a symlink; refusing to read it", kind="symlink", path=path) from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise Refusal(f"{path} is not a regular file", kind="not-a-file", path=path)
-        return os.read(fd, READ_MAX).decode("utf-8", "replace")
-    finally:
-        os.close(fd)
-
-
 
 
 # --- the lock -----------------------------------------------------------------------------------
@@ -371,24 +341,16 @@ def check_run_dir(workdir, run_dir, token):
     return True
 
 
-def claim_run_dir(workdir, run_dir, token, shared=False):
-    """Make the run dir the run's own: the folders (none a symlink) and its token."""
-    runs = posixpath.join(workdir, "runs")
-    _make_dir(runs, "folder", shared=True, group=shared)
-    path = runs
-    for part in run_dir[len(runs) + 1:].split("/"):
-        path = posixpath.join(path, part)
-        _make_dir(path, "run dir" if path == run_dir else "folder")  # this workspace's own, all of it
-    control = posixpath.join(run_dir, CONTROL)
-    _make_dir(control, "control folder")
-    if dir_token(run_dir) is None:
-        fd = os.open(posixpath.join(control, "token"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        try:
-            os.write(fd, token.encode())
-        finally:
-            os.close(fd)
-    if dir_token(run_dir) != token:
-        raise Refusal(f"run dir in use by another run: {run_dir}", kind="dir-in-use", path=run_dir)
+def _claim_in(workdir, run_dir, token, shared=False):
+    """Make the run dir the run's own (rundirs.claim_run_dir, as the launch claims it again), in the workdir's
+    `runs/`, which the workdir's users share when `shared`."""
+    _make_dir(posixpath.join(workdir, "runs"), "folder", shared=True, group=shared)
+    try:
+        claim_run_dir(run_dir, token).close()
+    except Refusal:
+        raise
+    except RuntimeError as exc:  # a link, or a folder not this user's, on the way
+        raise Refusal(str(exc), path=run_dir) from None
 
 
 def conflicts(workdir, keys, workspace, now):
@@ -415,20 +377,6 @@ def conflicts(workdir, keys, workspace, now):
     return warnings
 
 
-def held(workdir, keys, workspace, shared=False, now=None):
-    """Whether `keys` could be taken now by a run of `workspace`: refused as `take` would refuse, else
-    its warnings. Only reads (no lock, nothing made): the lease files are renamed into place whole, and
-    `take` decides again under the lock."""
-    workdir = posixpath.normpath(workdir)
-    for key in keys:
-        if not KEY_RE.match(key):
-            raise Refusal(f"not a lease key: {key!r}")
-    leases_dir = posixpath.join(workdir, LEASES)
-    if not keys or _check_dir(leases_dir, "leases folder", shared) is None:
-        return {"warnings": []}
-    return {"warnings": conflicts(workdir, keys, workspace, time.time() if now is None else now)}
-
-
 def take(workdir, run_dir, token, keys, shared=False, now=None, lock_wait_s=LOCK_WAIT_S):
     """Claim the run dir and take the lease files `keys` (`host`, or `gpu-N`), under the lock; refuse
     (Refusal kind `held`) while another workspace's live run holds a conflicting key. Leases of this
@@ -446,12 +394,12 @@ def take(workdir, run_dir, token, keys, shared=False, now=None, lock_wait_s=LOCK
         with Lock(leases_dir, lock_wait_s):
             now = time.time() if now is None else now
             warnings = conflicts(workdir, keys, workspace_of(token), now)
-            claim_run_dir(workdir, run_dir, token, shared)
+            _claim_in(workdir, run_dir, token, shared)
             doc = json.dumps({"token": token, "run_dir": run_dir, "taken_at": now, "uid": os.geteuid()})
             for key in keys:
                 _write_lease(leases_dir, key, doc + "\n")
     else:
-        claim_run_dir(workdir, run_dir, token, shared)
+        _claim_in(workdir, run_dir, token, shared)
     return {"warnings": warnings}
 
 
@@ -512,7 +460,6 @@ ACTIONS = {
                            lock_wait_s=float(r.get("lock_wait_s", LOCK_WAIT_S))),
     "release": lambda r: release(r["workdir"], r["token"], bool(r.get("shared")),
                                  lock_wait_s=float(r.get("lock_wait_s", LOCK_WAIT_S))),
-    "held": lambda r: held(r["workdir"], r["keys"], r["workspace"], bool(r.get("shared"))),
     "owner": lambda r: owner(r["workdir"], r["run_dir"], r["token"]),
     "remove": lambda r: remove(r["workdir"], r["run_dir"], r["token"]),
 }

@@ -1,9 +1,13 @@
 """Apply, check, revert and report orch patch sets on the host, against the installed package.
 
-The archive's `patch` entry (main.py), started by the agent's `program` op under the run's python (3.8 or
-newer, standard library only), which must find the engine that python imports. Reads one JSON request on stdin
-and writes one JSON reply on stdout; the exit code is 0 whenever a reply was written, including a
-refusal (`ok: false`), so the caller always gets a reason it can show.
+An op of the host's agent (`patch`: `answer`, in the agent's own process) when the run's python is the one
+the agent runs on, the host's: the package is looked for where that python finds it when it runs a job
+(`search_path`). A run with a python of its own, or a run's copy of the package (found through a PYTHONPATH
+that python may set otherwise), is patched by the archive's `patch` entry (main.py), started by the agent's
+`program` op under that python (3.8 or newer, standard library only), since only it knows where it finds
+its engine: one JSON request on stdin, one JSON reply on stdout; the exit code is 0
+whenever a reply was written, including a refusal (`ok: false`), so the caller always gets a reason it can
+show.
 
 Request (JSON, as orch's agent feeds it): {action:
 check|apply|revert|status, set_name, set_hash, package, distribution, versions, strip, files: {relpath: diff},
@@ -20,17 +24,24 @@ restores the original bytes whatever the diff says.
 """
 
 import hashlib
+import importlib
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import json
 import os
 import re
 import shutil
+import site
 import sys
 import time
 
 from .common import write_whole
+from .versions import version_matches
 
+# What a request may hold (the agent's `patch` op refuses anything else).
+FIELDS = frozenset({"action", "set_name", "set_hash", "package", "distribution", "versions", "strip", "files",
+                    "force", "state_dir", "run_id", "within"})
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 # How far (in lines, either way) a hunk may have moved from the line its header states. Context must
@@ -56,75 +67,49 @@ def sha256(data):
     return hashlib.sha256(data).hexdigest()
 
 
-# --- versions ------------------------------------------------------------------------------------
-
-VERSION_RE = re.compile(
-    r"^v?(\d+(?:\.\d+)*)"
-    r"(?:[-_.]?(a|b|rc|alpha|beta|c|pre|preview)[-_.]?(\d*))?"
-    r"(?:[-_.]?(post|rev|r)[-_.]?(\d*)|-(\d+))?"
-    r"(?:[-_.]?(dev)[-_.]?(\d*))?"
-    r"(?:\+[a-z0-9.\-_]+)?$",
-    re.IGNORECASE,
-)
-PRE_RANK = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
-INFINITY = 1 << 62
-
-
-def version_key(text):
-    """A sort key ordering versions as PEP 440 does (dev < pre < final < post; local labels ignored)."""
-    m = VERSION_RE.match(text.strip())
-    if not m:
-        raise ValueError(f"not a version: {text!r}")
-    release = [int(p) for p in m.group(1).split(".")]
-    while len(release) > 1 and release[-1] == 0:
-        release.pop()  # 0.5.23 == 0.5.23.0
-    pre_letter, pre_n = m.group(2), m.group(3)
-    post_n = m.group(5) if m.group(4) else m.group(6)
-    has_post = bool(m.group(4) or m.group(6))
-    has_dev = bool(m.group(7))
-    if pre_letter:
-        pre = (0, PRE_RANK[pre_letter.lower()], int(pre_n or 0))
-    elif has_dev and not has_post:
-        pre = (-1, 0, 0)  # 1.0.dev1 comes before 1.0a1
-    else:
-        pre = (1, 0, 0)
-    post = int(post_n or 0) if has_post else -1
-    dev = int(m.group(8) or 0) if has_dev else INFINITY
-    return (tuple(release), pre, post, dev)
-
-
-def version_matches(version, spec):
-    """True when `version` satisfies every comma-separated clause of `spec` (==, !=, >=, <=, >, <)."""
-    ops = {
-        "==": lambda a, b: a == b,
-        "!=": lambda a, b: a != b,
-        ">=": lambda a, b: a >= b,
-        "<=": lambda a, b: a <= b,
-        ">": lambda a, b: a > b,
-        "<": lambda a, b: a < b,
-    }
-    have = version_key(version)
-    for clause in spec.split(","):
-        clause = clause.strip()
-        if not clause:
-            continue
-        m = re.match(r"^(==|!=|>=|<=|>|<)\s*(\S+)$", clause)
-        if not m:
-            raise ValueError(f"unsupported version clause: {clause!r}")
-        if not ops[m.group(1)](have, version_key(m.group(2))):
-            return False
-    return True
-
-
 # --- locating the package ------------------------------------------------------------------------
 
 
-def find_package(package, distribution):
-    """(root, version): the directory holding the package's folder, and the installed version."""
+def search_path():
+    """The folders this python finds packages in when it runs a job, though the agent itself runs isolated
+    (-I): the environment's PYTHONPATH (as a wrapper script at the python's name set it), this user's
+    site-packages where that python adds it, then its own; relative entries left out, as the bootstrap
+    leaves them out."""
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p.startswith("/")]
+    if _user_site_added():
+        path.append(site.getusersitepackages())
+    return path + [p for p in sys.path if p.startswith("/")]
+
+
+def _user_site_added():
+    """Does this python, started without -I or -s, add the user's site-packages (site.py's rules)?"""
+    if os.environ.get("PYTHONNOUSERSITE") or os.geteuid() != os.getuid() or os.getegid() != os.getgid():
+        return False
+    if sys.prefix == sys.base_prefix:
+        return True
+    try:  # a virtual environment adds it only when it includes the system's site-packages
+        with open(os.path.join(sys.prefix, "pyvenv.cfg")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key.strip().lower() == "include-system-site-packages":
+            return value.strip().lower() == "true"
+    return False
+
+
+def find_package(package, distribution, path=None):
+    """(root, version): the directory holding the package's folder, and the installed version; looked for
+    on `path` when given (the agent's op), else on this process's sys.path (the `patch` entry)."""
     # The bootstrap kept only absolute folders on sys.path: no stray folder where it started shadows it.
     # For a top-level name find_spec only locates the package; nothing of it is imported, which
     # matters because the engine's own dependencies (torch, CUDA) need not import here.
-    spec = importlib.util.find_spec(package)
+    if path is None:
+        spec = importlib.util.find_spec(package)
+    else:
+        importlib.invalidate_caches()  # a long-lived agent: what was installed since is found too
+        spec = importlib.machinery.PathFinder.find_spec(package, path)
     if spec is None:
         raise PatchFailure(f"package {package} is not installed for {sys.executable}")
     if spec.submodule_search_locations:
@@ -134,11 +119,21 @@ def find_package(package, distribution):
     else:
         raise PatchFailure(f"cannot locate the files of package {package}")
     dist = distribution or package
-    try:
-        version = importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        raise PatchFailure(f"no installed distribution {dist} to read the version of") from None
+    version = installed_version(dist, path)
+    if version is None:
+        raise PatchFailure(f"no installed distribution {dist} to read the version of")
     return os.path.dirname(os.path.abspath(package_dir)), version
+
+
+def installed_version(dist, path=None):
+    """The version of an installed distribution (looked for on `path` when given), or None."""
+    if path is None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    found = next(iter(importlib.metadata.Distribution.discover(name=dist, path=path)), None)
+    return None if found is None else found.version
 
 
 def target_path(root, relpath):
@@ -467,7 +462,7 @@ def do_revert(request):
     return state, files
 
 
-def do_status(request):
+def do_status(request, path=None):
     """Every set recorded under state_dir, with the state of each of its files."""
     base = os.path.expanduser(request["state_dir"])
     sets = []
@@ -478,10 +473,7 @@ def do_status(request):
         state = load_state(os.path.join(base, name))
         if state is None:
             continue
-        try:
-            installed = importlib.metadata.version(state.get("distribution") or state["package"])
-        except importlib.metadata.PackageNotFoundError:
-            installed = None  # uninstalled since: status still reports the files
+        installed = installed_version(state.get("distribution") or state["package"], path)  # None: uninstalled since
         files = []
         for entry in state["files"]:
             path = os.path.join(state["root"], *entry["file"].split("/"))
@@ -502,11 +494,11 @@ def do_status(request):
     return sets
 
 
-def handle(request):
+def handle(request, path=None):
     action = request.get("action")
     reply = {"ok": True, "files": []}
     if action == "status":
-        reply["sets"] = do_status(request)
+        reply["sets"] = do_status(request, path)
         return reply
     if action not in ("check", "apply", "revert"):
         raise PatchFailure(f"unknown action {action!r}")
@@ -518,7 +510,7 @@ def handle(request):
             set_hash=state.get("set_hash"), applied_by_run=state.get("run_id"),
         )
         return reply
-    root, version = find_package(request["package"], request.get("distribution"))
+    root, version = find_package(request["package"], request.get("distribution"), path)
     within = request.get("within")
     if within and os.path.commonpath([os.path.realpath(root), os.path.realpath(within)]) != os.path.realpath(within):
         # the run's copy was put first on PYTHONPATH, yet the python found another: a wrapper that sets
@@ -535,15 +527,25 @@ def handle(request):
     return reply
 
 
+def answer(request, path=None):
+    """The reply to one request (`path`: where to look for the package, see find_package); a refusal is a
+    reply too (`ok: false`, with the file and hunk it concerns)."""
+    try:
+        return handle(request, path)
+    except PatchFailure as exc:
+        return {"ok": False, "error": exc.as_dict()}
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        return {"ok": False, "error": {"message": f"{type(exc).__name__}: {exc}"}}
+
+
 def main():
+    """The `patch` entry: a request on stdin, under a python of its own, looked for on its own sys.path."""
     try:
         request = json.loads(sys.stdin.read())
-        reply = handle(request)
-    except PatchFailure as exc:
-        reply = {"ok": False, "error": exc.as_dict()}
-    except (ValueError, KeyError, OSError) as exc:
+    except ValueError as exc:
         reply = {"ok": False, "error": {"message": f"{type(exc).__name__}: {exc}"}}
+    else:
+        reply = answer(request) if isinstance(request, dict) else {"ok": False, "error": {"message": "not a request"}}
     sys.stdout.write(json.dumps(reply))
     sys.stdout.write("\n")
     return 0
-

@@ -18,8 +18,8 @@ Nothing here is run through a shell, and nothing read from a file on the host is
 known by its wrapper's pid and start time (field 22 of /proc/PID/stat), proved again before every
 signal. It exits when its stdin closes or stays silent for IDLE_EXIT_S (the watcher is gone).
 
-Leases are ops of the agent too (leases.py): no process is started on the host to take, look at or
-release them. Runs on the host's python (3.8 or newer): no annotations evaluated, no third-party imports.
+Leases and patch sets are ops of the agent too (leases.py, patcher.py): no process is started on the host
+to take or release a lease, nor to patch the install of the python the agent runs on. Runs on the host's python (3.8 or newer): no annotations evaluated, no third-party imports.
 """
 
 import json
@@ -32,9 +32,9 @@ import sys
 import threading
 import time
 
-from . import leases
+from . import leases, patcher
 from .checks import MAX_READ, OPS, checked
-from .common import CHUNK, _read_small
+from .common import CHUNK, quiet_text
 from .files import (
     file_size,
     files_under,
@@ -92,7 +92,7 @@ class Agent:
         self.turn = 0
 
     def hello(self, a):
-        boot = _read_small("/proc/sys/kernel/random/boot_id")
+        boot = quiet_text("/proc/sys/kernel/random/boot_id")
         u = os.uname()
         return {"sha256": own_digest(), "pid": os.getpid(), "boot_id": boot, "time": time.time(),
                 "python": sys.version.split()[0], "uname": f"{u.sysname} {u.release} {u.machine}"}
@@ -208,8 +208,12 @@ class Agent:
                            float(a["timeout_s"]))
 
     def lease(self, a):
-        """Take, renew, release or look at the host's lease files, here in the agent (leases.py)."""
+        """Take or release the host's lease files, or look at a run dir, here in the agent (leases.py)."""
         return leases.answer(a)
+
+    def patch(self, a):
+        """Check, apply, revert or report a patch set for this python, here in the agent (patcher.py)."""
+        return patcher.answer(a["request"], patcher.search_path())
 
     def health(self, a):
         return {"code": health(a["url"], float(a["timeout_s"]))}
@@ -232,7 +236,7 @@ class Agent:
     # answered from a thread: pushes and other requests go on meanwhile
     SLOW = ("launch", "kill", "kill_pids", "stacks", "loss", "health", "tail", "find", "read", "chunk", "gpus", "files",
             "submit", "squeue", "sacct", "scancel", "sinfo", "listdir", "usage", "exec",
-            "program", "lease")
+            "program", "lease", "patch")
 
     def handle(self, line):
         try:

@@ -8,7 +8,7 @@ import stat
 import subprocess
 import time
 
-from .common import CONTROL, DIR_FLAGS, RUN_MARK, _number, _read_small, run_mark, write_whole
+from .common import CONTROL, DIR_FLAGS, RUN_MARK, Refusal, _number, quiet_text, run_mark, write_whole
 from .procs import _marked, live_start
 
 DISK_FULL_KIB = 64
@@ -134,7 +134,7 @@ def open_run(root, create=False):
             os.close(fd)
 
 
-def _claim(root, token):
+def claim_run_dir(root, token):
     """Make the run dir this run's (its token), refusing a link, a folder not this user's, or another
     run's dir; the run dir, held open."""
     run = open_run(root, create=True)
@@ -142,7 +142,7 @@ def _claim(root, token):
         for fd in (run.control, run.fd):  # the token, in either layout
             found = _read_at(fd, "token")
             if found is not None and found != token:
-                raise RuntimeError(f"run dir in use by another run: {root}")
+                raise Refusal(f"run dir in use by another run: {root}", kind="dir-in-use", path=root)
             if _exists_at(fd, "token") and found is None:
                 raise RuntimeError(f"refusing a run dir whose token is a link or not this user's: {root}")
         if _read_at(run.control, "token") is None:  # readable by all: other users' leases check it
@@ -164,19 +164,7 @@ def _exists_at(fd, name):
 def _read_at(fd, name, limit=4096):
     """A small file's text in the folder `fd`: a plain file of this user's, never through a link; None
     when absent or anything else."""
-    try:
-        f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(f)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            return None
-        return os.read(f, limit).decode(errors="replace").strip()
-    finally:
-        os.close(f)
-
-
+    return quiet_text(name, limit, dir_fd=fd, uid=os.geteuid())
 
 
 def _job_id_at(run):
@@ -256,7 +244,7 @@ def explain_loss(root, start):
     """What the host can say of a job gone without an exit code: a reboot since it started, a full disk,
     the OOM killer, or none of them."""
     booted = boot_time()
-    started_at = _number(_read_small(os.path.join(control_dir(root), "started_at")))
+    started_at = _number(quiet_text(os.path.join(control_dir(root), "started_at")))
     if booted is not None and started_at is not None and float(started_at) < booted:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(booted))
         return f"the host rebooted since the job started (booted at {when})"

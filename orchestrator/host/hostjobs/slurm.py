@@ -7,7 +7,7 @@ import subprocess
 
 from .common import CONTROL, FACTS_ASKED, run_mark, write_whole
 from .jobs import self_command
-from .rundirs import _claim, _job_id_at
+from .rundirs import _job_id_at, claim_run_dir
 
 # squeue's `%r` comes last: a reason is the one field that may hold the separator.
 SQUEUE_FIELDS = ("job_id", "state", "node", "name", "reason")
@@ -29,7 +29,7 @@ def submit(root, script, token, options, facts=None):
     the same token (a retry answers the job submitted before); a failed sbatch leaves no token behind,
     so the launch can be tried again. The wrapper checks the run dir again when the job starts: a queue
     wait is long."""
-    with _claim(root, token) as run:
+    with claim_run_dir(root, token) as run:
         known = _job_id_at(run)
         if known is not None:
             return {"job_id": known, "again": True}
