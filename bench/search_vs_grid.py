@@ -6,8 +6,8 @@ start, a config error). First `vllm bench sweep serve` walks its Cartesian grid 
 each); then `orch sweep run` searches the same ranges with [search] (TPE) in as many trials, every point a
 server start and a `vllm bench serve` of the same workload (serve-bench-vllm). The latency bound on p99 TTFT
 is the median of the grid's own p99 TTFTs (known only after the grid ran: it cuts the grid in half), given
-to both. The budget compared is server starts, each benchmarked RUNS times: the grid's `--num-runs` (vLLM's default),
-the search's `bench.repeats` (the playbook's); a point's figures are the median of its runs, in both.
+to both. The budget compared is server starts: the grid benchmarks each GRID_RUNS times (`--num-runs`), the search
+RUNS times (the playbook's `bench.repeats`); a point's figures are the median of its runs, in both.
 Then both bests are served again and benchmarked in turn, CONFIRM_ROUNDS times each. Writes the
 `## Search vs grid` section of bench/RESULTS.md: both bests, in-run and confirmed, and orch's verdict.
 """
@@ -46,7 +46,8 @@ ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_OMP_THREADS_
 
 
 CONFIRM_ROUNDS = 5  # A B A B ...: each best benchmarked 5 times, alternating, after both searches ended
-RUNS = 3  # benchmarks per server start, both methods: vLLM's `--num-runs` default; the search's `bench.repeats`
+GRID_RUNS = 1  # the grid's benchmarks per server start (`--num-runs`; vLLM's default is 3)
+RUNS = 3  # the search's benchmarks per server start (the playbook's `bench.repeats`, the median its value)
 
 
 def serve_cmd(model: str, port: int = PORT) -> list[str]:
@@ -70,7 +71,7 @@ def run_grid(home: Path, model: str) -> tuple[list[dict], float]:
     started = time.time()
     res = subprocess.run(
         [str(ENGINE / "vllm"), "bench", "sweep", "serve", "--serve-cmd", " ".join(serve_cmd(model)),
-         "--bench-cmd", " ".join(bench_cmd(model)), "--serve-params", str(params), "--num-runs", str(RUNS),
+         "--bench-cmd", " ".join(bench_cmd(model)), "--serve-params", str(params), "--num-runs", str(GRID_RUNS),
          "--server-ready-timeout", "600", "--continue-on-error", "-o", str(out), "-e", "grid"],
         env={**os.environ, **ENV}, capture_output=True, text=True, check=False, timeout=3600)
     took = time.time() - started
@@ -276,17 +277,17 @@ vLLM refuses to start). Workload: `vllm bench serve` random {WORKLOAD['input_len
 out, {WORKLOAD['num_prompts']} prompts, concurrency {WORKLOAD['max_concurrency']}. Bound: p99 TTFT <= {bound:.0f} ms
 (the median of the grid's own p99 TTFTs). Objective: output tok/s. Both in one run, one after the other, each
 with {starts} server starts: the budget compared is server starts. The grid benchmarks each point
-{RUNS} times (`--num-runs {RUNS}`, vLLM's default) and ranks the points by their medians; the search
-benchmarks each trial {RUNS} times on its one server (serve-bench-vllm's `bench.repeats`) and ranks it by their
-median: the same benchmarks per server start, so the methods differ only in which points they start. The search with orch's defaults (its random
-start scaled to the budget, the first trial at the ranges' middle and the middle choice, a choice dropped once a
+{_times(GRID_RUNS)} (`--num-runs {GRID_RUNS}`; vLLM's default is 3, left at 1 here as in the earlier runs and
+to keep the bench within its hour: each run of a point at max_num_seqs=2 takes about 4 minutes on this machine);
+the search benchmarks each trial {_times(RUNS)} on its one server (serve-bench-vllm's `bench.repeats`) and ranks
+it by their median. The search with orch's defaults (its random start scaled to the budget, the first trial at the ranges' middle and the middle choice, a choice dropped once a
 crash's cause names it, proposals next to a crash passed over).
 
-In-run figures (during each method's own run, each point the median of its {RUNS} benchmarks):
+In-run figures (during each method's own run: each grid point benchmarked {_times(GRID_RUNS)}, each trial the median of {RUNS}):
 
 | | server starts | best under the bound | output tok/s | wall |
 |---|---:|---|---:|---:|
-| `vllm bench sweep serve` (grid) | {starts} ({len(rows)} measured, {RUNS} runs each) | {grid_label} | {grid_value or 0:.1f} | {grid_s:.0f} s |
+| `vllm bench sweep serve` (grid) | {starts} ({len(rows)} measured) | {grid_label} | {grid_value or 0:.1f} | {grid_s:.0f} s |
 | `orch sweep run` with `[search]` (TPE) | {len(doc['points'])} | {json.dumps(point['point']) if point else 'none'} | {best['value'] if best else 0:.1f} | {search_s:.0f} s |
 
 In-run search / grid best: {ratio}. The search's trials: {', '.join(f'{n} {s}' for s, n in sorted(states.items()))}.
@@ -316,6 +317,10 @@ in order from its run's samples):
 """)
     print(f"grid best {grid_value} ({grid_label}) in {grid_s:.0f} s; search best {best and best['value']} in "
           f"{search_s:.0f} s; in-run ratio {ratio}; confirmation {said}; logs in {home}")
+
+
+def _times(n: int) -> str:
+    return {1: "once", 2: "twice"}.get(n, f"{n} times")
 
 
 def _runs(p: dict) -> str:

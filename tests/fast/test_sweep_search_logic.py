@@ -316,3 +316,35 @@ def test_a_repeated_benchmark_counts_its_median(tmp_path: Path) -> None:
     assert outcome.measured(store, store.get_run(bench))["output_throughput"] == 25.4
     assert outcome.measured(store, store.get_run(plain))["output_throughput"] == 10.0
     store.close()
+
+
+def test_a_sweep_ranks_its_points_by_the_median_of_their_repeats(tmp_path: Path) -> None:
+    """Point 0 benchmarked three times (90, 30, 20: its median 30), point 1 once (25): point 0 is the best. By
+    the latest sample, the 20 that point 0 happened to end on, point 1 would be."""
+    from orchestrator import sweep
+    from orchestrator.config.workspace import Workspace
+    from orchestrator.store.lifecycle import transition
+    from orchestrator.sweep import db as sweep_db
+    from orchestrator.sweep.status import document
+
+    ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
+    (tmp_path / "s.toml").write_text('name = "tput"\nplaybook = "command"\nhosts = ["local"]\n'
+                                     'objective = { metric = "output_throughput", goal = "max" }\n'
+                                     '[spec]\ncmd = "true"\n[matrix]\n"env.B" = ["4", "8"]\n')
+    store = Store(ws.db_path)
+    sweep_id = sweep_db.register(store, sweep.plan(ws, store, tmp_path / "s.toml"))
+    for index, samples in ((0, [90.0, 30.0, 20.0]), (1, [25.0])):
+        run_id = store.create_run("command", "local", {"cmd": "true"})
+        store.update_run(run_id, sweep_id=sweep_id)
+        store.complete_receipt(run_id, {"repeats": len(samples)})
+        for to in (Status.PREPARING, Status.LAUNCHING, Status.RUNNING):
+            transition(store, run_id, to)
+        sweep_db.start_point(store, sweep_id, index)
+        sweep_db.attach_run(store, sweep_id, index, run_id)
+        store.add_metrics(run_id, [("output_throughput", v, i + 1) for i, v in enumerate(samples)], ts=1.0)
+        transition(store, run_id, Status.SUCCEEDED)
+        sweep_db.settle_point(store, sweep_id, index, PointStatus.SUCCEEDED, run_id=run_id)
+    doc = document(store, sweep_id)
+    assert [p["objective"] for p in doc["points"]] == [30.0, 25.0]
+    assert (doc["best"]["index"], doc["best"]["value"]) == (0, 30.0)
+    store.close()
