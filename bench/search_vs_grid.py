@@ -278,7 +278,7 @@ out, {WORKLOAD['num_prompts']} prompts, concurrency {WORKLOAD['max_concurrency']
 (the median of the grid's own p99 TTFTs). Objective: output tok/s. Both in one run, one after the other, each
 with {starts} server starts: the budget compared is server starts. The grid benchmarks each point
 {_times(GRID_RUNS)} (`--num-runs {GRID_RUNS}`; vLLM's default is 3, left at 1 here as in the earlier runs and
-to keep the bench within its hour: each run of a point at max_num_seqs=2 takes about 4 minutes on this machine);
+to keep the bench within its hour: one run of a point at max_num_seqs=2 took 4 minutes under the earlier runs' load);
 the search benchmarks each trial {_times(RUNS)} on its one server (serve-bench-vllm's `bench.repeats`) and ranks
 it by their median. The search with orch's defaults (its random start scaled to the budget, the first trial at the ranges' middle and the middle choice, a choice dropped once a
 crash's cause names it, proposals next to a crash passed over).
@@ -302,7 +302,7 @@ against the search's 28.3 (0.458), confirmed at medians 81.6 against 38.9 (withi
 of the search's 8 starts on the KV size vLLM refuses. Before that (random start of 3, no start point, no crash
 avoidance): 77.0 against 29.5 (0.383), 3 of 8 starts on that KV size.
 
-Grid points (vLLM's summary.csv, the median of each point's runs; output tok/s of each run in order):
+Grid points (vLLM's summary.csv; with several runs a point's figures are their median, its runs' output tok/s in order):
 
 | point | output tok/s | runs | p99 TTFT ms |
 |---|---:|---|---:|
