@@ -296,8 +296,8 @@ the in-run figures only say what each found; the confirmation below says which i
 
 {confirmation}
 
-Before: in the previous run (the first trial at the first choice, crash avoidance within half a range only, one
-benchmark per trial, 3 confirmation rounds; load average 13.5 to 16.5) the grid's best read 61.7 output tok/s in-run
+Before these changes, in the last run (the first trial at the first choice, crash avoidance within half a range only, one
+benchmark per trial, 3 confirmation rounds; load average 13.5 to 16.5), the grid's best read 61.7 output tok/s in-run
 against the search's 28.3 (0.458), confirmed at medians 81.6 against 38.9 (within_noise: 3 samples each), with 3
 of the search's 8 starts on the KV size vLLM refuses. Before that (random start of 3, no start point, no crash
 avoidance): 77.0 against 29.5 (0.383), 3 of 8 starts on that KV size.
