@@ -131,10 +131,10 @@ def main() -> None:
         for h in range(1, args.hosts + 1):
             for g in range(args.per_host):
                 spec = pb.Spec.model_validate({"cmd": job(flag), "gpus": [g]})
-                ctx = runflow.start(ws, store, pb, spec, inv.get(f"test{h}"))
-                ctx.release()
-                ids.append(ctx.run_id)
-                pids.append(ctx.run.pid)
+                run = runflow.start(ws, store, pb, spec, inv.get(f"test{h}"))
+                run.release()
+                ids.append(run.run_id)
+                pids.append(run.record.pid)
         started = time.time() - t0
         remote.close_all()  # the starter's connections: only the watchers' are counted
         print(f"{len(ids)} runs started in {started:.0f} s", flush=True)

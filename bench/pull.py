@@ -116,7 +116,7 @@ def main() -> None:
         source = Path(tmp) / "runs" / "1"
         size = make_run_dir(source, args.mib)
         transport = SSHTransport(host)
-        ctx = SimpleNamespace(paths=RunPaths(str(source)), transport=transport, host=host, run_id=1)
+        run = SimpleNamespace(paths=RunPaths(str(source)), transport=transport, host=host, run_id=1)
         agent.call(transport, "ping")  # the connection and the agent up, as a pull finds them
         small = SSHTransport(host)  # its own session, which learns 32 KiB requests
         small_ctx = SimpleNamespace(paths=RunPaths(str(source)), transport=small, host=host, run_id=1)
@@ -130,7 +130,7 @@ def main() -> None:
 
         load = os.getloadavg()[0]
         ways: list[tuple[str, Callable[[Path], None]]] = [
-            ("pull over SFTP (now)", lambda to: fetching.pull(ctx, to, limit=size)),  # type: ignore[arg-type]
+            ("pull over SFTP (now)", lambda to: fetching.pull(run, to, limit=size)),  # type: ignore[arg-type]
             ("pull over SFTP in paramiko's 32 KiB requests", in_small_pieces),
             ("agent chunk requests (before)", lambda to: chunk_pull(transport, str(source), to)),
             ("scp -r (OpenSSH)", lambda to: scp_pull(host, str(source), to)),

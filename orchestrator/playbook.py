@@ -26,7 +26,7 @@ from .host.health import SERVING_PHASES, HealthCheck
 from .host.health import probe as http_probe
 from .host.launch import RunPaths
 from .host.remote import Result, quote
-from .store.record import Run, Status
+from .store.record import RunRecord, Status
 from .store.runtables import LineReader, RunTables, Shown
 
 S = TypeVar("S", bound="RunSpec")
@@ -64,7 +64,7 @@ def other_nodes_only(command: str) -> str:
 
 
 # Looks up a run of this workspace by id (raises NotFound), read-only.
-FindRun = Callable[[int], Run]
+FindRun = Callable[[int], RunRecord]
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class Remote(Protocol):
 
 
 @dataclass(frozen=True)
-class JobContext(Generic[S]):
+class RunContext(Generic[S]):
     run_id: int
     spec: S
     host: Host
@@ -174,15 +174,15 @@ class Playbook(Generic[S]):
     def check_inputs(self, spec: S, host: Host, find_run: FindRun) -> None:
         """Refuse (UsageError) input that only other runs or the inventory can judge, before the run exists."""
 
-    def preflight(self, job: JobContext[S]) -> None:
+    def preflight(self, run: RunContext[S]) -> None:
         """Look at the host, read-only, before anything there is changed (GPU cleanup, patches): refuse
         (UsageError) what the host says cannot work."""
 
-    def prepare(self, job: JobContext[S]) -> Prepared:
+    def prepare(self, run: RunContext[S]) -> Prepared:
         """Look at the host and upload what the job needs into its run dir."""
         return Prepared()
 
-    def command(self, job: JobContext[S], prepared: Prepared) -> str:
+    def command(self, run: RunContext[S], prepared: Prepared) -> str:
         """The job's shell command lines (values quoted)."""
         raise NotImplementedError
 
@@ -208,7 +208,7 @@ class Playbook(Generic[S]):
         """Where a ready server answers (as the host sees it); None: not a server."""
         return None
 
-    def finish(self, job: JobContext[S], run: Run) -> Outputs:
+    def finish(self, run: RunContext[S], record: RunRecord) -> Outputs:
         """Collect outputs and metrics after the job ended (whatever the end)."""
         return Outputs()
 

@@ -6,7 +6,7 @@ does not bring in pydantic and the SSH stack with it."""
 from __future__ import annotations
 
 from .errors import OrchError, UsageError
-from .store.record import Run, Status
+from .store.record import RunRecord, Status
 from .store.runtables import LineReader, RunTables, Shown
 
 __all__ = ["LineReader", "OrchError", "Run", "RunTables", "Shown", "Status", "UsageError"]

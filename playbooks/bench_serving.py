@@ -20,7 +20,7 @@ from orchestrator.playbook import (
     SERVING_PHASES,
     FindRun,
     Host,
-    JobContext,
+    RunContext,
     NotFound,
     Playbook,
     Prepared,
@@ -123,10 +123,10 @@ def repeated(argv: list[str], repeats: int, warmup: int) -> list[str]:
     return [argv[0], REPEAT, str(repeats), str(warmup), *argv[1:]]
 
 
-def put_repeater(job: JobContext[Any], settings: BenchSettings | BenchServingSpec) -> None:
+def put_repeater(run: RunContext[Any], settings: BenchSettings | BenchServingSpec) -> None:
     """The repeats' runner goes to the run dir when there is more than one run."""
     if settings.repeats > 1 or settings.warmup:
-        job.remote.put((JOBS / REPEAT).read_bytes(), posixpath.join(job.paths.root, REPEAT))
+        run.remote.put((JOBS / REPEAT).read_bytes(), posixpath.join(run.paths.root, REPEAT))
 
 
 def bench_module(remote: Remote, python: str, launcher: str | None, engine: Engine = "sglang") -> list[str]:
@@ -205,21 +205,21 @@ class BenchServing(Playbook[BenchServingSpec]):
     def check_inputs(self, spec: BenchServingSpec, host: Host, find_run: FindRun) -> None:
         target(find_run, spec, host)
 
-    def prepare(self, job: JobContext[BenchServingSpec]) -> Prepared:
-        t = target(job.find_run, job.spec, job.host)
-        put_repeater(job, job.spec)
-        return Prepared(args=bench_module(job.remote, self.python(job, t), job.spec.launcher, t.engine))
+    def prepare(self, run: RunContext[BenchServingSpec]) -> Prepared:
+        t = target(run.find_run, run.spec, run.host)
+        put_repeater(run, run.spec)
+        return Prepared(args=bench_module(run.remote, self.python(run, t), run.spec.launcher, t.engine))
 
-    def command(self, job: JobContext[BenchServingSpec], prepared: Prepared) -> str:
-        t = target(job.find_run, job.spec, job.host)
-        argv = bench_argv(self.python(job, t), job.spec, t.url, prepared.args, t.engine, t.model)
-        return " ".join(quote(a) for a in repeated(argv, job.spec.repeats, job.spec.warmup))
+    def command(self, run: RunContext[BenchServingSpec], prepared: Prepared) -> str:
+        t = target(run.find_run, run.spec, run.host)
+        argv = bench_argv(self.python(run, t), run.spec, t.url, prepared.args, t.engine, t.model)
+        return " ".join(quote(a) for a in repeated(argv, run.spec.repeats, run.spec.warmup))
 
     def log_engine(self, spec: BenchServingSpec) -> str | None:
         # unset, the server run's engine decides, which the spec alone does not say: the parser tells by the log
         return spec.engine
 
     @staticmethod
-    def python(job: JobContext[BenchServingSpec], t: Target) -> str:
+    def python(run: RunContext[BenchServingSpec], t: Target) -> str:
         """The spec's python, else the server run's (its engine's environment), else the host's."""
-        return job.spec.python or t.python or job.host.python
+        return run.spec.python or t.python or run.host.python

@@ -6,7 +6,7 @@ import shlex
 
 from pydantic import Field, field_validator
 
-from orchestrator.playbook import JobContext, Playbook, Prepared, RunSpec, check_regex
+from orchestrator.playbook import RunContext, Playbook, Prepared, RunSpec, check_regex
 
 
 class CommandSpec(RunSpec):
@@ -23,8 +23,8 @@ class Command(Playbook[CommandSpec]):
     Spec = CommandSpec
     multi_node = True  # the command reads NNODES, NODE_RANK, MASTER_ADDR and MASTER_PORT itself
 
-    def command(self, job: JobContext[CommandSpec], prepared: Prepared) -> str:
-        return job.spec.cmd  # the user's own command line, run as given
+    def command(self, run: RunContext[CommandSpec], prepared: Prepared) -> str:
+        return run.spec.cmd  # the user's own command line, run as given
 
     def engine_argv(self, spec: CommandSpec) -> list[str] | None:
         try:

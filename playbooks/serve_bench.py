@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from orchestrator.playbook import HealthCheck, Host, JobContext, Playbook, Prepared, other_nodes_only, quote
+from orchestrator.playbook import HealthCheck, Host, RunContext, Playbook, Prepared, other_nodes_only, quote
 
 from . import serve_vllm
 from .bench_serving import BenchSettings, Engine, bench_argv, bench_module, module_for, put_repeater, repeated
@@ -61,11 +61,11 @@ def shell(argv: list[str]) -> str:
     return " ".join(quote(a) for a in argv)
 
 
-def put_waiter(job: JobContext[ServeBenchSpec] | JobContext[ServeBenchVllmSpec]) -> None:
+def put_waiter(run: RunContext[ServeBenchSpec] | RunContext[ServeBenchVllmSpec]) -> None:
     """The script's waits (a free port, a server answering) run wait_http.py from the run dir; its repeats,
     repeat_bench.py."""
-    job.remote.put((JOBS / WAIT).read_bytes(), posixpath.join(job.paths.root, WAIT))
-    put_repeater(job, job.spec.bench)
+    run.remote.put((JOBS / WAIT).read_bytes(), posixpath.join(run.paths.root, WAIT))
+    put_repeater(run, run.spec.bench)
 
 
 def script(spec: ServeBenchSpec | ServeBenchVllmSpec, python: str, server: str, module: list[str],
@@ -97,18 +97,18 @@ class ServeBench(Playbook[ServeBenchSpec]):
     engine = "sglang"  # server and benchmark both print SGLang's formats
     multi_node = True
 
-    def prepare(self, job: JobContext[ServeBenchSpec]) -> Prepared:
-        put_waiter(job)
+    def prepare(self, run: RunContext[ServeBenchSpec]) -> Prepared:
+        put_waiter(run)
         # one look at the installed SGLang: how its log reads, and "graphs off" and the benchmark's module
         # in its spelling
-        version = installed_version(job.remote, job.python)
-        flags = [f for f in no_graph_flags(version) if f not in job.spec.extra_args] if job.spec.debug else []
-        module = [] if job.spec.bench.launcher is not None else module_for(version)
+        version = installed_version(run.remote, run.python)
+        flags = [f for f in no_graph_flags(version) if f not in run.spec.extra_args] if run.spec.debug else []
+        module = [] if run.spec.bench.launcher is not None else module_for(version)
         return ServeBenchPrepared(args=flags, engine_version=version, bench_module=module)
 
-    def command(self, job: JobContext[ServeBenchSpec], prepared: Prepared) -> str:
+    def command(self, run: RunContext[ServeBenchSpec], prepared: Prepared) -> str:
         module = prepared.bench_module if isinstance(prepared, ServeBenchPrepared) else []
-        return script(job.spec, job.python, server_command(job.spec, job.python, prepared.args), module)
+        return script(run.spec, run.python, server_command(run.spec, run.python, prepared.args), module)
 
     def engine_argv(self, spec: ServeBenchSpec) -> list[str] | None:
         return engine_argv(spec)
@@ -123,13 +123,13 @@ class ServeBenchVllm(Playbook[ServeBenchVllmSpec]):
     engine = "vllm"  # server and benchmark both print vLLM's formats
     multi_node = True
 
-    def prepare(self, job: JobContext[ServeBenchVllmSpec]) -> Prepared:
-        put_waiter(job)
-        return Prepared(args=bench_module(job.remote, job.python, job.spec.bench.launcher, "vllm"))
+    def prepare(self, run: RunContext[ServeBenchVllmSpec]) -> Prepared:
+        put_waiter(run)
+        return Prepared(args=bench_module(run.remote, run.python, run.spec.bench.launcher, "vllm"))
 
-    def command(self, job: JobContext[ServeBenchVllmSpec], prepared: Prepared) -> str:
-        server = serve_vllm.server_command(job.spec, job.python)
-        return script(job.spec, job.python, server, prepared.args, "vllm")
+    def command(self, run: RunContext[ServeBenchVllmSpec], prepared: Prepared) -> str:
+        server = serve_vllm.server_command(run.spec, run.python)
+        return script(run.spec, run.python, server, prepared.args, "vllm")
 
     def engine_argv(self, spec: ServeBenchVllmSpec) -> list[str] | None:
         return serve_vllm.engine_argv(spec)

@@ -19,7 +19,7 @@ from pydantic import Field, field_validator, model_validator
 from orchestrator.playbook import (
     HealthCheck,
     Host,
-    JobContext,
+    RunContext,
     Playbook,
     Prepared,
     Remote,
@@ -158,15 +158,15 @@ class ServeEagle3(Playbook[ServeEagle3Spec]):
     engine = "sglang"  # the sglang parser knows the ready line, so no ready_pattern
     multi_node = True
 
-    def prepare(self, job: JobContext[ServeEagle3Spec]) -> Prepared:
-        version = installed_version(job.remote, job.python)  # also how its decode line reads
-        if not job.spec.debug:
+    def prepare(self, run: RunContext[ServeEagle3Spec]) -> Prepared:
+        version = installed_version(run.remote, run.python)  # also how its decode line reads
+        if not run.spec.debug:
             return Prepared(engine_version=version)
-        return Prepared(args=[f for f in no_graph_flags(version) if f not in job.spec.extra_args],
+        return Prepared(args=[f for f in no_graph_flags(version) if f not in run.spec.extra_args],
                         engine_version=version)
 
-    def command(self, job: JobContext[ServeEagle3Spec], prepared: Prepared) -> str:
-        return server_command(job.spec, job.python, prepared.args)
+    def command(self, run: RunContext[ServeEagle3Spec], prepared: Prepared) -> str:
+        return server_command(run.spec, run.python, prepared.args)
 
     def engine_argv(self, spec: ServeEagle3Spec) -> list[str] | None:
         return engine_argv(spec)

@@ -24,7 +24,7 @@ from pydantic import Field, field_validator, model_validator
 from orchestrator.playbook import (
     HealthCheck,
     Host,
-    JobContext,
+    RunContext,
     Playbook,
     Prepared,
     RunSpec,
@@ -154,8 +154,8 @@ class ServeVllm(Playbook[ServeVllmSpec]):
     engine = "vllm"  # the vllm parser knows the ready line, so no ready_pattern
     multi_node = True
 
-    def command(self, job: JobContext[ServeVllmSpec], prepared: Prepared) -> str:
-        return server_command(job.spec, job.python)
+    def command(self, run: RunContext[ServeVllmSpec], prepared: Prepared) -> str:
+        return server_command(run.spec, run.python)
 
     def engine_argv(self, spec: ServeVllmSpec) -> list[str] | None:
         return engine_argv(spec)

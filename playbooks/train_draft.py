@@ -34,13 +34,13 @@ from pydantic import Field, field_validator, model_validator
 from orchestrator.playbook import (
     FindRun,
     Host,
-    JobContext,
+    RunContext,
     NotFound,
     OrchError,
     Outputs,
     Playbook,
     Prepared,
-    Run,
+    RunRecord,
     RunSpec,
     Status,
     UsageError,
@@ -121,7 +121,7 @@ class TrainDraftSpec(RunSpec):
         return self
 
 
-def extract_run(find_run: FindRun, spec: TrainDraftSpec, host: Host) -> Run:
+def extract_run(find_run: FindRun, spec: TrainDraftSpec, host: Host) -> RunRecord:
     """The extract run `from_run` names: succeeded, backend speculators, on this host."""
     assert spec.from_run is not None
     try:
@@ -221,53 +221,53 @@ class TrainDraft(Playbook[TrainDraftSpec]):
         if spec.from_run is not None:
             extract_run(find_run, spec, host)
 
-    def output_dir(self, job: JobContext[TrainDraftSpec]) -> str:
+    def output_dir(self, run: RunContext[TrainDraftSpec]) -> str:
         # a relative output_dir is the job's, in its run dir: its checkpoints are counted there too
-        return posixpath.join(job.paths.root, job.spec.output_dir or "checkpoints")
+        return posixpath.join(run.paths.root, run.spec.output_dir or "checkpoints")
 
-    def prepare(self, job: JobContext[TrainDraftSpec]) -> Prepared:
-        return Prepared(env={VERSION_VAR: self._version(job), "COLUMNS": COLUMNS})
+    def prepare(self, run: RunContext[TrainDraftSpec]) -> Prepared:
+        return Prepared(env={VERSION_VAR: self._version(run), "COLUMNS": COLUMNS})
 
-    def _version(self, job: JobContext[TrainDraftSpec]) -> str:
+    def _version(self, run: RunContext[TrainDraftSpec]) -> str:
         """The installed version (unless the spec forces one) and, before 0.9, whether train.py is there."""
-        s = job.spec
+        s = run.spec
         version, said = (s.speculators_version, "") if s.speculators_version else installed_speculators(
-            job.remote, job.python)
-        found = s.scripts_dir is not None and job.remote.is_file(posixpath.join(s.scripts_dir, TRAINER))
-        if job.dry_run:
+            run.remote, run.python)
+        found = s.scripts_dir is not None and run.remote.is_file(posixpath.join(s.scripts_dir, TRAINER))
+        if run.dry_run:
             return s.speculators_version or ".".join(map(str, NEW_ARGS if s.scripts_dir else CLI_TRAINER))
         if version == "none" or not VERSION_RE.match(version):
-            raise OrchError(f"speculators is not installed for {job.python} on {job.host.name} "
+            raise OrchError(f"speculators is not installed for {run.python} on {run.host.name} "
                             f"(set speculators_version): {said.strip()[-200:]}")
         if parse_version(version) >= CLI_TRAINER:
             unused = f"; scripts_dir {s.scripts_dir} is not used" if s.scripts_dir else ""
-            job.event("prepare", f"speculators {version}: python -m speculators.train{unused}")
+            run.event("prepare", f"speculators {version}: python -m speculators.train{unused}")
             return version
         if not found:
             where = f"not found in {s.scripts_dir}" if s.scripts_dir else "needed (set scripts_dir)"
-            raise OrchError(f"{TRAINER} {where} on {job.host.name} (scripts_dir: the scripts/ folder of the "
+            raise OrchError(f"{TRAINER} {where} on {run.host.name} (scripts_dir: the scripts/ folder of the "
                             f"speculators repo, for speculators {version}; 0.9 on has none and needs none)")
-        job.event("prepare", f"speculators {version}: train.py {'>=0.5' if parse_version(version) >= NEW_ARGS else '<0.5'} arguments")
+        run.event("prepare", f"speculators {version}: train.py {'>=0.5' if parse_version(version) >= NEW_ARGS else '<0.5'} arguments")
         return version
 
-    def command(self, job: JobContext[TrainDraftSpec], prepared: Prepared) -> str:
-        hidden = hidden_states_dir(job.find_run, job.spec, job.host)
-        prepared_by = prepared_dir(job.find_run, job.spec, job.host)
-        if prepared_by is not None and not job.remote.is_file(posixpath.join(prepared_by, DATASET_INFO)):
+    def command(self, run: RunContext[TrainDraftSpec], prepared: Prepared) -> str:
+        hidden = hidden_states_dir(run.find_run, run.spec, run.host)
+        prepared_by = prepared_dir(run.find_run, run.spec, run.host)
+        if prepared_by is not None and not run.remote.is_file(posixpath.join(prepared_by, DATASET_INFO)):
             prepared_by = None  # the extract run's dataset was preprocessed already
-        data = dataset_dir(job.find_run, job.spec, job.host, prepared_by)
-        layers = target_layers(job.find_run, job.spec, job.host)
-        argv = train_argv(job.spec, job.python, prepared.env[VERSION_VAR], hidden, data, self.output_dir(job), layers)
-        return train_command(argv, job.spec.nodes)
+        data = dataset_dir(run.find_run, run.spec, run.host, prepared_by)
+        layers = target_layers(run.find_run, run.spec, run.host)
+        argv = train_argv(run.spec, run.python, prepared.env[VERSION_VAR], hidden, data, self.output_dir(run), layers)
+        return train_command(argv, run.spec.nodes)
 
-    def finish(self, job: JobContext[TrainDraftSpec], run: Run) -> Outputs:
+    def finish(self, run: RunContext[TrainDraftSpec], record: RunRecord) -> Outputs:
         """The checkpoints (one folder per epoch, named by its number) train.py saved, also after a failure."""
-        out = self.output_dir(job)
-        epochs = sorted((e.name for e in job.remote.list_dir(out) or [] if e.kind == "dir" and EPOCH.fullmatch(e.name)),
+        out = self.output_dir(run)
+        epochs = sorted((e.name for e in run.remote.list_dir(out) or [] if e.kind == "dir" and EPOCH.fullmatch(e.name)),
                         key=int)
-        held = job.remote.usage(out)
+        held = run.remote.usage(out)
         checkpoints, size = len(epochs), held.bytes if held is not None else 0
         last = posixpath.join(out, epochs[-1]) if epochs else None
-        found = {"output_dir": out, "hidden_states": hidden_states_dir(job.find_run, job.spec, job.host),
+        found = {"output_dir": out, "hidden_states": hidden_states_dir(run.find_run, run.spec, run.host),
                  "checkpoints": checkpoints, "last_checkpoint": last, "bytes": size}
         return Outputs(found, [("checkpoints", checkpoints), ("output_mb", round(size / 2**20, 3))])

@@ -48,32 +48,32 @@ def main(root: Path, hostdir: Path) -> None:
     cmd = (f"for i in $(seq 1 50); do echo sample $i; done; while [ ! -e {gate} ]; do sleep 0.05; done; "
            "for i in $(seq 51 200); do echo sample $i; done")
     spec = CommandSpec(cmd=cmd, poll_min=0.05, poll_max=0.2)
-    ctx = runflow.start(ws, store, registry.playbook("command"), spec, Inventory.load(ws.hosts_file, root).get("local"))
-    if ctx.lock is not None:
-        ctx.lock.release()  # the host's watcher follows it, as after `orch run --detach`
-    wait_for("the first 50 lines recorded", lambda: ctx.refresh().last_line == "sample 50")
+    run = runflow.start(ws, store, registry.playbook("command"), spec, Inventory.load(ws.hosts_file, root).get("local"))
+    if run.lock is not None:
+        run.lock.release()  # the host's watcher follows it, as after `orch run --detach`
+    wait_for("the first 50 lines recorded", lambda: run.refresh().last_line == "sample 50")
     lock = host_lock_path(ws, "local")
     watcher = holder(lock)
     filler = root / "filler"
     subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], stderr=subprocess.DEVNULL, check=False)
     gate.touch()  # the job prints the rest and exits while the disk is full
-    wait_for("the job's exit", lambda: (Path(ctx.paths.root) / ".orch" / "exit_code").exists())
+    wait_for("the job's exit", lambda: (Path(run.paths.root) / ".orch" / "exit_code").exists())
     # the watcher reads the rest and is refused: the exit cannot be recorded while the disk is full
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline and holder(lock) == watcher:
         time.sleep(0.05)
-    during = {"status": ctx.refresh().status.value, "watcher_alive": holder(lock) == watcher}
+    during = {"status": run.refresh().status.value, "watcher_alive": holder(lock) == watcher}
     os.unlink(filler)
     try:
-        wait_for("the run's end recorded and its end steps done", lambda: ctx.refresh().status.terminal and len(
-            ctx.run.end_steps) == len(runflow.END_STEPS) and not ctx.run.end_claims, timeout=30)
+        wait_for("the run's end recorded and its end steps done", lambda: run.refresh().status.terminal and len(
+            run.record.end_steps) == len(runflow.END_STEPS) and not run.record.end_claims, timeout=30)
     except SystemExit as exc:
         during["after"] = str(exc)
-    run = ctx.refresh()
+    record = run.refresh()
     print(json.dumps({
-        "during": during, "status": run.status.value, "last_line": run.last_line,
-        "same_watcher": holder(lock) in (watcher, None), "end_steps": run.end_steps,
-        "events": [[e["kind"], e["message"]] for e in store.events(ctx.run_id)],
+        "during": during, "status": record.status.value, "last_line": record.last_line,
+        "same_watcher": holder(lock) in (watcher, None), "end_steps": record.end_steps,
+        "events": [[e["kind"], e["message"]] for e in store.events(run.run_id)],
     }))
 
 

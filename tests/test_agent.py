@@ -180,11 +180,11 @@ def test_an_agent_file_swapped_on_the_host_is_never_run_but_placed_again(tmp_pat
 
 
 # -- the log, followed by the host-side logic itself -----------------------------------------------
-def follow(root: Path, **req) -> following.Followed:
-    return following.Followed({"key": "9", "dir": str(root), **req})
+def follow(root: Path, **req) -> following.WatchedRun:
+    return following.WatchedRun({"key": "9", "dir": str(root), **req})
 
 
-def drain(f: following.Followed) -> bytes:
+def drain(f: following.WatchedRun) -> bytes:
     out = b""
     for _ in range(10_000):
         doc = f.state(time.monotonic())

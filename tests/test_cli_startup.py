@@ -113,14 +113,14 @@ def test_a_value_with_nothing_to_parse_comes_out_as_typer_parses_it() -> None:
     root = typer.main.get_command(app)
     checked = 0
     for path, command in commands(root):
-        ctx = click.Context(command, info_name=path)
-        for param in command.get_params(ctx):
+        run = click.Context(command, info_name=path)
+        for param in command.get_params(run):
             values = [None, param.default]
             if param.type_descriptor.annotation is str:  # type: ignore[attr-defined]
                 values += ["gpu01", "", "٣"]
             parse = type(param).process_value  # type: ignore[attr-defined]
             for value in values:
-                assert outcome(parse, param, ctx, value) == outcome(parse.__wrapped__, param, ctx, value), \
+                assert outcome(parse, param, run, value) == outcome(parse.__wrapped__, param, run, value), \
                     f"{path} {param.name} {value!r}"
                 checked += 1
     assert checked > 300

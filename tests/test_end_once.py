@@ -32,43 +32,43 @@ def receiver() -> Iterator[Receiver]:
     r.close()
 
 
-def start(ws: Workspace, store: Store, receiver: Receiver, cmd: str) -> runflow.Job:
+def start(ws: Workspace, store: Store, receiver: Receiver, cmd: str) -> runflow.Run:
     spec = CommandSpec(cmd=cmd, notify=[receiver.url], **FAST)
     return runflow.start(ws, store, registry.playbook("command"), spec, local_host(ws.root))
 
 
-def assert_ended_once(ctx: runflow.Job, receiver: Receiver) -> None:
+def assert_ended_once(run: runflow.Run, receiver: Receiver) -> None:
     for _ in range(2):  # whoever comes later finds nothing left to do
-        runflow.finish(ctx)
-        follow.watch(ctx)
+        runflow.finish(run)
+        follow.watch(run)
     notify.drain(5)
-    run = ctx.refresh()
-    assert run.status.terminal
-    assert run.end_steps == list(runflow.END_STEPS)
-    finished = [e["message"] for e in ctx.store.events(ctx.run_id) if e["kind"] == "finished"]
+    record = run.refresh()
+    assert record.status.terminal
+    assert record.end_steps == list(runflow.END_STEPS)
+    finished = [e["message"] for e in run.store.events(run.run_id) if e["kind"] == "finished"]
     assert sorted(finished) == sorted(runflow.END_STEPS)
-    assert [b["run_id"] for b in receiver.bodies] == [ctx.run_id]
-    assert ctx.run_id not in [held.run_id for held in lease.held(ctx.store)]
-    if run.launched:
-        assert (ctx.ws.run_dir(ctx.run_id) / "log.tail").exists()
+    assert [b["run_id"] for b in receiver.bodies] == [run.run_id]
+    assert run.run_id not in [held.run_id for held in lease.held(run.store)]
+    if record.launched:
+        assert (run.ws.run_dir(run.run_id) / "log.tail").exists()
 
 
-def ended_by_watch(ctx: runflow.Job) -> None:
-    follow.watch(ctx)
+def ended_by_watch(run: runflow.Run) -> None:
+    follow.watch(run)
 
 
-def ended_by_poll(ctx: runflow.Job) -> None:
+def ended_by_poll(run: runflow.Run) -> None:
     deadline = time.monotonic() + 10
-    while not runflow.poll(ctx).status.terminal and time.monotonic() < deadline:
+    while not runflow.poll(run).status.terminal and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
-def ended_by_cancel(ctx: runflow.Job) -> None:
-    assert runflow.cancel(ctx, "cancelled by test", 1.0) in ("stopped", "killed")
+def ended_by_cancel(run: runflow.Run) -> None:
+    assert runflow.cancel(run, "cancelled by test", 1.0) in ("stopped", "killed")
 
 
-def ended_by_stop(ctx: runflow.Job) -> None:
-    assert runflow.stop(ctx, 1.0).startswith("process group stopped")
+def ended_by_stop(run: runflow.Run) -> None:
+    assert runflow.stop(run, 1.0).startswith("process group stopped")
 
 
 @pytest.mark.parametrize("end, cmd, status", [
@@ -78,11 +78,11 @@ def ended_by_stop(ctx: runflow.Job) -> None:
     (ended_by_stop, "sleep 30", Status.CANCELLED),
 ])
 def test_end_steps_once_whoever_ends_the_run(ws: Workspace, store: Store, receiver: Receiver,
-                                             end: Callable[[runflow.Job], None], cmd: str, status: Status) -> None:
-    ctx = start(ws, store, receiver, cmd)
-    end(ctx)
-    assert ctx.refresh().status is status
-    assert_ended_once(ctx, receiver)
+                                             end: Callable[[runflow.Run], None], cmd: str, status: Status) -> None:
+    run = start(ws, store, receiver, cmd)
+    end(run)
+    assert run.refresh().status is status
+    assert_ended_once(run, receiver)
 
 
 def test_end_steps_once_for_a_failed_start(ws: Workspace, store: Store, receiver: Receiver) -> None:
@@ -102,9 +102,9 @@ def test_end_steps_once_for_an_orphan_settled(ws: Workspace, store: Store, recei
     store.update_run(run_id, remote_dir=str(ws.root / "runs" / str(run_id)))
     transition(store, run_id, Status.PREPARING)
     transition(store, run_id, Status.LAUNCHING)
-    ctx = runflow.open_run(ws, store, run_id)
-    assert runflow.settle_orphan(ctx).status is Status.LOST
-    assert_ended_once(ctx, receiver)
+    run = runflow.open_run(ws, store, run_id)
+    assert runflow.settle_orphan(run).status is Status.LOST
+    assert_ended_once(run, receiver)
 
 
 
@@ -120,7 +120,7 @@ def test_an_orphan_picked_up_meanwhile_by_another_process_is_left_as_it_found_it
     store.update_run(run_id, remote_dir=str(ws.root / "runs" / str(run_id)))
     transition(store, run_id, Status.PREPARING)
     transition(store, run_id, Status.LAUNCHING)
-    ctx = runflow.open_run(ws, store, run_id)
+    run = runflow.open_run(ws, store, run_id)
     job = JobRef(4242, "proof")
     monkeypatch.setattr(hostlease, "owner", lambda *a: "mine")
 
@@ -128,24 +128,24 @@ def test_an_orphan_picked_up_meanwhile_by_another_process_is_left_as_it_found_it
         transition(store, run_id, Status.RUNNING, "picked up by the other", **job.columns())
         return job
 
-    monkeypatch.setattr(ctx.executor, "find", found_while_another_picks_it_up)
-    run = runflow.settle_orphan(ctx)
-    assert run.status is Status.RUNNING and run.job == job
+    monkeypatch.setattr(run.executor, "find", found_while_another_picks_it_up)
+    record = runflow.settle_orphan(run)
+    assert record.status is Status.RUNNING and record.job == job
     assert [e["message"] for e in store.events(run_id)].count("running: picked up by the other") == 1
 
 def test_a_failing_end_step_does_not_skip_the_others(ws: Workspace, store: Store, receiver: Receiver,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    ctx = start(ws, store, receiver, "true")
+    run = start(ws, store, receiver, "true")
 
-    def broken(job: object, run: object) -> object:
+    def broken(job: object, record: object) -> object:
         raise ValueError("a manifest that is not JSON")
 
-    monkeypatch.setattr(ctx.pb, "finish", broken)
-    follow.watch(ctx)
+    monkeypatch.setattr(run.pb, "finish", broken)
+    follow.watch(run)
     notify.drain(5)
-    warnings = [e["message"] for e in store.events(ctx.run_id) if e["kind"] == "warning"]
+    warnings = [e["message"] for e in store.events(run.run_id) if e["kind"] == "warning"]
     assert warnings == ["outputs: ValueError: a manifest that is not JSON"]
-    assert ctx.refresh().end_steps == list(runflow.END_STEPS) and len(receiver.bodies) == 1
+    assert run.refresh().end_steps == list(runflow.END_STEPS) and len(receiver.bodies) == 1
 
 
 def test_a_queued_run_starts_before_a_slow_notify_of_the_previous_run_ends(
@@ -158,10 +158,10 @@ def test_a_queued_run_starts_before_a_slow_notify_of_the_previous_run_ends(
     notifying, gate, notified = threading.Event(), threading.Event(), threading.Event()
     real_notify = ending._notify
 
-    def slow_notify(ctx: runflow.Job) -> None:
+    def slow_notify(run: runflow.Run) -> None:
         notifying.set()
         gate.wait(120)  # a receiver that takes its time: until run 2 started, or two minutes
-        real_notify(ctx)
+        real_notify(run)
         notified.set()
 
     monkeypatch.setattr(ending, "_notify", slow_notify)
@@ -209,10 +209,10 @@ def test_the_next_run_waits_for_the_patch_revert(ws: Workspace, store: Store, re
     reverting, gate = threading.Event(), threading.Event()
     real_revert = ending._revert_patches
 
-    def slow_revert(ctx: runflow.Job) -> None:
+    def slow_revert(run: runflow.Run) -> None:
         reverting.set()
         gate.wait(20)
-        real_revert(ctx)
+        real_revert(run)
 
     monkeypatch.setattr(ending, "_revert_patches", slow_revert)
     first = start(ws, store, receiver, "sleep 30")
@@ -285,9 +285,9 @@ def _claim_then_die(ws: Workspace, run_id: int, status: Status) -> None:
         proc.wait()
 
 
-def _job_over(ctx: runflow.Job) -> None:
+def _job_over(run: runflow.Run) -> None:
     deadline = time.monotonic() + 20
-    while not (Path(ctx.paths.root) / ".orch" / "exit_code").exists():
+    while not (Path(run.paths.root) / ".orch" / "exit_code").exists():
         assert time.monotonic() < deadline, "the job never ended"
         time.sleep(0.05)
 
@@ -297,10 +297,10 @@ def test_an_end_step_whose_claimer_died_is_taken_over_by_the_next_finisher(
     from orchestrator.runflow import watching
 
     monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)  # nobody else watches the run
-    ctx = start(ws, store, receiver, "echo the last line")
-    _job_over(ctx)
-    _claim_then_die(ws, ctx.run_id, Status.SUCCEEDED)
-    assert ctx.refresh().end_steps == ["log to end"] and ctx.run_id in [h.run_id for h in lease.held(store)]
+    run = start(ws, store, receiver, "echo the last line")
+    _job_over(run)
+    _claim_then_die(ws, run.run_id, Status.SUCCEEDED)
+    assert run.refresh().end_steps == ["log to end"] and run.run_id in [h.run_id for h in lease.held(store)]
     from orchestrator.runflow import ending
 
     def no_wait(seconds: float) -> None:
@@ -308,11 +308,11 @@ def test_an_end_step_whose_claimer_died_is_taken_over_by_the_next_finisher(
 
     real_wait = ending._await_steps_elsewhere
     monkeypatch.setattr(ending, "_await_steps_elsewhere", lambda store, runs, sleep=None: real_wait(store, runs, no_wait))
-    runflow.finish(ctx)  # the dead claimer's step is taken over at once, never waited for
+    runflow.finish(run)  # the dead claimer's step is taken over at once, never waited for
     assert "log to end: taken over (whoever had claimed it died before it was done)" in [
-        e["message"] for e in store.events(ctx.run_id) if e["kind"] == "end step"]
-    assert ctx.refresh().end_claims == {} and ctx.run.last_line == "the last line"
-    assert_ended_once(ctx, receiver)
+        e["message"] for e in store.events(run.run_id) if e["kind"] == "end step"]
+    assert run.refresh().end_claims == {} and run.record.last_line == "the last line"
+    assert_ended_once(run, receiver)
 
 
 def test_an_ended_run_left_half_finished_is_finished_by_its_hosts_watcher_at_the_next_command(
@@ -323,18 +323,18 @@ def test_an_ended_run_left_half_finished_is_finished_by_its_hosts_watcher_at_the
 
     real_spawn = watching.spawn_host
     monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)
-    ctx = start(ws, store, receiver, "echo the last line")
-    _job_over(ctx)
-    _claim_then_die(ws, ctx.run_id, Status.SUCCEEDED)
-    assert store.abandoned_ends() and ctx.run_id in [h.run_id for h in lease.held(store)]
+    run = start(ws, store, receiver, "echo the last line")
+    _job_over(run)
+    _claim_then_die(ws, run.run_id, Status.SUCCEEDED)
+    assert store.abandoned_ends() and run.run_id in [h.run_id for h in lease.held(store)]
     monkeypatch.setattr(watching, "spawn_host", real_spawn)
     watching.ensure_watched(ws, store)
     deadline = time.monotonic() + 60
-    while ctx.refresh().end_claims or ctx.run.end_steps != list(runflow.END_STEPS) or not receiver.bodies:
-        assert time.monotonic() < deadline, f"never finished: {ctx.run.end_steps} {ctx.run.end_claims}"
+    while run.refresh().end_claims or run.record.end_steps != list(runflow.END_STEPS) or not receiver.bodies:
+        assert time.monotonic() < deadline, f"never finished: {run.record.end_steps} {run.record.end_claims}"
         time.sleep(0.1)
-    assert ctx.run_id not in [h.run_id for h in lease.held(store)] and not store.abandoned_ends()
-    assert [b["run_id"] for b in receiver.bodies] == [ctx.run_id] and ctx.run.last_line == "the last line"
+    assert run.run_id not in [h.run_id for h in lease.held(store)] and not store.abandoned_ends()
+    assert [b["run_id"] for b in receiver.bodies] == [run.run_id] and run.record.last_line == "the last line"
 
 
 def test_a_cancelling_runs_job_seen_gone_ends_the_run_as_decided_not_failed_or_lost(
@@ -347,16 +347,16 @@ def test_a_cancelling_runs_job_seen_gone_ends_the_run_as_decided_not_failed_or_l
     from orchestrator.runflow import watching
 
     monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)
-    ctx = start(ws, store, receiver, "sleep 30")
-    transition(store, ctx.run_id, Status.CANCELLING, "cancelled by user", reason="cancelled by user",
+    run = start(ws, store, receiver, "sleep 30")
+    transition(store, run.run_id, Status.CANCELLING, "cancelled by user", reason="cancelled by user",
                ending_as=Status.CANCELLED.value)
-    job = ctx.refresh().job
+    job = run.refresh().job
     assert job is not None
     os.killpg(job.id, signal.SIGKILL)  # (the test's own job: its process group)
     deadline = time.monotonic() + 20
-    while not runflow.poll(ctx).status.terminal:
+    while not runflow.poll(run).status.terminal:
         assert time.monotonic() < deadline, "the job's end was never seen"
         time.sleep(0.05)
-    run = ctx.refresh()
-    assert (run.status, run.reason) == (Status.CANCELLED, "cancelled by user")
-    assert_ended_once(ctx, receiver)
+    record = run.refresh()
+    assert (record.status, record.reason) == (Status.CANCELLED, "cancelled by user")
+    assert_ended_once(run, receiver)

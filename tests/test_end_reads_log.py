@@ -54,46 +54,46 @@ def ssh_ws(tmp_path: Path, ssh_fleet: SSHFleet) -> Iterator[tuple[Workspace, Sto
 
 
 def serve_until_decoding(ws: Workspace, store: Store, host: Any, lines: int = 5, spec: Any = None,
-                         **run_fields: Any) -> runflow.Job:
+                         **run_fields: Any) -> runflow.Run:
     """Start a server, watch it until ready, then let it print `lines` decode lines nobody polls."""
-    ctx = runflow.start(ws, store, registry.playbook("serve-eagle3"), spec or server_spec(), host,
+    run = runflow.start(ws, store, registry.playbook("serve-eagle3"), spec or server_spec(), host,
                         run_fields=run_fields)
-    assert follow.watch(ctx, until_ready=True).phase in ("ready", "running")  # serving
+    assert follow.watch(run, until_ready=True).phase in ("ready", "running")  # serving
     deadline = time.monotonic() + 30
-    while len(decode_lines(ctx)) < lines:
+    while len(decode_lines(run)) < lines:
         assert time.monotonic() < deadline, "the emulator printed no decode stats"
         time.sleep(0.05)
-    return ctx
+    return run
 
 
-def decode_lines(ctx: runflow.Job) -> list[float]:
+def decode_lines(run: runflow.Run) -> list[float]:
     """The decode stats the log holds (the host is this machine: its file is read directly)."""
-    return [float(v) for v in DECODE.findall(Path(ctx.paths.log).read_text(errors="replace"))]
+    return [float(v) for v in DECODE.findall(Path(run.paths.log).read_text(errors="replace"))]
 
 
-def assert_recorded_to_the_end(ctx: runflow.Job) -> None:
-    run = ctx.refresh()
-    assert run.status.terminal and "log to end" in run.end_steps
-    printed = decode_lines(ctx)
-    recorded = [v for _, v, _ in ctx.store.metric_series(ctx.run_id, "gen_throughput")]
+def assert_recorded_to_the_end(run: runflow.Run) -> None:
+    record = run.refresh()
+    assert record.status.terminal and "log to end" in record.end_steps
+    printed = decode_lines(run)
+    recorded = [v for _, v, _ in run.store.metric_series(run.run_id, "gen_throughput")]
     assert len(printed) >= 5
     assert recorded == printed  # every decode line, the last one included, and nothing twice
-    assert ctx.store.latest_metrics(ctx.run_id)["gen_throughput"] == printed[-1]
-    assert run.last_line and run.last_line in Path(ctx.paths.log).read_text(errors="replace").splitlines()[-1]
+    assert run.store.latest_metrics(run.run_id)["gen_throughput"] == printed[-1]
+    assert record.last_line and record.last_line in Path(run.paths.log).read_text(errors="replace").splitlines()[-1]
 
 
-def ended_by_stop(ws: Workspace, store: Store, inv: Inventory, ctx: runflow.Job) -> None:
-    runflow.stop(ctx, grace_s=3)
+def ended_by_stop(ws: Workspace, store: Store, inv: Inventory, run: runflow.Run) -> None:
+    runflow.stop(run, grace_s=3)
 
 
-def ended_by_cancel(ws: Workspace, store: Store, inv: Inventory, ctx: runflow.Job) -> None:
-    runflow.cancel(ctx, "cancelled by test", grace_s=3)
+def ended_by_cancel(ws: Workspace, store: Store, inv: Inventory, run: runflow.Run) -> None:
+    runflow.cancel(run, "cancelled by test", grace_s=3)
 
 
-def ended_by_replace(ws: Workspace, store: Store, inv: Inventory, ctx: runflow.Job) -> None:
+def ended_by_replace(ws: Workspace, store: Store, inv: Inventory, run: runflow.Run) -> None:
     new = runflow.start(ws, store, registry.playbook("command"), registry.playbook("command").Spec(cmd="true"),
                         inv.get("test1"), replace=True)
-    assert ctx.refresh().reason == f"replaced by run {new.run_id}"
+    assert run.refresh().reason == f"replaced by run {new.run_id}"
     follow.watch(new)
 
 
@@ -102,12 +102,12 @@ def ended_by_replace(ws: Workspace, store: Store, inv: Inventory, ctx: runflow.J
 ], ids=["stop", "cancel", "replace"])
 def test_a_run_ended_by_another_records_its_log_to_the_last_line(
         ssh_ws: tuple[Workspace, Store, Inventory],
-        end: Callable[[Workspace, Store, Inventory, runflow.Job], None], status: Status) -> None:
+        end: Callable[[Workspace, Store, Inventory, runflow.Run], None], status: Status) -> None:
     ws, store, inv = ssh_ws
-    ctx = serve_until_decoding(ws, store, inv.get("test1"))
-    end(ws, store, inv, ctx)
-    assert ctx.refresh().status is status
-    assert_recorded_to_the_end(ctx)
+    run = serve_until_decoding(ws, store, inv.get("test1"))
+    end(ws, store, inv, run)
+    assert run.refresh().status is status
+    assert_recorded_to_the_end(run)
 
 
 def test_a_run_whose_end_is_read_elsewhere_while_it_is_stopped_records_its_log_to_the_last_line(
@@ -115,18 +115,18 @@ def test_a_run_whose_end_is_read_elsewhere_while_it_is_stopped_records_its_log_t
     """A cancel records its decision (`cancelling`) before it signals the job, the job still printing. Here
     the signal waits until the job printed on: those lines are recorded too."""
     ws, store, inv = ssh_ws
-    ctx = serve_until_decoding(ws, store, inv.get("test1"))
-    kill = ctx.executor.kill
+    run = serve_until_decoding(ws, store, inv.get("test1"))
+    kill = run.executor.kill
 
     def kill_once_it_printed_on(job: Any, grace_s: float) -> str:
-        assert ctx.store.get_run(ctx.run_id).status is Status.CANCELLING  # decided, not ended: no end step yet
-        printed = len(decode_lines(ctx))
-        wait_until(lambda: len(decode_lines(ctx)) >= printed + 3)
+        assert run.store.get_run(run.run_id).status is Status.CANCELLING  # decided, not ended: no end step yet
+        printed = len(decode_lines(run))
+        wait_until(lambda: len(decode_lines(run)) >= printed + 3)
         return kill(job, grace_s)
 
-    ctx.executor.kill = kill_once_it_printed_on  # type: ignore[method-assign]
-    runflow.cancel(ctx, "cancelled by test", grace_s=3)
-    assert_recorded_to_the_end(ctx)
+    run.executor.kill = kill_once_it_printed_on  # type: ignore[method-assign]
+    runflow.cancel(run, "cancelled by test", grace_s=3)
+    assert_recorded_to_the_end(run)
 
 
 def wait_until(condition: Callable[[], bool]) -> None:
@@ -141,9 +141,9 @@ def test_a_run_that_ends_by_itself_records_its_log_to_the_last_line(
     ws, store, inv = ssh_ws
     spec = server_spec(extra_args=["--shards", "2", "--shard-time", "0.01", "--capture-time", "0.01",
                                    "--decode-stats", "12", "--decode-interval", "0.01"])
-    ctx = runflow.start(ws, store, registry.playbook("serve-eagle3"), spec, inv.get("test1"))
-    assert follow.watch(ctx).status is Status.SUCCEEDED
-    assert_recorded_to_the_end(ctx)
+    run = runflow.start(ws, store, registry.playbook("serve-eagle3"), spec, inv.get("test1"))
+    assert follow.watch(run).status is Status.SUCCEEDED
+    assert_recorded_to_the_end(run)
 
 
 def test_a_sweep_cancelled_records_its_running_points_log_to_the_last_line(
@@ -154,24 +154,24 @@ def test_a_sweep_cancelled_records_its_running_points_log_to_the_last_line(
                           f'[spec]\nmodel = "/models/target"\ndraft_model = "/models/draft"\n'
                           f'launcher = {json.dumps(str(EMULATOR))}\n[matrix]\nport = [{free_port("127.0.0.1")}]\n')
     sweep_id = sweep_db.register(store, plan(ws, store, sweep_file))
-    ctx = serve_until_decoding(ws, store, inv.get("test1"), sweep_id=sweep_id, point="port=1")
-    sweep_db.attach_run(store, sweep_id, 0, ctx.run_id)
+    run = serve_until_decoding(ws, store, inv.get("test1"), sweep_id=sweep_id, point="port=1")
+    sweep_db.attach_run(store, sweep_id, 0, run.run_id)
     done = control.cancel(ws, str(sweep_id), grace_s=3)
-    assert list(done["stopped"]) == [ctx.run_id]
-    assert ctx.refresh().reason == "sweep cancelled"
-    assert_recorded_to_the_end(ctx)
+    assert list(done["stopped"]) == [run.run_id]
+    assert run.refresh().reason == "sweep cancelled"
+    assert_recorded_to_the_end(run)
 
 
 def test_a_run_stopped_by_another_runs_gpu_cleanup_records_its_log_to_the_last_line(
         fake_gpus: FakeGpus, ws: Workspace, store: Store) -> None:
     """On this machine, the tests-only nvidia-smi showing the server (leased GPU 1) on GPU 0 too, which the
     next run asks for."""
-    ctx = serve_until_decoding(ws, store, local_host(ws.root), spec=server_spec(gpus=[1]))
-    fake_gpus.add(int(ctx.run.pid or 0), 0)
+    run = serve_until_decoding(ws, store, local_host(ws.root), spec=server_spec(gpus=[1]))
+    fake_gpus.add(int(run.record.pid or 0), 0)
     command = registry.playbook("command")
     nxt = runflow.start(ws, store, command, command.Spec(cmd="true", gpus=[0], poll_min=0.05, poll_max=0.2),
                         local_host(ws.root))
-    run = ctx.refresh()  # stopped by the next run's GPU cleanup, elsewhere
-    assert run.status is Status.CANCELLED and str(nxt.run_id) in (run.reason or "")
+    record = run.refresh()  # stopped by the next run's GPU cleanup, elsewhere
+    assert record.status is Status.CANCELLED and str(nxt.run_id) in (record.reason or "")
     follow.watch(nxt)
-    assert_recorded_to_the_end(ctx)
+    assert_recorded_to_the_end(run)

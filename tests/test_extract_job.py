@@ -28,7 +28,7 @@ FINAL_LINE = re.compile(
 
 
 @dataclass
-class Run:
+class RunRecord:
     returncode: int
     stdout: str
     stderr: str
@@ -40,13 +40,13 @@ class Run:
         return [line for line in re.split(r"[\r\n]+", self.stderr) if line.strip()]
 
 
-def run_job(out_dir: Path, *args: str, script: Path = SCRIPT, timeout: float = 120) -> Run:
+def run_job(out_dir: Path, *args: str, script: Path = SCRIPT, timeout: float = 120) -> RunRecord:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, str(script), "--output-dir", str(out_dir), *args],
         capture_output=True, text=True, timeout=timeout, env=env, cwd=out_dir.parent,
     )
-    return Run(proc.returncode, proc.stdout, proc.stderr, out_dir)
+    return RunRecord(proc.returncode, proc.stdout, proc.stderr, out_dir)
 
 
 def load_job_module():
@@ -69,7 +69,7 @@ def load_all_shards(out_dir: Path, manifest: dict) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def check_output(run: Run, prompts: list[str], layers: list[int], model_dir: Path) -> dict:
+def check_output(run: RunRecord, prompts: list[str], layers: list[int], model_dir: Path) -> dict:
     """Common checks: manifest, shapes, tokens and the hidden states themselves."""
     assert run.returncode == 0, run.stderr
     manifest = json.loads((run.out_dir / "manifest.json").read_text())
@@ -108,7 +108,7 @@ def check_output(run: Run, prompts: list[str], layers: list[int], model_dir: Pat
     return manifest
 
 
-def progress_states(run: Run) -> list[str]:
+def progress_states(run: RunRecord) -> list[str]:
     return [line for line in run.lines if line.startswith("Extracting hidden states:")]
 
 
@@ -116,11 +116,11 @@ def progress_states(run: Run) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def default_run(tmp_path_factory) -> Run:
+def default_run(tmp_path_factory) -> RunRecord:
     return run_job(tmp_path_factory.mktemp("default") / "out")
 
 
-def test_default_run_writes_manifest_and_shards(default_run: Run):
+def test_default_run_writes_manifest_and_shards(default_run: RunRecord):
     prompts = load_job_module().load_prompts(PROMPTS, None)
     assert len(prompts) >= 30
     tiny_dir = default_run.out_dir.parent / "tiny-model"
@@ -133,7 +133,7 @@ def test_default_run_writes_manifest_and_shards(default_run: Run):
     assert len(list(tiny_dir.glob("model-*-of-*.safetensors"))) == 4
 
 
-def test_default_run_progress_lines(default_run: Run):
+def test_default_run_progress_lines(default_run: RunRecord):
     lines = default_run.lines
     states = progress_states(default_run)
     assert len(states) >= 4  # 0%, per batch of 8 out of 32, 100%

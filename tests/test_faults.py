@@ -191,7 +191,7 @@ def test_a_database_locked_past_its_busy_timeout_leaves_the_run_watched(tmp_path
     host = Host(name="test1", **ssh_fleet.host_entry(1, workdir=str(tmp_path / "remote")))
     pb = registry.playbook("command")
     job = " ".join(shlex.quote(a) for a in (sys.executable, str(JOB), "--steps", "30", "--sleep", "0.1"))
-    ctx = runflow.start(ws, store, pb, pb.Spec(cmd=job, poll_min=0.05, poll_max=0.3), host)
+    run = runflow.start(ws, store, pb, pb.Spec(cmd=job, poll_min=0.05, poll_max=0.3), host)
 
     def hold_the_lock() -> None:  # another process's transaction, ten times longer than the busy timeout
         other = sqlite3.connect(ws.db_path, isolation_level=None)
@@ -202,10 +202,10 @@ def test_a_database_locked_past_its_busy_timeout_leaves_the_run_watched(tmp_path
 
     locker = threading.Thread(target=hold_the_lock)
     locker.start()
-    run = follow.watch(ctx)
+    record = follow.watch(run)
     locker.join()
-    assert run.status == "succeeded" and run.progress and run.progress["done"] == 30
-    events = store.events(ctx.run_id)
+    assert record.status == "succeeded" and record.progress and record.progress["done"] == 30
+    events = store.events(run.run_id)
     assert any(e["kind"] == "database" and "nothing was lost" in e["message"] for e in events)
     assert [e["message"] for e in events if e["kind"] == "phase"].count("running") <= 1  # read once
 

@@ -117,12 +117,12 @@ def foreign(procs: list[subprocess.Popen], *argv: str) -> subprocess.Popen:
 class Starting:
     """The run being started, preparing, as the run flow has it when cleanup runs; env: what cleanup set."""
 
-    ctx: runflow.Job
+    run: runflow.Run
     env: dict[str, str] = field(default_factory=dict)
 
     @property
     def run_id(self) -> int:
-        return self.ctx.run_id
+        return self.run.run_id
 
 
 def context(ws: Workspace, store: Store, spec: FastSpec) -> Starting:
@@ -130,16 +130,16 @@ def context(ws: Workspace, store: Store, spec: FastSpec) -> Starting:
     run_id = store.create_run("command", host.name, spec.model_dump(mode="json"))
     transition(store, run_id, Status.PREPARING)
     transport = connect(host)
-    return Starting(runflow.Job(ws, store, registry.playbook("command"), host, transport,
+    return Starting(runflow.Run(ws, store, registry.playbook("command"), host, transport,
                                     executor_for(host, transport), run_id, spec,
                                     RunPaths.for_run(str(ws.root), run_id)))
 
 
 def clean(starting: Starting, sleep: Callable[[float], None]) -> None:
     """The run flow's GPU cleanup step, with the spec's timings."""
-    spec = starting.ctx.spec
+    spec = starting.run.spec
     assert isinstance(spec, FastSpec)
-    starting.env.update(runflow.free_gpus(starting.ctx, grace_s=spec.kill_grace_s, timeout_s=spec.cleanup_timeout_s,
+    starting.env.update(runflow.free_gpus(starting.run, grace_s=spec.kill_grace_s, timeout_s=spec.cleanup_timeout_s,
                                           sleep=sleep))
 
 
@@ -333,65 +333,65 @@ def test_stale_orch_run_is_stopped_and_cancelled(fake_gpus: FakeGpus, ws: Worksp
                                                  orch_jobs: OrchJobs) -> None:
     stale, wrapper, job = orch_jobs.start("exec sleep 300")
     fake_gpus.add(job, 1, 70000)
-    ctx = context(ws, store, FastSpec())
-    clean(ctx, sleep=NO_SLEEP)
+    run = context(ws, store, FastSpec())
+    clean(run, sleep=NO_SLEEP)
     assert not alive(job) and not alive(wrapper)  # gone before cleanup returned
-    run = store.get_run(stale)
-    assert run.status == "cancelled"
-    assert run.reason == f"stopped by run {ctx.run_id} to free GPUs 0,1"
-    messages = [e["message"] for e in gpu_events(store, ctx.run_id)]
+    record = store.get_run(stale)
+    assert record.status == "cancelled"
+    assert record.reason == f"stopped by run {run.run_id} to free GPUs 0,1"
+    messages = [e["message"] for e in gpu_events(store, run.run_id)]
     assert messages[0] == "before cleanup of GPUs 0,1" and messages[-1] == "GPUs 0,1 free"
     assert any(m.startswith(f"stopped run {stale} (stopped)") for m in messages)
-    before = gpu_events(store, ctx.run_id)[0]["data"]
+    before = gpu_events(store, run.run_id)[0]["data"]
     assert before["gpus"][1]["processes"][0]["run_id"] == stale
-    assert gpu_events(store, ctx.run_id)[-1]["data"]["gpus"][1]["processes"] == []
-    assert ctx.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert gpu_events(store, run.run_id)[-1]["data"]["gpus"][1]["processes"] == []
+    assert run.env["CUDA_VISIBLE_DEVICES"] == "0,1"
 
 
 def test_stale_run_that_ignores_sigterm_is_killed(fake_gpus: FakeGpus, ws: Workspace, store: Store,
                                                   orch_jobs: OrchJobs) -> None:
     stale, _, job = orch_jobs.start("trap '' TERM\nwhile true; do sleep 0.1; done")
     fake_gpus.add(job, 0)
-    ctx = context(ws, store, FastSpec())
-    clean(ctx, sleep=NO_SLEEP)
+    run = context(ws, store, FastSpec())
+    clean(run, sleep=NO_SLEEP)
     assert not alive(job)
     assert store.get_run(stale).status == "cancelled"
-    assert any(e["message"].startswith(f"stopped run {stale} (killed)") for e in gpu_events(store, ctx.run_id))
+    assert any(e["message"].startswith(f"stopped run {stale} (killed)") for e in gpu_events(store, run.run_id))
 
 
 def test_foreign_process_blocks_and_survives(fake_gpus: FakeGpus, ws: Workspace, store: Store,
                                              procs: list[subprocess.Popen]) -> None:
     p = foreign(procs, "sleep", "302")
     fake_gpus.add(p.pid, 1)
-    ctx = context(ws, store, FastSpec())
+    run = context(ws, store, FastSpec())
     with pytest.raises(OrchError) as err:
-        clean(ctx, sleep=NO_SLEEP)
+        clean(run, sleep=NO_SLEEP)
     message = str(err.value)
     assert "\n" not in message
     assert f"pid {p.pid} (sleep 302) on GPU 1" in message and "kill_foreign" in message
     time.sleep(0.2)
     assert p.poll() is None and alive(p.pid)
-    assert "CUDA_VISIBLE_DEVICES" not in ctx.env
-    assert gpu_events(store, ctx.run_id)[0]["message"] == "before cleanup of GPUs 0,1"
+    assert "CUDA_VISIBLE_DEVICES" not in run.env
+    assert gpu_events(store, run.run_id)[0]["message"] == "before cleanup of GPUs 0,1"
 
 
 def test_foreign_process_on_other_gpus_is_left_alone(fake_gpus: FakeGpus, ws: Workspace, store: Store,
                                                      procs: list[subprocess.Popen]) -> None:
     p = foreign(procs, "sleep", "303")
     fake_gpus.add(p.pid, 0)
-    ctx = context(ws, store, FastSpec(gpus=[1]))
-    clean(ctx, sleep=NO_SLEEP)
-    assert ctx.env["CUDA_VISIBLE_DEVICES"] == "1"
+    run = context(ws, store, FastSpec(gpus=[1]))
+    clean(run, sleep=NO_SLEEP)
+    assert run.env["CUDA_VISIBLE_DEVICES"] == "1"
     assert p.poll() is None
 
 
 def test_kill_foreign(fake_gpus: FakeGpus, ws: Workspace, store: Store, procs: list[subprocess.Popen]) -> None:
     p = foreign(procs, "sleep", "304")
     fake_gpus.add(p.pid, 1)
-    ctx = context(ws, store, FastSpec(kill_foreign=True))
-    clean(ctx, sleep=NO_SLEEP)
+    run = context(ws, store, FastSpec(kill_foreign=True))
+    clean(run, sleep=NO_SLEEP)
     assert p.wait(timeout=5) == -signal.SIGTERM
-    assert any(e["message"].startswith("killed foreign processes (stopped)") for e in gpu_events(store, ctx.run_id))
+    assert any(e["message"].startswith("killed foreign processes (stopped)") for e in gpu_events(store, run.run_id))
 
 
 def test_kill_foreign_that_ignores_sigterm(fake_gpus: FakeGpus, ws: Workspace, store: Store,
@@ -399,8 +399,8 @@ def test_kill_foreign_that_ignores_sigterm(fake_gpus: FakeGpus, ws: Workspace, s
     p = foreign(procs, "bash", "-c", "trap '' TERM; while true; do sleep 0.1; done")
     time.sleep(0.2)  # let bash install the trap
     fake_gpus.add(p.pid, 0)
-    ctx = context(ws, store, FastSpec(kill_foreign=True))
-    clean(ctx, sleep=NO_SLEEP)
+    run = context(ws, store, FastSpec(kill_foreign=True))
+    clean(run, sleep=NO_SLEEP)
     assert p.wait(timeout=5) == -signal.SIGKILL
 
 
@@ -410,13 +410,13 @@ def test_gpus_that_never_free_up_fail_at_the_timeout(fake_gpus: FakeGpus, ws: Wo
     fake_gpus.add(p.pid, 1)
     fake_gpus.set_gpu(1, base_memory=30000)  # memory a dead process left behind
     slept: list[float] = []
-    ctx = context(ws, store, FastSpec(kill_foreign=True, cleanup_timeout_s=5))
+    run = context(ws, store, FastSpec(kill_foreign=True, cleanup_timeout_s=5))
     with pytest.raises(OrchError) as err:
-        clean(ctx, sleep=slept.append)
+        clean(run, sleep=slept.append)
     assert str(err.value) == "GPU 1 still busy after 5 s: GPU 1: 30000 MiB in use and no process listed"
     assert sum(slept) >= 5 and slept[0] == pytest.approx(0.5)
     assert p.wait(timeout=5) == -signal.SIGTERM
-    assert "CUDA_VISIBLE_DEVICES" not in ctx.env
+    assert "CUDA_VISIBLE_DEVICES" not in run.env
 
 
 def test_unknown_gpu_in_spec(fake_gpus: FakeGpus, ws: Workspace, store: Store) -> None:
@@ -425,21 +425,21 @@ def test_unknown_gpu_in_spec(fake_gpus: FakeGpus, ws: Workspace, store: Store) -
 
 
 def test_cpu_host(no_nvidia_smi: None, ws: Workspace, store: Store) -> None:
-    ctx = context(ws, store, FastSpec())
-    clean(ctx, sleep=NO_SLEEP)
-    assert [e["message"] for e in gpu_events(store, ctx.run_id)] == ["no nvidia-smi: CPU host"]
-    assert "CUDA_VISIBLE_DEVICES" not in ctx.env
+    run = context(ws, store, FastSpec())
+    clean(run, sleep=NO_SLEEP)
+    assert [e["message"] for e in gpu_events(store, run.run_id)] == ["no nvidia-smi: CPU host"]
+    assert "CUDA_VISIBLE_DEVICES" not in run.env
 
 
 def test_cuda_visible_devices_follow_spec_gpus(fake_gpus: FakeGpus, ws: Workspace, store: Store) -> None:
     fake_gpus.state["gpus"] = FakeGpus(fake_gpus.path.with_name("four.json"), 4).state["gpus"]
     fake_gpus.save()
-    ctx = context(ws, store, FastSpec(gpus=[3, 1]))
-    clean(ctx, sleep=NO_SLEEP)
-    assert ctx.env["CUDA_VISIBLE_DEVICES"] == "3,1"
-    ctx = context(ws, store, FastSpec())
-    clean(ctx, sleep=NO_SLEEP)
-    assert ctx.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    run = context(ws, store, FastSpec(gpus=[3, 1]))
+    clean(run, sleep=NO_SLEEP)
+    assert run.env["CUDA_VISIBLE_DEVICES"] == "3,1"
+    run = context(ws, store, FastSpec())
+    clean(run, sleep=NO_SLEEP)
+    assert run.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
 
 
 def test_a_run_stopped_by_cleanup_ends_like_any_run(fake_gpus: FakeGpus, ws: Workspace, store: Store,

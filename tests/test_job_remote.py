@@ -15,19 +15,19 @@ from orchestrator.errors import RemoteError
 from orchestrator.host.transport import LocalTransport
 from orchestrator.playbook import Entry
 from orchestrator.runflow import registry
-from orchestrator.runflow.context import JobRemote
+from orchestrator.runflow.context import RunRemote
 from orchestrator.store import Store
 
 
 @pytest.fixture
-def remote(tmp_path: Path) -> JobRemote:
+def remote(tmp_path: Path) -> RunRemote:
     host = Host(name="local", workdir=str(tmp_path / "work"), python=sys.executable)
     root = tmp_path / "work" / "runs" / "1"
     root.mkdir(parents=True)
-    return JobRemote(LocalTransport(host), str(root))
+    return RunRemote(LocalTransport(host), str(root))
 
 
-def test_files_are_looked_at_relative_to_the_run_dir(remote: JobRemote, tmp_path: Path):
+def test_files_are_looked_at_relative_to_the_run_dir(remote: RunRemote, tmp_path: Path):
     root = Path(remote.root)
     (root / "out" / "3").mkdir(parents=True)
     (root / "out" / "manifest.json").write_text('{"samples": 2}')
@@ -48,13 +48,13 @@ def test_files_are_looked_at_relative_to_the_run_dir(remote: JobRemote, tmp_path
     assert remote.read_text("out") is None
 
 
-def test_read_text_reads_past_the_agents_chunk(remote: JobRemote):
+def test_read_text_reads_past_the_agents_chunk(remote: RunRemote):
     big = Path(remote.root) / "big"
     big.write_bytes(b"z" * (3 << 20))
     assert len(remote.read_text("big", limit=(2 << 20) + 5) or "") == (2 << 20) + 5
 
 
-def test_run_argv_passes_words_as_data(remote: JobRemote, tmp_path: Path):
+def test_run_argv_passes_words_as_data(remote: RunRemote, tmp_path: Path):
     marker = tmp_path / "injected"
     res = remote.run_argv([sys.executable, "-c", "import sys; print(sys.argv[1])", f"$(touch {marker})"])
     assert res.ok and res.stdout == f"$(touch {marker})\n" and not marker.exists()
@@ -66,7 +66,7 @@ def test_run_argv_passes_words_as_data(remote: JobRemote, tmp_path: Path):
 
 def test_a_recording_host_records_each_look_and_answers_as_an_empty_host(tmp_path: Path):
     recorder = runflow.RecordingTransport(local_host(tmp_path))
-    dry = JobRemote(recorder, str(tmp_path))
+    dry = RunRemote(recorder, str(tmp_path))
     (tmp_path / "there").write_text("x")
     try:
         assert not dry.is_file("there") and dry.list_dir(".") is None and dry.usage(".") is None

@@ -22,19 +22,19 @@ def test_following_a_log_goes_on_from_the_byte_its_tail_ended_at(tmp_path: Path)
     command = registry.playbook("command")
     spec = command.Spec(cmd="sleep 0.3; for i in $(seq 1 400); do echo line $i; sleep 0.002; done",
                         poll_min=0.05, poll_max=0.2)
-    ctx = runflow.start(ws, store, command, spec, local_host(ws.root))
+    run = runflow.start(ws, store, command, spec, local_host(ws.root))
     deadline = time.monotonic() + 20
-    while "line 50\n" not in Path(ctx.paths.log).read_text():  # tail while the job prints
+    while "line 50\n" not in Path(run.paths.log).read_text():  # tail while the job prints
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    found = runflow.read_log(ws, store, ctx.run_id, 5)
+    found = runflow.read_log(ws, store, run.run_id, 5)
     assert found.end is not None and found.text
-    assert Path(ctx.paths.log).read_bytes()[:found.end].endswith(found.text.encode())  # the tail ends there
+    assert Path(run.paths.log).read_bytes()[:found.end].endswith(found.text.encode())  # the tail ends there
     time.sleep(0.1)  # lines printed between the tail and the follow are the follow's
     followed: list[bytes] = []
-    runflow.follow_log(ctx, followed.append, sleep=lambda s: time.sleep(0.01), offset=found.end)
+    runflow.follow_log(run, followed.append, sleep=lambda s: time.sleep(0.01), offset=found.end)
     lines = (found.text + b"".join(followed).decode()).splitlines()
     first = int(lines[0].split()[1])
     assert lines == [f"line {i}" for i in range(first, 401)]
-    follow.watch(ctx)
+    follow.watch(run)
     store.close()

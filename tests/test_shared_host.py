@@ -322,9 +322,9 @@ def test_an_orphan_never_adopts_a_pid_from_another_runs_dir(tmp_path: Path, ssh_
     for status in (Status.PREPARING, Status.LAUNCHING):
         transition(store, run_id, status)
     store.update_run(run_id, remote_dir=theirs)
-    ctx = runflow.open_run(ws, store, run_id)
-    run = runflow.settle_orphan(ctx)
-    assert run.status is Status.FAILED and run.pid is None and "another run's" in (run.reason or ""), run
+    run = runflow.open_run(ws, store, run_id)
+    record = runflow.settle_orphan(run)
+    assert record.status is Status.FAILED and record.pid is None and "another run's" in (record.reason or ""), record
     assert a.status(held)["status"] == "running"
     store.close()
     a("cancel", str(held), "--grace", "1", check=0)
@@ -485,8 +485,8 @@ def test_pull_copies_at_most_what_it_listed(tmp_path: Path, host: Host, monkeypa
 
     monkeypatch.setattr(agent, "call", swapping)
     transport = SSHTransport(host)
-    ctx = SimpleNamespace(paths=RunPaths(str(root)), transport=transport, host=host, run_id=1)
-    pulled = fetching.pull(ctx, tmp_path / "to", limit=2000)  # type: ignore[arg-type]
+    run = SimpleNamespace(paths=RunPaths(str(root)), transport=transport, host=host, run_id=1)
+    pulled = fetching.pull(run, tmp_path / "to", limit=2000)  # type: ignore[arg-type]
     assert (pulled.files, pulled.size) == (1, 1000)
     assert (tmp_path / "to" / "log").read_bytes() == b"x" * 1000 and not (tmp_path / "to" / "out").exists()
     transport.close()

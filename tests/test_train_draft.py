@@ -15,7 +15,7 @@ from sshd import free_port
 
 from orchestrator.config.hosts import Host
 from orchestrator.errors import UsageError
-from orchestrator.store.record import Run, Status
+from orchestrator.store.record import RunRecord, Status
 from playbooks.train_draft import TrainDraftSpec, hidden_states_dir, target_layers, train_argv, train_command
 
 SCRIPTS = Path(__file__).parent / "fakes" / "speculators_emulator" / "scripts"
@@ -90,10 +90,10 @@ def test_from_run_must_be_a_succeeded_speculators_extract_on_the_host(orch):
     assert res.returncode != 0 and "from_run: no run 7" in res.stderr
 
 
-def run_of(**kw: object) -> Run:
+def run_of(**kw: object) -> RunRecord:
     base = {"id": 3, "playbook": "extract-hidden-states", "host": "h", "status": Status.SUCCEEDED,
             "spec": {"backend": "speculators", "output_dir": "/hs", "dataset": "/prep"}, "remote_dir": "/r/3"}
-    return Run(**{**base, **kw})  # type: ignore[arg-type]
+    return RunRecord(**{**base, **kw})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("run", "message"), [

@@ -22,7 +22,7 @@ from orchestrator.runflow import registry
 from orchestrator.runflow.recorder import Recorder, WatchOptions
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
-from orchestrator.store.record import Run, Status
+from orchestrator.store.record import RunRecord, Status
 from orchestrator.watch import follow
 from playbooks.command import CommandSpec
 
@@ -77,7 +77,7 @@ def test_backoff_makes_fewer_round_trips_than_a_fixed_poll(tmp_path, monkeypatch
     assert fixed > backoff  # one per 0.05 s; how many fewer is bench/detection_lag.py's
 
 
-def until_done(rec: Recorder, timeout: float = 30) -> Run:
+def until_done(rec: Recorder, timeout: float = 30) -> RunRecord:
     """One-shot looks (as `orch status --refresh` makes) until the run ended."""
     deadline = time.monotonic() + timeout
     while not rec.look():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..store.record import Run
+from ..store.record import RunRecord
 
 BAR = 24
 STALE_S = 5.0  # news older than this is said to be so
@@ -41,7 +41,7 @@ def progress_text(progress: dict[str, Any] | None, phase: str | None, since_s: f
     return f"{phase} {p.get('label') or ''} {bar}{done}{rate}{eta}".replace("  ", " ")
 
 
-def line(run: Run, now: float) -> str:
+def line(run: RunRecord, now: float) -> str:
     since_bar = now - run.progress_at if run.progress_at else 0.0
     parts = [progress_text(run.progress, run.phase, since_bar)]
     if run.started_at:
@@ -56,10 +56,10 @@ def line(run: Run, now: float) -> str:
 class RunView:
     """A Rich renderable of the run's live line; `update` gives it the newest record."""
 
-    def __init__(self, run: Run | None = None, clock: Any = time.time):
+    def __init__(self, run: RunRecord | None = None, clock: Any = time.time):
         self.run, self.clock = run, clock
 
-    def update(self, run: Run) -> None:
+    def update(self, run: RunRecord) -> None:
         self.run = run
 
     def __rich__(self) -> Any:
@@ -76,7 +76,7 @@ class PlainProgress:
         self.phase: str | None = None
         self.last = 0.0
 
-    def update(self, run: Run) -> None:
+    def update(self, run: RunRecord) -> None:
         now = self.clock()
         if run.phase != self.phase or now - self.last >= PLAIN_EVERY_S:
             self.phase, self.last = run.phase, now

@@ -106,12 +106,12 @@ def _node_logs(ws: Any, store: Any, run_id: int, nodes: list[Any], lines: int, w
         def each_whole(write: Any) -> None:
             for n in nodes:
                 try:
-                    ctx = runflow.open_run(ws, store, n, hosts, any_spec=True)
+                    run = runflow.open_run(ws, store, n, hosts, any_spec=True)
                 except OrchError as exc:
                     err.print(f"orch: node {n.node_rank or 0} (run {n.id}): {exc}", markup=False)
                     continue
                 lined = Prefixed(node_prefix(n), write)
-                fetching.stream_log(ctx, lined.feed)
+                fetching.stream_log(run, lined.feed)
                 lined.flush()
 
         _stream(each_whole)
@@ -204,10 +204,10 @@ def _stream(source: Any) -> None:
         sys.stdout.flush()
 
 
-def _whole_log(ctx: Any) -> None:
+def _whole_log(run: Any) -> None:
     from ..runflow import fetching
 
-    _stream(lambda write: fetching.stream_log(ctx, write))
+    _stream(lambda write: fetching.stream_log(run, write))
 
 
 @app.command(epilog="Examples:\n\n  orch pull 7\n\n  orch pull 7 --to results/run7 --max-size 4G")
@@ -230,25 +230,25 @@ def pull(run_id: str = typer.Argument(..., metavar="ID"),
         to = to or ws.runs_dir / str(head.id) / "pulled"
         pulled = []
         for n in nodes:
-            ctx = runflow.open_run(ws, store, n, inventory(ws), any_spec=True)
-            done = fetching.pull(ctx, to / f"node-{n.node_rank or 0}", limit)
+            run = runflow.open_run(ws, store, n, inventory(ws), any_spec=True)
+            done = fetching.pull(run, to / f"node-{n.node_rank or 0}", limit)
             pulled.append({"rank": n.node_rank or 0, "id": n.id, "to": str(done.to), "files": done.files,
                            "bytes": done.size})
             if not as_json:
                 err.print(f"run {head.id} node {n.node_rank or 0}: {done.files} files, {done.size} bytes from "
-                          f"{ctx.host.name}:{ctx.paths.root}")
+                          f"{run.host.name}:{run.paths.root}")
         if as_json:
             emit_json({"id": head.id, "to": str(to), "files": sum(p["files"] for p in pulled),
                        "bytes": sum(p["bytes"] for p in pulled), "nodes": pulled})
         else:
             out.print(str(to))
         return
-    ctx = runflow.open_run(ws, store, rid, inventory(ws), any_spec=True)
-    done = fetching.pull(ctx, to or ws.runs_dir / str(ctx.run_id) / "pulled", limit)
+    run = runflow.open_run(ws, store, rid, inventory(ws), any_spec=True)
+    done = fetching.pull(run, to or ws.runs_dir / str(run.run_id) / "pulled", limit)
     if as_json:
-        emit_json({"id": ctx.run_id, "to": str(done.to), "files": done.files, "bytes": done.size})
+        emit_json({"id": run.run_id, "to": str(done.to), "files": done.files, "bytes": done.size})
     else:
-        err.print(f"run {ctx.run_id}: {done.files} files, {done.size} bytes from {ctx.host.name}:{ctx.paths.root}")
+        err.print(f"run {run.run_id}: {done.files} files, {done.size} bytes from {run.host.name}:{run.paths.root}")
         out.print(str(done.to))
 
 

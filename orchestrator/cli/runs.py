@@ -12,7 +12,7 @@ import typer
 from ..config import metricinfo
 from ..config.workspace import LOCAL
 from ..errors import OrchError, UsageError
-from ..store.record import KILL_GRACE_S, Run, Status
+from ..store.record import KILL_GRACE_S, RunRecord, Status
 from ..store.shapes import run_document
 from .app import age_seconds, app, inventory, open_store, parse_run_id, read_store, workspace
 from .catalog import RunCommand
@@ -129,10 +129,10 @@ def _start(pb: Any, spec: Any, host: list[str], detach: bool, dry_run: bool, unt
     newest = store.newest_run_id()
     try:
         if len(targets) > 1:
-            ctx = runflow.start_nodes(ws, store, pb, spec, targets, queue=queue, on_wait=on_wait, replace=replace,
+            run = runflow.start_nodes(ws, store, pb, spec, targets, queue=queue, on_wait=on_wait, replace=replace,
                                       run_fields=labels)
         else:
-            ctx = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait, replace=replace,
+            run = runflow.start(ws, store, pb, spec, target, queue=queue, on_wait=on_wait, replace=replace,
                                 run_fields=labels)
     except (lease.Busy, hostlease.HostLeaseBusy) as busy:
         raise OrchError(runflow.busy_message(store, busy)) from None
@@ -142,19 +142,19 @@ def _start(pb: Any, spec: Any, host: list[str], detach: bool, dry_run: bool, unt
             err.print(f"orch: stopped waiting; no run was started ({waited[0]})", markup=False)
             raise typer.Exit(130) from None
         raise
-    job = ctx.run.job or "no job"
-    err.print(f"run {ctx.run_id}: {pb.name} on {target.name}, {job} in {ctx.paths.root}")
-    for node in store.nodes_of(ctx.run_id)[1:]:
+    job = run.record.job or "no job"
+    err.print(f"run {run.run_id}: {pb.name} on {target.name}, {job} in {run.paths.root}")
+    for node in store.nodes_of(run.run_id)[1:]:
         err.print(f"  node {node.node_rank}: {node.host}, {node.job or 'no job'} in {node.remote_dir}")
     if detach:
-        _hand_over(ctx)
+        _hand_over(run)
         if as_json:
-            started = ctx.refresh()
+            started = run.refresh()
             emit_json(run_document(store, started, with_events=False, headlines=metricinfo.headlines(started.playbook)))
         else:
-            out.print(ctx.run_id)
+            out.print(run.run_id)
         return
-    _follow(ctx, until_ready, as_json)
+    _follow(run, until_ready, as_json)
 
 
 def _started_here(store: Any, newest: int) -> bool:
@@ -165,12 +165,12 @@ def _started_here(store: Any, newest: int) -> bool:
     return store.count_runs(after_id=newest, watcher=me) > 0
 
 
-def _hand_over(ctx: Any) -> None:
+def _hand_over(run: Any) -> None:
     """This process stops watching the run; a background watcher keeps it (see runflow/watching.py)."""
     from ..runflow import watching
 
-    ctx.release()
-    watching.ensure_watched(ctx.ws, ctx.store, [ctx.run])
+    run.release()
+    watching.ensure_watched(run.ws, run.store, [run.record])
 
 
 @app.command()
@@ -182,13 +182,13 @@ def watch(run_id: str = typer.Argument(..., metavar="ID"), until_ready: bool = t
     from .. import runflow
 
     ws = workspace()
-    ctx = runflow.open_run(ws, open_store(ws), parse_run_id(run_id), inventory(ws), any_spec=background)
+    run = runflow.open_run(ws, open_store(ws), parse_run_id(run_id), inventory(ws), any_spec=background)
     if background:  # its host's watcher follows it, with the host's other runs
         from ..watch import hostwatch
 
-        hostwatch.serve(ws, ctx.host.name)
+        hostwatch.serve(ws, run.host.name)
         return
-    _follow(ctx, until_ready, as_json)
+    _follow(run, until_ready, as_json)
 
 
 @app.command("watch-host", hidden=True)
@@ -202,7 +202,7 @@ def watch_host(name: str = typer.Argument(..., metavar="HOST"),
     hostwatch.serve(ws, name)
 
 
-def _follow(ctx: Any, until_ready: bool, as_json: bool) -> None:
+def _follow(run: Any, until_ready: bool, as_json: bool) -> None:
     """Watch through the run flow, showing its events and a live progress line; Ctrl-C detaches."""
     from rich.live import Live
 
@@ -211,33 +211,33 @@ def _follow(ctx: Any, until_ready: bool, as_json: bool) -> None:
     from .liveview import PlainProgress, RunView
 
     tty = err.is_terminal
-    view = RunView(ctx.run)
+    view = RunView(run.record)
     # a person at a terminal: the line is drawn anew every second; elsewhere, a plain line now and then
     live = Live(view, console=err, transient=True, refresh_per_second=1, auto_refresh=tty)
     plain = None if tty else PlainProgress(err.print)
-    seen = len(ctx.store.events(ctx.run_id))
+    seen = len(run.store.events(run.run_id))
 
-    def show(run: Run) -> None:
+    def show(record: RunRecord) -> None:
         nonlocal seen
-        events = ctx.store.events(ctx.run_id)
+        events = run.store.events(run.run_id)
         for e in events[seen:]:
             if e["kind"] != "status" or e["message"].split(":")[0] in ("running",):
                 live.console.print(f"{time.strftime('%H:%M:%S', time.localtime(e['ts']))} {e['kind']}: {e['message']}")
         seen = len(events)
-        view.update(run)
+        view.update(record)
         if plain is not None:
-            plain.update(run)
+            plain.update(record)
 
     before = signal.signal(signal.SIGINT, _interrupted)
     try:
         with live:
-            final = watch.watch(ctx, until_ready=until_ready, on_update=show)
+            final = watch.watch(run, until_ready=until_ready, on_update=show)
     except KeyboardInterrupt:
-        _detach(ctx)
+        _detach(run)
     finally:
         if signal.getsignal(signal.SIGINT) is _interrupted:
             signal.signal(signal.SIGINT, before)
-    doc = outcome.summary(ctx.ws, ctx.store, final, ctx.host)
+    doc = outcome.summary(run.ws, run.store, final, run.host)
     if as_json:
         emit_json(doc)
     for line in summary_lines(doc):
@@ -256,15 +256,15 @@ def _interrupted(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _detach(ctx: Any) -> NoReturn:
+def _detach(run: Any) -> NoReturn:
     """Ctrl-C while following a run: leave it to its watcher at once, one line on stderr, exit 0 (the
     hand-over is a record write and at most a process start)."""
     signal.signal(signal.SIGINT, _ignore)
     who = "its host's watcher follows it"
-    ctx.event("detached", f"Ctrl-C: this process stopped following the run; {who}")
-    _hand_over(ctx)
-    err.print(f"orch: detached; run {ctx.run_id} goes on ({who}): "
-              f"orch watch {ctx.run_id} · orch logs {ctx.run_id} -f", markup=False)
+    run.event("detached", f"Ctrl-C: this process stopped following the run; {who}")
+    _hand_over(run)
+    err.print(f"orch: detached; run {run.run_id} goes on ({who}): "
+              f"orch watch {run.run_id} · orch logs {run.run_id} -f", markup=False)
     # the interpreter's exit puts the default back in place of a Python handler, and one more Ctrl-C then
     # would end it by SIGINT, not exit 0; SIG_IGN stays (set after the hand-over: a watcher started there
     # must not inherit it)
@@ -322,7 +322,7 @@ def cancel(run_id: str = typer.Argument(..., metavar="ID"),
               else f"run {ctx.run_id} cancelled ({outcome})")
 
 
-def _not_a_node(record: Run, verb: str) -> None:
+def _not_a_node(record: RunRecord, verb: str) -> None:
     """One node alone is never ended: its run's other nodes would wait on it. Ending the run ends them all."""
     if record.parent_id is not None:
         raise UsageError(f"run {record.id} is node {record.node_rank} of run {record.parent_id}: {verb} the run"
@@ -339,13 +339,13 @@ def stop_cmd(run_id: str = typer.Argument(..., metavar="ID"),
     ws = workspace()
     store = open_store(ws)
     _not_a_node(store.get_run(parse_run_id(run_id)), "stop")
-    ctx = runflow.open_run(ws, store, parse_run_id(run_id), inventory(ws))
-    outcome = runflow.stop(ctx, grace)
-    status = ctx.refresh().status
+    run = runflow.open_run(ws, store, parse_run_id(run_id), inventory(ws))
+    outcome = runflow.stop(run, grace)
+    status = run.refresh().status
     if as_json:
-        emit_json({"id": ctx.run_id, "status": status.value, "outcome": outcome})
-    err.print(f"run {ctx.run_id} cancelling: {outcome}" if status is Status.CANCELLING
-              else f"run {ctx.run_id} stopped: {outcome}")
+        emit_json({"id": run.run_id, "status": status.value, "outcome": outcome})
+    err.print(f"run {run.run_id} cancelling: {outcome}" if status is Status.CANCELLING
+              else f"run {run.run_id} stopped: {outcome}")
 
 
 @app.command("rm", epilog="Example:\n\n  orch rm 3 4 5")

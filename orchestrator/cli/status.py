@@ -12,7 +12,7 @@ from ..config import metricinfo
 from ..config.workspace import Workspace
 from ..errors import OrchError, UsageError
 from ..store import runtables, summaries
-from ..store.record import ACTIVE, STATUS_WORDS, Run, Status
+from ..store.record import ACTIVE, STATUS_WORDS, RunRecord, Status
 from ..store.shapes import run_document
 from .app import age_seconds, app, inventory, no_runs_note, open_store, parse_run_id, read_store, workspace
 from .render import Fit, Styled, age, duration, emit_json, err, out, progress_line, shown_of, table
@@ -129,7 +129,7 @@ class ServerUrls:
         self.ws = ws
         self.hosts: Any = None
 
-    def of(self, run: Run) -> str | None:
+    def of(self, run: RunRecord) -> str | None:
         if run.status is not Status.RUNNING:  # asked first: importing health imports the hosts and pydantic
             return None
         from ..host.health import SERVING_PHASES
@@ -155,7 +155,7 @@ def _node_row(node: dict[str, Any]) -> list[Any]:
             node["phase"] or "", node["job"], prog, node["reason"] or "", node["remote_dir"] or ""]
 
 
-def _row(doc: dict[str, Any], run: Run, now: float) -> list[Any]:
+def _row(doc: dict[str, Any], run: RunRecord, now: float) -> list[Any]:
     p = doc["progress"]
     prog = f"{p['label'] or ''} {p['done']:g}/{p['total']:g}".strip() if p and p.get("total") else ""
     if not p and doc["predicted_ready_at"] and doc["status"] == "running":

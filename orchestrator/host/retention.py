@@ -10,7 +10,7 @@ from ..config.hosts import Inventory
 from ..config.workspace import Workspace
 from ..errors import OrchError, UsageError
 from ..store import Store
-from ..store.record import ACTIVE, Run
+from ..store.record import ACTIVE, RunRecord
 from . import hostlease
 from .launch import RunPaths
 from .remote import connect
@@ -23,7 +23,7 @@ class Removed:
     ok: bool = True
 
 
-def check_removable(run: Run) -> None:
+def check_removable(run: RunRecord) -> None:
     if run.parent_id is not None:  # a node goes with its run, never alone
         raise UsageError(f"run {run.id} is node {run.node_rank} of run {run.parent_id}: remove the run"
                          f" (`orch rm {run.parent_id}`)")
@@ -33,12 +33,12 @@ def check_removable(run: Run) -> None:
         raise UsageError(f"run {run.id} belongs to sweep {run.sweep_id}; its record stays with the sweep")
 
 
-def older_than(store: Store, seconds: float, now: float | None = None) -> list[Run]:
+def older_than(store: Store, seconds: float, now: float | None = None) -> list[RunRecord]:
     """Ended runs, not part of a sweep, that ended (or were created) more than `seconds` ago."""
     return store.ended_before((now or time.time()) - seconds)
 
 
-def _remove_remote(ws: Workspace, store: Store, run: Run, inv: Inventory) -> str:
+def _remove_remote(ws: Workspace, store: Store, run: RunRecord, inv: Inventory) -> str:
     if not run.remote_dir:
         return "no remote dir"
     if run.host not in inv.hosts:  # the record can still go; what is on that machine is left as it is
@@ -50,7 +50,7 @@ def _remove_remote(ws: Workspace, store: Store, run: Run, inv: Inventory) -> str
     return f"{'removed' if said == 'removed' else said} {host.name}:{run.remote_dir}"
 
 
-def remove(ws: Workspace, store: Store, runs: list[Run], inv: Inventory, keep_remote: bool = False) -> list[Removed]:
+def remove(ws: Workspace, store: Store, runs: list[RunRecord], inv: Inventory, keep_remote: bool = False) -> list[Removed]:
     """Remove each run (all are checked first); a run whose remote dir cannot be removed keeps its record."""
     nodes = {run.id: store.nodes_of(run.id) or [run] for run in runs}  # a multi-node run: each of its nodes
     for run in runs:

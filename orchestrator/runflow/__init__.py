@@ -17,7 +17,7 @@ other way round; both use `context`, `recorder` and `watching`.
 
 from __future__ import annotations
 
-from .context import END_STEPS, Job, follow_log, open_run, read_log, watch_options
+from .context import END_STEPS, Run, follow_log, open_run, read_log, watch_options
 from .dryrun import RecordingTransport, dry_run
 from .ending import abandon, cancel, finish, settle_orphan, stop, stop_quietly
 from .look import poll, refresh

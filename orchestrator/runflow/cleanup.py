@@ -14,7 +14,7 @@ from ..host import gpu
 from ..host.gpu import GpuProcess, GpuSnapshot, indices_text
 from ..host.remote import Transport
 from ..store import Store
-from ..store.record import KILL_GRACE_S, Run
+from ..store.record import KILL_GRACE_S, RunRecord
 
 Event = Callable[[str, str, object], None]  # (kind, message, data)
 StopRun = Callable[[int, str], str]  # (run id, reason) -> what happened
@@ -55,7 +55,7 @@ def before_launch(transport: Transport, store: Store, run_id: int, gpus: list[in
     return {"CUDA_VISIBLE_DEVICES": indices_text(selected)} if selected else {}
 
 
-def after_stop(transport: Transport, run: Run, gpus: list[int] | None, event: Event, *,
+def after_stop(transport: Transport, run: RunRecord, gpus: list[int] | None, event: Event, *,
                grace_s: float = KILL_GRACE_S, timeout_s: float = gpu.CLEANUP_TIMEOUT_S,
                sleep: Callable[[float], None] = time.sleep) -> str:
     """Kill what is left of a stopped run on its GPUs (members outliving their group leader), then wait
@@ -71,7 +71,7 @@ def after_stop(transport: Transport, run: Run, gpus: list[int] | None, event: Ev
     return f"GPUs {names} free"
 
 
-def _kill_leftovers(transport: Transport, run: Run, procs: list[GpuProcess], event: Event, grace_s: float) -> None:
+def _kill_leftovers(transport: Transport, run: RunRecord, procs: list[GpuProcess], event: Event, grace_s: float) -> None:
     """Members of the run's process group still on the GPUs after its group was stopped: one by one,
     each checked against its own start time, and only those provably the run's."""
     left = gpu.unique([p for p in procs if run.pid is not None and gpu.owns(run.pid, run.pid_start, p)])

@@ -20,10 +20,10 @@ from ..host.hostlease import run_paths
 from ..host.launch import RunPaths
 from ..host.polling import follow_log_s, poll_bounds
 from ..host.remote import DEFAULT_TIMEOUT_S, Result, Transport, connect, quote
-from ..playbook import Entry, JobContext, Playbook, Usage
+from ..playbook import Entry, RunContext, Playbook, Usage
 from ..store import Store, runtables
 from ..store.lease import BEFORE_RELEASE
-from ..store.record import KILL_GRACE_S, Run
+from ..store.record import KILL_GRACE_S, RunRecord
 from . import registry
 from .watching import WatchLock
 
@@ -57,7 +57,7 @@ END_STEPS = (*BEFORE_RELEASE, "outputs", "log tail", "notify")
 
 
 @dataclass
-class Job:
+class Run:
     """One run's job, the one object the run flow acts on: its identity (the run's id and record), playbook
     and spec, host, paths (RunPaths) and backend (its executor, which its record's JobRef names the job to),
     and its state: the record as last read, read again by `refresh` — a store that others write (watchers,
@@ -74,15 +74,15 @@ class Job:
     paths: RunPaths
     lock: WatchLock | None = None  # this process watches the run (see watching.py)
     dry_run: bool = False  # its transport records what it is given and answers as an idle, empty host
-    record: Run | None = field(default=None, repr=False)  # as last read; None until first needed
+    record: RunRecord | None = field(default=None, repr=False)  # as last read; None until first needed
     receipt: dict[str, Any] = field(default_factory=dict, repr=False)  # begun before launch (receipt.py)
 
     @property
-    def run(self) -> Run:
+    def run(self) -> RunRecord:
         """The run's record as last read (read now when it never was; a dry run's is in its scratch copy)."""
         return self.record if self.record is not None else self.refresh()
 
-    def refresh(self) -> Run:
+    def refresh(self) -> RunRecord:
         """Read the run's record again: what the flow decides next depends on what others wrote since."""
         self.record = self.store.get_run(self.run_id)
         return self.record
@@ -102,13 +102,13 @@ class Job:
             self.lock.release()
             self.lock = None
 
-    def for_playbook(self) -> JobContext[Any]:
+    def for_playbook(self) -> RunContext[Any]:
         """The playbook's view of the run."""
-        return JobContext(self.run_id, self.spec, self.host, self.paths, JobRemote(self.transport, self.paths.root),
+        return RunContext(self.run_id, self.spec, self.host, self.paths, RunRemote(self.transport, self.paths.root),
                           self.store.get_run, lambda kind, message: self.event(kind, message), self.dry_run)
 
 
-class JobRemote:
+class RunRemote:
     """playbook.Remote: commands and uploads through the host's transport; looks at files and argv
     commands through its agent, so a playbook's checks hold no shell."""
 
@@ -181,8 +181,8 @@ def _host(ws: Workspace, name: str, hosts: Hosts | None) -> Host:
     return Inventory.load(ws.hosts_file, ws.root).get(name)
 
 
-def open_run(ws: Workspace, store: Store, run: Run | int, hosts: Hosts | None = None,
-             any_spec: bool = False) -> Job:
+def open_run(ws: Workspace, store: Store, run: RunRecord | int, hosts: Hosts | None = None,
+             any_spec: bool = False) -> Run:
     """The one way to act on an existing run: its playbook, spec, host and paths from its record.
 
     A stored spec that is damaged or no longer validates is an error naming the run; with `any_spec`
@@ -206,7 +206,7 @@ def open_run(ws: Workspace, store: Store, run: Run | int, hosts: Hosts | None = 
     host = _host(ws, record.host, hosts)
     transport = connect(host)
     root = record.remote_dir or run_paths(ws, transport.expand(host.workdir), record.id).root
-    return Job(ws, store, pb, host, transport, executor_for(host, transport), record.id, spec, RunPaths(root),
+    return Run(ws, store, pb, host, transport, executor_for(host, transport), record.id, spec, RunPaths(root),
                record=record)
 
 
@@ -245,10 +245,10 @@ class LogText:
     end: int | None = None  # the byte of the host's log the text ends at: following goes on from there
 
 
-def tail_with_end(ctx: Job, lines: int) -> LogText:
+def tail_with_end(run: Run, lines: int) -> LogText:
     """The last lines of the log up to its size at one moment, and that size: in one call, so a follow
     that starts there neither repeats nor drops a line printed meanwhile."""
-    got = agent.call(ctx.transport, "tail", path=ctx.paths.log, lines=lines)
+    got = agent.call(run.transport, "tail", path=run.paths.log, lines=lines)
     size = got.get("size")
     return LogText(str(got["text"]), end=size if isinstance(size, int) else None)
 
@@ -270,19 +270,19 @@ def read_log(ws: Workspace, store: Store, run_id: int, lines: int, hosts: Hosts 
         return LogText("".join(kept), f"{exc}; showing the tail kept when the run ended ({local})")
 
 
-def follow_log(ctx: Job, write: Callable[[bytes], None], sleep: Callable[[float], None] = time.sleep,
+def follow_log(run: Run, write: Callable[[bytes], None], sleep: Callable[[float], None] = time.sleep,
                offset: int | None = None) -> None:
     """Write the log's new bytes as they come (every second: someone reads along), until the job ended;
     from `offset` (where a tail ended), else from the log's end now."""
-    job = ctx.refresh().job
+    job = run.refresh().job
     if job is None:
         return
     if offset is None:
-        size = agent.call(ctx.transport, "size", path=ctx.paths.log)["size"]
+        size = agent.call(run.transport, "size", path=run.paths.log)["size"]
         offset = size if isinstance(size, int) else 0
-    interval = follow_log_s(ctx.host)
+    interval = follow_log_s(run.host)
     while True:
-        state = ctx.executor.poll(ctx.paths, job, offset, 4 << 20)
+        state = run.executor.poll(run.paths, job, offset, 4 << 20)
         write(state.data)
         offset = state.offset + len(state.data)
         if not state.alive and offset >= state.size:

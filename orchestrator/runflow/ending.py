@@ -16,24 +16,24 @@ from ..host.hostlease import run_token
 from ..store import Store, lease
 from ..store.db import claim_alive
 from ..store.lifecycle import transition
-from ..store.record import KILL_GRACE_S, Run, Status
+from ..store.record import KILL_GRACE_S, RunRecord, Status
 from ..store.shapes import unreachable_since
 from . import cleanup, notify, receipt, registry
-from .context import END_STEPS, LOG_TAIL_LINES, Hosts, Job, open_run
+from .context import END_STEPS, LOG_TAIL_LINES, Hosts, Run, open_run
 from .lastread import END_WAIT_S, read_to_end
 
 
-def end(store: Store, run_id: int, status: Status, message: str, ctx: Job | None = None,
-        **fields: Any) -> Run:
+def end(store: Store, run_id: int, status: Status, message: str, run: Run | None = None,
+        **fields: Any) -> RunRecord:
     """End a run the watcher did not end itself, then finish it (a run never opened only frees its lease)."""
     transition(store, run_id, status, message, **fields)
-    if ctx is None:
+    if run is None:
         lease.release(store, run_id)
         return store.get_run(run_id)
-    return finish(ctx)
+    return finish(run)
 
 
-def finish(ctx: Job) -> Run:
+def finish(run: Run) -> RunRecord:
     """The end steps of an ended run, each at most once whoever calls; its lease is freed as soon as the
     steps that must precede the host's next run are done (lease.BEFORE_RELEASE: the log read to its end, the
     patch revert), and the others (outputs, log tail, notify) run after that.
@@ -43,61 +43,61 @@ def finish(ctx: Job) -> Run:
     under it and whoever returns from here finds the log read to its end. A step that fails is a warning
     event; the others still run.
     """
-    if not ctx.refresh().status.terminal:
-        return ctx.run
-    finishing = _FINISHING.set(_FINISHING.get() | {ctx.run_id})
+    if not run.refresh().status.terminal:
+        return run.record
+    finishing = _FINISHING.set(_FINISHING.get() | {run.run_id})
     try:
-        end_nodes(ctx)
+        end_nodes(run)
     finally:
         _FINISHING.reset(finishing)
     try:
         while True:
             for name in lease.BEFORE_RELEASE:
-                _step(ctx, name)  # unclaimed, or claimed by a process that died: done here
-            if not _await_steps_elsewhere(ctx.store, [ctx.run]):
+                _step(run, name)  # unclaimed, or claimed by a process that died: done here
+            if not _await_steps_elsewhere(run.store, [run.record]):
                 break
-        ctx.refresh()
+        run.refresh()
     finally:
-        _release_host(ctx)
-        lease.release(ctx.store, ctx.run_id)  # the host (or GPU set) is free for the next run
+        _release_host(run)
+        lease.release(run.store, run.run_id)  # the host (or GPU set) is free for the next run
     for name in END_STEPS:
         if name not in lease.BEFORE_RELEASE:
-            _step(ctx, name)
-    return ctx.refresh()
+            _step(run, name)
+    return run.refresh()
 
 
-def _step(ctx: Job, name: str) -> None:
-    steps: dict[str, Callable[[Job], None]] = {
+def _step(run: Run, name: str) -> None:
+    steps: dict[str, Callable[[Run], None]] = {
         "log to end": read_to_end, "outputs": _collect_outputs, "log tail": _fetch_log_tail,
         "patch revert": _revert_patches, "notify": _notify,
     }
-    claim = _claim_step(ctx.store, ctx.run_id, name)
+    claim = _claim_step(run.store, run.run_id, name)
     if claim is None:
         return
     if claim == "taken over":
-        ctx.event("end step", f"{name}: taken over (whoever had claimed it died before it was done)")
+        run.event("end step", f"{name}: taken over (whoever had claimed it died before it was done)")
     try:
-        steps[name](ctx)
-        ctx.event("finished", name)  # for the timeline; the record's end_steps is what counts
+        steps[name](run)
+        run.event("finished", name)  # for the timeline; the record's end_steps is what counts
     except Exception as exc:  # noqa: BLE001 - one step's failure must not skip the others
         what = str(exc) if isinstance(exc, OrchError) else f"{type(exc).__name__}: {exc}"
-        ctx.event("warning", f"{name}: {what}")
+        run.event("warning", f"{name}: {what}")
     finally:
-        ctx.store.end_step_over(ctx.run_id, name)
+        run.store.end_step_over(run.run_id, name)
 
 
 STEPS_ELSEWHERE_S = END_WAIT_S + 60  # the end's read may wait END_WAIT_S for the job; then reads and records
 STEP_LOOK_S = 0.1
 
 
-def _await_steps_elsewhere(store: Store, runs: list[Run], sleep: Callable[[float], None] = time.sleep) -> bool:
+def _await_steps_elsewhere(store: Store, runs: list[RunRecord], sleep: Callable[[float], None] = time.sleep) -> bool:
     """Wait while another process does a step before release of these runs (the host's watcher reading the
     log while this one stopped the job; another node's whole end). Only while a run holds its lease: once
     freed (the steps over, or the wait ran out once), nobody waits again. True when it stopped because a
     step's claimer died before the step was over: the step is to be taken over."""
     deadline = time.monotonic() + STEPS_ELSEWHERE_S
 
-    def under_way(run: Run) -> bool:  # its lease first: freed, nothing is left to wait for
+    def under_way(run: RunRecord) -> bool:  # its lease first: freed, nothing is left to wait for
         return any(held.run_id == run.id for held in lease.held(store, run.host)) and not (
             lease.steps_before_release_done(store, run))
 
@@ -111,18 +111,18 @@ def _await_steps_elsewhere(store: Store, runs: list[Run], sleep: Callable[[float
     return False
 
 
-def _abandoned(run: Run) -> bool:
+def _abandoned(run: RunRecord) -> bool:
     """Whether a step before release of the run was claimed by a process that died before it was over."""
     return any(name in run.end_claims and not claim_alive(run.end_claims[name]) for name in lease.BEFORE_RELEASE)
 
 
-def _release_host(ctx: Job) -> None:
+def _release_host(run: Run) -> None:
     """Drop the run's lease files on its host; one left behind (the host unreachable) goes stale with the run."""
-    if not ctx.run.host_lease:
+    if not run.record.host_lease:
         return
     try:
-        hostlease.release(ctx.transport, run_token(ctx.ws, ctx.store, ctx.run_id))
-        ctx.store.update_run(ctx.run_id, host_lease=0)
+        hostlease.release(run.transport, run_token(run.ws, run.store, run.run_id))
+        run.store.update_run(run.run_id, host_lease=0)
     except OrchError:
         pass
 
@@ -132,48 +132,48 @@ def _claim_step(store: Store, run_id: int, name: str) -> str | None:
     return store.claim_end_step(run_id, name)
 
 
-def _collect_outputs(ctx: Job) -> None:
-    run = ctx.refresh()  # as the log's last bytes left it
-    outputs = ctx.pb.finish(ctx.for_playbook(), run)
+def _collect_outputs(run: Run) -> None:
+    record = run.refresh()  # as the log's last bytes left it
+    outputs = run.pb.finish(run.for_playbook(), record)
     if outputs.manifest is not None:
-        (ctx.ws.run_dir(ctx.run_id) / "outputs.json").write_text(json.dumps(outputs.manifest, indent=2))
+        (run.ws.run_dir(run.run_id) / "outputs.json").write_text(json.dumps(outputs.manifest, indent=2))
     if outputs.metrics:
-        ctx.store.add_metrics(ctx.run_id, [(n, v, None) for n, v in outputs.metrics], run.ended_at or 0)
+        run.store.add_metrics(run.run_id, [(n, v, None) for n, v in outputs.metrics], record.ended_at or 0)
 
 
-def _fetch_log_tail(ctx: Job) -> None:
-    run = ctx.run
-    if not run.launched and run.status is not Status.LOST:
+def _fetch_log_tail(run: Run) -> None:
+    record = run.record
+    if not record.launched and record.status is not Status.LOST:
         return  # never launched: there is no log (and a host that failed the start is not asked again)
-    (ctx.ws.run_dir(ctx.run_id) / "log.tail").write_text(ctx.executor.tail(ctx.paths, LOG_TAIL_LINES))
+    (run.ws.run_dir(run.run_id) / "log.tail").write_text(run.executor.tail(run.paths, LOG_TAIL_LINES))
 
 
-def _revert_patches(ctx: Job) -> None:
+def _revert_patches(run: Run) -> None:
     reverted: list[str] = []
     try:
-        _revert(ctx, reverted)
+        _revert(run, reverted)
     finally:
-        receipt.complete(ctx, reverted)  # the receipt says which sets were undone, whatever failed
+        receipt.complete(run, reverted)  # the receipt says which sets were undone, whatever failed
 
 
-def _revert(ctx: Job, reverted: list[str]) -> None:
-    if ctx.host.scheduler:  # the sets went to the run's own overlay; the install never changed
+def _revert(run: Run, reverted: list[str]) -> None:
+    if run.host.scheduler:  # the sets went to the run's own overlay; the install never changed
         return
-    python = ctx.for_playbook().python  # the interpreter the sets were applied for
-    for name in ctx.run.patches_applied:
+    python = run.for_playbook().python  # the interpreter the sets were applied for
+    for name in run.record.patches_applied:
         try:
-            ps = registry.patch_set(name, ctx.ws.root)
+            ps = registry.patch_set(name, run.ws.root)
         except patching.PatchError as exc:  # a folder of the user's, moved or broken since: the others go on
-            ctx.event("warning", f"patch revert: {exc}; if it was to be undone: orch patch revert "
-                                 f"{name.rstrip('/').rsplit('/', 1)[-1]} --host {ctx.host.name}")
+            run.event("warning", f"patch revert: {exc}; if it was to be undone: orch patch revert "
+                                 f"{name.rstrip('/').rsplit('/', 1)[-1]} --host {run.host.name}")
             continue
         if ps.revert_after:
-            res = patching.revert(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store, python=python)
-            ctx.event("patch", f"{ps.name} reverted: " + file_states(res))
+            res = patching.revert(run.transport, ps, run_id=run.run_id, store=run.store, python=python)
+            run.event("patch", f"{ps.name} reverted: " + file_states(res))
             reverted.append(name)
 
 
-def notification(store: Store, run: Run) -> dict[str, Any]:
+def notification(store: Store, run: RunRecord) -> dict[str, Any]:
     """What a run's notification says: who, where, how it ended, and its latest metrics — also as one
     line of `text` (and `content`), the fields chat webhooks (Slack, Teams; Discord) display."""
     metrics = store.latest_metrics(run.id)
@@ -186,10 +186,10 @@ def notification(store: Store, run: Run) -> dict[str, Any]:
     }
 
 
-def _notify(ctx: Job) -> None:
-    if not ctx.spec.notify or ctx.run.parent_id is not None:  # a run across hosts is told of once, by its head
+def _notify(run: Run) -> None:
+    if not run.spec.notify or run.record.parent_id is not None:  # a run across hosts is told of once, by its head
         return
-    db_path, run_id = ctx.store.path, ctx.run_id
+    db_path, run_id = run.store.path, run.run_id
 
     def record(url: str, message: str) -> None:
         own = Store(db_path)  # from the sender's thread: a connection of its own, never the run's
@@ -199,10 +199,10 @@ def _notify(ctx: Job) -> None:
             own.close()
 
     # a daemon thread: never waits for the receiver
-    notify.send(ctx.spec.notify, notification(ctx.store, ctx.refresh()), record, total_s=ctx.spec.notify_timeout_s)
+    notify.send(run.spec.notify, notification(run.store, run.refresh()), record, total_s=run.spec.notify_timeout_s)
 
 
-def cancel(ctx: Job, reason: str, grace_s: float = KILL_GRACE_S, status: Status = Status.CANCELLED) -> str:
+def cancel(run: Run, reason: str, grace_s: float = KILL_GRACE_S, status: Status = Status.CANCELLED) -> str:
     """Decide (the run is cancelled, or ends with `status`), stop its process group, finish it. Returns what
     happened to the group.
 
@@ -210,66 +210,66 @@ def cancel(ctx: Job, reason: str, grace_s: float = KILL_GRACE_S, status: Status 
     instead of calling the run lost. A launched run is `cancelling` until its job is proven stopped: when
     its host does not answer it stays so, its lease held, and this says so at once (see complete_cancel).
     """
-    run = ctx.refresh()
-    if run.status.terminal:
-        raise OrchError(f"run {run.id} already ended ({run.status})")
-    if run.job is None:  # nothing runs anywhere: it ends now
-        transition(ctx.store, ctx.run_id, status, reason)
-        finish(ctx)
+    record = run.refresh()
+    if record.status.terminal:
+        raise OrchError(f"run {record.id} already ended ({record.status})")
+    if record.job is None:  # nothing runs anywhere: it ends now
+        transition(run.store, run.run_id, status, reason)
+        finish(run)
         return "never started"
-    if run.status is not Status.CANCELLING:  # (cancelled again: the first decision stands)
-        transition(ctx.store, ctx.run_id, Status.CANCELLING, reason, reason=reason, ending_as=status.value)
-    return complete_cancel(ctx, grace_s)
+    if record.status is not Status.CANCELLING:  # (cancelled again: the first decision stands)
+        transition(run.store, run.run_id, Status.CANCELLING, reason, reason=reason, ending_as=status.value)
+    return complete_cancel(run, grace_s)
 
 
-def complete_cancel(ctx: Job, grace_s: float = KILL_GRACE_S, look_first: bool = True) -> str:
+def complete_cancel(run: Run, grace_s: float = KILL_GRACE_S, look_first: bool = True) -> str:
     """Stop a cancelling run's job, end the run as decided and finish it; what happened to its group.
 
     A host that does not answer leaves the run cancelling, its lease held (the job may run on when the host
     returns): its watcher completes the stop once it answers. With `look_first`, a host its watcher already
     found silent is not tried (that would take minutes of retries): said at once.
     """
-    run = ctx.refresh()
-    if run.status is not Status.CANCELLING or run.job is None:
-        return f"already {run.status.value}"
-    silent = unreachable_since(ctx.store, run) if look_first else None
+    record = run.refresh()
+    if record.status is not Status.CANCELLING or record.job is None:
+        return f"already {record.status.value}"
+    silent = unreachable_since(run.store, record) if look_first else None
     if silent is not None:
-        return _still_cancelling(ctx, f"host {run.host} does not answer (it has not answered for "
+        return _still_cancelling(run, f"host {record.host} does not answer (it has not answered for "
                                       f"{max(0.0, time.time() - silent):.0f} s)")
     try:
-        outcome = ctx.executor.kill(run.job, grace_s)
+        outcome = run.executor.kill(record.job, grace_s)
     except Unreachable as exc:
-        return _still_cancelling(ctx, f"host {run.host} does not answer ({exc.reason})")
+        return _still_cancelling(run, f"host {record.host} does not answer ({exc.reason})")
     except OrchError as exc:  # its agent could not say the job stopped: no end is recorded on a guess
-        return _still_cancelling(ctx, f"the stop failed on host {run.host}: {exc}")
-    ctx.event("stopped", f"process group: {outcome}")
+        return _still_cancelling(run, f"the stop failed on host {record.host}: {exc}")
+    run.event("stopped", f"process group: {outcome}")
     try:
-        transition(ctx.store, ctx.run_id, Status(run.ending_as or Status.CANCELLED), run.reason or "cancelled")
+        transition(run.store, run.run_id, Status(record.ending_as or Status.CANCELLED), record.reason or "cancelled")
     except TransitionError:
         pass  # its watcher saw the job end first, and recorded it as decided
-    finish(ctx)
+    finish(run)
     return outcome
 
 
-def _still_cancelling(ctx: Job, why: str) -> str:
+def _still_cancelling(run: Run, why: str) -> str:
     said = (f"not stopped yet: {why}; the run stays cancelling, its host held, until the host answers and its "
             "job is stopped")
-    ctx.event("cancelling", said)
+    run.event("cancelling", said)
     return said
 
 
-def stop(ctx: Job, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], None] = time.sleep,
+def stop(run: Run, grace_s: float = KILL_GRACE_S, sleep: Callable[[float], None] = time.sleep,
          timeout_s: float = gpu.CLEANUP_TIMEOUT_S, reason: str = "stopped by user") -> str:
     """End a run (a server, usually) and leave its GPUs free: cancel it, then wait until its GPUs are free.
 
     The run is cancelled even when its GPUs then stay busy (that raises, naming what holds them).
     """
-    outcome = cancel(ctx, reason, grace_s)
-    if ctx.refresh().status is Status.CANCELLING:  # its host did not answer: nothing to wait for yet
+    outcome = cancel(run, reason, grace_s)
+    if run.refresh().status is Status.CANCELLING:  # its host did not answer: nothing to wait for yet
         return outcome
-    if ctx.executor.schedules_gpus:
-        return f"{ctx.run.job or 'its job'} {outcome}; its GPUs are the scheduler's to free"
-    freed = cleanup.after_stop(ctx.transport, ctx.run, ctx.spec.gpus, ctx.event, grace_s=grace_s, timeout_s=timeout_s,
+    if run.executor.schedules_gpus:
+        return f"{run.record.job or 'its job'} {outcome}; its GPUs are the scheduler's to free"
+    freed = cleanup.after_stop(run.transport, run.record, run.spec.gpus, run.event, grace_s=grace_s, timeout_s=timeout_s,
                                sleep=sleep)
     return f"process group {outcome}; {freed}"
 
@@ -280,64 +280,64 @@ NODES_GRACE_S = 30.0  # after the head's job ended well, how long the other node
 NODES_LOOK_S = 0.2
 
 
-def end_nodes(ctx: Job, sleep: Callable[[float], None] = time.sleep) -> None:
+def end_nodes(run: Run, sleep: Callable[[float], None] = time.sleep) -> None:
     """A multi-node run ends as one, whichever of its nodes ends first and whoever saw it. A node that ended
     otherwise than well (a fatal line, an exit, lost, cancelled) fails the run: its head is ended failed,
     naming the node, and stopped. The head's end stops every other node still running; after a head that
     ended well they have NODES_GRACE_S to end by themselves first (torchrun's ranks end together)."""
-    run = ctx.run
-    if run.node_rank is None:
+    record = run.record
+    if record.node_rank is None:
         return
-    nodes = ctx.store.nodes_of(run.id)
+    nodes = run.store.nodes_of(record.id)
     if not nodes:
         return
     head = nodes[0]
     # Before the head launched, the nodes are their starter's to end (nodes.py); a node that never launched
     # while the head did (its starter died between the two) leaves the head waiting for it: it ends the run.
-    if run.id != head.id:
+    if record.id != head.id:
         # (a head already cancelling is being stopped by whoever decided it first)
-        if run.status is not Status.SUCCEEDED and head.launched and not _ending(head):
-            why = f": {run.reason}" if run.reason else ""
-            _end_node(ctx, head, Status.FAILED, f"node {run.node_rank} ({run.host}) {run.status.value}{why}")
+        if record.status is not Status.SUCCEEDED and head.launched and not _ending(head):
+            why = f": {record.reason}" if record.reason else ""
+            _end_node(run, head, Status.FAILED, f"node {record.node_rank} ({record.host}) {record.status.value}{why}")
         return
     others = [n for n in nodes[1:] if n.launched]
-    deadline = time.monotonic() + (NODES_GRACE_S if run.status is Status.SUCCEEDED else 0)
+    deadline = time.monotonic() + (NODES_GRACE_S if record.status is Status.SUCCEEDED else 0)
     while any(not n.status.terminal for n in others) and time.monotonic() < deadline:
         sleep(NODES_LOOK_S)
-        others = [ctx.store.get_run(n.id) for n in others]
+        others = [run.store.get_run(n.id) for n in others]
     for node in others:
         if not node.status.terminal:  # (one cancelling elsewhere is stopped here too: its end is awaited below)
-            _end_node(ctx, node, Status.CANCELLED, f"the run ended on its head node ({run.status.value})")
+            _end_node(run, node, Status.CANCELLED, f"the run ended on its head node ({record.status.value})")
     # A node ended elsewhere (its host's watcher saw it first) is finished there: awaited, so whoever returns
     # from the head's end (a stop, a --replace) finds every node's host free; but never one whose own finish
     # led here (a node that failed ends its head from within its finish, before its lease is freed).
     # (a node left cancelling, its host silent, holds its lease until its watcher stops it: not awaited)
-    awaited = [n for n in map(ctx.store.get_run, [o.id for o in others])
+    awaited = [n for n in map(run.store.get_run, [o.id for o in others])
                if n.id not in _FINISHING.get() and n.status.terminal]
-    if _await_steps_elsewhere(ctx.store, awaited, sleep):
+    if _await_steps_elsewhere(run.store, awaited, sleep):
         for node in awaited:  # whoever was finishing it died: finished here
-            if _abandoned(ctx.store.get_run(node.id)):
-                finish(open_run(ctx.ws, ctx.store, node.id, any_spec=True))
+            if _abandoned(run.store.get_run(node.id)):
+                finish(open_run(run.ws, run.store, node.id, any_spec=True))
 
 
-def _ending(run: Run) -> bool:
+def _ending(run: RunRecord) -> bool:
     """Ended, or decided to end (cancelling: whoever decided it stops its job)."""
     return run.status.terminal or run.status is Status.CANCELLING
 
 
-def _end_node(ctx: Job, node: Run, status: Status, reason: str) -> None:
+def _end_node(run: Run, node: RunRecord, status: Status, reason: str) -> None:
     """End another node of the run, through the same path as any cancel: its process group stopped and its end
     steps run. One that ended meanwhile is left as it ended."""
     try:
-        cancel(open_run(ctx.ws, ctx.store, node.id, any_spec=True), reason, status=status)
+        cancel(open_run(run.ws, run.store, node.id, any_spec=True), reason, status=status)
     except TransitionError:
         pass  # it ended on its own meanwhile
     except OrchError as exc:
-        if not ctx.store.get_run(node.id).status.terminal:
-            ctx.event("warning", f"node {node.node_rank} ({node.host}) not ended: {exc}")
+        if not run.store.get_run(node.id).status.terminal:
+            run.event("warning", f"node {node.node_rank} ({node.host}) not ended: {exc}")
 
 
-def abandon(store: Store, run_id: int, reason: str) -> Run:
+def abandon(store: Store, run_id: int, reason: str) -> RunRecord:
     """End a run orch can no longer reach (its host left the inventory): cancelled without touching any
     host, its lease freed; the reason says its job was not stopped."""
     run = store.get_run(run_id)
@@ -355,18 +355,18 @@ def stop_quietly(ws: Workspace, store: Store, run_id: int, reason: str, hosts: H
         return str(exc)
 
 
-def stop_other(ctx: Job, run_id: int, reason: str, grace_s: float) -> str:
+def stop_other(run: Run, run_id: int, reason: str, grace_s: float) -> str:
     """GPU cleanup found an earlier run of this workspace on the GPUs: it ends like any run."""
-    other = open_run(ctx.ws, ctx.store, run_id, {ctx.host.name: ctx.host}, any_spec=True)
-    run = other.run
-    if not run.status.terminal:
+    other = open_run(run.ws, run.store, run_id, {run.host.name: run.host}, any_spec=True)
+    record = other.run
+    if not record.status.terminal:
         try:
             return cancel(other, reason, grace_s)
         except TransitionError:
-            run = other.refresh()  # it ended on its own meanwhile
-    if run.job is None:
+            record = other.refresh()  # it ended on its own meanwhile
+    if record.job is None:
         return "gone"
-    return other.executor.kill(run.job, grace_s)  # ended, but still on the GPUs
+    return other.executor.kill(record.job, grace_s)  # ended, but still on the GPUs
 
 
 def file_states(res: Any) -> str:
@@ -376,30 +376,30 @@ def file_states(res: Any) -> str:
 _WHOSE = {"other": "another run's", "none": "no run's (no token)"}
 
 
-def settle_orphan(ctx: Job) -> Run:
+def settle_orphan(run: Run) -> RunRecord:
     """A run whose controller died: end it when it never launched, pick up its pid when the launch got
     that far; a running one is left as it is. Returns the run as it is now."""
-    run = ctx.refresh()
-    if run.status.terminal or run.status.live:
-        return run
-    if run.status is Status.LAUNCHING and run.remote_dir:
+    record = run.refresh()
+    if record.status.terminal or record.status.live:
+        return record
+    if record.status is Status.LAUNCHING and record.remote_dir:
         # the job may have started: its run dir says so (the wrapper's pid file, the scheduler's job id) —
         # when the dir is this run's; a pid in another run's dir is never adopted, nor ever signalled
-        whose = hostlease.owner(ctx.transport, ctx.paths, run_token(ctx.ws, ctx.store, ctx.run_id))
+        whose = hostlease.owner(run.transport, run.paths, run_token(run.ws, run.store, run.run_id))
         if whose in ("other", "none"):
-            return end(ctx.store, ctx.run_id, Status.FAILED, f"its controller died while launching; its run dir "
-                       f"{ctx.paths.root} is {_WHOSE[whose]}", ctx, phase=None)
-        job = ctx.executor.find(ctx.paths) if whose == "mine" else None
+            return end(run.store, run.run_id, Status.FAILED, f"its controller died while launching; its run dir "
+                       f"{run.paths.root} is {_WHOSE[whose]}", run, phase=None)
+        job = run.executor.find(run.paths) if whose == "mine" else None
         if job is not None:
             try:
-                transition(ctx.store, ctx.run_id, Status.QUEUED if ctx.executor.queues else Status.RUNNING,
+                transition(run.store, run.run_id, Status.QUEUED if run.executor.queues else Status.RUNNING,
                            "picked up after its controller died", **job.columns())
             except TransitionError:
-                if ctx.refresh().status is Status.LAUNCHING:
+                if run.refresh().status is Status.LAUNCHING:
                     raise
-                return ctx.run  # picked up meanwhile by another process (its host's watcher, a resumed sweep)
-            return ctx.refresh()
-        return end(ctx.store, ctx.run_id, Status.LOST, "its controller died while launching; no job pid was written",
-                   ctx)
-    return end(ctx.store, ctx.run_id, Status.FAILED, f"its controller died before launch ({run.status})", ctx,
+                return run.record  # picked up meanwhile by another process (its host's watcher, a resumed sweep)
+            return run.refresh()
+        return end(run.store, run.run_id, Status.LOST, "its controller died while launching; no job pid was written",
+                   run)
+    return end(run.store, run.run_id, Status.FAILED, f"its controller died before launch ({record.status})", run,
                phase=None)

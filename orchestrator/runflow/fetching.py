@@ -14,7 +14,7 @@ from ..errors import OrchError, UsageError
 from ..host import agent
 from ..host.remote import quote
 from ..host.transport import RemoteFile, metered
-from .context import Job
+from .context import Run
 
 CHUNK = 1 << 20  # bytes handed on at a time: a long log never sits whole in memory
 PULL_LIMIT = 1 << 30  # default bound on what `orch pull` copies
@@ -35,12 +35,12 @@ def copy_file(source: RemoteFile, write: Callable[[bytes], object], most: int | 
     return done
 
 
-def stream_log(ctx: Job, write: Callable[[bytes], None]) -> int:
+def stream_log(run: Run, write: Callable[[bytes], None]) -> int:
     """The run's whole log, from its first byte, chunk by chunk (over SFTP from a remote host)."""
-    if not ctx.refresh().remote_dir:
-        raise OrchError(f"run {ctx.run_id} has no log: it never reached its host")
+    if not run.refresh().remote_dir:
+        raise OrchError(f"run {run.run_id} has no log: it never reached its host")
     try:
-        source = ctx.transport.open_file(ctx.paths.log)
+        source = run.transport.open_file(run.paths.log)
     except FileNotFoundError:
         return 0  # not written yet, or not a plain file: nothing to show
     with source:
@@ -54,25 +54,25 @@ class Pulled:
     size: int
 
 
-def pull(ctx: Job, to: Path, limit: int = PULL_LIMIT) -> Pulled:
+def pull(run: Run, to: Path, limit: int = PULL_LIMIT) -> Pulled:
     """Copy the run's remote dir (log, outputs manifest, whatever the job left there) into `to` over the
     host's SFTP session; refused whole, before any copy, when it holds more than `limit` bytes. Each file
     is copied up to its listed size (one that grew since adds nothing); one gone or swapped for a symlink
     since the listing is left out, the link never followed."""
-    root = ctx.paths.root
+    root = run.paths.root
     # size and path of each plain file, symlinks left out, in one request to the host's agent; a `pulled/`
     # inside is an earlier pull (the local host's run dir is the local artifacts' dir)
-    listing = agent.call(ctx.transport, "files", timeout=120, dir=root, skip="pulled")["files"]
+    listing = agent.call(run.transport, "files", timeout=120, dir=root, skip="pulled")["files"]
     files = [(int(size), str(name)) for size, name in listing]
     total = sum(size for size, _ in files)
     if total > limit:
-        raise UsageError(f"run {ctx.run_id}'s dir {ctx.host.name}:{root} holds {_size(total)} in {len(files)} files,"
+        raise UsageError(f"run {run.run_id}'s dir {run.host.name}:{root} holds {_size(total)} in {len(files)} files,"
                          f" more than --max-size {_size(limit)}; raise it, or copy what you need with scp")
     copied = size_copied = 0
-    with metered(f"pull run {ctx.run_id}", total) as advance:
+    with metered(f"pull run {run.run_id}", total) as advance:
         for size, name in files:
             try:
-                source = ctx.transport.open_file(f"{root}/{name}")
+                source = run.transport.open_file(f"{root}/{name}")
             except FileNotFoundError:
                 continue
             with source:

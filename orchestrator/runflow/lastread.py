@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 from ..store import runtables
-from .context import Job
+from .context import Run
 from .recorder import MAX_CHUNK, Recorder, WatchOptions
 
 MAX_READS = 64  # chunks read at the end (256 MiB): a job that still prints cannot keep the end waiting
@@ -25,21 +25,21 @@ MAX_READS = 64  # chunks read at the end (256 MiB): a job that still prints cann
 END_WAIT_S = 60.0
 
 
-def read_to_end(ctx: Job, clock: Callable[[], float] = time.time,
+def read_to_end(run: Run, clock: Callable[[], float] = time.time,
                 monotonic: Callable[[], float] = time.monotonic) -> None:
     """Read and record the log from the run's offset to its end, once its job is gone."""
-    run = ctx.refresh()  # up to where its watcher recorded the log
-    if run.job is None or not run.remote_dir:
+    record = run.refresh()  # up to where its watcher recorded the log
+    if record.job is None or not record.remote_dir:
         return  # never launched: no log
     # what reading a log takes; the run has ended, so nothing that paces looks or judges an end
-    opts = WatchOptions(poll_min=0.0, poll_max=0.0, engine=ctx.pb.log_engine(ctx.spec),
-                        ready_pattern=ctx.pb.ready_pattern(ctx.spec), tables=runtables.installed())
-    rec = Recorder(ctx.store, ctx.run_id, ctx.executor, opts, clock=clock)
+    opts = WatchOptions(poll_min=0.0, poll_max=0.0, engine=run.pb.log_engine(run.spec),
+                        ready_pattern=run.pb.ready_pattern(run.spec), tables=runtables.installed())
+    rec = Recorder(run.store, run.run_id, run.executor, opts, clock=clock)
     hold, wait_until = 0.0, monotonic() + END_WAIT_S
-    exit_code = run.exit_code
+    exit_code = record.exit_code
     for _ in range(MAX_READS):
         # the host holds the read (hold_s) until the job is gone: its end wakes it, not a timer here
-        state = ctx.executor.poll(ctx.paths, run.job, rec.offset, MAX_CHUNK, hold_s=hold, inode=rec.inode,
+        state = run.executor.poll(run.paths, record.job, rec.offset, MAX_CHUNK, hold_s=hold, inode=rec.inode,
                                   mark=rec.mark)
         hold = 0.0
         rec.read_last(state)
@@ -51,7 +51,7 @@ def read_to_end(ctx: Job, clock: Callable[[], float] = time.time,
             break  # gone: nothing more can come
         hold = wait_until - monotonic()
         if hold <= 0:
-            ctx.event("warning", f"its job still ran {END_WAIT_S:.0f} s into the end's read of its log: "
+            run.event("warning", f"its job still ran {END_WAIT_S:.0f} s into the end's read of its log: "
                                  "lines it prints from now on are not recorded")
             break
     rec.save_last(exit_code)

@@ -12,45 +12,45 @@ from ..config.hosts import Inventory
 from ..config.workspace import Workspace
 from ..errors import OrchError
 from ..store import Store
-from ..store.record import ACTIVE, Run, Status
-from .context import Job, open_run, watch_options
+from ..store.record import ACTIVE, RunRecord, Status
+from .context import Run, open_run, watch_options
 from .ending import complete_cancel, finish, settle_orphan
 from .recorder import Recorder
 
 
-def poll(ctx: Job) -> Run:
+def poll(run: Run) -> RunRecord:
     """Read the run's state on its host once and record it; an ended run is finished."""
-    rec = Recorder(ctx.store, ctx.run_id, ctx.executor, watch_options(ctx.pb, ctx.spec, ctx.host))
+    rec = Recorder(run.store, run.run_id, run.executor, watch_options(run.pb, run.spec, run.host))
     rec.look()
-    ctx.record = rec.run
-    return finish(ctx) if rec.run.status.terminal else rec.run
+    run.last_read = rec.run
+    return finish(run) if rec.run.status.terminal else rec.run
 
 
-def probe_orphan(ws: Workspace, store: Store, run: Run) -> None:
+def probe_orphan(ws: Workspace, store: Store, record: RunRecord) -> None:
     """The lease's probe, which asks the host: settle a run whose controller died and look at it once; if its
     job has ended, end it (which frees its lease). A run that ended while whoever ended it died has its
     lease freed (its end steps left done first) once the host shows its job is not running."""
     try:
-        ctx = open_run(ws, store, run, any_spec=True)
-        if ctx.refresh().status.terminal:
-            finish_if_over(ctx)
-        elif ctx.run.status is Status.CANCELLING:  # its stop is still to be done: the host says if it can be
-            complete_cancel(ctx, look_first=False)
-        elif settle_orphan(ctx).status.live:
-            poll(ctx)
+        run = open_run(ws, store, record, any_spec=True)
+        if run.refresh().status.terminal:
+            finish_if_over(run)
+        elif run.record.status is Status.CANCELLING:  # its stop is still to be done: the host says if it can be
+            complete_cancel(run, look_first=False)
+        elif settle_orphan(run).status.live:
+            poll(run)
     except OrchError as exc:  # the host cannot say: the lease stays, the caller reports the holder
-        store.add_event(run.id, "warning", f"lease check: {exc}")
+        store.add_event(record.id, "warning", f"lease check: {exc}")
 
 
-def finish_if_over(ctx: Job) -> None:
+def finish_if_over(run: Run) -> None:
     """An ended run whose lease outlived whoever was ending it: finished (its lease freed) unless its host
     shows its job still running — a run that never launched has none."""
-    job = ctx.run.job
-    if job is not None and ctx.executor.processes:
-        state = ctx.executor.poll(ctx.paths, job, 0, 0)
+    job = run.record.job
+    if job is not None and run.executor.processes:
+        state = run.executor.poll(run.paths, job, 0, 0)
         if state.alive:  # its record says ended, its host says otherwise: the lease stays
             return
-    finish(ctx)
+    finish(run)
 
 
 def refresh(ws: Workspace, store: Store, ids: list[int] | None, timeout: float,
@@ -62,7 +62,7 @@ def refresh(ws: Workspace, store: Store, ids: list[int] | None, timeout: float,
     runs = [store.get_run(i) for i in ids] if ids else store.list_runs(limit=10_000, statuses=[s.value for s in ACTIVE])
     runs = [r for r in runs if r.launched and not r.status.terminal]
     inv = Inventory.load(ws.hosts_file, ws.root)
-    by_host: dict[str, list[Run]] = {}
+    by_host: dict[str, list[RunRecord]] = {}
     for r in runs:
         by_host.setdefault(r.host, []).append(r)
 

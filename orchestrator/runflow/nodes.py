@@ -33,7 +33,7 @@ from ..store.controller import Controller
 from ..store.lifecycle import transition
 from ..store.record import Status
 from . import watching
-from .context import Job, watch_options
+from .context import Run, watch_options
 from .ending import cancel, end
 from .look import probe_orphan
 from .starting import (
@@ -56,7 +56,7 @@ class Node:
     host: Host
     run_id: int
     lock: WatchLock
-    job: Job | None = None  # once its host's agent runs
+    job: Run | None = None  # once its host's agent runs
     script: Script | None = None  # once prepared
 
     def __str__(self) -> str:
@@ -85,7 +85,7 @@ def node_env(rank: int, nodes: int, host: Host, address: str, port: int) -> dict
     return env
 
 
-def rendezvous_point(head: Job) -> tuple[str, int]:
+def rendezvous_point(head: Run) -> tuple[str, int]:
     """The head's address as the other nodes reach it, and a port free there now, as its agent found it."""
     host = head.host
     address = host.node_address or ("127.0.0.1" if host.is_local else host.address or host.name)
@@ -94,7 +94,7 @@ def rendezvous_point(head: Job) -> tuple[str, int]:
 
 def start_nodes(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, hosts: list[Host], *,
                 queue: bool = False, on_wait: Callable[[Waiting], None] | None = None,
-                run_fields: dict[str, Any] | None = None, replace: bool = False) -> Job:
+                run_fields: dict[str, Any] | None = None, replace: bool = False) -> Run:
     """Create the run's records with their leases (all or none; with queue, wait for all; with replace,
     stop the runs holding them first), prepare every node, launch every rank; the head's Job, which this
     process goes on watching as `start` leaves a one-host run. The other nodes are handed to their hosts'

@@ -13,13 +13,13 @@ from ..config.workspace import Workspace
 from ..errors import OrchError
 from ..host.health import SERVING_PHASES
 from ..store import Store
-from ..store.record import Run, Status
+from ..store.record import RunRecord, Status
 from ..store.shapes import error_hint, shown_metrics, times
 
 EXPLAIN_LINES = 8
 
 
-def _explaining_lines(ws: Workspace, run: Run) -> list[str]:
+def _explaining_lines(ws: Workspace, run: RunRecord) -> list[str]:
     """The lines around the error the log parser found, else the last lines of the fetched log tail."""
     context = (run.error or {}).get("context") or []
     if context:
@@ -31,7 +31,7 @@ def _explaining_lines(ws: Workspace, run: Run) -> list[str]:
     return []
 
 
-def server_url(run: Run, host: Host | None) -> str | None:
+def server_url(run: RunRecord, host: Host | None) -> str | None:
     """Where a running, ready server answers: its playbook's address, else the one its log says it serves on
     (vLLM's 'Starting vLLM server on http://...', whatever ran it); None for anything else."""
     if host is None or run.status is not Status.RUNNING or run.phase not in SERVING_PHASES:
@@ -51,7 +51,7 @@ def server_url(run: Run, host: Host | None) -> str | None:
 _ANY_ADDRESS = re.compile(r"^(https?://)(0\.0\.0\.0|\[::\]|::)(?=[:/]|$)")
 
 
-def logged_url(run: Run, host: Host) -> str | None:
+def logged_url(run: RunRecord, host: Host) -> str | None:
     """The address the server's log says it serves on, as the host's address when it listens on all of them."""
     said = (run.parser_state or {}).get("url")
     if not isinstance(said, str) or not said:
@@ -60,7 +60,7 @@ def logged_url(run: Run, host: Host) -> str | None:
     return _ANY_ADDRESS.sub(lambda m: m.group(1) + (f"[{address}]" if ":" in address else address), said)
 
 
-def summary(ws: Workspace, store: Store, run: Run, host: Host | None = None) -> dict[str, Any]:
+def summary(ws: Workspace, store: Store, run: RunRecord, host: Host | None = None) -> dict[str, Any]:
     """The end-of-run summary `orch run` and `orch watch` print (and give as JSON)."""
     outputs = ws.runs_dir / str(run.id) / "outputs.json"
     doc: dict[str, Any] = {

@@ -17,7 +17,7 @@ from ..host.polling import PollWait
 from ..logparse import LogParser
 from ..logparse.errors import describe as _error_text
 from ..store import Store, history
-from ..store.record import JobRef, Run, Status
+from ..store.record import JobRef, RunRecord, Status
 from .context import WatchOptions
 
 FATAL_GRACE_S = 0.5  # after a fatal line, how long a living process has to exit by itself
@@ -29,7 +29,7 @@ class Reading:
 
     store: Store
     run_id: int
-    run: Run
+    run: RunRecord
     opts: WatchOptions
     executor: Executor
     paths: RunPaths

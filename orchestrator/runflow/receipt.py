@@ -19,10 +19,10 @@ from ..host import agent
 from ..host.gpu import GpuSnapshot
 from ..host.hostjobs.common import FACTS
 from ..host.hostjobs.gpus import GPU_FACTS
-from ..playbook import SERVING_PHASES, JobContext, Prepared
+from ..playbook import SERVING_PHASES, RunContext, Prepared
 from ..secret_env import is_secret, masked_argv, masked_command, masked_env
 from ..store.record import Status
-from .context import Job
+from .context import Run
 
 CONFIG_FILES = ("config.json", "tokenizer_config.json", "generation_config.json")
 # The distributions whose versions say what made an engine's numbers (read from the engine's own python).
@@ -33,43 +33,43 @@ ENGINE_SEED = {"vllm": 0, "sglang": 1}  # each benchmark's default --seed
 GPU_CHECK = "gpu_check"  # the GPU step's look, on the Job's receipt until the launch takes it
 
 
-def gpus_checked(ctx: Job, snap: GpuSnapshot) -> None:
+def gpus_checked(run: Run, snap: GpuSnapshot) -> None:
     """The GPU step's last look before the launch (the GPUs free, with their facts): the receipt's GPUs and
     its clean check, so the launch need not ask nvidia-smi again."""
     rows = [{k: row.get(k) for k in GPU_FACTS} for row in snap.facts or []]
     apps = [{"pid": str(p.pid), "gpu_uuid": g.uuid} for g in snap.gpus for p in g.processes]
-    ctx.receipt = {GPU_CHECK: {"gpus": rows, "gpu_apps": apps,
+    run.receipt = {GPU_CHECK: {"gpus": rows, "gpu_apps": apps,
                                **({"gpu_error": snap.facts_error} if snap.facts_error else {})}}
 
 
-def begin(ctx: Job, job: JobContext[Any], prepared: Prepared, command: str, env: dict[str, str],
+def begin(run: Run, view: RunContext[Any], prepared: Prepared, command: str, env: dict[str, str],
           patches: list[dict[str, Any]]) -> None:
     """What orch knows of the run's receipt before its launch (kept on the Job until the launch sees the host)."""
-    spec = ctx.spec
-    server = _server(ctx)
+    spec = run.spec
+    server = _server(run)
     # A benchmark's engine is its server's (its playbook names only the format it prints by default), and it
     # runs with the server's python unless told otherwise.
     served = ((server or {}).get("receipt") or {}).get("engine") or {}
-    engine = served.get("name") or ctx.pb.log_engine(spec) or ctx.pb.engine
+    engine = served.get("name") or run.pb.log_engine(spec) or run.pb.engine
     bench = getattr(spec, "bench", None) or spec
-    marked = [*ctx.host.secret_env, *spec.secret_env]
+    marked = [*run.host.secret_env, *spec.secret_env]
     # the command lines are masked as the environment is: a secret flag's value, a credential in a URL, and
     # any env secret's value written out on the line too
     known = [str(v) for k, v in env.items() if is_secret(k, v, marked)]
-    server_argv = ctx.pb.engine_argv(spec)
+    server_argv = run.pb.engine_argv(spec)
     receipt: dict[str, Any] = {
-        "orch": __version__, "host": ctx.host.name, "playbook": ctx.pb.name,
-        "spec": _masked_spec(ctx.run.spec, known),  # as stored (its env masked), its command lines too
+        "orch": __version__, "host": run.host.name, "playbook": run.pb.name,
+        "spec": _masked_spec(run.record.spec, known),  # as stored (its env masked), its command lines too
         "engine": {"name": engine, "version": prepared.engine_version,
-                   "python": spec.python or served.get("python") or job.python},
+                   "python": spec.python or served.get("python") or view.python},
         "patches": patches,
         "argv": masked_command(command, known),
         "server_argv": None if server_argv is None else masked_argv(server_argv, known),
         "env": masked_env(env, marked),
         "launched_at": time.time(),
     }
-    if GPU_CHECK in ctx.receipt:  # kept for the launch (its GPUs already seen), never recorded as it is
-        receipt[GPU_CHECK] = ctx.receipt[GPU_CHECK]
+    if GPU_CHECK in run.receipt:  # kept for the launch (its GPUs already seen), never recorded as it is
+        receipt[GPU_CHECK] = run.receipt[GPU_CHECK]
     if server is not None:
         receipt["server"] = server  # the model is the server's, in its receipt
     elif _model_path(spec) is not None:
@@ -81,12 +81,12 @@ def begin(ctx: Job, job: JobContext[Any], prepared: Prepared, command: str, env:
             "seed": _seed(list(getattr(bench, "extra_args", [])), engine)}
         receipt["warmup"] = getattr(bench, "warmup", 0)
         receipt["repeats"] = getattr(bench, "repeats", 1)
-    ctx.receipt = receipt
+    run.receipt = receipt
 
 
-def facts_request(ctx: Job) -> dict[str, Any] | None:
+def facts_request(run: Run) -> dict[str, Any] | None:
     """What the launch request looks at on the host for the receipt; None when nothing was begun."""
-    r = ctx.receipt
+    r = run.receipt
     if not r:
         return None
     engine = r["engine"]["name"]
@@ -101,9 +101,9 @@ def facts_request(ctx: Job) -> dict[str, Any] | None:
     return asked
 
 
-def launched(ctx: Job, facts: dict[str, Any] | None) -> None:
+def launched(run: Run, facts: dict[str, Any] | None) -> None:
     """Record the receipt with what the launch saw on the host; the launch-time validity reasons with it."""
-    r = ctx.receipt
+    r = run.receipt
     if not r:
         return
     checked = r.pop(GPU_CHECK, None)
@@ -111,10 +111,10 @@ def launched(ctx: Job, facts: dict[str, Any] | None) -> None:
         facts = {**facts, **checked}
     if facts:
         _host_part(r, facts)
-    ctx.store.complete_receipt(ctx.run_id, r)
-    for reason in _invalid_at_launch(ctx, facts or {}):
-        ctx.store.mark_invalid(ctx.run_id, reason)
-        ctx.event("invalid", reason)
+    run.store.complete_receipt(run.run_id, r)
+    for reason in _invalid_at_launch(run, facts or {}):
+        run.store.mark_invalid(run.run_id, reason)
+        run.event("invalid", reason)
 
 
 def _host_part(r: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
@@ -142,33 +142,33 @@ def _host_part(r: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
     return r
 
 
-def node_facts(ctx: Job) -> dict[str, Any] | None:
+def node_facts(run: Run) -> dict[str, Any] | None:
     """What a batch job saw on its node when it started (its run dir's facts file), or None: not asked, not
     started, or unreadable."""
     try:
-        text = agent.call(ctx.transport, "tail", path=posixpath.join(ctx.paths.control, FACTS), lines=1)["text"]
+        text = agent.call(run.transport, "tail", path=posixpath.join(run.paths.control, FACTS), lines=1)["text"]
         facts = json.loads(text)
     except (OrchError, ValueError, KeyError):
         return None
     return facts if isinstance(facts, dict) else None
 
 
-def complete(ctx: Job, reverted: list[str]) -> None:
+def complete(run: Run, reverted: list[str]) -> None:
     """The receipt's end: how the run ended, whether it is valid, and which patch sets were reverted; a batch
     job's, the part its node showed it (the launch only submitted it)."""
-    run = ctx.refresh()
-    if run.receipt is None:
+    record = run.refresh()
+    if record.receipt is None:
         return  # never launched, or launched by an orch that kept no receipt
-    patches = [{**p, "reverted": p.get("name") in reverted} for p in run.receipt.get("patches") or []]
-    parts: dict[str, Any] = {"patches": patches, "ended_at": run.ended_at, "status": run.status.value,
-                             "invalid": run.invalid}
-    if ctx.executor.queues and "hostname" not in run.receipt:
-        facts = node_facts(ctx)
+    patches = [{**p, "reverted": p.get("name") in reverted} for p in record.receipt.get("patches") or []]
+    parts: dict[str, Any] = {"patches": patches, "ended_at": record.ended_at, "status": record.status.value,
+                             "invalid": record.invalid}
+    if run.executor.queues and "hostname" not in record.receipt:
+        facts = node_facts(run)
         if facts is not None:
-            seen = _host_part({"engine": dict(run.receipt.get("engine") or {}),
-                               **({"model": dict(run.receipt["model"])} if "model" in run.receipt else {})}, facts)
+            seen = _host_part({"engine": dict(record.receipt.get("engine") or {}),
+                               **({"model": dict(record.receipt["model"])} if "model" in record.receipt else {})}, facts)
             parts.update(seen)
-    ctx.store.complete_receipt(ctx.run_id, parts)
+    run.store.complete_receipt(run.run_id, parts)
 
 
 def _masked_spec(value: Any, known: list[str]) -> Any:
@@ -197,27 +197,27 @@ def _seed(extra_args: list[str], engine: str | None) -> int | str | None:
     return ENGINE_SEED.get(engine or "")
 
 
-def _server(ctx: Job) -> dict[str, Any] | None:
+def _server(run: Run) -> dict[str, Any] | None:
     """A benchmark's server run: its id, whether it was ready when the benchmark started, and its receipt.
     A benchmark given a URL has the server run that serves it, when one of this workspace does (a server
     on the same host and port, running): a nightly benchmark of an endpoint names what its server changed."""
-    server_id = getattr(ctx.spec, "server", None)
+    server_id = getattr(run.spec, "server", None)
     if not isinstance(server_id, int):
-        server_id = _serving(ctx, getattr(ctx.spec, "url", None))
+        server_id = _serving(run, getattr(run.spec, "url", None))
     if server_id is None:
         return None
     try:
-        run = ctx.store.get_run(server_id)
+        record = run.store.get_run(server_id)
     except OrchError:
         return {"run": server_id, "ready_at_launch": False, "receipt": None}
-    ready = run.status is Status.RUNNING and run.phase in SERVING_PHASES
-    return {"run": server_id, "ready_at_launch": ready, "receipt": run.receipt}
+    ready = record.status is Status.RUNNING and record.phase in SERVING_PHASES
+    return {"run": server_id, "ready_at_launch": ready, "receipt": record.receipt}
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def _serving(ctx: Job, url: Any) -> int | None:
+def _serving(run: Run, url: Any) -> int | None:
     """The ready server run of this workspace on the benchmark's host that answers at `url` (its port on the
     host's loopback or address); None when none does, or several claim it."""
     if not isinstance(url, str):
@@ -227,21 +227,21 @@ def _serving(ctx: Job, url: Any) -> int | None:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         return None
-    if parts.hostname not in (*LOOPBACK, ctx.host.address):
+    if parts.hostname not in (*LOOPBACK, run.host.address):
         return None
-    found = [r.id for r in ctx.store.list_runs(limit=1000, statuses=[Status.RUNNING.value], host=ctx.host.name)
-             if r.id != ctx.run_id and r.spec.get("port") == port and r.phase in SERVING_PHASES]
+    found = [r.id for r in run.store.list_runs(limit=1000, statuses=[Status.RUNNING.value], host=run.host.name)
+             if r.id != run.run_id and r.spec.get("port") == port and r.phase in SERVING_PHASES]
     return found[0] if len(found) == 1 else None
 
 
-def _invalid_at_launch(ctx: Job, facts: dict[str, Any]) -> list[str]:
+def _invalid_at_launch(run: Run, facts: dict[str, Any]) -> list[str]:
     reasons = []
-    server = ctx.receipt.get("server")
+    server = run.receipt.get("server")
     if server is not None and not server["ready_at_launch"]:
         reasons.append(f"its server (run {server['run']}) was not ready when it started")
-    if ctx.holds_host and facts.get("gpu_apps"):
+    if run.holds_host and facts.get("gpu_apps"):
         uuids = {g.get("uuid"): g.get("index") for g in facts.get("gpus") or []}
-        mine = None if ctx.spec.gpus is None else {str(i) for i in ctx.spec.gpus}
+        mine = None if run.spec.gpus is None else {str(i) for i in run.spec.gpus}
         busy = sorted({f"{a.get('pid')} on GPU {uuids.get(a.get('gpu_uuid'), '?')}" for a in facts["gpu_apps"]
                        if mine is None or uuids.get(a.get("gpu_uuid")) in mine})
         if busy:

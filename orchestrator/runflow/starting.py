@@ -20,13 +20,13 @@ from ..host.launch import job_script
 from ..host.polling import busy_wait_s
 from ..host.remote import Transport, connect, quote
 from ..logparse import LogParser, assumption
-from ..playbook import JobContext, Playbook, Prepared
+from ..playbook import RunContext, Playbook, Prepared
 from ..store import Store, lease
 from ..store.controller import Controller
 from ..store.lifecycle import transition
 from ..store.record import KILL_GRACE_S, JobRef, Status
 from . import cleanup, receipt, registry, watching
-from .context import Hosts, Job, open_run, watch_options
+from .context import Hosts, Run, open_run, watch_options
 from .ending import end, file_states, stop, stop_other
 from .look import probe_orphan
 from .watching import WatchLock
@@ -55,7 +55,7 @@ Waiting = lease.Busy | hostlease.HostLeaseBusy
 
 def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: Host, *, queue: bool = False,
           on_wait: Callable[[Waiting], None] | None = None,
-          run_fields: dict[str, Any] | None = None, replace: bool = False) -> Job:
+          run_fields: dict[str, Any] | None = None, replace: bool = False) -> Run:
     """Create the run and take it to `running`; on any failure the run ends `failed` with the reason.
 
     The host is asked first whether another workspace's run holds it (or the GPU set): that refuses
@@ -95,60 +95,60 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
     )
     transition(store, run_id, Status.PREPARING)
     watching.watch_host_soon(ws, host)
-    ctx: Job | None = None
+    run: Run | None = None
     try:
-        ctx = open_new(ws, store, pb, spec, host, connect(host), run_id, lock)
-        job = prepare_and_launch(ctx, lease_files_wait(store, run_id, watch_options(pb, spec, host).poll_min, on_wait)
+        run = open_new(ws, store, pb, spec, host, connect(host), run_id, lock)
+        job = prepare_and_launch(run, lease_files_wait(store, run_id, watch_options(pb, spec, host).poll_min, on_wait)
                                  if queue else None)
     # A run that never launched has no job, so no phase: it does not pretend to be `starting`.
     except OrchError as exc:
-        end(store, run_id, Status.FAILED, f"before launch: {exc}", ctx, phase=None)
+        end(store, run_id, Status.FAILED, f"before launch: {exc}", run, phase=None)
         lock.release()
         raise
     except Exception as exc:  # a bug: the run must not stay `preparing`, and the bug must still show
-        end(store, run_id, Status.FAILED, f"before launch: internal error: {type(exc).__name__}: {exc}", ctx,
+        end(store, run_id, Status.FAILED, f"before launch: internal error: {type(exc).__name__}: {exc}", run,
             phase=None)
         lock.release()
         raise
     try:
-        transition(store, run_id, Status.QUEUED if ctx.executor.queues else Status.RUNNING,
+        transition(store, run_id, Status.QUEUED if run.executor.queues else Status.RUNNING,
                    f"{job} on {host.name}", **job.columns())
     except DatabaseUnavailable:
         # the job runs but its record could not say so: a background watcher picks it up from its run dir
         lock.release()
         watching.spawn(ws, run_id)
         raise
-    ctx.refresh()  # launched: the record names its job
-    return ctx
+    run.refresh()  # launched: the record names its job
+    return run
 
 
 def open_new(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: Host, transport: Transport,
-             run_id: int, lock: WatchLock | None = None, dry_run: bool = False) -> Job:
+             run_id: int, lock: WatchLock | None = None, dry_run: bool = False) -> Run:
     """A run just created, as the flow acts on it: its run dir on the host, and the host's agent started (a
     python that cannot run it fails here)."""
     paths = hostlease.run_paths(ws, transport.expand(host.workdir), run_id)
     agent.shared(transport)
-    return Job(ws, store, pb, host, transport, executor_for(host, transport), run_id, spec, paths, lock,
+    return Run(ws, store, pb, host, transport, executor_for(host, transport), run_id, spec, paths, lock,
                    dry_run)
 
 
-def prepare_and_launch(ctx: Job, host_wait: Callable[[hostlease.HostLeaseBusy], None] | None = None
+def prepare_and_launch(run: Run, host_wait: Callable[[hostlease.HostLeaseBusy], None] | None = None
                        ) -> JobRef:
     """Everything a start does on the host, in order: the steps before the launch, then the launch; the
     job's reference."""
-    return launch(ctx, prepare(ctx, host_wait)({}))
+    return launch(run, prepare(run, host_wait)({}))
 
 
-def launch(ctx: Job, script: str) -> JobRef:
+def launch(run: Run, script: str) -> JobRef:
     """Start the prepared job: its reference."""
-    transition(ctx.store, ctx.run_id, Status.LAUNCHING)
-    gpus = len(ctx.spec.gpus) if ctx.spec.gpus is not None else None
-    job = ctx.executor.launch(ctx.paths, script, run_token(ctx.ws, ctx.store, ctx.run_id), gpus, ctx.spec.nodes,
-                              facts=receipt.facts_request(ctx))
+    transition(run.store, run.run_id, Status.LAUNCHING)
+    gpus = len(run.spec.gpus) if run.spec.gpus is not None else None
+    job = run.executor.launch(run.paths, script, run_token(run.ws, run.store, run.run_id), gpus, run.spec.nodes,
+                              facts=receipt.facts_request(run))
     try:
-        receipt.launched(ctx, ctx.executor.launch_facts)
+        receipt.launched(run, run.executor.launch_facts)
     except Exception as exc:  # noqa: BLE001 - the job runs: a receipt that cannot be written must not end it
-        ctx.event("warning", f"receipt: {type(exc).__name__}: {exc}")
+        run.event("warning", f"receipt: {type(exc).__name__}: {exc}")
     return job
 
 
@@ -279,81 +279,81 @@ def lease_files_wait(store: Store, run_id: int, poll_min: float, on_wait: Callab
 Script = Callable[[Mapping[str, str]], str]
 
 
-def prepare(ctx: Job, host_wait: Callable[[hostlease.HostLeaseBusy], None] | None = None) -> Script:
+def prepare(run: Run, host_wait: Callable[[hostlease.HostLeaseBusy], None] | None = None) -> Script:
     """The steps before the launch; `host_wait` (queued runs): what to do when another workspace's run holds
     the host's lease files, before asking again (else the refusal ends the run)."""
     # Patch sets are checked (read-only) first, so a set that does not apply changes nothing anywhere.
-    sets = [registry.patch_set(name, ctx.ws.root) for name in ctx.spec.patches]
-    python = ctx.for_playbook().python  # the interpreter the job runs: its install is the one patched
-    checked = [patching.check(ctx.transport, ps, python=python) for ps in sets]
-    ctx.pb.preflight(ctx.for_playbook())
+    sets = [registry.patch_set(name, run.ws.root) for name in run.spec.patches]
+    python = run.for_playbook().python  # the interpreter the job runs: its install is the one patched
+    checked = [patching.check(run.transport, ps, python=python) for ps in sets]
+    run.pb.preflight(run.for_playbook())
     # The run dir becomes the run's own (its token) and, for a run that holds its host, another workspace
     # sharing this workdir sees the lease too: before anything changes. Only then is it the run's remote_dir.
-    exclusive = ctx.holds_host
+    exclusive = run.holds_host
     while True:
         try:
-            warnings = hostlease.take(ctx.transport, ctx.paths, run_token(ctx.ws, ctx.store, ctx.run_id),
-                                      ctx.spec.gpus, exclusive)
+            warnings = hostlease.take(run.transport, run.paths, run_token(run.ws, run.store, run.run_id),
+                                      run.spec.gpus, exclusive)
             break
         except hostlease.HostLeaseBusy as busy:
             if host_wait is None or not busy.held:
                 raise
             host_wait(busy)
     for warning in warnings:
-        ctx.event("warning", f"host lease: {warning}")
-    ctx.store.update_run(ctx.run_id, remote_dir=ctx.paths.root, **({"host_lease": 1} if exclusive else {}))
-    gpu_env = free_gpus(ctx) if ctx.spec.cleanup and not ctx.executor.schedules_gpus else {}
+        run.event("warning", f"host lease: {warning}")
+    run.store.update_run(run.run_id, remote_dir=run.paths.root, **({"host_lease": 1} if exclusive else {}))
+    gpu_env = free_gpus(run) if run.spec.cleanup and not run.executor.schedules_gpus else {}
     # On a cluster every job shares the engine install: the sets go to the run's own copy instead.
-    overlay = patching.make_overlay(ctx.transport, ctx.paths.root, checked) if sets and ctx.host.scheduler else None
+    overlay = patching.make_overlay(run.transport, run.paths.root, checked) if sets and run.host.scheduler else None
     applied: list[str] = []
     patched: list[dict[str, Any]] = []  # for the receipt: each set and the engine files as it left them
     for ps in sets:
-        res = patching.apply(ctx.transport, ps, run_id=ctx.run_id, store=ctx.store, overlay=overlay, python=python)
+        res = patching.apply(run.transport, ps, run_id=run.run_id, store=run.store, overlay=overlay, python=python)
         applied.append(ps.named_as)  # a folder set by its folder: the end finds it whatever the cwd
         patched.append({"name": ps.named_as, "set_hash": ps.set_hash, "package": res.package, "version": res.version,
                         "files": {f.file: f.sha_after for f in res.files}})
-        ctx.store.update_run(ctx.run_id, patches_applied=applied)
+        run.store.update_run(run.run_id, patches_applied=applied)
         where = f" (the run's copy in {overlay.path})" if overlay else (
-            f" for {python}" if python != ctx.host.python else "")
-        ctx.event("patch", f"{ps.name} on {res.package} {res.version}{where}: " + file_states(res),
+            f" for {python}" if python != run.host.python else "")
+        run.event("patch", f"{ps.name} on {res.package} {res.version}{where}: " + file_states(res),
                   {"applied": ps.name, "set_hash": ps.set_hash, "python": python, "root": res.root,
                    "files": [f.__dict__ for f in res.files]})
-    job = ctx.for_playbook()
-    prepared = ctx.pb.prepare(job)
-    note_engine_version(ctx, prepared.engine_version)
-    return partial(_job_script, ctx, job, prepared, gpu_env, overlay, patched)
+    job = run.for_playbook()
+    prepared = run.pb.prepare(job)
+    note_engine_version(run, prepared.engine_version)
+    return partial(_job_script, run, job, prepared, gpu_env, overlay, patched)
 
 
-def free_gpus(ctx: Job, *, grace_s: float = KILL_GRACE_S, timeout_s: float = gpu.CLEANUP_TIMEOUT_S,
+def free_gpus(run: Run, *, grace_s: float = KILL_GRACE_S, timeout_s: float = gpu.CLEANUP_TIMEOUT_S,
               sleep: Callable[[float], None] = time.sleep) -> dict[str, str]:
     """The GPU cleanup step: earlier runs on the GPUs are cancelled (and finished) first; the job's
     CUDA_VISIBLE_DEVICES."""
-    return cleanup.before_launch(ctx.transport, ctx.store, ctx.run_id, ctx.spec.gpus, ctx.spec.kill_foreign,
-                                 ctx.event, lambda other, reason: stop_other(ctx, other, reason, grace_s),
+    return cleanup.before_launch(run.transport, run.store, run.run_id, run.spec.gpus, run.spec.kill_foreign,
+                                 run.event, lambda other, reason: stop_other(run, other, reason, grace_s),
                                  grace_s=grace_s, timeout_s=timeout_s, sleep=sleep,
-                                 seen=lambda snap: receipt.gpus_checked(ctx, snap))
+                                 seen=lambda snap: receipt.gpus_checked(run, snap))
 
 
-def note_engine_version(ctx: Job, version: str | None) -> None:
+def note_engine_version(run: Run, version: str | None) -> None:
     """The installed engine's version, for the log's reading (what a line's layout does not tell), and one
     warning when orch's tables were not taken from it (what it assumes instead)."""
     if version is None:
         return
-    engine = ctx.pb.log_engine(ctx.spec)
-    parser = LogParser(engine=engine, ready_pattern=ctx.pb.ready_pattern(ctx.spec), engine_version=version)
-    ctx.store.update_run(ctx.run_id, parser_state=parser.to_dict())
+    engine = run.pb.log_engine(run.spec)
+    parser = LogParser(engine=engine, ready_pattern=run.pb.ready_pattern(run.spec), engine_version=version)
+    run.store.update_run(run.run_id, parser_state=parser.to_dict())
     assumed = assumption(engine, version)
     if assumed is not None:
-        ctx.event("warning", assumed)
+        run.event("warning", assumed)
 
 
-def _job_script(ctx: Job, job: JobContext[Any], prepared: Prepared, gpu_env: dict[str, str],
+def _job_script(run: Run, view: RunContext[Any], prepared: Prepared, gpu_env: dict[str, str],
                 overlay: patching.Overlay | None, patched: list[dict[str, Any]], node_env: Mapping[str, str]) -> str:
     """The job's environment (host, spec, GPUs, what prepare added, then its node's), working dir and
     command lines."""
-    env = {**ctx.host.env, **ctx.spec.env, **gpu_env, **prepared.env, **node_env}
-    body = ctx.pb.command(job, prepared)
-    receipt.begin(ctx, job, prepared, body, env, patched)
+    env = {**run.host.env, **run.spec.env, **gpu_env, **prepared.env, **node_env}
+    body = run.pb.command(view, prepared)
+    receipt.begin(run, view, prepared, body, env, patched)
     if overlay is not None:  # the patched copies come before the install, whatever PYTHONPATH held
         body = f"export PYTHONPATH={quote(overlay.path)}${{PYTHONPATH:+:$PYTHONPATH}}\n{body}"
-    return job_script(body, env, ctx.pb.cwd(ctx.spec))
+    return job_script(body, env, run.pb.cwd(run.spec))

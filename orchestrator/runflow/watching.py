@@ -28,7 +28,7 @@ from ..config.workspace import Workspace
 from ..errors import OrchError
 from ..store import Store
 from ..store.controller import STALE_FACTOR
-from ..store.record import ACTIVE, Run
+from ..store.record import ACTIVE, RunRecord
 
 # How often a follower reads the record. SQLite tells no other process of a commit, so a follower looks
 # (at one number, data_version, unless something was written); a terminal redraws its line every second
@@ -118,7 +118,7 @@ def watched_here(ws: Workspace, run_id: int) -> bool:
         return not lock.held
 
 
-def watched_elsewhere(run: Run, poll_max: float) -> bool:
+def watched_elsewhere(run: RunRecord, poll_max: float) -> bool:
     """Is the run polled from another machine (a shared database) that wrote a heartbeat lately?"""
     who = run.watched_by
     return who is not None and not who.is_local and who.alive(run.heartbeat, STALE_FACTOR * poll_max)
@@ -176,7 +176,7 @@ def in_inventory(ws: Workspace) -> Callable[[str], bool]:
     return lambda name: name in hosts
 
 
-def ensure_watched(ws: Workspace, store: Store, runs: list[Run] | None = None, poll_max: float = 600.0) -> list[int]:
+def ensure_watched(ws: Workspace, store: Store, runs: list[RunRecord] | None = None, poll_max: float = 600.0) -> list[int]:
     """Start the host's watcher for each active run that nobody watches, on a host of the inventory (a run on
     a host made in process is watched by the process that follows it). The ids of those runs."""
     if runs is None:

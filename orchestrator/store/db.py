@@ -19,7 +19,7 @@ from . import migrations
 from .connection import BUSY_TIMEOUT_S, busy, create_owner_only, unusable, use_wal
 from .controller import Controller
 from .encoding import decoded, dump_json, load_json, real_in, real_out
-from .record import ACTIVE, JSON_FIELDS, STOPPED_REASONS, Run, Status
+from .record import ACTIVE, JSON_FIELDS, STOPPED_REASONS, RunRecord, Status
 from .summaries import IDLE_ZERO, headline, summaries
 
 if TYPE_CHECKING:
@@ -195,13 +195,13 @@ class Store:
         offset, status = self.conn.execute("SELECT log_offset, status FROM runs WHERE id = ?", (run_id,)).fetchone()
         return offset, Status(status)
 
-    def get_run(self, run_id: int) -> Run:
+    def get_run(self, run_id: int) -> RunRecord:
         row = self.conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise NotFound(f"no run {run_id}")
         return self._decode(row)
 
-    def _decode(self, row: sqlite3.Row | tuple) -> Run:
+    def _decode(self, row: sqlite3.Row | tuple) -> RunRecord:
         cols = self.run_columns()
         run = dict(zip(cols, row))
         unreadable = []
@@ -214,7 +214,7 @@ class Store:
                     run[key] = None
                     unreadable.append(key)
         run["unreadable"] = unreadable
-        return Run.from_row(run)
+        return RunRecord.from_row(run)
 
     def run_columns(self) -> list[str]:
         if not hasattr(self, "_cols"):
@@ -223,7 +223,7 @@ class Store:
 
     def list_runs(self, *, limit: int = 50, statuses: Iterable[str] | None = None, host: str | None = None,
                   playbook: str | None = None, tag: str | None = None, sweep_id: int | None = None,
-                  since: float | None = None, words: Iterable[str] | None = None) -> list[Run]:
+                  since: float | None = None, words: Iterable[str] | None = None) -> list[RunRecord]:
         """The newest runs matching the filters; `words` are status words as shown (see status_words)."""
         where, args = self._run_filter(statuses, host, playbook, tag, sweep_id, since, runs_only=True, words=words)
         rows = self.conn.execute(f"SELECT * FROM runs{where} ORDER BY id DESC LIMIT ?", [*args, limit])
@@ -279,7 +279,7 @@ class Store:
             args.append(tag)
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
 
-    def ended_before(self, cutoff: float) -> list[Run]:
+    def ended_before(self, cutoff: float) -> list[RunRecord]:
         """Ended runs, not part of a sweep, that ended (or, never started, were created) before `cutoff`
         (epoch seconds), oldest first."""
         active = [s.value for s in ACTIVE]
@@ -298,7 +298,7 @@ class Store:
                     c.execute(f"DELETE FROM {table} WHERE run_id = ?", (one,))
                 c.execute("DELETE FROM runs WHERE id = ?", (one,))
 
-    def nodes_of(self, run_id: int) -> list[Run]:
+    def nodes_of(self, run_id: int) -> list[RunRecord]:
         """A multi-node run's nodes in rank order, its head (the run itself) first; [] for a one-host run.
         Asked of any node, the answer is its run's."""
         run = self.get_run(run_id)
@@ -329,7 +329,7 @@ class Store:
             if under_way.pop(step, None) is not None:
                 self.update_run(run_id, end_claims=under_way)
 
-    def abandoned_ends(self, host: str | None = None) -> list[Run]:
+    def abandoned_ends(self, host: str | None = None) -> list[RunRecord]:
         """Ended runs with an end step whose claimer died before it was over (oldest first)."""
         sql = "SELECT * FROM runs WHERE end_claims IS NOT NULL AND end_claims NOT IN ('', '{}')"
         rows = self.conn.execute(sql + (" AND host = ?" if host else "") + " ORDER BY id",
@@ -344,7 +344,7 @@ class Store:
             counts.setdefault(host, {})[status] = n
         return counts
 
-    def label_run(self, run_id: int, *, tags: Iterable[str] = (), note: str | None = None) -> Run:
+    def label_run(self, run_id: int, *, tags: Iterable[str] = (), note: str | None = None) -> RunRecord:
         """Add tags (each once) and a note line to a run; the run as it is then."""
         with self.tx():
             run = self.get_run(run_id)
@@ -419,7 +419,7 @@ class Store:
             " ORDER BY id DESC LIMIT 1", (run_id, *kinds)).fetchone()
         return None if row is None else {"kind": row[0], "ts": row[1]}
 
-    def previous_run(self, run: Run) -> Run | None:
+    def previous_run(self, run: RunRecord) -> RunRecord | None:
         """The run of the same playbook on the same host just before this one."""
         row = self.conn.execute("SELECT * FROM runs WHERE playbook = ? AND host = ? AND id < ? ORDER BY id DESC"
                                 " LIMIT 1", (run.playbook, run.host, run.id)).fetchone()

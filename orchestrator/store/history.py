@@ -6,7 +6,7 @@ import statistics
 from typing import Any
 
 from .db import Store
-from .record import Run
+from .record import RunRecord
 
 LOADING = ("starting", "loading")
 
@@ -16,7 +16,7 @@ def model_key(spec: dict[str, Any]) -> str | None:
     return spec.get("model") or spec.get("cmd")
 
 
-def predicted_load_s(store: Store, run: Run, last: int = 5) -> float | None:
+def predicted_load_s(store: Store, run: RunRecord, last: int = 5) -> float | None:
     """Median time from start to the end of loading over the last runs of the same model on the host."""
     key = model_key(run.spec)
     if key is None:

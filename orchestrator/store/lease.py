@@ -26,10 +26,10 @@ from ..errors import NotFound, OrchError
 from .controller import STALE_FACTOR, Controller
 from .db import Store
 from .encoding import dump_json, load_json
-from .record import Run
+from .record import RunRecord
 
 # The probe hands a run whose controller died to the run flow, which ends it if its job is over.
-Probe = Callable[[Run], None]
+Probe = Callable[[RunRecord], None]
 
 # The end steps that come before the host's next run: its metrics cover the whole log, and a next run's
 # patches need the install reverted. The run flow frees the lease right after them (see runflow.finish);
@@ -37,7 +37,7 @@ Probe = Callable[[Run], None]
 BEFORE_RELEASE = ("log to end", "patch revert")
 
 
-def steps_before_release_done(store: Store, run: Run) -> bool:
+def steps_before_release_done(store: Store, run: RunRecord) -> bool:
     """Whether an ended run's end steps before release are done (each a `finished` event, or a warning
     naming it: a step that failed is over too)."""
     over = set()
@@ -52,7 +52,7 @@ def steps_before_release_done(store: Store, run: Run) -> bool:
 class Busy(OrchError):
     """The host or GPU set is held by another run."""
 
-    def __init__(self, lease: Lease, holder: Run | None = None, controller_gone: bool = False):
+    def __init__(self, lease: Lease, holder: RunRecord | None = None, controller_gone: bool = False):
         self.lease = lease
         # a node of a run across hosts holds its own host: named as its run (the head), what a person acts on
         run_id = holder.parent_id if holder is not None and holder.parent_id is not None else lease.run_id
@@ -85,7 +85,7 @@ def overlaps(a: list[int] | None, b: list[int] | None) -> bool:
     return a is None or b is None or bool(set(a) & set(b))
 
 
-def holder_alive(lease: Lease, run: Run, now: float | None = None) -> bool:
+def holder_alive(lease: Lease, run: RunRecord, now: float | None = None) -> bool:
     """Whether someone is still at work on the run: the lease's controller, or whoever watches the run now
     (`orch watch` after a dead controller). On this machine the kernel says so; elsewhere a recent
     heartbeat does. It says nothing of the job: a holder nobody is at work on goes to the probe, which
@@ -140,13 +140,13 @@ def acquire_all(store: Store, hosts: Sequence[str], gpus: list[int] | None, crea
     """
     probed: set[int] = set()
     while True:
-        orphans: list[Run] = []
+        orphans: list[RunRecord] = []
         busy: Busy | None = None
         with store.tx() as c:
             for lease in [held_one for host in sorted(hosts) for held_one in held(store, host)]:
                 if not overlaps(lease.gpus, gpus):
                     continue
-                run: Run | None
+                run: RunRecord | None
                 try:
                     run = store.get_run(lease.run_id)
                 except NotFound:

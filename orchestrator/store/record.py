@@ -99,7 +99,7 @@ def a_time(value: Any) -> float | None:
 
 
 @dataclass
-class Run:
+class RunRecord:
     id: int
     playbook: str
     host: str
@@ -151,7 +151,7 @@ class Run:
     invalid: str | None = None
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Run:
+    def from_row(cls, row: dict[str, Any]) -> RunRecord:
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in row.items() if k in known}
         values["status"] = Status(values["status"])

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .db import Store
 from .encoding import real_out
-from .record import STOPPED_REASONS, Run, Status
+from .record import STOPPED_REASONS, RunRecord, Status
 
 if TYPE_CHECKING:
     from .runtables import RunTables
@@ -49,7 +49,7 @@ def metrics(values: dict[str, float]) -> dict[str, Any]:
     return {k: number(v) for k, v in values.items()}
 
 
-def shown_metrics(store: Store, run: Run, headlines: Sequence[str] = ()) -> dict[str, Any]:
+def shown_metrics(store: Store, run: RunRecord, headlines: Sequence[str] = ()) -> dict[str, Any]:
     """A run's metrics as its headline shows them: the latest of each; while it serves, a serving rate's
     steady state at work instead of the idle zero an engine prints after every burst. Its playbook's
     `headlines` (config/metricinfo.py) come first, then the rest by name."""
@@ -63,7 +63,7 @@ def in_order(values: dict[str, Any], headlines: Sequence[str]) -> dict[str, Any]
     return {name: values[name] for name in [*first, *sorted(values.keys() - set(first))]}
 
 
-def shown_status(run: Run, unreachable_since: float | None) -> str:
+def shown_status(run: RunRecord, unreachable_since: float | None) -> str:
     """The status word a person reads: the lifecycle's, but `stopped` for a run ended on purpose and
     `unreachable` for an active run whose host stopped answering."""
     if run.status is Status.CANCELLED and (run.reason or "").startswith(STOPPED_REASONS):
@@ -73,7 +73,7 @@ def shown_status(run: Run, unreachable_since: float | None) -> str:
     return run.status.value
 
 
-def shown_phase(run: Run) -> str | None:
+def shown_phase(run: RunRecord) -> str | None:
     """The phase a person reads: a job no engine knows (no bar, no ready line) is `running` once it
     prints, rather than `starting` for its whole life."""
     state = run.parser_state or {}
@@ -83,7 +83,7 @@ def shown_phase(run: Run) -> str | None:
     return run.phase
 
 
-def unreachable_since(store: Store, run: Run) -> float | None:
+def unreachable_since(store: Store, run: RunRecord) -> float | None:
     """When the host of an active run stopped answering, if it has not answered since."""
     if run.status.terminal:
         return None
@@ -138,7 +138,7 @@ def fraction_done(p: dict[str, Any] | None) -> float | None:
     return float(p.get("done") or 0) / float(p["total"])
 
 
-def slowest_progress(nodes: list[Run]) -> dict[str, Any] | None:
+def slowest_progress(nodes: list[RunRecord]) -> dict[str, Any] | None:
     """The progress of the node least far along, among those that report one: a multi-node run is done
     only when its slowest rank is, so the run's progress is that rank's (nodes that print no bar, often
     every rank but the first, are left out)."""
@@ -146,7 +146,7 @@ def slowest_progress(nodes: list[Run]) -> dict[str, Any] | None:
     return min(reported, key=lambda found: found[0])[1] if reported else None
 
 
-def node_document(node: Run) -> dict[str, Any]:
+def node_document(node: RunRecord) -> dict[str, Any]:
     """One node of a multi-node run, as the `nodes` list of `orch status --json` holds it."""
     return {"rank": node.node_rank or 0, "id": node.id, "host": node.host, "status": node.status.value,
             "phase": node.phase, "job": node.job_id if node.job_id is not None else node.pid,
@@ -154,13 +154,13 @@ def node_document(node: Run) -> dict[str, Any]:
             "remote_dir": node.remote_dir}
 
 
-def nodes_of(store: Store, run: Run) -> list[Run]:
+def nodes_of(store: Store, run: RunRecord) -> list[RunRecord]:
     """A multi-node run's node records in rank order, [] for a one-host run (asked of the store only for a
     record with a rank: one-host runs have none, and a table of them costs no query more)."""
     return store.nodes_of(run.id) if run.node_rank is not None else []
 
 
-def run_document(store: Store, run: Run, with_events: bool = True, tables: Iterable[RunTables] = (),
+def run_document(store: Store, run: RunRecord, with_events: bool = True, tables: Iterable[RunTables] = (),
                  headlines: Sequence[str] = ()) -> dict[str, Any]:
     """A run as `orch status --json` prints it, its playbook's `headlines` leading its metrics (the caller
     has them from config/metricinfo.py); with events, each plugin's section too (`tables`). A

@@ -9,7 +9,7 @@ from ..errors import NotFound, OrchError, TransitionError
 from ..store import Store
 from ..store import sweeps as stored_sweeps
 from ..store.controller import Controller
-from ..store.record import Run
+from ..store.record import RunRecord
 from ..store.sweeps import add_event
 from . import policy
 from .plan import Plan
@@ -59,7 +59,7 @@ def resolve(store: Store, ref: str | None) -> int:
     return found
 
 
-def latest_run(store: Store, sweep_id: int, key: str) -> Run | None:
+def latest_run(store: Store, sweep_id: int, key: str) -> RunRecord | None:
     run_id = stored_sweeps.latest_run_of_point(store, sweep_id, key)
     return store.get_run(run_id) if run_id is not None else None
 

@@ -13,7 +13,7 @@ import statistics
 
 from ..logparse import hints
 from ..store import Store
-from ..store.record import Run
+from ..store.record import RunRecord
 from .space import Constraint
 
 # Error kinds (logparse/errors.py) that are the settings' doing: the same point would crash again.
@@ -39,7 +39,7 @@ CAUSE_KEYS = {
 OOM_KILLER = ("oom-kill", "Out of memory", "oom_kill", "invoked oom-killer")
 
 
-def cause(run: Run) -> str | None:
+def cause(run: RunRecord) -> str | None:
     """The settings' fault a failed run's log names, in words; None when it names none."""
     err = run.error or {}
     kind = err.get("kind")
@@ -74,13 +74,13 @@ def median_of_repeats(samples: dict[str, list[float]], repeats: int) -> dict[str
     return found
 
 
-def repeats_of(run: Run) -> int:
+def repeats_of(run: RunRecord) -> int:
     """How many times the run's benchmark ran on its one server (its receipt's `repeats`; 1 without one)."""
     n = (run.receipt or {}).get("repeats")
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
 
 
-def measured(store: Store, run: Run) -> dict[str, float]:
+def measured(store: Store, run: RunRecord) -> dict[str, float]:
     """A point's metrics, as a sweep ranks and bounds it: the latest of each, except that a run whose
     benchmark repeated counts each metric's median over the repeats. One benchmark on a loaded host is one
     draw of its noise (tens of percent apart on shared CPUs); the median of a few is the run's measure."""
@@ -89,7 +89,7 @@ def measured(store: Store, run: Run) -> dict[str, float]:
     return latest if n == 1 else {**latest, **median_of_repeats(store.metric_values(run.id), n)}
 
 
-def cause_of(job_failed: bool, reason: str | None, run: Run | None) -> str | None:
+def cause_of(job_failed: bool, reason: str | None, run: RunRecord | None) -> str | None:
     """A failed point's cause, when it is the settings': from its run's log, or a point the playbook refused
     before it ran (its reason says `config error: ...`)."""
     if not job_failed:
@@ -99,7 +99,7 @@ def cause_of(job_failed: bool, reason: str | None, run: Run | None) -> str | Non
     return CONFIG_ERROR if (reason or "").startswith(CONFIG_ERROR + ":") else None
 
 
-def invalid(run: Run) -> bool:
+def invalid(run: RunRecord) -> bool:
     """A benchmark its own checks refused (failed requests, no completion, a server not ready, a GPU not
     clean): its numbers are no value (the run's `invalid` flag, beside its status)."""
     return run.invalid is not None

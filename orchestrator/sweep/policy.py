@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ..errors import HostKeyError, OrchError, Unreachable
-from ..store.record import Run, Status
+from ..store.record import RunRecord, Status
 from .record import Fault, PointStatus, SweepStatus
 
 
@@ -27,7 +27,7 @@ class Verdict(StrEnum):
     SETUP = "setup"  # it failed before launch, for a reason another attempt would meet again
 
 
-def verdict(run: Run) -> Verdict:
+def verdict(run: RunRecord) -> Verdict:
     status = run.status
     if not status.terminal:
         return Verdict.ACTIVE

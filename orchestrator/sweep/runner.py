@@ -16,7 +16,7 @@ from ..errors import OrchError
 from ..host.executor import executor_class
 from ..store import Store, lease
 from ..store import sweeps as stored_sweeps
-from ..store.record import Run
+from ..store.record import RunRecord
 from ..watch import watch
 from . import db, policy
 from .plan import Plan, Point
@@ -42,7 +42,7 @@ class Attempt:
     run_id: int | None = None
 
     @classmethod
-    def of(cls, run: Run) -> Attempt:
+    def of(cls, run: RunRecord) -> Attempt:
         v = policy.verdict(run)
         if v is Verdict.SUCCEEDED:
             return cls(v, None, run.id)
@@ -171,7 +171,7 @@ class Runner:
             return Attempt(policy.failed_start(exc), str(exc))
         return self._ended(store, pt, run)
 
-    def _start_and_watch(self, store: Store, pt: Point) -> Run:
+    def _start_and_watch(self, store: Store, pt: Point) -> RunRecord:
         told: list[bool] = []
 
         def on_wait(busy: runflow.Waiting) -> None:
@@ -183,17 +183,17 @@ class Runner:
 
         fields = {"sweep_id": self.sweep_id, "point": pt.key}
         if pt.hosts:
-            ctx = runflow.start_nodes(self.ws, store, self.plan.playbook, pt.spec, [self.hosts[h] for h in pt.hosts],
+            run = runflow.start_nodes(self.ws, store, self.plan.playbook, pt.spec, [self.hosts[h] for h in pt.hosts],
                                       queue=True, on_wait=on_wait, run_fields=fields)
         else:
-            ctx = runflow.start(self.ws, store, self.plan.playbook, pt.spec, self.hosts[pt.host], queue=True,
+            run = runflow.start(self.ws, store, self.plan.playbook, pt.spec, self.hosts[pt.host], queue=True,
                                 on_wait=on_wait, run_fields=fields, replace=self.plan.file.replace)
-        self.echo(f"point {pt.index} ({pt.label}) on {'+'.join(pt.hosts) or pt.host}: run {ctx.run_id} started")
-        if not db.attach_run(store, self.sweep_id, pt.index, ctx.run_id):
-            runflow.stop_quietly(self.ws, store, ctx.run_id, "sweep cancelled", self.hosts)
-        return watch(ctx, on_update=lambda run: self._on_update(store, pt, run))
+        self.echo(f"point {pt.index} ({pt.label}) on {'+'.join(pt.hosts) or pt.host}: run {run.run_id} started")
+        if not db.attach_run(store, self.sweep_id, pt.index, run.run_id):
+            runflow.stop_quietly(self.ws, store, run.run_id, "sweep cancelled", self.hosts)
+        return watch(run, on_update=lambda record: self._on_update(store, pt, record))
 
-    def _on_update(self, store: Store, pt: Point, run: Run) -> None:
+    def _on_update(self, store: Store, pt: Point, run: RunRecord) -> None:
         """Each new reading of a point's run: the sweep's heartbeat; in a search, the pruner's look at the
         objective's live samples, and a loser stopped through the ordinary cancel (its host freed at once)."""
         self._heartbeat(store)
@@ -204,19 +204,19 @@ class Runner:
             self.echo(f"point {pt.index} ({pt.label}) on {pt.host}: {why}; stopping run {run.id}")
             self.echo(f"point {pt.index}: {runflow.stop_quietly(self.ws, store, run.id, why, self.hosts)}")
 
-    def _resume(self, store: Store, pt: Point, run: Run) -> tuple[Run, bool]:
+    def _resume(self, store: Store, pt: Point, record: RunRecord) -> tuple[RunRecord, bool]:
         """A run left by a dead controller: settle it if it never launched, else watch it to its end.
         Returns the ended run and whether it was watched (False: it never launched)."""
-        ctx = runflow.open_run(self.ws, store, run, self.hosts)
-        run = runflow.settle_orphan(ctx)
-        if run.status.live:
-            lease.adopt(store, run.id)
-            db.settle_point(store, self.sweep_id, pt.index, PointStatus.RUNNING, run_id=run.id)
-            self.echo(f"point {pt.index} ({pt.label}) on {ctx.host.name}: watching run {run.id} again")
-            return watch(ctx, on_update=lambda r: self._on_update(store, pt, r)), True
-        return run, False
+        run = runflow.open_run(self.ws, store, record, self.hosts)
+        record = runflow.settle_orphan(run)
+        if record.status.live:
+            lease.adopt(store, record.id)
+            db.settle_point(store, self.sweep_id, pt.index, PointStatus.RUNNING, run_id=record.id)
+            self.echo(f"point {pt.index} ({pt.label}) on {run.host.name}: watching run {record.id} again")
+            return watch(run, on_update=lambda r: self._on_update(store, pt, r)), True
+        return record, False
 
-    def _ended(self, store: Store, pt: Point, run: Run) -> Attempt:
+    def _ended(self, store: Store, pt: Point, run: RunRecord) -> Attempt:
         """A point's run ended: an event, a line, and what it came to."""
         db.on_run_ended(store, self.sweep_id, pt.index, run.id)
         attempt = Attempt.of(run)
@@ -258,7 +258,7 @@ class Runner:
         if decision.fault is Fault.JOB and self.plan.file.fail_fast:
             self._fail_fast(store, pt)
 
-    def _keep(self, store: Store, pt: Point, run: Run) -> None:
+    def _keep(self, store: Store, pt: Point, run: RunRecord) -> None:
         """A point whose run an earlier controller left finished for good: the point says so."""
         v = policy.verdict(run)
         decision, reason = policy.decide(v, 0, self.plan.file.retries), run.reason

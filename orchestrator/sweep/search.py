@@ -23,7 +23,7 @@ from ..config.objective import Objective, best
 from ..errors import OrchError
 from ..store import Store
 from ..store import sweeps as stored_sweeps
-from ..store.record import Run, Status
+from ..store.record import RunRecord, Status
 from . import db, outcome
 from .plan import Plan, Point, label, point_key
 from .policy import Action, Decision, Verdict
@@ -208,7 +208,7 @@ class Told:
     cause: str | None = None
 
 
-def told(pt: PointRow, run: Run | None, metrics: dict[str, float], series: list[float],
+def told(pt: PointRow, run: RunRecord | None, metrics: dict[str, float], series: list[float],
          objective: Objective, bounds: dict[str, Any]) -> Told:
     """What a finished point's record says to the optimizer."""
     steps = dict(enumerate(series))
@@ -429,7 +429,7 @@ class Searcher:
         return self.plan.point(row.index, row.diff, host, gpus)
 
     # while a point runs: its live samples ---------------------------------------------------------------
-    def watch(self, store: Store, pt: Point, run: Run) -> str | None:
+    def watch(self, store: Store, pt: Point, run: RunRecord) -> str | None:
         """Report the objective's new samples as intermediate values; why to stop the run, when the pruner
         says it is a loser (once)."""
         with self.cond:

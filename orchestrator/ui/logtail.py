@@ -21,7 +21,7 @@ from ..config.workspace import Workspace
 from ..errors import OrchError
 from ..logparse.text import strip_ansi
 from ..store import Store
-from ..store.record import Run
+from ..store.record import RunRecord
 
 MAX_LINES = 1000
 MAX_BYTES = 256 << 10
@@ -56,7 +56,7 @@ class LogTails:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def tail(self, store: Store, run: Run, lines: int) -> dict[str, Any]:
+    def tail(self, store: Store, run: RunRecord, lines: int) -> dict[str, Any]:
         """{text, source: stored | host | none, at, pending, error}: the log's last `lines` lines."""
         lines = max(1, min(lines, MAX_LINES))
         if run.status.terminal or not run.launched:
@@ -81,20 +81,20 @@ class LogTails:
             stale = cached or {"text": run.last_line or "", "source": "host", "at": None, "error": None}
             return {**stale, "pending": True}
 
-    def _fetch(self, store: Store, run: Run, lines: int) -> dict[str, Any]:
+    def _fetch(self, store: Store, record: RunRecord, lines: int) -> dict[str, Any]:
         # open_run is given the record itself, so this thread never uses the caller's connection
         try:
-            ctx = runflow.open_run(self.ws, store, run, Inventory.load(self.ws.hosts_file, self.ws.root), any_spec=True)
-            found: dict[str, Any] = {"text": last_lines(ctx.executor.tail(ctx.paths, lines), lines), "error": None}
+            run = runflow.open_run(self.ws, store, record, Inventory.load(self.ws.hosts_file, self.ws.root), any_spec=True)
+            found: dict[str, Any] = {"text": last_lines(run.executor.tail(run.paths, lines), lines), "error": None}
         except OrchError as exc:  # an unreachable host, a vanished run dir: said on the page
-            found = {"text": run.last_line or "", "error": str(exc)}
+            found = {"text": record.last_line or "", "error": str(exc)}
         finally:
             with self._lock:
-                self._pending.pop(run.id, None)
+                self._pending.pop(record.id, None)
         found.update(source="host", at=time.time(), lines=lines, pending=False)
         with self._lock:
-            self._cache[run.id] = found
-            self._cache.move_to_end(run.id)
+            self._cache[record.id] = found
+            self._cache.move_to_end(record.id)
             while len(self._cache) > CACHED_RUNS:
                 self._cache.popitem(last=False)
         return found

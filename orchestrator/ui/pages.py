@@ -15,7 +15,7 @@ from ..errors import OrchError
 from ..runflow import registry
 from ..store import Store, runtables
 from ..store import sweeps as stored_sweeps
-from ..store.record import Run
+from ..store.record import RunRecord
 from ..store.shapes import error_hint, run_document, shown_status
 
 SERIES_POINTS = 600  # a chart needs no more points than it has pixels
@@ -43,7 +43,7 @@ def run_page(ws: Workspace, store: Store, run_id: int) -> dict[str, Any]:
     return doc
 
 
-def timeline(run: Run, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def timeline(run: RunRecord, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The phases the run went through, each with when it began, then its end."""
     steps = [{"phase": "created", "ts": run.created_at}]
     if run.started_at is not None:
@@ -68,7 +68,7 @@ def _defaults(playbook: str) -> dict[str, Any]:
 _UNSET = object()
 
 
-def spec_keys(run: Run) -> list[dict[str, Any]]:
+def spec_keys(run: RunRecord) -> list[dict[str, Any]]:
     """The spec's keys, those that differ from the playbook's defaults first."""
     defaults = _defaults(run.playbook)
     rows = [{"key": k, "value": v, "changed": defaults.get(k, _UNSET) != v} for k, v in (run.spec or {}).items()]
@@ -95,7 +95,7 @@ def _set_arg(key: str, value: Any) -> list[str]:
     return ["--set", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
 
 
-def reproduce(run: Run) -> str:
+def reproduce(run: RunRecord) -> str:
     """The command that starts this run again: its playbook and host, and the keys it set."""
     argv = ["orch", "run", run.playbook, "--host", run.host]
     for row in spec_keys(run):

@@ -14,7 +14,7 @@ from ..errors import UsageError
 from ..store import Store, noise, receipts
 from ..store import sweeps as stored_sweeps
 from ..store.receipts import flatten  # a spec's nested tables as dotted keys, as a receipt's
-from ..store.record import Run, Status
+from ..store.record import RunRecord, Status
 from ..store.summaries import judged
 
 RATIO_DIGITS = 4
@@ -94,7 +94,7 @@ def compare(store: Store, ids: list[int], all_keys: bool = False, baseline: int 
             "invalid": [r.invalid for r in runs], "spec": spec, "metrics": metrics}
 
 
-def _apart(a: Run, b: Run, diffs: list[dict[str, Any]]) -> str | None:
+def _apart(a: RunRecord, b: RunRecord, diffs: list[dict[str, Any]]) -> str | None:
     for run in (a, b):
         if run.invalid:
             return f"run {run.id} is invalid: {run.invalid}"

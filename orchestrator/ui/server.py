@@ -152,13 +152,13 @@ class Dashboard:
             return JSON({"error": refusal}, 403)
         store = Store(self.ws.db_path)  # a writer of its own: the readers are query-only
         try:
-            ctx = runflow.open_run(self.ws, store, request.path_params["run_id"],
+            run = runflow.open_run(self.ws, store, request.path_params["run_id"],
                                    Inventory.load(self.ws.hosts_file, self.ws.root))
             if request.path_params["action"] == "stop":
-                outcome = runflow.stop(ctx)
+                outcome = runflow.stop(run)
             else:
-                outcome = runflow.cancel(ctx, "cancelled from the dashboard")
-            return JSON({"run": ctx.run_id, "outcome": outcome})
+                outcome = runflow.cancel(run, "cancelled from the dashboard")
+            return JSON({"run": run.run_id, "outcome": outcome})
         finally:
             store.close()
 

@@ -22,7 +22,7 @@ from ..errors import UsageError
 from ..store import Store
 from ..store.encoding import json_safe
 from ..store.receipts import flatten
-from ..store.record import Run, Status
+from ..store.record import RunRecord, Status
 from ..store.shapes import run_document, shown_status
 
 EXPERIMENT = "orch"
@@ -70,7 +70,7 @@ def default_uri(root: Path) -> str:
     return (root / "mlruns").resolve().as_uri()
 
 
-def export(store: Store, runs: Sequence[Run], tracking_uri: str, experiment: str = EXPERIMENT,
+def export(store: Store, runs: Sequence[RunRecord], tracking_uri: str, experiment: str = EXPERIMENT,
            echo: Callable[[Exported], None] = lambda e: None) -> list[Exported]:
     """Each run into the store at `tracking_uri` (under `experiment`), added to what an earlier export left."""
     mlflow = client(tracking_uri)
@@ -105,7 +105,7 @@ def _name(text: str) -> str:
     return _UNSAFE.sub("_", text)[:250]
 
 
-def _one(mlflow: Any, experiment_id: str, store: Store, run: Run, existing: Any) -> Exported:
+def _one(mlflow: Any, experiment_id: str, store: Store, run: RunRecord, existing: Any) -> Exported:
     from mlflow.entities import Metric, Param, RunTag
 
     created = existing is None
@@ -143,7 +143,7 @@ def _one(mlflow: Any, experiment_id: str, store: Store, run: Run, existing: Any)
     return Exported(run.id, mlflow_id, created, len(added), wrote)
 
 
-def _tags(run: Run, state: str) -> dict[str, Any]:
+def _tags(run: RunRecord, state: str) -> dict[str, Any]:
     return {"orch.playbook": run.playbook, "orch.host": run.host, "orch.status": shown_status(run, None),
             "orch.phase": run.phase or "", "orch.reason": run.reason or "", "orch.tags": ",".join(run.tags or []),
             "orch.headlines": ",".join(metricinfo.headlines(run.playbook)), STATE_TAG: state,
@@ -155,7 +155,7 @@ def _text(value: Any, limit: int) -> str:
     return text[:limit]
 
 
-def runs_of(store: Store, ids: Iterable[int]) -> list[Run]:
+def runs_of(store: Store, ids: Iterable[int]) -> list[RunRecord]:
     """The runs to export, oldest first: those named (each must exist: NotFound before anything is
     written), else every run of the workspace."""
     wanted = list(ids)

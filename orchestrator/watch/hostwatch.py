@@ -33,14 +33,14 @@ from ..host.launch import HostExecutor, pushed_state
 from ..host.polling import default_poll, next_look_s
 from ..host.remote import connect
 from ..host.ssh import SSHTransport
-from ..runflow import Job, finish, notify, open_run, settle_orphan, watch_options
+from ..runflow import Run, finish, notify, open_run, settle_orphan, watch_options
 from ..runflow.ending import complete_cancel
 from ..runflow.look import finish_if_over
 from ..runflow.recorder import Recorder, say
 from ..runflow.watching import FileLock, WatchLock, await_followers, host_lock_path, watched_elsewhere
 from ..store import Store
 from ..store.controller import STALE_FACTOR, Controller
-from ..store.record import ACTIVE, Run, Status
+from ..store.record import ACTIVE, RunRecord, Status
 
 SYNC_S = 1.0  # how often the database is asked whether anyone else wrote to it (runs started, ended, cancelled)
 FULL_SYNC_S = 10.0  # and how often the host's runs are read in any case: a starter or a remote watcher may die
@@ -53,8 +53,8 @@ CANCEL_RETRY_S = 30.0  # a cancelling run whose stop failed here is tried again 
 
 
 @dataclass
-class Followed:
-    ctx: Job
+class WatchedRun:
+    run: Run
     watcher: Recorder
     lock: WatchLock
     due: float  # monotonic time of the next look at a quiet run
@@ -64,7 +64,7 @@ class Followed:
     @property
     def scheduled(self) -> bool:
         """A batch job: the agent follows its log, the scheduler says whether it lives."""
-        return not self.ctx.executor.processes
+        return not self.run.executor.processes
 
 
 class HostWatcher:
@@ -76,7 +76,7 @@ class HostWatcher:
         # (a watcher in the process that follows the run waits on a locked database as that process does)
         self.store = Store(ws.db_path) if busy_timeout_s is None else Store(ws.db_path, busy_timeout_s)
         self.echo = echo or say
-        self.runs: dict[int, Followed] = {}
+        self.runs: dict[int, WatchedRun] = {}
         self.link: AgentLink | None = None
         self.executor = HostExecutor(connect(self.host), None)  # through the agent once it runs
         self.starters = 0  # runs whose starter is still at work on them (preparing, or handing a launched one over)
@@ -208,7 +208,7 @@ class HostWatcher:
             self._follow(f)
         self._complete_cancels(self.store.statuses(self.host.name, [Status.CANCELLING.value]), reconnected=True)
 
-    def _follow(self, f: Followed) -> None:
+    def _follow(self, f: WatchedRun) -> None:
         w = f.watcher
         if self.link is None or not self.link.alive:
             return
@@ -239,8 +239,8 @@ class HostWatcher:
                 pass
 
     @staticmethod
-    def _interval(f: Followed) -> float:
-        return next_look_s(f.watcher.wait, f.ctx.host, f.scheduled and f.watcher.run.status is Status.QUEUED)
+    def _interval(f: WatchedRun) -> float:
+        return next_look_s(f.watcher.wait, f.run.host, f.scheduled and f.watcher.run.status is Status.QUEUED)
 
     # pushes -------------------------------------------------------------------------------------------
     def _take_turn(self, pushes: list[Push]) -> None:
@@ -249,7 +249,7 @@ class HostWatcher:
         second push in the turn waits for the next one, as it reads on from what the first records."""
         pushes, self._later = [*self._later, *pushes], []
         link = self.link
-        staged: list[Followed] = []
+        staged: list[WatchedRun] = []
         beat = False
         for push in pushes:
             if push.kind == "beat":
@@ -273,12 +273,12 @@ class HostWatcher:
         if link is not None:  # what this turn is done with makes room for the agent's next pushes
             link.ack(sum(p.size for p in pushes) - sum(p.size for p in self._later))
 
-    def _followed(self, push: Push) -> Followed | None:
+    def _followed(self, push: Push) -> WatchedRun | None:
         if push.kind != "state" or push.key is None or not push.key.isdigit():
             return None
         return self.runs.get(int(push.key))
 
-    def _stage(self, f: Followed, push: Push) -> bool:
+    def _stage(self, f: WatchedRun, push: Push) -> bool:
         """Stage what a push says of its run; False when there is nothing to record."""
         w = f.watcher
         state = pushed_state(push.doc)
@@ -287,7 +287,7 @@ class HostWatcher:
             return False
         if f.scheduled:
             try:
-                state = f.ctx.executor.judge(w.job, state)
+                state = f.run.executor.judge(w.job, state)
             except Unreachable as exc:  # the scheduler did not answer: these bytes again, later
                 f.resync_at = self.clock() + RESYNC_S
                 if w.lost_touch(exc.reason):
@@ -301,7 +301,7 @@ class HostWatcher:
             return False
         return True
 
-    def _commit(self, staged: list[Followed]) -> None:
+    def _commit(self, staged: list[WatchedRun]) -> None:
         """Write the staged states in one transaction, then act on each: a run not recorded (another
         writer was first, the database refused) reads its log again from the record; an ended one ends."""
         if not staged:
@@ -393,10 +393,10 @@ class HostWatcher:
     def _complete_cancel(self, run_id: int) -> None:
         store = Store(self.ws.db_path)
         try:
-            ctx = open_run(self.ws, store, run_id, self.hosts, any_spec=True)
-            if ctx.executor.processes:
-                ctx.executor = self.executor  # through this watcher's own link, which just answered
-            complete_cancel(ctx, look_first=False)
+            run = open_run(self.ws, store, run_id, self.hosts, any_spec=True)
+            if run.executor.processes:
+                run.executor = self.executor  # through this watcher's own link, which just answered
+            complete_cancel(run, look_first=False)
         except OrchError as exc:
             self.echo(f"orch: run {run_id}: its stop: {exc}")
         finally:
@@ -420,11 +420,11 @@ class HostWatcher:
         self._enders = [t for t in self._enders if t.is_alive()] + [thread]
         thread.start()
 
-    def _adopt(self, run: Run) -> None:
+    def _adopt(self, record: RunRecord) -> None:
         poll_max = default_poll(self.host)[1]
-        if watched_elsewhere(run, poll_max):
+        if watched_elsewhere(record, poll_max):
             return
-        lock = WatchLock(self.ws, run.id)
+        lock = WatchLock(self.ws, record.id)
         if not lock.acquire():
             # its starter has launched it and not yet let go (or a process here watches it): looked for
             # again at the next sync, not only when the record next changes — nothing writes it at the
@@ -432,19 +432,19 @@ class HostWatcher:
             self.starters += 1
             return
         try:
-            ctx = open_run(self.ws, self.store, run, self.hosts, any_spec=True)
+            run = open_run(self.ws, self.store, record, self.hosts, any_spec=True)
             # this host's processes are signalled through its agent; a batch job through its scheduler
-            executor = self.executor if ctx.executor.processes else ctx.executor
-            watcher = Recorder(self.store, run.id, executor, watch_options(ctx.pb, ctx.spec, ctx.host))
+            executor = self.executor if run.executor.processes else run.executor
+            watcher = Recorder(self.store, record.id, executor, watch_options(run.pb, run.spec, run.host))
         except BaseException:
             lock.release()
             raise
-        f = Followed(ctx, watcher, lock, due=self.clock())
-        self.runs[run.id] = f  # followed from here: a write refused below pauses it like any other
+        f = WatchedRun(run, watcher, lock, due=self.clock())
+        self.runs[record.id] = f  # followed from here: a write refused below pauses it like any other
         self._follow(f)
         self._adopt_lease(f)
 
-    def _adopt_lease(self, f: Followed) -> None:
+    def _adopt_lease(self, f: WatchedRun) -> None:
         """The run's lease names this live watcher (once: tried again at each sync until written)."""
         from ..store import lease
 
@@ -452,7 +452,7 @@ class HostWatcher:
             lease.adopt(self.store, f.watcher.run_id)
             f.adopted = True
 
-    def _starting(self, run: Run) -> None:
+    def _starting(self, run: RunRecord) -> None:
         """A run its starter is preparing or launching: left alone while the starter lives, settled once
         it died (ended when it never launched, picked up when its job started)."""
         starter = run.watched_by
@@ -464,7 +464,7 @@ class HostWatcher:
             if lock.held:
                 settle_orphan(open_run(self.ws, self.store, run, self.hosts, any_spec=True))
 
-    def _end(self, f: Followed) -> None:
+    def _end(self, f: WatchedRun) -> None:
         """The run ended (or was ended elsewhere): stop following it; on a thread of its own, stop what
         of its job lingers and run its end steps."""
         run_id = f.watcher.run_id
@@ -477,7 +477,7 @@ class HostWatcher:
         needs_stop = f.watcher.needs_stop
         self._on_thread(run_id, lambda: self._finish(f, needs_stop))
 
-    def _finish(self, f: Followed, needs_stop: bool) -> None:
+    def _finish(self, f: WatchedRun, needs_stop: bool) -> None:
         store = Store(self.ws.db_path)
         try:
             w = f.watcher
@@ -488,8 +488,8 @@ class HostWatcher:
                     outcome = f"not stopped: {exc}"
                 store.add_event(w.run_id, "stopped", f"process group: {outcome}")
             await_followers(self.ws, w.run_id)  # a follower runs the end steps itself and shows their outcome
-            ctx = open_run(self.ws, store, w.run_id, self.hosts, any_spec=True)
-            finish(ctx)  # none left to do when the follower did them
+            run = open_run(self.ws, store, w.run_id, self.hosts, any_spec=True)
+            finish(run)  # none left to do when the follower did them
         except OrchError as exc:
             self.echo(f"orch: run {f.watcher.run_id}: end steps: {exc}")
         finally:

@@ -18,7 +18,7 @@ from orchestrator.config.hosts import local_host
 from orchestrator.config.workspace import Workspace
 from orchestrator.host import agent
 from orchestrator.host.transport import LocalTransport
-from orchestrator.playbook import JobContext, Prepared
+from orchestrator.playbook import RunContext, Prepared
 from orchestrator.store import Store
 from orchestrator.watch import follow
 from playbooks.command import Command, CommandSpec
@@ -29,12 +29,12 @@ Orch = Callable[..., tuple[int, str, str]]
 class Probing(Command):
     """`command` with steps of its own: a look before anything changes, an upload and a program run."""
 
-    def preflight(self, job: JobContext[CommandSpec]) -> None:
-        job.remote.exists("input.txt")
+    def preflight(self, run: RunContext[CommandSpec]) -> None:
+        run.remote.exists("input.txt")
 
-    def prepare(self, job: JobContext[CommandSpec]) -> Prepared:
-        job.remote.put(b"exit 0\n", posixpath.join(job.paths.root, "helper.sh"))
-        job.remote.run_argv(["true"])
+    def prepare(self, run: RunContext[CommandSpec]) -> Prepared:
+        run.remote.put(b"exit 0\n", posixpath.join(run.paths.root, "helper.sh"))
+        run.remote.run_argv(["true"])
         return Prepared(env={"PROBED": "1"})
 
 
@@ -84,15 +84,15 @@ def test_the_dry_run_sends_what_a_start_sends_with_a_playbooks_own_steps(
 
     dry = runflow.dry_run(ws, store, pb, spec, [host])
     sending, launched = record_real_requests(monkeypatch)
-    ctx = runflow.start(ws, store, pb, spec, host)
+    run = runflow.start(ws, store, pb, spec, host)
     sent = list(sending)  # what the start sent; watching the job is not the start's
-    follow.watch(ctx)
+    follow.watch(run)
 
     recorded = [_key(s.request["op"], s.request) if s.kind == "agent" else f"upload {s.request['path']}"
                 for s in dry.steps if s.kind != "agent-start"]
     assert recorded == sent
-    root = ctx.paths.root
-    assert dry.run_id == ctx.run_id == 2
+    root = run.paths.root
+    assert dry.run_id == run.run_id == 2
     # the playbook's own steps are there, in their place, with no description written for them
     assert sent == ["leases held", f"stat {root}/input.txt", "leases take", f"upload {root}/helper.sh",
                     "exec ['true']", f"launch {root}"]
@@ -100,7 +100,7 @@ def test_the_dry_run_sends_what_a_start_sends_with_a_playbooks_own_steps(
     text = dry.text()
     assert f"look at what is at {root}/input.txt" in text and f"upload 7 bytes to {root}/helper.sh" in text
     assert "run without a shell: true" in text
-    assert ctx.run.status.value == "succeeded"
+    assert run.record.status.value == "succeeded"
     store.close()
 
 

@@ -264,10 +264,10 @@ def read_rest(store: Store, w: Recorder, log: bytes, exit_code: int | None) -> N
             return JobState(alive=False, exit_code=exit_code, size=len(log), offset=offset, data=log[offset:],
                             started_at=999_000.0)
 
-    ctx = SimpleNamespace(refresh=lambda: store.get_run(w.run_id), executor=Executor(), paths=None,
+    run = SimpleNamespace(refresh=lambda: store.get_run(w.run_id), executor=Executor(), paths=None,
                           store=store, run_id=w.run_id, event=lambda *a: None,
                           pb=SimpleNamespace(log_engine=lambda s: None, ready_pattern=lambda s: None), spec=None)
-    read_to_end(ctx)  # type: ignore[arg-type]
+    read_to_end(run)  # type: ignore[arg-type]
 
 
 def test_the_ends_read_records_the_servers_own_exit_code(tmp_path: Path) -> None:
@@ -314,15 +314,15 @@ def test_the_installed_version_a_playbook_found_is_the_logs(tmp_path: Path) -> N
 
     store, w, _, _ = watched(tmp_path)
     events: list[str] = []
-    ctx = SimpleNamespace(store=store, run_id=w.run_id, spec=None, event=lambda kind, message: events.append(message),
+    run = SimpleNamespace(store=store, run_id=w.run_id, spec=None, event=lambda kind, message: events.append(message),
                           pb=SimpleNamespace(log_engine=lambda s: "sglang", ready_pattern=lambda s: None))
-    note_engine_version(ctx, "0.5.9")  # type: ignore[arg-type]
+    note_engine_version(run, "0.5.9")  # type: ignore[arg-type]
     assert events == []
     state = store.get_run(w.run_id).parser_state
     p = LogParser.from_dict(state or {})
     p.feed(DECODE)
     assert "accept_per_draft_slot" in p.metrics and "draft_accept_rate" not in p.metrics
-    note_engine_version(ctx, "0.7.0")  # type: ignore[arg-type]
+    note_engine_version(run, "0.7.0")  # type: ignore[arg-type]
     assert events == ["sglang 0.7.0 is newer than orch knows (0.4.10 to 0.5.23): its lines are read as 0.5.23's"]
 
 
@@ -353,7 +353,7 @@ def test_the_sglang_playbooks_read_the_log_for_the_installed_version(tmp_path: P
     from types import SimpleNamespace
 
     from orchestrator.host.launch import RunPaths
-    from orchestrator.playbook import JobContext
+    from orchestrator.playbook import RunContext
     from orchestrator.runflow.starting import note_engine_version
     from playbooks.serve_bench import ServeBench
     from playbooks.serve_eagle3 import ServeEagle3
@@ -361,13 +361,13 @@ def test_the_sglang_playbooks_read_the_log_for_the_installed_version(tmp_path: P
     pb = {"serve-eagle3": ServeEagle3(), "serve-bench": ServeBench()}[playbook]
     spec = pb.Spec.model_validate({"model": "/m/t", "draft_model": "/m/d", "debug": debug})
     host = SGLangHost("0.5.9")
-    job = JobContext(1, spec, local_host(tmp_path), RunPaths(str(tmp_path / "r")), host, lambda run_id: None,  # type: ignore[arg-type]
+    job = RunContext(1, spec, local_host(tmp_path), RunPaths(str(tmp_path / "r")), host, lambda run_id: None,  # type: ignore[arg-type]
                      lambda kind, message: None)
     prepared = pb.prepare(job)
     assert prepared.engine_version == "0.5.9" and len(host.asked) == 1
     store, w, _, _ = watched(tmp_path)
-    ctx = SimpleNamespace(store=store, run_id=w.run_id, spec=spec, pb=pb, event=lambda kind, message: None)
-    note_engine_version(ctx, prepared.engine_version)  # type: ignore[arg-type]
+    run = SimpleNamespace(store=store, run_id=w.run_id, spec=spec, pb=pb, event=lambda kind, message: None)
+    note_engine_version(run, prepared.engine_version)  # type: ignore[arg-type]
     p = LogParser.from_dict(store.get_run(w.run_id).parser_state or {})
     p.feed(DECODE)
     assert "accept_per_draft_slot" in p.metrics and "draft_accept_rate" not in p.metrics

@@ -21,13 +21,13 @@ from orchestrator.cli import render, status
 from orchestrator.config import metricinfo
 from orchestrator.config.hosts import Host
 from orchestrator.host.launch import RunPaths
-from orchestrator.playbook import Entry, JobContext, Usage
+from orchestrator.playbook import Entry, RunContext, Usage
 from orchestrator.runflow import registry
 from orchestrator.config.workspace import Workspace
 from orchestrator.errors import UsageError
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
-from orchestrator.store.record import Run, Status
+from orchestrator.store.record import RunRecord, Status
 from orchestrator.sweep import db as sweep_db
 from orchestrator.sweep.record import PointStatus
 from orchestrator.ui import pages, report
@@ -229,9 +229,9 @@ def test_an_extraction_records_its_pace_in_samples_per_s(backend: str) -> None:
     spec = ExtractSpec.model_validate({"backend": backend, "model": "/m", "dataset": "/d"} if backend == "speculators" else {})
     manifest = {"samples": 32, "tokens": 1600, "tokens_per_s": 400.0, "seconds": 4.0}
     files = Files({"/w/runs/1/hidden_states/manifest.json": json.dumps(manifest)})
-    job = JobContext(1, spec, Host(name="local"), RunPaths("/w/runs/1"), files, lambda i: None,  # type: ignore[arg-type]
+    job = RunContext(1, spec, Host(name="local"), RunPaths("/w/runs/1"), files, lambda i: None,  # type: ignore[arg-type]
                      lambda kind, message: None)
-    run = Run(id=1, playbook="extract-hidden-states", host="local", status=Status.SUCCEEDED, spec={},
+    run = RunRecord(id=1, playbook="extract-hidden-states", host="local", status=Status.SUCCEEDED, spec={},
               created_at=0.0, started_at=100.0, ended_at=103.0)
     metrics = dict(pb.finish(job, run).metrics)
     assert metrics["samples_per_s"] == (8.0 if backend == "hf" else 2.0)  # 32 in 4 s; 6 files in the job's 3 s

@@ -11,7 +11,7 @@ from orchestrator.store import Store
 from orchestrator.store.controller import STALE_FACTOR, Controller, process_start
 from orchestrator.store.lease import Busy, Lease, acquire, held, holder_alive, release
 from orchestrator.store.lifecycle import transition
-from orchestrator.store.record import Run, Status
+from orchestrator.store.record import RunRecord, Status
 
 NOW = 1_000_000.0
 POLL_MAX = 10.0  # a heartbeat older than STALE_FACTOR * POLL_MAX s is stale
@@ -24,8 +24,8 @@ def lease(controller: Controller, heartbeat: float) -> Lease:
     return Lease(1, "h", None, 7, controller, heartbeat, POLL_MAX)
 
 
-def run(watcher: Controller | None = None, heartbeat: float | None = None) -> Run:
-    return Run(7, "command", "h", Status.RUNNING, watcher=str(watcher) if watcher else None, heartbeat=heartbeat)
+def run(watcher: Controller | None = None, heartbeat: float | None = None) -> RunRecord:
+    return RunRecord(7, "command", "h", Status.RUNNING, watcher=str(watcher) if watcher else None, heartbeat=heartbeat)
 
 
 STALE = NOW - STALE_FACTOR * POLL_MAX - 1
@@ -84,7 +84,7 @@ def test_an_ended_runs_lease_goes_only_once_the_host_shows_its_job_over(store: S
     old = ended_run_of_a_dead_finisher(store)
     asked: list[int] = []
 
-    def host_says_it_runs(run: Run) -> None:
+    def host_says_it_runs(run: RunRecord) -> None:
         asked.append(run.id)
 
     with pytest.raises(Busy, match=f"run {old}"):
@@ -93,7 +93,7 @@ def test_an_ended_runs_lease_goes_only_once_the_host_shows_its_job_over(store: S
     assert len(store.list_runs()) == 1  # refused: no run was made
     assert acquire(store, "h", [1], lambda: store.create_run("command", "h", {}), POLL_MAX, host_says_it_runs)
 
-    def host_says_it_ended(run: Run) -> None:
+    def host_says_it_ended(run: RunRecord) -> None:
         release(store, run.id)  # as the run flow's probe does once the host shows the job over
 
     new = acquire(store, "h", [0], lambda: store.create_run("command", "h", {}), POLL_MAX, host_says_it_ended)

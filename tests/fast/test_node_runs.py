@@ -158,7 +158,7 @@ class Ended:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
         self.calls: list[tuple[int, str, str]] = []
-        monkeypatch.setattr(ending, "_end_node", lambda ctx, node, status, reason:
+        monkeypatch.setattr(ending, "_end_node", lambda run, node, status, reason:
                             self.calls.append((node.id, status.value, reason)))
 
 
@@ -250,7 +250,7 @@ def test_the_heads_end_waits_for_a_node_another_process_is_finishing(records: St
     head, node = node_records(records, [True, True])
     lease.acquire_all(records, ["h1"], None, lambda: [node], 30.0)
     # the node's host watcher ended it first and is still reading its log to the end: the lease is its
-    monkeypatch.setattr(ending, "_end_node", lambda ctx, n, status, reason: transition(records, n.id, status, reason))
+    monkeypatch.setattr(ending, "_end_node", lambda run, n, status, reason: transition(records, n.id, status, reason))
     finished: list[float] = []
 
     def sleep(s: float) -> None:

@@ -39,13 +39,13 @@ def test_a_follower_of_the_record_waits_for_the_health_endpoint_too(tmp_path: Pa
     ws = Workspace(root=tmp_path, hosts_file=tmp_path / "hosts.toml")
     store = Store(ws.db_path)
     run_id = running(store, "serve-eagle3", {"model": "/m", "draft_model": "/d", "port": 30123}, "ready")
-    ctx = runflow.open_run(ws, store, run_id)
-    ready = _ready_rule(ctx)
-    assert not ready(ctx.run)
+    run = runflow.open_run(ws, store, run_id)
+    ready = _ready_rule(run)
+    assert not ready(run.record)
     store.add_event(run_id, "health", "health endpoint answers (HTTP 200)", {"answered": True, "code": 200})
-    assert ready(ctx.run)
+    assert ready(run.record)
     store.add_event(run_id, "health", "health endpoint stopped answering", {"down_since": 1.0, "code": None})
-    assert not ready(ctx.run)
+    assert not ready(run.record)
 
     command = running(store, "command", {"cmd": "true"}, "running")  # no endpoint: the log alone decides
     assert _ready_rule(runflow.open_run(ws, store, command))(store.get_run(command))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.errors import HostKeyError, OrchError, RemoteError, Unreachable, UsageError
-from orchestrator.store.record import Run, Status
+from orchestrator.store.record import RunRecord, Status
 from orchestrator.sweep import policy
 from orchestrator.sweep.policy import Action, Decision, Resume, Verdict, decide
 from orchestrator.sweep.record import Fault, PointStatus, SweepStatus
@@ -56,7 +56,7 @@ def test_a_fleet_failure_gets_retries_extra_attempts(retries: int, tries: int) -
     (Status.CANCELLED, False, Verdict.CANCELLED),
 ])
 def test_verdict_of_a_run(status: Status, launched: bool, v: Verdict) -> None:
-    run = Run(1, "command", "h", status, pid=123 if launched else None)
+    run = RunRecord(1, "command", "h", status, pid=123 if launched else None)
     assert policy.verdict(run) is v
 
 

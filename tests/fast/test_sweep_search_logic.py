@@ -14,7 +14,7 @@ from orchestrator.config.objective import Objective
 from orchestrator.errors import UsageError
 from orchestrator.logparse.errors import LogError
 from orchestrator.store import Store
-from orchestrator.store.record import Run, Status
+from orchestrator.store.record import RunRecord, Status
 from orchestrator.sweep import outcome, space
 from orchestrator.sweep.plan import expand, load
 from orchestrator.sweep.record import Fault, PointRow, PointStatus
@@ -85,9 +85,9 @@ def test_constraint_violations_are_relative_and_a_missing_metric_breaks_its_boun
         "p99_ttft_ms=3000 (bound p99_ttft_ms <= 2000)", "accept_rate not recorded"]
 
 
-def _run(kind: str | None, exception: str = "", message: str = "", status: Status = Status.FAILED) -> Run:
+def _run(kind: str | None, exception: str = "", message: str = "", status: Status = Status.FAILED) -> RunRecord:
     err = LogError(kind, exception or None, message, 3).to_dict() if kind else None
-    return Run(1, "command", "h", status, error=err, reason="exit code 1")
+    return RunRecord(1, "command", "h", status, error=err, reason="exit code 1")
 
 
 @pytest.mark.parametrize("run, cause", [
@@ -107,7 +107,7 @@ def _run(kind: str | None, exception: str = "", message: str = "", status: Statu
     (_run("nccl", "", "NCCL error"), None),
     (_run(None), None),
 ])
-def test_a_crash_names_its_cause_only_when_it_is_the_settings(run: Run, cause: str | None) -> None:
+def test_a_crash_names_its_cause_only_when_it_is_the_settings(run: RunRecord, cause: str | None) -> None:
     assert outcome.cause(run) == cause
 
 
@@ -140,7 +140,7 @@ def test_what_each_end_tells_the_optimizer() -> None:
     assert told(_row(PointStatus.FAILED, Fault.FLEET), oom, {}, [], OBJ, BOUNDS).state == "FAIL"
     assert told(_row(PointStatus.SUCCEEDED), ok, {"lat_ms": 1.0}, [], OBJ, BOUNDS).state == "FAIL"
     assert told(_row(PointStatus.SUCCEEDED), ok, {"tput": float("nan")}, [], OBJ, BOUNDS).state == "FAIL"
-    invalid = Run(1, "command", "h", Status.SUCCEEDED, invalid="3 of 8 benchmark requests failed")
+    invalid = RunRecord(1, "command", "h", Status.SUCCEEDED, invalid="3 of 8 benchmark requests failed")
     assert told(_row(PointStatus.SUCCEEDED), invalid, {"tput": 5.0}, [], OBJ, BOUNDS).state == "FAIL"
 
 

@@ -14,7 +14,7 @@ HOLD_STEP_S = 0.2  # how often a held read looks for news
 GROUP_CHECK_S = 0.5  # a wrapper-less group is looked for in /proc at most this often
 
 
-class Followed:
+class FollowedLog:
     """One run's log and job, as last pushed."""
 
     def __init__(self, req):

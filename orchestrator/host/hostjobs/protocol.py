@@ -47,7 +47,7 @@ from .files import (
     tail,
     usage,
 )
-from .following import Followed, _patterns, hold
+from .following import FollowedLog, _patterns, hold
 from .gpus import GpuError, gpus, host_facts
 from .jobs import launch, own_digest
 from .procs import kill, kill_pids, stacks
@@ -99,7 +99,7 @@ class Agent:
 
     def follow(self, a):
         with self.lock:
-            old, self.followed[a["key"]] = self.followed.get(a["key"]), Followed(a)
+            old, self.followed[a["key"]] = self.followed.get(a["key"]), FollowedLog(a)
         if old is not None:
             old.close()
         return {}
@@ -150,7 +150,7 @@ class Agent:
 
     def read(self, a):
         """A run's state, as a push would say it, after holding up to hold_s for news."""
-        f = Followed({**a, "key": "read"})
+        f = FollowedLog({**a, "key": "read"})
         f.chunk = min(a["max_bytes"], MAX_READ)
         try:
             if a["hold_s"] > 0:
