@@ -55,7 +55,9 @@ where X/10 + log2(Y)/6 > 1.4 (a sixth of the space, next to the peak); p99 laten
 
 The crashing region is 18 % of the space: random proposals would put 3.6 of 20 trials there on average. TPE's
 cluster near the peak, which lies next to that region, so it visits it about as often; each crash is told to it
-as infeasible and none is run twice.
+as infeasible and none is run twice. The first trial is the middle of each range and KIND's middle choice,
+b: the true best's kind, a lucky start on this surface (before the start took the middle choice, the first
+trial took a, and the best found was 0.990 to 0.999 of the true best over these seeds).
 """)
 
 

@@ -37,6 +37,8 @@ CRASH = "crash"  # the constraint a crash breaks (the others are named after the
 INFERRED = "inferred"  # a proposal next to a crash, told crashed without a run
 AVOID_MAX = 50  # proposals in a row set aside as next to a crash, before one is run anyway
 AVOID_RADIUS = 0.5  # how near a crash a proposal is passed over: half a range (a differing choice is 1 apart)
+CAUSE = "cause"  # a crashed trial's cause, as outcome.py names it
+SAME_CAUSE_DROPS = 2  # crashes of one cause with a choice (other settings differing) that drop the choice
 
 
 def _optuna() -> Any:
@@ -96,6 +98,34 @@ def near_crash(study: Any, space: dict[str, Dimension], params: dict[str, Any]) 
     return crash < min(ran, AVOID_RADIUS)
 
 
+def dropped(study: Any, space: dict[str, Dimension]) -> dict[str, set[str]]:
+    """The choices not to propose again (per key, as `_position` spells them): a choice whose trials
+    crashed and never ran, when either the crash's cause concerns that key alone among the searched keys
+    (the KV cache too small, and the KV size the only searched key it hangs on), or SAME_CAUSE_DROPS of them
+    crashed for the same cause (their other settings differed: the choice is the common factor). A choice
+    that ran once is kept (other settings made it crash); so is every choice of a key when all would go."""
+    trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and t.state.name != "FAIL"
+              and not t.user_attrs.get(INFERRED) and all(k in t.params for k in space)]
+    crashes = [t for t in trials if t.constraints.get(CRASH, 0.0) > 0]
+    found: dict[str, set[str]] = {}
+    for key, dim in space.items():
+        if dim.choices is None:
+            continue
+        ran = {_position(dim, t.params[key]) for t in trials if t.constraints.get(CRASH, 0.0) <= 0}
+        gone = set()
+        for choice in (_position(dim, c) for c in dim.choices):
+            causes = [t.user_attrs.get(CAUSE) for t in crashes if _position(dim, t.params[key]) == choice]
+            if choice in ran or not causes:
+                continue
+            alone = any(c and outcome.concerns(c, key) and not any(outcome.concerns(c, k) for k in space if k != key)
+                        for c in causes)
+            if alone or any(causes.count(c) >= SAME_CAUSE_DROPS for c in set(causes) if c):
+                gone.add(str(choice))
+        if gone and len(gone) < len(dim.choices):
+            found[key] = gone
+    return found
+
+
 def suggest(trial: Any, key: str, dim: Dimension) -> Any:
     if dim.choices is not None:
         return trial.suggest_categorical(key, dim.choices)
@@ -137,13 +167,16 @@ def start(study: Any, space: dict[str, Dimension], spec: dict[str, Any]) -> None
 
 
 def ask(study: Any, space: dict[str, Dimension]) -> tuple[Any, dict[str, Any]]:
-    """The optimizer's next proposal that is not next to a crash. One that is, is not run: the optimizer is
-    told it would crash (marked `inferred`, and no crash of its own for `near_crash`), so that its model of
-    the region moves away instead of proposing it again; up to AVOID_MAX in a row."""
+    """The optimizer's next proposal that neither has a dropped choice (`dropped`) nor lies next to a crash.
+    One that does is not run: the optimizer is told it would crash (marked `inferred`, and no crash of its
+    own for `near_crash` and `dropped`), so that its model moves away instead of proposing it again; up to
+    AVOID_MAX in a row."""
+    gone = dropped(study, space)
     for _ in range(AVOID_MAX):
         trial = study.ask()
         params = {k: suggest(trial, k, d) for k, d in space.items()}
-        if not near_crash(study, space, params):
+        if not any(str(_position(space[k], params[k])) in v for k, v in gone.items()) and \
+                not near_crash(study, space, params):
             return trial, params
         trial.set_user_attr(INFERRED, True)
         trial.set_constraint(CRASH, math.inf)
@@ -154,6 +187,8 @@ def ask(study: Any, space: dict[str, Dimension]) -> tuple[Any, dict[str, Any]]:
 
 def tell(trial: Any, t: Told) -> None:
     optuna = _optuna()
+    if t.cause:
+        trial.set_user_attr(CAUSE, t.cause)
     for name, v in t.constraints.items():
         trial.set_constraint(name, v)
     state = getattr(optuna.trial.TrialState, t.state)
@@ -164,12 +199,13 @@ def tell(trial: Any, t: Told) -> None:
 @dataclass(frozen=True)
 class Told:
     """A finished point as the optimizer takes it: state (COMPLETE, PRUNED, FAIL), value, constraint values
-    (`crash`, and one per bound: > 0 is infeasible), intermediate values (step -> value)."""
+    (`crash`, and one per bound: > 0 is infeasible), intermediate values (step -> value), a crash's cause."""
 
     state: str
     value: float | None
     constraints: dict[str, float]
     steps: dict[int, float]
+    cause: str | None = None
 
 
 def told(pt: PointRow, run: RunRecord | None, metrics: dict[str, float], series: list[float],
@@ -177,8 +213,8 @@ def told(pt: PointRow, run: RunRecord | None, metrics: dict[str, float], series:
     """What a finished point's record says to the optimizer."""
     steps = dict(enumerate(series))
     if pt.status is PointStatus.FAILED:
-        if outcome.cause_of(pt.fault is Fault.JOB, pt.reason, run):
-            return crashed(bounds)  # its region is infeasible
+        if why := outcome.cause_of(pt.fault is Fault.JOB, pt.reason, run):
+            return crashed(bounds, why)  # its region is infeasible
         return Told("FAIL", None, {}, {})
     value = outcome.value(metrics, objective.metric)
     if pt.status is PointStatus.PRUNED:  # a bound not yet measured is no violation
@@ -189,12 +225,12 @@ def told(pt: PointRow, run: RunRecord | None, metrics: dict[str, float], series:
     return Told("COMPLETE", value, {CRASH: 0.0, **dict(zip(bounds, outcome.violations(bounds, metrics)))}, steps)
 
 
-def crashed(bounds: dict[str, Any]) -> Told:
+def crashed(bounds: dict[str, Any], cause: str | None = None) -> Told:
     """A point the settings crashed (or the playbook refused): infeasible, with no value, and worse than any
     bound broken by a measured point. TPE ranks infeasible trials by their summed violations and, while
     none is feasible, models its best region on the least infeasible: a crash at 1.0 beside a latency 3
     times its bound would be that region, and the search would head for the crash."""
-    return Told("PRUNED", None, {CRASH: math.inf, **{m: 0.0 for m in bounds}}, {})
+    return Told("PRUNED", None, {CRASH: math.inf, **{m: 0.0 for m in bounds}}, {}, cause)
 
 
 class Searcher:
@@ -233,7 +269,7 @@ class Searcher:
             state=state, value=t.value if state is optuna.trial.TrialState.COMPLETE else None,
             params={k: params[k] for k in dims}, distributions={k: distribution(d) for k, d in dims.items()},
             intermediate_values=t.steps if state is not optuna.trial.TrialState.FAIL else None,
-            user_attrs=attrs, constraints=t.constraints or None)
+            user_attrs={**attrs, **({CAUSE: t.cause} if t.cause else {})}, constraints=t.constraints or None)
         self._study(stage).add_trial(trial)
 
     def _load(self) -> None:
@@ -263,7 +299,7 @@ class Searcher:
 
     def _told(self, pt: PointRow) -> Told:
         run = self.store.get_run(pt.run_id) if pt.run_id else None
-        metrics = self.store.latest_metrics(pt.run_id) if pt.run_id else {}
+        metrics = outcome.measured(self.store, run) if run is not None else {}
         series = [v for _, v, _ in self.store.metric_series(pt.run_id, self.objective.metric)] if pt.run_id else []
         return told(pt, run, metrics, series, self.objective, self.plan.constraints)
 
@@ -334,7 +370,7 @@ class Searcher:
         for p in rows:
             if self.search.stage_of(p.diff) == self.stage:
                 return {k: v for k, v in p.diff.items() if k not in keys}
-        done = [(p, self.store.latest_metrics(p.run_id)) for p in rows
+        done = [(p, outcome.measured(self.store, self.store.get_run(p.run_id))) for p in rows
                 if p.status is PointStatus.SUCCEEDED and p.run_id and self.search.stage_of(p.diff) < self.stage]
         found = best(self.objective, done)
         return {} if found is None else {k: v for k, v in found[0].diff.items() if k not in keys}
@@ -374,7 +410,7 @@ class Searcher:
             # (the job's fault, as a crash is: the same file never runs it again)
             db.settle_point(self.store, self.sweep_id, index, PointStatus.FAILED,
                             reason=f"{outcome.CONFIG_ERROR}: {exc}", fault=Fault.JOB)
-            self._tell(trial, crashed(self.plan.constraints))
+            self._tell(trial, crashed(self.plan.constraints, outcome.CONFIG_ERROR))
             self.echo(f"point {index} ({label(diff)}): refused before it ran: {exc}")
             return None
         self.live[index] = trial
@@ -426,7 +462,7 @@ class Searcher:
         if outcome.invalid(run):  # its benchmark's own checks refused it: no value, and no rerun either
             return Decision(Action.FAIL, PointStatus.FAILED, Fault.JOB), f"invalid: {run.invalid}"
         if decision.status is PointStatus.SUCCEEDED:
-            metrics = store.latest_metrics(run_id)
+            metrics = outcome.measured(store, run)
             if outcome.value(metrics, self.objective.metric) is None:
                 return (Decision(Action.FAIL, PointStatus.FAILED, Fault.JOB),
                         f"no value: the run recorded no {self.objective.metric}")

@@ -61,9 +61,11 @@ class Dimension(BaseModel):
 
     def start(self, given: Any) -> Any:
         """The value a search tries first: the spec's own when this range holds it (the setting run today),
-        else the middle of the range (geometric with log), else the first choice; on the range's step."""
+        else the middle of the range (geometric with log) or of the choices (of an even number, the later of
+        the two middle ones); on the range's step. Not the first choice blindly: lists are often written from
+        the smallest, and the smallest size is the one most likely to crash."""
         if self.choices is not None:
-            return given if self.contains(given) else self.choices[0]
+            return given if self.contains(given) else self.choices[len(self.choices) // 2]
         assert self.low is not None and self.high is not None
         if isinstance(given, (int, float)) and not isinstance(given, bool) and self.contains(given):
             value = float(given)

@@ -29,8 +29,8 @@ def _point(store: Store, pt: PointRow) -> dict[str, Any]:
         "run_id": pt.run_id, "run_status": run.status.value if run else None,
         "invalid": run.invalid if run else None,  # why its numbers count nowhere (None: they count)
         "phase": shown_phase(run) if run else None, "last_line": run.last_line if run else None,
-        # the playbook's headlines first (shapes.in_order)
-        "metrics": in_order(store.latest_metrics(run.id), metricinfo.headlines(run.playbook)) if run else {},
+        # the playbook's headlines first (shapes.in_order); a repeated benchmark's median (outcome.measured)
+        "metrics": in_order(outcome.measured(store, run), metricinfo.headlines(run.playbook)) if run else {},
         # last, and mean and p50 over the steady state (see store/summaries.py)
         "metric_summaries": in_order(store.metric_summaries(run.id), metricinfo.headlines(run.playbook)) if run else {},
     }
