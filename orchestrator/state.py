@@ -1,7 +1,7 @@
-"""What one orch process learns while it runs and keeps for the rest of its life, in one object: the
-plugins it found installed and loaded (playbooks, patch sets, tables about runs), the headline metrics
-they declared, the notifications still being sent. `current()` is it; a test gets a `fresh()` one, as a
-new process would have. The connections a process holds to hosts are its host session (host/session.py).
+"""What one orch process holds while it runs, in one object: the plugins it found installed and loaded
+(playbooks, patch sets, tables about runs), the headline metrics they declared, the notifications still
+being sent, and its host session (host/session.py: the options that concern every host, its connections,
+agent links and queue readers). `current()` is it; a test gets a `fresh()` one, as a new process would have.
 
 Nothing of orch is imported here (a leaf): each module that keeps something here knows its type.
 """
@@ -29,6 +29,8 @@ class State:
     run_tables: tuple[tuple[Any, ...], tuple[str, ...]] | None = None
     # runflow/notify: the sends still in flight, which a command waits for before it exits
     notify_sends: list[Any] = field(default_factory=list)
+    # host/session: made on first use (a command that reaches no host never imports it)
+    host_session: Any = None
 
 
 _current = State()

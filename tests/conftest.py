@@ -17,7 +17,6 @@ from sshd import SSHFleet  # tests/ is on sys.path (rootdir-relative, no __init_
 from orchestrator import state
 from orchestrator.config.hosts import Host
 from orchestrator.config.workspace import Workspace
-from orchestrator.host import session
 from orchestrator.store import Store
 
 # ---------------------------------------------------------------------------------------------------
@@ -53,12 +52,12 @@ def private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
 
 
 @pytest.fixture(autouse=True)
-def fresh_session() -> Iterator[session.Session]:
-    """Every test starts with the process state of a new orch process: no connection, agent link, queue or
-    option that an earlier test left (orchestrator/host/session.py), no plugin found or loaded, headline
-    declared or notification in flight (orchestrator/state.py). Its connections are closed after it, as a
+def fresh_session() -> Iterator[state.State]:
+    """Every test starts with the process state of a new orch process (orchestrator/state.py): no plugin
+    found or loaded, headline declared or notification in flight, and no connection, agent link, queue or
+    option that an earlier test left (its host session). Its connections are closed after it, as a
     process's are when it ends."""
-    with session.fresh() as held, state.fresh():
+    with state.fresh() as held:
         yield held
         if "orchestrator.host.remote" in sys.modules:  # (a test that reached no host skips the import)
             sys.modules["orchestrator.host.remote"].close_all()

@@ -75,11 +75,10 @@ def _replace_consoles(replacing: dict[int, Any]) -> None:
 @contextlib.contextmanager
 def _as_a_new_process(env: dict[str, str]) -> Iterator[tuple[io.TextIOWrapper, io.TextIOWrapper]]:
     """What a call in this process must find as a new interpreter would: the Orch's environment, stdout and
-    stderr of its own (bytes, as a pipe takes them), fresh consoles, and a fresh session (orchestrator/host/
-    session.py: none of the connections, agent links, Slurm queues or options an earlier call, or the test
-    itself, left) and state (orchestrator/state.py: plugins found anew). All of it is put back afterwards."""
+    stderr of its own (bytes, as a pipe takes them), fresh consoles, and a fresh process state (orchestrator/
+    state.py: plugins found anew, and none of the connections, agent links, Slurm queues or options an
+    earlier call, or the test itself, left). All of it is put back afterwards."""
     from orchestrator import state
-    from orchestrator.host import session
 
     saved_env, saved_streams = dict(os.environ), (sys.stdout, sys.stderr)
     # as a pipe takes them: stdout strict UTF-8, stderr with backslash escapes; written through, so text and
@@ -92,7 +91,7 @@ def _as_a_new_process(env: dict[str, str]) -> Iterator[tuple[io.TextIOWrapper, i
     fresh = render.consoles()  # made now: this environment, these streams
     _replace_consoles({id(old): new for old, new in zip(IMPORTED_CONSOLES, fresh)})
     try:
-        with session.fresh(), state.fresh():
+        with state.fresh():
             yield stdout, stderr
     finally:
         _replace_consoles({id(new): old for old, new in zip(IMPORTED_CONSOLES, fresh)})
@@ -218,15 +217,15 @@ class Orch:
 
 
 def in_process(capsys: Any) -> Any:
-    """`orch ARGS` run in this process (Typer's app, no interpreter start), each call with a session of its
-    own (orchestrator/host/session.py), as a new process would have: (exit code, stdout, stderr)."""
+    """`orch ARGS` run in this process (Typer's app, no interpreter start), each call with a process state of
+    its own (orchestrator/state.py), as a new process would have: (exit code, stdout, stderr)."""
+    from orchestrator import state
     from orchestrator.cli import main
-    from orchestrator.host import session
 
     def run(*args: str) -> tuple[int, str, str]:
         capsys.readouterr()
         try:
-            with session.fresh():
+            with state.fresh():
                 main(list(args))
             code = 0
         except SystemExit as exc:

@@ -1,18 +1,19 @@
-"""What one orch process holds while it runs its command, in one object: the options that concern every
+"""The part of a process's state (orchestrator/state.py) that concerns hosts: the options that concern every
 host it reaches (the inventory file, whether retries are told, how a transfer is shown) and the things it
 shares between the calls it makes (one connection per host, one agent link per connection, one queue
-reader per cluster). `current()` is it; a test that runs a command in its own process gives the command a
-`fresh()` one, as a new process would have.
+reader per cluster). `current()` is it, in the process's state: a `state.fresh()` one starts without it.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from .. import state
 
 if TYPE_CHECKING:
     from .agent import AgentLink
@@ -39,19 +40,13 @@ class Session:
     queues: dict[str, Queue] = field(default_factory=dict)  # a cluster's scheduler queue, by host name
 
 
-_current = Session()
+_making = threading.Lock()  # two threads asking first (two watchers) get one session
 
 
 def current() -> Session:
-    return _current
-
-
-@contextmanager
-def fresh() -> Iterator[Session]:
-    """A new session for what runs inside; the one before is put back after."""
-    global _current
-    before, _current = _current, Session()
-    try:
-        yield _current
-    finally:
-        _current = before
+    held = state.current()
+    if held.host_session is None:
+        with _making:
+            if held.host_session is None:
+                held.host_session = Session()
+    return held.host_session

@@ -1,5 +1,5 @@
-"""Each test starts with the process state of a new orch process (tests/conftest.py's fresh_session): its
-host session and what it learns while it runs."""
+"""Each test starts with the process state of a new orch process (tests/conftest.py's fresh_session), its
+host session in it."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ def test_a_test_may_change_its_session() -> None:
 
 
 def test_the_next_test_finds_none_of_it() -> None:
+    assert state.current().host_session is None
     held = session.current()
+    assert state.current().host_session is held
     assert (held.hosts_file, held.quiet_retries, held.retry_notice) == (None, False, None)
     assert held.transports == {} and held.agent_links == {} and held.queues == {}
 
@@ -37,5 +39,5 @@ def test_a_test_may_leave_what_a_process_learns(tmp_path: Path) -> None:
 
 
 def test_the_next_test_finds_a_new_process_state() -> None:
-    assert state.current() == state.State()
+    assert state.current() == state.State()  # its host session too: made on first use
     assert metricinfo.headlines("my-bench") == ()
