@@ -108,6 +108,29 @@ def test_end_steps_once_for_an_orphan_settled(ws: Workspace, store: Store, recei
 
 
 
+def test_an_orphan_ended_meanwhile_by_another_process_is_left_as_it_found_it(
+        ws: Workspace, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes settle a run whose controller died while launching: both find no job; the second finds
+    the run ended lost already, and takes it as it is (no error, one end)."""
+    from orchestrator.host import hostlease
+
+    spec = CommandSpec(cmd="true", **FAST)
+    run_id = store.create_run("command", "local", spec.model_dump(mode="json"))
+    store.update_run(run_id, remote_dir=str(ws.root / "runs" / str(run_id)))
+    transition(store, run_id, Status.PREPARING)
+    transition(store, run_id, Status.LAUNCHING)
+    run = runflow.open_run(ws, store, run_id)
+    monkeypatch.setattr(hostlease, "owner", lambda *a: "mine")
+
+    def none_while_another_ends_it(paths: object) -> None:
+        transition(store, run_id, Status.LOST, "ended by the other")
+
+    monkeypatch.setattr(run.executor, "find", none_while_another_ends_it)
+    record = runflow.settle_orphan(run)
+    assert record.status is Status.LOST and record.reason == "ended by the other"
+    assert [e["message"].split(":")[0] for e in store.events(run_id) if e["kind"] == "status"].count("lost") == 1
+
+
 def test_an_orphan_picked_up_meanwhile_by_another_process_is_left_as_it_found_it(
         ws: Workspace, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two processes settle a run whose controller died while launching (its host's watcher, a resumed

@@ -387,8 +387,8 @@ def settle_orphan(run: Run) -> RunRecord:
         # when the dir is this run's; a pid in another run's dir is never adopted, nor ever signalled
         whose = hostlease.owner(run.transport, run.paths, run_token(run.ws, run.store, run.run_id))
         if whose in ("other", "none"):
-            return end(run.store, run.run_id, Status.FAILED, f"its controller died while launching; its run dir "
-                       f"{run.paths.root} is {_WHOSE[whose]}", run, phase=None)
+            return _end_orphan(run, Status.FAILED, f"its controller died while launching; its run dir "
+                               f"{run.paths.root} is {_WHOSE[whose]}", phase=None)
         job = run.executor.find(run.paths) if whose == "mine" else None
         if job is not None:
             try:
@@ -399,7 +399,16 @@ def settle_orphan(run: Run) -> RunRecord:
                     raise
                 return run.record  # picked up meanwhile by another process (its host's watcher, a resumed sweep)
             return run.refresh()
-        return end(run.store, run.run_id, Status.LOST, "its controller died while launching; no job pid was written",
-                   run)
-    return end(run.store, run.run_id, Status.FAILED, f"its controller died before launch ({record.status})", run,
-               phase=None)
+        return _end_orphan(run, Status.LOST, "its controller died while launching; no job pid was written")
+    return _end_orphan(run, Status.FAILED, f"its controller died before launch ({record.status})", phase=None)
+
+
+def _end_orphan(run: Run, status: Status, message: str, **fields: Any) -> RunRecord:
+    """End a run whose controller died, unless another process that found it so (its host's watcher, a
+    resumed sweep, a `status`) ended it first: then it is theirs to finish, and it is returned as it is."""
+    try:
+        return end(run.store, run.run_id, status, message, run, **fields)
+    except TransitionError:
+        if not run.refresh().status.terminal:
+            raise
+        return run.record
