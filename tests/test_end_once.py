@@ -95,13 +95,19 @@ def test_end_steps_once_for_a_failed_start(ws: Workspace, store: Store, receiver
     assert_ended_once(runflow.open_run(ws, store, run), receiver)
 
 
-def test_end_steps_once_for_an_orphan_settled(ws: Workspace, store: Store, receiver: Receiver) -> None:
-    """A controller that died while launching: no pid file, so the run is lost, and finished once."""
-    spec = CommandSpec(cmd="true", notify=[receiver.url], **FAST)
+def launching(ws: Workspace, store: Store, spec: CommandSpec) -> int:
+    """A run whose controller died while launching it: its run dir named, no job pid written."""
     run_id = store.create_run("command", "local", spec.model_dump(mode="json"))
     store.update_run(run_id, remote_dir=str(ws.root / "runs" / str(run_id)))
     transition(store, run_id, Status.PREPARING)
     transition(store, run_id, Status.LAUNCHING)
+    return run_id
+
+
+def test_end_steps_once_for_an_orphan_settled(ws: Workspace, store: Store, receiver: Receiver) -> None:
+    """A controller that died while launching: no pid file, so the run is lost, and finished once."""
+    spec = CommandSpec(cmd="true", notify=[receiver.url], **FAST)
+    run_id = launching(ws, store, spec)
     run = runflow.open_run(ws, store, run_id)
     assert runflow.settle_orphan(run).status is Status.LOST
     assert_ended_once(run, receiver)
@@ -115,10 +121,7 @@ def test_an_orphan_ended_meanwhile_by_another_process_is_left_as_it_found_it(
     from orchestrator.host import hostlease
 
     spec = CommandSpec(cmd="true", **FAST)
-    run_id = store.create_run("command", "local", spec.model_dump(mode="json"))
-    store.update_run(run_id, remote_dir=str(ws.root / "runs" / str(run_id)))
-    transition(store, run_id, Status.PREPARING)
-    transition(store, run_id, Status.LAUNCHING)
+    run_id = launching(ws, store, spec)
     run = runflow.open_run(ws, store, run_id)
     monkeypatch.setattr(hostlease, "owner", lambda *a: "mine")
 
@@ -139,10 +142,7 @@ def test_an_orphan_picked_up_meanwhile_by_another_process_is_left_as_it_found_it
     from orchestrator.store.record import JobRef
 
     spec = CommandSpec(cmd="true", **FAST)
-    run_id = store.create_run("command", "local", spec.model_dump(mode="json"))
-    store.update_run(run_id, remote_dir=str(ws.root / "runs" / str(run_id)))
-    transition(store, run_id, Status.PREPARING)
-    transition(store, run_id, Status.LAUNCHING)
+    run_id = launching(ws, store, spec)
     run = runflow.open_run(ws, store, run_id)
     job = JobRef(4242, "proof")
     monkeypatch.setattr(hostlease, "owner", lambda *a: "mine")
