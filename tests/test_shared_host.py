@@ -20,6 +20,7 @@ from orchtest import FAST, Orch, agent_ops, alive, job_cmd
 from orchestrator import runflow
 from orchestrator.config.hosts import Host
 from orchestrator.config.workspace import Workspace
+from orchestrator.host.hostjobs.leases import ENDING_S
 from orchestrator.host import hostlease, hostprogram
 from orchestrator.host.launch import RunPaths
 from orchestrator.host.remote import connect
@@ -660,8 +661,10 @@ def test_a_users_lease_file_is_neither_removed_nor_forged_by_another(tmp_path: P
         assert hostlease.take(tb, RunPaths.for_run(str(shared), 1, "bbb"), his, [3]) == [
             "ignored gpu-3: not a lease file"]
         hostlease.release(tb, his)
-        # alice's run ended, her lease left behind: bob takes the key beside it, and alice sees his lease
-        (shared / "runs" / "aaa" / "1" / ".orch" / "exit_code").write_text("0\n")
+        # alice's run ended long ago, her lease left behind: bob takes the key beside it, and alice sees his
+        ended = shared / "runs" / "aaa" / "1" / ".orch" / "exit_code"
+        ended.write_text("0\n")
+        os.utime(ended, (time.time() - ENDING_S - 1,) * 2)
         hostlease.take(tb, RunPaths.for_run(str(shared), 2, "bbb"), his, [0])
         assert (leases / f"gpu-0.{USERS['orchbob']}").exists()
         with pytest.raises(hostlease.HostLeaseBusy, match=r"GPUs 0 held by another workspace's run \(gpu-0: "):

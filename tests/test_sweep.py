@@ -12,10 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
+from hostdirs import HostDirs
 from orchtest import Orch, job_cmd, kill_controller, release, stop_background_watchers, wait_for_file
 
 from orchestrator import sweep
+from orchestrator.config.hosts import Inventory
 from orchestrator.config.workspace import Workspace
+from orchestrator.host.remote import connect
+from orchestrator.runflow.starting import HostTake
 from orchestrator.errors import UsageError
 from orchestrator.store import Store, lease
 
@@ -333,13 +337,19 @@ def test_two_runs_racing_for_one_host_then_queue(orch, tmp_path):
 
 
 def test_stale_leases_are_recovered(orch, tmp_path):
-    # a controller that took the host and died before launching
-    code = ("import sys; from orchestrator.store import lease; from orchestrator.store import Store;"
-            "s = Store(sys.argv[1]);"
-            "lease.acquire(s, 'test1', None, lambda: s.create_run('command', 'test1', {'cmd': 'true'}), 0.3)")
-    subprocess.run([sys.executable, "-c", code, str(orch.db)], check=True)
-    (held,) = lease.held(Store(orch.db))
+    # a controller that took the host (its lease files on test1 too) and died before launching
+    ws = Workspace(root=orch.root, hosts_file=orch.root / "hosts.toml")
+    host = Inventory.load(ws.hosts_file, ws.root).get("test1")
+    store = Store(orch.db)
+    store.migrate()
+    create = lambda: [store.create_run("command", "test1", {"cmd": "true"})]
+    claim = HostTake(ws, store, [host], {"test1": connect(host)}, None)
+    claim.made(lambda: lease.acquire_all(store, ["test1"], None, create, 0.3, pytest.fail, claim))
+    store.conn.execute("UPDATE leases SET pid = ?, pid_start = '1'", (2**22 + 1,))  # that process is gone
+    (held,) = lease.held(store)
     assert not held.controller.alive(None, 0)
+    with pytest.raises(lease.Busy, match="busy with run 1"):  # the host holds it: a start with no probe waits
+        lease.acquire_all(store, ["test1"], None, create, 0.3, lambda run: None, claim)
     res = orch("run", "command", "--host", "test1", "--set", "cmd=true", "--set", "poll_min=0.05")
     assert res.returncode == 0, res.stderr
     orphan, ran = runs(orch)
@@ -370,16 +380,17 @@ def test_stale_leases_are_recovered(orch, tmp_path):
 
 def test_gpu_sets(tmp_path, orch):
     store = Store(tmp_path / "l.db")
-    make = lambda: store.create_run("command", "h", {})
-    lease.acquire(store, "h", [0, 1], make, 1.0)
+    at = HostDirs(tmp_path / "hosts", store)
+    make = lambda: [store.create_run("command", "h", {})]
+    at.acquire(["h"], make, [0, 1])
     with pytest.raises(lease.Busy, match="GPUs 0,1 of h are busy with run 1"):
-        lease.acquire(store, "h", [1, 2], make, 1.0)
+        at.acquire(["h"], make, [1, 2])
     with pytest.raises(lease.Busy, match="busy with run 1"):
-        lease.acquire(store, "h", None, make, 1.0)
-    assert lease.acquire(store, "h", [2, 3], make, 1.0) == 2
-    assert lease.acquire(store, "other", None, make, 1.0) == 3
-    lease.release(store, 1)
-    assert lease.acquire(store, "h", [1], make, 1.0) == 4
+        at.acquire(["h"], make)
+    assert at.acquire(["h"], make, [2, 3]) == [2]
+    assert at.acquire(["other"], lambda: [store.create_run("command", "other", {})]) == [3]
+    at.release(1, "h")
+    assert at.acquire(["h"], make, [1]) == [4]
     # a sweep whose points ask for disjoint GPU sets runs them side by side on one host
     path = write_sweep(orch, f"""
 name = "gpus"

@@ -5,11 +5,12 @@ Who holds a host: the run whose token the host's lease files name (`<workdir>/le
 each GPU of a run's set), taken by one `take` request to the host's agent in the transaction that creates
 the run (granted under the host's lock, or refused naming the holder, and then no run is made; `--queue`
 makes the same request again) and freed by one `release` after the run's end steps. Whether a holder can
-still run is judged on the host alone, from what it can prove: its run prepares (no pid yet, under an hour
-old), or its wrapper lives and its run dir holds its token without an exit code.
+still holds is judged on the host alone, for every workspace alike, from what it can prove: its run prepares
+(no pid yet, under an hour old), its wrapper lives, or its job ended minutes ago and its end steps run.
 
-Between the runs of one workspace the SQLite lease (store/lease.py) still decides first, in that same
-transaction, by its controllers' liveness; the host's files do not block their own workspace's runs.
+A refusal naming a run of this very workspace is handed to store/lease.py as `HeldByRun`, which acts on it
+(waits, or has a run nobody is at work on looked at, which ends and releases it); its SQLite table only
+remembers what the hosts granted.
 
 The take also makes the run dir the run's own (its token in `.orch/token`, rundirs.claim_run_dir on the host, as the
 launch claims it again); removing, adopting or signalling a run's job checks that token first. The work is
@@ -26,6 +27,7 @@ from typing import Any
 from ..config.workspace import Workspace
 from ..errors import OrchError
 from ..store import Store
+from ..store.lease import HeldByRun
 from . import agent
 from .hostjobs.leases import LEASES as DIR
 from .hostjobs.leases import LOCK_WAIT_S, workspace_of
@@ -87,13 +89,18 @@ def take(transport: Transport, paths: RunPaths, token: str, gpus: list[int] | No
                               "keys": keys(gpus) if exclusive else []})
     if reply.get("ok"):
         return [str(w) for w in reply.get("warnings", [])]
-    raise _refused(transport, gpus, reply.get("error") or {})
+    raise refused(transport.host.name, token, gpus, reply.get("error") or {})
 
 
-def _refused(transport: Transport, gpus: list[int] | None, error: dict[str, Any]) -> OrchError:
+def refused(name: str, token: str, gpus: list[int] | None, error: dict[str, Any]) -> OrchError:
+    """The error for a take the host `name` refused to the run `token`: HeldByRun when a run of the same
+    workspace holds what it asked for, HostLeaseBusy for another workspace's, Refused for unsafe files."""
     what = "the host" if gpus is None else f"GPUs {','.join(map(str, gpus))}"
-    name = transport.host.name
     kind = error.get("kind")
+    holder = str(error.get("token") or "")
+    holder_id = holder.rsplit(":", 2)[1] if holder.count(":") >= 3 else ""
+    if kind == "held" and workspace_of(holder) == workspace_of(token) and holder_id.isdigit():
+        return HeldByRun(int(holder_id), f"{name}: {what} held by run {holder_id} ({error.get('why')})")
     if kind == "held":
         return HostLeaseBusy(f"{name}: {what} held by another workspace's run ({error.get('key')}: run dir "
                              f"{error.get('run_dir')}, {error.get('token')}, {error.get('why')}); choose other "
@@ -126,5 +133,5 @@ def remove(transport: Transport, paths: RunPaths, token: str) -> str:
     return "removed" if reply.get("removed") else str(reply.get("why"))
 
 
-__all__ = ["DIR", "LOCK_WAIT_S", "HostLeaseBusy", "Refused", "keys", "owner", "release", "remove", "run_paths",
+__all__ = ["DIR", "LOCK_WAIT_S", "HostLeaseBusy", "Refused", "keys", "owner", "refused", "release", "remove", "run_paths",
            "run_token", "take", "workspace_id", "workspace_key", "workspace_of"]

@@ -280,18 +280,16 @@ def dry_run(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, hosts
             ids = {h.name: scratch.create_run(pb.name, h.name, spec.model_dump(mode="json")) for h in hosts}
             return [ids[h.name] for h in by_name]
 
-        # as `start`: this workspace's lease with the hosts' lease files, unless the scheduler places the job
+        # as `start`: the hosts' lease files taken (answered by the recorders), unless the scheduler places the job
         claim = HostTake(ws, scratch, by_name, recorders, spec.gpus)
         if pb.exclusive and not executor_class(hosts[0]).schedules_gpus:
             opts = watch_options(pb, spec, hosts[0])
-            try:
-                ids = claim.made(lambda: lease.acquire_all(scratch, [h.name for h in by_name], spec.gpus, create,
-                                                           opts.poll_max, claim=claim))
-            except lease.Busy as busy:
+            # the hosts are not asked: what they last granted this workspace says whether a start would wait
+            busy = lease.granted_holder(scratch, [h.name for h in by_name], spec.gpus)
+            if busy is not None:
                 notes.append(f"a start now would not go ahead: {busy_message(scratch, busy)}")
-                with scratch.tx():
-                    ids = create()
-                    claim(ids)
+            ids = claim.made(lambda: lease.acquire_all(scratch, [h.name for h in by_name], spec.gpus, create,
+                                                       opts.poll_max, probe=lambda _: None, claim=claim))
         else:
             with scratch.tx():
                 ids = create()

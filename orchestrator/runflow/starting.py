@@ -58,11 +58,11 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
           run_fields: dict[str, Any] | None = None, replace: bool = False) -> Run:
     """Create the run and take it to `running`; on any failure the run ends `failed` with the reason.
 
-    A run that holds its host is created together with its lease in this workspace's database and, in the
-    same transaction, its one `take` of the host's lease files (HostTake): a host held by another
-    workspace's run refuses naming it (HostLeaseBusy) and a busy lease here raises lease.Busy, either way
-    before any run is made; with queue the same request is made again until it is granted; with replace
-    this workspace's holder is stopped instead (see `take_replacing`).
+    A run that holds its host is created in the transaction that makes its one `take` of the host's lease
+    files (HostTake): a host held by another workspace's run refuses naming it (HostLeaseBusy), one held by a
+    run of this workspace raises lease.Busy, either way before any run is made; with queue the same request
+    is made again until it is granted; with replace this workspace's holder is stopped instead (see
+    `take_replacing`).
     """
     check(store, pb, spec, host)
     if spec.nodes > 1 and not executor_class(host).schedules_gpus:
@@ -127,9 +127,9 @@ def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: H
 class HostTake:
     """The one lease request a start makes to each host its run holds: `take`, made in the transaction that
     creates the run (lease.acquire_all's claim), in host name order. The host's lease files are taken under
-    its lock and the run dir made the run's own, or the request is refused naming the other workspace's run
-    that holds them (HostLeaseBusy): the transaction rolls back, so no run is made, and a queued start makes
-    the same request again later. `taken`: each run's warnings from its host, for `prepare` to record. A host
+    its lock and the run dir made the run's own, or the request is refused naming the run that holds them
+    (lease.HeldByRun for one of this workspace, HostLeaseBusy for another's): the transaction rolls back, so
+    no run is made, and a queued start makes the same request again later. `taken`: each run's warnings from its host, for `prepare` to record. A host
     that cannot answer now is left to `prepare`, which asks it again and fails the run with the reason."""
 
     def __init__(self, ws: Workspace, store: Store, hosts: list[Host], transports: Mapping[str, Transport],
@@ -140,7 +140,7 @@ class HostTake:
         self._silent: set[str] = set()  # hosts whose agent did not start: left to prepare
 
     def __call__(self, run_ids: list[int]) -> None:
-        self.taken = {}
+        self.taken, self._given = {}, []  # what an earlier call took stays: its runs were made
         for host, run_id in zip(self.hosts, run_ids, strict=True):
             transport = self.transports[host.name]
             if host.name in self._silent:
@@ -149,12 +149,13 @@ class HostTake:
             token = run_token(self.ws, self.store, run_id)
             try:
                 self.taken[run_id] = hostlease.take(transport, paths, token, self.gpus)
-            except hostlease.HostLeaseBusy:
+            except (hostlease.HostLeaseBusy, lease.HeldByRun):
                 self.give_back()
                 raise
             except OrchError:
                 continue  # unreachable, or its files refused: prepare asks again, and the run records why
             self._given.append((transport, paths, token))
+            self.store.update_run(run_id, host_lease=1)  # in the transaction: its end releases them
 
     def give_back(self) -> None:
         """Release what was taken for runs that are not made after all (another host refused, or the

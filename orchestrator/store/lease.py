@@ -1,20 +1,16 @@
-"""Leases: a host, or a set of its GPUs, is held by at most one run at a time.
+"""Leases: a host, or a set of its GPUs, is held by at most one run at a time, and the host says which.
 
-Which is the truth: the host. Whether a run's job can still use the GPUs is what its host can prove —
-its wrapper alive, its run dir's exit code — and, across workspaces, the host's lease files
-(host/hostlease.py) are what every workspace sees. This table is one workspace's record of it: what keeps
-that workspace's runs apart, taken in one `BEGIN IMMEDIATE` transaction together with the run's row and
-the host's own take (`claim`), so two runs of one workspace never both get the host and a host another
-workspace holds leaves no run behind.
+The host decides (host/hostlease.py): its lease files name the run that holds, and it grants a start's `take`
+or refuses it naming the holder, for every workspace alike. This table is this workspace's memory of what
+its hosts granted — which run, and the controller that took it (pid with its start time, hostname), for
+the heartbeat that says whether someone is still at work on it — written in the transaction that creates
+the run with the host's grant, dropped at release; it never decides who holds a host.
 
-A lease names its run and the controller process that took it (pid with its start time, hostname). It is
-dropped once the run has ended and the end steps that must precede the next run are done
-(BEFORE_RELEASE). Controller heartbeats (`holder_alive`) only say whether someone is still at work on
-the run; they never free a lease by themselves. A holder nobody is at work on is handed to the run
-flow's probe, which asks the host: it ends a run that never launched, polls a launched one once — its
-lease is freed only once its job is seen to have ended — and frees the lease of a run that ended while
-whoever ended it died only once the host shows its job is not running. Two runs never share GPUs, and a
-host is never blocked past the end of its job.
+A refusal naming a run of this workspace (`HeldByRun`) is acted on here: the start waits (Busy) while
+someone is at work on the holder, and a holder nobody is at work on, or one whose record says it ended with
+its end steps before release done, is handed to the run flow's probe, which asks the host again: it ends a
+run that never launched or whose job is over, and then releases it (on the host too); a job still running
+keeps its host. Two runs never share GPUs, and a host is never blocked past the end of its job.
 """
 
 from __future__ import annotations
@@ -123,74 +119,97 @@ def held(store: Store, host: str | None = None) -> list[Lease]:
     return [_row(r) for r in store.conn.execute(sql + " ORDER BY id", args)]
 
 
-def acquire(store: Store, host: str, gpus: list[int] | None, create_run: Callable[[], int], poll_max: float,
-            probe: Probe | None = None) -> int:
-    """`acquire_all` for a run on one host: its id."""
-    return acquire_all(store, [host], gpus, lambda: [create_run()], poll_max, probe)[0]
+class HeldByRun(OrchError):
+    """The host refused a take because a run of this workspace (`run_id`) holds what it asked for."""
+
+    def __init__(self, run_id: int, message: str):
+        super().__init__(message)
+        self.run_id = run_id
 
 
-# What else a start takes in the transaction that creates its runs (their ids, in the order of the hosts): the
-# hosts' own lease files (runflow.starting.HostTake). Raising rolls the runs back: none is made.
+# The hosts' answer to a start (runflow.starting.HostTake): called with the new runs' ids (in the order of the
+# hosts) inside the transaction that creates them, it takes each host's lease files or raises — HeldByRun,
+# or another workspace's holder — and then no run is made.
 Claim = Callable[[list[int]], None]
 
 
-def acquire_all(store: Store, hosts: Sequence[str], gpus: list[int] | None, create_runs: Callable[[], list[int]],
-                poll_max: float, probe: Probe | None = None, claim: Claim | None = None) -> list[int]:
-    """Create the run's records (create_runs: one per host, in the order of `hosts`) and a lease on each host
-    in one transaction, or raise Busy naming a holder: all or none, so a run across several hosts never
-    holds some while it waits for others, and two such runs never wait for each other. `claim` is called
-    with the new ids inside that transaction; what it raises leaves no run.
+def acquire(store: Store, host: str, gpus: list[int] | None, create_run: Callable[[], int], poll_max: float,
+            probe: Probe, claim: Claim) -> int:
+    """`acquire_all` for a run on one host: its id."""
+    return acquire_all(store, [host], gpus, lambda: [create_run()], poll_max, probe, claim)[0]
 
-    Holders whose run ended with its end steps before release done are dropped. Holders nobody is at work
-    on are handed to `probe` (outside the transaction: it asks the host), which frees their lease only once
-    the host shows their job over; without a probe, an ended run's lease goes on the record's word.
+
+def acquire_all(store: Store, hosts: Sequence[str], gpus: list[int] | None, create_runs: Callable[[], list[int]],
+                poll_max: float, probe: Probe, claim: Claim) -> list[int]:
+    """Create the run's records (create_runs: one per host, in the order of `hosts`) and take each host in one
+    transaction (`claim`, the hosts' answer), or raise naming a holder: all or none, so a run across several
+    hosts never holds some while it waits for others, and two such runs never wait for each other.
+
+    A holder of this workspace is Busy while someone is at work on it. One nobody is at work on, or one ended
+    with its end steps before release done (its release was lost), goes to `probe` once (outside the
+    transaction: it asks the host), and the hosts are asked again.
     """
     probed: set[int] = set()
     while True:
-        orphans: list[RunRecord] = []
-        busy: Busy | None = None
-        with store.tx() as c:
-            for lease in [held_one for host in sorted(hosts) for held_one in held(store, host)]:
-                if not overlaps(lease.gpus, gpus):
-                    continue
-                run: RunRecord | None
-                try:
-                    run = store.get_run(lease.run_id)
-                except NotFound:
-                    run = None
-                if run is None or (run.status.terminal and (steps_before_release_done(store, run) or (
-                        probe is None and not holder_alive(lease, run)))):
-                    c.execute("DELETE FROM leases WHERE id = ?", (lease.id,))  # its run ended; nobody dropped it
-                    continue
-                if run.status.terminal:  # its log is being read to the end or its patches reverted: a moment
-                    busy = busy or Busy(lease, run)
-                    if not holder_alive(lease, run) and run.id not in probed:
-                        orphans.append(run)  # whoever ended it died: the host says whether its job is over
-                    continue
-                if holder_alive(lease, run):
-                    busy = busy or Busy(lease, run)
-                    continue
-                busy = busy or Busy(lease, run, controller_gone=True)
-                if run.id not in probed:
-                    orphans.append(run)
-            if busy is None:
+        try:
+            with store.tx() as c:
                 run_ids = create_runs()
-                if claim is not None:
-                    claim(run_ids)
-                me = Controller.me()
+                claim(run_ids)
+                me, now = Controller.me(), time.time()
                 for host, run_id in zip(hosts, run_ids, strict=True):
+                    # the host granted it: what this workspace remembered overlapping it is over
+                    for old in held(store, host):
+                        if overlaps(old.gpus, gpus):
+                            c.execute("DELETE FROM leases WHERE id = ?", (old.id,))
                     c.execute(
                         "INSERT INTO leases (host, gpus, run_id, pid, pid_start, hostname, heartbeat, poll_max,"
                         " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (host, dump_json(sorted(gpus) if gpus is not None else None), run_id, me.pid, me.start,
-                         me.hostname, time.time(), poll_max, time.time()),
+                         me.hostname, now, poll_max, now),
                     )
                 return run_ids
-        if not orphans or probe is None:
-            raise busy
-        for run in orphans:
-            probed.add(run.id)
-            probe(run)
+        except HeldByRun as refusal:
+            busy, stale = _judge(store, refusal, gpus, poll_max)
+            if not stale or refusal.run_id in probed:
+                raise busy from None
+            probed.add(refusal.run_id)
+            probe(store.get_run(refusal.run_id))
+
+
+def _judge(store: Store, refusal: HeldByRun, gpus: list[int] | None, poll_max: float) -> tuple[Busy, bool]:
+    """The holder a host named, as a person is told of it, and whether it is one for the probe: nobody is at
+    work on it, or it ended with its end steps before release done."""
+    try:
+        run = store.get_run(refusal.run_id)
+    except NotFound:  # a run this workspace no longer has: the host's own rule frees it
+        return Busy(_unknown(refusal, gpus, poll_max)), False
+    remembered = [held_one for held_one in held(store, run.host) if held_one.run_id == run.id]
+    taken = remembered[0] if remembered else _unknown(refusal, gpus, poll_max, run)
+    alive = holder_alive(taken, run)
+    if run.status.terminal:
+        return Busy(taken, run), steps_before_release_done(store, run) or not alive
+    return Busy(taken, run, controller_gone=not alive), not alive
+
+
+def _unknown(refusal: HeldByRun, gpus: list[int] | None, poll_max: float, run: RunRecord | None = None) -> Lease:
+    """A holder this workspace remembers no lease of (released here, not on its host): named by its record,
+    its last watcher taken for the controller."""
+    if run is None:
+        return Lease(0, "?", gpus, refusal.run_id, Controller("?", 0), 0.0, poll_max)
+    return Lease(0, run.host, gpus, run.id, run.watched_by or Controller("?", 0), run.heartbeat or 0.0, poll_max)
+
+
+def granted_holder(store: Store, hosts: Sequence[str], gpus: list[int] | None) -> Busy | None:
+    """The run of this workspace its hosts last granted what `gpus` asks of them and that has not released it
+    (what a dry run, which asks no host, says a start would wait for), or None."""
+    for host in sorted(hosts):
+        for granted in held(store, host):
+            if overlaps(granted.gpus, gpus):
+                try:
+                    return Busy(granted, store.get_run(granted.run_id))
+                except NotFound:
+                    continue
+    return None
 
 
 def release(store: Store, run_id: int) -> None:
@@ -206,4 +225,4 @@ def adopt(store: Store, run_id: int) -> None:
                   (me.pid, me.start, me.hostname, time.time(), run_id))
 
 
-__all__ = ["Busy", "Claim", "Lease", "acquire", "acquire_all", "adopt", "held", "holder_alive", "release"]
+__all__ = ["Busy", "Claim", "HeldByRun", "Lease", "acquire", "acquire_all", "adopt", "granted_holder", "held", "holder_alive", "release"]

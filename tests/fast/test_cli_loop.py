@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hostdirs import HostDirs
 from orchtest import in_process
 
 from orchestrator.store import Store, lease
@@ -28,7 +29,7 @@ def orch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capture
 def hold_local_host(tmp_path: Path) -> int:
     """A run of this process holding the local host, running (as a server would)."""
     store = Store(tmp_path / "runs" / "orch.db")
-    run_id = lease.acquire(store, "local", None, lambda: store.create_run("serve-eagle3", "local", {}), 30.0)
+    [run_id] = HostDirs(tmp_path, store, local=True).acquire(["local"], lambda: [store.create_run("serve-eagle3", "local", {})])
     for status in (Status.PREPARING, Status.LAUNCHING, Status.RUNNING):
         transition(store, run_id, status)
     store.update_run(run_id, phase="ready")

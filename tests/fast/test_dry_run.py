@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hostdirs import HostDirs
 from orchtest import in_process
 
 from orchestrator import runflow
@@ -148,7 +149,7 @@ def test_a_dry_run_on_a_busy_host_says_so_and_adds_no_run(orch: Orch, tmp_path: 
     from orchestrator.store.record import Status
 
     store = Store(tmp_path / "ws" / "runs" / "orch.db")
-    held = lease.acquire(store, "local", None, lambda: store.create_run("command", "local", {"cmd": "x"}), 30.0)
+    [held] = HostDirs(tmp_path / "ws", store, local=True).acquire(["local"], lambda: [store.create_run("command", "local", {"cmd": "x"})])
     for status in (Status.PREPARING, Status.LAUNCHING, Status.RUNNING):
         transition(store, held, status)
     before = store.conn.execute("SELECT COUNT(*) FROM events").fetchone()[0]

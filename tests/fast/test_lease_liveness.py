@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 import socket
+import time
+from pathlib import Path
 
 import pytest
+from hostdirs import HostDirs
 
+from orchestrator.host.hostjobs import leases
 from orchestrator.store import Store
 from orchestrator.store.controller import STALE_FACTOR, Controller, process_start
-from orchestrator.store.lease import Busy, Lease, acquire, held, holder_alive, release
+from orchestrator.store.lease import BEFORE_RELEASE, Busy, Lease, held, holder_alive
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import RunRecord, Status
 
@@ -68,39 +72,70 @@ def test_me_is_mine() -> None:
 # --- the host, not a heartbeat, frees a lease --------------------------------------------------------
 
 
-def ended_run_of_a_dead_finisher(store: Store) -> int:
-    """A run that ended (cancelled) while whoever was ending it died before its end steps: its lease
-    stays in the table, naming a controller that is gone."""
-    run_id = acquire(store, "h", [0], lambda: store.create_run("command", "h", {}), POLL_MAX)
+def ended_run_of_a_dead_finisher(store: Store, at: HostDirs) -> int:
+    """A run that ended (cancelled) while whoever was ending it died before its end steps, and whose job
+    still runs on its host (its wrapper's pid: this process): the host holds its lease, which names a
+    controller that is gone."""
+    [run_id] = at.acquire(["h"], lambda: [store.create_run("command", "h", {})], [0])
     store.conn.execute("UPDATE leases SET pid = ?, pid_start = ?, hostname = ? WHERE run_id = ?",
                        (DEAD_HERE.pid, DEAD_HERE.start, DEAD_HERE.hostname, run_id))
     for status in (Status.PREPARING, Status.LAUNCHING, Status.RUNNING, Status.CANCELLED):
         transition(store, run_id, status)
-    store.update_run(run_id, pid=4242, pid_start="1")
+    store.update_run(run_id, pid=os.getpid(), pid_start=process_start(os.getpid()))
+    control = Path(at.run_dir("h", run_id)) / ".orch"
+    (control / "pid").write_text(f"{os.getpid()} {process_start(os.getpid())}\n")
     return run_id
 
 
-def test_an_ended_runs_lease_goes_only_once_the_host_shows_its_job_over(store: Store) -> None:
-    old = ended_run_of_a_dead_finisher(store)
+def test_an_ended_runs_lease_goes_only_once_the_host_shows_its_job_over(store: Store, tmp_path: Path) -> None:
+    at = HostDirs(tmp_path, store)
+    old = ended_run_of_a_dead_finisher(store, at)
     asked: list[int] = []
 
     def host_says_it_runs(run: RunRecord) -> None:
         asked.append(run.id)
 
+    make = lambda: [store.create_run("command", "h", {})]
     with pytest.raises(Busy, match=f"run {old}"):
-        acquire(store, "h", [0], lambda: store.create_run("command", "h", {}), POLL_MAX, host_says_it_runs)
+        at.acquire(["h"], make, [0], host_says_it_runs)
     assert asked == [old] and [lease.run_id for lease in held(store)] == [old]
     assert len(store.list_runs()) == 1  # refused: no run was made
-    assert acquire(store, "h", [1], lambda: store.create_run("command", "h", {}), POLL_MAX, host_says_it_runs)
+    assert at.acquire(["h"], make, [1], host_says_it_runs)
 
     def host_says_it_ended(run: RunRecord) -> None:
-        release(store, run.id)  # as the run flow's probe does once the host shows the job over
+        at.release(run.id, "h")  # as the run flow's probe does once the host shows the job over
 
-    new = acquire(store, "h", [0], lambda: store.create_run("command", "h", {}), POLL_MAX, host_says_it_ended)
+    [new] = at.acquire(["h"], make, [0], host_says_it_ended)
     assert old not in [lease.run_id for lease in held(store)] and new in [lease.run_id for lease in held(store)]
 
 
-def test_without_a_probe_an_ended_runs_lease_goes_on_the_records_word(store: Store) -> None:
-    old = ended_run_of_a_dead_finisher(store)
-    new = acquire(store, "h", [0], lambda: store.create_run("command", "h", {}), POLL_MAX)
-    assert [lease.run_id for lease in held(store)] == [new] and new != old
+def test_a_lease_whose_release_was_lost_goes_to_the_probe_though_its_holder_lives(store: Store,
+                                                                                  tmp_path: Path) -> None:
+    """The run ended and its end steps before release were done by this very process, but its host never
+    heard the release (it was unreachable then): the host still names it, and the probe releases it."""
+    at = HostDirs(tmp_path, store)
+    make = lambda: [store.create_run("command", "h", {})]
+    [old] = at.acquire(["h"], make)
+    for status in (Status.PREPARING, Status.LAUNCHING, Status.RUNNING, Status.SUCCEEDED):
+        transition(store, old, status)
+    at.end_job(old, "h")
+    with pytest.raises(Busy, match=f"run {old} "):  # its end steps run: a moment
+        at.acquire(["h"], make)
+    for step in BEFORE_RELEASE:
+        store.add_event(old, "finished", step)
+    [new] = at.acquire(["h"], make, probe=lambda run: at.release(run.id, "h"))
+    assert [lease.run_id for lease in held(store)] == [new]
+
+
+def test_the_host_holds_an_ended_jobs_lease_while_its_end_steps_run_and_no_longer(tmp_path: Path) -> None:
+    """Whichever workspace asks: a job that ended minutes ago still holds (its log is read to its end, its
+    patches reverted, then it is released), one that ended longer ago than ENDING_S does not."""
+    run_dir = tmp_path / "runs" / "1"
+    (run_dir / ".orch").mkdir(parents=True)
+    (run_dir / ".orch" / "token").write_text("elsewhere:/db:1:0\n")
+    exit_code = run_dir / ".orch" / "exit_code"
+    exit_code.write_text("0\n")
+    doc = {"token": "elsewhere:/db:1:0", "run_dir": str(run_dir), "taken_at": time.time() - 100}
+    assert leases.liveness(doc, time.time())[0] is True
+    os.utime(exit_code, (time.time() - leases.ENDING_S - 1,) * 2)
+    assert leases.liveness(doc, time.time())[0] is False

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from hostdirs import HostDirs
 from orchestrator import runflow
 from orchestrator.config.hosts import Inventory
 from orchestrator.config.workspace import Workspace
@@ -95,16 +96,18 @@ def test_leases_are_taken_all_or_none_whatever_the_order(tmp_path: Path) -> None
     def records(*hosts: str):
         return lambda: [store.create_run("command", h, {}) for h in hosts]
 
-    [held] = lease.acquire_all(store, ["b"], None, records("b"), 30.0)
+    at = HostDirs(tmp_path, store)
+    [held] = at.acquire(["b"], records("b"))
     for hosts in (["a", "b"], ["b", "a"], ["c", "b", "a"]):
         with pytest.raises(lease.Busy, match=f"busy with run {held}"):
-            lease.acquire_all(store, hosts, None, records(*hosts), 30.0)
+            at.acquire(hosts, records(*hosts))
     assert [l.host for l in lease.held(store)] == ["b"] and store.newest_run_id() == held  # nothing taken, made
-    assert len(lease.acquire_all(store, ["a", "c"], None, records("a", "c"), 30.0)) == 2
+    assert not list((tmp_path / "c" / "leases").glob("host"))  # the host taken before the refusal, given back
+    assert len(at.acquire(["a", "c"], records("a", "c"))) == 2
     assert sorted(l.host for l in lease.held(store)) == ["a", "b", "c"]
     with pytest.raises(lease.Busy):  # a GPU set of a held host, beside a free one: neither taken
-        lease.acquire_all(store, ["d", "a"], [4, 5], records("d", "a"), 30.0)
-    assert "d" not in {l.host for l in lease.held(store)}
+        at.acquire(["d", "a"], records("d", "a"), [4, 5])
+    assert "d" not in {l.host for l in lease.held(store)} and not list((tmp_path / "d" / "leases").glob("gpu-*"))
 
 
 def test_a_host_held_by_a_node_of_a_run_across_hosts_names_that_run(tmp_path: Path) -> None:
@@ -122,12 +125,13 @@ def test_a_host_held_by_a_node_of_a_run_across_hosts_names_that_run(tmp_path: Pa
             return [head, *others]
         return create
 
-    head, node = lease.acquire_all(store, ["a", "b"], None, a_run_across("a", "b"), 30.0)
+    at = HostDirs(tmp_path, store)
+    head, node = at.acquire(["a", "b"], a_run_across("a", "b"))
     for status in (Status.PREPARING, Status.LAUNCHING, Status.RUNNING):
         for run_id in (head, node):
             transition(store, run_id, status)
     with pytest.raises(lease.Busy) as busy:
-        lease.acquire_all(store, ["b"], None, lambda: [store.create_run("command", "b", {})], 30.0)
+        at.acquire(["b"], lambda: [store.create_run("command", "b", {})])
     assert f"host b is busy with run {head} (" in str(busy.value) and f"run {node}" not in str(busy.value)
     said = runflow.busy_message(store, busy.value)
     assert said.startswith(f"host b is busy with run {head} (command, running"), said
@@ -245,10 +249,10 @@ def test_a_head_that_ended_well_gives_the_others_time_to_end_by_themselves(recor
     assert len(looks) >= 2
 
 
-def test_the_heads_end_waits_for_a_node_another_process_is_finishing(records: Store,
+def test_the_heads_end_waits_for_a_node_another_process_is_finishing(records: Store, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     head, node = node_records(records, [True, True])
-    lease.acquire_all(records, ["h1"], None, lambda: [node], 30.0)
+    HostDirs(tmp_path, records).acquire(["h1"], lambda: [node])
     # the node's host watcher ended it first and is still reading its log to the end: the lease is its
     monkeypatch.setattr(ending, "_end_node", lambda run, n, status, reason: transition(records, n.id, status, reason))
     finished: list[float] = []
@@ -263,9 +267,9 @@ def test_the_heads_end_waits_for_a_node_another_process_is_finishing(records: St
     assert finished and lease.held(records, "h1") == []
 
 
-def test_the_heads_end_never_waits_for_the_node_whose_own_finish_ended_it(records: Store) -> None:
+def test_the_heads_end_never_waits_for_the_node_whose_own_finish_ended_it(records: Store, tmp_path: Path) -> None:
     head, node = node_records(records, [True, True])
-    lease.acquire_all(records, ["h1"], None, lambda: [node], 30.0)
+    HostDirs(tmp_path, records).acquire(["h1"], lambda: [node])
     transition(records, node, Status.FAILED, "exit code 3")  # its lease is freed once its finish returns
     finishing = ending._FINISHING.set(frozenset({node}))
     try:

@@ -3,8 +3,9 @@
 Who holds a host: the run whose token its lease files in `<workdir>/leases/` name, taken by one `take`
 request to the agent in the transaction that creates the run (granted under the host's lock, or refused
 naming the holder, and then no run is made) and freed by one `release` after the run's end steps. Whether a
-holder can still run is judged here alone, from what the host can prove: its run prepares (no pid yet,
-under an hour old), or its wrapper lives and its run dir holds its token without an exit code.
+holder still holds is judged here alone, for every workspace alike, from what the host can prove: its run
+prepares (no pid yet, under an hour old), its wrapper lives, or its job ended under ENDING_S ago (its end
+steps, the log read to its end and the patches reverted, come before the next run).
 
 Each action is a function of its own (`take`, `release`, `owner`, `remove`), called by the agent's `lease`
 op in its own process (`answer`: a reply with `ok`, or `ok: false` and the refusal's kind and words). A
@@ -45,6 +46,9 @@ KEY_RE = re.compile(r"^(host|gpu-[0-9]{1,4})$")
 FILE_RE = re.compile(r"^(host|gpu-[0-9]{1,4})(?:\.([0-9]{1,10}))?$")
 # A lease whose run has no pid yet (it prepares: patches, GPU cleanup) is believed this long.
 STARTING_S = 3600.0
+# A lease whose job ended is held this long after its exit code while its end steps run (they release it,
+# in seconds): a finisher that died never blocks the host for longer.
+ENDING_S = 900.0
 # Clocks of the hosts that share a filesystem differ a little; a lease further in the future is not
 # believed, or it would block its keys for ever.
 FUTURE_SLACK_S = 300.0
@@ -264,7 +268,8 @@ def liveness(lease, now):
         if _lstat(control) is None:
             control = run_dir
         if (read_small(os.path.join(control, "exit_code")) or "").strip():
-            return False, "ended"
+            ended = _lstat(os.path.join(control, "exit_code"))
+            return ended is not None and now - ended.st_mtime < ENDING_S, "its job ended, its end steps run"
         m = PID_RE.match(read_small(os.path.join(control, "pid")) or "")
     except Refusal:
         return False, "its run dir is not trusted"
@@ -353,10 +358,10 @@ def _claim_in(workdir, run_dir, token, shared=False):
         raise Refusal(str(exc), path=run_dir) from None
 
 
-def conflicts(workdir, keys, workspace, now):
-    """Refuse (Refusal kind `held`, naming the lease) while another workspace's live run holds one of
-    `keys` or the whole host; else the warnings about lease files ignored. Leases of `workspace` itself
-    are its database's business and never block here."""
+def conflicts(workdir, keys, token, now):
+    """Refuse (Refusal kind `held`, naming the lease) while another run that still holds (`liveness`) has
+    one of `keys` or the whole host, whichever workspace it is of; else the warnings about lease files
+    ignored. The run `token` itself may take again what it holds."""
     leases_dir = posixpath.join(workdir, LEASES)
     names = _key_files(leases_dir, keys)
     warnings = []
@@ -365,7 +370,7 @@ def conflicts(workdir, keys, workspace, now):
         if lease is None:
             warnings.append(f"ignored {name}: not a lease file")
             continue
-        if workspace_of(lease["token"]) == workspace:
+        if lease["token"] == token:
             continue
         live, why = liveness(lease, now)
         if live:
@@ -379,8 +384,7 @@ def conflicts(workdir, keys, workspace, now):
 
 def take(workdir, run_dir, token, keys, shared=False, now=None, lock_wait_s=LOCK_WAIT_S):
     """Claim the run dir and take the lease files `keys` (`host`, or `gpu-N`), under the lock; refuse
-    (Refusal kind `held`) while another workspace's live run holds a conflicting key. Leases of this
-    workspace are its database's business and never block here."""
+    (Refusal kind `held`) while another run that still holds has a conflicting key (`conflicts`)."""
     workdir = posixpath.normpath(workdir)
     for key in keys:
         if not KEY_RE.match(key):
@@ -393,7 +397,7 @@ def take(workdir, run_dir, token, keys, shared=False, now=None, lock_wait_s=LOCK
         _make_dir(leases_dir, "leases folder", shared=shared, group=shared)
         with Lock(leases_dir, lock_wait_s):
             now = time.time() if now is None else now
-            warnings = conflicts(workdir, keys, workspace_of(token), now)
+            warnings = conflicts(workdir, keys, token, now)
             _claim_in(workdir, run_dir, token, shared)
             doc = json.dumps({"token": token, "run_dir": run_dir, "taken_at": now, "uid": os.geteuid()})
             for key in keys:
