@@ -129,8 +129,10 @@ class HostTake:
     creates the run (lease.acquire_all's claim), in host name order. The host's lease files are taken under
     its lock and the run dir made the run's own, or the request is refused naming the run that holds them
     (lease.HeldByRun for one of this workspace, HostLeaseBusy for another's): the transaction rolls back, so
-    no run is made, and a queued start makes the same request again later. `taken`: each run's warnings from its host, for `prepare` to record. A host
-    that cannot answer now is left to `prepare`, which asks it again and fails the run with the reason."""
+    no run is made, and a queued start makes the same request again later. `taken`: each run's warnings from
+    its host, for `prepare` to record. A host that cannot answer now refuses as it last answered (a run it
+    granted this workspace that has not released it), or is left to `prepare`, which asks it again and
+    fails the run with the reason."""
 
     def __init__(self, ws: Workspace, store: Store, hosts: list[Host], transports: Mapping[str, Transport],
                  gpus: list[int] | None):
@@ -143,7 +145,12 @@ class HostTake:
         self.taken, self._given = {}, []  # what an earlier call took stays: its runs were made
         for host, run_id in zip(self.hosts, run_ids, strict=True):
             transport = self.transports[host.name]
-            if host.name in self._silent:
+            if host.name in self._silent:  # it cannot answer now: what it last granted stands
+                held = lease.granted_holder(self.store, [host.name], self.gpus)
+                if held is not None:
+                    self.give_back()
+                    raise lease.HeldByRun(held.lease.run_id, f"{host.name} does not answer; it last granted "
+                                                             f"run {held.lease.run_id}, not released since")
                 continue
             paths = hostlease.run_paths(self.ws, transport.expand(host.workdir), run_id)
             token = run_token(self.ws, self.store, run_id)

@@ -25,12 +25,12 @@ from .db import Store
 from .encoding import dump_json, load_json
 from .record import RunRecord
 
-# The probe hands a run whose controller died to the run flow, which ends it if its job is over.
+# The probe hands a holder nobody is at work on to the run flow, which ends and releases it if its job is over.
 Probe = Callable[[RunRecord], None]
 
 # The end steps that come before the host's next run: its metrics cover the whole log, and a next run's
-# patches need the install reverted. The run flow frees the lease right after them (see runflow.finish);
-# an ended run's lease found before they are done stays while whoever does them is alive.
+# patches need the install reverted. The run flow releases the lease right after them (see runflow.finish);
+# until then its host holds it for the ended run (host/hostjobs/leases.ENDING_S at most).
 BEFORE_RELEASE = ("log to end", "patch revert")
 
 

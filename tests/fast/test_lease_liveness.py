@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -72,24 +75,33 @@ def test_me_is_mine() -> None:
 # --- the host, not a heartbeat, frees a lease --------------------------------------------------------
 
 
-def ended_run_of_a_dead_finisher(store: Store, at: HostDirs) -> int:
+@pytest.fixture
+def job() -> Iterator[subprocess.Popen]:
+    """A job's wrapper: the leader of a process group of its own."""
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def ended_run_of_a_dead_finisher(store: Store, at: HostDirs, job: subprocess.Popen) -> int:
     """A run that ended (cancelled) while whoever was ending it died before its end steps, and whose job
-    still runs on its host (its wrapper's pid: this process): the host holds its lease, which names a
-    controller that is gone."""
+    still runs on its host: the host holds its lease, which names a controller that is gone."""
     [run_id] = at.acquire(["h"], lambda: [store.create_run("command", "h", {})], [0])
     store.conn.execute("UPDATE leases SET pid = ?, pid_start = ?, hostname = ? WHERE run_id = ?",
                        (DEAD_HERE.pid, DEAD_HERE.start, DEAD_HERE.hostname, run_id))
     for status in (Status.PREPARING, Status.LAUNCHING, Status.RUNNING, Status.CANCELLED):
         transition(store, run_id, status)
-    store.update_run(run_id, pid=os.getpid(), pid_start=process_start(os.getpid()))
+    store.update_run(run_id, pid=job.pid, pid_start=process_start(job.pid))
     control = Path(at.run_dir("h", run_id)) / ".orch"
-    (control / "pid").write_text(f"{os.getpid()} {process_start(os.getpid())}\n")
+    (control / "pid").write_text(f"{job.pid} {process_start(job.pid)}\n")
     return run_id
 
 
-def test_an_ended_runs_lease_goes_only_once_the_host_shows_its_job_over(store: Store, tmp_path: Path) -> None:
+def test_an_ended_runs_lease_goes_only_once_the_host_shows_its_job_over(store: Store, tmp_path: Path,
+                                                                       job: subprocess.Popen) -> None:
     at = HostDirs(tmp_path, store)
-    old = ended_run_of_a_dead_finisher(store, at)
+    old = ended_run_of_a_dead_finisher(store, at, job)
     asked: list[int] = []
 
     def host_says_it_runs(run: RunRecord) -> None:
@@ -135,7 +147,32 @@ def test_the_host_holds_an_ended_jobs_lease_while_its_end_steps_run_and_no_longe
     (run_dir / ".orch" / "token").write_text("elsewhere:/db:1:0\n")
     exit_code = run_dir / ".orch" / "exit_code"
     exit_code.write_text("0\n")
-    doc = {"token": "elsewhere:/db:1:0", "run_dir": str(run_dir), "taken_at": time.time() - 100}
+    doc = {"token": "elsewhere:/db:1:0", "run_dir": str(run_dir), "taken_at": time.time() - 100, "over_at": None}
     assert leases.liveness(doc, time.time())[0] is True
     os.utime(exit_code, (time.time() - leases.ENDING_S - 1,) * 2)
     assert leases.liveness(doc, time.time())[0] is False
+
+
+def test_a_stopped_job_holds_its_host_from_when_the_host_first_saw_it_over(tmp_path: Path, store: Store) -> None:
+    """A stopped job has no exit code to date its end: the first take that finds it over records that
+    moment in its lease file, and it holds for ENDING_S from then (a release comes sooner)."""
+    at = HostDirs(tmp_path, store)
+    make = lambda: [store.create_run("command", "h", {})]
+    [old] = at.acquire(["h"], make)
+    job = subprocess.Popen(["true"], start_new_session=True)
+    job.wait()  # its wrapper, gone without an exit code
+    (Path(at.run_dir("h", old)) / ".orch" / "pid").write_text(f"{job.pid} 1\n")
+    lease_file = tmp_path / "h" / "leases" / "host"
+    seen = []
+    for _ in range(2):
+        with pytest.raises(Busy, match=f"run {old} "):
+            at.acquire(["h"], make, probe=lambda run: None)
+        seen.append(json.loads(lease_file.read_text())["over_at"])
+    first_seen = seen[0]
+    assert time.time() - 60 < first_seen <= time.time() and seen == [first_seen] * 2  # recorded once
+    doc = json.loads(lease_file.read_text())
+    lease_file.write_text(json.dumps(dict(doc, over_at=time.time() + 86400)))  # a future moment is not believed
+    assert leases.liveness(leases.parse_lease(lease_file.read_text(), [str(tmp_path / "h" / "runs")]),
+                           time.time())[0] is False
+    lease_file.write_text(json.dumps(dict(doc, over_at=first_seen - leases.ENDING_S)))
+    assert at.acquire(["h"], make, probe=lambda run: None) == [old + 1]

@@ -83,9 +83,6 @@ def wrap(detach, root=None, mark=None):
             os._exit(0)
         os.setsid()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup: the job inherits it
-    # A stop signals the whole group: the wrapper outlives the job's TERM to record its end (a handler, not
-    # SIG_IGN, which the job would inherit), so the host knows when it ended (leases.liveness).
-    signal.signal(signal.SIGTERM, lambda *_: None)
     if root is not None:  # a batch job, started long after its submission: the run dir checked again
         enter_run(root, mark)
     node = _node(os.environ.get("SLURMD_NODENAME"))

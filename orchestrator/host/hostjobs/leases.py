@@ -4,8 +4,9 @@ Who holds a host: the run whose token its lease files in `<workdir>/leases/` nam
 request to the agent in the transaction that creates the run (granted under the host's lock, or refused
 naming the holder, and then no run is made) and freed by one `release` after the run's end steps. Whether a
 holder still holds is judged here alone, for every workspace alike, from what the host can prove: its run
-prepares (no pid yet, under an hour old), its wrapper lives, or its job ended under ENDING_S ago (its end
-steps, the log read to its end and the patches reverted, come before the next run).
+prepares (no pid yet, under an hour old), its job runs (its wrapper, or the processes that carry its
+mark), or its job ended under ENDING_S ago (its end steps, the log read to its end and the patches
+reverted, come before the next run).
 
 Each action is a function of its own (`take`, `release`, `owner`, `remove`), called by the agent's `lease`
 op in its own process (`answer`: a reply with `ok`, or `ok: false` and the refusal's kind and words). A
@@ -36,6 +37,7 @@ import stat
 import time
 
 from .common import CONTROL, Refusal, read_small, write_whole
+from .procs import ours
 from .rundirs import claim_run_dir
 
 LEASES = "leases"
@@ -193,10 +195,15 @@ class Lock:
 # --- lease files ---------------------------------------------------------------------------------
 
 
+def _number(value):
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def parse_lease(text, runs_dirs):
-    """{token, run_dir, taken_at} from a lease file's text, or None when it is not one: every field
-    checked for its shape, the run dir for lying under one of `runs_dirs`."""
-    lease = None
+    """{token, run_dir, taken_at, over_at} from a lease file's text, or None when it is not one: every field
+    checked for its shape, the run dir for lying under one of `runs_dirs`; `over_at` (when the host first
+    saw its job over) None when not recorded."""
+    lease, over_at = None, None
     if text.startswith("{"):
         try:
             doc = json.loads(text)
@@ -204,6 +211,7 @@ def parse_lease(text, runs_dirs):
             return None
         if isinstance(doc, dict):
             lease = (doc.get("token"), doc.get("run_dir"), doc.get("taken_at"))
+            over_at = doc.get("over_at")
     else:
         m = LEGACY_RE.match(text)
         if m:
@@ -213,11 +221,12 @@ def parse_lease(text, runs_dirs):
     token, run_dir, taken_at = lease
     if not isinstance(token, str) or token.count(":") < 3 or len(token) > 4096 or not token.isprintable():
         return None
-    if isinstance(taken_at, bool) or not isinstance(taken_at, (int, float)) or not math.isfinite(taken_at):
+    if not _number(taken_at):
         return None
     if not isinstance(run_dir, str) or not under(run_dir, runs_dirs):
         return None
-    return {"token": token, "run_dir": posixpath.normpath(run_dir), "taken_at": float(taken_at)}
+    return {"token": token, "run_dir": posixpath.normpath(run_dir), "taken_at": float(taken_at),
+            "over_at": float(over_at) if _number(over_at) else None}
 
 
 def under(path, parents):
@@ -226,17 +235,6 @@ def under(path, parents):
         return False
     norm = posixpath.normpath(path)
     return any(norm.startswith(p.rstrip("/") + "/") for p in parents)
-
-
-def process_start(pid):
-    """The start time (clock ticks) of a live, non-zombie process, or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()
-    return None if fields[0] == "Z" else fields[19]
 
 
 def dir_token(run_dir):
@@ -248,8 +246,10 @@ def dir_token(run_dir):
     return None
 
 
-def liveness(lease, now):
-    """(live, why): whether the lease's run may still be alive, and what decided it."""
+def liveness(lease, now, mark=None):
+    """(live, why): whether the lease's run still holds, and what decided it. A job seen over for the first
+    time, with no exit code to date its end (a stopped job), holds from then on for ENDING_S when `mark(now)`
+    records that moment in its lease file (False: it cannot, and the job's lease is over at once)."""
     run_dir = lease["run_dir"]
     age = now - lease["taken_at"]
     if age < -FUTURE_SLACK_S:
@@ -267,15 +267,20 @@ def liveness(lease, now):
         control = os.path.join(run_dir, CONTROL)
         if _lstat(control) is None:
             control = run_dir
-        if (read_small(os.path.join(control, "exit_code")) or "").strip():
-            ended = _lstat(os.path.join(control, "exit_code"))
-            return ended is not None and now - ended.st_mtime < ENDING_S, "its job ended, its end steps run"
+        ended = _lstat(os.path.join(control, "exit_code"))
         m = PID_RE.match(read_small(os.path.join(control, "pid")) or "")
     except Refusal:
         return False, "its run dir is not trusted"
+    over = "its job ended, its end steps run"
+    if ended is not None:
+        return now - ended.st_mtime < ENDING_S, over
     if m is None:
         return young, "preparing"
-    return process_start(int(m.group(1))) == m.group(2), "running"
+    if ours(int(m.group(1)), m.group(2)) is not None:  # the wrapper, or the job's marked processes
+        return True, "running"
+    if lease["over_at"] is not None:  # a moment in the future is not believed, or it would hold for ever
+        return -FUTURE_SLACK_S < now - lease["over_at"] < ENDING_S, over
+    return mark is not None and mark(now), over
 
 
 def _lease_files(leases_dir, names):
@@ -365,14 +370,14 @@ def conflicts(workdir, keys, token, now):
     leases_dir = posixpath.join(workdir, LEASES)
     names = _key_files(leases_dir, keys)
     warnings = []
-    for name, _, text in _lease_files(leases_dir, names):
+    for name, path, text in _lease_files(leases_dir, names):
         lease = parse_lease(text, _runs_dirs(workdir)) if text is not None else None
         if lease is None:
             warnings.append(f"ignored {name}: not a lease file")
             continue
         if lease["token"] == token:
             continue
-        live, why = liveness(lease, now)
+        live, why = liveness(lease, now, lambda at, path=path, text=text: _mark_over(path, text, at))
         if live:
             raise Refusal(f"{name} held by {lease['token']} ({why})", kind="held", key=FILE_RE.match(name).group(1),
                           token=lease["token"], run_dir=lease["run_dir"], taken_at=lease["taken_at"],
@@ -380,6 +385,15 @@ def conflicts(workdir, keys, token, now):
         if why == "dated in the future":
             warnings.append(f"ignored {name}: taken at {lease['taken_at']:.0f}, in the future")
     return warnings
+
+
+def _mark_over(path, text, at):
+    """Record in a lease file of this user's when its job was first seen over; False for another user's."""
+    st = _lstat(path)
+    if st is None or st.st_uid != os.geteuid() or not text.startswith("{"):
+        return False
+    write_whole(path, json.dumps(dict(json.loads(text), over_at=at)) + "\n", stat.S_IMODE(st.st_mode))
+    return True
 
 
 def take(workdir, run_dir, token, keys, shared=False, now=None, lock_wait_s=LOCK_WAIT_S):
