@@ -6,7 +6,7 @@ each GPU of a run's set), taken by one `take` request to the host's agent in the
 the run (granted under the host's lock, or refused naming the holder, and then no run is made; `--queue`
 makes the same request again) and freed by one `release` after the run's end steps. Whether a holder can
 still holds is judged on the host alone, for every workspace alike, from what it can prove: its run prepares
-(no pid yet, under an hour old), its wrapper lives, or its job ended minutes ago and its end steps run.
+(no pid yet, under an hour old), its job runs, or its job ended minutes ago and its end steps run.
 
 A refusal naming a run of this very workspace is handed to store/lease.py as `HeldByRun`, which acts on it
 (waits, or has a run nobody is at work on looked at, which ends and releases it); its SQLite table only

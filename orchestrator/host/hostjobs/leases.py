@@ -48,8 +48,9 @@ KEY_RE = re.compile(r"^(host|gpu-[0-9]{1,4})$")
 FILE_RE = re.compile(r"^(host|gpu-[0-9]{1,4})(?:\.([0-9]{1,10}))?$")
 # A lease whose run has no pid yet (it prepares: patches, GPU cleanup) is believed this long.
 STARTING_S = 3600.0
-# A lease whose job ended is held this long after its exit code while its end steps run (they release it,
-# in seconds): a finisher that died never blocks the host for longer.
+# A lease whose job ended is held this long after its exit code (or, for a stopped job, which has none, after
+# a take first found it over) while its end steps run; they release it within seconds, and a finisher that
+# died never blocks the host for longer.
 ENDING_S = 900.0
 # Clocks of the hosts that share a filesystem differ a little; a lease further in the future is not
 # believed, or it would block its keys for ever.
