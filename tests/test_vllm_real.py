@@ -3,9 +3,9 @@
 Nothing here stands in for the engine: tiny models made on the fly (tests/engines/tiny_models.py), real
 servers, real benchmarks, real failures. One worker runs every tests/test_vllm_* file (tests/conftest.py), so
 one server serves at a time (the starts that only fail, and the one whose engine is killed, are launched
-together: each is mostly Python imports on one core); every server gets a KV size (without one vLLM takes nearly
-all the memory), `--enforce-eager` and loopback. A server that serves benchmarks, its own stats and a clean stop:
-tests/test_vllm_numbers.py, whose one server also serves the nightly benchmarks.
+together: each is mostly Python imports on one core); every server gets a KV size (without one vLLM takes
+nearly all the memory), `--enforce-eager` and loopback. A server that serves benchmarks, its own stats and a
+clean stop: tests/test_vllm_numbers.py, whose one server also serves the nightly benchmarks.
 """
 
 from __future__ import annotations
