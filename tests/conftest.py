@@ -172,13 +172,19 @@ def net_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[in
 
 # ---------------------------------------------------------------------------------------------------
 # The real vLLM (tests/test_vllm_*.py): one worker runs every file of it, so one server serves at a time
-# (each takes about 2 GiB and pins a core; starts that only fail are launched together, test_vllm_real.py) while the other worker goes on with the rest. It is the
-# longest unit of work by far (about half the suite's time in few tests), so it goes out first: xdist
-# hands out files by their number of tests, which would start it last and leave one worker idle while
-# the other runs it alone.
+# (each takes about 2 GiB and pins a core; starts that only fail are launched together, test_vllm_real.py)
+# while the other worker goes on with the rest. It is the longest unit of work by far (about a third of the
+# suite's time in few tests), so it goes out first: xdist hands out files by their number of tests, which
+# would start it last and leave one worker idle while the other runs it alone. The files next in length go
+# out right after it, longest first: a file of few slow tests handed out last would be the end of the run
+# for one worker while the other has nothing left to do.
 # ---------------------------------------------------------------------------------------------------
 
 REAL_ENGINE = "the real vLLM"
+# Each of these takes a minute or more of one worker (Slurm's whole-minute time limit, a browser, hosts gone
+# dark, sweeps and searches over real hosts), longest first; a file missing here only goes out later.
+LONGEST_FIRST = ("test_slurm.py", "test_faults.py", "test_ui.py", "test_sweep.py", "test_sweep_search.py",
+                 "test_live.py", "test_cli.py", "test_extract_job.py", "test_serve.py")
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest runs without it too (-p no:xdist)
@@ -193,8 +199,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
             return REAL_ENGINE if Path(scope).name.startswith("test_vllm_") else scope
 
         def _assign_work_unit(self, node: Any) -> None:
-            if REAL_ENGINE in self.workqueue:
-                self.workqueue.move_to_end(REAL_ENGINE, last=False)
+            first = {Path(scope).name: scope for scope in self.workqueue}
+            for name in reversed((REAL_ENGINE, *LONGEST_FIRST)):
+                if name in first:
+                    self.workqueue.move_to_end(first[name], last=False)
             super()._assign_work_unit(node)
 
     return RealEngineInOneWorkerFirst(config, log)

@@ -1,10 +1,12 @@
 """Numbers one can trust, on the real vLLM (its CPU build) under orch, and a nightly sweep of it run the way
-cron runs it. A benchmark of a server's endpoint, swept nightly: two nights of the same server measure this
-machine's spread (five repeats each) and are within the noise of each other; a benchmark whose requests fail
-is invalid; then orch restarts the server with a patch set that slows the engine's decode path, and the third
-night is flagged a regression beyond the measured spread, naming the patch set, in the sweep's document, its
-notification's one line, `compare` and the report's history of the nights with their noise bands. Each
-benchmark's receipt holds its server's (the one serving its URL)."""
+cron runs it. One server of the tiny target serves it all (a server's start is most of the time here): first
+what a server is once ready (its URL, its load figures, its own stats) and benchmarks that join it, one that
+succeeds and one whose every request fails; then its endpoint benchmarked nightly: two nights of the same
+server measure this machine's spread (five repeats each) and are within the noise of each other; a benchmark
+whose requests fail is invalid; the server is stopped cleanly and orch restarts it with a patch set that slows
+the engine's decode path, and the third night is flagged a regression beyond the measured spread, naming the
+patch set, in the sweep's document, its notification's one line, `compare` and the report's history of the
+nights with their noise bands. Each benchmark's receipt holds its server's (the one serving its URL)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -26,7 +30,7 @@ pytestmark = pytest.mark.vllm
 
 ENV = '{HF_HUB_OFFLINE = "1", VLLM_NO_USAGE_STATS = "1", TOKENIZERS_PARALLELISM = "false"}'
 RUNNER = "vllm/v1/worker/gpu_model_runner.py"  # the CPU model runner's forward pass is this class's
-SLEEP_S = 0.3  # per forward pass: each decode step waits this much more (beyond a loaded machine's spread)
+SLEEP_S = 0.1  # per forward pass: each decode step waits 30x its time here, far beyond a loaded spread
 # Three nights in a few minutes: the night's date is the local date of the firing, so each firing of the same
 # line takes it in a time zone a day apart (as a crontab's TZ= would), the earliest first.
 NIGHTS = ("NIGHT+24", "NIGHT0", "NIGHT-24")
@@ -102,21 +106,95 @@ def stop_all(orch: Orch) -> None:
             orch("stop", str(run["id"]), "--grace", "10")
 
 
-def test_nightly_sweeps_measure_the_spread_and_flag_a_slowing_patch_beyond_it(
-        tmp_path: Path, tiny_models: dict[str, Path], request: pytest.FixtureRequest) -> None:
+def stop_cleanly(orch: Orch, run_id: int) -> None:
+    """`orch stop`: the run is stopped, never failed, whatever vLLM logs while it shuts down."""
+    orch("stop", str(run_id), "--grace", "30", check=0)
+    doc = orch.status(run_id)
+    assert doc["status"] == "cancelled" and doc["phase"] != "failed" and doc["error"] is None, doc
+
+
+@dataclass
+class Night:
+    """The module's server of the tiny target (run `server`, ready at `port`) in the workspace `orch`, run by a
+    patchable copy of the engine (`python`, `site`), and the nightly file that benchmarks its endpoint."""
+
+    root: Path
+    orch: Orch
+    python: Path
+    site: Path
+    model: str
+    port: int
+    hook: Receiver
+    entry: dict
+    server: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def night(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Night]:
+    from orchtest import stop_background_watchers
     from vllm_env import patchable_engine
 
-    python = patchable_engine(tmp_path / "engine")
-    [site] = (tmp_path / "engine" / "lib").glob("python3*/site-packages")
-    slow = slow_set(tmp_path, site)
-    orch = Orch(tmp_path / "ws")
-    request.addfinalizer(lambda: stop_all(orch))  # a failing test leaves no server behind
-    hook = Receiver()
-    request.addfinalizer(hook.close)
-    model, port = str(tiny_models["target"]), free_port("127.0.0.1")
-    nightly = nightly_file(orch.root / "nightly.toml", port, python, model, hook.url)
-    entry = json.loads(orch("cron", "install", str(nightly), "--at", "0 3 * * *", "--json", check=0).stdout)
-    timings: dict[str, float] = {}
+    root = tmp_path_factory.mktemp("night")
+    with pytest.MonkeyPatch.context() as mp:
+        home = root / "home"  # the server's watcher outlives any one test's HOME
+        home.mkdir()
+        mp.setenv("HOME", str(home))
+        mp.setenv("ORCH_CRONTAB", str(home / "crontab"))
+        python = patchable_engine(root / "engine")
+        [site] = (root / "engine" / "lib").glob("python3*/site-packages")
+        orch = Orch(root / "ws")
+        hook = Receiver()
+        model, port = str(tiny_models["target"]), free_port("127.0.0.1")
+        nightly = nightly_file(orch.root / "nightly.toml", port, python, model, hook.url)
+        entry = json.loads(orch("cron", "install", str(nightly), "--at", "0 3 * * *", "--json", check=0).stdout)
+        try:
+            started = time.monotonic()
+            server = serve(orch, python, model, port)
+            yield Night(root, orch, python, site, model, port, hook, entry, server,
+                        {"server start": round(time.monotonic() - started, 1)})
+        finally:
+            stop_all(orch)  # a failing test leaves no server behind
+            hook.close()
+            stop_background_watchers(home)
+
+
+def test_a_ready_server_serves_benchmarks_and_its_own_stats(night: Night) -> None:
+    """Ready with its URL and the target's load figures; a benchmark joins it; one whose requests fail does not
+    succeed; the server's stats while it serves are recorded."""
+    orch, run = night.orch, night.server
+    doc = orch.status(run)
+    assert doc["status"] == "running" and doc["phase"] == "ready", doc
+    assert doc["url"] == f"http://127.0.0.1:{night.port}"
+    assert doc["metrics"]["load_weight_s"] < 60
+    assert doc["progress"]["total"] == 4  # the target's 4 shards
+
+    # two benchmarks at once (each mostly its client's start-up): one that succeeds, and one whose every request
+    # fails (a model the server does not serve: 404), which is no success
+    with ThreadPoolExecutor(1) as pool:  # the other thread's `orch` is a process of its own
+        failing = pool.submit(bench, orch, run, "--set", "model=no-such-model",
+                              "--set", f'extra_args=["--tokenizer", "{night.model}"]', check=None)
+        good = bench(orch, run)
+        bad = failing.result()
+    b = orch.status(good)
+    assert b["status"] == "succeeded", b
+    assert b["metrics"]["completed"] == 8 and b["metrics"]["failed"] == 0
+    assert b["metrics"]["output_throughput"] > 0
+    b = orch.status(bad)
+    assert b["status"] == "failed", b
+    assert b["metrics"]["failed"] == 8
+
+    # the server's own stats (vLLM logs them every 10 s while it serves): its headline is what it served at,
+    # not the idle zero line that ends every burst
+    served = orch.wait_for(run, lambda d: "gen_throughput" in d["metric_summaries"], timeout=120)
+    assert served["metric_summaries"]["gen_throughput"]["mean"] > 0
+
+
+def test_nightly_sweeps_measure_the_spread_and_flag_a_slowing_patch_beyond_it(night: Night) -> None:
+    orch, python, model, port, hook, entry, server = (night.orch, night.python, night.model, night.port, night.hook,
+                                                      night.entry, night.server)
+    slow = slow_set(night.root, night.site)
+    timings = night.timings
 
     def timed(what: str, step: Callable[[], int | None]) -> int | None:
         started = time.monotonic()
@@ -124,17 +202,16 @@ def test_nightly_sweeps_measure_the_spread_and_flag_a_slowing_patch_beyond_it(
         timings[what] = round(time.monotonic() - started, 1)
         return got
 
-    server = timed("server start", lambda: serve(orch, python, model, port))
     timed("night 1 (1 warm-up + 5 repeats)", lambda: fire(entry["command"], NIGHTS[0]))
     timed("night 2", lambda: fire(entry["command"], NIGHTS[1]))
     # every request goes to a path the server does not serve (no ready check first, which would stop it early)
     broken = timed("one failing run", lambda: bench(orch, server, "--set", f"extra_args={BROKEN}", check=1))
-    orch("stop", str(server), check=0)
+    stop_cleanly(orch, server)
     # between the nights, orch restarts the server with the patch set (applied at its start, reverted at its end)
     slowed = timed("slowed server start", lambda: serve(orch, python, model, port,
                                                         "--set", f"patches=[{json.dumps(str(slow))}]"))
     timed("night 3, slowed", lambda: fire(entry["command"], NIGHTS[2]))
-    orch("stop", str(slowed), check=0)
+    stop_cleanly(orch, slowed)
     print("TIMINGS", timings, flush=True)
 
     listed = json.loads(orch("sweep", "status", "--json", check=0).stdout)[::-1]  # oldest first
@@ -185,15 +262,15 @@ def test_nightly_sweeps_measure_the_spread_and_flag_a_slowing_patch_beyond_it(
     assert got["metrics"]["output_throughput"]["verdict"] == "worse", got["metrics"]["output_throughput"]
     assert got["metrics"]["median_itl_ms"]["verdict"] == "worse"
     assert orch.status(slowed)["receipt"]["patches"][0]["reverted"] is True
-    assert processes_of(tmp_path, str(python)) == []
+    assert processes_of(night.root, str(python)) == []
 
     # the report: the nights of this file, each with its best point's noise band, drawn as a trend
     page = Path(orch("sweep", "report", str(sweeps[2]["id"]), check=0).stdout.strip())
     html = page.read_text(encoding="utf-8")
     assert "Nights of this sweep file" in html and (page.parent / "trend.png").stat().st_size > 0
     bands = [orch.status(r)["metric_summaries"]["output_throughput"] for r in (first, second, third)]
-    for night, band in zip(sweeps, bands):
-        assert f"<td>{night['instance']}</td>" in html
+    for one, band in zip(sweeps, bands):
+        assert f"<td>{one['instance']}</td>" in html
         assert f"{band['min']:.4g} – {band['max']:.4g}" in html, (band, html[html.index("Nights"):])
 
     figures = {n: got["metrics"][n]["noise"] for n in ("output_throughput", "median_itl_ms")}

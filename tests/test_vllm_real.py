@@ -3,8 +3,9 @@
 Nothing here stands in for the engine: tiny models made on the fly (tests/engines/tiny_models.py), real
 servers, real benchmarks, real failures. One worker runs every tests/test_vllm_* file (tests/conftest.py), so
 one server serves at a time (the starts that only fail, and the one whose engine is killed, are launched
-together: each is mostly Python imports on one core); every server gets a KV size (without one vLLM takes nearly all the memory),
-`--enforce-eager` and loopback.
+together: each is mostly Python imports on one core); every server gets a KV size (without one vLLM takes
+nearly all the memory), `--enforce-eager` and loopback. A server that serves benchmarks, its own stats and a
+clean stop: tests/test_vllm_numbers.py, whose one server also serves the nightly benchmarks.
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -63,53 +62,6 @@ def serve(orch: Orch, models: dict[str, str], *sets: str, until_ready: bool = Tr
     assert res.returncode == 0, res.stdout + res.stderr
     doc = json.loads(res.stdout)
     return int(doc["id"]), port
-
-
-def bench(orch: Orch, server: int, *sets: str) -> subprocess.CompletedProcess:
-    return orch("run", "bench-serving", "--json", "--set", f"server={server}", "--set", "num_prompts=16",
-                "--set", "input_len=32", "--set", "output_len=16", "--set", "poll_min=0.2", "--set", "poll_max=1",
-                *sets, timeout=START_S)
-
-
-def stop_cleanly(orch: Orch, run_id: int) -> dict:
-    """`orch stop`: the run is stopped, never failed, whatever vLLM logs while it shuts down."""
-    orch("stop", str(run_id), "--grace", "30", check=0)
-    doc = orch.status(run_id)
-    assert doc["status"] == "cancelled" and doc["phase"] != "failed" and doc["error"] is None, doc
-    return doc
-
-
-def test_serve_bench_and_stop(orch, models):
-    """Ready with its URL and the target's load figures; a benchmark joins it; one whose requests fail does not
-    succeed; a stop is clean."""
-    run, port = serve(orch, models)
-    doc = orch.status(run)
-    assert doc["status"] == "running" and doc["phase"] == "ready", doc
-    assert doc["url"] == f"http://127.0.0.1:{port}"
-    assert doc["metrics"]["load_weight_s"] < 60
-    assert doc["progress"]["total"] == 4  # the target's 4 shards
-
-    # two benchmarks at once (each mostly its client's start-up): one that succeeds, and one whose every request
-    # fails (a model the server does not serve: 404), which is no success
-    with ThreadPoolExecutor(1) as pool:  # the other thread's `orch` is a process of its own
-        failing = pool.submit(bench, orch, run, "--set", "model=no-such-model",
-                              "--set", f'extra_args=["--tokenizer", "{models["target"]}"]')
-        res = bench(orch, run)
-        bad = failing.result()
-    assert res.returncode == 0, res.stdout + res.stderr
-    b = orch.status(json.loads(res.stdout)["id"])
-    assert b["status"] == "succeeded", b
-    assert b["metrics"]["completed"] == 16 and b["metrics"]["failed"] == 0
-    assert b["metrics"]["output_throughput"] > 0
-    b = orch.status(json.loads(bad.stdout)["id"])
-    assert bad.returncode != 0 and b["status"] == "failed", b
-    assert b["metrics"]["failed"] == 16
-
-    # the server's own stats (vLLM logs them every 10 s while it serves): its headline is what it served at,
-    # not the idle zero line that ends every burst
-    served = orch.wait_for(run, lambda d: "gen_throughput" in d["metric_summaries"], timeout=120)
-    assert served["metric_summaries"]["gen_throughput"]["mean"] > 0
-    stop_cleanly(orch, run)
 
 
 def test_speculative_decoding_records_acceptance(orch, models):
