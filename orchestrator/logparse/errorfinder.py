@@ -97,9 +97,11 @@ class ErrorFinder:
 
     def _group_stopped(self) -> None:
         """The API server was signalled: a stop of the whole process group, whose engine core may have gone
-        a moment before it (the client's 'engine core exited unexpectedly' then): no kill, a stop."""
+        a moment before it (the client's 'engine core exited unexpectedly' then): no kill, a stop. Once the
+        core's death has failed the engine's users (EngineDeadError, in its chain), the kill came first and
+        the signal after it (orch stopping what was left of a crashed server): the kill stands."""
         err = self.error
-        if err is None or err.kind != "killed" or vllm.CORE_EXITED not in err.message:
+        if err is None or err.kind != "killed" or vllm.CORE_EXITED not in err.message or err.chain:
             return
         self.error, self._error_after, self._caught = None, 0, False
         if self.phase == "failed":

@@ -89,6 +89,18 @@ def test_a_stop_of_the_whole_group_is_no_killed_engine_core() -> None:
     assert p.error is None and p.phase == "running"
 
 
+def test_a_stop_after_the_killed_core_failed_its_requests_leaves_the_kill_named() -> None:
+    """The engine core was killed, its requests failed with EngineDeadError, then the server's group was
+    stopped (by orch, for that fatal line): the signal's line does not turn the crash into a stop."""
+    lines = (LOGS / "vllm_0_32_cpu_engine_core_sigkill.log").read_text().splitlines(keepends=True)
+    signalled = "(APIServer pid=8120) INFO 12-06 05:11:20 [launcher.py:101] [shutdown] API server: shutdown triggered\n"
+    p = LogParser()
+    p.feed("".join([*lines[:26], signalled, *lines[26:]]).encode())
+    p.finish()
+    assert p.phase == "failed" and p.error is not None and p.error.kind == "killed"
+    assert "engine core exited unexpectedly" in p.error.message
+
+
 BENCH = (LOGS / "vllm_bench_serve_failed_requests.log").read_bytes()
 
 
