@@ -344,7 +344,8 @@ def test_stale_leases_are_recovered(orch, tmp_path):
     store.migrate()
     create = lambda: [store.create_run("command", "test1", {"cmd": "true"})]
     claim = HostTake(ws, store, [host], {"test1": connect(host)}, None)
-    claim.made(lambda: lease.acquire_all(store, ["test1"], None, create, 0.3, pytest.fail, claim))
+    claim.made(lambda: lease.acquire_all(store, ["test1"], None, create, 0.3,
+                                         lambda run: pytest.fail(f"run {run.id} was probed"), claim))
     store.conn.execute("UPDATE leases SET pid = ?, pid_start = '1'", (2**22 + 1,))  # that process is gone
     (held,) = lease.held(store)
     assert not held.controller.alive(None, 0)

@@ -63,6 +63,12 @@ def run_token(ws: Workspace, store: Store, run_id: int) -> str:
     return f"{workspace_id(ws)}:{run_id}:{created if created is not None else 0}"
 
 
+def run_id_of(token: str) -> int | None:
+    """The run id a run token names (see run_token), or None when it names none."""
+    parts = token.rsplit(":", 2)
+    return int(parts[1]) if len(parts) == 3 and token.count(":") >= 3 and parts[1].isdigit() else None
+
+
 def workspace_key(ws: Workspace) -> str:
     """A short name of this workspace for its run dirs on shared hosts (`<workdir>/runs/<key>/<id>`)."""
     return hashlib.sha256(workspace_id(ws).encode()).hexdigest()[:12]
@@ -98,9 +104,9 @@ def refused(name: str, token: str, gpus: list[int] | None, error: dict[str, Any]
     what = "the host" if gpus is None else f"GPUs {','.join(map(str, gpus))}"
     kind = error.get("kind")
     holder = str(error.get("token") or "")
-    holder_id = holder.rsplit(":", 2)[1] if holder.count(":") >= 3 else ""
-    if kind == "held" and workspace_of(holder) == workspace_of(token) and holder_id.isdigit():
-        return HeldByRun(int(holder_id), f"{name}: {what} held by run {holder_id} ({error.get('why')})")
+    holder_id = run_id_of(holder)
+    if kind == "held" and holder_id is not None and workspace_of(holder) == workspace_of(token):
+        return HeldByRun(holder_id, f"{name}: {what} held by run {holder_id} ({error.get('why')})")
     if kind == "held":
         return HostLeaseBusy(f"{name}: {what} held by another workspace's run ({error.get('key')}: run dir "
                              f"{error.get('run_dir')}, {error.get('token')}, {error.get('why')}); choose other "
@@ -133,5 +139,5 @@ def remove(transport: Transport, paths: RunPaths, token: str) -> str:
     return "removed" if reply.get("removed") else str(reply.get("why"))
 
 
-__all__ = ["DIR", "LOCK_WAIT_S", "HostLeaseBusy", "Refused", "keys", "owner", "refused", "release", "remove", "run_paths",
+__all__ = ["DIR", "LOCK_WAIT_S", "HostLeaseBusy", "Refused", "keys", "owner", "refused", "release", "remove", "run_id_of", "run_paths",
            "run_token", "take", "workspace_id", "workspace_key", "workspace_of"]

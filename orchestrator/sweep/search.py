@@ -126,6 +126,11 @@ def dropped(study: Any, space: dict[str, Dimension]) -> dict[str, set[str]]:
     return found
 
 
+def has_dropped(gone: dict[str, set[str]], space: dict[str, Dimension], params: dict[str, Any]) -> bool:
+    """Whether a proposal holds a choice `dropped` says not to propose again."""
+    return any(str(_position(space[k], params[k])) in choices for k, choices in gone.items())
+
+
 def suggest(trial: Any, key: str, dim: Dimension) -> Any:
     if dim.choices is not None:
         return trial.suggest_categorical(key, dim.choices)
@@ -175,8 +180,7 @@ def ask(study: Any, space: dict[str, Dimension]) -> tuple[Any, dict[str, Any]]:
     for _ in range(AVOID_MAX):
         trial = study.ask()
         params = {k: suggest(trial, k, d) for k, d in space.items()}
-        if not any(str(_position(space[k], params[k])) in v for k, v in gone.items()) and \
-                not near_crash(study, space, params):
+        if not has_dropped(gone, space, params) and not near_crash(study, space, params):
             return trial, params
         trial.set_user_attr(INFERRED, True)
         trial.set_constraint(CRASH, math.inf)

@@ -196,7 +196,8 @@ class Lock:
 # --- lease files ---------------------------------------------------------------------------------
 
 
-def _number(value):
+def _finite(value):
+    """A JSON number that is one (not a bool, not nan or inf)."""
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
@@ -222,12 +223,12 @@ def parse_lease(text, runs_dirs):
     token, run_dir, taken_at = lease
     if not isinstance(token, str) or token.count(":") < 3 or len(token) > 4096 or not token.isprintable():
         return None
-    if not _number(taken_at):
+    if not _finite(taken_at):
         return None
     if not isinstance(run_dir, str) or not under(run_dir, runs_dirs):
         return None
     return {"token": token, "run_dir": posixpath.normpath(run_dir), "taken_at": float(taken_at),
-            "over_at": float(over_at) if _number(over_at) else None}
+            "over_at": float(over_at) if _finite(over_at) else None}
 
 
 def under(path, parents):
