@@ -173,11 +173,21 @@ PartitionName=debug Nodes={self.node_list} Default=YES MaxTime=INFINITE State=UP
                                            if s in ("idle", "mixed", "allocated")]) == self.nodes)
         return self
 
-    def cancel_all(self) -> None:
-        """Cancel every job and wait until none runs (slurmstepd and job processes outlive slurmd)."""
-        self.client("scancel", "--full", "-u", "root")
+    def cancel_all(self, spare: frozenset[int] | set[int] = frozenset()) -> None:
+        """Cancel every job but those `spare` names, and wait until none of them runs (slurmstepd and job
+        processes outlive slurmd)."""
+        def left() -> list[str]:
+            out = self.client("squeue", "-h", "-t", "R,CG,S,PD", "-o", "%i").stdout.split()
+            return [job for job in out if job not in {str(j) for j in spare}]
+
+        if spare:
+            jobs = left()
+            if jobs:
+                self.client("scancel", "--full", *jobs)
+        else:
+            self.client("scancel", "--full", "-u", "root")
         deadline = time.time() + 30
-        while self.client("squeue", "-h", "-t", "R,CG,S,PD", "-o", "%i").stdout.strip() and time.time() < deadline:
+        while left() and time.time() < deadline:
             time.sleep(0.2)
 
     def stop(self) -> None:

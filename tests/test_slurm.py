@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Iterator
 
 import pytest
@@ -36,20 +37,53 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     why = missing()
     if why:
         pytest.skip(why)
-    with running(SlurmCluster(tmp_path_factory.mktemp("slurm"), gpus=8)) as c:  # orch (and its sbatch/squeue) find this cluster, never /etc/slurm
+    # 8 CPUs declared, more than this machine may have: the job over its time limit (below) holds one all along
+    with running(SlurmCluster(tmp_path_factory.mktemp("slurm"), gpus=8, cpus=8)) as c:  # orch (and its sbatch/squeue) find this cluster, never /etc/slurm
         yield c
 
 
-def cluster_toml(shared: Path, **fields: str) -> str:
+def cluster_toml(shared: Path, gpus: int = 8, **fields: str) -> str:
     extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in fields.items())
-    return (f"[hosts.cluster]\nscheduler = \"slurm\"\ngpus = 8\nworkdir = {json.dumps(str(shared))}\n"
+    return (f"[hosts.cluster]\nscheduler = \"slurm\"\ngpus = {gpus}\nworkdir = {json.dumps(str(shared))}\n"
             f"python = {json.dumps(sys.executable)}\npoll_min = 0.3\npoll_max = 1\n{extra}")
 
 
+@dataclass
+class OverTime:
+    """A run whose Slurm job outlives its time limit, started before this file's first test (Slurm's limits are
+    whole minutes, checked every 30 s: it ends 60-90 s later, while the other tests run), and checked by the
+    file's last test. It asks for no GPU, so the others find the node's GPUs free."""
+
+    orch: Orch
+    proc: subprocess.Popen
+    job_id: int
+
+
+@pytest.fixture(scope="module", autouse=True)
+def over_time(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OverTime]:
+    from orchtest import stop_background_watchers
+
+    root = tmp_path_factory.mktemp("over-time")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(root))  # its watcher outlives any one test's HOME
+        o = Orch(root / "ws", cluster_toml(root / "shared", gpus=0, time_limit="1"))
+        proc = o.spawn("run", "command", "--host", "cluster", "--set", "cmd=echo started; sleep 600", *POLL)
+        try:
+            deadline = time.time() + 60
+            while not (o.db.exists() and any(r["job_id"] for r in o.status())):
+                assert time.time() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                time.sleep(0.1)
+            yield OverTime(o, proc, int(o.status(1)["job_id"]))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            stop_background_watchers(root)
+
+
 @pytest.fixture
-def orch_hosts(tmp_path: Path, cluster: SlurmCluster) -> Iterator[str]:
+def orch_hosts(tmp_path: Path, cluster: SlurmCluster, over_time: OverTime) -> Iterator[str]:
     yield cluster_toml(tmp_path / "shared")
-    cluster.cancel_all()  # nothing of one test is left holding the node's GPUs for the next
+    cluster.cancel_all(spare={over_time.job_id})  # nothing of one test is left holding the node's GPUs for the next
 
 
 def squeue(cluster: SlurmCluster, job_id: int, fmt: str = "%T") -> str:
@@ -119,17 +153,6 @@ def test_a_job_waiting_for_gpus_is_queued_with_the_reason_then_runs(orch, cluste
     assert doc["status"] == "succeeded" and doc["queue_reason"] is None and doc["phase"] == "finished"
     kinds = [e["kind"] for e in doc["events"]]
     assert kinds.index("queued") < kinds.index("node")
-
-
-def test_a_job_over_its_time_limit_ends_with_timeout(tmp_path, cluster):
-    # Slurm's limits are whole minutes, checked every 30 s: this test takes 60-90 s.
-    o = Orch(tmp_path / "ws", cluster_toml(tmp_path / "shared", time_limit="1"))
-    res = o("run", "command", "--host", "cluster", "--set", "cmd=echo started; sleep 600", *POLL, timeout=200)
-    assert res.returncode == 1, res.stderr
-    doc = o.status(1)
-    assert doc["status"] == "failed" and doc["phase"] == "failed"
-    assert doc["reason"].startswith("TIMEOUT: Slurm job") and "time limit" in doc["reason"]
-    assert squeue(cluster, doc["job_id"]) == "TIMEOUT"
 
 
 def test_cancel_uses_scancel(orch, cluster, tmp_path):
@@ -257,7 +280,8 @@ def test_gpus_of_a_cluster_come_from_the_scheduler(orch, cluster, tmp_path):
     assert "localhost" in orch("gpus", "--host", "cluster", check=0).stdout
 
 
-def test_a_sweep_with_max_parallel_never_runs_more_jobs_at_once_and_resumes_by_job_id(orch, cluster, tmp_path):
+def test_a_sweep_with_max_parallel_never_runs_more_jobs_at_once_and_resumes_by_job_id(orch, cluster, tmp_path,
+                                                                                      over_time):
     gates = tmp_path / "gates"  # each point's job runs until the test creates gates/<A><B>
     gates.mkdir()
     sweep_file = orch.root / "s.toml"
@@ -270,7 +294,7 @@ poll_min = 0.05\npoll_max = 0.3\n[matrix]\n"env.A" = ["x", "y"]\n"env.B" = ["1",
     def sample() -> None:
         while not done.is_set():
             out = cluster.client("squeue", "-h", "-t", "PENDING,RUNNING,CONFIGURING,COMPLETING", "-o", "%i").stdout
-            seen.append(len(out.split()))
+            seen.append(len(set(out.split()) - {str(over_time.job_id)}))
             time.sleep(0.1)
 
     def rows() -> list[dict]:
@@ -408,3 +432,12 @@ def test_a_run_dir_swapped_while_the_job_waits_in_the_queue_is_refused_when_it_s
     doc = orch.wait_for(2, lambda d: d["status"] not in ("queued", "running"), timeout=90)
     assert doc["status"] == "failed", doc
     assert not marker.exists(), marker.read_text()
+
+
+def test_a_job_over_its_time_limit_ends_with_timeout(over_time, cluster):
+    """Last in this file: its job was started with the file's first test."""
+    assert over_time.proc.wait(timeout=200) == 1, over_time.proc.stderr.read() if over_time.proc.stderr else ""
+    doc = over_time.orch.status(1)
+    assert doc["status"] == "failed" and doc["phase"] == "failed"
+    assert doc["reason"].startswith("TIMEOUT: Slurm job") and "time limit" in doc["reason"]
+    assert doc["job_id"] == over_time.job_id and squeue(cluster, over_time.job_id) == "TIMEOUT"

@@ -6,13 +6,15 @@ server measure this machine's spread (five repeats each) and are within the nois
 whose requests fail is invalid; the server is stopped cleanly and orch restarts it with a patch set that slows
 the engine's decode path, and the third night is flagged a regression beyond the measured spread, naming the
 patch set, in the sweep's document, its notification's one line, `compare` and the report's history of the
-nights with their noise bands. Each benchmark's receipt holds its server's (the one serving its URL)."""
+nights with their noise bands. Each benchmark's receipt holds its server's (the one serving its URL). Last,
+the slowed server's engine core is killed: the run fails naming the kill, and its patch set is reverted."""
 
 from __future__ import annotations
 
 import difflib
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +25,8 @@ from pathlib import Path
 import pytest
 from orchtest import Orch, processes_of
 from sshd import free_port
+
+from orchestrator.runflow import END_STEPS
 from test_notify import Receiver
 
 pytest_plugins = ["vllm_env"]  # tiny_models
@@ -128,6 +132,7 @@ class Night:
     entry: dict
     server: int
     timings: dict[str, float] = field(default_factory=dict)
+    slowed: int | None = None  # the server the nightly test restarts with the slowing patch set
 
 
 @pytest.fixture(scope="module")
@@ -210,8 +215,8 @@ def test_nightly_sweeps_measure_the_spread_and_flag_a_slowing_patch_beyond_it(ni
     # between the nights, orch restarts the server with the patch set (applied at its start, reverted at its end)
     slowed = timed("slowed server start", lambda: serve(orch, python, model, port,
                                                         "--set", f"patches=[{json.dumps(str(slow))}]"))
+    night.slowed = slowed
     timed("night 3, slowed", lambda: fire(entry["command"], NIGHTS[2]))
-    stop_cleanly(orch, slowed)
     print("TIMINGS", timings, flush=True)
 
     listed = json.loads(orch("sweep", "status", "--json", check=0).stdout)[::-1]  # oldest first
@@ -261,8 +266,6 @@ def test_nightly_sweeps_measure_the_spread_and_flag_a_slowing_patch_beyond_it(ni
     assert f"server.receipt.patches.{slow}.name" in keys, keys
     assert got["metrics"]["output_throughput"]["verdict"] == "worse", got["metrics"]["output_throughput"]
     assert got["metrics"]["median_itl_ms"]["verdict"] == "worse"
-    assert orch.status(slowed)["receipt"]["patches"][0]["reverted"] is True
-    assert processes_of(night.root, str(python)) == []
 
     # the report: the nights of this file, each with its best point's noise band, drawn as a trend
     page = Path(orch("sweep", "report", str(sweeps[2]["id"]), check=0).stdout.strip())
@@ -276,3 +279,24 @@ def test_nightly_sweeps_measure_the_spread_and_flag_a_slowing_patch_beyond_it(ni
     figures = {n: got["metrics"][n]["noise"] for n in ("output_throughput", "median_itl_ms")}
     figures["same receipt"] = {n: same["metrics"][n]["noise"] for n in ("output_throughput", "median_itl_ms")}
     print("FIGURES", json.dumps({"timings_s": timings, "regression_line": line, **figures}))
+
+
+def test_a_killed_engine_core_of_a_server_that_served_is_named_and_its_patch_set_reverted(night: Night) -> None:
+    """The slowed server, once the nightly test is done with it: its engine core killed from outside."""
+    from vllm_env import engine_core_of  # the plugin's module, once pytest has it
+
+    orch, run = night.orch, night.slowed
+    assert run is not None, "the nightly test did not get as far as its slowed server"
+    ready = orch.status(run)
+    assert ready["status"] == "running" and ready["phase"] == "ready", ready
+    os.kill(engine_core_of(ready["pid"]), signal.SIGKILL)
+    doc = orch.wait_for(run, lambda d: d["status"] != "running", timeout=120)
+    assert doc["status"] == "failed", doc
+    error = doc["error"]
+    assert "engine core" in error["message"].lower(), error
+    # orch's diagnosis, not vLLM's words: a kill from outside, and where to look for who sent it
+    assert error["kind"] == "killed" and "dmesg" in (error.get("hint") or ""), error
+    # what lingered of the server stopped, then the end steps: the patch set reverted
+    doc = orch.wait_for(run, lambda d: set(d["end_steps"]) >= set(END_STEPS), timeout=120)
+    assert doc["receipt"]["patches"][0]["reverted"] is True
+    assert processes_of(night.root, str(night.python)) == []

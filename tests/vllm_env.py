@@ -10,9 +10,11 @@ patch sets touch (and the package's `__init__.py`, so the patcher finds it), wit
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 import venv
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +43,23 @@ def engine_python() -> str:
 def engine_site() -> Path:
     [site] = (engine_env() / "lib").glob("python3*/site-packages")
     return site
+
+
+def engine_core_of(pid: int) -> int:
+    """The pid of the EngineCore process (vLLM names its processes) of the server whose job's group is `pid`'s."""
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    name = Path(f"/proc/{entry}/cmdline").read_bytes()
+                    stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if b"EngineCore" in name and int(stat[3]) == os.getpgid(pid):
+                    return int(entry)
+        time.sleep(0.2)
+    raise AssertionError("no EngineCore process")
 
 
 def vllm_files() -> list[str]:

@@ -206,7 +206,7 @@ def _follow(run: Any, until_ready: bool, as_json: bool) -> None:
     """Watch through the run flow, showing its events and a live progress line; Ctrl-C detaches."""
     from rich.live import Live
 
-    from .. import watch
+    from ..watch import follow
     from ..runflow import outcome
     from .liveview import PlainProgress, RunView
 
@@ -231,7 +231,7 @@ def _follow(run: Any, until_ready: bool, as_json: bool) -> None:
     before = signal.signal(signal.SIGINT, _interrupted)
     try:
         with live:
-            final = watch.watch(run, until_ready=until_ready, on_update=show)
+            final = follow.watch(run, until_ready=until_ready, on_update=show)
     except KeyboardInterrupt:
         _detach(run)
     finally:

@@ -17,7 +17,7 @@ from ..host.executor import executor_class
 from ..store import Store, lease
 from ..store import sweeps as stored_sweeps
 from ..store.record import RunRecord
-from ..watch import watch
+from ..watch.follow import watch
 from . import db, policy
 from .plan import Plan, Point
 from .policy import Action, Decision, Resume, Verdict
