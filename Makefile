@@ -39,7 +39,7 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -p no:hypothesispytest -p no:anyio tests/fast
 
 lint: setup
-	$(BIN)/ruff check orchestrator playbooks
+	$(BIN)/ruff check orchestrator playbooks tests bench
 	$(BIN)/mypy orchestrator playbooks
 	$(BIN)/lint-imports
 

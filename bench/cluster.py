@@ -122,15 +122,16 @@ def main() -> None:
                      by_hand(cluster, args.jobs, args.sleep, False)))
     finally:
         cluster.stop()
-    version = subprocess.run(["sinfo", "--version"], capture_output=True, text=True).stdout.strip()
+    version = subprocess.run(["sinfo", "--version"], capture_output=True, text=True,
+                             check=True).stdout.strip()
     lines = [
         "## Cluster",
         "",
-        f"`python bench/cluster.py` — {args.jobs} concurrent jobs (`sleep {args.sleep:g}`) on a real one-node "
-        f"cluster ({version}, {args.jobs} CPUs declared, tests/slurmcluster.py) on a {os.cpu_count()}-CPU machine, "
-        f"CPython {platform.python_version()}. orch: `runflow.start` of each run, then one watcher thread per run "
-        "(host poll 1 s → 5 s, so the queue is asked at most once a second); a poll round is one poll of every "
-        "run; calls are squeue + sacct commands. Wall: from the last submission until every end is seen.",
+        (f"`python bench/cluster.py` — {args.jobs} concurrent jobs (`sleep {args.sleep:g}`) on a real one-node "
+         f"cluster ({version}, {args.jobs} CPUs declared, tests/slurmcluster.py) on a {os.cpu_count()}-CPU machine, "
+         f"CPython {platform.python_version()}. orch: `runflow.start` of each run, then one watcher thread per run "
+         "(host poll 1 s → 5 s, so the queue is asked at most once a second); a poll round is one poll of every "
+         "run; calls are squeue + sacct commands. Wall: from the last submission until every end is seen."),
         "",
         "| watcher | scheduler calls | poll rounds | calls per round | wall s |",
         "|---|---:|---:|---:|---:|",

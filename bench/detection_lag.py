@@ -252,25 +252,29 @@ def write(rows: list[tuple[str, str, float, float]], quiet: dict[str, Any]) -> N
     lines = [
         "## Detection lag (bench/detection_lag.py)",
         "",
-        f"Real time over a real sshd on loopback: an emulated SGLang 0.5.23 server loads 64 shards, turns ready,"
-        f" serves, then crashes and exits, or prints a fatal scheduler line and hangs, or keeps serving; every"
-        f" watcher reads the same job at once. Lag in real seconds from the line being printed to it being"
-        f" recorded, median and max of {REPEATS} runs. agent: orch's watcher of the host, the log's bytes and"
-        f" the job's end pushed by the host's agent over one channel as they happen;"
-        f" fixed5: a 5 s poll (the recorder's one-shot look) with the sleep on the controller;"
-        f" sleep600: `sleep 600; tail` (run 1/{SCALE} scale, lag scaled back); tail-F: the log streamed over"
-        " one SSH channel, the physical limit."
-        f" Load average {LOAD_BEFORE:.1f} before and {os.getloadavg()[0]:.1f} at the end (1 min), on"
-        f" {os.cpu_count()} cores shared with other jobs.",
+        (f"Real time over a real sshd on loopback: an emulated SGLang 0.5.23 server loads 64 shards, turns ready,"
+         f" serves, then crashes and exits, or prints a fatal scheduler line and hangs, or keeps serving; every"
+         f" watcher reads the same job at once. Lag in real seconds from the line being printed to it being"
+         f" recorded, median and max of {REPEATS} runs. agent: orch's watcher of the host, the log's bytes and"
+         f" the job's end pushed by the host's agent over one channel as they happen;"
+         f" fixed5: a 5 s poll (the recorder's one-shot look) with the sleep on the controller;"
+         f" sleep600: `sleep 600; tail` (run 1/{SCALE} scale, lag scaled back); tail-F: the log streamed over"
+         " one SSH channel, the physical limit."
+         f" Load average {LOAD_BEFORE:.1f} before and {os.getloadavg()[0]:.1f} at the end (1 min), on"
+         f" {os.cpu_count()} cores shared with other jobs."),
         "",
         "| scenario | watcher | median lag (s) | max lag (s) |",
         "|---|---|---:|---:|",
     ]
     lines += [f"| {scenario} | {name} | {median:.2f} | {worst:.2f} |" for scenario, name, median, worst in rows]
     o, f = quiet["agent"]["calls"], quiet["fixed5"]["calls"]
-    lines += ["", f"Round trips over a {QUIET_S:.0f} s quiet serve: the agent's pokes on the backoff {o}, fixed5 {f}"
-              f" ({o / max(f, 1):.2f}x); the agent keeps one channel open and sends nothing while the run is quiet"
-              " but a poke on the backoff.", ""]
+    lines += [
+        "",
+        (f"Round trips over a {QUIET_S:.0f} s quiet serve: the agent's pokes on the backoff {o}, fixed5 {f}"
+         f" ({o / max(f, 1):.2f}x); the agent keeps one channel open and sends nothing while the run is quiet"
+         " but a poke on the backoff."),
+        "",
+    ]
     write_section("\n".join(lines))
     print("wrote the detection lag section of bench/RESULTS.md")
 

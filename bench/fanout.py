@@ -17,14 +17,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from sshd import SSHFleet  # noqa: E402
+from sshd import SSHFleet
 
 HOSTS = 16
 REPEATS = 3
@@ -32,7 +32,7 @@ RUNS = 100_000
 ORCH = [sys.executable, "-m", "orchestrator"]
 
 
-from results import write_section  # noqa: E402
+from results import write_section
 
 
 def median_wall(fn: Callable[[], None], repeats: int = REPEATS) -> float:
@@ -45,7 +45,7 @@ def median_wall(fn: Callable[[], None], repeats: int = REPEATS) -> float:
 
 
 def run(argv: list[str], env: dict[str, str] | None = None, ok: tuple[int, ...] = (0,)) -> str:
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
     if proc.returncode not in ok:
         raise SystemExit(f"{' '.join(argv[:6])}... exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc.stdout
@@ -140,7 +140,8 @@ def main() -> None:
             print(f"  {name}: {wall:.2f} s")
     finally:
         for rid in run_ids:
-            subprocess.run(ORCH + ["cancel", rid, "--grace", "1"], env=env, capture_output=True, timeout=120)
+            subprocess.run(ORCH + ["cancel", rid, "--grace", "1"], env=env, capture_output=True, timeout=120,
+                           check=False)
         fleet.stop_all()
 
     print(f"orch status over {RUNS} runs")
@@ -155,10 +156,10 @@ def main() -> None:
     lines = [
         "## Fan-out",
         "",
-        f"`python bench/fanout.py` — {HOSTS} real sshd hosts on loopback (tests/sshd.py), one command per host "
-        f"(`uname -srm`, or one poll of a running job's log for `--refresh`), median wall time of {REPEATS} runs, "
-        f"each including the CLI's start-up. {platform.python_implementation()} {platform.python_version()}, "
-        f"{os.cpu_count()} CPUs; {ansible_version}.",
+        (f"`python bench/fanout.py` — {HOSTS} real sshd hosts on loopback (tests/sshd.py), one command per host "
+         f"(`uname -srm`, or one poll of a running job's log for `--refresh`), median wall time of {REPEATS} runs, "
+         f"each including the CLI's start-up. {platform.python_implementation()} {platform.python_version()}, "
+         f"{os.cpu_count()} CPUs; {ansible_version}."),
         "",
         "| command | median wall s | vs `orch hosts --check` |",
         "|---|---:|---:|",
@@ -167,10 +168,10 @@ def main() -> None:
         lines.append(f"| `{name}` | {wall:.2f} | {wall / base:.1f}x |")
     lines += [
         "",
-        f"`orch status` with {RUNS:,} runs ({3 * RUNS:,} events, {4 * RUNS:,} metric samples) in the database: "
-        f"{table:.2f} s (table), {as_json:.2f} s (`--json`); with an empty database {baseline:.2f} s. "
-        "It reads the newest 50 runs by rowid and each one's latest metrics through the "
-        "(run_id, name, id) index, so the time does not grow with the table.",
+        (f"`orch status` with {RUNS:,} runs ({3 * RUNS:,} events, {4 * RUNS:,} metric samples) in the database: "
+         f"{table:.2f} s (table), {as_json:.2f} s (`--json`); with an empty database {baseline:.2f} s. "
+         "It reads the newest 50 runs by rowid and each one's latest metrics through the "
+         "(run_id, name, id) index, so the time does not grow with the table."),
         "",
     ]
     write_section("\n".join(lines))

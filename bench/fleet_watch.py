@@ -165,18 +165,18 @@ def write(args: argparse.Namespace, agent: dict[str, float], followed: int, runs
     lines = [
         "## Fleet watch (bench/fleet_watch.py)",
         "",
-        f"{runs} active runs over {args.hosts} real sshd hosts on loopback ({args.per_host} per host), each printing"
-        " an SGLang decode line a second; then quiet for the CPU figure (its mean over"
-        f" {args.quiet_s:.0f} s). orch's side only: its watcher processes (the controller that started the runs is not"
-        " counted), their ESTABLISHED connections to the sshd ports, their resident memory;"
-        f" {followed} of {runs} runs were recorded `running` by their host's watcher. Load average"
-        f" {load[0]:.1f} at the start and {load[1]:.1f} at the end (1 min), on {os.cpu_count()} cores shared with"
-        " other jobs.",
+        (f"{runs} active runs over {args.hosts} real sshd hosts on loopback ({args.per_host} per host), each printing"
+         " an SGLang decode line a second; then quiet for the CPU figure (its mean over"
+         f" {args.quiet_s:.0f} s). orch's side only: its watcher processes (the controller that started the runs is not"
+         " counted), their ESTABLISHED connections to the sshd ports, their resident memory;"
+         f" {followed} of {runs} runs were recorded `running` by their host's watcher. Load average"
+         f" {load[0]:.1f} at the start and {load[1]:.1f} at the end (1 min), on {os.cpu_count()} cores shared with"
+         " other jobs."),
         "",
-        "A host's watcher starts as `python -m orchestrator.watch.hostwatch HOST` (no Typer or Rich loaded), reads the"
-        " record again only when SQLite's data_version says another process wrote (else every 10 s), and its SSH"
-        " connection's reader wakes once a second: before that, the same bench measured 969 MiB and 3.87 % of a core"
-        " for the 16 host watchers (under the full test suite, load average up to 35).",
+        ("A host's watcher starts as `python -m orchestrator.watch.hostwatch HOST` (no Typer or Rich loaded), reads the"
+         " record again only when SQLite's data_version says another process wrote (else every 10 s), and its SSH"
+         " connection's reader wakes once a second: before that, the same bench measured 969 MiB and 3.87 % of a core"
+         " for the 16 host watchers (under the full test suite, load average up to 35)."),
         "",
         f"| | {args.hosts} watchers, one per host (agent) | its share per run |",
         "|---|---:|---:|",

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-from results import RESULTS, write_section  # noqa: E402
+from results import RESULTS, write_section
 
 SECTION = "## inspect-log"
 REDRAWS_PER_STRETCH = 2000

@@ -170,41 +170,41 @@ def main() -> None:
     lines = [
         "## Log throughput (bench/log_throughput.py)",
         "",
-        f"{args.runs} jobs on one real sshd host on loopback, each writing {per} MiB of one tqdm bar counting up"
-        " (200 redraws, then an INFO line) as fast as it can, then exiting 0; throughput is the bytes recorded over"
-        " the time from the first job's start to the last end recorded (every byte parsed). CPU: the watchers'"
-        " process (every thread), from the first byte to the last end recorded; MB per CPU second is what one"
-        f" core given to it would carry. Load average {load:.1f} at the end, on 2 cores (sshd, the agent and the"
-        " writers share them).",
+        (f"{args.runs} jobs on one real sshd host on loopback, each writing {per} MiB of one tqdm bar counting up"
+         " (200 redraws, then an INFO line) as fast as it can, then exiting 0; throughput is the bytes recorded over"
+         " the time from the first job's start to the last end recorded (every byte parsed). CPU: the watchers'"
+         " process (every thread), from the first byte to the last end recorded; MB per CPU second is what one"
+         f" core given to it would carry. Load average {load:.1f} at the end, on 2 cores (sshd, the agent and the"
+         " writers share them)."),
         "",
-        f"Medians of {args.repeat} rounds, each the watcher then the parser; every round's MB/s: host watcher"
-        f" {', '.join(f'{m:.1f}' for m, _ in agents)}; the parser alone {', '.join(f'{m:.0f}' for m in alones)}.",
+        (f"Medians of {args.repeat} rounds, each the watcher then the parser; every round's MB/s: host watcher"
+         f" {', '.join(f'{m:.1f}' for m, _ in agents)}; the parser alone {', '.join(f'{m:.0f}' for m in alones)}."),
         "",
         "| watcher | MB/s | of the parser alone | CPU s | MB per CPU s |",
         "|---|---:|---:|---:|---:|",
-        f"| one watcher per host (agent, pushed; a turn's pushes in one transaction) | {agent:.1f} |"
-        f" {agent / alone:.0%} | {agent_cpu:.1f} | {total_mb / agent_cpu:.0f} |",
+        (f"| one watcher per host (agent, pushed; a turn's pushes in one transaction) | {agent:.1f} |"
+         f" {agent / alone:.0%} | {agent_cpu:.1f} | {total_mb / agent_cpu:.0f} |"),
         f"| the parser alone, in process, same bytes | {alone:.0f} | 100% | | |",
         "",
-        f"A 200 MiB log with no newline: the host watcher's resident memory grew {grew:.0f} MiB while it read it"
-        " (pushed in 1 MiB chunks, at most the agent's window of 8 MiB not yet acknowledged by the watcher; the"
-        " parser keeps a bounded tail of an unfinished line).",
+        (f"A 200 MiB log with no newline: the host watcher's resident memory grew {grew:.0f} MiB while it read it"
+         " (pushed in 1 MiB chunks, at most the agent's window of 8 MiB not yet acknowledged by the watcher; the"
+         " parser keeps a bounded tail of an unfinished line)."),
         "",
-        "How the bytes travel: the agent pushes a run's backlog chunk after chunk without waiting for its 50 ms"
-        " tick, within a window of 8 MiB the host watcher acknowledges after each turn (the reader of its channel"
-        " never stops, so replies never wait behind a full queue); a push's bytes follow its JSON line raw, not"
-        " base64 inside it; paramiko speaks AES-GCM (no HMAC through Python per packet). Profiled (py-spy, CPU"
-        " per thread) on this bench, about 70 % of the watcher's process goes to parsing and recording (the"
-        " parser nine tenths of it), 20 % to paramiko's thread (one 32 KiB packet at a time, as sshd sends"
-        " them) and 10 % to the agent link's reader; outside it, the four writers take about 3.9 CPU s, sshd"
-        " 0.3-0.5 s, the agent 0.1 s. Before (base64 in JSON, one 1 MiB chunk per run per 50 ms tick, AES-CTR"
-        " with HMAC) the agent alone took 1.7 CPU s and the watcher's process 3.2-4.3 s. Pushes stay at 1 MiB"
-        " so that a turn (a push of each run) stays short for a lone line of another run.",
+        ("How the bytes travel: the agent pushes a run's backlog chunk after chunk without waiting for its 50 ms"
+         " tick, within a window of 8 MiB the host watcher acknowledges after each turn (the reader of its channel"
+         " never stops, so replies never wait behind a full queue); a push's bytes follow its JSON line raw, not"
+         " base64 inside it; paramiko speaks AES-GCM (no HMAC through Python per packet). Profiled (py-spy, CPU"
+         " per thread) on this bench, about 70 % of the watcher's process goes to parsing and recording (the"
+         " parser nine tenths of it), 20 % to paramiko's thread (one 32 KiB packet at a time, as sshd sends"
+         " them) and 10 % to the agent link's reader; outside it, the four writers take about 3.9 CPU s, sshd"
+         " 0.3-0.5 s, the agent 0.1 s. Before (base64 in JSON, one 1 MiB chunk per run per 50 ms tick, AES-CTR"
+         " with HMAC) the agent alone took 1.7 CPU s and the watcher's process 3.2-4.3 s. Pushes stay at 1 MiB"
+         " so that a turn (a push of each run) stays short for a lone line of another run."),
         "",
-        f"The goal is 50 MB/s for one host watcher: {'reached' if agent >= 50 else 'not reached'} here. The"
-        " writers' own CPU and the time the bench takes to launch the four jobs (about 1 s, before the watcher"
-        " starts) are inside the measured time, so on these 2 shared cores the figure moves with the load"
-        " average more than with the watcher.",
+        (f"The goal is 50 MB/s for one host watcher: {'reached' if agent >= 50 else 'not reached'} here. The"
+         " writers' own CPU and the time the bench takes to launch the four jobs (about 1 s, before the watcher"
+         " starts) are inside the measured time, so on these 2 shared cores the figure moves with the load"
+         " average more than with the watcher."),
         "",
     ]
     write_section("\n".join(lines))

@@ -29,8 +29,8 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from results import write_section  # noqa: E402
-from sshd import SSHFleet  # noqa: E402
+from results import write_section
+from sshd import SSHFleet
 
 from orchestrator.config.hosts import Host
 from orchestrator.host import agent, ssh

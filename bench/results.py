@@ -13,7 +13,7 @@ def write_section(section: str) -> None:
     title = section.split("\n", 1)[0]
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
     body = section.rstrip("\n") + "\n\n"
-    pattern = re.compile(rf"^{re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
+    pattern = re.compile(rf"^{re.escape(title)}\n.*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
     if pattern.search(text):
         text = pattern.sub(lambda _: body, text, count=1)
     else:

@@ -18,11 +18,11 @@ from results import write_section
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "jobs")]
 
-from orchestrator import sweep  # noqa: E402
-from orchestrator.config.workspace import Workspace  # noqa: E402
+import surface_job
+import test_sweep_search
 
-import surface_job  # noqa: E402
-import test_sweep_search  # noqa: E402
+from orchestrator import sweep
+from orchestrator.config.workspace import Workspace
 
 
 def main() -> None:

@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from orchtest import Orch  # noqa: E402
-from results import write_section  # noqa: E402
-from slurmcluster import SlurmCluster, missing, running  # noqa: E402
+from orchtest import Orch
+from results import write_section
+from slurmcluster import SlurmCluster, missing, running
 
 SECTION = "## Slurm log lag (bench/slurm_log_lag.py)"
 
@@ -63,9 +63,9 @@ def main() -> None:
             lags = [one_lag(orch, shared, i) for i in range(args.jobs)]
     load = os.getloadavg()[0]
     lines = [SECTION, "",
-             f"A line a running batch job prints, until `orch status` shows it, polls an hour apart: {args.jobs} "
-             f"jobs one after another on this machine ({os.cpu_count()} cores, load average {load:.1f}: shared "
-             "with other jobs).", "",
+             (f"A line a running batch job prints, until `orch status` shows it, polls an hour apart: {args.jobs} "
+              f"jobs one after another on this machine ({os.cpu_count()} cores, load average {load:.1f}: shared "
+              "with other jobs)."), "",
              "| median s | max s |", "|---:|---:|",
              f"| {statistics.median(lags):.2f} | {max(lags):.2f} |"]
     write_section("\n".join(lines) + "\n")

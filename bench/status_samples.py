@@ -77,14 +77,14 @@ def main() -> None:
         "`python bench/status_samples.py` — the median's 95 % interval of a metric's n samples, as every `orch status`",
         "computes it for every metric of a run: walked out from the middle (orch) against every candidate interval",
         "summed term by term (orch before; past 1,500 samples it takes minutes), the same interval both ways; and",
-        f"`orch status ID --json` on such a run, median of 5. Load average {load:.1f} on "
-        f"{os.cpu_count()} CPUs.", "",
+        (f"`orch status ID --json` on such a run, median of 5. Load average {load:.1f} on "
+         f"{os.cpu_count()} CPUs."), "",
         "| samples | interval, walked | interval, term by term | ratio | `orch status ID --json` |",
         "|---:|---:|---:|---:|---:|",
     ]
     for n, walk, slow, wall in rows:
-        ratio = f"{slow / walk:,.0f}x" if slow == slow else "-"
-        slow_s = f"{slow * 1e3:,.1f} ms" if slow == slow else "not run"
+        ratio = "-" if math.isnan(slow) else f"{slow / walk:,.0f}x"
+        slow_s = "not run" if math.isnan(slow) else f"{slow * 1e3:,.1f} ms"
         lines.append(f"| {n:,} | {walk * 1e3:.2f} ms | {slow_s} | {ratio} | {wall:.2f} s |")
     write_section("\n".join(lines) + "\n")
 

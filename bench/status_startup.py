@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from results import write_section  # noqa: E402
+from results import write_section
 
 SECTION = "## orch status start-up"
 ORCH = Path(sys.executable).parent / "orch"

@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
-from results import write_section  # noqa: E402
-from sshd import SSHFleet  # noqa: E402
+from results import write_section
+from sshd import SSHFleet
 
 SECTION = "## Timeouts: a silent host or receiver"
 ORCH = [sys.executable, "-m", "orchestrator"]
@@ -38,7 +38,7 @@ ORCH = [sys.executable, "-m", "orchestrator"]
 
 def wall(argv: list[str], env: dict[str, str]) -> float:
     t0 = time.perf_counter()
-    subprocess.run(argv, env=env, capture_output=True, timeout=300)
+    subprocess.run(argv, env=env, capture_output=True, timeout=300, check=False)
     return time.perf_counter() - t0
 
 
@@ -78,9 +78,10 @@ def main() -> None:
         def notify_run() -> float:
             took = wall([*ORCH, "run", "command", "--set", "cmd=true", "--set", f'notify=["{url}"]',
                          "--set", "notify_timeout_s=1", "--set", "poll_min=0.05"], env)
-            docs = json.loads(subprocess.run([*ORCH, "status", "--json"], env=env, capture_output=True).stdout)
+            docs = json.loads(subprocess.run([*ORCH, "status", "--json"], env=env, capture_output=True,
+                                             check=True).stdout)
             doc = json.loads(subprocess.run([*ORCH, "status", "--json", str(docs[0]["id"])], env=env,
-                                            capture_output=True).stdout)
+                                            capture_output=True, check=True).stdout)
             warning = next(e["ts"] for e in doc["events"] if e["kind"] == "warning")
             delays.append(warning - doc["ended_at"])
             return took

@@ -198,10 +198,10 @@ def main() -> None:
 def write_results(n: int, tries: int, rows: list[dict[str, Any]], browser: dict[str, float] | None) -> None:
     load = os.getloadavg()[0]
     lines = [SECTION, "",
-             f"`python bench/ui.py` — {n} runs (8 hosts, 3 playbooks, 4 statuses, 1 in 10 in a sweep, 3 metrics each) "
-             f"in a real orch database; `orch ui` on loopback; median of {tries} requests, each on a new "
-             f"connection; sqlite3: the same three queries (page, its metrics, the count capped at 10 000) through "
-             f"Python's sqlite3 on the same file. {os.cpu_count()} CPUs, load average {load:.1f} at the end.", "",
+             (f"`python bench/ui.py` — {n} runs (8 hosts, 3 playbooks, 4 statuses, 1 in 10 in a sweep, 3 metrics each) "
+              f"in a real orch database; `orch ui` on loopback; median of {tries} requests, each on a new "
+              f"connection; sqlite3: the same three queries (page, its metrics, the count capped at 10 000) through "
+              f"Python's sqlite3 on the same file. {os.cpu_count()} CPUs, load average {load:.1f} at the end."), "",
              "| page | rows | first byte (ms) | whole (ms) | sqlite3, same queries (ms) |", "|---|---:|---:|---:|---:|"]
     for r in rows:
         sql = f"{r['sqlite_ms']:.1f}" if r["sqlite_ms"] is not None else "-"

@@ -6,8 +6,9 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from nethosts import NetHosts

@@ -28,6 +28,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Self
 
 from sshd import HostTables, SSHServer, keygen, public_key
 
@@ -36,12 +37,12 @@ INNER_IF = "eth0"  # the veth end inside every namespace: the interface a job th
 _LOCK = Path(tempfile.gettempdir()) / "orch-nethosts.lock"  # choosing a subnet and claiming it is one step
 
 _serial = itertools.count()
-_open: set["NetHosts"] = set()
+_open: set[NetHosts] = set()
 _open_lock = threading.Lock()
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    res = subprocess.run(["ip", *args], capture_output=True, text=True)
+    res = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
     if check and res.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)}: {res.stderr.strip()}")
     return res
@@ -78,7 +79,7 @@ class NetHosts(HostTables):
 
     # -- setup ----------------------------------------------------------------------------------------
 
-    def start(self) -> "NetHosts":
+    def start(self) -> Self:
         """Make the network and start every host's sshd; on any failure, undo what was made and raise."""
         try:
             self._make_network()
@@ -166,7 +167,7 @@ class NetHosts(HostTables):
         for server in self.servers:
             try:
                 server.stop(timeout=5)
-            except Exception:  # the rest must go all the same
+            except Exception:  # noqa: BLE001, S110 - a teardown that must reach the rest all the same
                 pass
         for kind, name in reversed(self._made):
             if kind == "netns":
@@ -184,7 +185,7 @@ class NetHosts(HostTables):
         with _open_lock:
             _open.discard(self)
 
-    def __enter__(self) -> "NetHosts":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -201,5 +202,5 @@ def _close_leftovers() -> None:
     for hosts in left:
         try:
             hosts.close()
-        except Exception:  # best effort at exit
+        except Exception:  # noqa: BLE001, S110 - best effort at exit, where nothing may raise
             pass

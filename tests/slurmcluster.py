@@ -139,9 +139,10 @@ PartitionName=debug Nodes={self.node_list} Default=YES MaxTime=INFINITE State=UP
 
     # daemons --------------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str]) -> None:
-        log = open(self.root / "log" / f"{name}.out", "ab")
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env={**os.environ, **self.env}, start_new_session=True)
+        with open(self.root / "log" / f"{name}.out", "ab") as log:  # the daemon keeps its own copy
+            self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
+                                                start_new_session=True)
         (self.root / f"{name}.started.pid").write_text(str(self.procs[name].pid))
 
     def _until(self, what: str, ok, timeout: float = 30) -> None:
@@ -223,7 +224,7 @@ _live: list[SlurmCluster] = []
 
 @atexit.register
 def _stop_leftovers() -> None:
-    for cluster in list(_live):
+    for cluster in _live.copy():  # stop() takes each out of the list
         cluster.stop()
 
 

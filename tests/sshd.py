@@ -25,14 +25,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 SSH_KEYGEN = "ssh-keygen"
 PRIVSEP_DIR = Path("/run/sshd")
 
-_live: set["SSHServer"] = set()
+_live: set[SSHServer] = set()
 _live_lock = threading.Lock()
 
 
@@ -223,12 +223,12 @@ class SSHServer:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self, timeout: float = 15) -> "SSHServer":
+    def start(self, timeout: float = 15) -> SSHServer:
         """Start sshd and return once it sends its SSH banner on the port."""
         with self._lock:
             return self._start(timeout)
 
-    def _start(self, timeout: float) -> "SSHServer":
+    def _start(self, timeout: float) -> SSHServer:
         if self.running:
             return self
         PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -242,7 +242,7 @@ class SSHServer:
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if in_main_thread else None,
+                preexec_fn=_die_with_parent if in_main_thread else None,  # noqa: PLW1509 - prctl's only way
             )
         with _live_lock:
             _live.add(self)
@@ -304,7 +304,7 @@ class SSHServer:
         with _live_lock:
             _live.discard(self)
 
-    def restart(self) -> "SSHServer":
+    def restart(self) -> SSHServer:
         """Stop and start again on the same address, port and host key."""
         with self._lock:
             self._stop(10)
@@ -421,7 +421,7 @@ class SSHFleet(HostTables):
         ]
         self.known_hosts.write_text("".join(s.host_key_line + "\n" for s in self.servers))
 
-    def start(self) -> "SSHFleet":
+    def start(self) -> Self:
         try:
             for server in self.servers:
                 server.start()
@@ -444,7 +444,7 @@ class SSHFleet(HostTables):
         self.server(i)
         return f"test{i}"
 
-    def __enter__(self) -> "SSHFleet":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -461,5 +461,5 @@ def _stop_leftovers() -> None:
     for server in left:
         try:
             server.stop(timeout=5)
-        except Exception:  # best effort at exit
+        except Exception:  # noqa: BLE001, S110 - best effort at exit, where nothing may raise
             pass

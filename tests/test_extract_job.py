@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -44,7 +45,7 @@ def run_job(out_dir: Path, *args: str, script: Path = SCRIPT, timeout: float = 1
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, str(script), "--output-dir", str(out_dir), *args],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=out_dir.parent,
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=out_dir.parent, check=False,
     )
     return RunRecord(proc.returncode, proc.stdout, proc.stderr, out_dir)
 
@@ -97,7 +98,7 @@ def check_output(run: RunRecord, prompts: list[str], layers: list[int], model_di
             assert t.dtype == getattr(torch, manifest["dtype"])
             torch.testing.assert_close(t.float(), ref[n + 1][0].float(), rtol=2e-2, atol=2e-2)
             per_layer.append(t)
-        for a, b in zip(per_layer, per_layer[1:]):
+        for a, b in itertools.pairwise(per_layer):
             assert not torch.allclose(a.float(), b.float())
     assert manifest["tokens"] == total_tokens
     assert manifest["tokens_per_s"] > 0
@@ -223,8 +224,7 @@ def test_out_of_range_layer_exits_2_with_one_line(tmp_path: Path):
     assert run.returncode == 2
     errors = [line for line in run.lines if "error" in line.lower()]
     assert errors == [
-        "extract_hidden_states.py: error: --layers: 8 out of range; "
-        "the model has 8 layers (valid 0..7)"
+        "extract_hidden_states.py: error: --layers: 8 out of range; the model has 8 layers (valid 0..7)"
     ]
     assert "Traceback" not in run.stderr
     assert not (tmp_path / "out" / "manifest.json").exists()

@@ -19,8 +19,7 @@ from safetensors.numpy import load_file
 from sshd import free_port
 
 from orchestrator.config.spec import load
-from orchestrator.errors import SpecError
-from orchestrator.errors import OrchError, UsageError
+from orchestrator.errors import OrchError, SpecError, UsageError
 from playbooks.extract_hidden_states import (
     CliServer,
     ExtractSpec,

@@ -105,7 +105,7 @@ stranger.kill()
 @pytest.mark.skipif(not os.access(NS_LAST_PID, os.W_OK), reason="needs to write ns_last_pid (root)")
 def test_a_pid_recycled_in_the_grace_window_is_never_signalled(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-c", RECYCLE_SCENARIO, str(tmp_path), str(TESTS)], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60, check=False)
     assert res.returncode == 0, res.stderr
     outcome, stranger = res.stdout.split()
     # 'killed' where the grace ran out before the job's group was gone (a loaded machine): the SIGKILL
@@ -151,7 +151,7 @@ strangers[0].kill()
 def test_a_pid_recycled_between_its_proof_and_the_signal_is_never_signalled(tmp_path: Path, kernel: str,
                                                                             calls: str) -> None:
     res = subprocess.run([sys.executable, "-c", RACE_SCENARIO, str(tmp_path), str(TESTS), kernel, calls],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["nothing", "survived"]
 
@@ -216,7 +216,8 @@ def read_only_runs(tmp_path: Path):
     orch = Orch(tmp_path / "ws")
     runs = orch.root / "runs"
     runs.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(runs)]).returncode != 0:
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(runs)], check=False)
+    if mounted.returncode != 0:
         pytest.skip("needs mount (root)")
     try:
         # the database exists, with a run in it; made by a process of its own, which leaves no file open
@@ -224,7 +225,7 @@ def read_only_runs(tmp_path: Path):
         orch("run", "command", "--set", "cmd=true", check=0, new_process=True)
         # the host's watcher leaves a moment after its last run ended, its output file open until then
         wait_for(lambda: subprocess.run(["mount", "-o", "remount,ro", str(runs)],
-                                        capture_output=True).returncode == 0, step=0.2)
+                                        capture_output=True, check=False).returncode == 0, step=0.2)
         yield orch
     finally:
         subprocess.run(["umount", "-l", str(runs)], check=True)
@@ -302,7 +303,8 @@ def full_disk(tmp_path: Path):
     """A 1 MiB tmpfs, to be the host's workdir."""
     where = tmp_path / "small"
     where.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)]).returncode != 0:
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], check=False)
+    if mounted.returncode != 0:
         pytest.skip("needs mount (root)")
     try:
         yield where
@@ -383,7 +385,7 @@ def test_a_full_disk_on_the_controller_pauses_the_watcher_and_it_goes_on_when_sp
     assert shutil.which("unshare")
     script = f'mount -t tmpfs -o size=2m tmpfs {shlex.quote(str(ws))} && exec "$@"'
     res = subprocess.run([*namespace, "sh", "-c", script, "sh", sys.executable, str(TESTS / "diskfull_scenario.py"),
-                          str(ws), str(hostdir)], capture_output=True, text=True, timeout=180)
+                          str(ws), str(hostdir)], capture_output=True, text=True, timeout=180, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.splitlines()[-1])
     assert got["during"] == {"status": "running", "watcher_alive": True}  # paused, not dead, no false end

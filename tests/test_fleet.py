@@ -158,7 +158,7 @@ def test_status_queries_use_indexes(tmp_path):
 def test_status_imports_nothing_heavy(tmp_path):
     env = {**os.environ, "ORCH_HOME": str(tmp_path)}
     res = subprocess.run([sys.executable, "-X", "importtime", "-m", "orchestrator", "status"],
-                         env=env, capture_output=True, text=True, timeout=60)
+                         env=env, capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 0, res.stderr
     modules = {line.split("|")[-1].strip().split(".")[0] for line in res.stderr.splitlines() if "|" in line}
     assert "orchestrator" in modules and "sqlite_utils" in modules  # the measurement sees imports

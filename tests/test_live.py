@@ -210,8 +210,8 @@ class DarkLink:
 
     def close(self) -> None:
         self.server.stop()
-        subprocess.run(["ip", "link", "del", self.outer], capture_output=True)
-        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.outer], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True, check=False)
 
 
 @pytest.fixture

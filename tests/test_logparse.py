@@ -522,9 +522,9 @@ CRASHES = {
         "[rank3]: ncclUnhandledCudaError: Call to CUDA function failed.\n",
         "nccl", "torch.distributed.DistBackendError", "NCCL error in:", True),
     "nccl_watchdog": (
-        "[rank0]:[E101 10:00:00.000000000 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation "
-        "timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 "
-        "milliseconds before timing out.\n",
+        ("[rank0]:[E101 10:00:00.000000000 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation "
+         "timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 "
+         "milliseconds before timing out.\n"),
         "nccl", None, "Watchdog caught collective operation timeout", True),
     "vllm_engine_core": (
         VLLM_0_33.split("(EngineCore pid=200) INFO 03-01 11:00:45")[0]
@@ -533,8 +533,8 @@ CRASHES = {
             "Traceback (most recent call last):",
             '  File "/usr/lib/python3/dist-packages/vllm/v1/engine/core.py", line 699, in run_engine_core',
             "    engine_core = EngineCoreProc(*args, **kwargs)",
-            "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
-            "when initializing the engine.",
+            ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+             "when initializing the engine."),
         ))
         + "Traceback (most recent call last):\n"
         '  File "/usr/bin/vllm", line 10, in <module>\n'
@@ -650,8 +650,8 @@ def test_fatal_error_is_not_cleared() -> None:
     "(Worker_TP0 pid=3) WARNING 10-01 12:00:00 [x.py:1] NCCL error codes will be ignored: ncclSystemError\n",
     "2026-02-01 10:00:12,000 - speculators - WARNING - Skipping sample 17 due to error: CUDA out of memory\n",
     "INFO:     127.0.0.1:5555 - \"POST /generate HTTP/1.1\" 500 Internal Server Error\n",
-    "[2025-08-01 08:00:16] Available memory 3GB is less than required memory 4GB for warmup, reducing max_m to "
-    "avoid out of memory\n",
+    ("[2025-08-01 08:00:16] Available memory 3GB is less than required memory 4GB for warmup, reducing max_m to "
+     "avoid out of memory\n"),
     "ValueError: this is printed by a program, not raised\n",
 ])
 def test_harmless_lines(line: str) -> None:

@@ -3,6 +3,7 @@ and a huge single line of tqdm redraws is read in bounded memory."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -33,8 +34,9 @@ FRAGMENTS = [
     b"Generating hidden states:  10%|\xe2\x96\x88         | 1/10 [00:01<00:09,  1.00it/s]",
     b"12it [00:01, 9.50it/s]", b"Traceback (most recent call last):", b'  File "x.py", line 1', b"TypeError",
     b"ValueError: boom", b"[rank1]: ", b"Scheduler hit an exception: ", b"Received sigquit from a child process.",
-    b"torch.OutOfMemoryError: CUDA out of memory.", b"Decode batch, #running-req: 1, #token: 5, token usage: 0.00, "
-    b"accept len: 2.00, accept rate: 0.50, cuda graph: True, gen throughput (token/s): 10.00, #queue-req: 0",
+    b"torch.OutOfMemoryError: CUDA out of memory.",
+    (b"Decode batch, #running-req: 1, #token: 5, token usage: 0.00, "
+     b"accept len: 2.00, accept rate: 0.50, cuda graph: True, gen throughput (token/s): 10.00, #queue-req: 0"),
     b"The server is fired up and ready to roll!", b"Load weight begin. avail mem=1.00 GB", b"Killed",
     b"During handling of the above exception, another exception occurred:", b"Data generation complete!",
     b"INFO 10-01 12:00:00 [x.py:1] ", b"Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 2.0 tokens/s",
@@ -62,7 +64,7 @@ def run_whole(data: bytes) -> LogParser:
 def cut(data: bytes, points: list[float]) -> list[bytes]:
     """`data` cut at the given fractions of its length."""
     edges = sorted({int(x * len(data)) for x in points} | {0, len(data)})
-    return [data[a:b] for a, b in zip(edges, edges[1:])]
+    return [data[a:b] for a, b in itertools.pairwise(edges)]
 
 
 fractions = st.lists(st.floats(min_value=0, max_value=1), max_size=30)

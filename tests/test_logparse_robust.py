@@ -36,6 +36,7 @@ Besides the cases one by one, a property test stacks several of the transformati
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 from collections.abc import Callable
@@ -373,7 +374,7 @@ def check_clipped(width: int, label: dict[str, Any], text: str) -> list[str] | N
 
 def printed(name: str, value: float, seen: set[tuple[str, float]]) -> bool:
     """The metric was read so from the whole log (a NaN, which equals nothing, as a NaN)."""
-    return (name, value) in seen or (value != value and any(n == name and v != v for n, v in seen))
+    return (name, value) in seen or (math.isnan(value) and any(n == name and math.isnan(v) for n, v in seen))
 
 
 def read_short(name: str, value: float, seen: set[tuple[str, float]]) -> bool:

@@ -3,6 +3,7 @@ as one when any rank fails, patches on every node, leases taken all or none."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -197,4 +198,4 @@ poll_max = 0.3
         assert all(n["status"] == "succeeded" for n in doc["nodes"])
         spans.append((doc["started_at"], doc["ended_at"]))
     spans.sort()
-    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # each point held both hosts alone
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))  # each point held both hosts alone

@@ -26,7 +26,7 @@ class Receiver:
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 outer.attempts += 1
                 if outer.attempts <= outer.fail:
@@ -295,7 +295,7 @@ def test_dead_receiver_never_holds_up_the_run(tmp_path, silent_url):
     assert warnings and warnings[0].startswith(f"notify {silent_url}: ") and "timed out" in warnings[0]
     # the run was already recorded as ended before the notification gave up
     ended = doc["ended_at"]
-    waited = [e["ts"] for e in doc["events"] if e["kind"] == "warning"][0] - ended
+    waited = next(e["ts"] for e in doc["events"] if e["kind"] == "warning") - ended
     assert 0.9 <= waited < 20  # its own 1 s bound, not the default 30 s; how close to 1 s: bench/timeouts.py
 
 

@@ -10,7 +10,6 @@ import pytest
 from orchtest import FAST, Orch, job_cmd
 from safetensors.torch import load_file
 
-
 HOSTS = ["local", "test1"]
 
 
@@ -29,7 +28,7 @@ def test_extract_hidden_states_end_to_end(orch, host):
     tensors = {}
     for shard in manifest["shards"]:
         tensors.update(load_file(out / shard["file"]))
-    sample = sorted(k for k in tensors if k.endswith(".layer1"))[0].removesuffix(".layer1")
+    sample = min(k for k in tensors if k.endswith(".layer1")).removesuffix(".layer1")
     seq = tensors[f"{sample}.input_ids"].shape[0]
     layers = [tensors[f"{sample}.layer{n}"] for n in (1, 3, 5)]
     assert all(t.shape == (seq, manifest["hidden_size"]) for t in layers)

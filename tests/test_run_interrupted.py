@@ -62,7 +62,7 @@ def test_sshd_down_mid_watch_then_back(orch, ssh_fleet_restarts, tmp_path):
     # down longer than the retry policy absorbs: until the watcher has recorded the host unreachable
     orch.wait_for(1, lambda d: "unreachable" in [e["kind"] for e in d["events"]])
     server.start()
-    out, errs = proc.communicate(timeout=120)
+    _, errs = proc.communicate(timeout=120)
     assert proc.returncode == 0, errs
     doc = orch.status(1)
     assert doc["status"] == "succeeded"

@@ -183,8 +183,7 @@ def test_a_plugin_that_fails_to_load_is_named_and_the_run_shown(tmp_path):
 
 def test_the_light_interface_for_tables_offers_the_playbook_interfaces_own_names() -> None:
     """A tables-only package may import either module: the names are the same objects."""
-    import orchestrator.playbook as playbook
-    import orchestrator.run_tables as run_tables
+    from orchestrator import playbook, run_tables
 
     for name in run_tables.__all__:
         assert getattr(run_tables, name) is getattr(playbook, name), name

@@ -20,8 +20,8 @@ from orchtest import FAST, Orch, agent_ops, alive, job_cmd
 from orchestrator import runflow
 from orchestrator.config.hosts import Host
 from orchestrator.config.workspace import Workspace
-from orchestrator.host.hostjobs.leases import ENDING_S
 from orchestrator.host import hostlease, hostprogram
+from orchestrator.host.hostjobs.leases import ENDING_S
 from orchestrator.host.launch import RunPaths
 from orchestrator.host.remote import connect
 from orchestrator.store import Store
@@ -469,7 +469,7 @@ def as_user(user: str, command: str) -> None:
 
 
 def test_two_users_run_side_by_side_on_one_shared_workdir(tmp_path: Path, two_users: Any) -> None:
-    server, base, shared, key, known = two_users
+    shared = two_users[2]
 
     def workspace(user: str) -> Orch:
         return user_workspace(tmp_path, two_users, user)

@@ -157,7 +157,7 @@ def test_a_failed_transition_writes_nothing(tmp_path):
     store = Store(tmp_path / "orch.db")
     rid = store.create_run("command", "local", {})
     with pytest.raises(ValueError):
-        transition(store, rid, Status.PREPARING, **{"status": "x"})
+        transition(store, rid, Status.PREPARING, status="x")
     assert store.get_run(rid).status == "pending"
     assert len(store.events(rid)) == 1
 

@@ -6,8 +6,6 @@ import itertools
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,9 +16,9 @@ from orchtest import Orch, job_cmd, kill_controller, release, stop_background_wa
 from orchestrator import sweep
 from orchestrator.config.hosts import Inventory
 from orchestrator.config.workspace import Workspace
+from orchestrator.errors import UsageError
 from orchestrator.host.remote import connect
 from orchestrator.runflow.starting import HostTake
-from orchestrator.errors import UsageError
 from orchestrator.store import Store, lease
 
 FAST_SPEC = "poll_min = 0.05\npoll_max = 0.3\n"

@@ -19,7 +19,7 @@ from orchestrator.ui.report import sweep_report
 
 JOBS = Path(__file__).parent / "jobs"
 sys.path.insert(0, str(JOBS))
-import surface_job  # noqa: E402
+import surface_job
 
 # Seed 1 of the file (every seed's sequence of proposals is fixed by the records it learns from): the same
 # search over this surface, run in process without pruning, found a point within 4 % of the true best with

@@ -141,17 +141,17 @@ def test_load_time_predicted_from_history(tmp_path, ssh_fleet):
 # Each leaves a process behind in the job's group, as the other ranks of a TP job do when one dies.
 FATAL_LINES = {
     "nccl on one rank": (
-        "printf '%s\\n' '[rank3]: Traceback (most recent call last):' "
-        "'[rank3]:   File \"/opt/train.py\", line 80, in step' '[rank3]:     dist.all_reduce(t)' "
-        "'[rank3]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356, "
-        "unhandled system error'",
+        ("printf '%s\\n' '[rank3]: Traceback (most recent call last):' "
+         "'[rank3]:   File \"/opt/train.py\", line 80, in step' '[rank3]:     dist.all_reduce(t)' "
+         "'[rank3]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356, "
+         "unhandled system error'"),
         "nccl", "torch.distributed.DistBackendError"),
     "uncaught top-level traceback": (
         f"{sys.executable} -c 'import json; json.loads(\"\")'",
         "python_exception", "json.decoder.JSONDecodeError"),
     "vllm engine core died": (
-        "echo '(APIServer pid=7) ERROR 01-15 03:04:09 [core_client.py:564] Engine core proc EngineCore_0 died "
-        "unexpectedly, shutting down client.'",
+        ("echo '(APIServer pid=7) ERROR 01-15 03:04:09 [core_client.py:564] Engine core proc EngineCore_0 died "
+         "unexpectedly, shutting down client.'"),
         "other", None),
 }
 

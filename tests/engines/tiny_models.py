@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 import transformers
 
-
 HIDDEN, LAYERS, HEADS, KV_HEADS = 256, 4, 4, 2
 DRAFT_VOCAB = 128
 AUX_LAYERS = [1, 2, 3]  # the target layers whose hidden states feed the draft

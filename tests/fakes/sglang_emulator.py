@@ -26,9 +26,9 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from collections.abc import Callable
 
 STATE = {"ready": False, "hung": False}
 GATES: dict[str, str] = {}
@@ -134,7 +134,7 @@ def go_unhealthy(server: http.server.HTTPServer | None, mode: str, events: str |
 
 
 class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_GET(self) -> None:
         if self.path in ("/health", "/health_generate"):
             self.send_response(200 if STATE["ready"] and not STATE["hung"] else 503)
             self.end_headers()
@@ -306,7 +306,7 @@ def main() -> None:
     log("Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem=12.10 GB", 0)
     time.sleep(args.capture_time)
     log("Capture target decode CUDA graph end. bs=[1, 2, 4, 8], elapsed=3.21 s, mem usage=1.10 GB, avail mem=11.00 GB.", 0)
-    log("INFO:     Uvicorn running on http://127.0.0.1:%d (Press CTRL+C to quit)" % (args.port or 30000))
+    log(f"INFO:     Uvicorn running on http://127.0.0.1:{args.port or 30000} (Press CTRL+C to quit)")
     STATE["ready"] = True
     log("The server is fired up and ready to roll!")
     mark(args.events, "ready")

@@ -9,7 +9,7 @@ import pytest
 from hostdirs import HostDirs
 from orchtest import in_process
 
-from orchestrator.store import Store, lease
+from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import Status
 

@@ -19,7 +19,7 @@ from orchestrator.config.hosts import local_host
 from orchestrator.config.workspace import Workspace
 from orchestrator.host import agent
 from orchestrator.host.transport import LocalTransport
-from orchestrator.playbook import RunContext, Prepared
+from orchestrator.playbook import Prepared, RunContext
 from orchestrator.store import Store
 from orchestrator.watch import follow
 from playbooks.command import Command, CommandSpec

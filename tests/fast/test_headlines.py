@@ -20,11 +20,11 @@ from orchestrator import sweep
 from orchestrator.cli import render, status
 from orchestrator.config import metricinfo
 from orchestrator.config.hosts import Host
+from orchestrator.config.workspace import Workspace
+from orchestrator.errors import UsageError
 from orchestrator.host.launch import RunPaths
 from orchestrator.playbook import Entry, RunContext, Usage
 from orchestrator.runflow import registry
-from orchestrator.config.workspace import Workspace
-from orchestrator.errors import UsageError
 from orchestrator.store import Store
 from orchestrator.store.lifecycle import transition
 from orchestrator.store.record import RunRecord, Status

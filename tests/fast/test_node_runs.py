@@ -9,8 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from hostdirs import HostDirs
+
 from orchestrator import runflow
 from orchestrator.config.hosts import Inventory
 from orchestrator.config.workspace import Workspace
@@ -225,7 +225,7 @@ def test_a_node_that_ended_well_leaves_the_run_to_its_head(records: Store, monke
 
 def test_the_heads_end_stops_the_other_launched_nodes(records: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     ended = Ended(monkeypatch)
-    head, up, done, never = node_records(records, [True, True, True, False])
+    head, up, done, _never = node_records(records, [True, True, True, False])
     transition(records, done, Status.SUCCEEDED, "exit code 0")
     ending.end_nodes(ending_of(records, head, Status.CANCELLED, "cancelled by user"))  # type: ignore[arg-type]
     assert ended.calls == [(up, "cancelled", "the run ended on its head node (cancelled)")]

@@ -104,7 +104,7 @@ def test_times_a_database_already_holds_out_of_range_read_as_unknown(
     orch = in_process(capsys)
     for args in (["status"], ["status", "--json"], *(["status", str(i)] for i in ids),
                  *(["status", str(i), "--json"] for i in ids)):
-        code, out, err = orch(*args)
+        code, _, err = orch(*args)
         assert code == 0 and "Traceback" not in err, (args, err)
     doc = json.loads(orch("status", str(ids[0]), "--json")[1])
     assert doc["started_at"] is None and doc["duration_s"] is None

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, Dict  # noqa: UP035 - the patched module's own spelling
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,9 +26,9 @@ def patch_function(diff: str) -> str:
 
 def main() -> None:
     logging.basicConfig(format="[%(asctime)s TP0] %(message)s", datefmt="%Y-%m-%d %H:%M:%S", level=logging.INFO)
-    namespace: dict[str, Any] = {"os": os, "torch": torch, "Any": Any, "Dict": Dict,
+    namespace: dict[str, Any] = {"os": os, "torch": torch, "Any": Any, "Dict": dict,
                                  "logger": logging.getLogger("sglang.srt.layers.logits_processor")}
-    exec(patch_function(open(sys.argv[1]).read()), namespace)  # noqa: S102 - the patch's code, as it runs
+    exec(patch_function(Path(sys.argv[1]).read_text()), namespace)  # noqa: S102 - the patch's code, as it runs
     debug = namespace["orch_eagle3_debug"]
     torch.manual_seed(0)
     for step in range(2):

@@ -31,7 +31,7 @@ def crashes(x: float, y: int) -> bool:
 def true_best() -> tuple[float, tuple[float, int, str]]:
     """The best throughput where the job neither crashes nor breaks the latency bound (X in steps of 0.01)."""
     found = (-math.inf, (0.0, 0, ""))
-    for i in range(0, 1001):
+    for i in range(1001):
         x = i / 100
         for y in range(1, 65):
             for kind in KIND_BONUS:
