@@ -198,7 +198,7 @@ def test_a_queued_run_starts_before_a_slow_notify_of_the_previous_run_ends(
         assert not notified.is_set(), "run 2 started only after run 1's notification was sent"
         assert second.refresh().status in (Status.RUNNING, Status.SUCCEEDED)
         done = first.refresh().end_steps
-        assert done[:2] == ["log to end", "patch revert"] and "notify" in done  # claimed, under way
+        assert done[:3] == ["stop", "log to end", "patch revert"] and "notify" in done  # claimed, under way
     finally:
         gate.set()
         ender.join(30)
@@ -286,7 +286,8 @@ def test_an_ended_runs_lease_left_by_a_dead_finisher_goes_once_its_host_shows_th
 
 
 def _claim_then_die(ws: Workspace, run_id: int, status: Status) -> None:
-    """Another process ends the run and claims its first end step, then is killed (SIGKILL) before doing it."""
+    """Another process ends the run and claims its end steps up to the log's last read, then is killed (SIGKILL)
+    before doing them."""
     import os
     import signal
     import subprocess
@@ -297,7 +298,7 @@ def _claim_then_die(ws: Workspace, run_id: int, status: Status) -> None:
             "from orchestrator.store.record import Status\n"
             "s = Store(sys.argv[1]); run_id = int(sys.argv[2])\n"
             "transition(s, run_id, Status(sys.argv[3]), 'ended by a watcher that then died')\n"
-            "assert s.claim_end_step(run_id, 'log to end') == 'claimed'\n"
+            "assert all(s.claim_end_step(run_id, name) == 'claimed' for name in ('stop', 'log to end'))\n"
             "print('claimed', flush=True); time.sleep(300)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(ws.db_path), str(run_id), status.value],
                             stdout=subprocess.PIPE, text=True)
@@ -323,7 +324,7 @@ def test_an_end_step_whose_claimer_died_is_taken_over_by_the_next_finisher(
     run = start(ws, store, receiver, "echo the last line")
     _job_over(run)
     _claim_then_die(ws, run.run_id, Status.SUCCEEDED)
-    assert run.refresh().end_steps == ["log to end"] and run.run_id in [h.run_id for h in lease.held(store)]
+    assert run.refresh().end_steps == ["stop", "log to end"] and run.run_id in [h.run_id for h in lease.held(store)]
     from orchestrator.runflow import ending
 
     def no_wait(seconds: float) -> None:
@@ -335,6 +336,42 @@ def test_an_end_step_whose_claimer_died_is_taken_over_by_the_next_finisher(
     assert "log to end: taken over (whoever had claimed it died before it was done)" in [
         e["message"] for e in store.events(run.run_id) if e["kind"] == "end step"]
     assert run.refresh().end_claims == {} and run.record.last_line == "the last line"
+    assert_ended_once(run, receiver)
+
+
+def test_a_failed_runs_job_left_running_by_a_finisher_that_died_is_stopped_by_the_next(
+        ws: Workspace, store: Store, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run judged failed while its job ran (a fatal line: the job lingers), whose finisher died before the
+    stop: the next finisher takes the stop over, then the rest of the end; its lease is freed."""
+    from orchestrator.runflow import watching
+
+    monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)  # nobody else watches the run
+    run = start(ws, store, receiver, "echo the last line; sleep 300")
+    _claim_then_die(ws, run.run_id, Status.FAILED)
+    job = run.refresh().job
+    assert job is not None and run.executor.poll(run.paths, job, 0, 0).alive
+    runflow.finish(run)
+    assert not run.executor.poll(run.paths, job, 0, 0).alive
+    assert [e["message"] for e in store.events(run.run_id) if e["kind"] == "stopped"] == ["process group: stopped"]
+    assert "stop: taken over (whoever had claimed it died before it was done)" in [
+        e["message"] for e in store.events(run.run_id) if e["kind"] == "end step"]
+    assert run.refresh().status is Status.FAILED and run.record.exit_code is None
+    assert_ended_once(run, receiver)
+
+
+def test_the_lease_probe_stops_a_failed_runs_job_left_running_then_frees_the_host(
+        ws: Workspace, store: Store, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same run found by the lease's probe (the next start on its host): its job still runs, but its end
+    steps would stop it, so it is finished rather than left holding the host."""
+    from orchestrator.runflow import look, watching
+
+    monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)
+    run = start(ws, store, receiver, "sleep 300")
+    _claim_then_die(ws, run.run_id, Status.FAILED)
+    look.probe_orphan(ws, store, run.refresh())
+    job = run.refresh().job
+    assert job is not None and not run.executor.poll(run.paths, job, 0, 0).alive
+    assert run.run_id not in [h.run_id for h in lease.held(store)]
     assert_ended_once(run, receiver)
 
 

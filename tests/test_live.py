@@ -19,6 +19,7 @@ import pytest
 from orchtest import FAST, Orch, job_cmd, reached, release, stop_background_watchers
 
 from orchestrator.logparse import LogParser
+from orchestrator.runflow import END_STEPS
 from orchestrator.store import Store, lease
 
 EMULATOR = Path(__file__).parent / "fakes" / "sglang_emulator.py"
@@ -95,14 +96,14 @@ def test_a_killed_watcher_is_replaced_and_nothing_is_recorded_twice(orch: Orch, 
     replace_the_watcher()
     assert orch.status(run_id)["status"] == "running"
     release(ending)
-    doc = orch.wait_for(run_id, lambda d: d["status"] == "succeeded" and len(d["end_steps"]) == 5, timeout=90)
+    doc = orch.wait_for(run_id, lambda d: d["status"] == "succeeded" and len(d["end_steps"]) == len(END_STEPS), timeout=90)
     phases = [e["message"] for e in doc["events"] if e["kind"] == "phase"]
     parser = LogParser(engine="sglang")  # the whole log read at once: each phase change once
     parser.feed((Path(doc["remote_dir"]) / "log").read_bytes())
     parser.finish(exit_code=0)
     assert phases == parser.phases_passed, phases
     finished = [e["message"] for e in doc["events"] if e["kind"] == "finished"]
-    assert sorted(finished) == sorted(["log to end", "outputs", "log tail", "patch revert", "notify"])
+    assert sorted(finished) == sorted(END_STEPS)
     # every decode line once: none lost, none doubled
     assert doc["metric_summaries"]["gen_throughput"]["samples"] == 40
 

@@ -206,8 +206,8 @@ def _follow(run: Any, until_ready: bool, as_json: bool) -> None:
     """Watch through the run flow, showing its events and a live progress line; Ctrl-C detaches."""
     from rich.live import Live
 
-    from ..watch import follow
     from ..runflow import outcome
+    from ..watch import follow
     from .liveview import PlainProgress, RunView
 
     tty = err.is_terminal

@@ -23,7 +23,7 @@ from ..host.remote import DEFAULT_TIMEOUT_S, Result, Transport, connect, quote
 from ..playbook import Entry, Playbook, RunContext, Usage
 from ..store import Store, runtables
 from ..store.lease import BEFORE_RELEASE
-from ..store.record import KILL_GRACE_S, RunRecord
+from ..store.record import RunRecord
 from . import registry
 from .watching import WatchLock
 
@@ -41,7 +41,6 @@ class WatchOptions:
     engine: str | None = None
     stall_factor: float = 5.0
     on_stall: str = "warn"  # warn | kill | dump
-    kill_grace_s: float = KILL_GRACE_S
     health: HealthCheck | None = None  # a server's endpoint, asked while it is ready; see host/health.py
     give_up_s: float | None = None  # a host silent for this long: the run ends lost
     tables: Sequence[RunTables] = ()  # plugins' tables: their readers read the log, the rows go to them

@@ -68,7 +68,7 @@ def finish(run: Run) -> RunRecord:
 
 def _step(run: Run, name: str) -> None:
     steps: dict[str, Callable[[Run], None]] = {
-        "log to end": read_to_end, "outputs": _collect_outputs, "log tail": _fetch_log_tail,
+        "stop": _stop_lingering, "log to end": read_to_end, "outputs": _collect_outputs, "log tail": _fetch_log_tail,
         "patch revert": _revert_patches, "notify": _notify,
     }
     claim = _claim_step(run.store, run.run_id, name)
@@ -130,6 +130,22 @@ def _release_host(run: Run) -> None:
 def _claim_step(store: Store, run_id: int, name: str) -> str | None:
     """Record that the step runs now (see Store.claim_end_step); None when it already ran (or runs elsewhere)."""
     return store.claim_end_step(run_id, name)
+
+
+def failed_running(record: RunRecord) -> bool:
+    """Whether the run failed while its job ran (a fatal line, a stall acted on, a node's rank): its end
+    steps stop what is left of the job."""
+    return record.status is Status.FAILED and record.exit_code is None and record.job is not None
+
+
+def _stop_lingering(run: Run) -> None:
+    """What is left of a job that failed while running is stopped, provably its own, so its GPUs are freed.
+    An end step, so that a finisher that died midway (the grace is seconds) has it done by the next one."""
+    record = run.record
+    if failed_running(record) and record.job is not None:
+        outcome = run.executor.kill(record.job, KILL_GRACE_S)
+        if outcome != "gone":
+            run.event("stopped", f"process group: {outcome}")
 
 
 def _collect_outputs(run: Run) -> None:

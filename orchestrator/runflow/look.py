@@ -14,7 +14,7 @@ from ..errors import OrchError
 from ..store import Store
 from ..store.record import ACTIVE, RunRecord, Status
 from .context import Run, open_run, watch_options
-from .ending import complete_cancel, finish, settle_orphan
+from .ending import complete_cancel, failed_running, finish, settle_orphan
 from .recorder import Recorder
 
 
@@ -44,9 +44,11 @@ def probe_orphan(ws: Workspace, store: Store, record: RunRecord) -> None:
 
 def finish_if_over(run: Run) -> None:
     """An ended run whose lease outlived whoever was ending it: finished (its lease freed) unless its host
-    shows its job still running — a run that never launched has none."""
+    shows its job still running — a run that never launched has none — and its end steps would not stop it
+    (a run that failed while its job ran, whose stop was never done)."""
     job = run.record.job
-    if job is not None and run.executor.processes:
+    stops_it = failed_running(run.record) and ("stop" not in run.record.end_steps or "stop" in run.record.end_claims)
+    if job is not None and run.executor.processes and not stops_it:
         state = run.executor.poll(run.paths, job, 0, 0)
         if state.alive:  # its record says ended, its host says otherwise: the lease stays
             return

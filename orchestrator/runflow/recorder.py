@@ -59,7 +59,6 @@ class Staged:
     end: tuple[Status, str, dict[str, Any]] | None
     now: float
     done: bool  # the wait is over once this is recorded
-    stop: bool  # ...and the job's processes linger: stop them
 
 
 End = tuple[Status, str, dict[str, Any]]
@@ -109,7 +108,6 @@ class Recorder(Reading):
         self.unreachable_since: float | None = None
         self.fatal_since: float | None = None  # a fatal line was read while the process lived on
         self._wrapper_gone = False
-        self.needs_stop = False
         self.left_queue: float | None = None  # a queued job was seen running: its start
         self.recorded = False
         self._health_due = 0.0  # a server's endpoint is asked at most once per poll_min
@@ -195,9 +193,7 @@ class Recorder(Reading):
                 raise  # the read itself failed on the host: not a passing network fault
             # unreachable, or no answer in time (a link that went dark mid-call): a later look tries again
             return self.lost_touch(exc.reason if isinstance(exc, Unreachable) else str(exc))
-        done = self.absorb(state)
-        self.stop_if_needed()
-        return done
+        return self.absorb(state)
 
     @property
     def mark(self) -> str | None:
@@ -254,7 +250,6 @@ class Recorder(Reading):
         self.recorded = True
         self.offset, self.inode, self.tail = staged.fields["log_offset"], staged.fields["log_inode"], staged.tail
         self.left_queue = None
-        self.needs_stop = staged.stop  # stop_if_needed: the caller decides where the grace is waited
         self.record = self.store.get_run(self.run_id)
         self._recovered()
         if self.on_update:
@@ -266,13 +261,6 @@ class Recorder(Reading):
         (the run then ended lost)."""
         self._note_unreachable(reason)
         return self._given_up(reason)
-
-    def stop_if_needed(self) -> None:
-        """A fatal line or a stall ended the run while its processes linger: stop them, the GPUs are freed."""
-        if self.needs_stop:
-            self.needs_stop = False
-            outcome = self.executor.kill(self.job, self.opts.kill_grace_s)
-            self.store.add_event(self.run_id, "stopped", f"process group: {outcome}")
 
     def _note_unreachable(self, reason: str) -> None:
         if self.unreachable_since is None:
@@ -405,8 +393,7 @@ class Recorder(Reading):
         return Staged(
             expect=self.offset, events=turn.events, samples=self._samples(turn.samples, turn.now),
             rows=p.take_rows(), fields=fields, tail=turn.tail, left_queue=self.left_queue, end=turn.end,
-            now=turn.now, done=bool(turn.end) or self._ready(p),
-            stop=bool(turn.end and turn.end[0] is Status.FAILED and turn.state.alive))
+            now=turn.now, done=bool(turn.end) or self._ready(p))
 
     def _samples(self, samples: list[Metric], now: float) -> list[tuple[str, float, int | None, float | None]]:
         # a benchmark's row: its step is its repeat (1, 2, ...); any other sample's, its log line

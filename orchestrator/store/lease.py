@@ -28,10 +28,11 @@ from .record import RunRecord
 # The probe hands a holder nobody is at work on to the run flow, which ends and releases it if its job is over.
 Probe = Callable[[RunRecord], None]
 
-# The end steps that come before the host's next run: its metrics cover the whole log, and a next run's
-# patches need the install reverted. The run flow releases the lease right after them (see runflow.finish);
-# until then its host holds it for the ended run (host/hostjobs/leases.ENDING_S at most).
-BEFORE_RELEASE = ("log to end", "patch revert")
+# The end steps that come before the host's next run: what lingers of a job that failed while running is
+# stopped, its metrics cover the whole log, and a next run's patches need the install reverted. The run flow
+# releases the lease right after them (see runflow.finish); until then its host holds it for the ended run
+# (host/hostjobs/leases.ENDING_S at most).
+BEFORE_RELEASE = ("stop", "log to end", "patch revert")
 
 
 def steps_before_release_done(store: Store, run: RunRecord) -> bool:

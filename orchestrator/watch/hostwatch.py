@@ -474,19 +474,12 @@ class HostWatcher:
                 self.link.tell("unfollow", key=str(run_id))
             except Unreachable:
                 pass
-        needs_stop = f.watcher.needs_stop
-        self._on_thread(run_id, lambda: self._finish(f, needs_stop))
+        self._on_thread(run_id, lambda: self._finish(f))
 
-    def _finish(self, f: WatchedRun, needs_stop: bool) -> None:
+    def _finish(self, f: WatchedRun) -> None:
         store = Store(self.ws.db_path)
         try:
             w = f.watcher
-            if needs_stop:
-                try:
-                    outcome = w.executor.kill(w.job, w.opts.kill_grace_s)
-                except OrchError as exc:
-                    outcome = f"not stopped: {exc}"
-                store.add_event(w.run_id, "stopped", f"process group: {outcome}")
             await_followers(self.ws, w.run_id)  # a follower runs the end steps itself and shows their outcome
             run = open_run(self.ws, store, w.run_id, self.hosts, any_spec=True)
             finish(run)  # none left to do when the follower did them
