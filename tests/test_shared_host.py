@@ -495,12 +495,12 @@ def test_two_users_run_side_by_side_on_one_shared_workdir(tmp_path: Path, two_us
     assert bob("rm", "2").returncode == 1 and (dir_a / ".orch" / "pid").exists()
     # bob's cancel stops only his own job; alice's runs on
     bob("cancel", str(b), "--grace", "1", check=0)
-    bob.wait_for(b, lambda d: len(d["end_steps"]) == 5, timeout=60)
+    bob.wait_for(b, lambda d: len(d["end_steps"]) == len(runflow.END_STEPS), timeout=60)
     assert bob.status(b)["status"] == "cancelled" and alice.status(a)["status"] == "running"
     assert not (leases / "gpu-1").exists() and (leases / "gpu-0").exists()
     assert bob("rm", str(b)).returncode == 0 and not dir_b.exists() and dir_a.exists()
     alice("cancel", str(a), "--grace", "1", check=0)
-    alice.wait_for(a, lambda d: len(d["end_steps"]) == 5, timeout=60)
+    alice.wait_for(a, lambda d: len(d["end_steps"]) == len(runflow.END_STEPS), timeout=60)
     assert not (leases / "gpu-0").exists()
 
 
