@@ -32,7 +32,7 @@ engine:
 # browser, stay in one process); each worker has its own sshd fleet on loopback addresses of its own.
 # The 30 slowest tests are printed at the end: where the time goes, on every run.
 test: setup system engine
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=30
 
 # In-process tests only; the plugins of the other tests (hypothesis, anyio) cost more to load than these run.
 test-fast: setup
