@@ -28,8 +28,9 @@ system:
 engine:
 	PY=$(PY) .ci/engine-env .engines/vllm
 
-# Two workers, each test file on one of them (a file's module fixtures, the Slurm cluster and the
-# browser, stay in one process); each worker has its own sshd fleet on loopback addresses of its own.
+# Three workers on two cores (much of a test is waiting on hosts and processes), each test file on one of
+# them (a file's module fixtures, the Slurm cluster and the browser, stay in one process); each worker has
+# its own sshd fleet on loopback addresses of its own.
 # The 30 slowest tests are printed at the end: where the time goes, on every run.
 test: setup system engine
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=30
