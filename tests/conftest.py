@@ -174,11 +174,11 @@ def net_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[in
 # ---------------------------------------------------------------------------------------------------
 # The real vLLM (tests/test_vllm_*.py): one worker runs every file of it, so one server serves at a time
 # (each takes about 2 GiB and pins a core; starts that only fail are launched together, test_vllm_real.py)
-# while the other worker goes on with the rest. It is the longest unit of work by far (about a third of the
+# while the other workers go on with the rest. It is the longest unit of work by far (about a third of the
 # suite's time in few tests), so it goes out first: xdist hands out files by their number of tests, which
-# would start it last and leave one worker idle while the other runs it alone. The files next in length go
+# would start it last and leave the other workers idle while one runs it alone. The files next in length go
 # out right after it, longest first: a file of few slow tests handed out last would be the end of the run
-# for one worker while the other has nothing left to do.
+# for one worker while the others have nothing left to do.
 # ---------------------------------------------------------------------------------------------------
 
 REAL_ENGINE = "the real vLLM"
