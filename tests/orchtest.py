@@ -211,6 +211,13 @@ class Orch:
             time.sleep(0.1)
         raise AssertionError(f"run {run_id} never reached the expected state: {doc}")
 
+    def wait_finished(self, run_id: int, timeout: float = 120) -> dict:
+        """The run once every end step has begun: those before its release are over by then (the stop of what
+        lingered of its job, the log's last read, the patch revert), the lease freed."""
+        from orchestrator.runflow import END_STEPS
+
+        return self.wait_for(run_id, lambda d: set(d["end_steps"]) >= set(END_STEPS), timeout)
+
     @property
     def db(self) -> Path:
         return self.root / "runs" / "orch.db"

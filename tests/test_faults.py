@@ -365,7 +365,7 @@ def test_two_workspaces_on_one_workdir_never_hold_the_same_gpus(tmp_path: Path, 
     leases = Path(shared) / "leases"
     assert sorted(p.name for p in leases.iterdir() if not p.name.startswith(".")) == ["gpu-0"]  # b's freed
     a("cancel", str(held), "--grace", "1", check=0)
-    a.wait_for(held, lambda d: len(d["end_steps"]) == len(runflow.END_STEPS), timeout=60)
+    a.wait_finished(held, timeout=60)
     assert not (leases / "gpu-0").exists()
     assert b("run", "command", "--host", "test1", *FAST, "--set", "gpus=[0]", "--set", "cmd=true").returncode == 0
 

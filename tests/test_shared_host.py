@@ -202,7 +202,7 @@ def test_another_workspaces_run_is_refused_before_a_run_is_made_and_waited_for_w
             queued.wait()
     assert queued.returncode == 0, err
     assert a.status(held)["status"] == "succeeded" and b.status(1)["status"] == "succeeded"
-    b.wait_for(1, lambda d: len(d["end_steps"]) == len(runflow.END_STEPS), timeout=60)
+    b.wait_finished(1, timeout=60)
     assert not (shared / "leases" / "gpu-0").exists()
 
 
@@ -495,12 +495,12 @@ def test_two_users_run_side_by_side_on_one_shared_workdir(tmp_path: Path, two_us
     assert bob("rm", "2").returncode == 1 and (dir_a / ".orch" / "pid").exists()
     # bob's cancel stops only his own job; alice's runs on
     bob("cancel", str(b), "--grace", "1", check=0)
-    bob.wait_for(b, lambda d: len(d["end_steps"]) == len(runflow.END_STEPS), timeout=60)
+    bob.wait_finished(b, timeout=60)
     assert bob.status(b)["status"] == "cancelled" and alice.status(a)["status"] == "running"
     assert not (leases / "gpu-1").exists() and (leases / "gpu-0").exists()
     assert bob("rm", str(b)).returncode == 0 and not dir_b.exists() and dir_a.exists()
     alice("cancel", str(a), "--grace", "1", check=0)
-    alice.wait_for(a, lambda d: len(d["end_steps"]) == len(runflow.END_STEPS), timeout=60)
+    alice.wait_finished(a, timeout=60)
     assert not (leases / "gpu-0").exists()
 
 
@@ -519,7 +519,7 @@ def test_a_run_whose_host_or_playbook_is_gone_can_be_ended_and_removed(tmp_path:
         db.execute("UPDATE runs SET playbook = 'gone-plugin' WHERE id = ?", (second,))
     res = a("cancel", str(second), "--grace", "1")
     assert res.returncode == 0 and a.status(second)["status"] == "cancelled", res.stderr
-    a.wait_for(second, lambda d: len(d["end_steps"]) == len(runflow.END_STEPS), timeout=60)
+    a.wait_finished(second, timeout=60)
     assert not alive(pids[1])
     (a.root / "hosts.toml").write_text("")  # test1 removed from the inventory
     res = a("cancel", str(first))

@@ -71,7 +71,8 @@ def over_time(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -
         try:
             deadline = time.time() + 60
             while not (o.db.exists() and any(r["job_id"] for r in o.status())):
-                assert time.time() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                assert time.time() < deadline, "the run's job got no Slurm job id within 60 s"
                 time.sleep(0.1)
             yield OverTime(o, proc, int(o.status(1)["job_id"]))
         finally:

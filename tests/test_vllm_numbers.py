@@ -27,8 +27,6 @@ from orchtest import Orch, processes_of
 from sshd import free_port
 from test_notify import Receiver
 
-from orchestrator.runflow import END_STEPS
-
 pytest_plugins = ["vllm_env"]  # tiny_models
 pytestmark = pytest.mark.vllm
 
@@ -297,6 +295,6 @@ def test_a_killed_engine_core_of_a_server_that_served_is_named_and_its_patch_set
     # orch's diagnosis, not vLLM's words: a kill from outside, and where to look for who sent it
     assert error["kind"] == "killed" and "dmesg" in (error.get("hint") or ""), error
     # what lingered of the server stopped, then the end steps: the patch set reverted
-    doc = orch.wait_for(run, lambda d: set(d["end_steps"]) >= set(END_STEPS), timeout=120)
+    doc = orch.wait_finished(run)
     assert doc["receipt"]["patches"][0]["reverted"] is True
     assert processes_of(night.root, str(night.python)) == []

@@ -18,8 +18,6 @@ import pytest
 from orchtest import Orch, processes_of
 from sshd import free_port
 
-from orchestrator.runflow import END_STEPS
-
 pytest_plugins = ["vllm_env"]  # tiny_models
 pytestmark = pytest.mark.vllm
 
@@ -120,13 +118,8 @@ def launched(models: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -
                 if orch.status(run)["status"] in ("running", "launching", "preparing"):
                     orch("stop", str(run), "--grace", "10")
             for orch, run in runs.values():  # their watchers stop what lingers, then end: never killed midway
-                finished(orch, run)
+                orch.wait_finished(run)
             stop_background_watchers(home)
-
-
-def finished(orch: Orch, run: int) -> dict:
-    """The run once its end steps are all done (the stop of what lingered of its job comes before them)."""
-    return orch.wait_for(run, lambda d: set(d["end_steps"]) >= set(END_STEPS), timeout=120)
 
 
 @pytest.mark.parametrize("case", FAILURES)
@@ -135,7 +128,7 @@ def test_startup_failures_name_their_cause(launched, case):
     doc = orch.wait_for(run, lambda d: d["status"] not in ("running", "launching", "preparing"), timeout=START_S)
     assert doc["status"] == "failed", doc
     # nothing of the server outlives its failed start (vLLM's API server can hang on an engine core that died)
-    finished(orch, run)
+    orch.wait_finished(run)
     assert processes_of(orch.root, "vllm") == []
     error = doc["error"]
     said = f"{error['message']} {error.get('hint') or ''}".lower()

@@ -135,15 +135,15 @@ def _claim_step(store: Store, run_id: int, name: str) -> str | None:
 def failed_running(record: RunRecord) -> bool:
     """Whether the run failed while its job ran (a fatal line, a stall acted on, a node's rank): its end
     steps stop what is left of the job."""
-    return record.status is Status.FAILED and record.exit_code is None and record.job is not None
+    return record.status is Status.FAILED and record.exit_code is None and record.launched
 
 
 def _stop_lingering(run: Run) -> None:
     """What is left of a job that failed while running is stopped, provably its own, so its GPUs are freed.
     An end step, so that a finisher that died midway (the grace is seconds) has it done by the next one."""
-    record = run.record
-    if failed_running(record) and record.job is not None:
-        outcome = run.executor.kill(record.job, KILL_GRACE_S)
+    job = run.record.job
+    if job is not None and failed_running(run.record):
+        outcome = run.executor.kill(job, KILL_GRACE_S)
         if outcome != "gone":
             run.event("stopped", f"process group: {outcome}")
 
