@@ -420,3 +420,35 @@ def test_a_cancelling_runs_job_seen_gone_ends_the_run_as_decided_not_failed_or_l
     record = run.refresh()
     assert (record.status, record.reason) == (Status.CANCELLED, "cancelled by user")
     assert_ended_once(run, receiver)
+
+
+def test_two_processes_completing_one_cancel_stop_its_job_once(
+        ws: Workspace, store: Store, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The canceller and the host's watcher (which reconnected meanwhile) complete one run's cancel at once:
+    one signals the job and records the stop, the other waits for it and finds the run ended."""
+    from orchestrator.runflow import ending, watching
+
+    monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)
+    run = start(ws, store, receiver, "echo up; trap 'sleep 3; exit 0' TERM; sleep 300 & wait")
+    transition(store, run.run_id, Status.CANCELLING, "cancelled by user", reason="cancelled by user",
+               ending_as=Status.CANCELLED.value)
+    outcomes: list[str] = []
+    both = threading.Barrier(2)
+
+    def complete() -> None:
+        mine = Store(ws.db_path)
+        try:
+            both.wait()
+            outcomes.append(ending.complete_cancel(runflow.open_run(ws, mine, run.run_id), 20.0, look_first=False))
+        finally:
+            mine.close()
+
+    threads = [threading.Thread(target=complete) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(outcomes) == ["stopped", "stopped by another orch process"], outcomes
+    assert [e["message"] for e in store.events(run.run_id) if e["kind"] == "stopped"] == ["process group: stopped"]
+    assert run.refresh().status is Status.CANCELLED
+    assert_ended_once(run, receiver)

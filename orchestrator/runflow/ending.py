@@ -252,19 +252,42 @@ def complete_cancel(run: Run, grace_s: float = KILL_GRACE_S, look_first: bool = 
     if silent is not None:
         return _still_cancelling(run, f"host {record.host} does not answer (it has not answered for "
                                       f"{max(0.0, time.time() - silent):.0f} s)")
+    # The stop is the end step `stop`, claimed: of two completers (the canceller, and the host's watcher that
+    # reconnected meanwhile) one signals the job and records it; the other leaves it to that one.
+    if _claim_step(run.store, run.run_id, "stop") is None:
+        return _await_stop_elsewhere(run, grace_s)
     try:
         outcome = run.executor.kill(record.job, grace_s)
-    except Unreachable as exc:
-        return _still_cancelling(run, f"host {record.host} does not answer ({exc.reason})")
-    except OrchError as exc:  # its agent could not say the job stopped: no end is recorded on a guess
-        return _still_cancelling(run, f"the stop failed on host {record.host}: {exc}")
+    except (Unreachable, OrchError) as exc:  # its agent could not say the job stopped: no end on a guess
+        run.store.unclaim_end_step(run.run_id, "stop")  # the next try (its watcher's, once it answers) does it
+        return _still_cancelling(run, f"host {record.host} does not answer ({exc.reason})"
+                                 if isinstance(exc, Unreachable) else f"the stop failed on host {record.host}: {exc}")
     run.event("stopped", f"process group: {outcome}")
+    run.event("finished", "stop")
+    run.store.end_step_over(run.run_id, "stop")
     try:
         transition(run.store, run.run_id, Status(record.ending_as or Status.CANCELLED), record.reason or "cancelled")
     except TransitionError:
         pass  # its watcher saw the job end first, and recorded it as decided
     finish(run)
     return outcome
+
+
+def _await_stop_elsewhere(run: Run, grace_s: float) -> str:
+    """Another process has the cancelled run's stop: until it ended the run (then finished here too, as any
+    finisher awaits the others' steps) or gave up (the run stays cancelling); taken over if it died."""
+    deadline = time.monotonic() + grace_s + STEPS_ELSEWHERE_S
+    while time.monotonic() < deadline:
+        record = run.refresh()
+        if record.status.terminal:
+            finish(run)
+            return "stopped by another orch process"
+        if record.status is not Status.CANCELLING or "stop" not in record.end_steps:
+            return f"not stopped by another orch process: the run is {record.status.value}"
+        if "stop" in record.end_claims and not claim_alive(record.end_claims["stop"]):
+            return complete_cancel(run, grace_s, look_first=False)  # its claimer died midway: taken over
+        time.sleep(STEP_LOOK_S)
+    return "still being stopped by another orch process"
 
 
 def _still_cancelling(run: Run, why: str) -> str:

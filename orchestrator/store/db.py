@@ -329,6 +329,15 @@ class Store:
             if under_way.pop(step, None) is not None:
                 self.update_run(run_id, end_claims=under_way)
 
+    def unclaim_end_step(self, run_id: int, step: str) -> None:
+        """The step's claimer could not do it (its host did not answer): it is to be done again, by anyone."""
+        with self.tx() as c:
+            steps, claims = c.execute("SELECT end_steps, end_claims FROM runs WHERE id = ?", (run_id,)).fetchone()
+            under_way = _claims(claims)
+            under_way.pop(step, None)
+            self.update_run(run_id, end_steps=[s for s in (load_json(steps) if steps else []) if s != step],
+                            end_claims=under_way)
+
     def abandoned_ends(self, host: str | None = None) -> list[RunRecord]:
         """Ended runs with an end step whose claimer died before it was over (oldest first)."""
         sql = "SELECT * FROM runs WHERE end_claims IS NOT NULL AND end_claims NOT IN ('', '{}')"
