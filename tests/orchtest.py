@@ -21,6 +21,7 @@ from orchestrator.cli import render
 TESTS = Path(__file__).parent
 JOB = TESTS / "jobs" / "progress_job.py"
 FAST = ["--set", "poll_min=0.05", "--set", "poll_max=0.3"]
+ASK_AGAIN_S = 1.0  # Orch.wait_for asks `orch status` at least this often, the database changed or not
 
 # The commands `Orch` runs in the test's own process (an interpreter start costs more than most of them):
 # those that return promptly, and those that start, follow or end a run (run, rerun, watch, cancel, stop):
@@ -72,6 +73,12 @@ def _replace_consoles(replacing: dict[int, Any]) -> None:
                 setattr(module, name, replacing[id(now)])
 
 
+# The process state's entry-point scans (orchestrator/state.py), kept from one call in this process to the next:
+# each scan reads every installed package's metadata, the most of what a short command costs here.
+SCANS = ("playbook_targets", "run_table_targets")
+_SCANNED: dict[str, Any] = {}
+
+
 @contextlib.contextmanager
 def _as_a_new_process(env: dict[str, str]) -> Iterator[tuple[io.TextIOWrapper, io.TextIOWrapper]]:
     """What a call in this process must find as a new interpreter would: the Orch's environment, stdout and
@@ -91,8 +98,15 @@ def _as_a_new_process(env: dict[str, str]) -> Iterator[tuple[io.TextIOWrapper, i
     fresh = render.consoles()  # made now: this environment, these streams
     _replace_consoles({id(old): new for old, new in zip(IMPORTED_CONSOLES, fresh)})
     try:
-        with state.fresh():
-            yield stdout, stderr
+        with state.fresh() as held:
+            # what a scan of the installed packages found: this interpreter's packages never change under it
+            # (a test that installs one sets PYTHONPATH, which only a new interpreter runs with)
+            for name, found in _SCANNED.items():
+                setattr(held, name, found)
+            try:
+                yield stdout, stderr
+            finally:
+                _SCANNED.update({name: getattr(held, name) for name in SCANS if getattr(held, name) is not None})
     finally:
         _replace_consoles({id(new): old for old, new in zip(IMPORTED_CONSOLES, fresh)})
         sys.stdout, sys.stderr = saved_streams
@@ -203,13 +217,32 @@ class Orch:
         return json.loads(self(*args, check=0).stdout)
 
     def wait_for(self, run_id: int, predicate: Any, timeout: float = 60) -> dict:
+        """`orch status RUN` until `predicate` holds of it. Looked at every 0.1 s, but asked again only once the
+        database changed, or ASK_AGAIN_S after it was last asked (for what status shows beside the database, and
+        what asking does: a dead watcher replaced). A call costs tens of milliseconds of CPU; a look, two stats."""
         deadline = time.time() + timeout
-        while time.time() < deadline:
-            doc = self.status(run_id)
-            if predicate(doc):
-                return doc
+        seen, asked, doc = None, 0.0, None
+        while True:
+            now, stamp = time.time(), self._db_stamp()
+            if stamp != seen or now - asked >= ASK_AGAIN_S:
+                seen, asked = stamp, now  # taken before asking: a change during the call is asked about next
+                doc = self.status(run_id)
+                if predicate(doc):
+                    return doc
+            if now >= deadline:
+                raise AssertionError(f"run {run_id} never reached the expected state: {doc}")
             time.sleep(0.1)
-        raise AssertionError(f"run {run_id} never reached the expected state: {doc}")
+
+    def _db_stamp(self) -> tuple[tuple[int, int], ...]:
+        """When the database and its write-ahead log last changed, and their sizes: a commit changes one."""
+        stamps = []
+        for path in (self.db, self.db.with_name(self.db.name + "-wal")):
+            try:
+                st = path.stat()
+                stamps.append((st.st_mtime_ns, st.st_size))
+            except OSError:
+                stamps.append((0, 0))
+        return tuple(stamps)
 
     def wait_finished(self, run_id: int, timeout: float = 120) -> dict:
         """The run once every end step has begun: those before its release are over by then (the stop of what

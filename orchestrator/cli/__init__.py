@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import typer
@@ -13,13 +14,19 @@ from .app import app
 from .render import err
 
 
+@functools.cache
+def _command() -> typer.core.TyperGroup:
+    """The click command Typer builds from the app: once per process, however many commands it runs."""
+    return typer.main.get_command(app)  # type: ignore[return-value]
+
+
 def main(argv: list[str] | None = None) -> None:
     """Exit codes in one place: 0 ok, 1 the run failed or an operation failed, 2 bad input.
 
     Typer's standalone mode already maps usage errors to 2 and typer.Exit to its code; OrchErrors
     become one message without a traceback; anything else is a bug and keeps its traceback.
     """
-    command = typer.main.get_command(app)
+    command = _command()
     args = sys.argv[1:] if argv is None else argv
     session.current().quiet_retries = "--json" in args
     for n, arg in enumerate(args, 1):  # names, notes, specs and paths are kept as UTF-8 text
