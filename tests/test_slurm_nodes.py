@@ -80,7 +80,10 @@ def test_a_node_that_fails_ends_the_job_and_the_run_fails(orch, cluster):
     assert doc["status"] == "failed" and doc["exit_code"] in (143, None), doc
     log = orch("logs", "1", check=0).stdout
     assert "1: rank 1 gives up" in log and "srun: error: node1: task 1: Exited with exit code 3" in log
-    assert "0: Terminated" in log.splitlines() or "CANCELLED" in log
+    # rank 0 ended by the step's end: its shell's own word (forwarded with its label) when its sleep got the
+    # SIGTERM first, srun's when the shell did, or the cancellation's
+    stopped = ("0: Terminated", "srun: error: node0: task 0: Terminated")
+    assert any(line in stopped for line in log.splitlines()) or "CANCELLED" in log, log
 
 
 def test_the_head_moves_past_a_rendezvous_port_already_taken(orch, cluster):
