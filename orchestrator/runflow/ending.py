@@ -260,8 +260,9 @@ def complete_cancel(run: Run, grace_s: float = KILL_GRACE_S, look_first: bool = 
         outcome = run.executor.kill(record.job, grace_s)
     except (Unreachable, OrchError) as exc:  # its agent could not say the job stopped: no end on a guess
         run.store.unclaim_end_step(run.run_id, "stop")  # the next try (its watcher's, once it answers) does it
-        return _still_cancelling(run, f"host {record.host} does not answer ({exc.reason})"
-                                 if isinstance(exc, Unreachable) else f"the stop failed on host {record.host}: {exc}")
+        why = (f"host {record.host} does not answer ({exc.reason})" if isinstance(exc, Unreachable)
+               else f"the stop failed on host {record.host}: {exc}")
+        return _still_cancelling(run, why)
     run.event("stopped", f"process group: {outcome}")
     run.event("finished", "stop")
     run.store.end_step_over(run.run_id, "stop")
