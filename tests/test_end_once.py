@@ -223,35 +223,47 @@ def cancel_elsewhere(ws: Workspace, run_id: int) -> threading.Thread:
 
 def test_the_next_run_waits_for_the_patch_revert(ws: Workspace, store: Store, receiver: Receiver,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """An ended run whose patches are being reverted still holds its host: a next run's patches need the
-    install as it was."""
-    from orchestrator.runflow import ending, watching
-    from orchestrator.store import lease
+    """An ended run whose patches are being reverted still holds its host (a next run's patches need the
+    install as it was): a next start waits for its end steps, without --queue, rather than refuse it."""
+    from orchestrator.runflow import ending, starting, watching
 
     monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)  # this test alone ends run 1
-    reverting, gate = threading.Event(), threading.Event()
-    real_revert = ending._revert_patches
+    reverting, gate, held = threading.Event(), threading.Event(), threading.Event()
+    real_revert, real_ending = ending._revert_patches, starting.ending
 
     def slow_revert(run: runflow.Run) -> None:
         reverting.set()
         gate.wait(20)
         real_revert(run)
 
+    def seen_ending(busy: starting.Waiting, asked: float) -> bool:
+        waits = real_ending(busy, asked)
+        if waits:
+            held.set()
+        return waits
+
     monkeypatch.setattr(ending, "_revert_patches", slow_revert)
+    monkeypatch.setattr(starting, "ending", seen_ending)
     first = start(ws, store, receiver, "sleep 30")
 
     ender = cancel_elsewhere(ws, first.run_id)
     spec = CommandSpec(cmd="true", **FAST)
+    got: list[object] = []
+    starter = threading.Thread(target=lambda: got.append(
+        runflow.start(ws, store, registry.playbook("command"), spec, local_host(ws.root))))
     try:
         assert reverting.wait(20), "run 1's patch revert never began"
         assert first.refresh().status is Status.CANCELLED
-        with pytest.raises(lease.Busy, match=f"run {first.run_id}"):
-            runflow.start(ws, store, registry.playbook("command"), spec, local_host(ws.root))
+        starter.start()
+        assert held.wait(20), "the next start was not held by run 1's end steps"
+        assert not got  # the revert is held back: the host is still run 1's
     finally:
         gate.set()
         ender.join(30)
-    second = runflow.start(ws, store, registry.playbook("command"), spec, local_host(ws.root))
-    assert second.run_id != first.run_id and first.refresh().end_steps == list(runflow.END_STEPS)
+    starter.join(60)
+    [second] = got
+    assert isinstance(second, runflow.Run) and second.run_id != first.run_id
+    assert first.refresh().end_steps == list(runflow.END_STEPS)
 
 
 def test_an_ended_runs_lease_left_by_a_dead_finisher_goes_once_its_host_shows_the_job_over(

@@ -50,8 +50,10 @@ def steps_before_release_done(store: Store, run: RunRecord) -> bool:
 class Busy(OrchError):
     """The host or GPU set is held by another run."""
 
-    def __init__(self, lease: Lease, holder: RunRecord | None = None, controller_gone: bool = False):
+    def __init__(self, lease: Lease, holder: RunRecord | None = None, controller_gone: bool = False,
+                 ending: bool = False):
         self.lease = lease
+        self.ending = ending  # the holder has ended and a live process runs its end steps, which free the host
         # a node of a run across hosts holds its own host: named as its run (the head), what a person acts on
         run_id = holder.parent_id if holder is not None and holder.parent_id is not None else lease.run_id
         who = f"pid {lease.controller.pid} on {lease.controller.hostname}"
@@ -188,7 +190,7 @@ def _judge(store: Store, refusal: HeldByRun, gpus: list[int] | None, poll_max: f
     taken = remembered[0] if remembered else _unknown(refusal, gpus, poll_max, run)
     alive = holder_alive(taken, run)
     if run.status.terminal:
-        return Busy(taken, run), steps_before_release_done(store, run) or not alive
+        return Busy(taken, run, ending=alive), steps_before_release_done(store, run) or not alive
     return Busy(taken, run, controller_gone=not alive), not alive
 
 
