@@ -28,12 +28,13 @@ system:
 engine:
 	PY=$(PY) .ci/engine-env .engines/vllm
 
-# Three workers on two cores (much of a test is waiting on hosts and processes), each test file on one of
-# them (a file's module fixtures, the Slurm cluster and the browser, stay in one process); each worker has
-# its own sshd fleet on loopback addresses of its own.
+# Four workers on two cores (much of a test is waiting on hosts and processes: with three, a quarter of the
+# CPU was idle in the suite's second half), each test file on one of them (a file's module fixtures, the
+# Slurm cluster and the browser, stay in one process); each worker has its own sshd fleet on loopback
+# addresses of its own.
 # The 30 slowest tests are printed at the end: where the time goes, on every run.
 test: setup system engine
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=30
+	$(BIN)/python -m pytest -q -n 4 --dist loadfile --durations=30
 
 # In-process tests only; the plugins of the other tests (hypothesis, anyio) cost more to load than these run.
 test-fast: setup

@@ -172,16 +172,19 @@ def net_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[in
 
 
 # ---------------------------------------------------------------------------------------------------
-# The real vLLM (tests/test_vllm_*.py): one worker runs every file of it, so one server serves at a time
-# (each takes about 2 GiB and pins a core; starts that only fail are launched together, test_vllm_real.py)
-# while the other workers go on with the rest. It is the longest unit of work by far (about a third of the
-# suite's time in few tests), so it goes out first: xdist hands out files by their number of tests, which
-# would start it last and leave the other workers idle while one runs it alone. The files next in length go
-# out right after it, longest first: a file of few slow tests handed out last would be the end of the run
-# for one worker while the others have nothing left to do.
+# The real vLLM (tests/test_vllm_*.py) runs in two units of work, each on one worker: one server serves at a
+# time in each (a server takes about 2 GiB and a core; starts that only fail are launched together,
+# test_vllm_real.py). They are the longest units by far (about half of the suite's CPU in few tests), so they
+# go out first: xdist hands out files by their number of tests, which would start them last and leave the
+# other workers idle while one runs them alone. The files next in length go out right after them, longest
+# first: a file of few slow tests handed out last would be the end of the run for one worker while the
+# others have nothing left to do.
 # ---------------------------------------------------------------------------------------------------
 
-REAL_ENGINE = "the real vLLM"
+# the two units, of about the same length: the servers that serve benchmarks or fail to start; the rest (the
+# EAGLE-3 loop, the speculators extraction, the patch probes, any new file)
+SERVING, LOOP = "the real vLLM serving", "the real vLLM loop"
+SERVING_FILES = ("test_vllm_numbers.py", "test_vllm_real.py")
 # Each of these takes a minute or more of one worker (Slurm's whole-minute time limit, a browser, hosts gone
 # dark, sweeps and searches over real hosts), longest first; a file missing here only goes out later.
 LONGEST_FIRST = ("test_slurm.py", "test_faults.py", "test_ui.py", "test_sweep.py", "test_sweep_search.py",
@@ -194,16 +197,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    class RealEngineInOneWorkerFirst(LoadFileScheduling):
+    class RealEngineFirst(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
-            return REAL_ENGINE if Path(scope).name.startswith("test_vllm_") else scope
+            name = Path(scope).name
+            if not name.startswith("test_vllm_"):
+                return scope
+            return SERVING if name in SERVING_FILES else LOOP
 
         def _assign_work_unit(self, node: Any) -> None:
             first = {Path(scope).name: scope for scope in self.workqueue}
-            for name in reversed((REAL_ENGINE, *LONGEST_FIRST)):
+            for name in reversed((SERVING, LOOP, *LONGEST_FIRST)):
                 if name in first:
                     self.workqueue.move_to_end(first[name], last=False)
             super()._assign_work_unit(node)
 
-    return RealEngineInOneWorkerFirst(config, log)
+    return RealEngineFirst(config, log)

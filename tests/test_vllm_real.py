@@ -1,11 +1,11 @@
 """The real vLLM (its CPU build, `make engine`) under orch on this machine's `local` host.
 
 Nothing here stands in for the engine: tiny models made on the fly (tests/engines/tiny_models.py), real
-servers, real benchmarks, real failures. One worker runs every tests/test_vllm_* file (tests/conftest.py), so
-one server serves at a time (the starts that only fail are launched together: each is mostly Python imports on
-one core); every server gets a KV size (without one vLLM takes nearly all the memory), `--enforce-eager` and
-loopback. A server that serves benchmarks, its own stats, a clean stop and a killed engine core:
-tests/test_vllm_numbers.py, whose servers also serve the nightly benchmarks.
+servers, real benchmarks, real failures. One worker runs this file and tests/test_vllm_numbers.py
+(tests/conftest.py), so one of their servers serves at a time (the starts that only fail are launched together:
+each is mostly Python imports on one core); every server gets a KV size (without one vLLM takes nearly all the
+memory), `--enforce-eager` and loopback. A server that serves benchmarks, its own stats, a clean stop and a
+killed engine core: tests/test_vllm_numbers.py, whose servers also serve the nightly benchmarks.
 """
 
 from __future__ import annotations
