@@ -24,15 +24,15 @@ FAST = ["--set", "poll_min=0.05", "--set", "poll_max=0.3"]
 ASK_AGAIN_S = 1.0  # Orch.wait_for asks `orch status` at least this often, the database changed or not
 
 # The commands `Orch` runs in the test's own process (an interpreter start costs more than most of them):
-# those that return promptly, and those that start, follow or end a run (run, rerun, watch, cancel, stop):
-# a host's watcher, the only process that ends a launched run, is always a process of its own
+# those that return promptly, and those that start, follow or end runs (run, rerun, watch, cancel, stop, sweep
+# run): a host's watcher, the only process that ends a launched run, is always a process of its own
 # (runflow/watching.py starts it), so a run started here is watched as a user's is. The test's process
 # stands for the command's while it runs (the run's starter, its lease's holder); a test of what happens
 # when that process dies or gets a signal starts it with `Orch.spawn` (or `new_process=True`). Any command
 # line these do not name gets an interpreter of its own.
 IN_PROCESS = {"status", "inspect-log", "compare", "logs", "pull", "hosts", "gpus", "playbooks", "note", "tag",
               "rm", "gc", "patch", "run", "rerun", "watch", "cancel", "stop"}
-IN_PROCESS_SUBCOMMANDS = {"sweep": {"status", "report"}, "cron": {"list", "install", "remove"}}
+IN_PROCESS_SUBCOMMANDS = {"sweep": {"run", "status", "report"}, "cron": {"list", "install", "remove"}}
 # In a process of their own all the same: `orch logs -f` follows the job until it ends; `orch status
 # --refresh` polls the runs, and a poll names its process as the run's watcher (alive, as long as the
 # tests run, where the command's own process would be gone); `--background` is a watcher, which runs until

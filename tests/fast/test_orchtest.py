@@ -18,11 +18,12 @@ from orchestrator.host import session
 def test_which_commands_run_in_process() -> None:
     assert runs_in_process(("status", "--json")) and runs_in_process(("--hosts", "h.toml", "logs", "3"))
     assert runs_in_process(("sweep", "status")) and runs_in_process(("cron", "list"))
+    assert runs_in_process(("sweep", "run", "s.toml"))
     assert runs_in_process(("cron", "install", "s.toml")) and runs_in_process(("cron", "remove", "1"))
     for args in (("run", "command", "--detach"), ("rerun", "1"), ("watch", "1"), ("cancel", "1"), ("stop", "1")):
         assert runs_in_process(args), args  # a run's watcher is a process of its own all the same
     for args in (("watch", "1", "--background"), ("logs", "3", "-f"), ("status", "--refresh"),
-                 ("sweep", "run", "s.toml"), ("cron", "fire", "1", "s.toml"), ("ssh", "1"), ("ui",), ("--version",), ()):
+                 ("cron", "fire", "1", "s.toml"), ("ssh", "1"), ("ui",), ("--version",), ()):
         assert not runs_in_process(args), args
 
 
