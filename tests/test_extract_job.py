@@ -13,12 +13,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-safetensors_torch = pytest.importorskip("safetensors.torch")
+if TYPE_CHECKING:  # imported where used: every worker collects this file, one runs it
+    import torch
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "playbooks" / "jobs" / "extract_hidden_states.py"
@@ -60,6 +60,8 @@ def load_job_module():
 
 
 def load_all_shards(out_dir: Path, manifest: dict) -> dict[str, torch.Tensor]:
+    from safetensors import torch as safetensors_torch
+
     tensors: dict[str, torch.Tensor] = {}
     for shard in manifest["shards"]:
         path = out_dir / shard["file"]
@@ -72,6 +74,9 @@ def load_all_shards(out_dir: Path, manifest: dict) -> dict[str, torch.Tensor]:
 
 def check_output(run: RunRecord, prompts: list[str], layers: list[int], model_dir: Path) -> dict:
     """Common checks: manifest, shapes, tokens and the hidden states themselves."""
+    import torch
+    import transformers
+
     assert run.returncode == 0, run.stderr
     manifest = json.loads((run.out_dir / "manifest.json").read_text())
     assert manifest["layers"] == layers
@@ -184,6 +189,8 @@ def test_jsonl_dataset_written_by_test(tmp_path: Path):
 
 def save_small_gpt2(model_dir: Path, words: list[str]) -> None:
     """A GPT-2 shaped model with a word-level tokenizer that has no pad token."""
+    import torch
+    import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     vocab = {"<|endoftext|>": 0, "[UNK]": 1}
