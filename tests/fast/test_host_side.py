@@ -131,3 +131,25 @@ def test_the_agent_starts_its_wrappers_through_orchs_own_bootstrap(monkeypatch) 
     monkeypatch.delattr(jobs, "ORCH_ARCHIVE")
     assert jobs.self_command("wrap") == [sys.executable, "-I", "-c", hostprogram.SOURCES_RUN, hostprogram.TOP, "wrap"]
     assert jobs.own_digest() == hostprogram.digest()
+
+
+def test_a_wrapper_leaving_is_answered_as_gone_and_any_other_process_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """A wrapper that wrote its exit code lives on a moment without its memory (its environment, where the run's
+    mark is, reads empty) before it is a zombie: a launch of the same run then finds the job over, as it would a
+    moment later. A process that stays without the mark is never taken for the run's wrapper."""
+    import itertools
+
+    from orchestrator.host.hostjobs import rundirs
+
+    root = tmp_path / "work" / "runs" / "3"
+    (root / ".orch").mkdir(parents=True)
+    (root / ".orch" / "token").write_text("t3")
+    (root / ".orch" / "pid").write_text("4242 777\n")
+    monkeypatch.setattr(rundirs, "_marked", lambda pid, mark: False)  # no environment to read
+    looks = itertools.count()
+    monkeypatch.setattr(rundirs, "live_start", lambda pid: "777" if next(looks) < 3 else None)  # then gone
+    assert rundirs.find(str(root)) == {"pid": 4242, "start": "777"}
+
+    monkeypatch.setattr(rundirs, "live_start", lambda pid: "777")  # it stays: another process
+    monkeypatch.setattr(rundirs, "WRAPPER_LEAVING_S", 0.2)
+    assert rundirs.find(str(root)) is None

@@ -12,6 +12,7 @@ from .common import CONTROL, DIR_FLAGS, RUN_MARK, Refusal, _number, quiet_text, 
 from .procs import _marked, live_start
 
 DISK_FULL_KIB = 64
+WRAPPER_LEAVING_S = 2.0  # how long a process the pid file names may live on without the run's mark (see _adoptable)
 
 # A shared workdir's group can write in `<workdir>/runs/`: a run dir is reached only through folders this
 # user owns (`runs/` itself this user's, root's, or sticky), each opened without following a link, and
@@ -209,12 +210,18 @@ def _pid_at(run):
 def _adoptable(run, token):
     """The job a run dir's pid file names, when it is this run's: its wrapper, if still there, carries the
     run's mark in its own environment (a pid file naming any other process is refused, never adopted); a
-    wrapper gone is answered as it was (nothing of it is signalled without its start time proved)."""
+    wrapper gone is answered as it was (nothing of it is signalled without its start time proved). A wrapper
+    that wrote its exit code lives on a moment without its memory, where the mark is: a process without the
+    mark is given WRAPPER_LEAVING_S to be gone before the pid file is refused."""
     job = _pid_at(run)
     if job is None:
         return None
-    if live_start(job["pid"]) == job["start"] and not _marked(job["pid"], f"{RUN_MARK}={run_mark(token)}".encode()):
-        raise RuntimeError(f"the run dir's pid file names process {job['pid']}, which is not this run's wrapper")
+    mark = f"{RUN_MARK}={run_mark(token)}".encode()
+    deadline = time.monotonic() + WRAPPER_LEAVING_S
+    while live_start(job["pid"]) == job["start"] and not _marked(job["pid"], mark):
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"the run dir's pid file names process {job['pid']}, which is not this run's wrapper")
+        time.sleep(0.05)
     return job
 
 def find(root):
