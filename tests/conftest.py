@@ -174,7 +174,7 @@ def net_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[in
 # ---------------------------------------------------------------------------------------------------
 # The real vLLM (tests/test_vllm_*.py) runs in two units of work, each on one worker: one server serves at a
 # time in each (a server takes about 2 GiB and a core; starts that only fail are launched together,
-# test_vllm_real.py). They are the longest units by far (about half of the suite's CPU in few tests), so they
+# test_vllm_real.py). They are the longest units by far (about 40 % of the suite's CPU in few tests), so they
 # go out first: xdist hands out files by their number of tests, which would start them last and leave the
 # other workers idle while one runs them alone. The files next in length go out right after them, longest
 # first: a file of few slow tests handed out last would be the end of the run for one worker while the
