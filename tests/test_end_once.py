@@ -225,25 +225,24 @@ def test_the_next_run_waits_for_the_patch_revert(ws: Workspace, store: Store, re
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """An ended run whose patches are being reverted still holds its host (a next run's patches need the
     install as it was): a next start waits for its end steps, without --queue, rather than refuse it."""
-    from orchestrator.runflow import ending, starting, watching
+    from orchestrator.runflow import ending, watching
+    from orchestrator.store import lease
 
     monkeypatch.setattr(watching, "spawn_host", lambda *a, **k: None)  # this test alone ends run 1
     reverting, gate, held = threading.Event(), threading.Event(), threading.Event()
-    real_revert, real_ending = ending._revert_patches, starting.ending
+    real_revert, real_wait = ending._revert_patches, lease.wait_for_end_steps
 
     def slow_revert(run: runflow.Run) -> None:
         reverting.set()
         gate.wait(20)
         real_revert(run)
 
-    def seen_ending(busy: starting.Waiting, asked: float) -> bool:
-        waits = real_ending(busy, asked)
-        if waits:
-            held.set()
-        return waits
+    def seen_waiting() -> None:
+        held.set()
+        real_wait()
 
     monkeypatch.setattr(ending, "_revert_patches", slow_revert)
-    monkeypatch.setattr(starting, "ending", seen_ending)
+    monkeypatch.setattr(lease, "wait_for_end_steps", seen_waiting)
     first = start(ws, store, receiver, "sleep 30")
 
     ender = cancel_elsewhere(ws, first.run_id)

@@ -51,10 +51,6 @@ def check(store: Store, pb: Playbook[Any], spec: RunSpec, host: Host) -> None:
 # What a start waits for, told to `on_wait`: a run of this workspace (lease.Busy) or another workspace's
 # run, as the host's lease files say (hostlease.HostLeaseBusy).
 Waiting = lease.Busy | hostlease.HostLeaseBusy
-# A run that has ended holds its host only while its end steps run (the log's last read, the patch revert): a
-# start waits for them this long, --queue or not, rather than refuse it a moment before the host is free.
-ENDING_WAIT_S = 60.0
-ENDING_POLL_S = 0.5
 
 
 def start(ws: Workspace, store: Store, pb: Playbook[Any], spec: RunSpec, host: Host, *, queue: bool = False,
@@ -203,14 +199,10 @@ def take_leases(ws: Workspace, store: Store, hosts: list[Host], gpus: list[int] 
     holder, or with queue asked again (every poll[0] s, at most 5 s) until granted."""
     names = [h.name for h in hosts]
     probe = lambda orphan: probe_orphan(ws, store, orphan)
-    asked = time.monotonic()
     while True:
         try:
             return claim.made(lambda: lease.acquire_all(store, names, gpus, create, poll[1], probe, claim=claim))
         except (lease.Busy, hostlease.HostLeaseBusy) as busy:
-            if ending(busy, asked):
-                sleep(ENDING_POLL_S)
-                continue
             if not queue or (isinstance(busy, hostlease.HostLeaseBusy) and not busy.held):
                 raise  # a lease lock held too long is a host in trouble, not a run to wait for
             if on_wait is not None:
@@ -245,12 +237,6 @@ def launch(run: Run, script: str) -> JobRef:
     except Exception as exc:  # noqa: BLE001 - the job runs: a receipt that cannot be written must not end it
         run.event("warning", f"receipt: {type(exc).__name__}: {exc}")
     return job
-
-
-def ending(busy: Waiting, asked: float) -> bool:
-    """Whether the holder is a run that has ended, whose end steps free the host within moments, and a start
-    asked at `asked` (time.monotonic) still waits for them."""
-    return isinstance(busy, lease.Busy) and busy.ending and time.monotonic() - asked < ENDING_WAIT_S
 
 
 def busy_message(store: Store, busy: Waiting, ways_on: bool = True) -> str:
@@ -303,12 +289,8 @@ def take_replacing(ws: Workspace, store: Store, hosts: list[Host], gpus: list[in
     """
     names = [h.name for h in hosts]
     probe = lambda orphan: probe_orphan(ws, store, orphan)
-    asked = time.monotonic()
 
     def wait(busy: Waiting) -> None:
-        if ending(busy, asked):
-            time.sleep(ENDING_POLL_S)
-            return
         if not queue or (isinstance(busy, hostlease.HostLeaseBusy) and not busy.held):
             raise busy
         if on_wait is not None:
@@ -318,10 +300,8 @@ def take_replacing(ws: Workspace, store: Store, hosts: list[Host], gpus: list[in
     while True:
         try:
             return claim.made(lambda: lease.acquire_all(store, names, gpus, create, poll[1], probe, claim=claim))
-        except lease.Busy as busy:
-            if not ending(busy, asked):
-                break  # a run of this workspace holds them: replaced below
-            wait(busy)
+        except lease.Busy:
+            break  # a run of this workspace holds them: replaced below
         except hostlease.HostLeaseBusy as busy:
             wait(busy)
     with store.tx():
@@ -338,9 +318,6 @@ def take_replacing(ws: Workspace, store: Store, hosts: list[Host], gpus: list[in
                 wait(busy)
                 continue
             except lease.Busy as busy:
-                if ending(busy, asked):  # it ended meanwhile (replaced, or on its own): its end steps free them
-                    wait(busy)
-                    continue
                 holder = store.get_run(busy.lease.run_id)
                 if holder.parent_id is not None:
                     holder = store.get_run(holder.parent_id)

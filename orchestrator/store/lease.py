@@ -33,6 +33,11 @@ Probe = Callable[[RunRecord], None]
 # releases the lease right after them (see runflow.finish); until then its host holds it for the ended run
 # (host/hostjobs/leases.ENDING_S at most).
 BEFORE_RELEASE = ("stop", "log to end", "patch revert")
+# A run that has ended holds its host only while its end steps run (the log's last read, the patch revert): a
+# take waits for them this long, asked again every ENDING_POLL_S, rather than refuse a start a moment before the
+# host is free.
+ENDING_WAIT_S = 60.0
+ENDING_POLL_S = 0.5
 
 
 def steps_before_release_done(store: Store, run: RunRecord) -> bool:
@@ -50,10 +55,8 @@ def steps_before_release_done(store: Store, run: RunRecord) -> bool:
 class Busy(OrchError):
     """The host or GPU set is held by another run."""
 
-    def __init__(self, lease: Lease, holder: RunRecord | None = None, controller_gone: bool = False,
-                 ending: bool = False):
+    def __init__(self, lease: Lease, holder: RunRecord | None = None, controller_gone: bool = False):
         self.lease = lease
-        self.ending = ending  # the holder has ended and a live process runs its end steps, which free the host
         # a node of a run across hosts holds its own host: named as its run (the head), what a person acts on
         run_id = holder.parent_id if holder is not None and holder.parent_id is not None else lease.run_id
         who = f"pid {lease.controller.pid} on {lease.controller.hostname}"
@@ -150,9 +153,11 @@ def acquire_all(store: Store, hosts: Sequence[str], gpus: list[int] | None, crea
 
     A holder of this workspace is Busy while someone is at work on it. One nobody is at work on, or one ended
     with its end steps before release done (its release was lost), goes to `probe` once (outside the
-    transaction: it asks the host), and the hosts are asked again.
+    transaction: it asks the host), and the hosts are asked again. One that has ended while a live process
+    runs its end steps is waited for, up to ENDING_WAIT_S.
     """
     probed: set[int] = set()
+    ends_by = time.monotonic() + ENDING_WAIT_S
     while True:
         try:
             with store.tx() as c:
@@ -172,26 +177,35 @@ def acquire_all(store: Store, hosts: Sequence[str], gpus: list[int] | None, crea
                     )
                 return run_ids
         except HeldByRun as refusal:
-            busy, stale = _judge(store, refusal, gpus, poll_max)
-            if not stale or refusal.run_id in probed:
+            busy, stale, ending = _judge(store, refusal, gpus, poll_max)
+            if stale and refusal.run_id not in probed:
+                probed.add(refusal.run_id)
+                probe(store.get_run(refusal.run_id))
+            elif ending and time.monotonic() < ends_by:
+                wait_for_end_steps()
+            else:
                 raise busy from None
-            probed.add(refusal.run_id)
-            probe(store.get_run(refusal.run_id))
 
 
-def _judge(store: Store, refusal: HeldByRun, gpus: list[int] | None, poll_max: float) -> tuple[Busy, bool]:
-    """The holder a host named, as a person is told of it, and whether it is one for the probe: nobody is at
-    work on it, or it ended with its end steps before release done."""
+def _judge(store: Store, refusal: HeldByRun, gpus: list[int] | None, poll_max: float) -> tuple[Busy, bool, bool]:
+    """The holder a host named, as a person is told of it; whether it is one for the probe: nobody is at work
+    on it, or it ended with its end steps before release done; and whether it ended and a live process runs
+    its end steps, which free the host within moments."""
     try:
         run = store.get_run(refusal.run_id)
     except NotFound:  # a run this workspace no longer has: the host's own rule frees it
-        return Busy(_unknown(refusal, gpus, poll_max)), False
+        return Busy(_unknown(refusal, gpus, poll_max)), False, False
     remembered = [held_one for held_one in held(store, run.host) if held_one.run_id == run.id]
     taken = remembered[0] if remembered else _unknown(refusal, gpus, poll_max, run)
     alive = holder_alive(taken, run)
     if run.status.terminal:
-        return Busy(taken, run, ending=alive), steps_before_release_done(store, run) or not alive
-    return Busy(taken, run, controller_gone=not alive), not alive
+        return Busy(taken, run), steps_before_release_done(store, run) or not alive, alive
+    return Busy(taken, run, controller_gone=not alive), not alive, False
+
+
+def wait_for_end_steps() -> None:
+    """One pause of a take waiting for an ended holder's end steps."""
+    time.sleep(ENDING_POLL_S)
 
 
 def _unknown(refusal: HeldByRun, gpus: list[int] | None, poll_max: float, run: RunRecord | None = None) -> Lease:
