@@ -121,17 +121,18 @@ def test_an_ended_runs_lease_goes_only_once_the_host_shows_its_job_over(store: S
     assert old not in [lease.run_id for lease in held(store)] and new in [lease.run_id for lease in held(store)]
 
 
-def test_a_lease_whose_release_was_lost_goes_to_the_probe_though_its_holder_lives(store: Store,
-                                                                                  tmp_path: Path) -> None:
+def test_a_lease_whose_release_was_lost_goes_to_the_probe_though_its_holder_lives(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The run ended and its end steps before release were done by this very process, but its host never
     heard the release (it was unreachable then): the host still names it, and the probe releases it."""
+    monkeypatch.setattr("orchestrator.store.lease.ENDING_WAIT_S", 1.0)  # end steps that never end: a take's wait
     at = HostDirs(tmp_path, store)
     make = lambda: [store.create_run("command", "h", {})]
     [old] = at.acquire(["h"], make)
     for status in (Status.PREPARING, Status.LAUNCHING, Status.RUNNING, Status.SUCCEEDED):
         transition(store, old, status)
     at.end_job(old, "h")
-    with pytest.raises(Busy, match=f"run {old} "):  # its end steps run: a moment
+    with pytest.raises(Busy, match=f"run {old} "):  # its end steps run: waited for, then named busy
         at.acquire(["h"], make)
     for step in BEFORE_RELEASE:
         store.add_event(old, "finished", step)
