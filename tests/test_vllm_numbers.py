@@ -31,7 +31,9 @@ pytestmark = pytest.mark.vllm
 
 ENV = '{HF_HUB_OFFLINE = "1", VLLM_NO_USAGE_STATS = "1", TOKENIZERS_PARALLELISM = "false"}'
 RUNNER = "vllm/v1/worker/gpu_model_runner.py"  # the CPU model runner's forward pass is this class's
-SLEEP_S = 0.1  # per forward pass: each decode step waits 30x its time here, far beyond a loaded spread
+# per forward pass: each decode step waits 50x its time here, beyond what a loaded machine does to one repeat
+# (a step 26x slower, seen once)
+SLEEP_S = 0.25
 # Three nights in a few minutes: the night's date is the local date of the firing, so each firing of the same
 # line takes it in a time zone a day apart (as a crontab's TZ= would), the earliest first.
 NIGHTS = ("NIGHT+24", "NIGHT0", "NIGHT-24")
