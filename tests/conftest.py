@@ -182,8 +182,8 @@ def net_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[in
 # ---------------------------------------------------------------------------------------------------
 
 # the two units, of about the same length: the servers that serve benchmarks or fail to start; the rest (the
-# EAGLE-3 loop, the speculators extraction, the patch probes, any new file). They run at the same time, each on
-# cores of its own (vllm_cores below).
+# EAGLE-3 loop, the speculators extraction, the patch probes, any new file). They run at the same time, their
+# engines bound to no core (vllm_threads below).
 SERVING, LOOP = "the real vLLM serving", "the real vLLM loop"
 SERVING_FILES = ("test_vllm_numbers.py", "test_vllm_real.py")
 # Each of these takes a minute or more of one worker (Slurm's whole-minute time limit, a browser, hosts gone
@@ -217,20 +217,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 
 
 @pytest.fixture(scope="module", autouse=True)
-def vllm_cores(request: pytest.FixtureRequest) -> Iterator[None]:
-    """The serving unit runs on the last core, the loop unit on the others: what a file starts (its servers,
-    their benchmarks, orch itself) inherits the worker's CPU set, and vLLM binds its threads within it. Two
-    engines on one core, or one that takes the other's idle core only at times, would halve a benchmark's
-    throughput whenever the other computes: two nights of one server would differ by that, far beyond their
-    own spread. The other workers' tests go wherever the kernel puts them, as before."""
-    name = request.path.name
-    if not name.startswith("test_vllm_"):
+def vllm_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every engine a test_vllm_ file starts computes on one thread bound to no core. By itself vLLM binds its
+    thread to the first core: the two units' engines would share it, and a benchmark's throughput would halve
+    whenever the other engine computes (two nights of one server then differ by that, far beyond their own
+    spread). Bound to one core of its own, an engine halves instead whenever the kernel leaves another busy
+    process on that core. Unbound, the kernel shares both cores among all that runs, so what else runs (the
+    other unit, other tests, a loaded machine) slows every benchmark alike."""
+    if not request.path.name.startswith("test_vllm_"):
         yield
         return
-    allowed = os.sched_getaffinity(0)
-    *rest, last = sorted(allowed)
-    os.sched_setaffinity(0, [last] if name in SERVING_FILES else rest or [last])  # the calling thread: the tests'
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # the launched engines inherit the environment
+        mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        mp.setenv("OMP_NUM_THREADS", "1")
         yield
-    finally:
-        os.sched_setaffinity(0, allowed)
